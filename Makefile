@@ -1,0 +1,84 @@
+# Makefile: builds train_gpt and test_gpt (CPU backend always; the CUDA
+# backend too when nvcc is found), the embedded dataset, and the tests.
+#   make              trainer, reference test, embedded dataset
+#   make test         the whole test suite (scripts/run_tests.sh)
+#   make NO_CUDA=1    build without the CUDA backend even if nvcc exists
+#   make -C dev/cuda  the CUDA kernel lab
+CXX      ?= g++
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/aarch64-linux-gnu/openblas-pthread /usr/include/openblas))
+CXXFLAGS ?= -O3
+CXXFLAGS += -std=c++17 -Wall -Wextra -fopenmp -I. $(if $(BLAS_INC),-I$(BLAS_INC))
+LDLIBS   += -lopenblas -lm
+BUILD    := build
+
+LIB_SRCS := $(wildcard llmc/*.cpp)
+LIB_OBJS := $(patsubst llmc/%.cpp,$(BUILD)/%.o,$(LIB_SRCS))
+
+ifeq ($(NO_CUDA),)
+ifneq ($(NVCC),)
+ifneq ($(wildcard llmc/backend_cuda.cu),)
+USE_CUDA := 1
+endif
+endif
+endif
+
+ifdef USE_CUDA
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS  ?= -O3 --use_fast_math
+NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall
+CXXFLAGS   += -DLLMC_CUDA
+CUDA_OBJS  := $(BUILD)/backend_cuda.o
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
+$(info building with the CUDA backend ($(NVCC)))
+else
+$(info building without the CUDA backend (no nvcc, or NO_CUDA set))
+endif
+
+DATA := data/tiny/tiny_train_000001.bin data/tiny/tiny_val_000000.bin data/tiny/tokenizer.bin
+
+.PHONY: all test clean
+all: train_gpt test_gpt $(DATA)
+
+# The object files depend on every header: simple and always right.
+HEADERS := $(wildcard llmc/*.h llmc/cuda/*.cuh)
+# Remember whether the last build had CUDA, so switching rebuilds.
+$(BUILD)/.flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CXXFLAGS) $(USE_CUDA)' | cmp -s - $@ || echo '$(CXXFLAGS) $(USE_CUDA)' > $@
+FORCE:
+
+$(BUILD)/%.o: llmc/%.cpp $(HEADERS) $(BUILD)/.flags
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/backend_cuda.o: llmc/backend_cuda.cu $(HEADERS) $(BUILD)/.flags
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+train_gpt: train_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)
+	$(CXX) $(CXXFLAGS) -x c++ $< -x none $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
+
+test_gpt: test_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)
+	$(CXX) $(CXXFLAGS) -x c++ $< -x none $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
+
+# The embedded dataset, made by the project's own generator.
+$(BUILD)/make_tiny: data/make_tiny.cpp $(BUILD)/tokenizer.o $(BUILD)/fileio.o
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
+$(DATA) &: $(BUILD)/make_tiny
+	$(BUILD)/make_tiny data/tiny
+
+# Test programs: tests/*.cpp, each linked with the library.
+TEST_PROGS := $(patsubst tests/%.cpp,$(BUILD)/%,$(wildcard tests/*.cpp))
+$(BUILD)/test_%: tests/test_%.cpp $(LIB_OBJS) $(CUDA_OBJS)
+	$(CXX) $(CXXFLAGS) $< $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
+$(BUILD)/%: tests/%.cpp $(LIB_OBJS) $(CUDA_OBJS)
+	$(CXX) $(CXXFLAGS) $< $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
+
+tests: $(TEST_PROGS)
+
+test: all tests
+	bash scripts/run_tests.sh
+
+clean:
+	rm -rf $(BUILD) train_gpt test_gpt

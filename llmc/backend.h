@@ -1,0 +1,141 @@
+// llmc/backend.h: the operations the model is written in.
+//
+// The forward and backward passes (llmc/gpt.cpp), the optimizer and the
+// trainer call only these. A backend owns its memory and its element types:
+// the CPU backend runs fp32 or fp64 everywhere; the CUDA backend keeps bf16
+// parameters, gradients and activations with fp32 master weights and Adam
+// state. Every pointer passed to an op is backend memory ("device" memory,
+// even on the CPU); sizes are in elements, offsets are size_t.
+//
+// Conventions every backend honours (the model code relies on them):
+//   - activations and their gradients have type precision().act; per-row
+//     statistics (LayerNorm mean/rstd, attention lse, per-token losses) have
+//     type precision().stat;
+//   - ops marked (+=) accumulate into their output, all others overwrite;
+//   - matrices are row-major; a Linear weight is (out, in) as in PyTorch;
+//   - token and position arrays are int32 in backend memory.
+#pragma once
+#include <cstddef>
+
+#include "dtype.h"
+
+struct Precision {
+    DType param;      // parameters used by forward/backward
+    DType grad;       // gradients
+    DType master;     // master weights for the update (== param when !has_master)
+    bool has_master;  // separate master copy (mixed precision)
+    DType opt;        // Adam m and v
+    DType act;        // activations and activation gradients
+    DType stat;       // per-row statistics and losses
+};
+
+// Shape of one attention call over a block of queries and a block of keys.
+// Element (b, t, h, d) of q lives at q[(b*Tq + t)*q_stride + h*HS + d];
+// likewise k, v with kv_stride and Tk, out and dout with o_stride.
+// lse is [B, NH, Tq] of type stat: the log-sum-exp of each query row's
+// scaled scores (what a later merge or the backward pass needs).
+struct AttnShape {
+    int B, NH, HS;
+    int Tq, Tk;
+    size_t q_stride, kv_stride, o_stride;
+    bool causal;  // key j visible to query i only when j <= i (Tq == Tk)
+    double scale;  // usually 1/sqrt(HS); double so fp64 runs are exact
+};
+
+// One AdamW step on a contiguous range (reference.md section 2). bias_corr1
+// and bias_corr2 are 1-β1^t and 1-β2^t; grad_scale multiplies every gradient
+// first (gradient clipping folds in here).
+// Doubles, so that fp64 runs see exactly the hyperparameters the user gave
+// (float(0.95) is off by 1e-8); a backend narrows them to its compute type.
+struct AdamArgs {
+    double lr, beta1, beta2, eps, weight_decay;
+    double grad_scale;
+    double bias_corr1, bias_corr2;
+};
+
+class Backend {
+  public:
+    virtual ~Backend() {}
+    virtual const char* name() const = 0;  // "cpu" or "cuda"
+    virtual Precision precision() const = 0;
+    virtual bool deterministic() const = 0;  // same inputs, same bits
+
+    // ---- memory --------------------------------------------------------
+    virtual void* alloc(size_t bytes) = 0;  // zero-filled; throws std::bad_alloc
+    virtual void release(void* p) = 0;
+    virtual void zero(void* p, size_t bytes) = 0;
+    virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within the backend
+    // Host <-> backend with element conversion (any float type to any float
+    // type; I32 to I32 only).
+    virtual void upload(void* dst, DType dt, const void* host_src, DType st, size_t n) = 0;
+    virtual void download(void* host_dst, DType dt, const void* src, DType st, size_t n) = 0;
+    // Conversion inside the backend (master weights -> parameters).
+    virtual void convert(void* dst, DType dt, const void* src, DType st, size_t n) = 0;
+    virtual void synchronize() = 0;
+    // Bytes the backend holds right now and at most so far (memory report).
+    virtual size_t bytes_in_use() const = 0;
+    virtual size_t bytes_peak() const = 0;
+
+    // ---- model ops -----------------------------------------------------
+    // out[b,t,:] = wte[tokens[b,t] - v_begin, :] + wpe[pos[t], :]
+    // wte holds rows for global ids [v_begin, v_end) (the whole vocabulary
+    // unless tensor parallel); ids outside contribute zero. wpe may be null
+    // (then positions are not added).
+    virtual void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte,
+                                 const void* wpe, int B, int T, int C, int v_begin, int v_end) = 0;
+    // dwte (+=), dwpe (+=, may be null)
+    virtual void encoder_backward(void* dwte, void* dwpe, const void* dout, const int* tokens, const int* pos,
+                                  int B, int T, int C, int v_begin, int v_end) = 0;
+
+    // out = LayerNorm(inp) * w + b over the last dim C, N rows; eps 1e-5.
+    virtual void layernorm_forward(void* out, void* mean, void* rstd, const void* inp, const void* w,
+                                   const void* b, int N, int C) = 0;
+    // residual = a + b; out = LayerNorm(residual) (fused on the GPU).
+    virtual void residual_layernorm_forward(void* residual, void* out, void* mean, void* rstd, const void* a,
+                                            const void* b, const void* w, const void* bias, int N, int C) = 0;
+    // dinp (+=), dw (+=), db (+=)
+    virtual void layernorm_backward(void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                                    const void* w, const void* mean, const void* rstd, int N, int C) = 0;
+
+    // out[N,OC] = inp[N,IC] · weight[OC,IC]^T + bias[OC] (bias may be null).
+    virtual void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                                int OC) = 0;
+    // dinp = dout · weight (overwrite; may be null to skip),
+    // dweight (+=) = dout^T · inp, dbias (+=, may be null) = column sums of dout.
+    virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                                 const void* weight, int N, int IC, int OC) = 0;
+
+    // GELU, tanh approximation. gelu_backward: dinp = gelu'(inp) * dout
+    // (overwrite; dinp may alias dout).
+    virtual void gelu_forward(void* out, const void* inp, size_t n) = 0;
+    virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) = 0;
+
+    // out = a + b (out may alias a or b).
+    virtual void residual_forward(void* out, const void* a, const void* b, size_t n) = 0;
+
+    // Softmax attention, see AttnShape. out, lse overwritten.
+    virtual void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
+                                   const AttnShape& s) = 0;
+    // dq, dk, dv overwritten (same strides as q, k, v); out and lse from forward.
+    virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                    const void* k, const void* v, const void* out, const void* lse,
+                                    const AttnShape& s) = 0;
+
+    // Per row n of logits[N,Vp]: losses[n] = -log softmax(logits[n, :V])[targets[n]].
+    // Columns V..Vp-1 are padding and never enter the softmax. With
+    // write_grad, logits is overwritten by dloss * (softmax - onehot) in the
+    // first V columns and 0 in the padding (the fused classifier).
+    virtual void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V,
+                                      int Vp, bool write_grad) = 0;
+
+    // ---- optimizer -----------------------------------------------------
+    // AdamW on n elements. param has type precision().param; master (null
+    // when !has_master) precision().master; grad precision().grad; m, v
+    // precision().opt. With a master copy the update runs on master and
+    // param receives its rounded value.
+    virtual void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
+                              const AdamArgs& a) = 0;
+    // Sum of squares of n elements of type t, to the host (deterministic on
+    // the CPU: a fixed order whatever the thread count).
+    virtual double sum_squares(const void* x, DType t, size_t n) = 0;
+};

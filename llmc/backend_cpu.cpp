@@ -1,0 +1,130 @@
+// llmc/backend_cpu.cpp: Backend on the CPU. Memory is host memory; each op
+// forwards to the typed template in cpu_ops.h.
+#include "backend_cpu.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "cpu_ops.h"
+
+namespace {
+
+template <typename F>
+class CpuBackend : public Backend {
+    using P = F*;
+    using CP = const F*;
+    static P f(void* p) { return static_cast<P>(p); }
+    static CP f(const void* p) { return static_cast<CP>(p); }
+    static constexpr DType kType = sizeof(F) == 8 ? DType::F64 : DType::F32;
+
+    std::unordered_map<void*, size_t> sizes_;
+    size_t in_use_ = 0, peak_ = 0;
+
+  public:
+    const char* name() const override { return "cpu"; }
+    Precision precision() const override { return {kType, kType, kType, false, kType, kType, kType}; }
+    bool deterministic() const override { return true; }
+
+    void* alloc(size_t bytes) override {
+        size_t rounded = ((bytes + 63) / 64) * 64;
+        void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+        if (!p) throw std::bad_alloc();
+        std::memset(p, 0, rounded);
+        sizes_[p] = rounded;
+        in_use_ += rounded;
+        if (in_use_ > peak_) peak_ = in_use_;
+        return p;
+    }
+    void release(void* p) override {
+        if (!p) return;
+        auto it = sizes_.find(p);
+        if (it != sizes_.end()) {
+            in_use_ -= it->second;
+            sizes_.erase(it);
+        }
+        std::free(p);
+    }
+    ~CpuBackend() override {
+        for (auto& kv : sizes_) std::free(kv.first);
+    }
+    void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+    void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+    void upload(void* dst, DType dt, const void* src, DType st, size_t n) override { convert_host(dst, dt, src, st, n); }
+    void download(void* dst, DType dt, const void* src, DType st, size_t n) override {
+        convert_host(dst, dt, src, st, n);
+    }
+    void convert(void* dst, DType dt, const void* src, DType st, size_t n) override {
+        convert_host(dst, dt, src, st, n);
+    }
+    void synchronize() override {}
+    size_t bytes_in_use() const override { return in_use_; }
+    size_t bytes_peak() const override { return peak_; }
+
+    void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte, const void* wpe, int B,
+                         int T, int C, int v_begin, int v_end) override {
+        cpu::encoder_forward(f(out), tokens, pos, f(wte), f(wpe), B, T, C, v_begin, v_end);
+    }
+    void encoder_backward(void* dwte, void* dwpe, const void* dout, const int* tokens, const int* pos, int B, int T,
+                          int C, int v_begin, int v_end) override {
+        cpu::encoder_backward(f(dwte), f(dwpe), f(dout), tokens, pos, B, T, C, v_begin, v_end);
+    }
+    void layernorm_forward(void* out, void* mean, void* rstd, const void* inp, const void* w, const void* b, int N,
+                           int C) override {
+        cpu::layernorm_forward(f(out), f(mean), f(rstd), f(inp), f(w), f(b), N, C);
+    }
+    void residual_layernorm_forward(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                                    const void* w, const void* bias, int N, int C) override {
+        cpu::residual_layernorm_forward(f(residual), f(out), f(mean), f(rstd), f(a), f(b), f(w), f(bias), N, C);
+    }
+    void layernorm_backward(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                            const void* mean, const void* rstd, int N, int C) override {
+        cpu::layernorm_backward(f(dinp), f(dw), f(db), f(dout), f(inp), f(w), f(mean), f(rstd), N, C);
+    }
+    void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                        int OC) override {
+        cpu::matmul_forward(f(out), f(inp), f(weight), f(bias), N, IC, OC);
+    }
+    void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                         const void* weight, int N, int IC, int OC) override {
+        cpu::matmul_backward(f(dinp), f(dweight), f(dbias), f(dout), f(inp), f(weight), N, IC, OC);
+    }
+    void gelu_forward(void* out, const void* inp, size_t n) override { cpu::gelu_forward(f(out), f(inp), n); }
+    void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
+        cpu::gelu_backward(f(dinp), f(inp), f(dout), n);
+    }
+    void residual_forward(void* out, const void* a, const void* b, size_t n) override {
+        cpu::residual_forward(f(out), f(a), f(b), n);
+    }
+    void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
+                           const AttnShape& s) override {
+        cpu::attention_forward(f(out), f(lse), f(q), f(k), f(v), s);
+    }
+    void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                            const void* v, const void* out, const void* lse, const AttnShape& s) override {
+        cpu::attention_backward(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), f(lse), s);
+    }
+    void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V, int Vp,
+                              bool write_grad) override {
+        cpu::softmax_crossentropy(f(logits), f(losses), targets, dloss, N, V, Vp, write_grad);
+    }
+    void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
+                      const AdamArgs& a) override {
+        cpu::adamw_update(f(param), f(master), f(grad), f(m), f(v), n, a);
+    }
+    double sum_squares(const void* x, DType t, size_t n) override {
+        if (t == DType::F64) return cpu::sum_squares(static_cast<const double*>(x), n);
+        if (t == DType::F32) return cpu::sum_squares(static_cast<const float*>(x), n);
+        throw std::invalid_argument("cpu sum_squares: unsupported type");
+    }
+};
+
+}  // namespace
+
+Backend* make_cpu_backend(DType dtype) {
+    if (dtype == DType::F32) return new CpuBackend<float>();
+    if (dtype == DType::F64) return new CpuBackend<double>();
+    throw std::invalid_argument(std::string("cpu backend: unsupported dtype ") + dtype_name(dtype));
+}

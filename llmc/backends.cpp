@@ -1,0 +1,46 @@
+// llmc/backends.cpp: see backends.h.
+#include "backends.h"
+
+#include <cstring>
+
+#include "backend_cpu.h"
+#ifdef LLMC_CUDA
+#include "backend_cuda.h"
+#endif
+
+Backend* make_backend(const std::string& device, const std::string& dtype, std::string* err) {
+    std::string dev = device;
+#ifdef LLMC_CUDA
+    if (dev == "auto") dev = cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+    if (dev == "auto") dev = "cpu";
+    if (dev == "cuda") {
+        *err = "flag --device: cuda, but this binary was built without CUDA (nvcc was not found at build time)";
+        return nullptr;
+    }
+#endif
+    if (dev == "cpu") {
+        if (dtype == "auto" || dtype == "fp32") return make_cpu_backend(DType::F32);
+        if (dtype == "fp64") return make_cpu_backend(DType::F64);
+        *err = "flag --dtype: " + dtype + " is not available on the cpu (fp32 or fp64)";
+        return nullptr;
+    }
+#ifdef LLMC_CUDA
+    if (cuda_device_count() <= 0) {
+        *err = "flag --device: cuda, but no CUDA device is available";
+        return nullptr;
+    }
+    if (dtype == "auto" || dtype == "bf16") return make_cuda_backend(0, false);
+    if (dtype == "fp32") return make_cuda_backend(0, true);
+    *err = "flag --dtype: " + dtype + " is not available on cuda (bf16 or fp32)";
+#endif
+    return nullptr;
+}
+
+double backend_peak_flops(Backend& be) {
+#ifdef LLMC_CUDA
+    if (std::strcmp(be.name(), "cuda") == 0) return cuda_peak_bf16_flops();
+#endif
+    (void)be;
+    return 0.0;
+}

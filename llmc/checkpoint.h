@@ -1,0 +1,46 @@
+// llmc/checkpoint.h: training checkpoints in the output directory.
+//
+// A checkpoint after S completed steps is three files:
+//   model_SSSSSSSS.bin  the weights as an llm.c model file (for users, eval,
+//                       fine-tuning elsewhere);
+//   state_SSSSSSSS.bin  everything needed to continue bit for bit: the
+//                       full-precision weights, Adam m and v, the step, the
+//                       rows of data consumed and the sampling RNG;
+//   DONE_SSSSSSSS       written last: a checkpoint without it is torn and
+//                       never resumed from.
+// Every file is written atomically (temporary name, then rename). Tensors are
+// stored in model-file order, so a checkpoint does not depend on how the
+// flat buffers are laid out or partitioned.
+//
+// State file: 256 int32 header
+//   [0] 20241122 magic  [1] 1 version  [2] steps done  [3] weights dtype
+//   [4] Adam dtype  [5..10] maxT V L NH C Vp  [11,12] rng state (lo, hi)
+//   [13,14] rows consumed (lo, hi)
+// then weights[P], m[P], v[P] in model-file order.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "gpt.h"
+
+constexpr int kStateMagic = 20241122;
+
+struct TrainState {
+    int step = 0;                // completed optimizer steps
+    uint64_t rng_state = 0;      // sampling RNG
+    uint64_t rows_consumed = 0;  // rows of the training stream used so far
+};
+
+bool save_checkpoint(const std::string& dir, GPT& model, const TrainState& st, std::string* err);
+
+// Largest S with a complete checkpoint in dir, or -1 when there is none.
+int latest_checkpoint(const std::string& dir);
+
+// Reads state_S.bin's shape, for building the model before loading into it.
+bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, std::string* err);
+
+// Loads weights, Adam state and TrainState; the model must have the
+// checkpoint's shape. Any backend precision can load any checkpoint.
+bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* st, std::string* err);
+
+std::string checkpoint_path(const std::string& dir, const char* kind, int step);

@@ -1,0 +1,91 @@
+// llmc/config.cpp: parsing of model descriptors and explicit sizes.
+#include "config.h"
+
+#include <cstdlib>
+#include <sstream>
+
+int default_padded_vocab(int V) { return ((V + 127) / 128) * 128; }
+
+bool spec_is_file(const std::string& spec) {
+    return spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".bin") == 0;
+}
+
+static bool parse_int(const std::string& s, int* out) {
+    if (s.empty()) return false;
+    char* end = nullptr;
+    long v = std::strtol(s.c_str(), &end, 10);
+    if (*end != '\0' || v <= 0 || v > (1L << 30)) return false;
+    *out = (int)v;
+    return true;
+}
+
+bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err) {
+    GPTConfig c;
+    if (spec.size() >= 2 && spec[0] == 'd' && spec.find('=') == std::string::npos) {
+        int depth = 0;
+        if (!parse_int(spec.substr(1), &depth)) {
+            *err = "bad model descriptor '" + spec + "' (expected dN, e.g. d12)";
+            return false;
+        }
+        c.num_layers = depth;
+        c.channels = 64 * depth;
+        c.num_heads = depth;  // head size 64, as GPT-2
+        c.vocab_size = 50257;
+        c.padded_vocab_size = 50304;
+        c.max_seq_len = 1024;
+    } else {
+        std::stringstream ss(spec);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+            size_t eq = item.find('=');
+            std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
+            int v = 0;
+            if (eq == std::string::npos || !parse_int(val, &v)) {
+                *err = "bad model size '" + item + "' in '" + spec + "' (expected KEY=positive integer)";
+                return false;
+            }
+            if (key == "L") c.num_layers = v;
+            else if (key == "C") c.channels = v;
+            else if (key == "NH") c.num_heads = v;
+            else if (key == "V") c.vocab_size = v;
+            else if (key == "Vp") c.padded_vocab_size = v;
+            else if (key == "T" || key == "maxT") c.max_seq_len = v;
+            else {
+                *err = "unknown model size '" + key + "' in '" + spec + "' (keys: L, C, NH, V, Vp, T)";
+                return false;
+            }
+        }
+        if (!c.num_layers || !c.channels || !c.num_heads || !c.vocab_size || !c.max_seq_len) {
+            *err = "model sizes '" + spec + "' must give all of L, C, NH, V, T";
+            return false;
+        }
+        if (!c.padded_vocab_size) c.padded_vocab_size = default_padded_vocab(c.vocab_size);
+    }
+    if (!validate_config(c, err)) return false;
+    *cfg = c;
+    return true;
+}
+
+bool validate_config(const GPTConfig& c, std::string* err) {
+    std::string cs = config_string(c);
+    if (c.num_layers <= 0 || c.channels <= 0 || c.num_heads <= 0 || c.vocab_size <= 0 || c.max_seq_len <= 0) {
+        *err = "model sizes must be positive (" + cs + ")";
+        return false;
+    }
+    if (c.channels % c.num_heads != 0) {
+        *err = "channels C must divide by heads NH (" + cs + ")";
+        return false;
+    }
+    if (c.padded_vocab_size < c.vocab_size) {
+        *err = "padded vocab Vp must be >= V (" + cs + ")";
+        return false;
+    }
+    return true;
+}
+
+std::string config_string(const GPTConfig& c) {
+    std::ostringstream o;
+    o << "L=" << c.num_layers << " C=" << c.channels << " NH=" << c.num_heads << " V=" << c.vocab_size
+      << " Vp=" << c.padded_vocab_size << " maxT=" << c.max_seq_len;
+    return o.str();
+}

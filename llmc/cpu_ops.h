@@ -1,0 +1,335 @@
+// llmc/cpu_ops.h: the model's operations on the CPU, one template function
+// per Backend op (same name, same argument order, typed pointers), for
+// F = float or double. The CPU backend (backend_cpu.cpp) wraps them, and the
+// CUDA kernel lab (dev/cuda) uses them as the reference its kernels are
+// checked against.
+//
+// Determinism: every output element is produced by one thread in a fixed
+// order (OpenMP static schedules; reductions over rows run per column, not
+// per thread), and BLAS gemm does not split the inner dimension, so the same
+// inputs give the same bits run to run.
+#pragma once
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "backend.h"
+
+namespace cpu {
+
+// ---- BLAS dispatch (row-major) ---------------------------------------------
+inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                 int ldb, float beta, float* C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                lda, B, ldb, beta, C, ldc);
+}
+inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
+                 int ldb, double beta, double* C, int ldc) {
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                lda, B, ldb, beta, C, ldc);
+}
+
+// ---- embeddings --------------------------------------------------------------
+template <typename F>
+void encoder_forward(F* out, const int* tokens, const int* pos, const F* wte, const F* wpe, int B, int T, int C,
+                     int v_begin, int v_end) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < (long)B * T; n++) {
+        F* o = out + (size_t)n * C;
+        int id = tokens[n];
+        const F* we = (id >= v_begin && id < v_end) ? wte + (size_t)(id - v_begin) * C : nullptr;
+        const F* pe = wpe ? wpe + (size_t)pos[n % T] * C : nullptr;
+        for (int c = 0; c < C; c++) o[c] = (we ? we[c] : F(0)) + (pe ? pe[c] : F(0));
+    }
+}
+
+// Gradient rows are gathered per parameter row (parallel over channels), so
+// each row's sum runs over tokens in a fixed order.
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int* tokens, const int* pos, int B, int T, int C,
+                      int v_begin, int v_end) {
+    const long N = (long)B * T;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        for (long n = 0; n < N; n++) {
+            int id = tokens[n];
+            F g = dout[(size_t)n * C + c];
+            if (id >= v_begin && id < v_end) dwte[(size_t)(id - v_begin) * C + c] += g;
+            if (dwpe) dwpe[(size_t)pos[n % T] * C + c] += g;
+        }
+    }
+}
+
+// ---- LayerNorm ----------------------------------------------------------------
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* w, const F* b, int N, int C) {
+    const F eps = F(1e-5);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        F m = 0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        F var = 0;
+        for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+        var /= C;
+        F s = F(1) / std::sqrt(var + eps);
+        F* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) out[i] = a[i] + b[i];
+}
+
+template <typename F>
+void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd, const F* a, const F* b, const F* w,
+                                const F* bias, int N, int C) {
+    residual_forward(residual, a, b, (size_t)N * C);
+    layernorm_forward(out, mean, rstd, residual, w, bias, N, C);
+}
+
+template <typename F>
+void layernorm_backward(F* dinp, F* dw, F* db, const F* dout, const F* inp, const F* w, const F* mean,
+                        const F* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        const F* dy = dout + (size_t)n * C;
+        F m = mean[n], s = rstd[n];
+        F dnorm_mean = 0, dnorm_norm_mean = 0;
+        for (int c = 0; c < C; c++) {
+            F norm = (x[c] - m) * s;
+            F dnorm = w[c] * dy[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        F* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            F norm = (x[c] - m) * s;
+            F dnorm = w[c] * dy[c];
+            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        F gw = 0, gb = 0;
+        for (int n = 0; n < N; n++) {
+            F dy = dout[(size_t)n * C + c];
+            gw += (inp[(size_t)n * C + c] - mean[n]) * rstd[n] * dy;
+            gb += dy;
+        }
+        dw[c] += gw;
+        db[c] += gb;
+    }
+}
+
+// ---- Linear layers --------------------------------------------------------------
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC) {
+    gemm(false, true, N, OC, IC, F(1), inp, IC, weight, IC, F(0), out, OC);
+    if (!bias) return;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int N, int IC,
+                     int OC) {
+    if (dinp) gemm(false, false, N, IC, OC, F(1), dout, OC, weight, IC, F(0), dinp, IC);
+    gemm(true, false, OC, IC, N, F(1), dout, OC, inp, IC, F(1), dweight, IC);
+    if (!dbias) return;
+    // Column sums in blocks of 64 columns: contiguous reads, one owner per column.
+    const int blk = 64;
+#pragma omp parallel for schedule(static)
+    for (int o0 = 0; o0 < OC; o0 += blk) {
+        int o1 = std::min(OC, o0 + blk);
+        F acc[blk] = {};
+        for (int n = 0; n < N; n++) {
+            const F* row = dout + (size_t)n * OC;
+            for (int o = o0; o < o1; o++) acc[o - o0] += row[o];
+        }
+        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+    }
+}
+
+// ---- GELU (tanh approximation) ------------------------------------------------------
+template <typename F>
+void gelu_forward(F* out, const F* inp, size_t n) {
+    const F k = std::sqrt(F(2) / F(M_PI));
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) {
+        F x = inp[i];
+        out[i] = F(0.5) * x * (F(1) + std::tanh(k * (x + F(0.044715) * x * x * x)));
+    }
+}
+
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
+    const F k = std::sqrt(F(2) / F(M_PI));
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) {
+        F x = inp[i];
+        F u = k * (x + F(0.044715) * x * x * x);
+        F t = std::tanh(u);
+        F sech2 = F(1) - t * t;
+        F grad = F(0.5) * (F(1) + t) + F(0.5) * x * sech2 * k * (F(1) + F(3) * F(0.044715) * x * x);
+        dinp[i] = grad * dout[i];
+    }
+}
+
+// ---- attention ------------------------------------------------------------------------
+// Visible keys for query i: all, or 0..i when causal.
+inline int attn_keys(const AttnShape& s, int i) { return s.causal ? i + 1 : s.Tk; }
+
+template <typename F>
+void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s) {
+#pragma omp parallel
+    {
+        std::vector<F> p(s.Tk);
+#pragma omp for schedule(static) collapse(2)
+        for (int b = 0; b < s.B; b++)
+            for (int h = 0; h < s.NH; h++)
+                for (int i = 0; i < s.Tq; i++) {
+                    const F* qi = q + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
+                    int nk = attn_keys(s, i);
+                    F mx = -INFINITY;
+                    for (int j = 0; j < nk; j++) {
+                        const F* kj = k + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+                        F dot = 0;
+                        for (int d = 0; d < s.HS; d++) dot += qi[d] * kj[d];
+                        p[j] = dot * F(s.scale);
+                        mx = std::max(mx, p[j]);
+                    }
+                    F sum = 0;
+                    for (int j = 0; j < nk; j++) {
+                        p[j] = std::exp(p[j] - mx);
+                        sum += p[j];
+                    }
+                    F* oi = out + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
+                    for (int d = 0; d < s.HS; d++) oi[d] = 0;
+                    for (int j = 0; j < nk; j++) {
+                        const F* vj = v + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+                        F pj = p[j] / sum;
+                        for (int d = 0; d < s.HS; d++) oi[d] += pj * vj[d];
+                    }
+                    lse[((size_t)b * s.NH + h) * s.Tq + i] = mx + std::log(sum);
+                }
+    }
+}
+
+// Each (b, h) owns its slices of dq, dk, dv, so heads run in parallel
+// without races and every sum runs in a fixed order.
+template <typename F>
+void attention_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
+                        const F* lse, const AttnShape& s) {
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++) {
+            for (int i = 0; i < s.Tq; i++)
+                for (int d = 0; d < s.HS; d++) dq[((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS + d] = 0;
+            for (int j = 0; j < s.Tk; j++)
+                for (int d = 0; d < s.HS; d++) {
+                    size_t o = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS + d;
+                    dk[o] = 0;
+                    dv[o] = 0;
+                }
+            for (int i = 0; i < s.Tq; i++) {
+                const F* qi = q + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
+                F* dqi = dq + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
+                const F* oi = out + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
+                const F* doi = dout + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
+                F L = lse[((size_t)b * s.NH + h) * s.Tq + i];
+                F D = 0;
+                for (int d = 0; d < s.HS; d++) D += doi[d] * oi[d];
+                int nk = attn_keys(s, i);
+                for (int j = 0; j < nk; j++) {
+                    size_t kvo = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+                    const F* kj = k + kvo;
+                    const F* vj = v + kvo;
+                    F dot = 0, dp = 0;
+                    for (int d = 0; d < s.HS; d++) {
+                        dot += qi[d] * kj[d];
+                        dp += doi[d] * vj[d];
+                    }
+                    F p = std::exp(dot * F(s.scale) - L);
+                    F ds = p * (dp - D) * F(s.scale);
+                    for (int d = 0; d < s.HS; d++) {
+                        dqi[d] += ds * kj[d];
+                        dk[kvo + d] += ds * qi[d];
+                        dv[kvo + d] += p * doi[d];
+                    }
+                }
+            }
+        }
+}
+
+// ---- fused softmax + cross-entropy --------------------------------------------------------
+template <typename F>
+void softmax_crossentropy(F* logits, F* losses, const int* targets, double dloss, int N, int V, int Vp,
+                          bool write_grad) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        F* row = logits + (size_t)n * Vp;
+        F mx = -INFINITY;
+        for (int i = 0; i < V; i++) mx = std::max(mx, row[i]);
+        F sum = 0;
+        for (int i = 0; i < V; i++) sum += std::exp(row[i] - mx);
+        int t = targets[n];
+        losses[n] = std::log(sum) + mx - row[t];
+        if (!write_grad) continue;
+        for (int i = 0; i < V; i++) row[i] = (std::exp(row[i] - mx) / sum - (i == t ? F(1) : F(0))) * F(dloss);
+        for (int i = V; i < Vp; i++) row[i] = 0;
+    }
+}
+
+// ---- optimizer ----------------------------------------------------------------------------------
+template <typename F>
+void adamw_update(F* param, F* master, const F* grad, F* m, F* v, size_t n, const AdamArgs& a) {
+    const F b1 = a.beta1, b2 = a.beta2, lr = a.lr, eps = a.eps, wd = a.weight_decay, gs = a.grad_scale;
+    const F bc1 = F(a.bias_corr1), bc2 = F(a.bias_corr2);
+    F* p = master ? master : param;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) {
+        F g = grad[i] * gs;
+        F mi = b1 * m[i] + (F(1) - b1) * g;
+        F vi = b2 * v[i] + (F(1) - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        F mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
+        if (master) param[i] = p[i];
+    }
+}
+
+// Partial sums over fixed chunks, added in chunk order: the result does not
+// depend on the number of threads.
+template <typename F>
+double sum_squares(const F* x, size_t n) {
+    const size_t chunk = 1 << 16;
+    size_t nchunks = (n + chunk - 1) / chunk;
+    std::vector<double> part(nchunks, 0.0);
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < (long)nchunks; c++) {
+        size_t lo = c * chunk, hi = std::min(n, lo + chunk);
+        double acc = 0;
+        for (size_t i = lo; i < hi; i++) acc += (double)x[i] * (double)x[i];
+        part[c] = acc;
+    }
+    double total = 0;
+    for (double p : part) total += p;
+    return total;
+}
+
+}  // namespace cpu

@@ -1,0 +1,43 @@
+// llmc/metrics.cpp: see metrics.h.
+#include "metrics.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+bool MetricsLog::open(const std::string& path, int keep_before_step, std::string* err) {
+    std::vector<std::string> keep;
+    if (keep_before_step >= 0) {
+        std::ifstream in(path);
+        std::string line;
+        while (std::getline(in, line)) {
+            int s = -1;
+            if (std::sscanf(line.c_str(), "{\"step\": %d", &s) == 1 && s < keep_before_step) keep.push_back(line);
+        }
+    }
+    f_ = std::fopen(path.c_str(), "w");
+    if (!f_) {
+        *err = "cannot write " + path + ": " + std::strerror(errno);
+        return false;
+    }
+    for (const std::string& l : keep) std::fprintf(f_, "%s\n", l.c_str());
+    std::fflush(f_);
+    return true;
+}
+
+void MetricsLog::write(const StepMetrics& m) {
+    if (!f_) return;
+    std::fprintf(f_,
+                 "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %llu, \"ms\": %.3f, "
+                 "\"tokens_per_s\": %.1f",
+                 m.step, m.loss, m.lr, m.grad_norm, m.tokens, m.ms, m.tokens_per_s);
+    if (m.mfu > 0) std::fprintf(f_, ", \"mfu\": %.4f", m.mfu);
+    if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.9g", m.val_loss);
+    std::fprintf(f_, "}\n");
+    std::fflush(f_);
+}
+
+MetricsLog::~MetricsLog() {
+    if (f_) std::fclose(f_);
+}

@@ -1,0 +1,21 @@
+// llmc/model_io.h: llm.c model files (shared/reference.md section 1):
+// a 256-int32 header (magic 20240326, version 3 = fp32 or 5 = bf16 payload,
+// maxT, V, L, NH, C, Vp) then every parameter in model-file order.
+#pragma once
+#include <string>
+
+#include "config.h"
+#include "gpt.h"
+
+constexpr int kModelMagic = 20240326;
+
+// Reads and checks a header: magic, version, positive sizes, and that the
+// file holds exactly the parameters the header promises. *version is 3 or 5.
+bool read_model_header(const std::string& path, GPTConfig* cfg, int* version, std::string* err);
+
+// Loads weights into the model; the file's shape must equal the model's.
+bool load_model(const std::string& path, GPT& model, std::string* err);
+
+// Writes the weights (master copy when there is one) atomically, version 3
+// (fp32) or 5 (bf16).
+bool save_model(const std::string& path, GPT& model, int version, std::string* err);

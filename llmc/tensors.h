@@ -1,0 +1,68 @@
+// llmc/tensors.h: the one table that describes every parameter tensor.
+//
+// Parameters, gradients, master weights and Adam m/v each live in one flat
+// buffer with the same layout; this table says where each tensor lives in
+// it (offset, shape, weight decay or not) and where it lives in an llm.c
+// model file. Everything that walks the parameters (I/O, init, optimizer,
+// and later the partitioning of ZeRO and tensor parallelism) iterates this
+// table; no code finds a tensor by a literal index.
+//
+// Memory order is unit-major: unit 0 holds the embeddings (wte, wpe), units
+// 1..L hold one transformer block each, unit L+1 the final LayerNorm. A unit
+// is one contiguous range, so a layer's parameters or gradients can move in
+// one collective. The model file keeps llm.c's tensor-major order
+// (wte, wpe, ln1w for all layers, ln1b for all layers, ...).
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+// The kinds of parameter tensor, in the file's order.
+enum class Param : int {
+    wte, wpe,
+    ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
+    ln2w, ln2b, fcw, fcb, fcprojw, fcprojb,
+    lnfw, lnfb,
+    count
+};
+
+// Static facts of a kind of tensor.
+struct ParamKind {
+    Param id;
+    const char* name;
+    bool per_layer;  // one tensor per block (file stores them stacked as (L, ...))
+    bool decay;      // weight decay applies (2-D tensors only)
+};
+const ParamKind& param_kind(Param p);
+
+// One tensor instance: a kind at a layer (layer 0 for non-layer kinds).
+struct TensorEntry {
+    Param kind;
+    int layer;
+    int unit;            // 0 embeddings, 1..L blocks, L+1 final LayerNorm
+    size_t rows, cols;   // shape (out, in) for matrices; (n, 1) for vectors
+    size_t numel;
+    size_t offset;       // element offset in the flat buffers
+    size_t file_offset;  // element offset in the model file's payload
+    bool decay;
+    std::string name() const;  // e.g. "h3.qkvw" or "wte"
+};
+
+struct TensorTable {
+    GPTConfig cfg;
+    std::vector<TensorEntry> entries;   // in memory order
+    std::vector<size_t> unit_begin;     // unit u occupies [unit_begin[u], unit_begin[u+1])
+    size_t total = 0;                   // elements in a flat buffer
+
+    explicit TensorTable(const GPTConfig& c);
+    const TensorEntry& get(Param p, int layer = 0) const;
+    int num_units() const { return (int)unit_begin.size() - 1; }
+
+  private:
+    std::vector<int> index_;  // (kind, layer) -> entry
+};
+
+// 12·L·C² + 13·L·C + (Vp + maxT)·C + 2C, reference.md section 1.
+size_t gpt2_param_count(const GPTConfig& c);

@@ -1,0 +1,36 @@
+// llmc/train_config.cpp: the option table of train_gpt.
+#include "train_config.h"
+
+void add_train_options(ArgParser& p, TrainConfig& c) {
+    using O = Option;
+    p.add({'i', "train-data", O::String, &c.train_data, "training shards (path or glob)"});
+    p.add({'j', "val-data", O::String, &c.val_data, "validation shards (path or glob; \"\" for none)"});
+    p.add({0, "tokenizer", O::String, &c.tokenizer, "llm.c tokenizer file for samples (byte-level if missing)"});
+    p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=], or FILE.bin"});
+    p.add({'o', "output-dir", O::String, &c.output_dir, "output directory: metrics.jsonl and checkpoints"});
+    p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});
+    p.add({'t', "seq-len", O::Int, &c.T, "sequence length T", 1, 1 << 20});
+    p.add({'d', "total-batch", O::Long, &c.total_batch, "tokens per optimizer step (-1: B*T)", -1, 1e15});
+    p.add({'x', "max-steps", O::Int, &c.max_steps, "optimizer steps (-1: one epoch of the training data)", -1, 1e9});
+    p.add({'l', "lr", O::Double, &c.lr, "peak learning rate", 0, 10});
+    p.add({'u', "warmup", O::Int, &c.warmup, "linear warmup steps", 0, 1e9});
+    p.add({'q', "final-lr-frac", O::Double, &c.final_lr_frac, "final lr as a fraction of lr (cosine decay; 1 = constant)", 0, 1});
+    p.add({'c', "weight-decay", O::Double, &c.weight_decay, "AdamW weight decay (2-D tensors only)", 0, 10});
+    p.add({0, "grad-clip", O::Double, &c.grad_clip, "clip the global gradient norm to this (0: off)", 0, 1e9});
+    p.add({0, "beta1", O::Double, &c.beta1, "AdamW beta1", 0, 0.999999});
+    p.add({0, "beta2", O::Double, &c.beta2, "AdamW beta2", 0, 0.999999});
+    p.add({0, "eps", O::Double, &c.eps, "AdamW epsilon", 0, 1});
+    p.add({'v', "val-every", O::Int, &c.val_every, "validation loss every N steps (0: never)", 0, 1e9});
+    p.add({'m', "val-steps", O::Int, &c.val_steps, "micro-batches per validation", 1, 1e9});
+    p.add({'s', "sample-every", O::Int, &c.sample_every, "print a text sample every N steps (0: never)", 0, 1e9});
+    p.add({'g', "gen-tokens", O::Int, &c.gen_tokens, "tokens per sample", 1, 1e6});
+    p.add({'n', "checkpoint-every", O::Int, &c.checkpoint_every, "checkpoint every N steps into -o (0: never)", 0, 1e9});
+    p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1});
+    p.add({'z', "zero", O::Int, &c.zero, "ZeRO stage (only 0 in a single process)", 0, 3});
+    p.add({'r', "recompute", O::Int, &c.recompute, "1: recompute GELU in backward to save memory", 0, 1});
+    p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1});
+    p.add({0, "seed", O::Long, &c.seed, "seed of the initialisation and the sampling RNG", 0, 9.2e18});
+    p.add({0, "device", O::String, &c.device, "where to run", 0, 0, {"auto", "cpu", "cuda"}});
+    p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda)", 0, 0,
+           {"auto", "fp32", "fp64", "bf16"}});
+}

@@ -1,0 +1,45 @@
+// llmc/train_config.h: every setting of train_gpt, and the one option table
+// that the parser, --help and the startup table are generated from. Letters
+// follow llm.c where llm.c has them; every option also has a long name.
+#pragma once
+#include <string>
+
+#include "args.h"
+
+struct TrainConfig {
+    // data and model
+    std::string train_data = "data/tiny/tiny_train_*.bin";  // -i
+    std::string val_data = "data/tiny/tiny_val_*.bin";      // -j
+    std::string tokenizer = "data/tiny/tokenizer.bin";
+    std::string model = "L=4,C=128,NH=4,V=257,T=256";      // -e
+    std::string output_dir = "";                           // -o
+    // batch
+    int B = 8;                 // -b micro-batch rows
+    int T = 128;               // -t sequence length
+    long long total_batch = -1;  // -d tokens per step (-1: B·T)
+    int max_steps = -1;        // -x (-1: one epoch of the training data)
+    // optimizer
+    double lr = 1e-3;          // -l
+    int warmup = 0;            // -u
+    double final_lr_frac = 1.0;  // -q
+    double weight_decay = 0.0;   // -c
+    double grad_clip = 1.0;
+    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+    // evaluation, sampling, checkpoints
+    int val_every = 20;        // -v
+    int val_steps = 20;        // -m
+    int sample_every = 20;     // -s
+    int gen_tokens = 64;       // -g
+    int checkpoint_every = 0;  // -n
+    int resume = 0;            // -y
+    // execution
+    int zero = 0;              // -z
+    int recompute = 0;         // -r
+    int overfit = 0;           // -a
+    long long seed = 1337;
+    std::string device = "auto";
+    std::string dtype = "auto";
+};
+
+// Registers every option of cfg with the parser.
+void add_train_options(ArgParser& p, TrainConfig& cfg);
