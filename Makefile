@@ -6,10 +6,15 @@
 #   make -C dev/cuda  the CUDA kernel lab
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-BLAS_INC ?= $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/aarch64-linux-gnu/openblas-pthread /usr/include/openblas))
+# OpenBLAS built on OpenMP shares the trainer's thread pool; the pthread
+# build spins its own threads against OpenMP's and runs 1.5-2x slower here.
+ARCH     := $(shell uname -m)-linux-gnu
+BLAS_DIR ?= $(firstword $(wildcard /usr/lib/$(ARCH)/openblas-openmp /usr/lib/$(ARCH)/openblas-pthread))
+BLAS_INC ?= $(firstword $(wildcard /usr/include/$(ARCH)/openblas-openmp /usr/include/$(ARCH)/openblas-pthread /usr/include/openblas))
 CXXFLAGS ?= -O3
 CXXFLAGS += -std=c++17 -Wall -Wextra -fopenmp -I. $(if $(BLAS_INC),-I$(BLAS_INC))
-LDLIBS   += -lopenblas -lm
+BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
+LDLIBS   += $(if $(BLAS_DIR),-L$(BLAS_DIR) $(BLAS_RPATH)) -lopenblas -lm
 BUILD    := build
 
 LIB_SRCS := $(wildcard llmc/*.cpp)

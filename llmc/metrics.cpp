@@ -29,11 +29,11 @@ bool MetricsLog::open(const std::string& path, int keep_before_step, std::string
 void MetricsLog::write(const StepMetrics& m) {
     if (!f_) return;
     std::fprintf(f_,
-                 "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %llu, \"ms\": %.3f, "
+                 "{\"step\": %d, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens\": %llu, \"ms\": %.3f, "
                  "\"tokens_per_s\": %.1f",
                  m.step, m.loss, m.lr, m.grad_norm, m.tokens, m.ms, m.tokens_per_s);
     if (m.mfu > 0) std::fprintf(f_, ", \"mfu\": %.4f", m.mfu);
-    if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.9g", m.val_loss);
+    if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.17g", m.val_loss);
     std::fprintf(f_, "}\n");
     std::fflush(f_);
 }

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# scripts/run_tests.sh: the whole test suite (what `make test` and .ci/run
+# run). Each test program prints "N passed, N failed" last; this script adds
+# them up and prints the total the same way. A program that crashes or exits
+# non-zero without a count counts as one failure.
+#   1. the PyTorch reference against independent math (scripts/test_reference.py)
+#   2. test_gpt against the reference: round and odd models, CPU fp64 and fp32
+#      (and the CUDA backend in bf16 and fp32 when a GPU is present)
+#   3. unit tests of the library (tests/test_*.cpp) and the data pipeline
+#   4. the trainer end to end: determinism, resume, learning, errors
+#   5. the CUDA code compiles (trainer backend and dev/cuda kernel lab)
+set -u
+cd "$(dirname "$0")/.."
+PY=/usr/bin/python3  # Debian's python3-torch lives here (shared/reference.md 8)
+LOG=build/test_logs
+mkdir -p "$LOG"
+TOTAL_PASS=0
+TOTAL_FAIL=0
+
+# run NAME CMD...: runs a test program, shows its failures and count.
+run() {
+    local name=$1
+    shift
+    local log="$LOG/$name.log"
+    local t0=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local last
+    last=$(grep -E '^([A-Za-z]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    local p=0 f=0
+    if [[ $last =~ ([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+        p=${BASH_REMATCH[1]}
+        f=${BASH_REMATCH[2]}
+    fi
+    if [[ $rc -ne 0 && $f -eq 0 ]]; then f=1; fi
+    if [[ -z $last && $rc -eq 0 ]]; then p=1; fi  # a build step: success counts once
+    TOTAL_PASS=$((TOTAL_PASS + p))
+    TOTAL_FAIL=$((TOTAL_FAIL + f))
+    printf '%-34s %4d passed, %3d failed  (%ds)\n' "$name" "$p" "$f" $((SECONDS - t0))
+    if [[ $f -ne 0 ]]; then
+        grep -E 'FAIL|error|Error' "$log" | head -n 20 | sed 's/^/    /'
+        echo "    (full log: $log)"
+    fi
+}
+
+REF=build/ref
+mkdir -p "$REF"
+# reference NAME DTYPE SPEC B T EXTRA...: reference state, then test_gpt on it.
+reference() {
+    local name=$1 dtype=$2 spec=$3 B=$4 T=$5
+    shift 5
+    run "ref_$name" "$PY" scripts/reference_gpt.py --spec "$spec" --dtype "$dtype" --B "$B" --T "$T" \
+        --write-model "$REF/$name.model.bin" --write-state "$REF/$name.state.bin" "$@"
+    run "test_gpt_$name" ./test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
+        --device cpu --dtype "$dtype"
+    if [[ -n ${HAVE_GPU:-} && $dtype == fp32 ]]; then
+        run "test_gpt_${name}_cuda_fp32" ./test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
+            --device cuda --dtype fp32
+        run "test_gpt_${name}_cuda_bf16" ./test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
+            --device cuda --dtype bf16
+    fi
+}
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAVE_GPU=1; fi
+
+run reference_selfcheck "$PY" scripts/test_reference.py
+ROUND="L=2,C=64,NH=4,V=128,T=32"
+ODD="L=3,C=48,NH=3,V=97,T=24"
+reference round_fp64 fp64 "$ROUND" 4 32 --warmup 3 --final-frac 0.1 --wd 0.1
+reference round_fp32 fp32 "$ROUND" 4 32 --warmup 3 --final-frac 0.1 --wd 0.1
+reference odd_fp64 fp64 "$ODD" 3 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+reference odd_fp32 fp32 "$ODD" 3 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+# the embedded data and a bf16 (version 5) model file
+reference tiny_v5_fp64 fp64 "L=2,C=64,NH=2,V=257,T=64" 2 64 --data data/tiny/tiny_val_000000.bin \
+    --model-version 5 --lr 3e-3
+
+for prog in build/test_*; do
+    [[ -x $prog && ! -d $prog ]] || continue
+    run "$(basename "$prog")" "$prog"
+done
+for t in scripts/test_shards.py; do
+    [[ -f $t ]] && run "$(basename "$t" .py)" "$PY" "$t"
+done
+run test_train "$PY" tests/test_train.py
+
+NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+if [[ -n $NVCC ]]; then
+    # The trainer itself was built with its CUDA backend by `make` above;
+    # check that it was, then build every kernel lab program.
+    run cuda_backend_built test -f build/backend_cuda.o
+    run cuda_kernel_lab make -C dev/cuda -j2
+else
+    echo "(nvcc not found: CUDA compile checks skipped)"
+fi
+
+echo "total: $TOTAL_PASS passed, $TOTAL_FAIL failed"
+[[ $TOTAL_FAIL -eq 0 ]]
