@@ -20,9 +20,9 @@ struct TrainConfig {
     int max_steps = -1;        // -x (-1: one epoch of the training data)
     // optimizer
     double lr = 1e-3;          // -l
-    int warmup = 0;            // -u
-    double final_lr_frac = 1.0;  // -q
-    double weight_decay = 0.0;   // -c
+    int warmup = 20;           // -u
+    double final_lr_frac = 0.1;  // -q
+    double weight_decay = 0.1;   // -c
     double grad_clip = 1.0;
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     // evaluation, sampling, checkpoints

@@ -161,6 +161,12 @@ def test_errors(tmp):
     check(not any(".tmp." in p or "DONE" in p for p in leftovers), f"half-written files: {leftovers}")
     rc, out, err = run(["--help"])
     check(rc == 0 and "--max-steps" in out and "-x," in out and "[-1]" in out, "--help")
+    # The README's flag table is the --help text, line for line.
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = [l.strip() for l in f]
+    opts = [l.strip() for l in out.splitlines() if l.strip().startswith("-")]
+    missing = [l for l in opts if l not in readme]
+    check(opts and not missing, f"README flags differ from --help: {missing}")
 
 
 def main():
