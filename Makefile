@@ -31,7 +31,7 @@ endif
 ifdef USE_CUDA
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-NVCCFLAGS  ?= -O3 --use_fast_math
+NVCCFLAGS  ?= -O3
 NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall
 CXXFLAGS   += -DLLMC_CUDA
 CUDA_OBJS  := $(BUILD)/backend_cuda.o

@@ -72,6 +72,9 @@ class Backend {
     // Conversion inside the backend (master weights -> parameters).
     virtual void convert(void* dst, DType dt, const void* src, DType st, size_t n) = 0;
     virtual void synchronize() = 0;
+    // The backend's compute stream (a cudaStream_t on CUDA; null on the CPU),
+    // for communicators that must order their work after the compute.
+    virtual void* native_stream() { return nullptr; }
     // Bytes the backend holds right now and at most so far (memory report).
     virtual size_t bytes_in_use() const = 0;
     virtual size_t bytes_peak() const = 0;

@@ -1,0 +1,193 @@
+// dev/cuda/attention_backward.cu: kernel lab for softmax attention backward
+// (dq, dk, dv overwritten; P recomputed from q, k and the forward's lse).
+//   version 1: one thread per query row, atomicAdd into dk, dv (naive; fp32
+//              only: bf16 atomics would round at every add)
+//   version 2: llmc/cuda/attention.cuh (production: a dq kernel per query
+//              tile and a dk/dv kernel per key tile, no atomics)
+// Same cases as attention_forward.cu. The output buffers start as garbage to
+// check that they are overwritten, not accumulated.
+#include "common.h"
+#include "llmc/cpu_ops.h"
+#include "llmc/cuda/attention.cuh"
+
+#include <type_traits>
+
+using namespace llmc_cuda;
+
+__global__ void attention_backward_v1(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                      const float* k, const float* v, const float* out, const float* lse,
+                                      AttnShape s) {
+    const size_t row = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (b, h, i)
+    if (row >= (size_t)s.B * s.NH * s.Tq) return;
+    const int i = (int)(row % s.Tq), h = (int)(row / s.Tq % s.NH), b = (int)(row / s.Tq / s.NH);
+    const size_t qo = ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
+    const size_t oo = ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
+    const float L = lse[((size_t)b * s.NH + h) * s.Tq + i];
+    float D = 0.f;
+    for (int c = 0; c < s.HS; c++) D += dout[oo + c] * out[oo + c];
+    for (int c = 0; c < s.HS; c++) dq[qo + c] = 0.f;
+    const int nk = s.causal ? i + 1 : s.Tk;
+    for (int j = 0; j < nk; j++) {
+        const size_t ko = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+        float dot = 0.f, dp = 0.f;
+        for (int c = 0; c < s.HS; c++) {
+            dot += q[qo + c] * k[ko + c];
+            dp += dout[oo + c] * v[ko + c];
+        }
+        const float p = expf(dot * (float)s.scale - L);
+        const float ds = p * (dp - D) * (float)s.scale;
+        for (int c = 0; c < s.HS; c++) {
+            dq[qo + c] += ds * k[ko + c];
+            atomicAdd(&dk[ko + c], ds * q[qo + c]);
+            atomicAdd(&dv[ko + c], p * dout[oo + c]);
+        }
+    }
+}
+
+struct Case {
+    const char* name;
+    AttnShape s;
+    bool packed;
+    size_t qbuf_n, kvbuf_n, koff, voff, out_n;
+};
+
+Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, bool causal, bool packed) {
+    const size_t C = (size_t)NH * HS;
+    Case c{name, {}, packed, 0, 0, 0, 0, 0};
+    if (packed) {
+        c.s = {B, NH, HS, Tq, Tk, 3 * C, 3 * C, C, causal, 1.0 / std::sqrt((double)HS)};
+        c.qbuf_n = c.kvbuf_n = (size_t)B * Tq * 3 * C;
+        c.koff = C;
+        c.voff = 2 * C;
+    } else {
+        c.s = {B, NH, HS, Tq, Tk, C + 4, 2 * C + 6, C + 2, causal, 0.7 / std::sqrt((double)HS)};
+        c.qbuf_n = (size_t)B * Tq * (C + 4);
+        c.kvbuf_n = (size_t)B * Tk * (2 * C + 6);
+        c.koff = 0;
+        c.voff = C;
+    }
+    c.out_n = (size_t)B * Tq * c.s.o_stride;
+    return c;
+}
+
+// Inputs shared by all versions: q/k/v buffers, dout, and out/lse from the
+// CPU forward (out rounded to bf16 so both precisions see the same values).
+struct Data {
+    std::vector<float> qbuf, kvbuf, dout, out, lse;
+};
+
+Data make_data(const Case& c, uint64_t seed) {
+    const AttnShape& s = c.s;
+    Data d;
+    d.qbuf = lab::rand_normal(c.qbuf_n, 1.f, seed);
+    d.kvbuf = c.packed ? d.qbuf : lab::rand_normal(c.kvbuf_n, 1.f, seed + 1);
+    d.dout = lab::rand_normal(c.out_n, 1.f, seed + 2);
+    d.out.assign(c.out_n, 0.f);
+    d.lse.assign((size_t)s.B * s.NH * s.Tq, 0.f);
+    cpu::attention_forward(d.out.data(), d.lse.data(), d.qbuf.data(), d.kvbuf.data() + c.koff,
+                           d.kvbuf.data() + c.voff, s);
+    for (float& x : d.out) x = lab::round_bf16(x);
+    return d;
+}
+
+template <typename E>
+void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
+         const float* lse, const AttnShape& s, float* scratch) {
+    if (version == 1) {
+        if constexpr (std::is_same<E, float>::value) {
+            // dk, dv accumulate: clear them (only the head slices; the packed
+            // layout interleaves them with dq, which the kernel overwrites).
+            for (int b = 0; b < s.B; b++)
+                for (int j = 0; j < s.Tk; j++) {
+                    const size_t o = ((size_t)b * s.Tk + j) * s.kv_stride;
+                    CUDA_CHECK(cudaMemsetAsync(dk + o, 0, (size_t)s.NH * s.HS * sizeof(float)));
+                    CUDA_CHECK(cudaMemsetAsync(dv + o, 0, (size_t)s.NH * s.HS * sizeof(float)));
+                }
+            const size_t rows = (size_t)s.B * s.NH * s.Tq;
+            attention_backward_v1<<<(unsigned)ceil_div(rows, 128), 128>>>(dq, dk, dv, dout, q, k, v, out, lse, s);
+            CUDA_CHECK_LAUNCH();
+        }
+    } else {
+        attention_backward<E>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+    }
+}
+
+template <typename E>
+void check(int version, const Case& c, const char* label, double tol) {
+    const AttnShape& s = c.s;
+    const Data d = make_data(c, 1);
+    std::vector<float> rdq(c.qbuf_n, 0.f), rdkv(c.kvbuf_n, 0.f);  // packed: rdq == rdkv (one dqkv)
+    float* rdk = (c.packed ? rdq.data() : rdkv.data()) + c.koff;
+    float* rdv = (c.packed ? rdq.data() : rdkv.data()) + c.voff;
+    cpu::attention_backward(rdq.data(), rdk, rdv, d.dout.data(), d.qbuf.data(), d.kvbuf.data() + c.koff,
+                            d.kvbuf.data() + c.voff, d.out.data(), d.lse.data(), s);
+    E* q = lab::to_device<E>(d.qbuf);
+    E* kv = c.packed ? q : lab::to_device<E>(d.kvbuf);
+    E* dout = lab::to_device<E>(d.dout);
+    E* out = lab::to_device<E>(d.out);
+    float* lse = lab::to_device<float>(d.lse);
+    // Packed: one dqkv buffer filled with garbage (every element is written).
+    E* dq = c.packed ? lab::to_device<E>(lab::rand_normal(c.qbuf_n, 3.f, 99)) : lab::dev_alloc<E>(c.qbuf_n);
+    E* dkv = c.packed ? dq : lab::dev_alloc<E>(c.kvbuf_n);
+    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
+    run<E>(version, dq, dkv + c.koff, dkv + c.voff, dout, q, kv + c.koff, kv + c.voff, out, lse, s, scratch);
+    const std::string l = std::string(label) + " " + c.name;
+    if (c.packed) {
+        lab::validate((l + " dqkv").c_str(), lab::from_device(dq, c.qbuf_n), rdq, tol);
+    } else {
+        lab::validate((l + " dq").c_str(), lab::from_device(dq, c.qbuf_n), rdq, tol);
+        lab::validate((l + " dk|dv").c_str(), lab::from_device(dkv, c.kvbuf_n), rdkv, tol);
+        lab::dev_free(kv), lab::dev_free(dkv);
+    }
+    lab::dev_free(q), lab::dev_free(dout), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dq),
+        lab::dev_free(scratch);
+}
+
+int main() {
+    if (!lab::have_gpu()) return lab::finish();
+    const Case cases[] = {
+        make_case("gpt2 HS=64 T=256 causal", 2, 4, 64, 256, 256, true, true),
+        make_case("HS=16 T=100 causal", 2, 3, 16, 100, 100, true, true),
+        make_case("HS=8 T=37 causal", 3, 2, 8, 37, 37, true, true),
+        make_case("HS=128 T=96 causal", 1, 2, 128, 96, 96, true, true),
+        make_case("HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false),
+        make_case("HS=200 Tq=33 Tk=65 strided", 1, 2, 200, 33, 65, false, false),
+        make_case("HS=16 T=64 non-causal strided", 2, 3, 16, 64, 64, false, false),
+    };
+    // The backward sums P·(dP - D), which cancels: fp32 needs a little more room.
+    const double tol32 = 5e-5;
+    std::printf("validation\n");
+    for (const Case& c : cases) {
+        check<float>(1, c, "v1 fp32", tol32);
+        check<float>(2, c, "v2 fp32", tol32);
+        check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
+    }
+
+    const int B = 8, NH = 12, HS = 64, T = 1024;
+    const Case c = make_case("d12", B, NH, HS, T, T, true, true);
+    std::printf("timing (B=%d NH=%d HS=%d T=%d causal; FLOPs counted as 2.5x the forward's)\n", B, NH, HS, T);
+    const double flops = 2.5 * 4.0 * B * NH * HS * (double)T * T / 2;
+    const Data d = make_data(c, 7);
+    auto bench = [&](auto tag, int version, const char* label) {
+        using E = decltype(tag);
+        E* q = lab::to_device<E>(d.qbuf);
+        E* dout = lab::to_device<E>(d.dout);
+        E* out = lab::to_device<E>(d.out);
+        float* lse = lab::to_device<float>(d.lse);
+        E* dqkv = lab::dev_alloc<E>(c.qbuf_n);
+        float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(c.s));
+        float ms = lab::time_ms(
+            [&] {
+                run<E>(version, dqkv, dqkv + c.koff, dqkv + c.voff, dout, q, q + c.koff, q + c.voff, out, lse, c.s,
+                       scratch);
+            },
+            version == 1 ? 1 : 10);
+        lab::report_flops(label, ms, flops);
+        lab::dev_free(q), lab::dev_free(dout), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dqkv),
+            lab::dev_free(scratch);
+    };
+    bench(float{}, 1, "v1 naive fp32");
+    bench(float{}, 2, "v2 production fp32");
+    bench(bf16{}, 2, "v2 production bf16");
+    return lab::finish();
+}

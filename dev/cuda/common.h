@@ -1,0 +1,177 @@
+// dev/cuda/common.h: helpers shared by the kernel-lab programs: random
+// inputs, host <-> device copies with conversion, validation against the CPU
+// reference (relative L2 error ‖got-ref‖/‖ref‖ and max abs error, PASS/FAIL
+// against a tolerance, counted), and timing with CUDA events.
+//
+// Every lab program: makes random inputs, runs the CPU backend's op
+// (llmc/cpu_ops.h) as the reference, runs version 1 (a naive kernel written
+// in the lab file) and the production kernel (llmc/cuda/*.cuh) in fp32 and
+// validates each, validates the production kernel in bf16 with a looser
+// tolerance, then times the versions at GPT-2 d12 sizes. Inputs are rounded
+// to bf16-representable values once, so the fp32 and bf16 runs and the
+// reference all see the same numbers. The last line printed is always
+// "N passed, M failed"; the exit status is 1 when something failed.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "llmc/cuda/common.cuh"
+
+namespace lab {
+
+using llmc_cuda::bf16;
+
+inline int g_passed = 0, g_failed = 0;
+
+inline int finish() {
+    std::printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed ? 1 : 0;
+}
+
+// False (with a message) when no GPU can run the lab, e.g. on a build machine.
+inline bool have_gpu() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        std::printf("SKIP: no CUDA device available\n");
+        return false;
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    return true;
+}
+
+// ---- random inputs (bf16-representable) --------------------------------------
+inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+inline std::vector<float> rand_uniform(size_t n, float lo, float hi, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = round_bf16(dist(rng));
+    return v;
+}
+inline std::vector<float> rand_normal(size_t n, float std, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> dist(0.f, std);
+    std::vector<float> v(n);
+    for (float& x : v) x = round_bf16(dist(rng));
+    return v;
+}
+inline std::vector<int> rand_ints(size_t n, int lo, int hi_exclusive, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> dist(lo, hi_exclusive - 1);
+    std::vector<int> v(n);
+    for (int& x : v) x = dist(rng);
+    return v;
+}
+
+// ---- device buffers --------------------------------------------------------------
+template <typename E>
+inline E to_elem(float x);
+template <>
+inline float to_elem<float>(float x) { return x; }
+template <>
+inline bf16 to_elem<bf16>(float x) { return __float2bfloat16(x); }
+inline float from_elem(float x) { return x; }
+inline float from_elem(bf16 x) { return __bfloat162float(x); }
+
+template <typename T>
+inline T* dev_alloc(size_t n) {
+    T* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, (n ? n : 1) * sizeof(T)));
+    CUDA_CHECK(cudaMemset(p, 0, (n ? n : 1) * sizeof(T)));
+    return p;
+}
+template <typename E>
+inline E* to_device(const std::vector<float>& h) {
+    std::vector<E> tmp(h.size());
+    for (size_t i = 0; i < h.size(); i++) tmp[i] = to_elem<E>(h[i]);
+    E* d = dev_alloc<E>(h.size());
+    CUDA_CHECK(cudaMemcpy(d, tmp.data(), h.size() * sizeof(E), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename E>
+inline void copy_to_device(E* d, const std::vector<float>& h) {
+    std::vector<E> tmp(h.size());
+    for (size_t i = 0; i < h.size(); i++) tmp[i] = to_elem<E>(h[i]);
+    CUDA_CHECK(cudaMemcpy(d, tmp.data(), h.size() * sizeof(E), cudaMemcpyHostToDevice));
+}
+inline int* ints_to_device(const std::vector<int>& h) {
+    int* d = dev_alloc<int>(h.size());
+    CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename E>
+inline std::vector<float> from_device(const E* d, size_t n) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<E> tmp(n);
+    CUDA_CHECK(cudaMemcpy(tmp.data(), d, n * sizeof(E), cudaMemcpyDeviceToHost));
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; i++) h[i] = from_elem(tmp[i]);
+    return h;
+}
+template <typename T>
+inline void dev_free(T* p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+// ---- validation -------------------------------------------------------------------
+// Relative L2 error (absolute when the reference is all zeros) against tol;
+// NaN or Inf in `got` always fails.
+inline bool validate(const char* what, const std::vector<float>& got, const std::vector<float>& ref, double tol) {
+    double diff2 = 0, ref2 = 0, maxabs = 0;
+    bool finite = got.size() == ref.size();
+    for (size_t i = 0; i < got.size() && i < ref.size(); i++) {
+        if (!std::isfinite(got[i]) && std::isfinite(ref[i])) finite = false;
+        const double d = (double)got[i] - (double)ref[i];
+        diff2 += d * d;
+        ref2 += (double)ref[i] * ref[i];
+        if (std::fabs(d) > maxabs) maxabs = std::fabs(d);
+    }
+    const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+    const bool ok = finite && rel <= tol;
+    std::printf("  %-44s rel err %.3e  max abs err %.3e  (tol %.0e)  %s\n", what, rel, maxabs, tol,
+                ok ? "PASS" : "FAIL");
+    (ok ? g_passed : g_failed)++;
+    return ok;
+}
+
+// ---- timing -------------------------------------------------------------------------
+// Average milliseconds per call of fn() over reps calls, after two warm-ups.
+template <typename Fn>
+inline float time_ms(Fn&& fn, int reps = 20) {
+    fn();
+    fn();
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    CUDA_CHECK(cudaEventRecord(a));
+    for (int i = 0; i < reps; i++) fn();
+    CUDA_CHECK(cudaEventRecord(b));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_CHECK(cudaEventDestroy(a));
+    CUDA_CHECK(cudaEventDestroy(b));
+    return ms / reps;
+}
+inline void report_bw(const char* what, float ms, double bytes) {
+    std::printf("  %-44s %9.4f ms  %8.1f GB/s\n", what, ms, bytes / (ms * 1e-3) / 1e9);
+}
+inline void report_flops(const char* what, float ms, double flops) {
+    std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s\n", what, ms, flops / (ms * 1e-3) / 1e12);
+}
+
+// Tolerances: fp32 kernels differ from the CPU only in summation order and
+// libm; bf16 outputs carry one rounding (2^-9 relative) plus bf16 intermediates.
+constexpr double kTolF32 = 1e-5;
+constexpr double kTolBF16 = 1e-2;
+
+}  // namespace lab
