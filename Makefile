@@ -4,7 +4,13 @@
 #   make test         the whole test suite (scripts/run_tests.sh)
 #   make NO_CUDA=1    build without the CUDA backend even if nvcc exists
 #   make -C dev/cuda  the CUDA kernel lab
-CXX      ?= g++
+# mpicxx when OpenMPI is installed (data parallel and the later modes);
+# without it the trainer builds as a single-process program.
+MPICXX   ?= $(shell command -v mpicxx 2>/dev/null)
+ifneq ($(MPICXX),)
+CXX      := $(MPICXX)
+MPI_DEF  := -DLLMC_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
+endif
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 # OpenBLAS built on OpenMP shares the trainer's thread pool; the pthread
 # build spins its own threads against OpenMP's and runs 1.5-2x slower here.
@@ -12,7 +18,7 @@ ARCH     := $(shell uname -m)-linux-gnu
 BLAS_DIR ?= $(firstword $(wildcard /usr/lib/$(ARCH)/openblas-openmp /usr/lib/$(ARCH)/openblas-pthread))
 BLAS_INC ?= $(firstword $(wildcard /usr/include/$(ARCH)/openblas-openmp /usr/include/$(ARCH)/openblas-pthread /usr/include/openblas))
 CXXFLAGS ?= -O3
-CXXFLAGS += -std=c++17 -Wall -Wextra -fopenmp -I. $(if $(BLAS_INC),-I$(BLAS_INC))
+CXXFLAGS += -std=c++17 -Wall -Wextra -fopenmp -I. $(if $(BLAS_INC),-I$(BLAS_INC)) $(MPI_DEF)
 BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
 LDLIBS   += $(if $(BLAS_DIR),-L$(BLAS_DIR) $(BLAS_RPATH)) -lopenblas -lm
 BUILD    := build
@@ -32,10 +38,16 @@ ifdef USE_CUDA
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS  ?= -O3
-NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall
+NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall $(MPI_DEF)
 CXXFLAGS   += -DLLMC_CUDA
 CUDA_OBJS  := $(BUILD)/backend_cuda.o
 LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
+ifneq ($(MPICXX),)
+# NCCL and the host-staged MPI communicator for device buffers.
+NVCCFLAGS  += $(shell $(MPICXX) --showme:compile)
+CUDA_OBJS  += $(BUILD)/comm_nccl.o $(BUILD)/comm_staged.o
+LDLIBS     += -lnccl
+endif
 $(info building with the CUDA backend ($(NVCC)))
 else
 $(info building without the CUDA backend (no nvcc, or NO_CUDA set))
@@ -47,7 +59,7 @@ DATA := data/tiny/tiny_train_000001.bin data/tiny/tiny_val_000000.bin data/tiny/
 all: train_gpt test_gpt $(DATA)
 
 # The object files depend on every header: simple and always right.
-HEADERS := $(wildcard llmc/*.h llmc/cuda/*.cuh)
+HEADERS := $(wildcard llmc/*.h llmc/cuda/*.cuh) Makefile
 # Remember whether the last build had CUDA, so switching rebuilds.
 $(BUILD)/.flags: FORCE
 	@mkdir -p $(BUILD)
@@ -57,7 +69,7 @@ FORCE:
 $(BUILD)/%.o: llmc/%.cpp $(HEADERS) $(BUILD)/.flags
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/backend_cuda.o: llmc/backend_cuda.cu $(HEADERS) $(BUILD)/.flags
+$(BUILD)/%.o: llmc/%.cu $(HEADERS) $(BUILD)/.flags
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 train_gpt: train_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)

@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
         else if (dtype == "fp32") tol_fwd = tol_grad = tol_steps = 1e-5;
         else tol_fwd = 2e-2, tol_grad = 1e-1, tol_steps = 2e-2;  // bf16: provisional, see docs/gpu-results.md
     }
-    std::unique_ptr<Backend> be(make_backend(device, dtype, &err));
+    std::unique_ptr<Backend> be(make_backend(device, dtype, 0, &err));
     if (!be) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
@@ -139,9 +139,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
     }
-    TensorTable table(c);
+    TensorTable table(c);  // one process: no shard padding
     DebugState s;
-    if (!read_state(state_path, c, table.total, &s, &err)) {
+    if (!read_state(state_path, c, table.params, &s, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
     }
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     std::printf("test_gpt: %s %s, model %s, B=%d T=%d, %d steps\n", device.c_str(), dtype.c_str(),
                 config_string(c).c_str(), s.B, s.T, s.steps);
     Checker ck;
-    const size_t N = (size_t)s.B * s.T, V = c.vocab_size, P = table.total;
+    const size_t N = (size_t)s.B * s.T, V = c.vocab_size, P = table.params;
 
     // Forward: logits and loss of the initial model.
     double loss = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T);
@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
     model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N);
     model.backward();
     std::vector<double> grads(P);
-    model.get_file_order(grads.data(), DType::F64, model.grads(), model.precision().grad);
+    model.get_file_order(grads.data(), DType::F64, model.grads(), false, model.precision().grad);
     for (int k = 0; k < (int)Param::count; k++) {
         const TensorEntry& first = table.get((Param)k, 0);
         size_t n = first.numel * (param_kind((Param)k).per_layer ? c.num_layers : 1);

@@ -1,9 +1,13 @@
 // train_gpt.cu: the trainer's entry point. Parses the flags, builds the
-// backend and the model, then runs the training loop: gradient accumulation
-// up to the total batch, AdamW, validation, samples, checkpoints, logs.
-// Built by nvcc when it is present (CUDA backend included), by g++ otherwise;
-// the code is the same either way: everything device-specific is behind the
-// Backend interface.
+// process grid, the backend and the model, then runs the training loop:
+// gradient accumulation up to the total batch, data parallel / ZeRO through
+// llmc/data_parallel.cpp, AdamW, validation, samples, checkpoints, logs.
+// Built by nvcc's host compiler with the CUDA backend when nvcc is present,
+// by g++ otherwise; the code is the same either way: everything
+// device-specific is behind the Backend and Comm interfaces.
+//
+// Launch: ./train_gpt (one process) or mpirun -np N ./train_gpt (data
+// parallel over N ranks; the global batch, and so the run, is the same).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,21 +22,30 @@
 #include "llmc/backends.h"
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
+#include "llmc/data_parallel.h"
 #include "llmc/dataloader.h"
 #include "llmc/fileio.h"
 #include "llmc/gpt.h"
 #include "llmc/metrics.h"
 #include "llmc/model_io.h"
 #include "llmc/optimizer.h"
+#include "llmc/process_grid.h"
 #include "llmc/rng.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_config.h"
 
-// Every error ends the run with one line and a non-zero exit.
-[[noreturn]] static void fail(const std::string& msg) {
-    std::fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
+// Setup errors: every rank reaches the same check, so the ranks agree on the
+// outcome, rank 0 prints the first failing rank's message, and all exit 1.
+static void setup_check(bool ok, const std::string& msg) {
+    std::string err;
+    if (dist_all_ok(ok, msg, &err)) return;
+    if (dist_world_rank() == 0) std::fprintf(stderr, "train_gpt: error: %s\n", err.c_str());
+    dist_finalize();
     std::exit(1);
 }
+
+// Errors during training, possibly on one rank only: end the whole job.
+[[noreturn]] static void fail(const std::string& msg) { dist_abort(msg); }
 
 static std::string human_bytes(double b) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -49,18 +62,19 @@ static double flops_per_token(const GPTConfig& c, size_t params, int T) {
     return 6.0 * (double)params + 12.0 * c.num_layers * (double)c.channels * T;
 }
 
-static void print_memory_report(GPT& model) {
-    std::printf("memory (bytes held by the backend):\n");
-    std::vector<std::pair<std::string, size_t>> groups;
-    for (const BufferInfo& b : model.buffers()) {
-        bool found = false;
-        for (auto& g : groups)
-            if (g.first == b.group) g.second += b.bytes, found = true;
-        if (!found) groups.push_back({b.group, b.bytes});
-    }
-    for (auto& g : groups) std::printf("  %-12s %12zu  (%s)\n", g.first.c_str(), g.second, human_bytes((double)g.second).c_str());
-    std::printf("  %-12s %12zu  (%s)\n", "total", model.backend().bytes_in_use(),
-                human_bytes((double)model.backend().bytes_in_use()).c_str());
+// One line per rank: the bytes it holds, by kind (machine-readable).
+static void print_memory(const char* when, int rank, GPT& model, const DataParallel& dp) {
+    size_t bytes[6] = {};  // params grads master optimizer activations comm
+    const char* names[6] = {"params", "grads", "master", "optimizer", "activations", "comm"};
+    for (const BufferInfo& b : model.buffers())
+        for (int k = 0; k < 5; k++)
+            if (b.group == names[k] || (k == 4 && b.group == "scratch")) bytes[k] += b.bytes;
+    bytes[5] = dp.comm_buffer_bytes();
+    std::string line = "memory[" + std::to_string(rank) + "] " + when + ":";
+    for (int k = 0; k < 6; k++) line += " " + std::string(names[k]) + "=" + std::to_string(bytes[k]);
+    line += " total=" + human_bytes((double)model.backend().bytes_in_use()) +
+            " peak=" + human_bytes((double)model.backend().bytes_peak());
+    std::printf("%s\n", line.c_str());
 }
 
 // Draws a token from the softmax of logits with one uniform number.
@@ -76,7 +90,9 @@ static int sample_token(const std::vector<float>& logits, double u) {
     return (int)logits.size() - 1;
 }
 
-static void print_sample(GPT& model, const Tokenizer& tok, Rng& rng, int gen_tokens, int T) {
+// Every rank runs the same forwards (ZeRO-3 gathers need all of them) with
+// the same RNG; rank 0 prints.
+static void print_sample(GPT& model, const Tokenizer& tok, Rng& rng, int gen_tokens, int T, bool print) {
     const int V = model.config().vocab_size;
     std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0);
     std::vector<float> logits(V);
@@ -89,93 +105,130 @@ static void print_sample(GPT& model, const Tokenizer& tok, Rng& rng, int gen_tok
         tokens[t] = next;
         text += tok.decode(next);
     }
-    std::printf("---- sample ----\n%s\n----------------\n", Tokenizer::printable(text).c_str());
+    if (print) std::printf("---- sample ----\n%s\n----------------\n", Tokenizer::printable(text).c_str());
+}
+
+// Communication of the last step: "group kind bytes" for every kind used.
+static std::string comm_summary(ProcessGrid& g, std::string* json) {
+    std::string text;
+    *json = "{";
+    Comm* groups[] = {g.dpcp_group.get(), g.tp_group.get(), g.cp_group.get()};
+    const char* names[] = {"dp", "tp", "cp"};
+    bool first = true;
+    for (int i = 0; i < 3; i++) {
+        CommCounts& c = groups[i]->counts();
+        if (groups[i]->size() <= 1) continue;
+        for (int k = 0; k < (int)CommKind::count; k++) {
+            if (!c.calls[k]) continue;
+            std::string key = std::string(names[i]) + "_" + comm_kind_name((CommKind)k);
+            *json += (first ? "" : ", ") + ("\"" + key + "\": {\"calls\": " + std::to_string(c.calls[k]) +
+                                           ", \"bytes\": " + std::to_string(c.bytes[k]) + "}");
+            text += " " + key + " " + human_bytes((double)c.bytes[k]);
+            first = false;
+        }
+        c.reset();
+    }
+    *json += "}";
+    return text;
 }
 
 int main(int argc, char** argv) {
+    dist_init(&argc, &argv);
+    const int rank = dist_world_rank();
+    const bool main_rank = rank == 0;
     TrainConfig cfg;
-    ArgParser parser("train_gpt", "Trains GPT-2 on llm.c token shards (CPU or CUDA backend).");
+    ArgParser parser("train_gpt", "Trains GPT-2 on llm.c token shards (CPU or CUDA backend; mpirun for data parallel).");
     add_train_options(parser, cfg);
     bool help = false;
     std::string err;
-    if (!parser.parse(argc, argv, &help, &err)) fail(err);
+    setup_check(parser.parse(argc, argv, &help, &err), err);
     if (help) {
-        std::printf("%s", parser.usage().c_str());
+        if (main_rank) std::printf("%s", parser.usage().c_str());
+        dist_finalize();
         return 0;
     }
     try {
-        if (cfg.zero != 0) fail("flag -z: ZeRO stage " + std::to_string(cfg.zero) + " needs data parallel ranks (mpirun); a single process runs stage 0");
-        if (cfg.resume && cfg.output_dir.empty()) fail("flag -y: resuming needs an output directory (-o)");
-
-        std::unique_ptr<Backend> be(make_backend(cfg.device, cfg.dtype, &err));
-        if (!be) fail(err);
+        setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
+        std::unique_ptr<Backend> be(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
+        setup_check(be != nullptr, err);
+        ProcessGrid grid;
+        setup_check(make_process_grid(1, 1, cfg.comm, *be, &grid, &err), err);
+        const int dp = grid.dp * grid.cp, dp_rank = grid.dp_rank * grid.cp + grid.cp_rank;
 
         // Model shape: from a resumed checkpoint, a model file, or sizes.
         GPTConfig mc;
         int resume_step = -1;
         if (cfg.resume) {
             resume_step = latest_checkpoint(cfg.output_dir);
-            if (resume_step < 0) std::printf("resume: no checkpoint in %s, starting fresh\n", cfg.output_dir.c_str());
+            if (resume_step < 0 && main_rank) std::printf("resume: no checkpoint in %s, starting fresh\n", cfg.output_dir.c_str());
         }
+        bool ok = true;
         if (resume_step >= 0) {
-            if (!read_checkpoint_config(cfg.output_dir, resume_step, &mc, &err)) fail(err);
+            ok = read_checkpoint_config(cfg.output_dir, resume_step, &mc, &err);
         } else if (spec_is_file(cfg.model)) {
             int version;
-            if (!read_model_header(cfg.model, &mc, &version, &err)) fail(err);
+            ok = read_model_header(cfg.model, &mc, &version, &err);
         } else if (!parse_model_spec(cfg.model, &mc, &err)) {
-            fail("flag -e: " + err);
+            ok = false;
+            err = "flag -e: " + err;
         }
-        if (cfg.T > mc.max_seq_len)
-            fail("flag -t: T=" + std::to_string(cfg.T) + " exceeds the model's maxT=" + std::to_string(mc.max_seq_len));
-        const long long BT = (long long)cfg.B * cfg.T;
-        if (cfg.total_batch < 0) cfg.total_batch = BT;
-        if (cfg.total_batch % BT != 0)
-            fail("flag -d: total batch " + std::to_string(cfg.total_batch) + " tokens is not a multiple of B*T = " +
-                 std::to_string(BT));
-        const int accum = (int)(cfg.total_batch / BT);
+        setup_check(ok, err);
+        setup_check(cfg.T <= mc.max_seq_len, "flag -t: T=" + std::to_string(cfg.T) + " exceeds the model's maxT=" +
+                                                 std::to_string(mc.max_seq_len));
+        const long long rows_per_micro = (long long)cfg.B * dp;  // rows of one micro-step over all ranks
+        if (cfg.total_batch < 0) cfg.total_batch = rows_per_micro * cfg.T;
+        setup_check(cfg.total_batch % (rows_per_micro * cfg.T) == 0,
+                    "flag -d: total batch " + std::to_string(cfg.total_batch) + " tokens is not a multiple of B*T*dp = " +
+                        std::to_string(rows_per_micro * cfg.T) + " (B=" + std::to_string(cfg.B) +
+                        ", T=" + std::to_string(cfg.T) + ", dp=" + std::to_string(dp) + ")");
+        const int accum = (int)(cfg.total_batch / (rows_per_micro * cfg.T));
         const long long rows_per_step = cfg.total_batch / cfg.T;
 
         DataLoader train;
-        if (!train.open(cfg.train_data, cfg.T, mc.vocab_size, &err)) fail(err);
+        setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
         DataLoader val;
-        if (!cfg.val_data.empty() && cfg.val_every > 0 && !val.open(cfg.val_data, cfg.T, mc.vocab_size, &err)) fail(err);
+        bool use_val = !cfg.val_data.empty() && cfg.val_every > 0;
+        setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
         Tokenizer tok;
-        if (file_size(cfg.tokenizer) >= 0) {
-            if (!tok.load(cfg.tokenizer, &err)) fail(err);
-        } else {
-            tok.init_bytes();
-        }
+        if (file_size(cfg.tokenizer) >= 0) setup_check(tok.load(cfg.tokenizer, &err), err);
+        else tok.init_bytes();
         if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
 
-        GPT model(be.get(), mc, cfg.B, cfg.T, cfg.recompute != 0);
+        GPT model(be.get(), mc, cfg.B, cfg.T, cfg.recompute != 0, Sharding::for_zero(cfg.zero, dp, dp_rank));
+        DataParallel dpar(model, *grid.dpcp_group, cfg.zero);
         TrainState st;
         Rng rng((uint64_t)cfg.seed);
         if (resume_step >= 0) {
-            if (!load_checkpoint(cfg.output_dir, resume_step, model, &st, &err)) fail(err);
+            ok = load_checkpoint(cfg.output_dir, resume_step, model, &st, &err);
             rng.state = st.rng_state;
         } else if (spec_is_file(cfg.model)) {
-            if (!load_model(cfg.model, model, &err)) fail(err);
+            ok = load_model(cfg.model, model, &err);
         } else {
             model.init_random((uint64_t)cfg.seed);
         }
+        setup_check(ok, err);
 
-        // Startup table.
-        std::printf("+---------------------------+--------------------------------------------------+\n");
-        for (const Option& o : parser.options())
-            std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
-        std::printf("+---------------------------+--------------------------------------------------+\n");
-        std::printf("device %s, params %s, grads %s, activations %s\n", be->name(), dtype_name(model.precision().param),
-                    dtype_name(model.precision().grad), dtype_name(model.precision().act));
-        std::printf("model %s, %zu parameters\n", config_string(mc).c_str(), model.table().total);
-        std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step, %d micro-step(s) of B=%d T=%d; %d steps\n",
-                    train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, cfg.T, cfg.max_steps);
-        print_memory_report(model);
+        if (main_rank) {
+            std::printf("+---------------------------+--------------------------------------------------+\n");
+            for (const Option& o : parser.options())
+                std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
+            std::printf("+---------------------------+--------------------------------------------------+\n");
+            std::printf("device %s, params %s, grads %s, activations %s; world %d = dp %d x cp %d x tp %d, ZeRO %d\n",
+                        be->name(), dtype_name(model.precision().param), dtype_name(model.precision().grad),
+                        dtype_name(model.precision().act), grid.world_size, grid.dp, grid.cp, grid.tp, cfg.zero);
+            std::printf("model %s, %zu parameters\n", config_string(mc).c_str(), model.table().params);
+            std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; T=%d; %d steps\n",
+                        train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, dp, cfg.T, cfg.max_steps);
+        }
+        std::fflush(stdout);
+        print_memory("start", rank, model, dpar);
 
         MetricsLog metrics;
-        if (!cfg.output_dir.empty()) {
-            if (!make_dirs(cfg.output_dir, &err)) fail(err);
-            if (!metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err)) fail(err);
+        if (main_rank && !cfg.output_dir.empty()) {
+            ok = make_dirs(cfg.output_dir, &err) &&
+                 metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
         }
+        setup_check(ok, err);
 
         OptimConfig oc;
         oc.lr = cfg.lr;
@@ -189,20 +242,24 @@ int main(int argc, char** argv) {
         oc.max_steps = cfg.max_steps;
 
         const double peak = backend_peak_flops(*be);
-        const double fpt = flops_per_token(mc, model.table().total, cfg.T);
-        std::vector<int> inputs((size_t)BT), targets((size_t)BT);
+        const double fpt = flops_per_token(mc, model.table().params, cfg.T);
+        const int BT = cfg.B * cfg.T;
+        std::vector<int> inputs(BT), targets(BT);
         for (int step = st.step; step < cfg.max_steps; step++) {
             auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
             double loss = 0;
             for (int micro = 0; micro < accum; micro++) {
-                uint64_t first = cfg.overfit ? 0 : st.rows_consumed + (uint64_t)micro * cfg.B;
+                // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
+                uint64_t first = cfg.overfit ? (uint64_t)dp_rank * cfg.B
+                                             : st.rows_consumed + ((uint64_t)micro * dp + dp_rank) * cfg.B;
                 if (!train.read_rows(first, cfg.B, inputs.data(), targets.data(), &err)) fail(err);
                 loss += model.forward(inputs.data(), targets.data(), cfg.B, cfg.T, 1.0 / (double)cfg.total_batch);
+                dpar.set_last_micro_step(micro == accum - 1);
                 model.backward();
             }
-            loss /= accum;
-            double norm = adamw_step(model, oc, step);
+            loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * dp);
+            double norm = dpar.step(oc, step);
             be->synchronize();
             double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             st.rows_consumed += (uint64_t)rows_per_step;
@@ -217,39 +274,68 @@ int main(int argc, char** argv) {
             m.ms = ms;
             m.tokens = (unsigned long long)st.step * (unsigned long long)cfg.total_batch;
             m.tokens_per_s = cfg.total_batch / (ms / 1000.0);
-            m.mfu = peak > 0 ? fpt * m.tokens_per_s / peak : 0;
+            m.mfu = peak > 0 ? fpt * m.tokens_per_s / (peak * grid.world_size) : 0;
             m.val_loss = -1;
-            std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", step + 1,
-                        cfg.max_steps, loss, m.lr, norm, ms, m.tokens_per_s);
-            if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
-            std::printf("\n");
+            std::string comm_json, comm_text = comm_summary(grid, &comm_json);
+            m.comm_json = comm_json;
+            if (main_rank) {
+                std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", step + 1,
+                            cfg.max_steps, loss, m.lr, norm, ms, m.tokens_per_s);
+                if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
+                if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
+                std::printf("\n");
+            }
             if (!std::isfinite(loss)) fail("loss is not finite at step " + std::to_string(step + 1));
 
-            if (val.is_open() && ((step + 1) % cfg.val_every == 0 || last)) {
-                double vl = 0;
-                for (int k = 0; k < cfg.val_steps; k++) {
-                    if (!val.read_rows((size_t)k * cfg.B, cfg.B, inputs.data(), targets.data(), &err)) fail(err);
-                    vl += model.forward(inputs.data(), targets.data(), cfg.B, cfg.T);
+            if (use_val && ((step + 1) % cfg.val_every == 0 || last)) {
+                // Validation micro-batches are dealt round robin over the
+                // data-parallel ranks; every rank runs the same number of
+                // forwards (the extra ones are discarded).
+                double sum = 0, count = 0;
+                for (int k0 = 0; k0 < cfg.val_steps; k0 += dp) {
+                    int k = k0 + dp_rank;
+                    bool mine = k < cfg.val_steps;
+                    if (!val.read_rows((size_t)(mine ? k : 0) * cfg.B, cfg.B, inputs.data(), targets.data(), &err)) fail(err);
+                    double l = model.forward(inputs.data(), targets.data(), cfg.B, cfg.T);
+                    if (mine) sum += l, count += 1;
                 }
-                m.val_loss = vl / cfg.val_steps;
-                std::printf("val loss %.6f\n", m.val_loss);
+                sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
+                count = grid.dpcp_group->host_all_reduce(count, ReduceOp::Sum);
+                m.val_loss = sum / count;
+                grid.dpcp_group->counts().reset();  // validation traffic is not step traffic
+                if (main_rank) std::printf("val loss %.6f\n", m.val_loss);
             }
-            metrics.write(m);
-            if (cfg.sample_every > 0 && ((step + 1) % cfg.sample_every == 0 || last))
-                print_sample(model, tok, rng, cfg.gen_tokens, cfg.T);
-            if (cfg.checkpoint_every > 0 && !cfg.output_dir.empty() &&
-                ((step + 1) % cfg.checkpoint_every == 0 || last)) {
+            if (main_rank) metrics.write(m);
+            if (cfg.sample_every > 0 && ((step + 1) % cfg.sample_every == 0 || last)) {
+                print_sample(model, tok, rng, cfg.gen_tokens, cfg.T, main_rank);
+                grid.dpcp_group->counts().reset();
+            }
+            if (cfg.checkpoint_every > 0 && !cfg.output_dir.empty() && ((step + 1) % cfg.checkpoint_every == 0 || last)) {
                 st.rng_state = rng.state;
-                if (!save_checkpoint(cfg.output_dir, model, st, &err)) fail(err);
-                std::printf("checkpoint: %s\n", checkpoint_path(cfg.output_dir, "state", st.step).c_str());
+                const Precision& p = model.precision();
+                const size_t P = model.table().params;
+                std::vector<char> w(P * dtype_size(model.weights_dtype())), mm(P * dtype_size(p.opt)), vv(P * dtype_size(p.opt));
+                dpar.gather_file_order(model.weights(), model.weights_sharded(), model.weights_dtype(), w.data(),
+                                       model.weights_dtype());
+                dpar.gather_file_order(model.adam_m(), model.sharding().optimizer, p.opt, mm.data(), p.opt);
+                dpar.gather_file_order(model.adam_v(), model.sharding().optimizer, p.opt, vv.data(), p.opt);
+                ok = true;
+                if (main_rank) {
+                    CheckpointData d{mc, w.data(), model.weights_dtype(), mm.data(), vv.data(), p.opt,
+                                     p.param == DType::BF16 ? 5 : 3};
+                    ok = write_checkpoint(cfg.output_dir, d, st, &err);
+                    if (ok) std::printf("checkpoint: %s\n", checkpoint_path(cfg.output_dir, "state", st.step).c_str());
+                }
+                if (!dist_all_ok(ok, err, &err)) fail(err);
             }
             std::fflush(stdout);
         }
-        std::printf("peak backend memory %s\n", human_bytes((double)be->bytes_peak()).c_str());
+        print_memory("end", rank, model, dpar);
     } catch (const std::bad_alloc&) {
         fail("out of memory");
     } catch (const std::exception& e) {
         fail(e.what());
     }
+    dist_finalize();
     return 0;
 }

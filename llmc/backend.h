@@ -115,6 +115,9 @@ class Backend {
 
     // out = a + b (out may alias a or b).
     virtual void residual_forward(void* out, const void* a, const void* b, size_t n) = 0;
+    // dst += src, n elements of type precision().grad (gradient shards
+    // accumulating reduce-scattered micro-steps).
+    virtual void accumulate(void* dst, const void* src, size_t n) = 0;
 
     // Softmax attention, see AttnShape. out, lse overwritten.
     virtual void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,

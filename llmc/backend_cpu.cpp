@@ -98,6 +98,9 @@ class CpuBackend : public Backend {
     void residual_forward(void* out, const void* a, const void* b, size_t n) override {
         cpu::residual_forward(f(out), f(a), f(b), n);
     }
+    void accumulate(void* dst, const void* src, size_t n) override {
+        cpu::residual_forward(f(dst), f(dst), f(src), n);
+    }
     void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
                            const AttnShape& s) override {
         cpu::attention_forward(f(out), f(lse), f(q), f(k), f(v), s);

@@ -289,6 +289,14 @@ class CudaBackend final : public Backend {
             llmc_cuda::residual_forward<E>(ptr<E>(out), cptr<E>(a), cptr<E>(b), n, stream_);
         });
     }
+    // Gradients have the activation type in both precisions (bf16 or fp32).
+    void accumulate(void* dst, const void* src, size_t n) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::residual_forward<E>(ptr<E>(dst), cptr<E>(dst), cptr<E>(src), n, stream_);
+        });
+    }
+    void* native_stream() override { return stream_; }
     void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
                            const AttnShape& s) override {
         dispatch([&](auto tag) {

@@ -8,8 +8,9 @@
 #include "backend_cuda.h"
 #endif
 
-Backend* make_backend(const std::string& device, const std::string& dtype, std::string* err) {
+Backend* make_backend(const std::string& device, const std::string& dtype, int local_rank, std::string* err) {
     std::string dev = device;
+    (void)local_rank;  // only CUDA picks a device by it
 #ifdef LLMC_CUDA
     if (dev == "auto") dev = cuda_device_count() > 0 ? "cuda" : "cpu";
 #else
@@ -30,8 +31,9 @@ Backend* make_backend(const std::string& device, const std::string& dtype, std::
         *err = "flag --device: cuda, but no CUDA device is available";
         return nullptr;
     }
-    if (dtype == "auto" || dtype == "bf16") return make_cuda_backend(0, false);
-    if (dtype == "fp32") return make_cuda_backend(0, true);
+    const int gpu = local_rank % cuda_device_count();
+    if (dtype == "auto" || dtype == "bf16") return make_cuda_backend(gpu, false);
+    if (dtype == "fp32") return make_cuda_backend(gpu, true);
     *err = "flag --dtype: " + dtype + " is not available on cuda (bf16 or fp32)";
 #endif
     return nullptr;

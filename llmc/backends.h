@@ -6,9 +6,10 @@
 
 #include "backend.h"
 
-// device: auto|cpu|cuda; dtype: auto|fp32|fp64|bf16. Returns null with a
-// one-line *err (naming the flag and value) when the pair cannot run here.
-Backend* make_backend(const std::string& device, const std::string& dtype, std::string* err);
+// device: auto|cpu|cuda; dtype: auto|fp32|fp64|bf16. local_rank picks the
+// GPU (local_rank modulo the GPUs on the node). Returns null with a one-line
+// *err (naming the flag and value) when the pair cannot run here.
+Backend* make_backend(const std::string& device, const std::string& dtype, int local_rank, std::string* err);
 
 // Peak dense bf16 FLOP/s of the device a backend runs on, for MFU; 0 when
 // unknown (always 0 on the CPU).

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "fileio.h"
@@ -22,19 +23,17 @@ static void put_u64(int* h, int at, uint64_t x) {
 }
 static uint64_t get_u64(const int* h, int at) { return (uint64_t)(uint32_t)h[at] | ((uint64_t)(uint32_t)h[at + 1] << 32); }
 
-bool save_checkpoint(const std::string& dir, GPT& model, const TrainState& st, std::string* err) {
+bool write_checkpoint(const std::string& dir, const CheckpointData& d, const TrainState& st, std::string* err) {
     if (!make_dirs(dir, err)) return false;
-    const Precision& p = model.precision();
-    int version = p.param == DType::BF16 ? 5 : 3;
-    if (!save_model(checkpoint_path(dir, "model", st.step), model, version, err)) return false;
-
-    const GPTConfig& c = model.config();
+    const GPTConfig& c = d.cfg;
+    if (!write_model_file(checkpoint_path(dir, "model", st.step), c, d.weights, d.weights_dtype, d.model_version, err))
+        return false;
     int h[kHeaderInts] = {0};
     h[0] = kStateMagic;
     h[1] = 1;
     h[2] = st.step;
-    h[3] = (int)model.weights_dtype();
-    h[4] = (int)p.opt;
+    h[3] = (int)d.weights_dtype;
+    h[4] = (int)d.opt_dtype;
     h[5] = c.max_seq_len;
     h[6] = c.vocab_size;
     h[7] = c.num_layers;
@@ -43,23 +42,31 @@ bool save_checkpoint(const std::string& dir, GPT& model, const TrainState& st, s
     h[10] = c.padded_vocab_size;
     put_u64(h, 11, st.rng_state);
     put_u64(h, 13, st.rows_consumed);
-    size_t P = model.table().total;
+    size_t P = gpt2_param_count(c);
     AtomicWriter w;
     if (!w.open(checkpoint_path(dir, "state", st.step), err)) return false;
     w.write(h, sizeof(h));
-    std::vector<char> buf(P * dtype_size(model.weights_dtype()));
-    model.get_file_order(buf.data(), model.weights_dtype(), model.weights(), model.weights_dtype());
-    w.write(buf.data(), buf.size());
-    buf.resize(P * dtype_size(p.opt));
-    model.get_file_order(buf.data(), p.opt, model.adam_m(), p.opt);
-    w.write(buf.data(), buf.size());
-    model.get_file_order(buf.data(), p.opt, model.adam_v(), p.opt);
-    w.write(buf.data(), buf.size());
+    w.write(d.weights, P * dtype_size(d.weights_dtype));
+    w.write(d.m, P * dtype_size(d.opt_dtype));
+    w.write(d.v, P * dtype_size(d.opt_dtype));
     if (!w.commit(err)) return false;
-
     AtomicWriter done;
     if (!done.open(checkpoint_path(dir, "DONE", st.step), err)) return false;
     return done.commit(err);
+}
+
+bool save_checkpoint(const std::string& dir, GPT& model, const TrainState& st, std::string* err) {
+    if (model.sharding().optimizer || model.sharding().params)
+        throw std::logic_error("save_checkpoint: buffers are sharded; gather them and call write_checkpoint");
+    const Precision& p = model.precision();
+    size_t P = model.table().params;
+    std::vector<char> w(P * dtype_size(model.weights_dtype())), m(P * dtype_size(p.opt)), v(P * dtype_size(p.opt));
+    model.get_file_order(w.data(), model.weights_dtype(), model.weights(), false, model.weights_dtype());
+    model.get_file_order(m.data(), p.opt, model.adam_m(), false, p.opt);
+    model.get_file_order(v.data(), p.opt, model.adam_v(), false, p.opt);
+    CheckpointData d{model.config(), w.data(), model.weights_dtype(), m.data(), v.data(), p.opt,
+                     p.param == DType::BF16 ? 5 : 3};
+    return write_checkpoint(dir, d, st, err);
 }
 
 int latest_checkpoint(const std::string& dir) {
@@ -136,7 +143,7 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
         return false;
     }
     DType wt = (DType)h[3], ot = (DType)h[4];
-    size_t P = model.table().total;
+    size_t P = model.table().params;
     long long expect = kHeaderInts * 4LL + (long long)(P * (dtype_size(wt) + 2 * dtype_size(ot)));
     if (file_size(path) != expect) {
         *err = "checkpoint " + path + ": size " + std::to_string(file_size(path)) + " bytes, expected " +
@@ -155,9 +162,9 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
     buf.resize(P * dtype_size(ot));
     const Precision& p = model.precision();
     ok = ok && std::fread(buf.data(), 1, buf.size(), f) == buf.size();
-    if (ok) model.set_file_order(model.adam_m(), p.opt, buf.data(), ot);
+    if (ok) model.set_file_order(model.adam_m(), model.sharding().optimizer, p.opt, buf.data(), ot);
     ok = ok && std::fread(buf.data(), 1, buf.size(), f) == buf.size();
-    if (ok) model.set_file_order(model.adam_v(), p.opt, buf.data(), ot);
+    if (ok) model.set_file_order(model.adam_v(), model.sharding().optimizer, p.opt, buf.data(), ot);
     std::fclose(f);
     if (!ok) {
         *err = "checkpoint " + path + ": cannot read payload";

@@ -31,6 +31,22 @@ struct TrainState {
     uint64_t rows_consumed = 0;  // rows of the training stream used so far
 };
 
+// The contents of a checkpoint as host arrays in model-file order
+// (gathered over the ranks by the caller when the buffers are sharded).
+struct CheckpointData {
+    GPTConfig cfg;
+    const void* weights;  // full-precision weights (master when there is one)
+    DType weights_dtype;
+    const void* m;        // Adam state
+    const void* v;
+    DType opt_dtype;
+    int model_version;    // 3 (fp32) or 5 (bf16) for the llm.c model file
+};
+
+// Writes model, state and DONE files (one writer: rank 0).
+bool write_checkpoint(const std::string& dir, const CheckpointData& d, const TrainState& st, std::string* err);
+
+// Single-process convenience for a model with whole buffers.
 bool save_checkpoint(const std::string& dir, GPT& model, const TrainState& st, std::string* err);
 
 // Largest S with a complete checkpoint in dir, or -1 when there is none.
@@ -40,7 +56,8 @@ int latest_checkpoint(const std::string& dir);
 bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, std::string* err);
 
 // Loads weights, Adam state and TrainState; the model must have the
-// checkpoint's shape. Any backend precision can load any checkpoint.
+// checkpoint's shape. Any backend precision can load any checkpoint, and
+// each rank loads the part of every buffer it holds, whatever the layout.
 bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* st, std::string* err);
 
 std::string checkpoint_path(const std::string& dir, const char* kind, int step);

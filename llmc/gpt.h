@@ -11,6 +11,35 @@
 #include "config.h"
 #include "tensors.h"
 
+// Which flat buffers a rank holds only its shard of (ZeRO stage 1: the
+// optimizer state; 2: and gradients; 3: and parameters). Sharded buffers hold
+// TensorTable::shard_total elements, the others TensorTable::total.
+struct Sharding {
+    int shards = 1;  // data-parallel ranks the units are split over
+    int rank = 0;    // this rank's slice
+    bool params = false, grads = false, optimizer = false;
+    static Sharding for_zero(int stage, int shards, int rank) {
+        return {shards, rank, stage >= 3, stage >= 2, stage >= 1};
+    }
+};
+
+// Where the model finds a unit's parameters and puts its gradients, and
+// when. The model calls these around every unit it computes (units: 0
+// embeddings, 1..L blocks, L+1 final LayerNorm; see tensors.h), so a
+// parallel mode can gather parameters just in time (ZeRO-3) and reduce each
+// unit's gradients as soon as its backward is done, overlapped with the
+// backward of the units below. Pointers are to the unit's first element,
+// laid out as in the table (element i of the unit at unit_begin[u] + i).
+class UnitProvider {
+  public:
+    virtual ~UnitProvider() {}
+    virtual void prefetch(int unit) { (void)unit; }  // a hint: acquire(unit) comes soon
+    virtual const void* acquire(int unit) = 0;       // parameters, ready for compute
+    virtual void release(int unit) = 0;
+    virtual void* grads(int unit) = 0;      // gradients of this micro-step accumulate here
+    virtual void grads_done(int unit) = 0;  // the unit's gradients of this micro-step are complete
+};
+
 // A named backend allocation, for the memory report.
 struct BufferInfo {
     std::string group;  // "params", "grads", "master", "optimizer", "activations", "scratch"
@@ -23,7 +52,9 @@ class GPT {
     // Allocates every buffer for micro-batches of up to B rows of T tokens.
     // recompute_gelu: keep only the GELU input per layer and recompute its
     // output in backward (llm.c's -r 1), saving L·B·T·4C activations.
-    GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu = false);
+    // sharding: which flat buffers hold only this rank's shard (default: none).
+    GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu = false,
+        const Sharding& sharding = Sharding());
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -35,7 +66,13 @@ class GPT {
     int max_B() const { return B_; }
     int max_T() const { return T_; }
 
+    const Sharding& sharding() const { return sharding_; }
+    // Parallel modes install their provider; null restores the local one
+    // (whole buffers, nothing to wait for; only valid without sharding).
+    void set_provider(UnitProvider* p);
+
     // Flat buffers (backend memory); master is null without mixed precision.
+    // Sharded buffers hold this rank's slices only (see Sharding).
     void* params() { return params_; }
     void* grads() { return grads_; }
     void* master() { return master_; }
@@ -44,19 +81,21 @@ class GPT {
     // The buffer that holds full-precision weights: master if any, else params.
     void* weights() { return master_ ? master_ : params_; }
     DType weights_dtype() const { return prec_.has_master ? prec_.master : prec_.param; }
+    // The parameters of a tensor in a whole (unsharded) params buffer.
     void* param(Param p, int layer = 0);
-    void* grad(Param p, int layer = 0);
 
     // GPT-2 initialisation, deterministic for a seed and independent of the
     // memory layout: values are drawn tensor by tensor in model-file order.
     void init_random(uint64_t seed);
-    // Sets every weight from host values of type t in model-file order
-    // (params, and master when present). Adam state is left as is.
+    // Host arrays in model-file order <-> this rank's part of a flat buffer.
+    // `sharded` says whether buf is a shard buffer. get_file_order writes only
+    // the elements this rank holds and leaves the rest of host untouched.
+    void get_file_order(void* host, DType dst_t, const void* buf, bool sharded, DType src_t);
+    void set_file_order(void* buf, bool sharded, DType buf_t, const void* host, DType src_t);
+    // Sets every weight this rank holds (params, and master when present)
+    // from host values of type t in model-file order.
     void set_weights_file_order(const void* host, DType t);
-    // Reads one buffer (weights(), grads(), adam_m(), adam_v()) of type
-    // `src_t` into host memory in model-file order, converted to dst_t.
-    void get_file_order(void* host, DType dst_t, const void* buf, DType src_t);
-    void set_file_order(void* buf, DType buf_t, const void* host, DType src_t);
+    bool weights_sharded() const { return prec_.has_master ? sharding_.optimizer : sharding_.params; }
 
     // Forward over inputs (host int32 [B,T]); returns the mean loss over the
     // B·T targets when targets is non-null. With dloss != 0 the fused
@@ -75,8 +114,22 @@ class GPT {
 
   private:
     struct Acts;  // activation and scratch pointers, see gpt.cpp
+    class LocalUnits;
     void* alloc_buffer(const char* group, const char* name, size_t count, DType t);
     void* act_layer(void* base, int l, size_t per_layer_count, DType t);
+    // Parameter / gradient of a tensor of an acquired unit.
+    const void* P(Param p, int layer = 0) const;
+    void* G(Param p, int layer = 0);
+    void acquire(int unit);
+    void release(int unit);
+    // Calls fn(file_offset, buffer_offset, n) for every run of elements of a
+    // (sharded or whole) flat buffer that holds real parameters.
+    template <typename Fn>
+    void for_each_piece(bool sharded, Fn fn) const;
+    // set_file_order for the file elements [file_begin, file_end) only; host
+    // points at element file_begin.
+    void set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
+                        size_t file_end);
 
     Backend* be_;
     GPTConfig cfg_;
@@ -86,6 +139,11 @@ class GPT {
     bool recompute_gelu_;
     int last_B_ = 0, last_T_ = 0;
     bool grad_ready_ = false;
+    Sharding sharding_;
+    UnitProvider* provider_ = nullptr;
+    LocalUnits* local_ = nullptr;
+    std::vector<const void*> unit_params_;  // acquired units' parameters, else null
+    std::vector<void*> unit_grads_;         // units' gradient buffers this backward
     void* params_ = nullptr;
     void* grads_ = nullptr;
     void* master_ = nullptr;

@@ -34,6 +34,7 @@ void MetricsLog::write(const StepMetrics& m) {
                  m.step, m.loss, m.lr, m.grad_norm, m.tokens, m.ms, m.tokens_per_s);
     if (m.mfu > 0) std::fprintf(f_, ", \"mfu\": %.4f", m.mfu);
     if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.17g", m.val_loss);
+    if (m.comm_json.size() > 2) std::fprintf(f_, ", \"comm\": %s", m.comm_json.c_str());
     std::fprintf(f_, "}\n");
     std::fflush(f_);
 }

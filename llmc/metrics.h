@@ -10,6 +10,7 @@ struct StepMetrics {
     double loss, lr, grad_norm, ms, tokens_per_s, mfu;
     unsigned long long tokens;  // tokens trained on so far
     double val_loss;            // < 0 when not measured this step
+    std::string comm_json;      // {"dp_all_reduce": {"calls": N, "bytes": N}, ...} or empty
 };
 
 class MetricsLog {

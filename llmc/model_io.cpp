@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "fileio.h"
@@ -67,7 +68,7 @@ bool load_model(const std::string& path, GPT& model, std::string* err) {
         return false;
     }
     DType t = version == 3 ? DType::F32 : DType::BF16;
-    size_t P = model.table().total;
+    size_t P = model.table().params;
     std::vector<char> buf(P * dtype_size(t));
     FILE* f = std::fopen(path.c_str(), "rb");
     bool ok = f && std::fseek(f, kHeaderInts * 4, SEEK_SET) == 0 && std::fread(buf.data(), 1, buf.size(), f) == buf.size();
@@ -80,8 +81,8 @@ bool load_model(const std::string& path, GPT& model, std::string* err) {
     return true;
 }
 
-bool save_model(const std::string& path, GPT& model, int version, std::string* err) {
-    const GPTConfig& c = model.config();
+bool write_model_file(const std::string& path, const GPTConfig& c, const void* host, DType t, int version,
+                      std::string* err) {
     int h[kHeaderInts] = {0};
     h[0] = kModelMagic;
     h[1] = version;
@@ -91,12 +92,20 @@ bool save_model(const std::string& path, GPT& model, int version, std::string* e
     h[5] = c.num_heads;
     h[6] = c.channels;
     h[7] = c.padded_vocab_size;
-    DType t = version == 5 ? DType::BF16 : DType::F32;
-    std::vector<char> buf(model.table().total * dtype_size(t));
-    model.get_file_order(buf.data(), t, model.weights(), model.weights_dtype());
+    DType ft = version == 5 ? DType::BF16 : DType::F32;
+    size_t P = gpt2_param_count(c);
+    std::vector<char> buf(P * dtype_size(ft));
+    convert_host(buf.data(), ft, host, t, P);
     AtomicWriter w;
     if (!w.open(path, err)) return false;
     w.write(h, sizeof(h));
     w.write(buf.data(), buf.size());
     return w.commit(err);
+}
+
+bool save_model(const std::string& path, GPT& model, int version, std::string* err) {
+    if (model.weights_sharded()) throw std::logic_error("save_model: weights are sharded; gather them first");
+    std::vector<char> host(model.table().params * dtype_size(model.weights_dtype()));
+    model.get_file_order(host.data(), model.weights_dtype(), model.weights(), false, model.weights_dtype());
+    return write_model_file(path, model.config(), host.data(), model.weights_dtype(), version, err);
 }

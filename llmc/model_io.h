@@ -16,6 +16,12 @@ bool read_model_header(const std::string& path, GPTConfig* cfg, int* version, st
 // Loads weights into the model; the file's shape must equal the model's.
 bool load_model(const std::string& path, GPT& model, std::string* err);
 
-// Writes the weights (master copy when there is one) atomically, version 3
-// (fp32) or 5 (bf16).
+// Writes a model file atomically from host weights in model-file order
+// (P = gpt2_param_count(cfg) elements of type t), as version 3 (fp32) or 5
+// (bf16).
+bool write_model_file(const std::string& path, const GPTConfig& cfg, const void* host, DType t, int version,
+                      std::string* err);
+
+// Single-process convenience: writes the model's weights (master copy when
+// there is one). The model must hold whole buffers (no sharding).
 bool save_model(const std::string& path, GPT& model, int version, std::string* err);

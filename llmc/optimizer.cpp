@@ -1,6 +1,7 @@
 // llmc/optimizer.cpp: schedule, clipping and the AdamW step.
 #include "optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 double lr_at(const OptimConfig& o, int step) {
@@ -12,38 +13,43 @@ double lr_at(const OptimConfig& o, int step) {
     return lr_min + coeff * (o.lr - lr_min);
 }
 
-std::vector<DecayRange> decay_ranges(const TensorTable& t) {
-    std::vector<DecayRange> out;
-    for (const TensorEntry& e : t.entries) {
-        if (!out.empty() && out.back().decay == e.decay && out.back().end == e.offset)
-            out.back().end = e.offset + e.numel;
-        else
-            out.push_back({e.offset, e.offset + e.numel, e.decay});
-    }
-    return out;
-}
-
-double adamw_step(GPT& model, const OptimConfig& o, int step) {
-    Backend& be = model.backend();
-    const Precision& p = model.precision();
-    const size_t P = model.table().total;
-    double norm = std::sqrt(be.sum_squares(model.grads(), p.grad, P));
-    double scale = (o.grad_clip > 0 && norm > o.grad_clip) ? o.grad_clip / norm : 1.0;
+AdamArgs adam_args(const OptimConfig& o, int step, double grad_scale) {
     int t = step + 1;
     AdamArgs a;
     a.lr = lr_at(o, step);
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
     a.eps = o.eps;
-    a.grad_scale = scale;
-    a.bias_corr1 = 1.0 - std::pow((double)o.beta1, t);
-    a.bias_corr2 = 1.0 - std::pow((double)o.beta2, t);
-    for (const DecayRange& r : decay_ranges(model.table())) {
-        a.weight_decay = r.decay ? o.weight_decay : 0.0;
-        size_t n = r.end - r.begin;
-        void* master = model.master() ? elem_ptr(model.master(), p.master, r.begin) : nullptr;
-        be.adamw_update(elem_ptr(model.params(), p.param, r.begin), master, elem_ptr(model.grads(), p.grad, r.begin),
-                        elem_ptr(model.adam_m(), p.opt, r.begin), elem_ptr(model.adam_v(), p.opt, r.begin), n, a);
+    a.weight_decay = 0.0;
+    a.grad_scale = grad_scale;
+    a.bias_corr1 = 1.0 - std::pow(o.beta1, t);
+    a.bias_corr2 = 1.0 - std::pow(o.beta2, t);
+    return a;
+}
+
+double clip_scale(const OptimConfig& o, double norm) {
+    return (o.grad_clip > 0 && norm > o.grad_clip) ? o.grad_clip / norm : 1.0;
+}
+
+void adamw_span(Backend& be, const Precision& p, const TensorTable& t, const UpdateSpan& s, const OptimConfig& o,
+                AdamArgs a) {
+    const size_t end = s.begin + s.n;
+    for (const TensorEntry& e : t.entries) {
+        size_t b = std::max(s.begin, e.offset), en = std::min(end, e.offset + e.numel);
+        if (b >= en) continue;
+        size_t k = b - s.begin;  // position inside the span
+        a.weight_decay = e.decay ? o.weight_decay : 0.0;
+        be.adamw_update(elem_ptr(s.param, p.param, k), s.master ? elem_ptr(s.master, p.master, k) : nullptr,
+                        elem_ptr(s.grad, p.grad, k), elem_ptr(s.m, p.opt, k), elem_ptr(s.v, p.opt, k), en - b, a);
     }
+}
+
+double adamw_step(GPT& model, const OptimConfig& o, int step) {
+    Backend& be = model.backend();
+    const Precision& p = model.precision();
+    const TensorTable& t = model.table();
+    double norm = std::sqrt(be.sum_squares(model.grads(), p.grad, t.total));
+    UpdateSpan s{0, t.total, model.params(), model.master(), model.grads(), model.adam_m(), model.adam_v()};
+    adamw_span(be, p, t, s, o, adam_args(o, step, clip_scale(o, norm)));
     return norm;
 }

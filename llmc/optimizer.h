@@ -18,14 +18,30 @@ struct OptimConfig {
 // Learning rate at step (0-based).
 double lr_at(const OptimConfig& o, int step);
 
-// A contiguous range of the flat buffers sharing one weight-decay setting.
-struct DecayRange {
-    size_t begin, end;
-    bool decay;
-};
-// Maximal ranges of consecutive table entries with the same decay flag.
-std::vector<DecayRange> decay_ranges(const TensorTable& t);
+// The AdamW arguments of a step (t = step + 1 for bias correction), with
+// gradients scaled by grad_scale (clipping) and weight decay still unset.
+AdamArgs adam_args(const OptimConfig& o, int step, double grad_scale);
 
-// One optimizer step (t = step + 1, 1-based, for bias correction). Returns
-// the gradient norm measured before clipping.
+// clip / norm when the norm exceeds the clip, else 1.
+double clip_scale(const OptimConfig& o, double norm);
+
+// A run of the flat buffers [begin, begin + n) (table offsets) to update,
+// with pointers to its first element in each buffer (master null without
+// mixed precision). The buffers may be whole or shards: only the pointers
+// say where the run lives.
+struct UpdateSpan {
+    size_t begin, n;
+    void* param;
+    void* master;
+    const void* grad;
+    void* m;
+    void* v;
+};
+// AdamW on a span, split by tensor so each gets its weight decay; padding
+// between tensors is left alone.
+void adamw_span(Backend& be, const Precision& p, const TensorTable& t, const UpdateSpan& s, const OptimConfig& o,
+                AdamArgs a);
+
+// One optimizer step on a model with whole buffers (one process): norm,
+// clipping, AdamW. Returns the gradient norm measured before clipping.
 double adamw_step(GPT& model, const OptimConfig& o, int step);

@@ -40,7 +40,8 @@ static void kind_shape(const GPTConfig& c, Param p, size_t* rows, size_t* cols) 
     }
 }
 
-TensorTable::TensorTable(const GPTConfig& c) : cfg(c) {
+TensorTable::TensorTable(const GPTConfig& c, int nshards) : cfg(c), shards(nshards) {
+    if (nshards < 1) throw std::invalid_argument("tensor table: shards must be >= 1");
     const int L = c.num_layers, K = (int)Param::count;
     index_.assign((size_t)K * L, -1);
     // File offsets: tensor-major, each per-layer kind stacked over L.
@@ -52,7 +53,16 @@ TensorTable::TensorTable(const GPTConfig& c) : cfg(c) {
         kind_file_offset[k] = foff;
         foff += r * cl * (kKinds[k].per_layer ? L : 1);
     }
-    // Memory: unit-major.
+    // Memory: unit-major, each unit padded to a multiple of the shard count.
+    auto close_unit = [&]() {
+        size_t begin = unit_begin.back();
+        unit_used.push_back(total - begin);
+        size_t padded = (total - begin + nshards - 1) / nshards * nshards;
+        shard_begin.push_back(shard_total);
+        shard_total += padded / nshards;
+        total = begin + padded;
+        unit_begin.push_back(total);
+    };
     auto add = [&](Param p, int layer, int unit) {
         TensorEntry e;
         e.kind = p;
@@ -66,19 +76,20 @@ TensorTable::TensorTable(const GPTConfig& c) : cfg(c) {
         index_[(size_t)p * L + layer] = (int)entries.size();
         entries.push_back(e);
         total += e.numel;
+        params += e.numel;
     };
     unit_begin.push_back(0);
     add(Param::wte, 0, 0);
     add(Param::wpe, 0, 0);
+    close_unit();
     for (int l = 0; l < L; l++) {
-        unit_begin.push_back(total);
         for (int k = (int)Param::ln1w; k <= (int)Param::fcprojb; k++) add((Param)k, l, l + 1);
+        close_unit();
     }
-    unit_begin.push_back(total);
     add(Param::lnfw, 0, L + 1);
     add(Param::lnfb, 0, L + 1);
-    unit_begin.push_back(total);
-    if (foff != total) throw std::logic_error("tensor table: file and memory sizes differ");
+    close_unit();
+    if (foff != params) throw std::logic_error("tensor table: file and memory sizes differ");
 }
 
 const TensorEntry& TensorTable::get(Param p, int layer) const {

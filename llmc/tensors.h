@@ -12,6 +12,12 @@
 // is one contiguous range, so a layer's parameters or gradients can move in
 // one collective. The model file keeps llm.c's tensor-major order
 // (wte, wpe, ln1w for all layers, ln1b for all layers, ...).
+//
+// Sharding (ZeRO over `shards` data-parallel ranks): every unit is padded
+// with zeros to a multiple of `shards` elements and split into equal
+// contiguous slices, rank r owning slice r of every unit. A rank's shard
+// buffer is its slices of all units, one after another. Padding elements
+// exist in every flat buffer, are zero, and are never read by the model.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -52,13 +58,22 @@ struct TensorEntry {
 
 struct TensorTable {
     GPTConfig cfg;
+    int shards = 1;                     // units padded to a multiple of this
     std::vector<TensorEntry> entries;   // in memory order
-    std::vector<size_t> unit_begin;     // unit u occupies [unit_begin[u], unit_begin[u+1])
-    size_t total = 0;                   // elements in a flat buffer
+    std::vector<size_t> unit_begin;     // unit u occupies [unit_begin[u], unit_begin[u+1]) (padded)
+    std::vector<size_t> unit_used;      // elements of unit u before its padding
+    std::vector<size_t> shard_begin;    // unit u's slice starts here in a shard buffer
+    size_t total = 0;                   // elements in a flat buffer (padding included)
+    size_t params = 0;                  // real parameters (no padding)
+    size_t shard_total = 0;             // elements in one rank's shard buffer
 
-    explicit TensorTable(const GPTConfig& c);
+    explicit TensorTable(const GPTConfig& c, int shards = 1);
     const TensorEntry& get(Param p, int layer = 0) const;
     int num_units() const { return (int)unit_begin.size() - 1; }
+    size_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
+    size_t shard_size(int u) const { return unit_size(u) / shards; }
+    // First flat-buffer element of rank r's slice of unit u.
+    size_t slice_begin(int u, int r) const { return unit_begin[u] + (size_t)r * shard_size(u); }
 
   private:
     std::vector<int> index_;  // (kind, layer) -> entry

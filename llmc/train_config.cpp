@@ -26,7 +26,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'g', "gen-tokens", O::Int, &c.gen_tokens, "tokens per sample", 1, 1e6});
     p.add({'n', "checkpoint-every", O::Int, &c.checkpoint_every, "checkpoint every N steps into -o (0: never)", 0, 1e9});
     p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1});
-    p.add({'z', "zero", O::Int, &c.zero, "ZeRO stage (only 0 in a single process)", 0, 3});
+    p.add({'z', "zero", O::Int, &c.zero, "ZeRO stage over the data-parallel ranks", 0, 3});
+    p.add({0, "comm", O::String, &c.comm, "collectives: nccl (GPU default) or mpi (host; staged on GPUs)", 0, 0,
+           {"auto", "nccl", "mpi"}});
     p.add({'r', "recompute", O::Int, &c.recompute, "1: recompute GELU in backward to save memory", 0, 1});
     p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1});
     p.add({0, "seed", O::Long, &c.seed, "seed of the initialisation and the sampling RNG", 0, 9.2e18});

@@ -34,6 +34,7 @@ struct TrainConfig {
     int resume = 0;            // -y
     // execution
     int zero = 0;              // -z
+    std::string comm = "auto";
     int recompute = 0;         // -r
     int overfit = 0;           // -a
     long long seed = 1337;

@@ -8,7 +8,9 @@
 #      (and the CUDA backend in bf16 and fp32 when a GPU is present)
 #   3. unit tests of the library (tests/test_*.cpp) and the data pipeline
 #   4. the trainer end to end: determinism, resume, learning, errors
-#   5. the CUDA code compiles (trainer backend and dev/cuda kernel lab)
+#   5. the distributed runtime under mpirun (communicators; data parallel
+#      and ZeRO 0-3 against one process, memory and traffic formulas)
+#   6. the CUDA code compiles (trainer backend and dev/cuda kernel lab)
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3  # Debian's python3-torch lives here (shared/reference.md 8)
@@ -82,6 +84,15 @@ for t in scripts/test_shards.py; do
     [[ -f $t ]] && run "$(basename "$t" .py)" "$PY" "$t"
 done
 run test_train "$PY" tests/test_train.py
+
+# mpirun as root needs these (shared/reference.md section 8); more ranks than
+# cores need oversubscription.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+if [[ -x build/test_comm ]] && command -v mpirun >/dev/null; then
+    run test_comm_np2 mpirun -np 2 build/test_comm
+    run test_comm_np4 mpirun -np 4 build/test_comm
+fi
+run test_dist "$PY" tests/test_dist.py
 
 NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [[ -n $NVCC ]]; then

@@ -146,7 +146,8 @@ def test_errors(tmp):
         (["-i", trunc], "trunc.bin"),
         (["-i", bad_id, "-o", out_dir, "-n", "1"], "bad_id.bin"),
         (["-y", "1"], "-y"),
-        (["-z", "2"], "-z"),
+        (["-z", "4"], "-z"),
+        (["--comm", "nccl"], "--comm"),      # nccl needs the CUDA backend
         (["--dtype", "bf16"], "bf16"),
         (["--device", "gpu"], "gpu"),
     ]
