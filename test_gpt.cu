@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
     }
     TensorTable table(c);  // one process: no shard padding
     DebugState s;
-    if (!read_state(state_path, c, table.params, &s, &err)) {
+    if (!read_state(state_path, c, table.file_params, &s, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
     }
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     std::printf("test_gpt: %s %s, model %s, B=%d T=%d, %d steps\n", device.c_str(), dtype.c_str(),
                 config_string(c).c_str(), s.B, s.T, s.steps);
     Checker ck;
-    const size_t N = (size_t)s.B * s.T, V = c.vocab_size, P = table.params;
+    const size_t N = (size_t)s.B * s.T, V = c.vocab_size, P = table.file_params;
 
     // Forward: logits and loss of the initial model.
     double loss = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T);

@@ -31,6 +31,7 @@
 #include "llmc/optimizer.h"
 #include "llmc/process_grid.h"
 #include "llmc/rng.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/tokenizer.h"
 #include "llmc/train_config.h"
 
@@ -72,6 +73,7 @@ static void print_memory(const char* when, int rank, GPT& model, const DataParal
     bytes[5] = dp.comm_buffer_bytes();
     std::string line = "memory[" + std::to_string(rank) + "] " + when + ":";
     for (int k = 0; k < 6; k++) line += " " + std::string(names[k]) + "=" + std::to_string(bytes[k]);
+    line += " layer_activations=" + std::to_string(model.layer_activation_bytes());
     line += " total=" + human_bytes((double)model.backend().bytes_in_use()) +
             " peak=" + human_bytes((double)model.backend().bytes_peak());
     std::printf("%s\n", line.c_str());
@@ -92,6 +94,9 @@ static int sample_token(const std::vector<float>& logits, double u) {
 
 // Every rank runs the same forwards (ZeRO-3 gathers need all of them) with
 // the same RNG; rank 0 prints.
+// Each forward runs on the whole window of T tokens (as llm.c does): causal
+// attention keeps the padding after position t from mattering, and the
+// shape stays one that sequence parallelism can split.
 static void print_sample(GPT& model, const Tokenizer& tok, Rng& rng, int gen_tokens, int T, bool print) {
     const int V = model.config().vocab_size;
     std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0);
@@ -99,13 +104,17 @@ static void print_sample(GPT& model, const Tokenizer& tok, Rng& rng, int gen_tok
     std::string text;
     int n = std::min(gen_tokens, T - 1);
     for (int t = 1; t <= n; t++) {
-        model.forward(tokens.data(), nullptr, 1, t);
+        model.forward(tokens.data(), nullptr, 1, T);
         model.logits_row(0, t - 1, logits.data(), DType::F32);
         int next = sample_token(logits, rng.uniform());
         tokens[t] = next;
         text += tok.decode(next);
     }
     if (print) std::printf("---- sample ----\n%s\n----------------\n", Tokenizer::printable(text).c_str());
+}
+
+static void reset_counts(ProcessGrid& g) {
+    for (Comm* c : {g.world.get(), g.dpcp_group.get(), g.tp_group.get(), g.cp_group.get()}) c->counts().reset();
 }
 
 // Communication of the last step: "group kind bytes" for every kind used.
@@ -151,9 +160,17 @@ int main(int argc, char** argv) {
         setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
         std::unique_ptr<Backend> be(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
         setup_check(be != nullptr, err);
+        const int world = dist_world_size();
+        setup_check(cfg.cp == 1, "flag --cp: context parallel is not available yet (got " + std::to_string(cfg.cp) + ")");
+        setup_check(cfg.tp <= world, "flag --tp: " + std::to_string(cfg.tp) + " is larger than the world size " +
+                                         std::to_string(world));
+        setup_check(world % (cfg.tp * cfg.cp) == 0, "flag --tp: world size " + std::to_string(world) +
+                                                        " is not a multiple of tp*cp = " + std::to_string(cfg.tp * cfg.cp));
+        setup_check(!cfg.sp || cfg.tp > 1, "flag --sp: sequence parallel needs --tp > 1");
         ProcessGrid grid;
-        setup_check(make_process_grid(1, 1, cfg.comm, *be, &grid, &err), err);
+        setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.comm, *be, &grid, &err), err);
         const int dp = grid.dp * grid.cp, dp_rank = grid.dp_rank * grid.cp + grid.cp_rank;
+        TensorParallel tpar(*grid.tp_group, cfg.sp != 0);
 
         // Model shape: from a resumed checkpoint, a model file, or sizes.
         GPTConfig mc;
@@ -175,6 +192,10 @@ int main(int argc, char** argv) {
         setup_check(ok, err);
         setup_check(cfg.T <= mc.max_seq_len, "flag -t: T=" + std::to_string(cfg.T) + " exceeds the model's maxT=" +
                                                  std::to_string(mc.max_seq_len));
+        setup_check(mc.num_heads % cfg.tp == 0, "flag --tp: " + std::to_string(cfg.tp) + " does not divide the " +
+                                                    std::to_string(mc.num_heads) + " attention heads");
+        setup_check(!cfg.sp || cfg.T % cfg.tp == 0, "flag --sp: the sequence length T=" + std::to_string(cfg.T) +
+                                                        " does not divide by --tp " + std::to_string(cfg.tp));
         const long long rows_per_micro = (long long)cfg.B * dp;  // rows of one micro-step over all ranks
         if (cfg.total_batch < 0) cfg.total_batch = rows_per_micro * cfg.T;
         setup_check(cfg.total_batch % (rows_per_micro * cfg.T) == 0,
@@ -194,8 +215,8 @@ int main(int argc, char** argv) {
         else tok.init_bytes();
         if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
 
-        GPT model(be.get(), mc, cfg.B, cfg.T, cfg.recompute != 0, Sharding::for_zero(cfg.zero, dp, dp_rank));
-        DataParallel dpar(model, *grid.dpcp_group, cfg.zero);
+        GPT model(be.get(), mc, cfg.B, cfg.T, cfg.recompute != 0, Sharding::for_zero(cfg.zero, dp, dp_rank), &tpar);
+        DataParallel dpar(model, *grid.dpcp_group, cfg.zero, grid.tp_group.get());
         TrainState st;
         Rng rng((uint64_t)cfg.seed);
         if (resume_step >= 0) {
@@ -213,10 +234,12 @@ int main(int argc, char** argv) {
             for (const Option& o : parser.options())
                 std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
             std::printf("+---------------------------+--------------------------------------------------+\n");
-            std::printf("device %s, params %s, grads %s, activations %s; world %d = dp %d x cp %d x tp %d, ZeRO %d\n",
+            std::printf("device %s, params %s, grads %s, activations %s; world %d = dp %d x cp %d x tp %d%s, ZeRO %d\n",
                         be->name(), dtype_name(model.precision().param), dtype_name(model.precision().grad),
-                        dtype_name(model.precision().act), grid.world_size, grid.dp, grid.cp, grid.tp, cfg.zero);
-            std::printf("model %s, %zu parameters\n", config_string(mc).c_str(), model.table().params);
+                        dtype_name(model.precision().act), grid.world_size, grid.dp, grid.cp, grid.tp,
+                        cfg.sp ? " (sequence parallel)" : "", cfg.zero);
+            std::printf("model %s, %zu parameters (%zu on each tensor-parallel rank)\n", config_string(mc).c_str(),
+                        model.table().file_params, model.table().params);
             std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; T=%d; %d steps\n",
                         train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, dp, cfg.T, cfg.max_steps);
         }
@@ -242,7 +265,7 @@ int main(int argc, char** argv) {
         oc.max_steps = cfg.max_steps;
 
         const double peak = backend_peak_flops(*be);
-        const double fpt = flops_per_token(mc, model.table().params, cfg.T);
+        const double fpt = flops_per_token(mc, model.table().file_params, cfg.T);
         const int BT = cfg.B * cfg.T;
         std::vector<int> inputs(BT), targets(BT);
         for (int step = st.step; step < cfg.max_steps; step++) {
@@ -302,23 +325,26 @@ int main(int argc, char** argv) {
                 sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
                 count = grid.dpcp_group->host_all_reduce(count, ReduceOp::Sum);
                 m.val_loss = sum / count;
-                grid.dpcp_group->counts().reset();  // validation traffic is not step traffic
+                reset_counts(grid);  // validation traffic is not step traffic
                 if (main_rank) std::printf("val loss %.6f\n", m.val_loss);
             }
             if (main_rank) metrics.write(m);
             if (cfg.sample_every > 0 && ((step + 1) % cfg.sample_every == 0 || last)) {
                 print_sample(model, tok, rng, cfg.gen_tokens, cfg.T, main_rank);
-                grid.dpcp_group->counts().reset();
+                reset_counts(grid);
             }
             if (cfg.checkpoint_every > 0 && !cfg.output_dir.empty() && ((step + 1) % cfg.checkpoint_every == 0 || last)) {
                 st.rng_state = rng.state;
                 const Precision& p = model.precision();
-                const size_t P = model.table().params;
+                const size_t P = model.table().file_params;
                 std::vector<char> w(P * dtype_size(model.weights_dtype())), mm(P * dtype_size(p.opt)), vv(P * dtype_size(p.opt));
-                dpar.gather_file_order(model.weights(), model.weights_sharded(), model.weights_dtype(), w.data(),
-                                       model.weights_dtype());
-                dpar.gather_file_order(model.adam_m(), model.sharding().optimizer, p.opt, mm.data(), p.opt);
-                dpar.gather_file_order(model.adam_v(), model.sharding().optimizer, p.opt, vv.data(), p.opt);
+                const bool whole = dp_rank == 0, repl = grid.tp_rank == 0;
+                gather_file_order(model, *grid.world, model.weights(), model.weights_sharded(), model.weights_dtype(),
+                                  w.data(), model.weights_dtype(), whole, repl);
+                gather_file_order(model, *grid.world, model.adam_m(), model.sharding().optimizer, p.opt, mm.data(), p.opt,
+                                  whole, repl);
+                gather_file_order(model, *grid.world, model.adam_v(), model.sharding().optimizer, p.opt, vv.data(), p.opt,
+                                  whole, repl);
                 ok = true;
                 if (main_rank) {
                     CheckpointData d{mc, w.data(), model.weights_dtype(), mm.data(), vv.data(), p.opt,
@@ -329,6 +355,14 @@ int main(int argc, char** argv) {
                 if (!dist_all_ok(ok, err, &err)) fail(err);
             }
             std::fflush(stdout);
+        }
+        // Replicas of the tensor-parallel-replicated parameters must agree.
+        if (grid.tp > 1) {
+            double c = model.replicated_checksum();
+            double hi = grid.tp_group->host_all_reduce(c, ReduceOp::Max);
+            double lo = -grid.tp_group->host_all_reduce(-c, ReduceOp::Max);
+            if (main_rank) std::printf("tp replicas of LayerNorm, wpe and row-parallel biases: %s\n", hi == lo ? "identical" : "DIFFER");
+            if (hi != lo) fail("replicated parameters differ across the tensor-parallel group");
         }
         print_memory("end", rank, model, dpar);
     } catch (const std::bad_alloc&) {

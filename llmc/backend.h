@@ -108,6 +108,10 @@ class Backend {
     virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                  const void* weight, int N, int IC, int OC) = 0;
 
+    // out[n, :] += bias (row-parallel layers add their bias once, after the
+    // tensor-parallel reduction).
+    virtual void add_bias(void* out, const void* bias, int N, int OC) = 0;
+
     // GELU, tanh approximation. gelu_backward: dinp = gelu'(inp) * dout
     // (overwrite; dinp may alias dout).
     virtual void gelu_forward(void* out, const void* inp, size_t n) = 0;
@@ -133,6 +137,24 @@ class Backend {
     // first V columns and 0 in the padding (the fused classifier).
     virtual void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V,
                                       int Vp, bool write_grad) = 0;
+
+    // Vocab-parallel cross-entropy (tensor parallel, reference.md section 3),
+    // in three steps with the tensor-parallel all-reduces between them. Each
+    // rank holds logits[N, Vl] for global vocabulary ids v_begin..v_begin+Vl-1;
+    // ids >= V (padding) take no part. Outputs are [N] of type stat.
+    //  1: row_max = max over the rank's valid columns (-inf if none);
+    //     target_logit = logit of targets[n] if this rank holds it, else 0.
+    virtual void crossentropy_stats(const void* logits, const int* targets, void* row_max, void* target_logit, int N,
+                                    int Vl, int v_begin, int V) = 0;
+    //  2: sumexp = sum over valid columns of exp(logit - row_max) (row_max global).
+    virtual void crossentropy_sumexp(const void* logits, const void* row_max, void* sumexp, int N, int Vl, int v_begin,
+                                     int V) = 0;
+    //  3: losses = log(sumexp) + row_max - target_logit (all global); with
+    //     write_grad, logits becomes dloss * (softmax - onehot) on valid
+    //     columns and 0 on padding.
+    virtual void crossentropy_finish(void* logits, void* losses, const int* targets, const void* row_max,
+                                     const void* sumexp, const void* target_logit, double dloss, int N, int Vl,
+                                     int v_begin, int V, bool write_grad) = 0;
 
     // ---- optimizer -----------------------------------------------------
     // AdamW on n elements. param has type precision().param; master (null

@@ -91,6 +91,21 @@ class CpuBackend : public Backend {
                          const void* weight, int N, int IC, int OC) override {
         cpu::matmul_backward(f(dinp), f(dweight), f(dbias), f(dout), f(inp), f(weight), N, IC, OC);
     }
+    void add_bias(void* out, const void* bias, int N, int OC) override { cpu::add_bias(f(out), f(bias), N, OC); }
+    void crossentropy_stats(const void* logits, const int* targets, void* row_max, void* target_logit, int N, int Vl,
+                            int v_begin, int V) override {
+        cpu::crossentropy_stats(f(logits), targets, f(row_max), f(target_logit), N, Vl, v_begin, V);
+    }
+    void crossentropy_sumexp(const void* logits, const void* row_max, void* sumexp, int N, int Vl, int v_begin,
+                             int V) override {
+        cpu::crossentropy_sumexp(f(logits), f(row_max), f(sumexp), N, Vl, v_begin, V);
+    }
+    void crossentropy_finish(void* logits, void* losses, const int* targets, const void* row_max, const void* sumexp,
+                             const void* target_logit, double dloss, int N, int Vl, int v_begin, int V,
+                             bool write_grad) override {
+        cpu::crossentropy_finish(f(logits), f(losses), targets, f(row_max), f(sumexp), f(target_logit), dloss, N, Vl,
+                                 v_begin, V, write_grad);
+    }
     void gelu_forward(void* out, const void* inp, size_t n) override { cpu::gelu_forward(f(out), f(inp), n); }
     void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
         cpu::gelu_backward(f(dinp), f(inp), f(dout), n);

@@ -271,6 +271,12 @@ class CudaBackend final : public Backend {
                                           cptr<E>(inp), cptr<E>(weight), N, IC, OC, scratch);
         });
     }
+    void add_bias(void* out, const void* bias, int N, int OC) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::add_bias<E>(ptr<E>(out), cptr<E>(bias), N, OC, stream_);
+        });
+    }
     void gelu_forward(void* out, const void* inp, size_t n) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
@@ -321,6 +327,34 @@ class CudaBackend final : public Backend {
             using E = decltype(tag);
             llmc_cuda::softmax_crossentropy<E>(ptr<E>(logits), ptr<float>(losses), targets, (float)dloss, N, V, Vp,
                                                write_grad, stream_);
+        });
+    }
+    // Vocab-parallel cross-entropy: logits in the activation type, row_max,
+    // target_logit, sumexp and losses fp32 (the stat type).
+    void crossentropy_stats(const void* logits, const int* targets, void* row_max, void* target_logit, int N, int Vl,
+                            int v_begin, int V) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::crossentropy_stats<E>(cptr<E>(logits), targets, ptr<float>(row_max), ptr<float>(target_logit),
+                                             N, Vl, v_begin, V, stream_);
+        });
+    }
+    void crossentropy_sumexp(const void* logits, const void* row_max, void* sumexp, int N, int Vl, int v_begin,
+                             int V) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::crossentropy_sumexp<E>(cptr<E>(logits), cptr<float>(row_max), ptr<float>(sumexp), N, Vl,
+                                              v_begin, V, stream_);
+        });
+    }
+    void crossentropy_finish(void* logits, void* losses, const int* targets, const void* row_max, const void* sumexp,
+                             const void* target_logit, double dloss, int N, int Vl, int v_begin, int V,
+                             bool write_grad) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::crossentropy_finish<E>(ptr<E>(logits), ptr<float>(losses), targets, cptr<float>(row_max),
+                                              cptr<float>(sumexp), cptr<float>(target_logit), (float)dloss, N, Vl,
+                                              v_begin, V, write_grad, stream_);
         });
     }
 

@@ -23,6 +23,23 @@ static void put_u64(int* h, int at, uint64_t x) {
 }
 static uint64_t get_u64(const int* h, int at) { return (uint64_t)(uint32_t)h[at] | ((uint64_t)(uint32_t)h[at + 1] << 32); }
 
+void gather_file_order(GPT& model, Comm& world, const void* buf, bool sharded, DType buf_t, void* host, DType t,
+                       bool whole_owner, bool replicated_owner) {
+    const size_t P = model.table().file_params;
+    std::memset(host, 0, P * dtype_size(t));
+    if (sharded || whole_owner)
+        model.get_file_order(host, t, buf, sharded, buf_t, replicated_owner ? GPT::Tensors::all : GPT::Tensors::split);
+    if (world.size() == 1) return;
+    Backend& be = model.backend();
+    CommCounts saved = world.counts();
+    void* tmp = be.alloc(P * dtype_size(t));
+    be.upload(tmp, t, host, t, P);
+    world.all_reduce(tmp, P, t, ReduceOp::Sum);
+    be.download(host, t, tmp, t, P);
+    be.release(tmp);
+    world.counts() = saved;
+}
+
 bool write_checkpoint(const std::string& dir, const CheckpointData& d, const TrainState& st, std::string* err) {
     if (!make_dirs(dir, err)) return false;
     const GPTConfig& c = d.cfg;
@@ -59,7 +76,7 @@ bool save_checkpoint(const std::string& dir, GPT& model, const TrainState& st, s
     if (model.sharding().optimizer || model.sharding().params)
         throw std::logic_error("save_checkpoint: buffers are sharded; gather them and call write_checkpoint");
     const Precision& p = model.precision();
-    size_t P = model.table().params;
+    size_t P = model.table().file_params;
     std::vector<char> w(P * dtype_size(model.weights_dtype())), m(P * dtype_size(p.opt)), v(P * dtype_size(p.opt));
     model.get_file_order(w.data(), model.weights_dtype(), model.weights(), false, model.weights_dtype());
     model.get_file_order(m.data(), p.opt, model.adam_m(), false, p.opt);
@@ -143,7 +160,7 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
         return false;
     }
     DType wt = (DType)h[3], ot = (DType)h[4];
-    size_t P = model.table().params;
+    size_t P = model.table().file_params;
     long long expect = kHeaderInts * 4LL + (long long)(P * (dtype_size(wt) + 2 * dtype_size(ot)));
     if (file_size(path) != expect) {
         *err = "checkpoint " + path + ": size " + std::to_string(file_size(path)) + " bytes, expected " +

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 
+#include "comm.h"
 #include "gpt.h"
 
 constexpr int kStateMagic = 20241122;
@@ -42,6 +43,16 @@ struct CheckpointData {
     DType opt_dtype;
     int model_version;    // 3 (fp32) or 5 (bf16) for the llm.c model file
 };
+
+// The whole of a flat buffer in model-file order (file_params elements of
+// type t) on every rank of `world`, whatever the layout: every element is
+// contributed by exactly one rank and the others add zeros, so a sum over
+// the world gathers it exactly. This rank contributes the pieces it holds of
+// a sharded buffer, or of a whole one when `whole_owner` (dp rank 0), and of
+// tensors replicated across tensor-parallel ranks when `replicated_owner`
+// (tp rank 0). Checkpoint traffic is not step traffic: it is not counted.
+void gather_file_order(GPT& model, Comm& world, const void* buf, bool sharded, DType buf_t, void* host, DType t,
+                       bool whole_owner, bool replicated_owner);
 
 // Writes model, state and DONE files (one writer: rank 0).
 bool write_checkpoint(const std::string& dir, const CheckpointData& d, const TrainState& st, std::string* err);

@@ -164,6 +164,13 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
     }
 }
 
+template <typename F>
+void add_bias(F* out, const F* bias, int N, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
 // ---- GELU (tanh approximation) ------------------------------------------------------
 template <typename F>
 void gelu_forward(F* out, const F* inp, size_t n) {
@@ -291,6 +298,53 @@ void softmax_crossentropy(F* logits, F* losses, const int* targets, double dloss
         if (!write_grad) continue;
         for (int i = 0; i < V; i++) row[i] = (std::exp(row[i] - mx) / sum - (i == t ? F(1) : F(0))) * F(dloss);
         for (int i = V; i < Vp; i++) row[i] = 0;
+    }
+}
+
+// ---- vocab-parallel cross-entropy ---------------------------------------------------------
+// Local column j holds global id v_begin + j; ids >= V are padding.
+inline int ce_valid_cols(int Vl, int v_begin, int V) { return std::max(0, std::min(Vl, V - v_begin)); }
+
+template <typename F>
+void crossentropy_stats(const F* logits, const int* targets, F* row_max, F* target_logit, int N, int Vl, int v_begin,
+                        int V) {
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* row = logits + (size_t)n * Vl;
+        F mx = -INFINITY;
+        for (int j = 0; j < nv; j++) mx = std::max(mx, row[j]);
+        row_max[n] = mx;
+        int t = targets[n] - v_begin;
+        target_logit[n] = (t >= 0 && t < nv) ? row[t] : F(0);
+    }
+}
+
+template <typename F>
+void crossentropy_sumexp(const F* logits, const F* row_max, F* sumexp, int N, int Vl, int v_begin, int V) {
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* row = logits + (size_t)n * Vl;
+        F s = 0;
+        for (int j = 0; j < nv; j++) s += std::exp(row[j] - row_max[n]);
+        sumexp[n] = s;
+    }
+}
+
+template <typename F>
+void crossentropy_finish(F* logits, F* losses, const int* targets, const F* row_max, const F* sumexp,
+                         const F* target_logit, double dloss, int N, int Vl, int v_begin, int V, bool write_grad) {
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        losses[n] = std::log(sumexp[n]) + row_max[n] - target_logit[n];
+        if (!write_grad) continue;
+        F* row = logits + (size_t)n * Vl;
+        int t = targets[n] - v_begin;
+        for (int j = 0; j < nv; j++)
+            row[j] = (std::exp(row[j] - row_max[n]) / sumexp[n] - (j == t ? F(1) : F(0))) * F(dloss);
+        for (int j = nv; j < Vl; j++) row[j] = 0;
     }
 }
 

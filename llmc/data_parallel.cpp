@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 
 void* DataParallel::alloc(size_t bytes) {
@@ -14,8 +13,8 @@ void* DataParallel::alloc(size_t bytes) {
     return p;
 }
 
-DataParallel::DataParallel(GPT& model, Comm& comm, int zero_stage)
-    : model_(model), comm_(comm), be_(model.backend()), table_(model.table()), prec_(model.precision()),
+DataParallel::DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* tp)
+    : model_(model), comm_(comm), tp_(tp && tp->size() > 1 ? tp : nullptr), be_(model.backend()), table_(model.table()), prec_(model.precision()),
       stage_(zero_stage), rank_(comm.rank()), size_(comm.size()) {
     const Sharding& sh = model.sharding();
     Sharding want = Sharding::for_zero(zero_stage, size_, rank_);
@@ -121,6 +120,11 @@ void* DataParallel::grads(int unit) {
 void DataParallel::grads_done(int unit) {
     const DType gt = prec_.grad;
     void* g = model_.grads();
+    // Sequence-parallel partial gradients are summed right before the unit's
+    // reduction, i.e. once per accumulation for stages 0-1 (gradients
+    // accumulate in place) and every micro-step for stages 2-3.
+    if (stage_ >= 2) model_.sum_partial_grads(unit, find(grad_bufs_, unit)->data);
+    else if (last_micro_) model_.sum_partial_grads(unit, elem_ptr(g, gt, table_.unit_begin[unit]));
     if (stage_ == 0) {
         if (last_micro_)
             pending_.push_back(comm_.start_all_reduce(elem_ptr(g, gt, table_.unit_begin[unit]), table_.unit_size(unit), gt,
@@ -157,6 +161,32 @@ void DataParallel::flush() {
 
 // ---- the optimizer step -------------------------------------------------------------------------
 
+// Squares of the whole model's gradient. Each rank sums what it owns: all
+// of it (stage 0: every data-parallel rank holds the same), or its slices
+// (stages 1-3, summed over the group). Under tensor parallelism the split
+// tensors are summed over the tp group and the replicated ones, equal on
+// every tp rank, are counted by tp rank 0 only.
+double DataParallel::grad_sum_squares() {
+    const DType gt = prec_.grad;
+    void* grads = model_.grads();
+    const bool count_replicated = !tp_ || tp_->rank() == 0;
+    double ss = 0;
+    for (int u = 0; u < table_.num_units(); u++) {
+        // The flat-buffer range this rank owns of unit u, and where it lives.
+        size_t lo = stage_ == 0 ? table_.unit_begin[u] : table_.slice_begin(u, rank_);
+        size_t hi = lo + (stage_ == 0 ? table_.unit_size(u) : table_.shard_size(u));
+        size_t at = stage_ >= 2 ? table_.shard_begin[u] : lo;  // position of lo in the grads buffer
+        for (const TensorEntry& e : table_.entries) {
+            if (e.unit != u || (!e.split && !count_replicated)) continue;
+            size_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
+            if (b < en) ss += be_.sum_squares(elem_ptr(grads, gt, at + (b - lo)), gt, en - b);
+        }
+    }
+    if (stage_ >= 1) ss = comm_.host_all_reduce(ss, ReduceOp::Sum);
+    if (tp_) ss = tp_->host_all_reduce(ss, ReduceOp::Sum);
+    return ss;
+}
+
 double DataParallel::step(const OptimConfig& o, int step) {
     flush();
     const DType pt = prec_.param, gt = prec_.grad, mt = prec_.master, ot = prec_.opt;
@@ -164,20 +194,7 @@ double DataParallel::step(const OptimConfig& o, int step) {
     void *params = model_.params(), *grads = model_.grads(), *master = model_.master();
     void *m = model_.adam_m(), *v = model_.adam_v();
 
-    // Global gradient norm: every rank holds all of it (stage 0), or its
-    // slices, whose squares are summed over the group.
-    double ss = 0;
-    if (stage_ == 0) {
-        ss = be_.sum_squares(grads, gt, table_.total);
-    } else {
-        if (stage_ == 1)
-            for (int u = 0; u < U; u++)
-                ss += be_.sum_squares(elem_ptr(grads, gt, table_.slice_begin(u, rank_)), gt, table_.shard_size(u));
-        else
-            ss = be_.sum_squares(grads, gt, table_.shard_total);
-        ss = comm_.host_all_reduce(ss, ReduceOp::Sum);
-    }
-    double norm = std::sqrt(ss);
+    double norm = std::sqrt(grad_sum_squares());
     AdamArgs args = adam_args(o, step, clip_scale(o, norm));
 
     for (int u = 0; u < U; u++) {
@@ -204,21 +221,4 @@ double DataParallel::step(const OptimConfig& o, int step) {
         for (CommHandle h : hs) comm_.wait(h);
     }
     return norm;
-}
-
-// Every element is held by exactly one contributor (its shard's owner, or
-// rank 0 for whole buffers), the others add zeros, so a sum gathers the
-// buffer exactly. Checkpoint traffic is not step traffic: it is not counted.
-void DataParallel::gather_file_order(const void* buf, bool sharded, DType buf_t, void* host, DType t) {
-    const size_t P = table_.params;
-    std::memset(host, 0, P * dtype_size(t));
-    if (sharded || rank_ == 0) model_.get_file_order(host, t, buf, sharded, buf_t);
-    if (size_ == 1) return;
-    CommCounts saved = comm_.counts();
-    void* tmp = be_.alloc(P * dtype_size(t));
-    be_.upload(tmp, t, host, t, P);
-    comm_.all_reduce(tmp, P, t, ReduceOp::Sum);
-    be_.download(host, t, tmp, t, P);
-    be_.release(tmp);
-    comm_.counts() = saved;
 }

@@ -34,7 +34,8 @@
 class DataParallel : public UnitProvider {
   public:
     // The model must have been built with Sharding::for_zero(stage, comm.size(), comm.rank()).
-    DataParallel(GPT& model, Comm& comm, int zero_stage);
+    // tp: the tensor-parallel group, for the global gradient norm (null: none).
+    DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* tp = nullptr);
     ~DataParallel() override;
 
     int stage() const { return stage_; }
@@ -46,10 +47,6 @@ class DataParallel : public UnitProvider {
     // part and (stages 1, 2) all-gathers the updated parameters. Returns the
     // norm before clipping.
     double step(const OptimConfig& o, int step);
-    // The full contents of a flat buffer in model-file order (P elements of
-    // type t), complete on rank 0 of the group. Every rank must call it.
-    void gather_file_order(const void* buf, bool sharded, DType buf_t, void* host, DType t);
-
     // Bytes of the communication buffers (units in flight), for the report.
     size_t comm_buffer_bytes() const { return comm_bytes_; }
 
@@ -78,9 +75,11 @@ class DataParallel : public UnitProvider {
     void flush();
     void* shard_ptr(void* buf, DType t, int unit) const;
     void* alloc(size_t bytes);
+    double grad_sum_squares();
 
     GPT& model_;
     Comm& comm_;
+    Comm* tp_;
     Backend& be_;
     const TensorTable& table_;
     Precision prec_;

@@ -21,26 +21,39 @@
 
 #include "rng.h"
 
+// Activations. N = B·T tokens; Ns = tokens of the residual stream held here
+// (N/tp under sequence parallelism, else N); Cl = C/tp attention channels,
+// Hl = 4C/tp MLP channels and Vl vocabulary rows of this tensor-parallel rank.
 struct GPT::Acts {
-    int* inputs = nullptr;  // [B,T]
+    int* inputs = nullptr;  // [N]
     int* targets = nullptr;
     int* pos = nullptr;  // [T] positions 0..T-1
-    void* encoded = nullptr;  // [N,C]
+    void* encoded = nullptr;  // [Ns,C] embeddings (the residual stream's start)
+    void* emb = nullptr;      // [N,C] partial embeddings (SP: before the reduce-scatter)
     // per layer, [L, ...]
-    void *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu,
-        *residual3;
-    void *lnf, *lnf_mean, *lnf_rstd;  // [N,C], [N], [N]
-    void* logits;                     // [N,Vp]
-    void* losses;                     // [N]
+    void *ln1, *ln1_mean, *ln1_rstd;            // [Ns,C], [Ns], [Ns]
+    void *qkv, *atty, *lse;                     // [N,3Cl], [N,Cl], [NHl,N]
+    void *residual2, *ln2, *ln2_mean, *ln2_rstd;  // [Ns,C], ...
+    void *fch, *fch_gelu;                       // [N,Hl]
+    void* residual3;                            // [Ns,C]
+    void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
+    void* logits;                               // [N,Vl]
+    void* losses;                               // [N]
+    void *ce_max = nullptr, *ce_target = nullptr, *ce_sumexp = nullptr;  // [N], tp > 1
+    void* logit_row = nullptr;                  // [V], tp > 1: one gathered row
     // scratch, reused by every layer
-    void* proj;       // [N,C] attention/MLP projection output
-    void* gelu_tmp;   // [N,4C] recomputed GELU output (recompute mode)
-    void* dresidual;  // [N,C]
-    void* dC;         // [N,C]
-    void* d4C;        // [N,4C]
-    void* dqkv;       // [N,3C]
+    void* ln_full = nullptr;  // [N,C] SP: a LayerNorm output gathered over the tp group
+    void* proj;               // [N,C] row-parallel output (partial under tp)
+    void* proj_s = nullptr;   // [Ns,C] SP: its reduce-scattered rows
+    void* gelu_tmp;           // [N,Hl] recomputed GELU output (recompute mode)
+    void* dresidual;          // [Ns,C]
+    void* dfull = nullptr;    // [N,C] SP: residual gradient gathered
+    void* dln;                // [N,C] gradient of a column-parallel layer's input
+    void* dln_s = nullptr;    // [Ns,C] SP: its reduce-scattered rows
+    void* datt;               // [N,Cl]
+    void* d4C;                // [N,Hl]
+    void* dqkv;               // [N,3Cl]
 };
-
 
 // The provider for whole buffers: nothing to gather, nothing to reduce.
 class GPT::LocalUnits : public UnitProvider {
@@ -57,11 +70,11 @@ class GPT::LocalUnits : public UnitProvider {
     GPT& m_;
 };
 
-void* GPT::alloc_buffer(const char* group, const char* name, size_t count, DType t) {
+void* GPT::alloc_buffer(const char* group, const char* name, size_t count, DType t, bool per_layer) {
     size_t bytes = count * dtype_size(t);
     void* p = be_->alloc(bytes);
     owned_.push_back(p);
-    buffers_.push_back({group, name, bytes});
+    buffers_.push_back({group, name, bytes, per_layer});
     return p;
 }
 
@@ -69,12 +82,16 @@ void* GPT::act_layer(void* base, int l, size_t per_layer_count, DType t) {
     return elem_ptr(base, t, (size_t)l * per_layer_count);
 }
 
-GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, const Sharding& sharding)
-    : be_(be), cfg_(cfg), table_(cfg, sharding.shards), prec_(be->precision()), B_(B), T_(T),
-      recompute_gelu_(recompute_gelu), sharding_(sharding) {
+GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, const Sharding& sharding,
+         TensorParallel* tp)
+    : be_(be), cfg_(cfg), table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0),
+      prec_(be->precision()), B_(B), T_(T), recompute_gelu_(recompute_gelu), tp_(tp && tp->size() > 1 ? tp : nullptr),
+      tp_size_(tp ? tp->size() : 1), sharding_(sharding) {
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
-    const size_t L = cfg.num_layers, C = cfg.channels, N = (size_t)B * T;
-    const size_t NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
+    const bool sp = tp_ && tp_->sp();
+    if (sp && T % tp_size_ != 0) throw std::invalid_argument("sequence parallel needs T divisible by tp");
+    const size_t L = cfg.num_layers, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
+    const size_t Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
     const size_t full = table_.total, shard = table_.shard_total;
     const DType act = prec_.act, st = prec_.stat;
     params_ = alloc_buffer("params", "params", sharding.params ? shard : full, prec_.param);
@@ -85,34 +102,50 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
 
     a_ = new Acts();
     Acts& a = *a_;
-    a.inputs = (int*)alloc_buffer("activations", "inputs", N, DType::I32);
-    a.targets = (int*)alloc_buffer("activations", "targets", N, DType::I32);
-    a.pos = (int*)alloc_buffer("activations", "positions", T, DType::I32);
-    a.encoded = alloc_buffer("activations", "encoded", N * C, act);
-    a.ln1 = alloc_buffer("activations", "ln1", L * N * C, act);
-    a.ln1_mean = alloc_buffer("activations", "ln1_mean", L * N, st);
-    a.ln1_rstd = alloc_buffer("activations", "ln1_rstd", L * N, st);
-    a.qkv = alloc_buffer("activations", "qkv", L * N * 3 * C, act);
-    a.atty = alloc_buffer("activations", "atty", L * N * C, act);
-    a.lse = alloc_buffer("activations", "attn_lse", L * N * NH, st);
-    a.residual2 = alloc_buffer("activations", "residual2", L * N * C, act);
-    a.ln2 = alloc_buffer("activations", "ln2", L * N * C, act);
-    a.ln2_mean = alloc_buffer("activations", "ln2_mean", L * N, st);
-    a.ln2_rstd = alloc_buffer("activations", "ln2_rstd", L * N, st);
-    a.fch = alloc_buffer("activations", "fch", L * N * 4 * C, act);
-    a.fch_gelu = recompute_gelu ? nullptr : alloc_buffer("activations", "fch_gelu", L * N * 4 * C, act);
-    a.residual3 = alloc_buffer("activations", "residual3", L * N * C, act);
-    a.lnf = alloc_buffer("activations", "lnf", N * C, act);
-    a.lnf_mean = alloc_buffer("activations", "lnf_mean", N, st);
-    a.lnf_rstd = alloc_buffer("activations", "lnf_rstd", N, st);
-    a.logits = alloc_buffer("activations", "logits", N * Vp, act);
-    a.losses = alloc_buffer("activations", "losses", N, st);
-    a.proj = alloc_buffer("scratch", "proj", N * C, act);
-    a.gelu_tmp = recompute_gelu ? alloc_buffer("scratch", "gelu_recompute", N * 4 * C, act) : nullptr;
-    a.dresidual = alloc_buffer("scratch", "dresidual", N * C, act);
-    a.dC = alloc_buffer("scratch", "d_channels", N * C, act);
-    a.d4C = alloc_buffer("scratch", "d_hidden", N * 4 * C, act);
-    a.dqkv = alloc_buffer("scratch", "d_qkv", N * 3 * C, act);
+    const char* A = "activations";
+    const char* S = "scratch";
+    a.inputs = (int*)alloc_buffer(A, "inputs", N, DType::I32);
+    a.targets = (int*)alloc_buffer(A, "targets", N, DType::I32);
+    a.pos = (int*)alloc_buffer(A, "positions", T, DType::I32);
+    a.encoded = alloc_buffer(A, "encoded", Ns * C, act);
+    a.emb = sp ? alloc_buffer(S, "embeddings_partial", N * C, act) : a.encoded;
+    a.ln1 = alloc_buffer(A, "ln1", L * Ns * C, act, true);
+    a.ln1_mean = alloc_buffer(A, "ln1_mean", L * Ns, st, true);
+    a.ln1_rstd = alloc_buffer(A, "ln1_rstd", L * Ns, st, true);
+    a.qkv = alloc_buffer(A, "qkv", L * N * 3 * Cl, act, true);
+    a.atty = alloc_buffer(A, "atty", L * N * Cl, act, true);
+    a.lse = alloc_buffer(A, "attn_lse", L * N * NHl, st, true);
+    a.residual2 = alloc_buffer(A, "residual2", L * Ns * C, act, true);
+    a.ln2 = alloc_buffer(A, "ln2", L * Ns * C, act, true);
+    a.ln2_mean = alloc_buffer(A, "ln2_mean", L * Ns, st, true);
+    a.ln2_rstd = alloc_buffer(A, "ln2_rstd", L * Ns, st, true);
+    a.fch = alloc_buffer(A, "fch", L * N * Hl, act, true);
+    a.fch_gelu = recompute_gelu ? nullptr : alloc_buffer(A, "fch_gelu", L * N * Hl, act, true);
+    a.residual3 = alloc_buffer(A, "residual3", L * Ns * C, act, true);
+    a.lnf = alloc_buffer(A, "lnf", Ns * C, act);
+    a.lnf_mean = alloc_buffer(A, "lnf_mean", Ns, st);
+    a.lnf_rstd = alloc_buffer(A, "lnf_rstd", Ns, st);
+    a.logits = alloc_buffer(A, "logits", N * Vl, act);
+    a.losses = alloc_buffer(A, "losses", N, st);
+    if (tp_) {
+        a.ce_max = alloc_buffer(S, "ce_max", N, st);
+        a.ce_target = alloc_buffer(S, "ce_target", N, st);
+        a.ce_sumexp = alloc_buffer(S, "ce_sumexp", N, st);
+        a.logit_row = alloc_buffer(S, "logit_row", cfg.vocab_size, act);
+    }
+    if (sp) {
+        a.ln_full = alloc_buffer(S, "ln_gathered", N * C, act);
+        a.proj_s = alloc_buffer(S, "proj_local", Ns * C, act);
+        a.dfull = alloc_buffer(S, "dresidual_gathered", N * C, act);
+        a.dln_s = alloc_buffer(S, "dln_local", Ns * C, act);
+    }
+    a.proj = alloc_buffer(S, "proj", N * C, act);
+    a.gelu_tmp = recompute_gelu ? alloc_buffer(S, "gelu_recompute", N * Hl, act) : nullptr;
+    a.dresidual = alloc_buffer(S, "dresidual", Ns * C, act);
+    a.dln = alloc_buffer(S, "d_ln", N * C, act);
+    a.datt = alloc_buffer(S, "d_atty", N * Cl, act);
+    a.d4C = alloc_buffer(S, "d_hidden", N * Hl, act);
+    a.dqkv = alloc_buffer(S, "d_qkv", N * 3 * Cl, act);
 
     std::vector<int> pos(T);
     for (int t = 0; t < T; t++) pos[t] = t;
@@ -122,6 +155,20 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
     provider_ = local_;
     unit_params_.assign(table_.num_units(), nullptr);
     unit_grads_.assign(table_.num_units(), nullptr);
+}
+
+size_t GPT::layer_activation_bytes() const {
+    size_t n = 0;
+    for (const BufferInfo& b : buffers_)
+        if (b.per_layer) n += b.bytes;
+    return n / cfg_.num_layers;
+}
+
+size_t GPT::activation_bytes() const {
+    size_t n = 0;
+    for (const BufferInfo& b : buffers_)
+        if (b.group == "activations" || b.group == "scratch") n += b.bytes;
+    return n;
 }
 
 GPT::~GPT() {
@@ -164,16 +211,26 @@ void GPT::release(int unit) {
 // ---- initialisation and host transfer -------------------------------------------------
 
 template <typename Fn>
-void GPT::for_each_piece(bool sharded, Fn fn) const {
-    for (const TensorEntry& e : table_.entries) {
-        if (!sharded) {
-            fn(e.file_offset, e.offset, e.numel);
-            continue;
-        }
-        // The part of the entry inside this rank's slice of its unit.
+void GPT::for_each_piece(bool sharded, Fn fn, Tensors which) const {
+    // One run of the tensor's local memory <-> the file, cut to this rank's
+    // slice of the unit when the buffer is sharded.
+    auto emit = [&](const TensorEntry& e, size_t local, size_t file, size_t n) {
+        size_t g = e.offset + local;
+        if (!sharded) return fn(file, g, n);
         size_t lo = table_.slice_begin(e.unit, sharding_.rank), hi = lo + table_.shard_size(e.unit);
-        size_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
-        if (b < en) fn(e.file_offset + (b - e.offset), table_.shard_begin[e.unit] + (b - lo), en - b);
+        size_t b = std::max(lo, g), en = std::min(hi, g + n);
+        if (b < en) fn(file + (b - g), table_.shard_begin[e.unit] + (b - lo), en - b);
+    };
+    for (const TensorEntry& e : table_.entries) {
+        if ((which == Tensors::split && !e.split) || (which == Tensors::replicated && e.split)) continue;
+        for (const RowRun& r : e.runs) {
+            if (e.cols == e.file_cols) {  // whole rows: one contiguous run
+                emit(e, r.local * e.cols, e.file_offset + r.global * e.file_cols, r.count * e.cols);
+                continue;
+            }
+            for (size_t i = 0; i < r.count; i++)  // a column slice: one run per row
+                emit(e, (r.local + i) * e.cols, e.file_offset + (r.global + i) * e.file_cols + e.col_begin, e.cols);
+        }
     }
 }
 
@@ -187,13 +244,24 @@ void GPT::set_file_range(void* buf, bool sharded, DType buf_t, const void* host,
 }
 
 void GPT::set_file_order(void* buf, bool sharded, DType buf_t, const void* host, DType src_t) {
-    set_file_range(buf, sharded, buf_t, host, src_t, 0, table_.params);
+    set_file_range(buf, sharded, buf_t, host, src_t, 0, table_.file_params);
 }
 
-void GPT::get_file_order(void* host, DType dst_t, const void* buf, bool sharded, DType src_t) {
-    for_each_piece(sharded, [&](size_t f, size_t o, size_t n) {
-        be_->download(elem_ptr(host, dst_t, f), dst_t, elem_ptr(buf, src_t, o), src_t, n);
-    });
+void GPT::get_file_order(void* host, DType dst_t, const void* buf, bool sharded, DType src_t, Tensors which) {
+    for_each_piece(
+        sharded, [&](size_t f, size_t o, size_t n) {
+            be_->download(elem_ptr(host, dst_t, f), dst_t, elem_ptr(buf, src_t, o), src_t, n);
+        },
+        which);
+}
+
+double GPT::replicated_checksum() {
+    double ss = 0;
+    for_each_piece(
+        sharding_.params,
+        [&](size_t, size_t o, size_t n) { ss += be_->sum_squares(elem_ptr(params_, prec_.param, o), prec_.param, n); },
+        Tensors::replicated);
+    return ss;
 }
 
 void GPT::set_weights_file_order(const void* host, DType t) {
@@ -202,8 +270,9 @@ void GPT::set_weights_file_order(const void* host, DType t) {
 }
 
 void GPT::init_random(uint64_t seed) {
-    // Drawn on the host in file order for the whole model, so the values do
-    // not depend on the memory layout or on which rank holds what.
+    // Drawn on the host in file order for the whole model, tensor by tensor,
+    // so the values do not depend on the memory layout or on which rank holds
+    // what: every rank draws every tensor and keeps its own part.
     Rng rng(seed);
     const double std_base = 0.02, std_resid = 0.02 / std::sqrt(2.0 * cfg_.num_layers);
     std::vector<const TensorEntry*> order;
@@ -212,24 +281,25 @@ void GPT::init_random(uint64_t seed) {
               [](const TensorEntry* x, const TensorEntry* y) { return x->file_offset < y->file_offset; });
     std::vector<double> host;
     for (const TensorEntry* e : order) {
-        host.assign(e->numel, 0.0);
+        const size_t n = e->file_rows * e->file_cols;
+        host.assign(n, 0.0);
         double* x = host.data();
         switch (e->kind) {
             case Param::ln1w: case Param::ln2w: case Param::lnfw:
-                for (size_t i = 0; i < e->numel; i++) x[i] = 1.0;
+                for (size_t i = 0; i < n; i++) x[i] = 1.0;
                 break;
             case Param::wte:  // padded rows V..Vp-1 stay zero: they never see a gradient
-                for (size_t i = 0; i < (size_t)cfg_.vocab_size * e->cols; i++) x[i] = std_base * rng.normal();
+                for (size_t i = 0; i < (size_t)cfg_.vocab_size * e->file_cols; i++) x[i] = std_base * rng.normal();
                 break;
             case Param::attprojw: case Param::fcprojw:
-                for (size_t i = 0; i < e->numel; i++) x[i] = std_resid * rng.normal();
+                for (size_t i = 0; i < n; i++) x[i] = std_resid * rng.normal();
                 break;
             default:
                 if (e->decay)
-                    for (size_t i = 0; i < e->numel; i++) x[i] = std_base * rng.normal();
+                    for (size_t i = 0; i < n; i++) x[i] = std_base * rng.normal();
                 break;  // biases stay zero
         }
-        size_t fb = e->file_offset, fe = fb + e->numel;
+        size_t fb = e->file_offset, fe = fb + n;
         set_file_range(params_, sharding_.params, prec_.param, x, DType::F64, fb, fe);
         if (master_) set_file_range(master_, sharding_.optimizer, prec_.master, x, DType::F64, fb, fe);
     }
@@ -240,6 +310,24 @@ void GPT::zero_grad() {
     be_->zero(grads_, n * dtype_size(prec_.grad));
 }
 
+// Under sequence parallelism the LayerNorm parameters see only this rank's
+// tokens, so their gradients are partial: sum them over the tp group. The
+// parallel mode calls this just before it reduces the unit's gradients
+// (once per accumulation when they accumulate in place, every micro-step
+// when each micro-step has a fresh buffer), so nothing is summed twice.
+void GPT::sum_partial_grads(int unit, void* unit_grads) {
+    if (!tp_ || !tp_->sp()) return;
+    for (const TensorEntry& e : table_.entries) {
+        if (e.unit != unit) continue;
+        switch (e.kind) {
+            case Param::ln1w: case Param::ln1b: case Param::ln2w: case Param::ln2b: case Param::lnfw: case Param::lnfb:
+                tp_->sum(elem_ptr(unit_grads, prec_.grad, e.offset - table_.unit_begin[unit]), e.numel, prec_.grad);
+                break;
+            default: break;
+        }
+    }
+}
+
 // ---- forward ----------------------------------------------------------------------
 
 // Unit numbers (tensors.h): 0 embeddings, 1 + l block l, L + 1 final LayerNorm.
@@ -247,10 +335,13 @@ static int block_unit(int l) { return l + 1; }
 
 double GPT::forward(const int* inputs, const int* targets, int B, int T, double dloss) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
+    const bool sp = tp_ && tp_->sp();
+    if (sp && T % tp_size_ != 0) throw std::invalid_argument("forward: sequence parallel needs T divisible by tp");
     Acts& a = *a_;
-    const int L = cfg_.num_layers, C = cfg_.channels, NH = cfg_.num_heads, V = cfg_.vocab_size;
-    const int Vp = cfg_.padded_vocab_size, N = B * T;
+    const int L = cfg_.num_layers, C = cfg_.channels, V = cfg_.vocab_size, N = B * T, Ns = sp ? N / tp_size_ : N;
+    const int Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
     const int final_unit = L + 1;
+    const bool bias_in_matmul = !tp_;  // row-parallel biases wait for the reduction
     const DType act = prec_.act, st = prec_.stat;
     last_B_ = B;
     last_T_ = T;
@@ -258,57 +349,88 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
     be_->upload(a.inputs, DType::I32, inputs, DType::I32, N);
     if (targets) be_->upload(a.targets, DType::I32, targets, DType::I32, N);
 
-    // The embedding unit stays acquired until the LM head (tied wte) is done.
+    // Embeddings: this rank's vocabulary rows (positions added by tp rank 0
+    // only), summed over the tp group by g. The embedding unit stays
+    // acquired until the LM head (tied wte) is done.
     acquire(0);
     provider_->prefetch(block_unit(0));
-    be_->encoder_forward(a.encoded, a.inputs, a.pos, P(Param::wte), P(Param::wpe), B, T, C, 0, Vp);
-    const AttnShape shape{B, NH, C / NH, T, T, (size_t)3 * C, (size_t)3 * C, (size_t)C, true,
-                          1.0 / std::sqrt((double)(C / NH))};
+    const bool add_pos = !tp_ || tp_->rank() == 0;
+    be_->encoder_forward(a.emb, a.inputs, a.pos, P(Param::wte), add_pos ? P(Param::wpe) : nullptr, B, T, C,
+                         table_.vocab_begin, table_.vocab_begin + Vl);
+    if (tp_) tp_->g_forward(a.emb, a.encoded, C, N, act);
+    const AttnShape shape{B, NHl, C / cfg_.num_heads, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true,
+                          1.0 / std::sqrt((double)(C / cfg_.num_heads))};
+    // f and g around a column-parallel / row-parallel pair (identities without tp).
+    auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
+    auto g_fwd = [&](const void* bias) -> void* {
+        if (!tp_) return a.proj;
+        void* out = tp_->g_forward(a.proj, a.proj_s, C, N, act);
+        be_->add_bias(out, bias, Ns, C);
+        return out;
+    };
     acquire(block_unit(0));
     for (int l = 0; l < L; l++) {
         const int next = l + 1 < L ? block_unit(l + 1) : final_unit;
         provider_->prefetch(next);
-        void* x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, (size_t)N * C, act);
-        void* ln1 = act_layer(a.ln1, l, (size_t)N * C, act);
-        void* qkv = act_layer(a.qkv, l, (size_t)N * 3 * C, act);
-        void* atty = act_layer(a.atty, l, (size_t)N * C, act);
-        void* lse = act_layer(a.lse, l, (size_t)N * NH, st);
-        void* x2 = act_layer(a.residual2, l, (size_t)N * C, act);
-        void* ln2 = act_layer(a.ln2, l, (size_t)N * C, act);
-        void* fch = act_layer(a.fch, l, (size_t)N * 4 * C, act);
-        void* h = recompute_gelu_ ? a.gelu_tmp : act_layer(a.fch_gelu, l, (size_t)N * 4 * C, act);
-        void* x3 = act_layer(a.residual3, l, (size_t)N * C, act);
+        void* x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, (size_t)Ns * C, act);
+        void* ln1 = act_layer(a.ln1, l, (size_t)Ns * C, act);
+        void* qkv = act_layer(a.qkv, l, (size_t)N * 3 * Cl, act);
+        void* atty = act_layer(a.atty, l, (size_t)N * Cl, act);
+        void* lse = act_layer(a.lse, l, (size_t)N * NHl, st);
+        void* x2 = act_layer(a.residual2, l, (size_t)Ns * C, act);
+        void* ln2 = act_layer(a.ln2, l, (size_t)Ns * C, act);
+        void* fch = act_layer(a.fch, l, (size_t)N * Hl, act);
+        void* h = recompute_gelu_ ? a.gelu_tmp : act_layer(a.fch_gelu, l, (size_t)N * Hl, act);
+        void* x3 = act_layer(a.residual3, l, (size_t)Ns * C, act);
 
         // For l > 0, ln1 was produced by the previous block's fused residual + LayerNorm.
         if (l == 0)
-            be_->layernorm_forward(ln1, act_layer(a.ln1_mean, l, N, st), act_layer(a.ln1_rstd, l, N, st), x,
-                                   P(Param::ln1w, l), P(Param::ln1b, l), N, C);
-        be_->matmul_forward(qkv, ln1, P(Param::qkvw, l), P(Param::qkvb, l), N, C, 3 * C);
-        be_->attention_forward(atty, lse, qkv, elem_ptr(qkv, act, C), elem_ptr(qkv, act, 2 * (size_t)C), shape);
-        be_->matmul_forward(a.proj, atty, P(Param::attprojw, l), P(Param::attprojb, l), N, C, C);
-        be_->residual_layernorm_forward(x2, ln2, act_layer(a.ln2_mean, l, N, st), act_layer(a.ln2_rstd, l, N, st), x,
-                                        a.proj, P(Param::ln2w, l), P(Param::ln2b, l), N, C);
-        be_->matmul_forward(fch, ln2, P(Param::fcw, l), P(Param::fcb, l), N, C, 4 * C);
-        be_->gelu_forward(h, fch, (size_t)N * 4 * C);
-        be_->matmul_forward(a.proj, h, P(Param::fcprojw, l), P(Param::fcprojb, l), N, 4 * C, C);
+            be_->layernorm_forward(ln1, act_layer(a.ln1_mean, l, Ns, st), act_layer(a.ln1_rstd, l, Ns, st), x,
+                                   P(Param::ln1w, l), P(Param::ln1b, l), Ns, C);
+        // attention: QKV column-parallel by heads, attproj row-parallel
+        be_->matmul_forward(qkv, f_fwd(ln1), P(Param::qkvw, l), P(Param::qkvb, l), N, C, 3 * Cl);
+        be_->attention_forward(atty, lse, qkv, elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), shape);
+        be_->matmul_forward(a.proj, atty, P(Param::attprojw, l), bias_in_matmul ? P(Param::attprojb, l) : nullptr, N,
+                            Cl, C);
+        void* attn_out = g_fwd(P(Param::attprojb, l));
+        be_->residual_layernorm_forward(x2, ln2, act_layer(a.ln2_mean, l, Ns, st), act_layer(a.ln2_rstd, l, Ns, st), x,
+                                        attn_out, P(Param::ln2w, l), P(Param::ln2b, l), Ns, C);
+        // MLP: fc column-parallel, fcproj row-parallel
+        be_->matmul_forward(fch, f_fwd(ln2), P(Param::fcw, l), P(Param::fcb, l), N, C, Hl);
+        be_->gelu_forward(h, fch, (size_t)N * Hl);
+        be_->matmul_forward(a.proj, h, P(Param::fcprojw, l), bias_in_matmul ? P(Param::fcprojb, l) : nullptr, N, Hl, C);
+        void* mlp_out = g_fwd(P(Param::fcprojb, l));
         // Residual add fused with the next LayerNorm (next block's ln1, or
         // lnf), whose parameters belong to the next unit.
         acquire(next);
         if (l + 1 < L) {
-            be_->residual_layernorm_forward(x3, act_layer(a.ln1, l + 1, (size_t)N * C, act),
-                                            act_layer(a.ln1_mean, l + 1, N, st), act_layer(a.ln1_rstd, l + 1, N, st),
-                                            x2, a.proj, P(Param::ln1w, l + 1), P(Param::ln1b, l + 1), N, C);
+            be_->residual_layernorm_forward(x3, act_layer(a.ln1, l + 1, (size_t)Ns * C, act),
+                                            act_layer(a.ln1_mean, l + 1, Ns, st), act_layer(a.ln1_rstd, l + 1, Ns, st),
+                                            x2, mlp_out, P(Param::ln1w, l + 1), P(Param::ln1b, l + 1), Ns, C);
         } else {
-            be_->residual_layernorm_forward(x3, a.lnf, a.lnf_mean, a.lnf_rstd, x2, a.proj, P(Param::lnfw),
-                                            P(Param::lnfb), N, C);
+            be_->residual_layernorm_forward(x3, a.lnf, a.lnf_mean, a.lnf_rstd, x2, mlp_out, P(Param::lnfw),
+                                            P(Param::lnfb), Ns, C);
         }
         release(block_unit(l));
     }
     release(final_unit);
-    be_->matmul_forward(a.logits, a.lnf, P(Param::wte), nullptr, N, C, Vp);
+    // LM head: vocabulary-parallel, column-parallel over wte's rows (f).
+    be_->matmul_forward(a.logits, f_fwd(a.lnf), P(Param::wte), nullptr, N, C, Vl);
     release(0);
     if (!targets) return 0.0;
-    be_->softmax_crossentropy(a.logits, a.losses, a.targets, dloss, N, V, Vp, dloss != 0.0);
+    if (!tp_) {
+        be_->softmax_crossentropy(a.logits, a.losses, a.targets, dloss, N, V, Vl, dloss != 0.0);
+    } else {
+        // Vocab-parallel cross-entropy: the logits are never gathered.
+        const int vb = table_.vocab_begin;
+        be_->crossentropy_stats(a.logits, a.targets, a.ce_max, a.ce_target, N, Vl, vb, V);
+        tp_->max(a.ce_max, N, st);
+        tp_->sum(a.ce_target, N, st);
+        be_->crossentropy_sumexp(a.logits, a.ce_max, a.ce_sumexp, N, Vl, vb, V);
+        tp_->sum(a.ce_sumexp, N, st);
+        be_->crossentropy_finish(a.logits, a.losses, a.targets, a.ce_max, a.ce_sumexp, a.ce_target, dloss, N, Vl, vb,
+                                 V, dloss != 0.0);
+    }
     grad_ready_ = dloss != 0.0;
     std::vector<double> losses(N);
     be_->download(losses.data(), DType::F64, a.losses, st, N);
@@ -318,9 +440,19 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
 }
 
 void GPT::logits_row(int b, int t, void* out, DType dt) {
-    size_t row = (size_t)b * last_T_ + t;
-    be_->download(out, dt, elem_ptr(a_->logits, prec_.act, row * cfg_.padded_vocab_size), prec_.act,
-                  cfg_.vocab_size);
+    const size_t row = (size_t)b * last_T_ + t, Vl = table_.vocab_rows;
+    const void* src = elem_ptr(a_->logits, prec_.act, row * Vl);
+    if (!tp_) {
+        be_->download(out, dt, src, prec_.act, cfg_.vocab_size);
+        return;
+    }
+    // Each rank holds a slice of the row: place it, sum the zeros away.
+    const size_t vb = table_.vocab_begin, V = cfg_.vocab_size;
+    const size_t held = vb < V ? std::min(Vl, V - vb) : 0;
+    be_->zero(a_->logit_row, V * dtype_size(prec_.act));
+    if (held) be_->copy(elem_ptr(a_->logit_row, prec_.act, vb), src, held * dtype_size(prec_.act));
+    tp_->sum(a_->logit_row, V, prec_.act);
+    be_->download(out, dt, a_->logit_row, prec_.act, V);
 }
 
 // ---- backward ----------------------------------------------------------------------
@@ -328,24 +460,31 @@ void GPT::logits_row(int b, int t, void* out, DType dt) {
 void GPT::backward() {
     if (!grad_ready_) throw std::logic_error("backward: the last forward computed no loss gradient");
     Acts& a = *a_;
-    const int L = cfg_.num_layers, C = cfg_.channels, NH = cfg_.num_heads, Vp = cfg_.padded_vocab_size;
-    const int B = last_B_, T = last_T_, N = B * T;
+    const bool sp = tp_ && tp_->sp();
+    const int L = cfg_.num_layers, C = cfg_.channels;
+    const int B = last_B_, T = last_T_, N = B * T, Ns = sp ? N / tp_size_ : N;
+    const int Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
     const int final_unit = L + 1;
     const DType act = prec_.act, st = prec_.stat;
-    const AttnShape shape{B, NH, C / NH, T, T, (size_t)3 * C, (size_t)3 * C, (size_t)C, true,
-                          1.0 / std::sqrt((double)(C / NH))};
+    const AttnShape shape{B, NHl, C / cfg_.num_heads, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true,
+                          1.0 / std::sqrt((double)(C / cfg_.num_heads))};
     std::fill(unit_grads_.begin(), unit_grads_.end(), nullptr);
+    // The conjugates' backward (identities without tp). Under SP a LayerNorm
+    // output is gathered again rather than kept whole (activation memory).
+    auto f_input = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
+    auto f_bwd = [&]() -> void* { return tp_ ? tp_->f_backward(a.dln, a.dln_s, C, N, act) : a.dln; };
+    auto g_bwd = [&]() -> const void* { return tp_ ? tp_->g_backward(a.dresidual, a.dfull, C, N, act) : a.dresidual; };
 
     // LM head (tied to wte) and final LayerNorm: logits now hold dlogits. The
     // embedding unit stays acquired until the encoder's backward at the end.
     acquire(0);
     acquire(final_unit);
     provider_->prefetch(block_unit(L - 1));
-    be_->matmul_backward(a.dC, G(Param::wte), nullptr, a.logits, a.lnf, P(Param::wte), N, C, Vp);
-    be_->zero(a.dresidual, (size_t)N * C * dtype_size(act));
-    be_->layernorm_backward(a.dresidual, G(Param::lnfw), G(Param::lnfb), a.dC,
-                            act_layer(a.residual3, L - 1, (size_t)N * C, act), P(Param::lnfw), a.lnf_mean, a.lnf_rstd,
-                            N, C);
+    be_->matmul_backward(a.dln, G(Param::wte), nullptr, a.logits, f_input(a.lnf), P(Param::wte), N, C, Vl);
+    be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
+    be_->layernorm_backward(a.dresidual, G(Param::lnfw), G(Param::lnfb), f_bwd(),
+                            act_layer(a.residual3, L - 1, (size_t)Ns * C, act), P(Param::lnfw), a.lnf_mean, a.lnf_rstd,
+                            Ns, C);
     provider_->grads_done(final_unit);
     release(final_unit);
 
@@ -353,40 +492,44 @@ void GPT::backward() {
         const int u = block_unit(l);
         acquire(u);
         if (l > 0) provider_->prefetch(block_unit(l - 1));
-        void* x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, (size_t)N * C, act);
-        void* ln1 = act_layer(a.ln1, l, (size_t)N * C, act);
-        void* qkv = act_layer(a.qkv, l, (size_t)N * 3 * C, act);
-        void* atty = act_layer(a.atty, l, (size_t)N * C, act);
-        void* lse = act_layer(a.lse, l, (size_t)N * NH, st);
-        void* x2 = act_layer(a.residual2, l, (size_t)N * C, act);
-        void* ln2 = act_layer(a.ln2, l, (size_t)N * C, act);
-        void* fch = act_layer(a.fch, l, (size_t)N * 4 * C, act);
-        void* h = act_layer(a.fch_gelu, l, (size_t)N * 4 * C, act);
+        void* x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, (size_t)Ns * C, act);
+        void* ln1 = act_layer(a.ln1, l, (size_t)Ns * C, act);
+        void* qkv = act_layer(a.qkv, l, (size_t)N * 3 * Cl, act);
+        void* atty = act_layer(a.atty, l, (size_t)N * Cl, act);
+        void* lse = act_layer(a.lse, l, (size_t)N * NHl, st);
+        void* x2 = act_layer(a.residual2, l, (size_t)Ns * C, act);
+        void* ln2 = act_layer(a.ln2, l, (size_t)Ns * C, act);
+        void* fch = act_layer(a.fch, l, (size_t)N * Hl, act);
+        void* h = act_layer(a.fch_gelu, l, (size_t)N * Hl, act);
         if (recompute_gelu_) {
             h = a.gelu_tmp;
-            be_->gelu_forward(h, fch, (size_t)N * 4 * C);
+            be_->gelu_forward(h, fch, (size_t)N * Hl);
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
-        be_->matmul_backward(a.d4C, G(Param::fcprojw, l), G(Param::fcprojb, l), a.dresidual, h, P(Param::fcprojw, l),
-                             N, 4 * C, C);
-        be_->gelu_backward(a.d4C, fch, a.d4C, (size_t)N * 4 * C);
-        be_->matmul_backward(a.dC, G(Param::fcw, l), G(Param::fcb, l), a.d4C, ln2, P(Param::fcw, l), N, C, 4 * C);
-        be_->layernorm_backward(a.dresidual, G(Param::ln2w, l), G(Param::ln2b, l), a.dC, x2, P(Param::ln2w, l),
-                                act_layer(a.ln2_mean, l, N, st), act_layer(a.ln2_rstd, l, N, st), N, C);
+        // The row-parallel bias gradient sums the whole (gathered) output gradient.
+        be_->matmul_backward(a.d4C, G(Param::fcprojw, l), G(Param::fcprojb, l), g_bwd(), h, P(Param::fcprojw, l), N,
+                             Hl, C);
+        be_->gelu_backward(a.d4C, fch, a.d4C, (size_t)N * Hl);
+        be_->matmul_backward(a.dln, G(Param::fcw, l), G(Param::fcb, l), a.d4C, f_input(ln2), P(Param::fcw, l), N, C,
+                             Hl);
+        be_->layernorm_backward(a.dresidual, G(Param::ln2w, l), G(Param::ln2b, l), f_bwd(), x2, P(Param::ln2w, l),
+                                act_layer(a.ln2_mean, l, Ns, st), act_layer(a.ln2_rstd, l, Ns, st), Ns, C);
         // dresidual holds d(x2); attention path.
-        be_->matmul_backward(a.dC, G(Param::attprojw, l), G(Param::attprojb, l), a.dresidual, atty,
-                             P(Param::attprojw, l), N, C, C);
-        be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, C), elem_ptr(a.dqkv, act, 2 * (size_t)C), a.dC, qkv,
-                                elem_ptr(qkv, act, C), elem_ptr(qkv, act, 2 * (size_t)C), atty, lse, shape);
-        // reuse d4C's first N·C elements for d(ln1)
-        be_->matmul_backward(a.d4C, G(Param::qkvw, l), G(Param::qkvb, l), a.dqkv, ln1, P(Param::qkvw, l), N, C,
-                             3 * C);
-        be_->layernorm_backward(a.dresidual, G(Param::ln1w, l), G(Param::ln1b, l), a.d4C, x, P(Param::ln1w, l),
-                                act_layer(a.ln1_mean, l, N, st), act_layer(a.ln1_rstd, l, N, st), N, C);
+        be_->matmul_backward(a.datt, G(Param::attprojw, l), G(Param::attprojb, l), g_bwd(), atty,
+                             P(Param::attprojw, l), N, Cl, C);
+        be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, Cl), elem_ptr(a.dqkv, act, 2 * (size_t)Cl), a.datt, qkv,
+                                elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), atty, lse, shape);
+        be_->matmul_backward(a.dln, G(Param::qkvw, l), G(Param::qkvb, l), a.dqkv, f_input(ln1), P(Param::qkvw, l), N,
+                             C, 3 * Cl);
+        be_->layernorm_backward(a.dresidual, G(Param::ln1w, l), G(Param::ln1b, l), f_bwd(), x, P(Param::ln1w, l),
+                                act_layer(a.ln1_mean, l, Ns, st), act_layer(a.ln1_rstd, l, Ns, st), Ns, C);
         provider_->grads_done(u);
         release(u);
     }
-    be_->encoder_backward(G(Param::wte), G(Param::wpe), a.dresidual, a.inputs, a.pos, B, T, C, 0, Vp);
+    // Embeddings: every tp rank computes wpe's gradient from the whole
+    // output gradient (so the replicas agree) and its vocabulary rows' of wte.
+    be_->encoder_backward(G(Param::wte), G(Param::wpe), g_bwd(), a.inputs, a.pos, B, T, C, table_.vocab_begin,
+                          table_.vocab_begin + Vl);
     provider_->grads_done(0);
     release(0);
     grad_ready_ = false;

@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "tensor_parallel.h"
 #include "tensors.h"
 
 // Which flat buffers a rank holds only its shard of (ZeRO stage 1: the
@@ -45,6 +46,7 @@ struct BufferInfo {
     std::string group;  // "params", "grads", "master", "optimizer", "activations", "scratch"
     std::string name;
     size_t bytes;
+    bool per_layer;     // one slice per transformer block (kept from forward to backward)
 };
 
 class GPT {
@@ -53,8 +55,10 @@ class GPT {
     // recompute_gelu: keep only the GELU input per layer and recompute its
     // output in backward (llm.c's -r 1), saving L·B·T·4C activations.
     // sharding: which flat buffers hold only this rank's shard (default: none).
+    // tp: tensor (and sequence) parallelism; null for none. Under sequence
+    // parallelism B·T must divide by the tp degree.
     GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu = false,
-        const Sharding& sharding = Sharding());
+        const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr);
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -90,7 +94,13 @@ class GPT {
     // Host arrays in model-file order <-> this rank's part of a flat buffer.
     // `sharded` says whether buf is a shard buffer. get_file_order writes only
     // the elements this rank holds and leaves the rest of host untouched.
-    void get_file_order(void* host, DType dst_t, const void* buf, bool sharded, DType src_t);
+    // Which tensors a walk over the buffers visits: all, or only those split
+    // over (or only those replicated across) the tensor-parallel ranks.
+    enum class Tensors { all, split, replicated };
+    // `which` = split lets one rank of a tp group contribute the replicated
+    // tensors when gathering.
+    void get_file_order(void* host, DType dst_t, const void* buf, bool sharded, DType src_t,
+                        Tensors which = Tensors::all);
     void set_file_order(void* buf, bool sharded, DType buf_t, const void* host, DType src_t);
     // Sets every weight this rank holds (params, and master when present)
     // from host values of type t in model-file order.
@@ -106,16 +116,29 @@ class GPT {
     // gradients accumulate (+=) into grads().
     void backward();
     void zero_grad();
+    // Sequence parallel: sums unit's partial LayerNorm gradients (in the
+    // unit's gradient buffer) over the tp group. Called by the parallel mode
+    // right before it reduces the unit's gradients; a no-op otherwise.
+    void sum_partial_grads(int unit, void* unit_grads);
     // Logits of row (b, t) of the last forward, first V columns, to host
     // memory of type dt (before backward overwrote them with gradients).
+    // Under tensor parallelism every rank of the group must call it.
     void logits_row(int b, int t, void* out, DType dt);
+    // Activation bytes held (activations and their gradient scratch).
+    size_t activation_bytes() const;
+    // Bytes one transformer block keeps from its forward for its backward
+    // (what shared/reference.md section 4 counts per layer).
+    size_t layer_activation_bytes() const;
+    // Sum of squares of the tensor-parallel-replicated parameters this rank
+    // holds: equal on every rank of a tp group while the replicas agree.
+    double replicated_checksum();
 
     const std::vector<BufferInfo>& buffers() const { return buffers_; }
 
   private:
     struct Acts;  // activation and scratch pointers, see gpt.cpp
     class LocalUnits;
-    void* alloc_buffer(const char* group, const char* name, size_t count, DType t);
+    void* alloc_buffer(const char* group, const char* name, size_t count, DType t, bool per_layer = false);
     void* act_layer(void* base, int l, size_t per_layer_count, DType t);
     // Parameter / gradient of a tensor of an acquired unit.
     const void* P(Param p, int layer = 0) const;
@@ -125,7 +148,7 @@ class GPT {
     // Calls fn(file_offset, buffer_offset, n) for every run of elements of a
     // (sharded or whole) flat buffer that holds real parameters.
     template <typename Fn>
-    void for_each_piece(bool sharded, Fn fn) const;
+    void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all) const;
     // set_file_order for the file elements [file_begin, file_end) only; host
     // points at element file_begin.
     void set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
@@ -138,6 +161,8 @@ class GPT {
     int B_, T_;
     bool recompute_gelu_;
     int last_B_ = 0, last_T_ = 0;
+    TensorParallel* tp_ = nullptr;
+    int tp_size_ = 1;
     bool grad_ready_ = false;
     Sharding sharding_;
     UnitProvider* provider_ = nullptr;

@@ -68,7 +68,7 @@ bool load_model(const std::string& path, GPT& model, std::string* err) {
         return false;
     }
     DType t = version == 3 ? DType::F32 : DType::BF16;
-    size_t P = model.table().params;
+    size_t P = model.table().file_params;
     std::vector<char> buf(P * dtype_size(t));
     FILE* f = std::fopen(path.c_str(), "rb");
     bool ok = f && std::fseek(f, kHeaderInts * 4, SEEK_SET) == 0 && std::fread(buf.data(), 1, buf.size(), f) == buf.size();
@@ -105,7 +105,7 @@ bool write_model_file(const std::string& path, const GPTConfig& c, const void* h
 
 bool save_model(const std::string& path, GPT& model, int version, std::string* err) {
     if (model.weights_sharded()) throw std::logic_error("save_model: weights are sharded; gather them first");
-    std::vector<char> host(model.table().params * dtype_size(model.weights_dtype()));
+    std::vector<char> host(model.table().file_params * dtype_size(model.weights_dtype()));
     model.get_file_order(host.data(), model.weights_dtype(), model.weights(), false, model.weights_dtype());
     return write_model_file(path, model.config(), host.data(), model.weights_dtype(), version, err);
 }

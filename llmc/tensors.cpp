@@ -1,6 +1,7 @@
 // llmc/tensors.cpp: builds the tensor table from a model config.
 #include "tensors.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
@@ -24,7 +25,7 @@ std::string TensorEntry::name() const {
     return "h" + std::to_string(layer) + "." + k.name;
 }
 
-// Shape of one tensor of a kind (per layer for block tensors).
+// Global shape of one tensor of a kind (per layer for block tensors).
 static void kind_shape(const GPTConfig& c, Param p, size_t* rows, size_t* cols) {
     size_t C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
     switch (p) {
@@ -40,9 +41,29 @@ static void kind_shape(const GPTConfig& c, Param p, size_t* rows, size_t* cols) 
     }
 }
 
-TensorTable::TensorTable(const GPTConfig& c, int nshards) : cfg(c), shards(nshards) {
-    if (nshards < 1) throw std::invalid_argument("tensor table: shards must be >= 1");
+// How a kind is split over tensor-parallel ranks.
+enum class Split { replicated, rows, qkv_rows, columns, vocab };
+static Split kind_split(Param p) {
+    switch (p) {
+        case Param::wte: return Split::vocab;
+        case Param::qkvw: case Param::qkvb: return Split::qkv_rows;
+        case Param::fcw: case Param::fcb: return Split::rows;
+        case Param::attprojw: case Param::fcprojw: return Split::columns;
+        default: return Split::replicated;
+    }
+}
+
+TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_)
+    : cfg(c), tp(tp_), tp_rank(tp_rank_), shards(nshards) {
+    if (nshards < 1 || tp < 1 || tp_rank < 0 || tp_rank >= tp)
+        throw std::invalid_argument("tensor table: bad shard or tensor-parallel numbers");
+    if (c.num_heads % tp != 0) throw std::invalid_argument("tensor table: heads do not divide by tp");
     const int L = c.num_layers, K = (int)Param::count;
+    const size_t C = c.channels;
+    heads = c.num_heads / tp;
+    vocab_rows = (c.padded_vocab_size + tp - 1) / tp;
+    vocab_begin = tp_rank * vocab_rows;
+    file_params = gpt2_param_count(c);
     index_.assign((size_t)K * L, -1);
     // File offsets: tensor-major, each per-layer kind stacked over L.
     std::vector<size_t> kind_file_offset(K);
@@ -68,10 +89,35 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards) : cfg(c), shards(nshar
         e.kind = p;
         e.layer = layer;
         e.unit = unit;
-        kind_shape(c, p, &e.rows, &e.cols);
+        size_t grows, gcols;
+        kind_shape(c, p, &grows, &gcols);
+        e.file_rows = grows;
+        e.file_cols = gcols;
+        e.col_begin = 0;
+        e.rows = grows;
+        e.cols = gcols;
+        const size_t t = tp, r = tp_rank;
+        switch (kind_split(p)) {
+            case Split::replicated: e.runs = {{0, 0, grows}}; break;
+            case Split::rows: e.rows = grows / t; e.runs = {{0, r * e.rows, e.rows}}; break;
+            case Split::qkv_rows: {  // this rank's heads of Q, of K and of V
+                size_t h = C / t;
+                e.rows = 3 * h;
+                e.runs = {{0, r * h, h}, {h, C + r * h, h}, {2 * h, 2 * C + r * h, h}};
+                break;
+            }
+            case Split::columns: e.cols = gcols / t; e.col_begin = r * e.cols; e.runs = {{0, 0, grows}}; break;
+            case Split::vocab: {
+                e.rows = vocab_rows;
+                size_t first = r * e.rows, held = first < grows ? std::min(e.rows, grows - first) : 0;
+                e.runs = {{0, first, held}};
+                break;
+            }
+        }
+        e.split = tp > 1 && kind_split(p) != Split::replicated;
         e.numel = e.rows * e.cols;
         e.offset = total;
-        e.file_offset = kind_file_offset[(int)p] + (param_kind(p).per_layer ? (size_t)layer * e.numel : 0);
+        e.file_offset = kind_file_offset[(int)p] + (param_kind(p).per_layer ? (size_t)layer * grows * gcols : 0);
         e.decay = param_kind(p).decay;
         index_[(size_t)p * L + layer] = (int)entries.size();
         entries.push_back(e);
@@ -89,7 +135,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards) : cfg(c), shards(nshar
     add(Param::lnfw, 0, L + 1);
     add(Param::lnfb, 0, L + 1);
     close_unit();
-    if (foff != params) throw std::logic_error("tensor table: file and memory sizes differ");
+    if (foff != file_params) throw std::logic_error("tensor table: file size differs from the formula");
 }
 
 const TensorEntry& TensorTable::get(Param p, int layer) const {

@@ -13,6 +13,14 @@
 // one collective. The model file keeps llm.c's tensor-major order
 // (wte, wpe, ln1w for all layers, ln1b for all layers, ...).
 //
+// Tensor parallel (degree tp, reference.md section 3): each rank's table holds
+// its local slice of every tensor. QKV is split by whole heads (the rank's
+// rows of Q, of K and of V), attproj and fcproj by input columns (row-
+// parallel), fc by output rows (column-parallel), wte by vocabulary rows
+// (Vp rounded up to a multiple of tp; rows past Vp are zero padding that the
+// model file does not hold). LayerNorms, wpe and the row-parallel biases are
+// replicated. An entry maps its local rows and columns to the file's.
+//
 // Sharding (ZeRO over `shards` data-parallel ranks): every unit is padded
 // with zeros to a multiple of `shards` elements and split into equal
 // contiguous slices, rank r owning slice r of every unit. A rank's shard
@@ -43,31 +51,46 @@ struct ParamKind {
 };
 const ParamKind& param_kind(Param p);
 
+// Local rows [local, local + count) are the file tensor's rows
+// [global, global + count).
+struct RowRun {
+    size_t local, global, count;
+};
+
 // One tensor instance: a kind at a layer (layer 0 for non-layer kinds).
 struct TensorEntry {
     Param kind;
     int layer;
     int unit;            // 0 embeddings, 1..L blocks, L+1 final LayerNorm
-    size_t rows, cols;   // shape (out, in) for matrices; (n, 1) for vectors
-    size_t numel;
+    size_t rows, cols;   // local shape (out, in) for matrices; (n, 1) for vectors
+    size_t numel;        // rows * cols
     size_t offset;       // element offset in the flat buffers
-    size_t file_offset;  // element offset in the model file's payload
+    size_t file_offset;  // where the whole (global) tensor starts in the model file's payload
+    size_t file_rows, file_cols;  // shape of the global tensor
+    size_t col_begin;    // global column of local column 0
+    std::vector<RowRun> runs;  // local rows held in the file (vocabulary padding rows are not)
+    bool split;          // differs across tensor-parallel ranks (else replicated)
     bool decay;
     std::string name() const;  // e.g. "h3.qkvw" or "wte"
 };
 
 struct TensorTable {
     GPTConfig cfg;
+    int tp = 1, tp_rank = 0;            // tensor-parallel degree and this rank's index
+    int heads = 0;                      // attention heads on this rank (NH / tp)
+    int vocab_rows = 0;                 // wte rows on this rank: ceil(Vp / tp)
+    int vocab_begin = 0;                // global id of this rank's first wte row
+    size_t file_params = 0;             // parameters in a model file (the whole model)
     int shards = 1;                     // units padded to a multiple of this
     std::vector<TensorEntry> entries;   // in memory order
     std::vector<size_t> unit_begin;     // unit u occupies [unit_begin[u], unit_begin[u+1]) (padded)
     std::vector<size_t> unit_used;      // elements of unit u before its padding
     std::vector<size_t> shard_begin;    // unit u's slice starts here in a shard buffer
     size_t total = 0;                   // elements in a flat buffer (padding included)
-    size_t params = 0;                  // real parameters (no padding)
+    size_t params = 0;                  // elements of this rank's tensors (no unit padding)
     size_t shard_total = 0;             // elements in one rank's shard buffer
 
-    explicit TensorTable(const GPTConfig& c, int shards = 1);
+    explicit TensorTable(const GPTConfig& c, int shards = 1, int tp = 1, int tp_rank = 0);
     const TensorEntry& get(Param p, int layer = 0) const;
     int num_units() const { return (int)unit_begin.size() - 1; }
     size_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }

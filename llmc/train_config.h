@@ -34,6 +34,9 @@ struct TrainConfig {
     int resume = 0;            // -y
     // execution
     int zero = 0;              // -z
+    int tp = 1;                // tensor-parallel degree
+    int sp = 0;                // sequence parallel (with tp > 1)
+    int cp = 1;                // context-parallel degree
     std::string comm = "auto";
     int recompute = 0;         // -r
     int overfit = 0;           // -a

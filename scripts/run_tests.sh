@@ -9,7 +9,8 @@
 #   3. unit tests of the library (tests/test_*.cpp) and the data pipeline
 #   4. the trainer end to end: determinism, resume, learning, errors
 #   5. the distributed runtime under mpirun (communicators; data parallel
-#      and ZeRO 0-3 against one process, memory and traffic formulas)
+#      and ZeRO 0-3, tensor and sequence parallel, each against one process;
+#      memory and traffic formulas)
 #   6. the CUDA code compiles (trainer backend and dev/cuda kernel lab)
 set -u
 cd "$(dirname "$0")/.."
@@ -93,6 +94,7 @@ if [[ -x build/test_comm ]] && command -v mpirun >/dev/null; then
     run test_comm_np4 mpirun -np 4 build/test_comm
 fi
 run test_dist "$PY" tests/test_dist.py
+run test_tp "$PY" tests/test_tp.py
 
 NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [[ -n $NVCC ]]; then

@@ -8,6 +8,22 @@
 // V..Vp-1, so the logits buffer becomes dlogits without another allocation.
 // Targets are expected in [0, V); a row with an out-of-range target gets a
 // NaN loss (so the bug shows in the mean loss) and no one-hot term.
+//
+// Vocab-parallel cross-entropy (tensor parallel): the same computation in
+// three kernels with all-reduces between them (backend.h). Each rank holds
+// logits[N, Vl] for global ids v_begin..v_begin+Vl-1; local columns
+// j >= nv = max(0, min(Vl, V - v_begin)) are padding. One block per row, fp32
+// math, fp32 statistics:
+//   crossentropy_stats:  row_max (-inf when nv == 0) and target_logit (the
+//                        target's logit when this rank holds it, else 0);
+//   crossentropy_sumexp: sum over valid columns of exp(logit - row_max), with
+//                        the GLOBAL row_max; an -inf logit contributes 0 (so
+//                        an all -inf row with row_max -inf sums to 0, not NaN);
+//   crossentropy_finish: loss = log(sumexp) + row_max - target_logit, and with
+//                        write_grad the row in place becomes
+//                        dloss * (softmax - onehot), 0 in the padding.
+// Unlike the fused kernel these follow the CPU reference for a target outside
+// [0, V): no rank holds it, target_logit stays 0, and no one-hot term.
 #pragma once
 #include "common.cuh"
 
@@ -59,6 +75,108 @@ void softmax_crossentropy(E* logits, float* losses, const int* targets, float dl
     int block = 1024;
     while (block > 32 && block / 2 >= Vp) block /= 2;
     softmax_crossentropy_kernel<E><<<N, block, 0, stream>>>(logits, losses, targets, dloss, V, Vp, write_grad);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- vocab-parallel cross-entropy ----------------------------------------------------
+// Valid (non-padding) local columns of a rank's slice.
+inline int ce_valid_cols(int Vl, int v_begin, int V) {
+    const long long nv = (long long)V - v_begin;
+    return nv <= 0 ? 0 : (nv < Vl ? (int)nv : Vl);
+}
+
+// Threads per row: enough to stream a wide slice, fewer for tiny ones.
+inline int ce_block_size(int cols) {
+    int block = 1024;
+    while (block > 32 && block / 2 >= cols) block /= 2;
+    return block;
+}
+
+template <typename E>
+__global__ void crossentropy_stats_kernel(const E* logits, const int* targets, float* row_max, float* target_logit,
+                                          int Vl, int nv, int v_begin) {
+    __shared__ float red[32];
+    const int row = blockIdx.x;
+    const E* x = logits + (size_t)row * Vl;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) m = fmaxf(m, to_float(x[j]));
+    m = block_max(m, red);
+    if (threadIdx.x == 0) {
+        row_max[row] = m;
+        const long long t = (long long)targets[row] - v_begin;
+        target_logit[row] = (t >= 0 && t < nv) ? to_float(x[t]) : 0.f;
+    }
+}
+
+template <typename E>
+__global__ void crossentropy_sumexp_kernel(const E* logits, const float* row_max, float* sumexp, int Vl, int nv) {
+    __shared__ float red[32];
+    const int row = blockIdx.x;
+    const E* x = logits + (size_t)row * Vl;
+    const float M = row_max[row];
+    float s = 0.f;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
+        const float v = to_float(x[j]);
+        // exp(-inf - M) is 0 for any M but -inf, where it is NaN; a NaN logit
+        // still propagates (v == -inf is false for NaN).
+        s += v == -INFINITY ? 0.f : expf(v - M);
+    }
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) sumexp[row] = s;
+}
+
+template <typename E>
+__global__ void crossentropy_finish_kernel(E* logits, float* losses, const int* targets, const float* row_max,
+                                           const float* sumexp, const float* target_logit, float dloss, int Vl,
+                                           int nv, int v_begin, bool write_grad) {
+    const int row = blockIdx.x;
+    const float M = row_max[row], S = sumexp[row];
+    if (threadIdx.x == 0) losses[row] = logf(S) + M - target_logit[row];
+    if (!write_grad) return;
+    E* x = logits + (size_t)row * Vl;
+    const long long t = (long long)targets[row] - v_begin;  // local column of the target (any value)
+    const float inv = 1.f / S;
+    // Each element is read and written by the same thread: in place is safe.
+    for (int j = threadIdx.x; j < Vl; j += blockDim.x) {
+        float g = 0.f;
+        if (j < nv) {
+            const float v = to_float(x[j]);
+            const float p = v == -INFINITY ? 0.f : expf(v - M) * inv;
+            g = (p - (j == t ? 1.f : 0.f)) * dloss;
+        }
+        x[j] = from_float<E>(g);
+    }
+}
+
+template <typename E>
+void crossentropy_stats(const E* logits, const int* targets, float* row_max, float* target_logit, int N, int Vl,
+                        int v_begin, int V, cudaStream_t stream) {
+    if (N <= 0) return;
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+    crossentropy_stats_kernel<E><<<N, ce_block_size(nv), 0, stream>>>(logits, targets, row_max, target_logit, Vl, nv,
+                                                                       v_begin);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void crossentropy_sumexp(const E* logits, const float* row_max, float* sumexp, int N, int Vl, int v_begin, int V,
+                         cudaStream_t stream) {
+    if (N <= 0) return;
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+    crossentropy_sumexp_kernel<E><<<N, ce_block_size(nv), 0, stream>>>(logits, row_max, sumexp, Vl, nv);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void crossentropy_finish(E* logits, float* losses, const int* targets, const float* row_max, const float* sumexp,
+                         const float* target_logit, float dloss, int N, int Vl, int v_begin, int V, bool write_grad,
+                         cudaStream_t stream) {
+    if (N <= 0) return;
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+    // Without write_grad only thread 0 works: one warp is plenty.
+    const int block = write_grad ? ce_block_size(Vl) : 32;
+    crossentropy_finish_kernel<E><<<N, block, 0, stream>>>(logits, losses, targets, row_max, sumexp, target_logit,
+                                                           dloss, Vl, nv, v_begin, write_grad);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,6 @@
 // llmc/cuda/matmul.cuh: the Linear layer on cuBLASLt, forward and backward,
-// plus the column-sum kernel for the bias gradient.
+// plus the bias add (Backend::add_bias) and the column-sum kernel for the
+// bias gradient.
 //
 // Row-major shapes (PyTorch): out[N,OC] = inp[N,IC] · W[OC,IC]^T + b[OC].
 // cuBLAS is column-major; a row-major X[R,C] in memory is the column-major
@@ -146,7 +147,9 @@ class MatmulContext {
     std::map<Key, Entry> cache_;
 };
 
-// out[n, o] += bias[o]: the fallback when cuBLASLt rejects the bias epilogue.
+// out[n, o] += bias[o]: the fallback when cuBLASLt rejects the bias epilogue,
+// and Backend::add_bias (row-parallel layers add their bias after the
+// tensor-parallel reduction). fp32 add, one rounding to E.
 template <typename E>
 __global__ void add_bias_kernel(E* out, const E* bias, int N, int OC) {
     const size_t total = (size_t)N * OC;
@@ -155,13 +158,19 @@ __global__ void add_bias_kernel(E* out, const E* bias, int N, int OC) {
 }
 
 template <typename E>
+void add_bias(E* out, const E* bias, int N, int OC, cudaStream_t stream) {
+    if (N <= 0 || OC <= 0) return;
+    const int block = 256;
+    add_bias_kernel<E><<<grid_for((size_t)N * OC, block), block, 0, stream>>>(out, bias, N, OC);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename E>
 void matmul_forward(MatmulContext& ctx, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, bias)) return;
     ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, nullptr);
-    const int block = 256;
-    add_bias_kernel<E><<<grid_for((size_t)N * OC, block), block, 0, ctx.stream()>>>(out, bias, N, OC);
-    CUDA_CHECK_LAUNCH();
+    add_bias<E>(out, bias, N, OC, ctx.stream());
 }
 
 // ---- bias gradient ------------------------------------------------------------
