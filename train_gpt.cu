@@ -22,6 +22,7 @@
 #include "llmc/backends.h"
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
+#include "llmc/context_parallel.h"
 #include "llmc/data_parallel.h"
 #include "llmc/dataloader.h"
 #include "llmc/fileio.h"
@@ -64,13 +65,13 @@ static double flops_per_token(const GPTConfig& c, size_t params, int T) {
 }
 
 // One line per rank: the bytes it holds, by kind (machine-readable).
-static void print_memory(const char* when, int rank, GPT& model, const DataParallel& dp) {
+static void print_memory(const char* when, int rank, GPT& model, const DataParallel& dp, size_t cp_bytes) {
     size_t bytes[6] = {};  // params grads master optimizer activations comm
     const char* names[6] = {"params", "grads", "master", "optimizer", "activations", "comm"};
     for (const BufferInfo& b : model.buffers())
         for (int k = 0; k < 5; k++)
             if (b.group == names[k] || (k == 4 && b.group == "scratch")) bytes[k] += b.bytes;
-    bytes[5] = dp.comm_buffer_bytes();
+    bytes[5] = dp.comm_buffer_bytes() + cp_bytes;
     std::string line = "memory[" + std::to_string(rank) + "] " + when + ":";
     for (int k = 0; k < 6; k++) line += " " + std::string(names[k]) + "=" + std::to_string(bytes[k]);
     line += " layer_activations=" + std::to_string(model.layer_activation_bytes());
@@ -97,14 +98,16 @@ static int sample_token(const std::vector<float>& logits, double u) {
 // Each forward runs on the whole window of T tokens (as llm.c does): causal
 // attention keeps the padding after position t from mattering, and the
 // shape stays one that sequence parallelism can split.
-static void print_sample(GPT& model, const Tokenizer& tok, Rng& rng, int gen_tokens, int T, bool print) {
+static void print_sample(GPT& model, const Tokenizer& tok, Rng& rng, int gen_tokens, int T, ContextParallel& cp,
+                         bool print) {
     const int V = model.config().vocab_size;
-    std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0);
+    std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0), local(T / cp.size());
     std::vector<float> logits(V);
     std::string text;
     int n = std::min(gen_tokens, T - 1);
     for (int t = 1; t <= n; t++) {
-        model.forward(tokens.data(), nullptr, 1, T);
+        cp.shard_rows(tokens.data(), 1, T, local.data());
+        model.forward(local.data(), nullptr, 1, T / cp.size());
         model.logits_row(0, t - 1, logits.data(), DType::F32);
         int next = sample_token(logits, rng.uniform());
         tokens[t] = next;
@@ -160,16 +163,22 @@ int main(int argc, char** argv) {
         setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
         std::unique_ptr<Backend> be(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
         setup_check(be != nullptr, err);
+        be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
         const int world = dist_world_size();
-        setup_check(cfg.cp == 1, "flag --cp: context parallel is not available yet (got " + std::to_string(cfg.cp) + ")");
         setup_check(cfg.tp <= world, "flag --tp: " + std::to_string(cfg.tp) + " is larger than the world size " +
                                          std::to_string(world));
-        setup_check(world % (cfg.tp * cfg.cp) == 0, "flag --tp: world size " + std::to_string(world) +
-                                                        " is not a multiple of tp*cp = " + std::to_string(cfg.tp * cfg.cp));
+        setup_check(cfg.tp * cfg.cp <= world, "flag --cp: tp*cp = " + std::to_string(cfg.tp * cfg.cp) +
+                                                  " is larger than the world size " + std::to_string(world));
+        setup_check(world % (cfg.tp * cfg.cp) == 0, std::string(cfg.cp > 1 ? "flag --cp" : "flag --tp") + ": world size " +
+                                                        std::to_string(world) + " is not a multiple of tp*cp = " +
+                                                        std::to_string(cfg.tp * cfg.cp));
         setup_check(!cfg.sp || cfg.tp > 1, "flag --sp: sequence parallel needs --tp > 1");
         ProcessGrid grid;
         setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.comm, *be, &grid, &err), err);
-        const int dp = grid.dp * grid.cp, dp_rank = grid.dp_rank * grid.cp + grid.cp_rank;
+        // Rows of the batch are split over the dp ranks; gradients and ZeRO
+        // shards over the dp x cp group (cp ranks share rows, not tokens).
+        const int dp = grid.dp, dp_rank = grid.dp_rank;
+        const int shards = grid.dpcp_group->size(), shard_rank = grid.dpcp_group->rank();
         TensorParallel tpar(*grid.tp_group, cfg.sp != 0);
 
         // Model shape: from a resumed checkpoint, a model file, or sizes.
@@ -194,8 +203,11 @@ int main(int argc, char** argv) {
                                                  std::to_string(mc.max_seq_len));
         setup_check(mc.num_heads % cfg.tp == 0, "flag --tp: " + std::to_string(cfg.tp) + " does not divide the " +
                                                     std::to_string(mc.num_heads) + " attention heads");
-        setup_check(!cfg.sp || cfg.T % cfg.tp == 0, "flag --sp: the sequence length T=" + std::to_string(cfg.T) +
-                                                        " does not divide by --tp " + std::to_string(cfg.tp));
+        setup_check(cfg.T % (2 * cfg.cp) == 0, "flag --cp: the sequence length T=" + std::to_string(cfg.T) +
+                                                   " does not cut into 2*cp = " + std::to_string(2 * cfg.cp) + " chunks");
+        const int T_local = cfg.T / cfg.cp;
+        setup_check(!cfg.sp || T_local % cfg.tp == 0, "flag --sp: the sequence length T/cp=" + std::to_string(T_local) +
+                                                          " does not divide by --tp " + std::to_string(cfg.tp));
         const long long rows_per_micro = (long long)cfg.B * dp;  // rows of one micro-step over all ranks
         if (cfg.total_batch < 0) cfg.total_batch = rows_per_micro * cfg.T;
         setup_check(cfg.total_batch % (rows_per_micro * cfg.T) == 0,
@@ -215,7 +227,10 @@ int main(int argc, char** argv) {
         else tok.init_bytes();
         if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
 
-        GPT model(be.get(), mc, cfg.B, cfg.T, cfg.recompute != 0, Sharding::for_zero(cfg.zero, dp, dp_rank), &tpar);
+        ContextParallel cpar(*grid.cp_group, *be, cfg.B, T_local, mc.num_heads / cfg.tp, mc.channels / mc.num_heads);
+        GPT model(be.get(), mc, cfg.B, T_local, cfg.recompute != 0, Sharding::for_zero(cfg.zero, shards, shard_rank),
+                  &tpar, &cpar);
+        model.set_positions(ContextParallel::positions(cfg.T, cfg.cp, grid.cp_rank));
         DataParallel dpar(model, *grid.dpcp_group, cfg.zero, grid.tp_group.get());
         TrainState st;
         Rng rng((uint64_t)cfg.seed);
@@ -240,11 +255,13 @@ int main(int argc, char** argv) {
                         cfg.sp ? " (sequence parallel)" : "", cfg.zero);
             std::printf("model %s, %zu parameters (%zu on each tensor-parallel rank)\n", config_string(mc).c_str(),
                         model.table().file_params, model.table().params);
-            std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; T=%d; %d steps\n",
-                        train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, dp, cfg.T, cfg.max_steps);
+            std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; "
+                        "T=%d (%d per rank); %d steps\n",
+                        train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, dp, cfg.T, T_local,
+                        cfg.max_steps);
         }
         std::fflush(stdout);
-        print_memory("start", rank, model, dpar);
+        print_memory("start", rank, model, dpar, cpar.size() > 1 ? cpar.buffer_bytes() : 0);
 
         MetricsLog metrics;
         if (main_rank && !cfg.output_dir.empty()) {
@@ -267,7 +284,13 @@ int main(int argc, char** argv) {
         const double peak = backend_peak_flops(*be);
         const double fpt = flops_per_token(mc, model.table().file_params, cfg.T);
         const int BT = cfg.B * cfg.T;
-        std::vector<int> inputs(BT), targets(BT);
+        std::vector<int> full_in(BT), full_tg(BT), inputs(BT), targets(BT);
+        // Rows for this rank: whole rows, or this cp rank's chunks of them.
+        auto read = [&](DataLoader& dl, uint64_t first_row) {
+            if (!dl.read_rows(first_row, cfg.B, full_in.data(), full_tg.data(), &err)) fail(err);
+            cpar.shard_rows(full_in.data(), cfg.B, cfg.T, inputs.data());
+            cpar.shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
+        };
         for (int step = st.step; step < cfg.max_steps; step++) {
             auto t0 = std::chrono::steady_clock::now();
             model.zero_grad();
@@ -276,12 +299,12 @@ int main(int argc, char** argv) {
                 // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
                 uint64_t first = cfg.overfit ? (uint64_t)dp_rank * cfg.B
                                              : st.rows_consumed + ((uint64_t)micro * dp + dp_rank) * cfg.B;
-                if (!train.read_rows(first, cfg.B, inputs.data(), targets.data(), &err)) fail(err);
-                loss += model.forward(inputs.data(), targets.data(), cfg.B, cfg.T, 1.0 / (double)cfg.total_batch);
+                read(train, first);
+                loss += model.forward(inputs.data(), targets.data(), cfg.B, T_local, 1.0 / (double)cfg.total_batch);
                 dpar.set_last_micro_step(micro == accum - 1);
                 model.backward();
             }
-            loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * dp);
+            loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * shards);
             double norm = dpar.step(oc, step);
             be->synchronize();
             double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -318,8 +341,8 @@ int main(int argc, char** argv) {
                 for (int k0 = 0; k0 < cfg.val_steps; k0 += dp) {
                     int k = k0 + dp_rank;
                     bool mine = k < cfg.val_steps;
-                    if (!val.read_rows((size_t)(mine ? k : 0) * cfg.B, cfg.B, inputs.data(), targets.data(), &err)) fail(err);
-                    double l = model.forward(inputs.data(), targets.data(), cfg.B, cfg.T);
+                    read(val, (size_t)(mine ? k : 0) * cfg.B);
+                    double l = model.forward(inputs.data(), targets.data(), cfg.B, T_local);
                     if (mine) sum += l, count += 1;
                 }
                 sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
@@ -330,7 +353,7 @@ int main(int argc, char** argv) {
             }
             if (main_rank) metrics.write(m);
             if (cfg.sample_every > 0 && ((step + 1) % cfg.sample_every == 0 || last)) {
-                print_sample(model, tok, rng, cfg.gen_tokens, cfg.T, main_rank);
+                print_sample(model, tok, rng, cfg.gen_tokens, cfg.T, cpar, main_rank);
                 reset_counts(grid);
             }
             if (cfg.checkpoint_every > 0 && !cfg.output_dir.empty() && ((step + 1) % cfg.checkpoint_every == 0 || last)) {
@@ -338,7 +361,7 @@ int main(int argc, char** argv) {
                 const Precision& p = model.precision();
                 const size_t P = model.table().file_params;
                 std::vector<char> w(P * dtype_size(model.weights_dtype())), mm(P * dtype_size(p.opt)), vv(P * dtype_size(p.opt));
-                const bool whole = dp_rank == 0, repl = grid.tp_rank == 0;
+                const bool whole = shard_rank == 0, repl = grid.tp_rank == 0;  // one owner per element
                 gather_file_order(model, *grid.world, model.weights(), model.weights_sharded(), model.weights_dtype(),
                                   w.data(), model.weights_dtype(), whole, repl);
                 gather_file_order(model, *grid.world, model.adam_m(), model.sharding().optimizer, p.opt, mm.data(), p.opt,
@@ -364,9 +387,10 @@ int main(int argc, char** argv) {
             if (main_rank) std::printf("tp replicas of LayerNorm, wpe and row-parallel biases: %s\n", hi == lo ? "identical" : "DIFFER");
             if (hi != lo) fail("replicated parameters differ across the tensor-parallel group");
         }
-        print_memory("end", rank, model, dpar);
+        print_memory("end", rank, model, dpar, cpar.size() > 1 ? cpar.buffer_bytes() : 0);
     } catch (const std::bad_alloc&) {
-        fail("out of memory");
+        fail(cfg.memory_budget > 0 ? "out of memory within --memory-budget " + std::to_string((long long)cfg.memory_budget) + " MiB"
+                                   : "out of memory");
     } catch (const std::exception& e) {
         fail(e.what());
     }

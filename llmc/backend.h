@@ -30,16 +30,24 @@ struct Precision {
 };
 
 // Shape of one attention call over a block of queries and a block of keys.
-// Element (b, t, h, d) of q lives at q[(b*Tq + t)*q_stride + h*HS + d];
-// likewise k, v with kv_stride and Tk, out and dout with o_stride.
-// lse is [B, NH, Tq] of type stat: the log-sum-exp of each query row's
-// scaled scores (what a later merge or the backward pass needs).
+// Element (b, t, h, d) of q lives at q[b*qb() + t*q_stride + h*HS + d];
+// likewise k, v with kb(), kv_stride and Tk; out and dout with ob() and
+// o_stride. lse (type stat) holds the log-sum-exp of each query row's scaled
+// scores at lse[b*lb() + h*lh() + t]. The batch strides default to dense
+// blocks (Tq*q_stride, ...; lse [B, NH, Tq]); ring attention sets them to
+// address half of a sequence's rows in place.
 struct AttnShape {
     int B, NH, HS;
     int Tq, Tk;
     size_t q_stride, kv_stride, o_stride;
-    bool causal;  // key j visible to query i only when j <= i (Tq == Tk)
+    bool causal;   // key j visible to query i only when j <= i (Tq == Tk)
     double scale;  // usually 1/sqrt(HS); double so fp64 runs are exact
+    size_t q_bstride = 0, kv_bstride = 0, o_bstride = 0, lse_bstride = 0, lse_hstride = 0;  // 0: dense
+    size_t qb() const { return q_bstride ? q_bstride : (size_t)Tq * q_stride; }
+    size_t kb() const { return kv_bstride ? kv_bstride : (size_t)Tk * kv_stride; }
+    size_t ob() const { return o_bstride ? o_bstride : (size_t)Tq * o_stride; }
+    size_t lh() const { return lse_hstride ? lse_hstride : (size_t)Tq; }
+    size_t lb() const { return lse_bstride ? lse_bstride : (size_t)NH * lh(); }
 };
 
 // One AdamW step on a contiguous range (reference.md section 2). bias_corr1
@@ -75,6 +83,10 @@ class Backend {
     // The backend's compute stream (a cudaStream_t on CUDA; null on the CPU),
     // for communicators that must order their work after the compute.
     virtual void* native_stream() { return nullptr; }
+    // An optional cap on the bytes alloc() may hold (0: none): allocations
+    // past it throw std::bad_alloc, as a device that is full would.
+    void set_memory_budget(size_t bytes) { budget_ = bytes; }
+    size_t memory_budget() const { return budget_; }
     // Bytes the backend holds right now and at most so far (memory report).
     virtual size_t bytes_in_use() const = 0;
     virtual size_t bytes_peak() const = 0;
@@ -131,6 +143,24 @@ class Backend {
                                     const void* k, const void* v, const void* out, const void* lse,
                                     const AttnShape& s) = 0;
 
+    // Ring attention (context parallel, reference.md section 5): one block of
+    // queries against one block of keys and values.
+    // Forward: merges the block's result into running (out_acc, lse_acc), both
+    // of type stat (fp32 on CUDA), by log-sum-exp: lse' = lse + log(1 +
+    // exp(lse_b - lse)); out' = out·exp(lse - lse') + out_b·exp(lse_b - lse').
+    // With first, they are overwritten instead. out_acc uses o_stride/ob().
+    virtual void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
+                                         const AttnShape& s, bool first) = 0;
+    // Backward of one block, given the final (global) out and lse of the
+    // query rows: accumulates (+=) into dq (q's strides), dk and dv (k's
+    // strides), all of type stat.
+    virtual void attention_block_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                          const void* v, const void* out, const void* lse, const AttnShape& s) = 0;
+    // dst[r*dst_pitch + c] = src[r*src_pitch + c] for rows × cols elements of
+    // type t (packing K and V out of QKV rows, and back).
+    virtual void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t rows, size_t cols,
+                        DType t) = 0;
+
     // Per row n of logits[N,Vp]: losses[n] = -log softmax(logits[n, :V])[targets[n]].
     // Columns V..Vp-1 are padding and never enter the softmax. With
     // write_grad, logits is overwritten by dloss * (softmax - onehot) in the
@@ -166,4 +196,8 @@ class Backend {
     // Sum of squares of n elements of type t, to the host (deterministic on
     // the CPU: a fixed order whatever the thread count).
     virtual double sum_squares(const void* x, DType t, size_t n) = 0;
+
+  protected:
+    bool over_budget(size_t more) const { return budget_ && bytes_in_use() + more > budget_; }
+    size_t budget_ = 0;
 };

@@ -30,6 +30,7 @@ class CpuBackend : public Backend {
 
     void* alloc(size_t bytes) override {
         size_t rounded = ((bytes + 63) / 64) * 64;
+        if (over_budget(rounded)) throw std::bad_alloc();
         void* p = std::aligned_alloc(64, rounded ? rounded : 64);
         if (!p) throw std::bad_alloc();
         std::memset(p, 0, rounded);
@@ -123,6 +124,20 @@ class CpuBackend : public Backend {
     void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                             const void* v, const void* out, const void* lse, const AttnShape& s) override {
         cpu::attention_backward(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), f(lse), s);
+    }
+    void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
+                                 const AttnShape& s, bool first) override {
+        cpu::attention_block_forward(f(out_acc), f(lse_acc), f(q), f(k), f(v), s, first);
+    }
+    void attention_block_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                  const void* v, const void* out, const void* lse, const AttnShape& s) override {
+        cpu::attention_block_backward(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), f(lse), s);
+    }
+    void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t rows, size_t cols,
+                DType t) override {
+        if (t == DType::F64) cpu::copy2d((double*)dst, dst_pitch, (const double*)src, src_pitch, rows, cols);
+        else if (t == DType::F32 || t == DType::I32) cpu::copy2d((float*)dst, dst_pitch, (const float*)src, src_pitch, rows, cols);
+        else cpu::copy2d((uint16_t*)dst, dst_pitch, (const uint16_t*)src, src_pitch, rows, cols);
     }
     void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V, int Vp,
                               bool write_grad) override {

@@ -321,6 +321,39 @@ class CudaBackend final : public Backend {
                                              stream_);
         });
     }
+    // Ring attention: the running out/lse and the block gradients are fp32
+    // (the stat type); q, k, v, dout and the final out are the activation type.
+    void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
+                                 const AttnShape& s, bool first) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::attention_block_forward<E>(ptr<float>(out_acc), ptr<float>(lse_acc), cptr<E>(q), cptr<E>(k),
+                                                  cptr<E>(v), s, first, stream_);
+        });
+    }
+    void attention_block_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                  const void* v, const void* out, const void* lse, const AttnShape& s) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s));
+            llmc_cuda::attention_block_backward<E>(ptr<float>(dq), ptr<float>(dk), ptr<float>(dv), cptr<E>(dout),
+                                                   cptr<E>(q), cptr<E>(k), cptr<E>(v), cptr<E>(out),
+                                                   cptr<float>(lse), s, scratch, stream_);
+        });
+    }
+    // Pitches and widths in elements of t; one strided copy on the stream.
+    void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t rows, size_t cols,
+                DType t) override {
+        activate();
+        if (rows == 0 || cols == 0) return;
+        const size_t es = dtype_size(t);
+        if (rows == 1) {  // pitches then do not matter (cudaMemcpy2D would insist they be >= the width)
+            if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, cols * es, cudaMemcpyDeviceToDevice, stream_));
+            return;
+        }
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch * es, src, src_pitch * es, cols * es, rows,
+                                     cudaMemcpyDeviceToDevice, stream_));
+    }
     void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V, int Vp,
                               bool write_grad) override {
         dispatch([&](auto tag) {

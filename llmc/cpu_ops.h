@@ -200,6 +200,33 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
 // Visible keys for query i: all, or 0..i when causal.
 inline int attn_keys(const AttnShape& s, int i) { return s.causal ? i + 1 : s.Tk; }
 
+// Scores, softmax and weighted sum of one query row over its visible keys:
+// writes the row's output (normalised) and returns its log-sum-exp.
+template <typename F>
+F attention_row(F* o, const F* qi, const F* k, const F* v, const AttnShape& s, int b, int h, int i, std::vector<F>& p) {
+    int nk = attn_keys(s, i);
+    F mx = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+        const F* kj = k + b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS;
+        F dot = 0;
+        for (int d = 0; d < s.HS; d++) dot += qi[d] * kj[d];
+        p[j] = dot * F(s.scale);
+        mx = std::max(mx, p[j]);
+    }
+    F sum = 0;
+    for (int j = 0; j < nk; j++) {
+        p[j] = std::exp(p[j] - mx);
+        sum += p[j];
+    }
+    for (int d = 0; d < s.HS; d++) o[d] = 0;
+    for (int j = 0; j < nk; j++) {
+        const F* vj = v + b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS;
+        F pj = p[j] / sum;
+        for (int d = 0; d < s.HS; d++) o[d] += pj * vj[d];
+    }
+    return mx + std::log(sum);
+}
+
 template <typename F>
 void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s) {
 #pragma omp parallel
@@ -209,60 +236,64 @@ void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const
         for (int b = 0; b < s.B; b++)
             for (int h = 0; h < s.NH; h++)
                 for (int i = 0; i < s.Tq; i++) {
-                    const F* qi = q + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
-                    int nk = attn_keys(s, i);
-                    F mx = -INFINITY;
-                    for (int j = 0; j < nk; j++) {
-                        const F* kj = k + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
-                        F dot = 0;
-                        for (int d = 0; d < s.HS; d++) dot += qi[d] * kj[d];
-                        p[j] = dot * F(s.scale);
-                        mx = std::max(mx, p[j]);
-                    }
-                    F sum = 0;
-                    for (int j = 0; j < nk; j++) {
-                        p[j] = std::exp(p[j] - mx);
-                        sum += p[j];
-                    }
-                    F* oi = out + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
-                    for (int d = 0; d < s.HS; d++) oi[d] = 0;
-                    for (int j = 0; j < nk; j++) {
-                        const F* vj = v + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
-                        F pj = p[j] / sum;
-                        for (int d = 0; d < s.HS; d++) oi[d] += pj * vj[d];
-                    }
-                    lse[((size_t)b * s.NH + h) * s.Tq + i] = mx + std::log(sum);
+                    const F* qi = q + b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
+                    F* oi = out + b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
+                    lse[b * s.lb() + h * s.lh() + i] = attention_row(oi, qi, k, v, s, b, h, i, p);
                 }
     }
 }
 
-// Each (b, h) owns its slices of dq, dk, dv, so heads run in parallel
-// without races and every sum runs in a fixed order.
+// Ring-attention block forward: the block's rows merged into (out, lse) by
+// log-sum-exp (stable form of reference.md section 5's formula).
 template <typename F>
-void attention_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
-                        const F* lse, const AttnShape& s) {
+void attention_block_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s, bool first) {
+#pragma omp parallel
+    {
+        std::vector<F> p(s.Tk), ob(s.HS);
+#pragma omp for schedule(static) collapse(2)
+        for (int b = 0; b < s.B; b++)
+            for (int h = 0; h < s.NH; h++)
+                for (int i = 0; i < s.Tq; i++) {
+                    const F* qi = q + b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
+                    F* oi = out + b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
+                    F& L = lse[b * s.lb() + h * s.lh() + i];
+                    F lb = attention_row(ob.data(), qi, k, v, s, b, h, i, p);
+                    if (first) {
+                        for (int d = 0; d < s.HS; d++) oi[d] = ob[d];
+                        L = lb;
+                        continue;
+                    }
+                    F mx = std::max(L, lb);
+                    F ln = mx + std::log(std::exp(L - mx) + std::exp(lb - mx));
+                    F wa = std::exp(L - ln), wb = std::exp(lb - ln);
+                    for (int d = 0; d < s.HS; d++) oi[d] = oi[d] * wa + ob[d] * wb;
+                    L = ln;
+                }
+    }
+}
+
+// Gradients of one block (dq with q's strides, dk/dv with k's), accumulated.
+// Each (b, h) owns its slices, so heads run in parallel without races and
+// every sum runs in a fixed order.
+template <typename F>
+void attention_block_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
+                              const F* lse, const AttnShape& s) {
 #pragma omp parallel for schedule(static) collapse(2)
     for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++) {
-            for (int i = 0; i < s.Tq; i++)
-                for (int d = 0; d < s.HS; d++) dq[((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS + d] = 0;
-            for (int j = 0; j < s.Tk; j++)
-                for (int d = 0; d < s.HS; d++) {
-                    size_t o = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS + d;
-                    dk[o] = 0;
-                    dv[o] = 0;
-                }
+        for (int h = 0; h < s.NH; h++)
             for (int i = 0; i < s.Tq; i++) {
-                const F* qi = q + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
-                F* dqi = dq + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
-                const F* oi = out + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
-                const F* doi = dout + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
-                F L = lse[((size_t)b * s.NH + h) * s.Tq + i];
+                size_t qo = b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
+                size_t oo = b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
+                const F* qi = q + qo;
+                const F* oi = out + oo;
+                const F* doi = dout + oo;
+                F* dqi = dq + qo;
+                F L = lse[b * s.lb() + h * s.lh() + i];
                 F D = 0;
                 for (int d = 0; d < s.HS; d++) D += doi[d] * oi[d];
                 int nk = attn_keys(s, i);
                 for (int j = 0; j < nk; j++) {
-                    size_t kvo = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+                    size_t kvo = b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS;
                     const F* kj = k + kvo;
                     const F* vj = v + kvo;
                     F dot = 0, dp = 0;
@@ -279,7 +310,32 @@ void attention_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F*
                     }
                 }
             }
+}
+
+// Full attention backward: zero the gradients, then one block.
+template <typename F>
+void attention_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
+                        const F* lse, const AttnShape& s) {
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++) {
+            for (int i = 0; i < s.Tq; i++)
+                for (int d = 0; d < s.HS; d++) dq[b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS + d] = 0;
+            for (int j = 0; j < s.Tk; j++)
+                for (int d = 0; d < s.HS; d++) {
+                    size_t o = b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS + d;
+                    dk[o] = 0;
+                    dv[o] = 0;
+                }
         }
+    attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+
+template <typename F>
+void copy2d(F* dst, size_t dst_pitch, const F* src, size_t src_pitch, size_t rows, size_t cols) {
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)rows; r++)
+        for (size_t c = 0; c < cols; c++) dst[r * dst_pitch + c] = src[r * src_pitch + c];
 }
 
 // ---- fused softmax + cross-entropy --------------------------------------------------------

@@ -83,10 +83,10 @@ void* GPT::act_layer(void* base, int l, size_t per_layer_count, DType t) {
 }
 
 GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, const Sharding& sharding,
-         TensorParallel* tp)
+         TensorParallel* tp, ContextParallel* cp)
     : be_(be), cfg_(cfg), table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0),
       prec_(be->precision()), B_(B), T_(T), recompute_gelu_(recompute_gelu), tp_(tp && tp->size() > 1 ? tp : nullptr),
-      tp_size_(tp ? tp->size() : 1), sharding_(sharding) {
+      tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), sharding_(sharding) {
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
     const bool sp = tp_ && tp_->sp();
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("sequence parallel needs T divisible by tp");
@@ -131,8 +131,8 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
         a.ce_max = alloc_buffer(S, "ce_max", N, st);
         a.ce_target = alloc_buffer(S, "ce_target", N, st);
         a.ce_sumexp = alloc_buffer(S, "ce_sumexp", N, st);
-        a.logit_row = alloc_buffer(S, "logit_row", cfg.vocab_size, act);
     }
+    if (tp_ || cp_) a.logit_row = alloc_buffer(S, "logit_row", cfg.vocab_size, act);
     if (sp) {
         a.ln_full = alloc_buffer(S, "ln_gathered", N * C, act);
         a.proj_s = alloc_buffer(S, "proj_local", Ns * C, act);
@@ -149,12 +149,20 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
 
     std::vector<int> pos(T);
     for (int t = 0; t < T; t++) pos[t] = t;
-    be_->upload(a.pos, DType::I32, pos.data(), DType::I32, T);
+    set_positions(pos);
 
     local_ = new LocalUnits(*this);
     provider_ = local_;
     unit_params_.assign(table_.num_units(), nullptr);
     unit_grads_.assign(table_.num_units(), nullptr);
+}
+
+void GPT::set_positions(const std::vector<int>& pos) {
+    if ((int)pos.size() != T_) throw std::invalid_argument("set_positions: one position per local token");
+    for (int p : pos)
+        if (p < 0 || p >= cfg_.max_seq_len) throw std::invalid_argument("set_positions: position past maxT");
+    pos_host_ = pos;
+    be_->upload(a_->pos, DType::I32, pos.data(), DType::I32, T_);
 }
 
 size_t GPT::layer_activation_bytes() const {
@@ -335,6 +343,7 @@ static int block_unit(int l) { return l + 1; }
 
 double GPT::forward(const int* inputs, const int* targets, int B, int T, double dloss) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
+    if (cp_ && T != T_) throw std::invalid_argument("forward: context parallel runs whole local sequences");
     const bool sp = tp_ && tp_->sp();
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("forward: sequence parallel needs T divisible by tp");
     Acts& a = *a_;
@@ -389,7 +398,8 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
                                    P(Param::ln1w, l), P(Param::ln1b, l), Ns, C);
         // attention: QKV column-parallel by heads, attproj row-parallel
         be_->matmul_forward(qkv, f_fwd(ln1), P(Param::qkvw, l), P(Param::qkvb, l), N, C, 3 * Cl);
-        be_->attention_forward(atty, lse, qkv, elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), shape);
+        if (cp_) cp_->attention_forward(atty, lse, qkv, B, shape.scale);  // ring over the cp group
+        else be_->attention_forward(atty, lse, qkv, elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), shape);
         be_->matmul_forward(a.proj, atty, P(Param::attprojw, l), bias_in_matmul ? P(Param::attprojb, l) : nullptr, N,
                             Cl, C);
         void* attn_out = g_fwd(P(Param::attprojb, l));
@@ -439,19 +449,25 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
     return sum / N;
 }
 
-void GPT::logits_row(int b, int t, void* out, DType dt) {
-    const size_t row = (size_t)b * last_T_ + t, Vl = table_.vocab_rows;
-    const void* src = elem_ptr(a_->logits, prec_.act, row * Vl);
-    if (!tp_) {
-        be_->download(out, dt, src, prec_.act, cfg_.vocab_size);
+void GPT::logits_row(int b, int pos, void* out, DType dt) {
+    // The local token at global position pos, if this rank holds it.
+    int t = -1;
+    for (int i = 0; i < last_T_; i++)
+        if (pos_host_[i] == pos) t = i;
+    const size_t Vl = table_.vocab_rows, V = cfg_.vocab_size;
+    const void* src = t >= 0 ? elem_ptr(a_->logits, prec_.act, ((size_t)b * last_T_ + t) * Vl) : nullptr;
+    if (!tp_ && !cp_) {
+        if (!src) throw std::invalid_argument("logits_row: position not in the last forward");
+        be_->download(out, dt, src, prec_.act, V);
         return;
     }
-    // Each rank holds a slice of the row: place it, sum the zeros away.
-    const size_t vb = table_.vocab_begin, V = cfg_.vocab_size;
-    const size_t held = vb < V ? std::min(Vl, V - vb) : 0;
+    // Each rank contributes the part of the row it holds (a vocabulary slice
+    // under tp, nothing when cp puts the position elsewhere); sums assemble it.
+    const size_t vb = table_.vocab_begin, held = vb < V ? std::min(Vl, V - vb) : 0;
     be_->zero(a_->logit_row, V * dtype_size(prec_.act));
-    if (held) be_->copy(elem_ptr(a_->logit_row, prec_.act, vb), src, held * dtype_size(prec_.act));
-    tp_->sum(a_->logit_row, V, prec_.act);
+    if (src && held) be_->copy(elem_ptr(a_->logit_row, prec_.act, vb), src, held * dtype_size(prec_.act));
+    if (tp_) tp_->sum(a_->logit_row, V, prec_.act);
+    if (cp_) cp_->comm().all_reduce(a_->logit_row, V, prec_.act, ReduceOp::Sum);
     be_->download(out, dt, a_->logit_row, prec_.act, V);
 }
 
@@ -517,8 +533,11 @@ void GPT::backward() {
         // dresidual holds d(x2); attention path.
         be_->matmul_backward(a.datt, G(Param::attprojw, l), G(Param::attprojb, l), g_bwd(), atty,
                              P(Param::attprojw, l), N, Cl, C);
-        be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, Cl), elem_ptr(a.dqkv, act, 2 * (size_t)Cl), a.datt, qkv,
-                                elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), atty, lse, shape);
+        if (cp_)
+            cp_->attention_backward(a.dqkv, a.datt, qkv, atty, lse, B, shape.scale);
+        else
+            be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, Cl), elem_ptr(a.dqkv, act, 2 * (size_t)Cl), a.datt,
+                                    qkv, elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), atty, lse, shape);
         be_->matmul_backward(a.dln, G(Param::qkvw, l), G(Param::qkvb, l), a.dqkv, f_input(ln1), P(Param::qkvw, l), N,
                              C, 3 * Cl);
         be_->layernorm_backward(a.dresidual, G(Param::ln1w, l), G(Param::ln1b, l), f_bwd(), x, P(Param::ln1w, l),

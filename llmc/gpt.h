@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "context_parallel.h"
 #include "tensor_parallel.h"
 #include "tensors.h"
 
@@ -57,8 +58,10 @@ class GPT {
     // sharding: which flat buffers hold only this rank's shard (default: none).
     // tp: tensor (and sequence) parallelism; null for none. Under sequence
     // parallelism B·T must divide by the tp degree.
+    // cp: context parallelism (ring attention); T is then the local sequence
+    // length T/c and set_positions() gives the global positions.
     GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu = false,
-        const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr);
+        const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr);
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -120,10 +123,13 @@ class GPT {
     // unit's gradient buffer) over the tp group. Called by the parallel mode
     // right before it reduces the unit's gradients; a no-op otherwise.
     void sum_partial_grads(int unit, void* unit_grads);
-    // Logits of row (b, t) of the last forward, first V columns, to host
-    // memory of type dt (before backward overwrote them with gradients).
-    // Under tensor parallelism every rank of the group must call it.
-    void logits_row(int b, int t, void* out, DType dt);
+    // Global position of each of the T local tokens (default 0..T-1).
+    void set_positions(const std::vector<int>& pos);
+    // Logits of row b at global position pos of the last forward, first V
+    // columns, to host memory of type dt (before backward overwrote them
+    // with gradients). Under tensor or context parallelism every rank of the
+    // groups must call it (the row is assembled from the ranks that hold it).
+    void logits_row(int b, int pos, void* out, DType dt);
     // Activation bytes held (activations and their gradient scratch).
     size_t activation_bytes() const;
     // Bytes one transformer block keeps from its forward for its backward
@@ -163,6 +169,8 @@ class GPT {
     int last_B_ = 0, last_T_ = 0;
     TensorParallel* tp_ = nullptr;
     int tp_size_ = 1;
+    ContextParallel* cp_ = nullptr;
+    std::vector<int> pos_host_;  // global position of each local token
     bool grad_ready_ = false;
     Sharding sharding_;
     UnitProvider* provider_ = nullptr;

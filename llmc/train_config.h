@@ -38,6 +38,7 @@ struct TrainConfig {
     int sp = 0;                // sequence parallel (with tp > 1)
     int cp = 1;                // context-parallel degree
     std::string comm = "auto";
+    double memory_budget = 0;  // MiB the backend may hold (0: no cap)
     int recompute = 0;         // -r
     int overfit = 0;           // -a
     long long seed = 1337;

@@ -9,8 +9,8 @@
 #   3. unit tests of the library (tests/test_*.cpp) and the data pipeline
 #   4. the trainer end to end: determinism, resume, learning, errors
 #   5. the distributed runtime under mpirun (communicators; data parallel
-#      and ZeRO 0-3, tensor and sequence parallel, each against one process;
-#      memory and traffic formulas)
+#      and ZeRO 0-3, tensor and sequence parallel, context parallel (ring
+#      attention), each against one process; memory and traffic formulas)
 #   6. the CUDA code compiles (trainer backend and dev/cuda kernel lab)
 set -u
 cd "$(dirname "$0")/.."
@@ -89,12 +89,15 @@ run test_train "$PY" tests/test_train.py
 # mpirun as root needs these (shared/reference.md section 8); more ranks than
 # cores need oversubscription.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-if [[ -x build/test_comm ]] && command -v mpirun >/dev/null; then
-    run test_comm_np2 mpirun -np 2 build/test_comm
-    run test_comm_np4 mpirun -np 4 build/test_comm
+if command -v mpirun >/dev/null; then
+    for np in 2 4; do
+        run test_comm_np$np mpirun -np $np build/test_comm
+        run test_ring_attention_np$np mpirun -np $np build/test_ring_attention
+    done
 fi
 run test_dist "$PY" tests/test_dist.py
 run test_tp "$PY" tests/test_tp.py
+run test_cp "$PY" tests/test_cp.py
 
 NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [[ -n $NVCC ]]; then

@@ -19,42 +19,27 @@
 #   - failures: bad flags and a bad token id met by one rank end the whole
 #     job with one message, no hang.
 # Last line: "N passed, N failed".
-import json
 import os
 import re
 import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "train_gpt")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+from testlib import TRAIN, Checks, metrics, param_count, read_state, rel, train, write_shard
+
 # An odd model: P = 22,599 (L=2, C=27, NH=3, V=Vp=97, maxT=64) and every
 # unit's size are odd, so no dp > 1 divides them and every unit is padded.
 ODD = "L=2,C=27,NH=3,V=97,Vp=97,T=64"
 DATA = None  # a shard of token ids < 97, made in main()
-passed = failed = 0
+check = Checks()
 
 
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL", what, flush=True)
-    return ok
 
 
-def train(np_, args, timeout=240):
-    cmd = ([TRAIN] if np_ == 0 else ["mpirun", "--oversubscribe", "-np", str(np_), TRAIN]) + args
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
-    return p.returncode, p.stdout, p.stderr
+
+
 
 
 def base(dtype, steps=10):
@@ -62,13 +47,10 @@ def base(dtype, steps=10):
             "-c", "0.1", "-l", "3e-3", "-u", "3", "-q", "0.2", "--grad-clip", "0.5"]
 
 
-def metrics(d):
-    with open(os.path.join(d, "metrics.jsonl")) as f:
-        return [json.loads(l) for l in f]
 
 
-def param_count(L, C, V, Vp, T):
-    return 12 * L * C * C + 13 * L * C + (Vp + T) * C + 2 * C
+
+
 
 
 def tensor_sizes(L, C, Vp, T):
@@ -78,23 +60,10 @@ def tensor_sizes(L, C, Vp, T):
     return [("wte", Vp * C), ("wpe", T * C)] + [(n, L * k) for n, k in per] + [("lnfw", C), ("lnfb", C)]
 
 
-def read_state(path):
-    """weights, m, v of a state file as float64 arrays (model-file order)."""
-    with open(path, "rb") as f:
-        h = struct.unpack("<256i", f.read(1024))
-        T, V, L, NH, C, Vp = h[5:11]
-        P = param_count(L, C, V, Vp, T)
-        dt = {0: "<f4", 1: "<f8"}
-        w = np.frombuffer(f.read(P * (4 if h[3] == 0 else 8)), dtype=dt[h[3]]).astype(np.float64)
-        m = np.frombuffer(f.read(P * (4 if h[4] == 0 else 8)), dtype=dt[h[4]]).astype(np.float64)
-        v = np.frombuffer(f.read(P * (4 if h[4] == 0 else 8)), dtype=dt[h[4]]).astype(np.float64)
-    return w, m, v, (L, C, Vp, T)
 
 
-def rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    nb = np.linalg.norm(b)
-    return np.linalg.norm(a - b) / nb if nb > 0 else np.linalg.norm(a - b)
+
+
 
 
 def test_equivalence(tmp, dtype, layouts):
@@ -233,13 +202,7 @@ def test_failures(tmp):
     check(rc != 0 and "bad_rank1.bin" in err and "rank 1" in err, f"bad token on rank 1: rc={rc} {err[-400:]!r}")
 
 
-def write_shard(path, tokens):
-    tokens = np.asarray(tokens, dtype="<u2")
-    h = np.zeros(256, dtype="<i4")
-    h[0], h[1], h[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(h.tobytes())
-        f.write(tokens.tobytes())
+
 
 
 def main():
@@ -261,8 +224,7 @@ def main():
         test_failures(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    sys.exit(check.summary())
 
 
 if __name__ == "__main__":

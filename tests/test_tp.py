@@ -17,41 +17,26 @@
 #   - errors: heads not divisible by tp, T not divisible by tp under sp, tp
 #     larger than the world: one line, every rank exits.
 # Last line: "N passed, N failed".
-import json
 import os
 import re
 import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "train_gpt")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+from testlib import TRAIN, Checks, metrics, param_count, read_state, rel, train, write_shard
+
 L, C, NH, V, T = 2, 32, 4, 97, 16
 MODEL = f"L={L},C={C},NH={NH},V={V},Vp={V},T=64"  # Vp = 97: no tp in {2, 4} divides it
 DATA = None
-passed = failed = 0
+check = Checks()
 
 
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL", what, flush=True)
-    return ok
 
 
-def train(np_, args, timeout=240):
-    cmd = ([TRAIN] if np_ == 0 else ["mpirun", "-np", str(np_), TRAIN]) + args
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
-    return p.returncode, p.stdout, p.stderr
+
+
 
 
 def base(dtype, steps=10):
@@ -59,22 +44,13 @@ def base(dtype, steps=10):
             "-c", "0.1", "-l", "3e-3", "-u", "3", "-q", "0.2", "--grad-clip", "0.5"]
 
 
-def metrics(d):
-    with open(os.path.join(d, "metrics.jsonl")) as f:
-        return [json.loads(l) for l in f]
 
 
-def weights(path):
-    with open(path, "rb") as f:
-        h = struct.unpack("<256i", f.read(1024))
-        maxT, V_, L_, NH_, C_, Vp = h[5:11]
-        P = 12 * L_ * C_ * C_ + 13 * L_ * C_ + (Vp + maxT) * C_ + 2 * C_
-        return np.frombuffer(f.read(P * (4 if h[3] == 0 else 8)), dtype="<f4" if h[3] == 0 else "<f8").astype(np.float64)
 
 
-def rel(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+
 
 
 def test_equivalence(tmp, dtype, layouts):
@@ -82,7 +58,7 @@ def test_equivalence(tmp, dtype, layouts):
     ref = os.path.join(tmp, f"single_{dtype}")
     rc, out, err = train(0, base(dtype) + ["-b", "16", "-d", "256", "-n", "10", "-o", ref])
     check(rc == 0, f"single {dtype}: {err}")
-    ref_l, ref_w = [m["loss"] for m in metrics(ref)], weights(os.path.join(ref, "state_00000010.bin"))
+    ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_state(os.path.join(ref, "state_00000010.bin"))[0]
     for np_, extra in layouts:
         d = os.path.join(tmp, f"{dtype}_{np_}_" + "_".join(extra).replace("-", ""))
         rc, out, err = train(np_, base(dtype) + ["-b", "8", "-d", "256", "-n", "10", "-o", d] + extra)
@@ -90,7 +66,7 @@ def test_equivalence(tmp, dtype, layouts):
         if not check(rc == 0, f"{what}: {err[-400:]}"):
             continue
         lr = rel([m["loss"] for m in metrics(d)], ref_l)
-        wr = rel(weights(os.path.join(d, "state_00000010.bin")), ref_w)
+        wr = rel(read_state(os.path.join(d, "state_00000010.bin"))[0], ref_w)
         print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e}")
         check(lr <= tol, f"{what}: losses rel err {lr:.3e}")
         check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
@@ -189,13 +165,7 @@ def test_errors(tmp):
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{extra}: rc={rc} {err[-300:]!r}")
 
 
-def write_shard(path, tokens):
-    tokens = np.asarray(tokens, dtype="<u2")
-    h = np.zeros(256, dtype="<i4")
-    h[0], h[1], h[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(h.tobytes())
-        f.write(tokens.tobytes())
+
 
 
 def main():
@@ -218,8 +188,7 @@ def main():
         test_errors(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    sys.exit(check.summary())
 
 
 if __name__ == "__main__":

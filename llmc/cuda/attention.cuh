@@ -2,10 +2,13 @@
 // and backward, on CUDA cores with fp32 arithmetic throughout.
 //
 // Layout (backend.h AttnShape): element (b, t, h, d) of q is at
-// q[(b*Tq + t)*q_stride + h*HS + d]; k, v (and dk, dv) use kv_stride and Tk;
-// out and dout use o_stride; lse is [B, NH, Tq] fp32. Causal means key j is
-// visible to query i when j <= i. HS may be anything up to 256 (not only
-// powers of two); Tq and Tk may differ when not causal.
+// q[b*qb() + t*q_stride + h*HS + d]; k, v (and dk, dv) use kb() and
+// kv_stride; out and dout use ob() and o_stride; lse is fp32 at
+// lse[b*lb() + h*lh() + t] (dense [B, NH, Tq] unless the shape says
+// otherwise). The batch strides are resolved on the host into a Strides
+// value the kernels take. Causal means key j is visible to query i when
+// j <= i. HS may be anything up to 256 (not only powers of two); Tq and Tk
+// may differ when not causal.
 //
 // Work split. A block has 4 warps and handles a tile of 32 rows (queries in
 // the forward and dq kernels, keys in the dk/dv kernel); each warp owns 8 of
@@ -24,6 +27,15 @@
 // query tiles; one per query tile accumulates dq over all key tiles (it
 // recomputes S and dP, the price of determinism and no fp32 dq buffer).
 // dq, dk, dv are overwritten.
+//
+// Ring attention (backend.h attention_block_forward/backward) reuses both.
+// The block forward is the forward kernel with fp32 outputs: with `first` it
+// writes the block's (out_b, lse_b) as the plain forward does; otherwise each
+// warp merges its rows into the running fp32 (out, lse) by log-sum-exp at the
+// end (a row is owned by one warp, its channels by the lanes: no races, no
+// extra buffers). The block backward is the backward's two kernels storing
+// with += into fp32 dq, dk, dv; the D vector comes from the E-typed final out
+// and dout as in the plain backward.
 //
 // This is correctness first: no tensor cores. A wmma/mma version for bf16 is
 // the obvious next step if attention shows up in the profile.
@@ -60,6 +72,13 @@ inline Geometry geometry(int HS) {
     if (q % 2 == 0) q += 1;
     return {hsp, 4 * q};
 }
+
+// The shape's batch and lse strides, resolved on the host (AttnShape's
+// accessors are host functions; 0 there means dense).
+struct Strides {
+    size_t qb, kb, ob, lb, lh;
+};
+inline Strides strides(const AttnShape& s) { return {s.qb(), s.kb(), s.ob(), s.lb(), s.lh()}; }
 
 // Load rows row0..row0+31 (those < nrows) of a [rows, stride] slab into dst
 // [32][LD] as fp32 times mul; channels HS..HSP-1 and missing rows become 0.
@@ -145,28 +164,37 @@ __device__ __forceinline__ void accum_rows(float (&acc)[kRows][DPL], const float
     }
 }
 
-// Write acc * mul for rows of this warp to dst (row stride `stride`), rows
-// below nrows, channels below HS.
-template <typename E, int DPL>
-__device__ __forceinline__ void store_rows(E* base, size_t stride, int row0, int nrows, int HS,
+// Write acc * mul (kAcc: add it) for rows of this warp to dst (row stride
+// `stride`), rows below nrows, channels below HS. Each element belongs to
+// one lane, so the read-modify-write of kAcc is race-free.
+template <bool kAcc, typename O, int DPL>
+__device__ __forceinline__ void store_rows(O* base, size_t stride, int row0, int nrows, int HS,
                                            const float (&acc)[kRows][DPL], float mul, int lane) {
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
         const int row = row0 + r;
         if (row >= nrows) continue;
-        E* o = base + (size_t)row * stride;
+        O* o = base + (size_t)row * stride;
 #pragma unroll
         for (int dd = 0; dd < DPL; dd++) {
             const int d = lane * DPL + dd;
-            if (d < HS) o[d] = from_float<E>(acc[r][dd] * mul);
+            if (d < HS) {
+                if constexpr (kAcc)
+                    o[d] = from_float<O>(to_float(o[d]) + acc[r][dd] * mul);
+                else
+                    o[d] = from_float<O>(acc[r][dd] * mul);
+            }
         }
     }
 }
 
 // ---- forward ----------------------------------------------------------------------
-template <typename E, int DPL>
-__global__ void __launch_bounds__(kThreads) forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v,
-                                                           AttnShape s, int HSP, int LD, float qmul) {
+// out has type O: E for the plain forward, fp32 for the ring block forward.
+// kMerge (block forward after the first block): instead of overwriting, merge
+// the rows' (out_b, lse_b) into the running (out, lse) by log-sum-exp.
+template <typename E, typename O, int DPL, bool kMerge>
+__global__ void __launch_bounds__(kThreads) forward_kernel(O* out, float* lse, const E* q, const E* k, const E* v,
+                                                           AttnShape s, Strides bs, int HSP, int LD, float qmul) {
     extern __shared__ float4 smem4[];
     float* Qs = reinterpret_cast<float*>(smem4);  // [32][LD], pre-scaled by scale*log2e
     float* Ks = Qs + kTile * LD;
@@ -176,9 +204,9 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(E* out, float* lse, c
     const int b = blockIdx.y / s.NH, h = blockIdx.y % s.NH;
     const int ntq = (s.Tq + kTile - 1) / kTile;
     const int q0 = (ntq - 1 - (int)blockIdx.x) * kTile;  // causal: the longest tiles start first
-    const E* qb = q + (size_t)b * s.Tq * s.q_stride + (size_t)h * s.HS;
-    const E* kb = k + (size_t)b * s.Tk * s.kv_stride + (size_t)h * s.HS;
-    const E* vb = v + (size_t)b * s.Tk * s.kv_stride + (size_t)h * s.HS;
+    const E* qb = q + (size_t)b * bs.qb + (size_t)h * s.HS;
+    const E* kb = k + (size_t)b * bs.kb + (size_t)h * s.HS;
+    const E* vb = v + (size_t)b * bs.kb + (size_t)h * s.HS;
     load_tile(Qs, LD, HSP, qb, s.q_stride, q0, s.Tq, s.HS, qmul);
 
     const int row0 = q0 + warp * kRows;  // this warp's first query
@@ -218,43 +246,78 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(E* out, float* lse, c
         __syncwarp();
         accum_rows<DPL>(acc, Pw, Vs, LD, HSP, lane);
     }
-    float* lse_bh = lse + ((size_t)b * s.NH + h) * s.Tq;
-    E* ob = out + (size_t)b * s.Tq * s.o_stride + (size_t)h * s.HS;
+    float* lse_bh = lse + (size_t)b * bs.lb + (size_t)h * bs.lh;
+    O* ob = out + (size_t)b * bs.ob + (size_t)h * s.HS;
+    if constexpr (!kMerge) {
 #pragma unroll
-    for (int r = 0; r < kRows; r++) {
-        const float L = warp_sum(l[r]);
-        const int i = row0 + r;
-        const float inv = L > 0.f ? 1.f / L : 0.f;
+        for (int r = 0; r < kRows; r++) {
+            const float L = warp_sum(l[r]);
+            const int i = row0 + r;
+            const float inv = L > 0.f ? 1.f / L : 0.f;
 #pragma unroll
-        for (int dd = 0; dd < DPL; dd++) acc[r][dd] *= inv;
-        if (lane == 0 && i < s.Tq) lse_bh[i] = L > 0.f ? (m[r] + log2f(L)) * kLn2 : -INFINITY;
+            for (int dd = 0; dd < DPL; dd++) acc[r][dd] *= inv;
+            if (lane == 0 && i < s.Tq) lse_bh[i] = L > 0.f ? (m[r] + log2f(L)) * kLn2 : -INFINITY;
+        }
+        store_rows<false, O, DPL>(ob, s.o_stride, row0, s.Tq, s.HS, acc, 1.f, lane);
+    } else {
+        // lse' = max + log(1 + exp(min - max)) over (lse, lse_b): the stable form
+        // of log(exp(lse) + exp(lse_b)); out' = out·exp(lse - lse') +
+        // out_b·exp(lse_b - lse'). A row with no keys on either side (both
+        // -inf) stays out' = 0, lse' = -inf.
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            const float L = warp_sum(l[r]);  // all lanes, before the warp-uniform skip below
+            const int i = row0 + r;
+            if (i >= s.Tq) continue;
+            const float lse_b = L > 0.f ? (m[r] + log2f(L)) * kLn2 : -INFINITY;
+            // Lane 0 reads the running lse and alone writes it back; the shuffle
+            // orders that write after the read.
+            float lse_a = lane == 0 ? lse_bh[i] : 0.f;
+            lse_a = __shfl_sync(0xffffffffu, lse_a, 0);
+            const float mx = fmaxf(lse_a, lse_b);
+            float lse_n = -INFINITY, wa = 0.f, wb = 0.f;
+            if (mx > -INFINITY) {
+                lse_n = mx + log1pf(expf(fminf(lse_a, lse_b) - mx));
+                wa = expf(lse_a - lse_n);
+                wb = L > 0.f ? expf(lse_b - lse_n) / L : 0.f;  // folds out_b = acc / L
+            }
+            O* o = ob + (size_t)i * s.o_stride;
+#pragma unroll
+            for (int dd = 0; dd < DPL; dd++) {
+                const int d = lane * DPL + dd;
+                if (d < s.HS) o[d] = from_float<O>(to_float(o[d]) * wa + acc[r][dd] * wb);
+            }
+            if (lane == 0) lse_bh[i] = lse_n;
+        }
     }
-    store_rows<E, DPL>(ob, s.o_stride, row0, s.Tq, s.HS, acc, 1.f, lane);
 }
 
 // ---- backward ---------------------------------------------------------------------
 // D[b, h, i] = sum_d dout[b, i, h, d] * out[b, i, h, d]; one warp per row.
+// D is the backward's own scratch, dense [B, NH, Tq] whatever the shape's strides.
 template <typename E>
-__global__ void dot_do_o_kernel(float* D, const E* dout, const E* out, AttnShape s) {
+__global__ void dot_do_o_kernel(float* D, const E* dout, const E* out, AttnShape s, Strides bs) {
     const size_t rows = (size_t)s.B * s.Tq * s.NH;
     const size_t gw = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (gw >= rows) return;
     const int lane = threadIdx.x % 32;
     const int h = (int)(gw % s.NH);
     const size_t bi = gw / s.NH;  // b * Tq + i
-    const size_t off = bi * s.o_stride + (size_t)h * s.HS;
+    const size_t b = bi / s.Tq, i = bi % s.Tq;
+    const size_t off = b * bs.ob + i * s.o_stride + (size_t)h * s.HS;
     float acc = 0.f;
     for (int d = lane; d < s.HS; d += 32) acc += to_float(dout[off + d]) * to_float(out[off + d]);
     acc = warp_sum(acc);
-    const size_t b = bi / s.Tq, i = bi % s.Tq;
     if (lane == 0) D[(b * s.NH + h) * s.Tq + i] = acc;
 }
 
 // One block per (query tile, b*NH + h): dq_i = scale * sum_j dS_ij k_j.
-template <typename E, int DPL>
+// dq has type G (E for the plain backward, fp32 for the block backward);
+// kAcc adds to it instead of overwriting.
+template <typename E, typename G, int DPL, bool kAcc>
 __global__ void __launch_bounds__(kThreads)
-    backward_dq_kernel(E* dq, const E* dout, const E* q, const E* k, const E* v, const float* lse, const float* D,
-                       AttnShape s, int HSP, int LD, float qmul) {
+    backward_dq_kernel(G* dq, const E* dout, const E* q, const E* k, const E* v, const float* lse, const float* D,
+                       AttnShape s, Strides bs, int HSP, int LD, float qmul) {
     extern __shared__ float4 smem4[];
     float* Qs = reinterpret_cast<float*>(smem4);  // pre-scaled by scale*log2e
     float* dOs = Qs + kTile * LD;
@@ -265,20 +328,21 @@ __global__ void __launch_bounds__(kThreads)
     const int b = blockIdx.y / s.NH, h = blockIdx.y % s.NH;
     const int ntq = (s.Tq + kTile - 1) / kTile;
     const int q0 = (ntq - 1 - (int)blockIdx.x) * kTile;
-    const size_t bh = (size_t)b * s.NH + h;
-    const E* kb = k + (size_t)b * s.Tk * s.kv_stride + (size_t)h * s.HS;
-    const E* vb = v + (size_t)b * s.Tk * s.kv_stride + (size_t)h * s.HS;
-    load_tile(Qs, LD, HSP, q + (size_t)b * s.Tq * s.q_stride + (size_t)h * s.HS, s.q_stride, q0, s.Tq, s.HS, qmul);
-    load_tile(dOs, LD, HSP, dout + (size_t)b * s.Tq * s.o_stride + (size_t)h * s.HS, s.o_stride, q0, s.Tq, s.HS, 1.f);
+    const float* lse_bh = lse + (size_t)b * bs.lb + (size_t)h * bs.lh;
+    const float* D_bh = D + ((size_t)b * s.NH + h) * s.Tq;
+    const E* kb = k + (size_t)b * bs.kb + (size_t)h * s.HS;
+    const E* vb = v + (size_t)b * bs.kb + (size_t)h * s.HS;
+    load_tile(Qs, LD, HSP, q + (size_t)b * bs.qb + (size_t)h * s.HS, s.q_stride, q0, s.Tq, s.HS, qmul);
+    load_tile(dOs, LD, HSP, dout + (size_t)b * bs.ob + (size_t)h * s.HS, s.o_stride, q0, s.Tq, s.HS, 1.f);
 
     const int row0 = q0 + warp * kRows;
     float lse2[kRows], Dr[kRows], acc[kRows][DPL];
 #pragma unroll
     for (int r = 0; r < kRows; r++) {
         const int i = row0 + r;
-        const float L = i < s.Tq ? lse[bh * s.Tq + i] : -INFINITY;
+        const float L = i < s.Tq ? lse_bh[i] : -INFINITY;
         lse2[r] = L > -INFINITY ? L * kLog2e : INFINITY;  // rows without keys give P = 0
-        Dr[r] = i < s.Tq ? D[bh * s.Tq + i] : 0.f;
+        Dr[r] = i < s.Tq ? D_bh[i] : 0.f;
 #pragma unroll
         for (int dd = 0; dd < DPL; dd++) acc[r][dd] = 0.f;
     }
@@ -305,16 +369,16 @@ __global__ void __launch_bounds__(kThreads)
         __syncwarp();
         accum_rows<DPL>(acc, Sw, Ks, LD, HSP, lane);
     }
-    store_rows<E, DPL>(dq + (size_t)b * s.Tq * s.q_stride + (size_t)h * s.HS, s.q_stride, row0, s.Tq, s.HS, acc,
-                       (float)s.scale, lane);
+    store_rows<kAcc, G, DPL>(dq + (size_t)b * bs.qb + (size_t)h * s.HS, s.q_stride, row0, s.Tq, s.HS, acc,
+                             (float)s.scale, lane);
 }
 
 // One block per (key tile, b*NH + h): dv_j = sum_i P_ij dout_i,
-// dk_j = scale * sum_i dS_ij q_i.
-template <typename E, int DPL>
+// dk_j = scale * sum_i dS_ij q_i. dk, dv have type G; kAcc adds to them.
+template <typename E, typename G, int DPL, bool kAcc>
 __global__ void __launch_bounds__(kThreads)
-    backward_dkdv_kernel(E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const float* lse,
-                         const float* D, AttnShape s, int HSP, int LD, float kmul) {
+    backward_dkdv_kernel(G* dk, G* dv, const E* dout, const E* q, const E* k, const E* v, const float* lse,
+                         const float* D, AttnShape s, Strides bs, int HSP, int LD, float kmul) {
     extern __shared__ float4 smem4[];
     float* Ks = reinterpret_cast<float*>(smem4);  // pre-scaled by scale*log2e
     float* Vs = Ks + kTile * LD;
@@ -327,13 +391,13 @@ __global__ void __launch_bounds__(kThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = blockIdx.y / s.NH, h = blockIdx.y % s.NH;
     const int k0 = blockIdx.x * kTile;  // causal: the first key tiles see the most queries, and start first
-    const size_t bh = (size_t)b * s.NH + h;
-    const E* kvoff_k = k + (size_t)b * s.Tk * s.kv_stride + (size_t)h * s.HS;
-    const E* kvoff_v = v + (size_t)b * s.Tk * s.kv_stride + (size_t)h * s.HS;
-    const E* qb = q + (size_t)b * s.Tq * s.q_stride + (size_t)h * s.HS;
-    const E* dob = dout + (size_t)b * s.Tq * s.o_stride + (size_t)h * s.HS;
-    load_tile(Ks, LD, HSP, kvoff_k, s.kv_stride, k0, s.Tk, s.HS, kmul);
-    load_tile(Vs, LD, HSP, kvoff_v, s.kv_stride, k0, s.Tk, s.HS, 1.f);
+    const float* lse_bh = lse + (size_t)b * bs.lb + (size_t)h * bs.lh;
+    const float* D_bh = D + ((size_t)b * s.NH + h) * s.Tq;
+    const size_t kvbase = (size_t)b * bs.kb + (size_t)h * s.HS;
+    const E* qb = q + (size_t)b * bs.qb + (size_t)h * s.HS;
+    const E* dob = dout + (size_t)b * bs.ob + (size_t)h * s.HS;
+    load_tile(Ks, LD, HSP, k + kvbase, s.kv_stride, k0, s.Tk, s.HS, kmul);
+    load_tile(Vs, LD, HSP, v + kvbase, s.kv_stride, k0, s.Tk, s.HS, 1.f);
 
     const int row0 = k0 + warp * kRows;  // this warp's first key
     const float* Kw = Ks + warp * kRows * LD;
@@ -356,9 +420,9 @@ __global__ void __launch_bounds__(kThreads)
         load_tile(dOs, LD, HSP, dob, s.o_stride, q0, s.Tq, s.HS, 1.f);
         if (threadIdx.x < kTile) {
             const int i = q0 + threadIdx.x;
-            const float L = i < s.Tq ? lse[bh * s.Tq + i] : -INFINITY;
+            const float L = i < s.Tq ? lse_bh[i] : -INFINITY;
             lse_s[threadIdx.x] = L > -INFINITY ? L * kLog2e : INFINITY;
-            D_s[threadIdx.x] = i < s.Tq ? D[bh * s.Tq + i] : 0.f;
+            D_s[threadIdx.x] = i < s.Tq ? D_bh[i] : 0.f;
         }
         __syncthreads();
         float sc[kRows], dp[kRows];
@@ -378,9 +442,8 @@ __global__ void __launch_bounds__(kThreads)
         accum_rows<DPL>(dv_acc, Pw, dOs, LD, HSP, lane);
         accum_rows<DPL>(dk_acc, Sw, Qs, LD, HSP, lane);
     }
-    const size_t kvbase = (size_t)b * s.Tk * s.kv_stride + (size_t)h * s.HS;
-    store_rows<E, DPL>(dk + kvbase, s.kv_stride, row0, s.Tk, s.HS, dk_acc, (float)s.scale, lane);
-    store_rows<E, DPL>(dv + kvbase, s.kv_stride, row0, s.Tk, s.HS, dv_acc, 1.f, lane);
+    store_rows<kAcc, G, DPL>(dk + kvbase, s.kv_stride, row0, s.Tk, s.HS, dk_acc, (float)s.scale, lane);
+    store_rows<kAcc, G, DPL>(dv + kvbase, s.kv_stride, row0, s.Tk, s.HS, dv_acc, 1.f, lane);
 }
 
 inline size_t forward_smem(const Geometry& g) { return sizeof(float) * (3 * kTile * g.LD + kWarps * kRows * kTile); }
@@ -400,55 +463,97 @@ inline void check_shape(const AttnShape& s) {
     }
 }
 
-template <typename E, int DPL>
-void forward_launch(E* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s, cudaStream_t st) {
+template <typename E, typename O, int DPL, bool kMerge>
+void forward_launch(O* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s, cudaStream_t st) {
     const Geometry g = geometry(s.HS);
     const size_t smem = forward_smem(g);
-    allow_smem(forward_kernel<E, DPL>, smem);
+    allow_smem(forward_kernel<E, O, DPL, kMerge>, smem);
     dim3 grid((unsigned)ceil_div(s.Tq, kTile), (unsigned)(s.B * s.NH));
     const float qmul = (float)(s.scale * 1.4426950408889634);
-    forward_kernel<E, DPL><<<grid, kThreads, smem, st>>>(out, lse, q, k, v, s, g.HSP, g.LD, qmul);
+    forward_kernel<E, O, DPL, kMerge>
+        <<<grid, kThreads, smem, st>>>(out, lse, q, k, v, s, strides(s), g.HSP, g.LD, qmul);
     CUDA_CHECK_LAUNCH();
 }
 
-template <typename E, int DPL>
-void backward_launch(E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v, const float* lse,
+template <typename E, typename O, bool kMerge>
+void forward_dispatch(O* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s, cudaStream_t st) {
+    switch (dpl_for(s.HS)) {
+        case 1: forward_launch<E, O, 1, kMerge>(out, lse, q, k, v, s, st); break;
+        case 2: forward_launch<E, O, 2, kMerge>(out, lse, q, k, v, s, st); break;
+        case 4: forward_launch<E, O, 4, kMerge>(out, lse, q, k, v, s, st); break;
+        default: forward_launch<E, O, 8, kMerge>(out, lse, q, k, v, s, st); break;
+    }
+}
+
+template <typename E, typename G, int DPL, bool kAcc>
+void backward_launch(G* dq, G* dk, G* dv, const E* dout, const E* q, const E* k, const E* v, const float* lse,
                      const float* D, const AttnShape& s, cudaStream_t st) {
     const Geometry g = geometry(s.HS);
     const float mul = (float)(s.scale * 1.4426950408889634);
     const size_t smem_q = dq_smem(g), smem_kv = dkdv_smem(g);
-    allow_smem(backward_dq_kernel<E, DPL>, smem_q);
-    allow_smem(backward_dkdv_kernel<E, DPL>, smem_kv);
+    const Strides bs = strides(s);
+    allow_smem(backward_dq_kernel<E, G, DPL, kAcc>, smem_q);
+    allow_smem(backward_dkdv_kernel<E, G, DPL, kAcc>, smem_kv);
     if (s.Tq > 0) {
         dim3 grid_q((unsigned)ceil_div(s.Tq, kTile), (unsigned)(s.B * s.NH));
-        backward_dq_kernel<E, DPL><<<grid_q, kThreads, smem_q, st>>>(dq, dout, q, k, v, lse, D, s, g.HSP, g.LD, mul);
+        backward_dq_kernel<E, G, DPL, kAcc>
+            <<<grid_q, kThreads, smem_q, st>>>(dq, dout, q, k, v, lse, D, s, bs, g.HSP, g.LD, mul);
         CUDA_CHECK_LAUNCH();
     }
     if (s.Tk > 0) {
         dim3 grid_kv((unsigned)ceil_div(s.Tk, kTile), (unsigned)(s.B * s.NH));
-        backward_dkdv_kernel<E, DPL><<<grid_kv, kThreads, smem_kv, st>>>(dk, dv, dout, q, k, v, lse, D, s, g.HSP,
-                                                                         g.LD, mul);
+        backward_dkdv_kernel<E, G, DPL, kAcc>
+            <<<grid_kv, kThreads, smem_kv, st>>>(dk, dv, dout, q, k, v, lse, D, s, bs, g.HSP, g.LD, mul);
         CUDA_CHECK_LAUNCH();
+    }
+}
+
+// D = rowsum(dout ∘ out) into D (dense [B, NH, Tq]), then the two kernels.
+template <typename E, typename G, bool kAcc>
+void backward_run(G* dq, G* dk, G* dv, const E* dout, const E* q, const E* k, const E* v, const E* out,
+                  const float* lse, const AttnShape& s, float* D, cudaStream_t st) {
+    const size_t rows = (size_t)s.B * s.Tq * s.NH;
+    if (rows > 0) {
+        const int block = 256;
+        dot_do_o_kernel<E><<<(unsigned)ceil_div(rows, block / 32), block, 0, st>>>(D, dout, out, s, strides(s));
+        CUDA_CHECK_LAUNCH();
+    }
+    switch (dpl_for(s.HS)) {
+        case 1: backward_launch<E, G, 1, kAcc>(dq, dk, dv, dout, q, k, v, lse, D, s, st); break;
+        case 2: backward_launch<E, G, 2, kAcc>(dq, dk, dv, dout, q, k, v, lse, D, s, st); break;
+        case 4: backward_launch<E, G, 4, kAcc>(dq, dk, dv, dout, q, k, v, lse, D, s, st); break;
+        default: backward_launch<E, G, 8, kAcc>(dq, dk, dv, dout, q, k, v, lse, D, s, st); break;
     }
 }
 
 }  // namespace attn
 
-// out, lse overwritten. lse is [B, NH, Tq] fp32.
+// out, lse overwritten. lse is fp32 at the shape's lse strides.
 template <typename E>
 void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, const AttnShape& s,
                        cudaStream_t stream) {
     attn::check_shape(s);
     if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
-    switch (attn::dpl_for(s.HS)) {
-        case 1: attn::forward_launch<E, 1>(out, lse, q, k, v, s, stream); break;
-        case 2: attn::forward_launch<E, 2>(out, lse, q, k, v, s, stream); break;
-        case 4: attn::forward_launch<E, 4>(out, lse, q, k, v, s, stream); break;
-        default: attn::forward_launch<E, 8>(out, lse, q, k, v, s, stream); break;
-    }
+    attn::forward_dispatch<E, E, false>(out, lse, q, k, v, s, stream);
 }
 
-// fp32 scratch the backward needs (the D = rowsum(dout * out) vector).
+// Ring attention, one block (backend.h attention_block_forward): out_acc and
+// lse_acc are fp32 (out_acc at the shape's ob()/o_stride, lse_acc at its lse
+// strides). first: overwritten with the block's result; otherwise the block
+// is merged into them by log-sum-exp.
+template <typename E>
+void attention_block_forward(float* out_acc, float* lse_acc, const E* q, const E* k, const E* v, const AttnShape& s,
+                             bool first, cudaStream_t stream) {
+    attn::check_shape(s);
+    if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
+    if (first)
+        attn::forward_dispatch<E, float, false>(out_acc, lse_acc, q, k, v, s, stream);
+    else
+        attn::forward_dispatch<E, float, true>(out_acc, lse_acc, q, k, v, s, stream);
+}
+
+// fp32 scratch the backward needs (the D = rowsum(dout * out) vector); the
+// block backward needs the same.
 inline size_t attention_backward_scratch_floats(const AttnShape& s) { return (size_t)s.B * s.NH * s.Tq; }
 
 // dq, dk, dv overwritten. scratch: attention_backward_scratch_floats(s) floats.
@@ -457,18 +562,20 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* q, const E*
                         const float* lse, const AttnShape& s, float* scratch, cudaStream_t stream) {
     attn::check_shape(s);
     if (s.B == 0 || s.NH == 0) return;
-    const size_t rows = (size_t)s.B * s.Tq * s.NH;
-    if (rows > 0) {
-        const int block = 256;
-        attn::dot_do_o_kernel<E><<<(unsigned)ceil_div(rows, block / 32), block, 0, stream>>>(scratch, dout, out, s);
-        CUDA_CHECK_LAUNCH();
-    }
-    switch (attn::dpl_for(s.HS)) {
-        case 1: attn::backward_launch<E, 1>(dq, dk, dv, dout, q, k, v, lse, scratch, s, stream); break;
-        case 2: attn::backward_launch<E, 2>(dq, dk, dv, dout, q, k, v, lse, scratch, s, stream); break;
-        case 4: attn::backward_launch<E, 4>(dq, dk, dv, dout, q, k, v, lse, scratch, s, stream); break;
-        default: attn::backward_launch<E, 8>(dq, dk, dv, dout, q, k, v, lse, scratch, s, stream); break;
-    }
+    attn::backward_run<E, E, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+}
+
+// Ring attention, one block (backend.h attention_block_backward): dq (q's
+// strides), dk and dv (k's strides) are fp32 and accumulated (+=); out and
+// lse are the final (global) ones of the query rows. scratch:
+// attention_backward_scratch_floats(s) floats.
+template <typename E>
+void attention_block_backward(float* dq, float* dk, float* dv, const E* dout, const E* q, const E* k, const E* v,
+                              const E* out, const float* lse, const AttnShape& s, float* scratch,
+                              cudaStream_t stream) {
+    attn::check_shape(s);
+    if (s.B == 0 || s.NH == 0 || s.Tq == 0 || s.Tk == 0) return;  // nothing to add
+    attn::backward_run<E, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
 }
 
 }  // namespace llmc_cuda

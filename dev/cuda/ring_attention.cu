@@ -1,0 +1,283 @@
+// dev/cuda/ring_attention.cu: kernel lab for the ring-attention block ops
+// (context parallel; backend.h attention_block_forward/backward) and the
+// batch and lse strides of AttnShape they rely on.
+//   ring forward:  a zigzag ring of R ranks emulated on one GPU. The sequence
+//                  is cut into 2R chunks; rank r holds chunks r and 2R-1-r. At
+//                  ring step t rank r has the K/V of rank (r - t) mod R and
+//                  runs one block per (own query chunk, visiting key chunk)
+//                  with key chunk <= query chunk (causal on the diagonal),
+//                  merging into fp32 (out, lse) by log-sum-exp; the first block
+//                  of each query chunk overwrites (the buffers start as
+//                  garbage). Chunks are addressed in place in whole-sequence
+//                  buffers through the batch and lse strides. The result must
+//                  equal cpu::attention_forward over the whole sequence.
+//   ring backward: the same schedule with attention_block_backward, adding
+//                  into fp32 dq, dk, dv (which start from nonzero values, to
+//                  check +=) given the global out and lse; must equal the
+//                  start plus cpu::attention_backward over the whole sequence.
+//   strided plain: the production attention_forward/backward (E outputs,
+//                  overwrite) on one chunk pair addressed in place, against
+//                  the cpu ops on the same views.
+// q comes from a packed qkv buffer (q_stride 3C); k and v from a K|V buffer
+// (kv_stride 2C, as ring attention packs them for sending). References run
+// in fp64 on the CPU, so the tolerances measure the GPU's error alone; the
+// bf16 runs differ from fp32 only by the inputs' type (the block outputs and
+// gradients are fp32), except strided plain, whose outputs are bf16.
+#include "common.h"
+#include "llmc/cpu_ops.h"
+#include "llmc/cuda/attention.cuh"
+
+using namespace llmc_cuda;
+
+constexpr double kTolF32 = 1e-5;
+constexpr double kTolBF16 = 2e-2;
+
+struct Setup {
+    const char* name;
+    int B, NH, HS, R, c;  // c rows per chunk; T = 2*R*c
+    int T() const { return 2 * R * c; }
+    size_t C() const { return (size_t)NH * HS; }
+    double scale() const { return 1.0 / std::sqrt((double)HS); }
+    // Element offsets of chunk n in the qkv, K|V, out and lse buffers.
+    size_t q_off(int n) const { return (size_t)n * c * 3 * C(); }
+    size_t kv_off(int n) const { return (size_t)n * c * 2 * C(); }
+    size_t o_off(int n) const { return (size_t)n * c * C(); }
+    size_t l_off(int n) const { return (size_t)n * c; }
+};
+
+// The whole sequence, causal, dense batch strides.
+AttnShape full_shape(const Setup& u) {
+    const size_t C = u.C();
+    return AttnShape{u.B, u.NH, u.HS, u.T(), u.T(), 3 * C, 2 * C, C, true, u.scale()};
+}
+
+// One chunk of queries against one chunk of keys, in place in the
+// whole-sequence buffers: batch strides span T rows, lse is [B, NH, T].
+AttnShape chunk_shape(const Setup& u, bool causal) {
+    const size_t C = u.C(), T = (size_t)u.T();
+    AttnShape s{u.B, u.NH, u.HS, u.c, u.c, 3 * C, 2 * C, C, causal, u.scale()};
+    s.q_bstride = T * 3 * C;
+    s.kv_bstride = T * 2 * C;
+    s.o_bstride = T * C;
+    s.lse_hstride = T;
+    s.lse_bstride = (size_t)u.NH * T;
+    return s;
+}
+
+// Calls block(qc, kc, causal, first) in the order a zigzag ring of R ranks
+// runs its blocks; every pair kc <= qc comes exactly once, and first marks
+// the first block of each query chunk.
+template <typename Fn>
+void zigzag_ring(int R, Fn&& block) {
+    for (int r = 0; r < R; r++) {
+        const int mine[2] = {r, 2 * R - 1 - r};
+        bool started[2] = {false, false};
+        for (int t = 0; t < R; t++) {
+            const int src = (r - t + R) % R;
+            const int theirs[2] = {src, 2 * R - 1 - src};
+            for (int a = 0; a < 2; a++)
+                for (int kc : theirs) {
+                    if (kc > mine[a]) continue;
+                    block(mine[a], kc, kc == mine[a], !started[a]);
+                    started[a] = true;
+                }
+        }
+    }
+}
+
+std::vector<double> f64(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+std::vector<float> f32(const std::vector<double>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) y[i] = (float)x[i];
+    return y;
+}
+
+struct Data {
+    std::vector<float> qkv, kv, dout;  // inputs, bf16-representable
+    std::vector<float> out, lse;       // full causal forward (fp64, then fp32)
+    std::vector<float> out_in;         // out rounded to bf16: the backward's input in both precisions
+    std::vector<float> gq0, gkv0;      // starting values of the fp32 gradient accumulators
+    std::vector<float> dq, dkv;        // gq0, gkv0 plus the full backward (fp64, then fp32)
+};
+
+Data make_data(const Setup& u, uint64_t seed) {
+    const size_t C = u.C(), BT = (size_t)u.B * u.T();
+    const AttnShape s = full_shape(u);
+    Data d;
+    d.qkv = lab::rand_normal(BT * 3 * C, 1.f, seed);
+    d.kv.resize(BT * 2 * C);
+    for (size_t r = 0; r < BT; r++)
+        for (size_t x = 0; x < 2 * C; x++) d.kv[r * 2 * C + x] = d.qkv[r * 3 * C + C + x];
+    d.dout = lab::rand_normal(BT * C, 1.f, seed + 1);
+    const std::vector<double> qkv = f64(d.qkv), kv = f64(d.kv);
+    std::vector<double> out(BT * C, 0.0), lse((size_t)u.B * u.NH * u.T(), 0.0);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), kv.data(), kv.data() + C, s);
+    d.out = f32(out);
+    d.lse = f32(lse);
+    d.out_in = d.out;
+    for (float& x : d.out_in) x = lab::round_bf16(x);
+
+    d.gq0 = lab::rand_normal(BT * 3 * C, 0.01f, seed + 2);
+    d.gkv0 = lab::rand_normal(BT * 2 * C, 0.01f, seed + 3);
+    std::vector<double> dq(BT * 3 * C, 0.0), dkv(BT * 2 * C, 0.0);
+    const std::vector<double> dout = f64(d.dout), out_in = f64(d.out_in), lse_in = f64(d.lse);
+    cpu::attention_backward(dq.data(), dkv.data(), dkv.data() + C, dout.data(), qkv.data(), kv.data(), kv.data() + C,
+                            out_in.data(), lse_in.data(), s);
+    for (size_t i = 0; i < dq.size(); i++) dq[i] += d.gq0[i];
+    for (size_t i = 0; i < dkv.size(); i++) dkv[i] += d.gkv0[i];
+    d.dq = f32(dq);
+    d.dkv = f32(dkv);
+    return d;
+}
+
+template <typename E>
+void ring_forward(const Setup& u, float* out, float* lse, const E* qkv, const E* kv) {
+    zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool first) {
+        attention_block_forward<E>(out + u.o_off(qc), lse + u.l_off(qc), qkv + u.q_off(qc), kv + u.kv_off(kc),
+                                   kv + u.kv_off(kc) + u.C(), chunk_shape(u, causal), first, 0);
+    });
+}
+
+template <typename E>
+void ring_backward(const Setup& u, float* dq, float* dkv, const E* dout, const E* qkv, const E* kv, const E* out,
+                   const float* lse, float* scratch) {
+    zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool) {
+        attention_block_backward<E>(dq + u.q_off(qc), dkv + u.kv_off(kc), dkv + u.kv_off(kc) + u.C(),
+                                    dout + u.o_off(qc), qkv + u.q_off(qc), kv + u.kv_off(kc),
+                                    kv + u.kv_off(kc) + u.C(), out + u.o_off(qc), lse + u.l_off(qc),
+                                    chunk_shape(u, causal), scratch, 0);
+    });
+}
+
+template <typename E>
+void check_ring(const Setup& u, const Data& d, const char* label, double tol) {
+    const size_t C = u.C(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
+    const std::string l = std::string(label) + " " + u.name;
+    E* qkv = lab::to_device<E>(d.qkv);
+    E* kv = lab::to_device<E>(d.kv);
+    // Garbage in the accumulators: each chunk's first block must overwrite it.
+    float* out = lab::to_device<float>(lab::rand_normal(BT * C, 3.f, 77));
+    float* lse = lab::to_device<float>(lab::rand_normal(nlse, 3.f, 78));
+    ring_forward<E>(u, out, lse, qkv, kv);
+    lab::validate((l + " fwd out").c_str(), lab::from_device(out, BT * C), d.out, tol);
+    lab::validate((l + " fwd lse").c_str(), lab::from_device(lse, nlse), d.lse, kTolF32);
+
+    E* dout = lab::to_device<E>(d.dout);
+    E* out_in = lab::to_device<E>(d.out_in);
+    float* lse_in = lab::to_device<float>(d.lse);
+    float* dq = lab::to_device<float>(d.gq0);
+    float* dkv = lab::to_device<float>(d.gkv0);
+    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(chunk_shape(u, false)));
+    ring_backward<E>(u, dq, dkv, dout, qkv, kv, out_in, lse_in, scratch);
+    lab::validate((l + " bwd dq").c_str(), lab::from_device(dq, BT * 3 * C), d.dq, tol);
+    lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv, BT * 2 * C), d.dkv, tol);
+    lab::dev_free(qkv), lab::dev_free(kv), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dout),
+        lab::dev_free(out_in), lab::dev_free(lse_in), lab::dev_free(dq), lab::dev_free(dkv), lab::dev_free(scratch);
+}
+
+// The production forward and backward on query chunk qc against key chunk kc,
+// in place (batch strides of T rows, lse [B, NH, T]); the rest of each buffer
+// must stay untouched (zero).
+template <typename E>
+void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* label, double tol) {
+    const size_t C = u.C(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
+    const AttnShape s = chunk_shape(u, qc == kc);
+    const std::string l = std::string(label) + " " + u.name + (qc == kc ? " diag" : " off-diag");
+    const std::vector<double> qkv = f64(d.qkv), kv = f64(d.kv), dout = f64(d.dout);
+    std::vector<double> rout(BT * C, 0.0), rlse(nlse, 0.0);
+    cpu::attention_forward(rout.data() + u.o_off(qc), rlse.data() + u.l_off(qc), qkv.data() + u.q_off(qc),
+                           kv.data() + u.kv_off(kc), kv.data() + u.kv_off(kc) + C, s);
+    // The backward's inputs: this block's out (rounded to bf16) and lse.
+    std::vector<float> out_in = f32(rout), lse_in = f32(rlse);
+    for (float& x : out_in) x = lab::round_bf16(x);
+    std::vector<double> rdq(BT * 3 * C, 0.0), rdkv(BT * 2 * C, 0.0);
+    const std::vector<double> out64 = f64(out_in), lse64 = f64(lse_in);
+    cpu::attention_backward(rdq.data() + u.q_off(qc), rdkv.data() + u.kv_off(kc), rdkv.data() + u.kv_off(kc) + C,
+                            dout.data() + u.o_off(qc), qkv.data() + u.q_off(qc), kv.data() + u.kv_off(kc),
+                            kv.data() + u.kv_off(kc) + C, out64.data() + u.o_off(qc), lse64.data() + u.l_off(qc), s);
+
+    E* q_d = lab::to_device<E>(d.qkv);
+    E* kv_d = lab::to_device<E>(d.kv);
+    E* out_d = lab::dev_alloc<E>(BT * C);
+    float* lse_d = lab::dev_alloc<float>(nlse);
+    attention_forward<E>(out_d + u.o_off(qc), lse_d + u.l_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
+                         kv_d + u.kv_off(kc) + C, s, 0);
+    lab::validate((l + " fwd out").c_str(), lab::from_device(out_d, BT * C), f32(rout), tol);
+    lab::validate((l + " fwd lse").c_str(), lab::from_device(lse_d, nlse), f32(rlse), kTolF32);
+
+    E* dout_d = lab::to_device<E>(d.dout);
+    E* out_in_d = lab::to_device<E>(out_in);
+    float* lse_in_d = lab::to_device<float>(lse_in);
+    E* dq_d = lab::dev_alloc<E>(BT * 3 * C);
+    E* dkv_d = lab::dev_alloc<E>(BT * 2 * C);
+    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
+    attention_backward<E>(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + C, dout_d + u.o_off(qc),
+                          q_d + u.q_off(qc), kv_d + u.kv_off(kc), kv_d + u.kv_off(kc) + C, out_in_d + u.o_off(qc),
+                          lse_in_d + u.l_off(qc), s, scratch, 0);
+    lab::validate((l + " bwd dq").c_str(), lab::from_device(dq_d, BT * 3 * C), f32(rdq), tol);
+    lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv_d, BT * 2 * C), f32(rdkv), tol);
+    lab::dev_free(q_d), lab::dev_free(kv_d), lab::dev_free(out_d), lab::dev_free(lse_d), lab::dev_free(dout_d),
+        lab::dev_free(out_in_d), lab::dev_free(lse_in_d), lab::dev_free(dq_d), lab::dev_free(dkv_d),
+        lab::dev_free(scratch);
+}
+
+int main() {
+    if (!lab::have_gpu()) return lab::finish();
+    const Setup setups[] = {
+        {"R=1 HS=64 T=128", 2, 4, 64, 1, 64},    // two halves
+        {"R=2 HS=16 T=200", 2, 3, 16, 2, 50},    // chunks not a multiple of the tile
+        {"R=3 HS=40 T=78", 3, 2, 40, 3, 13},     // chunks smaller than a tile
+        {"R=4 HS=128 T=256", 1, 2, 128, 4, 32},  // chunk = one tile
+        {"R=2 HS=200 T=100", 1, 2, 200, 2, 25},  // widest head
+    };
+    std::printf("validation (fp64 CPU references)\n");
+    int n = 0;
+    for (const Setup& u : setups) {
+        const Data d = make_data(u, 1 + n);
+        check_ring<float>(u, d, "ring fp32", kTolF32);
+        check_ring<bf16>(u, d, "ring bf16", kTolBF16);
+        // Alternate a causal diagonal block and a non-causal off-diagonal one.
+        const int qc = 2 * u.R - 1, kc = n % 2 ? 0 : qc;
+        check_plain<float>(u, d, qc, kc, "strided fp32", kTolF32);
+        check_plain<bf16>(u, d, qc, kc, "strided bf16", kTolBF16);
+        n++;
+    }
+
+    // Timing: the ring's blocks one after another against one full call.
+    const Setup u{"d12", 8, 12, 64, 4, 128};
+    const size_t C = u.C(), BT = (size_t)u.B * u.T();
+    const AttnShape s = full_shape(u);
+    const double flops = 4.0 * u.B * u.NH * u.HS * (double)u.T() * u.T() / 2;
+    std::printf("timing bf16 (B=%d NH=%d HS=%d T=%d causal, ring R=%d: %d blocks of %d rows)\n", u.B, u.NH, u.HS,
+                u.T(), u.R, u.R * (2 * u.R + 1), u.c);
+    const std::vector<float> qkv_h = lab::rand_normal(BT * 3 * C, 1.f, 5);
+    std::vector<float> kv_h(BT * 2 * C);
+    for (size_t r = 0; r < BT; r++)
+        for (size_t x = 0; x < 2 * C; x++) kv_h[r * 2 * C + x] = qkv_h[r * 3 * C + C + x];
+    bf16* qkv = lab::to_device<bf16>(qkv_h);
+    bf16* kv = lab::to_device<bf16>(kv_h);
+    bf16* dout = lab::to_device<bf16>(lab::rand_normal(BT * C, 1.f, 6));
+    bf16* out = lab::dev_alloc<bf16>(BT * C);
+    bf16* dq = lab::dev_alloc<bf16>(BT * 3 * C);
+    bf16* dkv = lab::dev_alloc<bf16>(BT * 2 * C);
+    float* lse = lab::dev_alloc<float>((size_t)u.B * u.NH * u.T());
+    float* out32 = lab::dev_alloc<float>(BT * C);
+    float* dq32 = lab::dev_alloc<float>(BT * 3 * C);
+    float* dkv32 = lab::dev_alloc<float>(BT * 2 * C);
+    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
+    attention_forward<bf16>(out, lse, qkv, kv, kv + C, s, 0);  // a consistent (out, lse) for the backward
+    float ms = lab::time_ms([&] { attention_forward<bf16>(out, lse, qkv, kv, kv + C, s, 0); });
+    lab::report_flops("forward, one call", ms, flops);
+    ms = lab::time_ms([&] { ring_forward<bf16>(u, out32, lse, qkv, kv); });
+    lab::report_flops("forward, ring blocks (fp32 merge)", ms, flops);
+    attention_forward<bf16>(out, lse, qkv, kv, kv + C, s, 0);  // the ring overwrote lse: restore it
+    ms = lab::time_ms(
+        [&] { attention_backward<bf16>(dq, dkv, dkv + C, dout, qkv, kv, kv + C, out, lse, s, scratch, 0); });
+    lab::report_flops("backward, one call (2.5x fwd FLOPs)", ms, 2.5 * flops);
+    ms = lab::time_ms([&] { ring_backward<bf16>(u, dq32, dkv32, dout, qkv, kv, out, lse, scratch); });
+    lab::report_flops("backward, ring blocks (fp32 +=)", ms, 2.5 * flops);
+    lab::dev_free(qkv), lab::dev_free(kv), lab::dev_free(dout), lab::dev_free(out), lab::dev_free(dq),
+        lab::dev_free(dkv), lab::dev_free(lse), lab::dev_free(out32), lab::dev_free(dq32), lab::dev_free(dkv32),
+        lab::dev_free(scratch);
+    return lab::finish();
+}

@@ -1,0 +1,79 @@
+# tests/testlib.py: helpers shared by the mpirun test scripts (test_dist.py,
+# test_tp.py, test_cp.py): running the trainer under mpirun, reading its
+# metrics and checkpoints, making shards, and counting checks.
+import json
+import os
+import struct
+import subprocess
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "train_gpt")
+# mpirun as root, and more ranks than cores (shared/reference.md section 8).
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+class Checks:
+    """Counts checks; prints each failure; ends with 'N passed, N failed'."""
+
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def __call__(self, ok, what):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("FAIL", what, flush=True)
+        return ok
+
+    def summary(self):
+        print(f"{self.passed} passed, {self.failed} failed")
+        return 1 if self.failed else 0
+
+
+def train(np_, args, timeout=240):
+    """Runs train_gpt in one process (np_ = 0) or under mpirun -np np_."""
+    cmd = ([TRAIN] if np_ == 0 else ["mpirun", "-np", str(np_), TRAIN]) + args
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return p.returncode, p.stdout, p.stderr
+
+
+def metrics(d):
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def param_count(L, C, V, Vp, T):
+    return 12 * L * C * C + 13 * L * C + (Vp + T) * C + 2 * C
+
+
+def read_state(path):
+    """weights, m, v of a checkpoint state file as float64 arrays (file order), and (L, C, Vp, maxT)."""
+    with open(path, "rb") as f:
+        h = struct.unpack("<256i", f.read(1024))
+        T, V, L, NH, C, Vp = h[5:11]
+        P = param_count(L, C, V, Vp, T)
+        arrays = []
+        for dt in (h[3], h[4], h[4]):
+            size, fmt = (4, "<f4") if dt == 0 else (8, "<f8")
+            arrays.append(np.frombuffer(f.read(P * size), dtype=fmt).astype(np.float64))
+    return arrays[0], arrays[1], arrays[2], (L, C, Vp, T)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    nb = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / nb if nb > 0 else np.linalg.norm(a - b)
+
+
+def write_shard(path, tokens):
+    """An llm.c uint16 token shard."""
+    tokens = np.asarray(tokens, dtype="<u2")
+    h = np.zeros(256, dtype="<i4")
+    h[0], h[1], h[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(h.tobytes())
+        f.write(tokens.tobytes())
