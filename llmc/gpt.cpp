@@ -338,6 +338,34 @@ void GPT::sum_partial_grads(int unit, void* unit_grads) {
 
 // ---- forward ----------------------------------------------------------------------
 
+// Block l's slices of the activations, for N tokens (Ns in the residual
+// stream). h is the GELU output: stored per layer, or the recompute scratch.
+struct GPT::LayerActs {
+    void *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *x2, *ln2, *ln2_mean, *ln2_rstd, *fch, *h, *x3;
+};
+
+GPT::LayerActs GPT::layer_acts(int l, int N, int Ns) {
+    Acts& a = *a_;
+    const size_t C = cfg_.channels, Cl = C / tp_size_, Hl = 4 * C / tp_size_;
+    const DType act = prec_.act, st = prec_.stat;
+    LayerActs r;
+    r.x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, Ns * C, act);
+    r.ln1 = act_layer(a.ln1, l, Ns * C, act);
+    r.ln1_mean = act_layer(a.ln1_mean, l, Ns, st);
+    r.ln1_rstd = act_layer(a.ln1_rstd, l, Ns, st);
+    r.qkv = act_layer(a.qkv, l, N * 3 * Cl, act);
+    r.atty = act_layer(a.atty, l, N * Cl, act);
+    r.lse = act_layer(a.lse, l, (size_t)N * table_.heads, st);
+    r.x2 = act_layer(a.residual2, l, Ns * C, act);
+    r.ln2 = act_layer(a.ln2, l, Ns * C, act);
+    r.ln2_mean = act_layer(a.ln2_mean, l, Ns, st);
+    r.ln2_rstd = act_layer(a.ln2_rstd, l, Ns, st);
+    r.fch = act_layer(a.fch, l, N * Hl, act);
+    r.h = recompute_gelu_ ? a.gelu_tmp : act_layer(a.fch_gelu, l, N * Hl, act);
+    r.x3 = act_layer(a.residual3, l, Ns * C, act);
+    return r;
+}
+
 // Unit numbers (tensors.h): 0 embeddings, 1 + l block l, L + 1 final LayerNorm.
 static int block_unit(int l) { return l + 1; }
 
@@ -381,20 +409,13 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
     for (int l = 0; l < L; l++) {
         const int next = l + 1 < L ? block_unit(l + 1) : final_unit;
         provider_->prefetch(next);
-        void* x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, (size_t)Ns * C, act);
-        void* ln1 = act_layer(a.ln1, l, (size_t)Ns * C, act);
-        void* qkv = act_layer(a.qkv, l, (size_t)N * 3 * Cl, act);
-        void* atty = act_layer(a.atty, l, (size_t)N * Cl, act);
-        void* lse = act_layer(a.lse, l, (size_t)N * NHl, st);
-        void* x2 = act_layer(a.residual2, l, (size_t)Ns * C, act);
-        void* ln2 = act_layer(a.ln2, l, (size_t)Ns * C, act);
-        void* fch = act_layer(a.fch, l, (size_t)N * Hl, act);
-        void* h = recompute_gelu_ ? a.gelu_tmp : act_layer(a.fch_gelu, l, (size_t)N * Hl, act);
-        void* x3 = act_layer(a.residual3, l, (size_t)Ns * C, act);
+        const LayerActs la = layer_acts(l, N, Ns);
+        void *x = la.x, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *lse = la.lse, *x2 = la.x2, *ln2 = la.ln2;
+        void *fch = la.fch, *h = la.h, *x3 = la.x3;
 
         // For l > 0, ln1 was produced by the previous block's fused residual + LayerNorm.
         if (l == 0)
-            be_->layernorm_forward(ln1, act_layer(a.ln1_mean, l, Ns, st), act_layer(a.ln1_rstd, l, Ns, st), x,
+            be_->layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x,
                                    P(Param::ln1w, l), P(Param::ln1b, l), Ns, C);
         // attention: QKV column-parallel by heads, attproj row-parallel
         be_->matmul_forward(qkv, f_fwd(ln1), P(Param::qkvw, l), P(Param::qkvb, l), N, C, 3 * Cl);
@@ -403,7 +424,7 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
         be_->matmul_forward(a.proj, atty, P(Param::attprojw, l), bias_in_matmul ? P(Param::attprojb, l) : nullptr, N,
                             Cl, C);
         void* attn_out = g_fwd(P(Param::attprojb, l));
-        be_->residual_layernorm_forward(x2, ln2, act_layer(a.ln2_mean, l, Ns, st), act_layer(a.ln2_rstd, l, Ns, st), x,
+        be_->residual_layernorm_forward(x2, ln2, la.ln2_mean, la.ln2_rstd, x,
                                         attn_out, P(Param::ln2w, l), P(Param::ln2b, l), Ns, C);
         // MLP: fc column-parallel, fcproj row-parallel
         be_->matmul_forward(fch, f_fwd(ln2), P(Param::fcw, l), P(Param::fcb, l), N, C, Hl);
@@ -414,9 +435,9 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
         // lnf), whose parameters belong to the next unit.
         acquire(next);
         if (l + 1 < L) {
-            be_->residual_layernorm_forward(x3, act_layer(a.ln1, l + 1, (size_t)Ns * C, act),
-                                            act_layer(a.ln1_mean, l + 1, Ns, st), act_layer(a.ln1_rstd, l + 1, Ns, st),
-                                            x2, mlp_out, P(Param::ln1w, l + 1), P(Param::ln1b, l + 1), Ns, C);
+            const LayerActs nx = layer_acts(l + 1, N, Ns);
+            be_->residual_layernorm_forward(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, P(Param::ln1w, l + 1),
+                                            P(Param::ln1b, l + 1), Ns, C);
         } else {
             be_->residual_layernorm_forward(x3, a.lnf, a.lnf_mean, a.lnf_rstd, x2, mlp_out, P(Param::lnfw),
                                             P(Param::lnfb), Ns, C);
@@ -481,7 +502,7 @@ void GPT::backward() {
     const int B = last_B_, T = last_T_, N = B * T, Ns = sp ? N / tp_size_ : N;
     const int Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
     const int final_unit = L + 1;
-    const DType act = prec_.act, st = prec_.stat;
+    const DType act = prec_.act;
     const AttnShape shape{B, NHl, C / cfg_.num_heads, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true,
                           1.0 / std::sqrt((double)(C / cfg_.num_heads))};
     std::fill(unit_grads_.begin(), unit_grads_.end(), nullptr);
@@ -499,7 +520,7 @@ void GPT::backward() {
     be_->matmul_backward(a.dln, G(Param::wte), nullptr, a.logits, f_input(a.lnf), P(Param::wte), N, C, Vl);
     be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
     be_->layernorm_backward(a.dresidual, G(Param::lnfw), G(Param::lnfb), f_bwd(),
-                            act_layer(a.residual3, L - 1, (size_t)Ns * C, act), P(Param::lnfw), a.lnf_mean, a.lnf_rstd,
+                            layer_acts(L - 1, N, Ns).x3, P(Param::lnfw), a.lnf_mean, a.lnf_rstd,
                             Ns, C);
     provider_->grads_done(final_unit);
     release(final_unit);
@@ -508,19 +529,10 @@ void GPT::backward() {
         const int u = block_unit(l);
         acquire(u);
         if (l > 0) provider_->prefetch(block_unit(l - 1));
-        void* x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, (size_t)Ns * C, act);
-        void* ln1 = act_layer(a.ln1, l, (size_t)Ns * C, act);
-        void* qkv = act_layer(a.qkv, l, (size_t)N * 3 * Cl, act);
-        void* atty = act_layer(a.atty, l, (size_t)N * Cl, act);
-        void* lse = act_layer(a.lse, l, (size_t)N * NHl, st);
-        void* x2 = act_layer(a.residual2, l, (size_t)Ns * C, act);
-        void* ln2 = act_layer(a.ln2, l, (size_t)Ns * C, act);
-        void* fch = act_layer(a.fch, l, (size_t)N * Hl, act);
-        void* h = act_layer(a.fch_gelu, l, (size_t)N * Hl, act);
-        if (recompute_gelu_) {
-            h = a.gelu_tmp;
-            be_->gelu_forward(h, fch, (size_t)N * Hl);
-        }
+        const LayerActs la = layer_acts(l, N, Ns);
+        void *x = la.x, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *lse = la.lse, *x2 = la.x2, *ln2 = la.ln2;
+        void *fch = la.fch, *h = la.h;
+        if (recompute_gelu_) be_->gelu_forward(h, fch, (size_t)N * Hl);
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
         be_->matmul_backward(a.d4C, G(Param::fcprojw, l), G(Param::fcprojb, l), g_bwd(), h, P(Param::fcprojw, l), N,
@@ -529,7 +541,7 @@ void GPT::backward() {
         be_->matmul_backward(a.dln, G(Param::fcw, l), G(Param::fcb, l), a.d4C, f_input(ln2), P(Param::fcw, l), N, C,
                              Hl);
         be_->layernorm_backward(a.dresidual, G(Param::ln2w, l), G(Param::ln2b, l), f_bwd(), x2, P(Param::ln2w, l),
-                                act_layer(a.ln2_mean, l, Ns, st), act_layer(a.ln2_rstd, l, Ns, st), Ns, C);
+                                la.ln2_mean, la.ln2_rstd, Ns, C);
         // dresidual holds d(x2); attention path.
         be_->matmul_backward(a.datt, G(Param::attprojw, l), G(Param::attprojb, l), g_bwd(), atty,
                              P(Param::attprojw, l), N, Cl, C);
@@ -541,7 +553,7 @@ void GPT::backward() {
         be_->matmul_backward(a.dln, G(Param::qkvw, l), G(Param::qkvb, l), a.dqkv, f_input(ln1), P(Param::qkvw, l), N,
                              C, 3 * Cl);
         be_->layernorm_backward(a.dresidual, G(Param::ln1w, l), G(Param::ln1b, l), f_bwd(), x, P(Param::ln1w, l),
-                                act_layer(a.ln1_mean, l, Ns, st), act_layer(a.ln1_rstd, l, Ns, st), Ns, C);
+                                la.ln1_mean, la.ln1_rstd, Ns, C);
         provider_->grads_done(u);
         release(u);
     }

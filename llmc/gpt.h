@@ -143,6 +143,8 @@ class GPT {
 
   private:
     struct Acts;  // activation and scratch pointers, see gpt.cpp
+    struct LayerActs;  // one block's slices of them
+    LayerActs layer_acts(int l, int N, int Ns);
     class LocalUnits;
     void* alloc_buffer(const char* group, const char* name, size_t count, DType t, bool per_layer = false);
     void* act_layer(void* base, int l, size_t per_layer_count, DType t);

@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from testlib import Checks, metrics, read_state, rel, train, write_shard
+from testlib import Checks, equivalence, metrics, train, write_shard
 
 L, C, NH, V = 2, 32, 4, 97
 MODEL = f"L={L},C={C},NH={NH},V={V},Vp={V},T=1024"
@@ -37,22 +37,7 @@ def base(dtype, T=16, steps=10):
 
 
 def test_equivalence(tmp, dtype, layouts):
-    tol = 1e-10 if dtype == "fp64" else 1e-5
-    ref = os.path.join(tmp, f"single_{dtype}")
-    rc, out, err = train(0, base(dtype) + ["-b", "8", "-d", "256", "-n", "10", "-o", ref])
-    check(rc == 0, f"single {dtype}: {err}")
-    ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_state(os.path.join(ref, "state_00000010.bin"))[0]
-    for np_, extra in layouts:
-        d = os.path.join(tmp, f"{dtype}_{np_}_" + "_".join(extra).replace("-", ""))
-        rc, out, err = train(np_, base(dtype) + ["-b", "8", "-d", "256", "-n", "10", "-o", d] + extra)
-        what = f"{dtype} np={np_} {' '.join(extra)}"
-        if not check(rc == 0, f"{what}: {err[-400:]}"):
-            continue
-        lr = rel([m["loss"] for m in metrics(d)], ref_l)
-        wr = rel(read_state(os.path.join(d, "state_00000010.bin"))[0], ref_w)
-        print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e}")
-        check(lr <= tol, f"{what}: losses rel err {lr:.3e}")
-        check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
+    equivalence(check, tmp, dtype, base(dtype) + ["-b", "8", "-d", "256"], ["-b", "8", "-d", "256"], layouts)
 
 
 MEM = re.compile(r"memory\[0\] start: .* comm=(\d+) layer_activations=(\d+) total=([0-9.]+) MiB")

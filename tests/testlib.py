@@ -77,3 +77,31 @@ def write_shard(path, tokens):
     with open(path, "wb") as f:
         f.write(h.tobytes())
         f.write(tokens.tobytes())
+
+
+def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
+    """Trains one process with args + single, then every (np, extra) layout
+    with args + extra; checks that the losses and the final weights (from
+    the step-`steps` checkpoint) equal the single run's: relative error
+    <= 1e-10 in fp64, <= 1e-5 in fp32."""
+    tol = 1e-10 if dtype == "fp64" else 1e-5
+    ck = ["-n", str(steps)]
+    state = f"state_{steps:08d}.bin"
+    ref = os.path.join(tmp, f"single_{dtype}")
+    rc, out, err = train(0, args + single + ck + ["-o", ref])
+    if not check(rc == 0, f"single {dtype}: {err[-400:]}"):
+        return
+    ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_state(os.path.join(ref, state))[0]
+    for np_, extra in layouts:
+        d = os.path.join(tmp, f"{dtype}_{np_}_" + "_".join(extra).replace("-", ""))
+        rc, out, err = train(np_, args + ck + ["-o", d] + extra)
+        what = f"{dtype} np={np_} {' '.join(extra)}"
+        if not check(rc == 0, f"{what}: {err[-400:]}"):
+            continue
+        lr = rel([m["loss"] for m in metrics(d)], ref_l)
+        wr = rel(read_state(os.path.join(d, state))[0], ref_w)
+        print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e}")
+        check(lr <= tol, f"{what}: losses rel err {lr:.3e}")
+        check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
+        if "--tp" in extra:
+            check("tp replicas of LayerNorm, wpe and row-parallel biases: identical" in out, f"{what}: replicas differ")
