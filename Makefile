@@ -20,7 +20,14 @@ BLAS_INC ?= $(firstword $(wildcard /usr/include/$(ARCH)/openblas-openmp /usr/inc
 CXXFLAGS ?= -O3
 CXXFLAGS += -std=c++17 -Wall -Wextra -fopenmp -I. $(if $(BLAS_INC),-I$(BLAS_INC)) $(MPI_DEF)
 BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
+ifneq ($(BLAS_INC),)
 LDLIBS   += $(if $(BLAS_DIR),-L$(BLAS_DIR) $(BLAS_RPATH)) -lopenblas -lm
+else
+# No OpenBLAS (a GPU machine's image, say): the CPU backend uses plain loops.
+CXXFLAGS += -DLLMC_NO_BLAS
+LDLIBS   += -lm
+$(info building without OpenBLAS (plain-loop matrix products on the CPU))
+endif
 BUILD    := build
 
 LIB_SRCS := $(wildcard llmc/*.cpp)

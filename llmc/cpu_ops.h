@@ -9,7 +9,9 @@
 // per thread), and BLAS gemm does not split the inner dimension, so the same
 // inputs give the same bits run to run.
 #pragma once
+#ifndef LLMC_NO_BLAS
 #include <cblas.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +23,7 @@
 namespace cpu {
 
 // ---- BLAS dispatch (row-major) ---------------------------------------------
+#ifndef LLMC_NO_BLAS
 inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                  int ldb, float beta, float* C, int ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
@@ -31,6 +34,23 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const doub
     cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                 lda, B, ldb, beta, C, ldc);
 }
+#else
+// Without a BLAS (e.g. on a GPU machine whose image has none, where the CPU
+// backend only serves tests): plain loops, one output element per thread.
+template <typename F>
+void gemm(bool ta, bool tb, int M, int N, int K, F alpha, const F* A, int lda, const F* B, int ldb, F beta, F* C,
+          int ldc) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            F acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) * (tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+            F& c = C[(size_t)i * ldc + j];
+            c = alpha * acc + (beta == F(0) ? F(0) : beta * c);
+        }
+}
+#endif
 
 // ---- embeddings --------------------------------------------------------------
 template <typename F>
