@@ -11,6 +11,8 @@
 #   - memory: at a sequence length whose activations one process cannot hold
 #     within --memory-budget, one process stops with an out-of-memory error
 #     and cp=4 trains;
+#   - validation losses and text samples under cp=2 x tp=2 x sp equal one
+#     process's, and its checkpoint resumes in one process;
 #   - errors: T not divisible by 2N, cp larger than the world: one line,
 #     every rank exits.
 # Ring attention itself against full attention: tests/test_ring_attention.cpp.
@@ -75,6 +77,37 @@ def test_memory_and_traffic(tmp):
         print(f"  T=1024 under an 8 MiB budget: one process out of memory; cp=4 trains holding {m.group(3)} MiB/rank")
 
 
+def samples(out):
+    return [x.split("----------------")[0] for x in out.split("---- sample ----")[1:]]
+
+
+def test_samples_val_resume(tmp):
+    # Validation loss and samples (logit rows assembled from the ranks that
+    # hold them) equal one process's; a cp=2 x tp=2 checkpoint resumes in one
+    # process with the uninterrupted run's losses.
+    args = base("fp64") + ["-b", "8", "-d", "256", "-j", DATA, "-v", "5", "-m", "3", "-s", "5", "-g", "12", "-n", "5"]
+    one, many = os.path.join(tmp, "sv_one"), os.path.join(tmp, "sv_many")
+    rc1, out1, err1 = train(0, args + ["-o", one])
+    rc2, out2, err2 = train(4, args + ["--cp", "2", "--tp", "2", "--sp", "1", "-o", many])
+    if not check(rc1 == 0 and rc2 == 0, f"sample/val runs: {err1[-200:]} {err2[-300:]}"):
+        return
+    v1 = [m["val_loss"] for m in metrics(one) if "val_loss" in m]
+    v2 = [m["val_loss"] for m in metrics(many) if "val_loss" in m]
+    check(len(v1) == 2 and max(abs(a - b) / a for a, b in zip(v1, v2)) <= 1e-10, f"val losses {v1} vs {v2}")
+    check(len(samples(out1)) == 2 and samples(out1) == samples(out2), "samples differ from one process's")
+    d = os.path.join(tmp, "sv_resume")
+    os.makedirs(d)
+    for f in ("model_00000005.bin", "state_00000005.bin", "DONE_00000005"):
+        shutil.copy(os.path.join(many, f), d)
+    rc, out, err = train(0, args + ["-y", "1", "-o", d])
+    full = [m["loss"] for m in metrics(one)][5:]
+    got = [m["loss"] for m in metrics(d)] if rc == 0 else []
+    check(len(got) == 5 and max(abs(a - b) / a for a, b in zip(got, full)) <= 1e-10,
+          f"cp=2 x tp=2 checkpoint resumed in one process: {got} vs {full}")
+    check(samples(out) == samples(out1)[1:], "samples after the resume differ")
+    print(f"  cp=2 x tp=2 sp: val losses, {len(samples(out1))} samples and a resume in one process match one process")
+
+
 def test_errors(tmp):
     for np_, extra, flag in ((2, ["--cp", "2", "-t", "18", "-d", "144"], "--cp"),  # 18 % 4
                              (2, ["--cp", "4"], "--cp")):
@@ -95,6 +128,7 @@ def main():
         test_equivalence(tmp, "fp64", layouts)
         test_equivalence(tmp, "fp32", [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp", "1"])])
         test_memory_and_traffic(tmp)
+        test_samples_val_resume(tmp)
         test_errors(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
