@@ -171,6 +171,12 @@ double DataParallel::grad_sum_squares() {
     void* grads = model_.grads();
     const bool count_replicated = !tp_ || tp_->rank() == 0;
     double ss = 0;
+    if (!tp_ && stage_ != 1) {
+        // Nothing to tell apart: one sum over the whole buffer (padding is zero).
+        ss = be_.sum_squares(grads, gt, stage_ == 0 ? table_.total : table_.shard_total);
+        if (stage_ >= 2) ss = comm_.host_all_reduce(ss, ReduceOp::Sum);
+        return ss;
+    }
     for (int u = 0; u < table_.num_units(); u++) {
         // The flat-buffer range this rank owns of unit u, and where it lives.
         size_t lo = stage_ == 0 ? table_.unit_begin[u] : table_.slice_begin(u, rank_);
