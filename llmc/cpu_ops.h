@@ -247,22 +247,6 @@ F attention_row(F* o, const F* qi, const F* k, const F* v, const AttnShape& s, i
     return mx + std::log(sum);
 }
 
-template <typename F>
-void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s) {
-#pragma omp parallel
-    {
-        std::vector<F> p(s.Tk);
-#pragma omp for schedule(static) collapse(2)
-        for (int b = 0; b < s.B; b++)
-            for (int h = 0; h < s.NH; h++)
-                for (int i = 0; i < s.Tq; i++) {
-                    const F* qi = q + b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
-                    F* oi = out + b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
-                    lse[b * s.lb() + h * s.lh() + i] = attention_row(oi, qi, k, v, s, b, h, i, p);
-                }
-    }
-}
-
 // Ring-attention block forward: the block's rows merged into (out, lse) by
 // log-sum-exp (stable form of reference.md section 5's formula).
 template <typename F>
@@ -290,6 +274,12 @@ void attention_block_forward(F* out, F* lse, const F* q, const F* k, const F* v,
                     L = ln;
                 }
     }
+}
+
+// Full attention forward: one block, written rather than merged.
+template <typename F>
+void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s) {
+    attention_block_forward(out, lse, q, k, v, s, true);
 }
 
 // Gradients of one block (dq with q's strides, dk/dv with k's), accumulated.

@@ -6,6 +6,7 @@
 //              tile and a dk/dv kernel per key tile, no atomics)
 // Same cases as attention_forward.cu. The output buffers start as garbage to
 // check that they are overwritten, not accumulated.
+#include "attention_cases.h"
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/attention.cuh"
@@ -42,32 +43,6 @@ __global__ void attention_backward_v1(float* dq, float* dk, float* dv, const flo
             atomicAdd(&dv[ko + c], p * dout[oo + c]);
         }
     }
-}
-
-struct Case {
-    const char* name;
-    AttnShape s;
-    bool packed;
-    size_t qbuf_n, kvbuf_n, koff, voff, out_n;
-};
-
-Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, bool causal, bool packed) {
-    const size_t C = (size_t)NH * HS;
-    Case c{name, {}, packed, 0, 0, 0, 0, 0};
-    if (packed) {
-        c.s = {B, NH, HS, Tq, Tk, 3 * C, 3 * C, C, causal, 1.0 / std::sqrt((double)HS)};
-        c.qbuf_n = c.kvbuf_n = (size_t)B * Tq * 3 * C;
-        c.koff = C;
-        c.voff = 2 * C;
-    } else {
-        c.s = {B, NH, HS, Tq, Tk, C + 4, 2 * C + 6, C + 2, causal, 0.7 / std::sqrt((double)HS)};
-        c.qbuf_n = (size_t)B * Tq * (C + 4);
-        c.kvbuf_n = (size_t)B * Tk * (2 * C + 6);
-        c.koff = 0;
-        c.voff = C;
-    }
-    c.out_n = (size_t)B * Tq * c.s.o_stride;
-    return c;
 }
 
 // Inputs shared by all versions: q/k/v buffers, dout, and out/lse from the
@@ -145,15 +120,7 @@ void check(int version, const Case& c, const char* label, double tol) {
 
 int main() {
     if (!lab::have_gpu()) return lab::finish();
-    const Case cases[] = {
-        make_case("gpt2 HS=64 T=256 causal", 2, 4, 64, 256, 256, true, true),
-        make_case("HS=16 T=100 causal", 2, 3, 16, 100, 100, true, true),
-        make_case("HS=8 T=37 causal", 3, 2, 8, 37, 37, true, true),
-        make_case("HS=128 T=96 causal", 1, 2, 128, 96, 96, true, true),
-        make_case("HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false),
-        make_case("HS=200 Tq=33 Tk=65 strided", 1, 2, 200, 33, 65, false, false),
-        make_case("HS=16 T=64 non-causal strided", 2, 3, 16, 64, 64, false, false),
-    };
+    const std::vector<Case> cases = attention_cases();
     // The backward sums P·(dP - D), which cancels: fp32 needs a little more room.
     const double tol32 = 5e-5;
     std::printf("validation\n");

@@ -7,6 +7,7 @@
 // Cases: GPT-2's packed qkv layout (causal), the odd head sizes of the test
 // models (16, 8), HS=128 and HS=200, T not a multiple of the tile, and
 // non-causal Tq != Tk with padded strides and K, V packed in one buffer.
+#include "attention_cases.h"
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/attention.cuh"
@@ -53,34 +54,6 @@ void run(int version, E* out, float* lse, const E* q, const E* k, const E* v, co
     }
 }
 
-// Buffers for one case: Q lives in qbuf at offset 0; K and V in kvbuf at
-// koff, voff (for the packed layout qbuf == kvbuf: qkv).
-struct Case {
-    const char* name;
-    AttnShape s;
-    bool packed;
-    size_t qbuf_n, kvbuf_n, koff, voff, out_n;
-};
-
-Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, bool causal, bool packed) {
-    const size_t C = (size_t)NH * HS;
-    Case c{name, {}, packed, 0, 0, 0, 0, 0};
-    if (packed) {
-        c.s = {B, NH, HS, Tq, Tk, 3 * C, 3 * C, C, causal, 1.0 / std::sqrt((double)HS)};
-        c.qbuf_n = c.kvbuf_n = (size_t)B * Tq * 3 * C;
-        c.koff = C;
-        c.voff = 2 * C;
-    } else {  // padded strides: q rows of C+4, k|v rows of 2C+6, out rows of C+2
-        c.s = {B, NH, HS, Tq, Tk, C + 4, 2 * C + 6, C + 2, causal, 0.7 / std::sqrt((double)HS)};
-        c.qbuf_n = (size_t)B * Tq * (C + 4);
-        c.kvbuf_n = (size_t)B * Tk * (2 * C + 6);
-        c.koff = 0;
-        c.voff = C;
-    }
-    c.out_n = (size_t)B * Tq * c.s.o_stride;
-    return c;
-}
-
 template <typename E>
 void check(int version, const Case& c, const char* label, double tol) {
     const AttnShape& s = c.s;
@@ -102,15 +75,7 @@ void check(int version, const Case& c, const char* label, double tol) {
 
 int main() {
     if (!lab::have_gpu()) return lab::finish();
-    const Case cases[] = {
-        make_case("gpt2 HS=64 T=256 causal", 2, 4, 64, 256, 256, true, true),
-        make_case("HS=16 T=100 causal", 2, 3, 16, 100, 100, true, true),
-        make_case("HS=8 T=37 causal", 3, 2, 8, 37, 37, true, true),
-        make_case("HS=128 T=96 causal", 1, 2, 128, 96, 96, true, true),
-        make_case("HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false),
-        make_case("HS=200 Tq=33 Tk=65 strided", 1, 2, 200, 33, 65, false, false),
-        make_case("HS=16 T=64 non-causal strided", 2, 3, 16, 64, 64, false, false),
-    };
+    const std::vector<Case> cases = attention_cases();
     std::printf("validation\n");
     for (const Case& c : cases) {
         check<float>(1, c, "v1 fp32", lab::kTolF32);

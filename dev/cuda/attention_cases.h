@@ -1,0 +1,48 @@
+// dev/cuda/attention_cases.h: the attention shapes both attention lab
+// programs (attention_forward.cu, attention_backward.cu) validate on: GPT-2's
+// packed QKV rows, odd head sizes, and padded strides with Tq != Tk.
+#pragma once
+#include <cmath>
+#include <vector>
+
+#include "llmc/backend.h"
+
+// Buffers for one case: Q lives in qbuf at offset 0; K and V in kvbuf at
+// koff, voff (for the packed layout qbuf == kvbuf: qkv).
+struct Case {
+    const char* name;
+    AttnShape s;
+    bool packed;
+    size_t qbuf_n, kvbuf_n, koff, voff, out_n;
+};
+
+inline Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, bool causal, bool packed) {
+    const size_t C = (size_t)NH * HS;
+    Case c{name, {}, packed, 0, 0, 0, 0, 0};
+    if (packed) {
+        c.s = {B, NH, HS, Tq, Tk, 3 * C, 3 * C, C, causal, 1.0 / std::sqrt((double)HS)};
+        c.qbuf_n = c.kvbuf_n = (size_t)B * Tq * 3 * C;
+        c.koff = C;
+        c.voff = 2 * C;
+    } else {  // padded strides: q rows of C+4, k|v rows of 2C+6, out rows of C+2
+        c.s = {B, NH, HS, Tq, Tk, C + 4, 2 * C + 6, C + 2, causal, 0.7 / std::sqrt((double)HS)};
+        c.qbuf_n = (size_t)B * Tq * (C + 4);
+        c.kvbuf_n = (size_t)B * Tk * (2 * C + 6);
+        c.koff = 0;
+        c.voff = C;
+    }
+    c.out_n = (size_t)B * Tq * c.s.o_stride;
+    return c;
+}
+
+inline std::vector<Case> attention_cases() {
+    return {
+        make_case("gpt2 HS=64 T=256 causal", 2, 4, 64, 256, 256, true, true),
+        make_case("HS=16 T=100 causal", 2, 3, 16, 100, 100, true, true),
+        make_case("HS=8 T=37 causal", 3, 2, 8, 37, 37, true, true),
+        make_case("HS=128 T=96 causal", 1, 2, 128, 96, 96, true, true),
+        make_case("HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false),
+        make_case("HS=200 Tq=33 Tk=65 strided", 1, 2, 200, 33, 65, false, false),
+        make_case("HS=16 T=64 non-causal strided", 2, 3, 16, 64, 64, false, false),
+    };
+}
