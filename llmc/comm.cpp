@@ -5,6 +5,10 @@
 // lives with the group construction in process_grid.cpp.
 #include "comm.h"
 
+#include <algorithm>
+
+#include "trace.h"
+
 const char* comm_kind_name(CommKind k) {
     switch (k) {
         case CommKind::AllReduce:
@@ -55,4 +59,67 @@ void Comm::count(CommKind k, size_t full_elems, DType t) {
     }
     counts_.calls[(int)k] += 1;
     counts_.bytes[(int)k] += elems * (uint64_t)dtype_size(t);
+}
+
+// ---- the public calls: the transport's work, traced ---------------------------------
+
+// A call that finished inside do_* (handle 0) is a span at once; one still in
+// flight is remembered until wait(). Groups of one are not traced (they move
+// nothing).
+CommHandle Comm::traced(CommKind k, double t0, uint64_t bytes_before, CommHandle h) {
+    if (size_ <= 1) return h;
+    const uint64_t bytes = counted_bytes() - bytes_before;
+    if (h == 0) {
+        trace::add(k == CommKind::SendRecv ? trace::Track::p2p : trace::Track::collective,
+                   name_ + " " + comm_kind_name(k), comm_kind_name(k), t0, trace::now(),
+                   "\"bytes\": " + std::to_string(bytes));
+        return h;
+    }
+    open_.push_back({h, {k, t0, bytes}});
+    return h;
+}
+
+#define TRACED(kind, call)                                         \
+    if (!traced_ || !trace::on()) return call;                                 \
+    const double t0 = trace::now();                                \
+    const uint64_t b0 = counted_bytes();                           \
+    return traced(kind, t0, b0, call)
+
+CommHandle Comm::start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
+    TRACED(CommKind::AllReduce, do_all_reduce(buf, n, t, op));
+}
+CommHandle Comm::start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
+    TRACED(CommKind::ReduceScatter, do_reduce_scatter(send, recv, recv_n, t));
+}
+CommHandle Comm::start_all_gather(const void* send, void* recv, size_t send_n, DType t) {
+    TRACED(CommKind::AllGather, do_all_gather(send, recv, send_n, t));
+}
+CommHandle Comm::start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
+    TRACED(CommKind::SendRecv, do_send_recv(send, dst, recv, src, n, t));
+}
+CommHandle Comm::start_p2p(const std::vector<P2POp>& ops, DType t) {
+    if (ops.empty()) return 0;
+    TRACED(CommKind::SendRecv, do_p2p(ops, t));
+}
+#undef TRACED
+
+void Comm::broadcast(void* buf, size_t n, DType t, int root) {
+    if (!traced_ || !trace::on()) return do_broadcast(buf, n, t, root);
+    const double t0 = trace::now();
+    const uint64_t b0 = counted_bytes();
+    do_broadcast(buf, n, t, root);
+    traced(CommKind::Broadcast, t0, b0, 0);
+}
+
+void Comm::wait(CommHandle h) {
+    do_wait(h);
+    if (h == 0 || open_.empty()) return;
+    auto it = std::find_if(open_.begin(), open_.end(), [h](const std::pair<CommHandle, Open>& p) { return p.first == h; });
+    if (it == open_.end()) return;
+    const Open o = it->second;
+    open_.erase(it);
+    // The p2p track for sends and receives, the collective track for the rest.
+    trace::add(o.kind == CommKind::SendRecv ? trace::Track::p2p : trace::Track::collective,
+               name_ + " " + comm_kind_name(o.kind), comm_kind_name(o.kind), o.t0, trace::now(),
+               "\"bytes\": " + std::to_string(o.bytes));
 }

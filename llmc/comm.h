@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dtype.h"
 
@@ -37,6 +39,19 @@ struct CommCounts {
 // Opaque handle of a collective in flight; 0 means "already complete".
 using CommHandle = uint64_t;
 
+// One transfer of a point-to-point group (start_p2p): send n elements of
+// buf to `peer`, or receive n into it from `peer`. The tag tells apart
+// messages between the same two ranks that are in flight together (MPI);
+// NCCL matches them by their order in the group, which is the same on both
+// sides because both sides build their groups from the same schedule.
+struct P2POp {
+    bool send;
+    void* buf;
+    int peer;
+    size_t n;
+    int tag;
+};
+
 class Comm {
   public:
     virtual ~Comm() {}
@@ -46,17 +61,22 @@ class Comm {
     CommCounts& counts() { return counts_; }
 
     // In place: buf (n elements) becomes the reduction over the group.
-    virtual CommHandle start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) = 0;
+    CommHandle start_all_reduce(void* buf, size_t n, DType t, ReduceOp op);
     // send holds size()·recv_n elements; rank r receives the sum of block r.
     // recv may be send + rank()·recv_n (in place).
-    virtual CommHandle start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) = 0;
+    CommHandle start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t);
     // Each rank contributes send_n elements; recv gets size()·send_n, rank
     // r's block at r·send_n. send may be recv + rank()·send_n (in place).
-    virtual CommHandle start_all_gather(const void* send, void* recv, size_t send_n, DType t) = 0;
-    virtual void broadcast(void* buf, size_t n, DType t, int root) = 0;
+    CommHandle start_all_gather(const void* send, void* recv, size_t send_n, DType t);
+    void broadcast(void* buf, size_t n, DType t, int root);
     // Sends n elements to rank dst and receives n from rank src, at once.
-    virtual CommHandle start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) = 0;
-    virtual void wait(CommHandle h) = 0;
+    CommHandle start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t);
+    // Several sends and receives to and from any ranks of the group, issued
+    // together (NCCL: one group call, so they progress together and cannot
+    // deadlock against a peer's group holding the matching operations).
+    // Counted as one send-recv call per send.
+    CommHandle start_p2p(const std::vector<P2POp>& ops, DType t);
+    void wait(CommHandle h);
     // Blocking forms.
     void all_reduce(void* buf, size_t n, DType t, ReduceOp op = ReduceOp::Sum) { wait(start_all_reduce(buf, n, t, op)); }
     void reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
@@ -69,10 +89,35 @@ class Comm {
     // Host-side helpers on small host values (always over MPI, uncounted):
     // used for losses, norms and agreeing on errors.
     virtual double host_all_reduce(double x, ReduceOp op) = 0;
+    // Off: calls of this group leave no trace spans (a transport inside
+    // another, whose own span covers them).
+    void set_traced(bool on) { traced_ = on; }
 
   protected:
+    // The transports implement these; the public calls above wrap them with
+    // the trace (llmc/trace.h) so every transport is traced the same way.
+    virtual CommHandle do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) = 0;
+    virtual CommHandle do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) = 0;
+    virtual CommHandle do_all_gather(const void* send, void* recv, size_t send_n, DType t) = 0;
+    virtual void do_broadcast(void* buf, size_t n, DType t, int root) = 0;
+    virtual CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) = 0;
+    virtual CommHandle do_p2p(const std::vector<P2POp>& ops, DType t) = 0;
+    virtual void do_wait(CommHandle h) = 0;
+
     void count(CommKind k, size_t full_elems, DType t);  // adds the ring bytes of one call
     std::string name_;
     int rank_ = 0, size_ = 1;
     CommCounts counts_;
+
+  private:
+    // Tracing: a call's span runs from its start to the wait that ends it.
+    struct Open {
+        CommKind kind;
+        double t0;
+        uint64_t bytes;
+    };
+    CommHandle traced(CommKind k, double t0, uint64_t bytes_before, CommHandle h);
+    uint64_t counted_bytes() const { return counts_.total_bytes(); }
+    std::vector<std::pair<CommHandle, Open>> open_;
+    bool traced_ = true;
 };

@@ -87,7 +87,7 @@ MpiComm::Pending& MpiComm::add_pending(CommHandle* h) {
     return pending_[*h];
 }
 
-CommHandle MpiComm::start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
+CommHandle MpiComm::do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
     count(CommKind::AllReduce, n, t);
     CommHandle h;
     Pending& p = add_pending(&h);
@@ -100,7 +100,7 @@ CommHandle MpiComm::start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) 
     return h;
 }
 
-CommHandle MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
+CommHandle MpiComm::do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
     const size_t full = (size_t)size_ * recv_n;
     count(CommKind::ReduceScatter, full, t);
     const bool in_place = recv == elem_ptr(send, t, (size_t)rank_ * recv_n);
@@ -138,7 +138,7 @@ CommHandle MpiComm::start_reduce_scatter(const void* send, void* recv, size_t re
     return h;
 }
 
-CommHandle MpiComm::start_all_gather(const void* send, void* recv, size_t send_n, DType t) {
+CommHandle MpiComm::do_all_gather(const void* send, void* recv, size_t send_n, DType t) {
     const size_t full = (size_t)size_ * send_n;
     count(CommKind::AllGather, full, t);
     void* mine = elem_ptr(recv, t, (size_t)rank_ * send_n);
@@ -165,7 +165,7 @@ CommHandle MpiComm::start_all_gather(const void* send, void* recv, size_t send_n
     return h;
 }
 
-void MpiComm::broadcast(void* buf, size_t n, DType t, int root) {
+void MpiComm::do_broadcast(void* buf, size_t n, DType t, int root) {
     check_rank(root, size_, "broadcast root", name_);
     count(CommKind::Broadcast, n, t);
     for (size_t off = 0; off < n; off += max_count_) {
@@ -174,7 +174,7 @@ void MpiComm::broadcast(void* buf, size_t n, DType t, int root) {
     }
 }
 
-CommHandle MpiComm::start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
+CommHandle MpiComm::do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
     check_rank(dst, size_, "send_recv destination", name_);
     check_rank(src, size_, "send_recv source", name_);
     count(CommKind::SendRecv, n, t);
@@ -193,7 +193,34 @@ CommHandle MpiComm::start_send_recv(const void* send, int dst, void* recv, int s
     return h;
 }
 
-void MpiComm::wait(CommHandle h) {
+// Tags kP2PTagBase + op.tag keep the pipeline's messages apart from each
+// other and from send_recv's (kTag).
+constexpr int kP2PTagBase = 1000;
+
+CommHandle MpiComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
+    CommHandle h;
+    Pending& p = add_pending(&h);
+    // Receives first, so a matching send never waits on a buffer.
+    for (int pass = 0; pass < 2; pass++) {
+        for (const P2POp& op : ops) {
+            if (op.send != (pass == 1)) continue;
+            check_rank(op.peer, size_, op.send ? "p2p destination" : "p2p source", name_);
+            if (op.send) count(CommKind::SendRecv, op.n, t);
+            for (size_t off = 0; off < op.n; off += max_count_) {
+                const int c = (int)std::min(max_count_, op.n - off);
+                MPI_Request r;
+                if (op.send)
+                    MPI_Isend(elem_ptr(op.buf, t, off), c, mpi_type(t), op.peer, kP2PTagBase + op.tag, comm_, &r);
+                else
+                    MPI_Irecv(elem_ptr(op.buf, t, off), c, mpi_type(t), op.peer, kP2PTagBase + op.tag, comm_, &r);
+                p.reqs.push_back(r);
+            }
+        }
+    }
+    return h;
+}
+
+void MpiComm::do_wait(CommHandle h) {
     if (h == 0) return;
     auto it = pending_.find(h);
     if (it == pending_.end()) dist_abort("internal: wait on an unknown handle of group " + name_);

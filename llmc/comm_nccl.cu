@@ -111,7 +111,7 @@ NcclComm::~NcclComm() {
     if (!fin && impl_->mpi != MPI_COMM_NULL) MPI_Comm_free(&impl_->mpi);
 }
 
-CommHandle NcclComm::start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
+CommHandle NcclComm::do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
     count(CommKind::AllReduce, n, t);
     if (n == 0) return 0;
     impl_->begin();
@@ -122,7 +122,7 @@ CommHandle NcclComm::start_all_reduce(void* buf, size_t n, DType t, ReduceOp op)
 
 // NCCL's in-place forms are exactly comm.h's (recv == send + rank·recv_n;
 // send == recv + rank·send_n), so the pointers pass through unchanged.
-CommHandle NcclComm::start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
+CommHandle NcclComm::do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
     count(CommKind::ReduceScatter, (size_t)size_ * recv_n, t);
     if (recv_n == 0) return 0;
     impl_->begin();
@@ -130,7 +130,7 @@ CommHandle NcclComm::start_reduce_scatter(const void* send, void* recv, size_t r
     return impl_->finish();
 }
 
-CommHandle NcclComm::start_all_gather(const void* send, void* recv, size_t send_n, DType t) {
+CommHandle NcclComm::do_all_gather(const void* send, void* recv, size_t send_n, DType t) {
     count(CommKind::AllGather, (size_t)size_ * send_n, t);
     if (send_n == 0) return 0;
     impl_->begin();
@@ -138,7 +138,7 @@ CommHandle NcclComm::start_all_gather(const void* send, void* recv, size_t send_
     return impl_->finish();
 }
 
-void NcclComm::broadcast(void* buf, size_t n, DType t, int root) {
+void NcclComm::do_broadcast(void* buf, size_t n, DType t, int root) {
     if (root < 0 || root >= size_)
         dist_abort("internal: broadcast root " + std::to_string(root) + " outside group " + name_);
     count(CommKind::Broadcast, n, t);
@@ -148,7 +148,7 @@ void NcclComm::broadcast(void* buf, size_t n, DType t, int root) {
     wait(impl_->finish());
 }
 
-CommHandle NcclComm::start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
+CommHandle NcclComm::do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
     if (dst < 0 || dst >= size_ || src < 0 || src >= size_)
         dist_abort("internal: send_recv ranks " + std::to_string(dst) + ", " + std::to_string(src) + " outside group " +
                    name_);
@@ -164,7 +164,31 @@ CommHandle NcclComm::start_send_recv(const void* send, int dst, void* recv, int 
     return impl_->finish();
 }
 
-void NcclComm::wait(CommHandle h) {
+// One NCCL group: the peers build their groups from the same schedule, so
+// each send meets its receive in a group issued at the same point there.
+CommHandle NcclComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
+    bool any = false;
+    for (const P2POp& op : ops) {
+        if (op.peer < 0 || op.peer >= size_)
+            dist_abort("internal: p2p peer " + std::to_string(op.peer) + " outside group " + name_);
+        if (op.send) count(CommKind::SendRecv, op.n, t);
+        any = any || op.n > 0;
+    }
+    if (!any) return 0;
+    impl_->begin();
+    NCCL_OK(ncclGroupStart());
+    for (const P2POp& op : ops) {
+        if (op.n == 0) continue;
+        if (op.send)
+            NCCL_OK(ncclSend(op.buf, op.n, nccl_type(t), op.peer, impl_->nccl, impl_->stream));
+        else
+            NCCL_OK(ncclRecv(op.buf, op.n, nccl_type(t), op.peer, impl_->nccl, impl_->stream));
+    }
+    NCCL_OK(ncclGroupEnd());
+    return impl_->finish();
+}
+
+void NcclComm::do_wait(CommHandle h) {
     if (h == 0) return;
     auto it = impl_->done.find(h);
     if (it == impl_->done.end()) dist_abort("internal: wait on an unknown handle of group " + name_);

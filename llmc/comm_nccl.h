@@ -26,15 +26,18 @@ class NcclComm : public Comm {
     NcclComm(const NcclComm&) = delete;
     NcclComm& operator=(const NcclComm&) = delete;
 
-    CommHandle start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) override;
-    CommHandle start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) override;
-    CommHandle start_all_gather(const void* send, void* recv, size_t send_n, DType t) override;
+    double host_all_reduce(double x, ReduceOp op) override;
+
+  protected:
+    CommHandle do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) override;
+    CommHandle do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) override;
+    CommHandle do_all_gather(const void* send, void* recv, size_t send_n, DType t) override;
     // Ordered like the others: later compute runs after it; the host does
     // not wait.
-    void broadcast(void* buf, size_t n, DType t, int root) override;
-    CommHandle start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override;
-    void wait(CommHandle h) override;
-    double host_all_reduce(double x, ReduceOp op) override;
+    void do_broadcast(void* buf, size_t n, DType t, int root) override;
+    CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override;
+    CommHandle do_p2p(const std::vector<P2POp>& ops, DType t) override;
+    void do_wait(CommHandle h) override;
 
   private:
     struct Impl;  // NCCL communicator, streams, events (comm_nccl.cu)

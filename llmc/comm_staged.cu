@@ -23,6 +23,7 @@ StagedComm::StagedComm(MPI_Comm comm, const std::string& name, Backend& be)
     name_ = name;
     rank_ = host_->rank();
     size_ = host_->size();
+    host_->set_traced(false);  // our own span covers the staging too
 }
 
 StagedComm::~StagedComm() {
@@ -59,7 +60,7 @@ void StagedComm::sync() { CUDA_OK(cudaStreamSynchronize(static_cast<cudaStream_t
 // the host, wait for them (and so for the compute before them, and for the
 // previous call's copies back, which read the same buffers), run MPI, queue
 // the copies back. Counted here once; the host MpiComm's counts are unused.
-CommHandle StagedComm::start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
+CommHandle StagedComm::do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
     count(CommKind::AllReduce, n, t);
     const size_t bytes = n * dtype_size(t);
     void* h = stage(0, bytes);
@@ -70,7 +71,7 @@ CommHandle StagedComm::start_all_reduce(void* buf, size_t n, DType t, ReduceOp o
     return 0;
 }
 
-CommHandle StagedComm::start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
+CommHandle StagedComm::do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) {
     const size_t full = (size_t)size_ * recv_n;
     count(CommKind::ReduceScatter, full, t);
     const size_t es = dtype_size(t);
@@ -83,7 +84,7 @@ CommHandle StagedComm::start_reduce_scatter(const void* send, void* recv, size_t
     return 0;
 }
 
-CommHandle StagedComm::start_all_gather(const void* send, void* recv, size_t send_n, DType t) {
+CommHandle StagedComm::do_all_gather(const void* send, void* recv, size_t send_n, DType t) {
     const size_t full = (size_t)size_ * send_n;
     count(CommKind::AllGather, full, t);
     const size_t es = dtype_size(t);
@@ -96,7 +97,7 @@ CommHandle StagedComm::start_all_gather(const void* send, void* recv, size_t sen
     return 0;
 }
 
-void StagedComm::broadcast(void* buf, size_t n, DType t, int root) {
+void StagedComm::do_broadcast(void* buf, size_t n, DType t, int root) {
     count(CommKind::Broadcast, n, t);
     const size_t bytes = n * dtype_size(t);
     void* h = stage(0, bytes);
@@ -106,7 +107,7 @@ void StagedComm::broadcast(void* buf, size_t n, DType t, int root) {
     if (rank_ != root) to_device(buf, h, bytes);
 }
 
-CommHandle StagedComm::start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
+CommHandle StagedComm::do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
     count(CommKind::SendRecv, n, t);
     const size_t bytes = n * dtype_size(t);
     void* hs = stage(0, bytes);
@@ -115,6 +116,36 @@ CommHandle StagedComm::start_send_recv(const void* send, int dst, void* recv, in
     sync();
     host_->send_recv(hs, dst, hr, src, n, t);
     to_device(recv, hr, bytes);
+    return 0;
+}
+
+// The sends are staged in one pinned buffer, the receives in the other, each
+// op at its own offset; complete on return, like every call here.
+CommHandle StagedComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
+    const size_t es = dtype_size(t);
+    size_t send_n = 0, recv_n = 0;
+    for (const P2POp& op : ops) (op.send ? send_n : recv_n) += op.n;
+    void* hs = stage(0, send_n * es);
+    void* hr = stage(1, recv_n * es);
+    std::vector<P2POp> host_ops;
+    size_t so = 0, ro = 0;
+    for (const P2POp& op : ops) {
+        P2POp h = op;
+        if (op.send) {
+            count(CommKind::SendRecv, op.n, t);
+            h.buf = elem_ptr(hs, t, so);
+            to_host(h.buf, op.buf, op.n * es);
+            so += op.n;
+        } else {
+            h.buf = elem_ptr(hr, t, ro);
+            ro += op.n;
+        }
+        host_ops.push_back(h);
+    }
+    sync();
+    host_->wait(host_->start_p2p(host_ops, t));
+    for (size_t i = 0; i < ops.size(); i++)
+        if (!ops[i].send) to_device(ops[i].buf, host_ops[i].buf, ops[i].n * es);
     return 0;
 }
 

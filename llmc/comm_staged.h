@@ -27,13 +27,16 @@ class StagedComm : public Comm {
     StagedComm(const StagedComm&) = delete;
     StagedComm& operator=(const StagedComm&) = delete;
 
-    CommHandle start_all_reduce(void* buf, size_t n, DType t, ReduceOp op) override;
-    CommHandle start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) override;
-    CommHandle start_all_gather(const void* send, void* recv, size_t send_n, DType t) override;
-    void broadcast(void* buf, size_t n, DType t, int root) override;
-    CommHandle start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override;
-    void wait(CommHandle) override {}
     double host_all_reduce(double x, ReduceOp op) override;
+
+  protected:
+    CommHandle do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) override;
+    CommHandle do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) override;
+    CommHandle do_all_gather(const void* send, void* recv, size_t send_n, DType t) override;
+    void do_broadcast(void* buf, size_t n, DType t, int root) override;
+    CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override;
+    CommHandle do_p2p(const std::vector<P2POp>& ops, DType t) override;
+    void do_wait(CommHandle) override {}
 
   private:
     void* stage(int i, size_t bytes);                         // pinned buffer i (0, 1), grown to bytes

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "pipeline_parallel.h"
+
 void* DataParallel::alloc(size_t bytes) {
     void* p = be_.alloc(bytes);
     owned_.push_back(p);
@@ -13,8 +15,9 @@ void* DataParallel::alloc(size_t bytes) {
     return p;
 }
 
-DataParallel::DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* tp)
-    : model_(model), comm_(comm), tp_(tp && tp->size() > 1 ? tp : nullptr), be_(model.backend()), table_(model.table()), prec_(model.precision()),
+DataParallel::DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* tp, PipelineParallel* pp)
+    : model_(model), comm_(comm), tp_(tp && tp->size() > 1 ? tp : nullptr), pp_(pp && pp->size() > 1 ? pp : nullptr),
+      be_(model.backend()), table_(model.table()), prec_(model.precision()),
       stage_(zero_stage), rank_(comm.rank()), size_(comm.size()) {
     const Sharding& sh = model.sharding();
     Sharding want = Sharding::for_zero(zero_stage, size_, rank_);
@@ -161,36 +164,46 @@ void DataParallel::flush() {
 
 // ---- the optimizer step -------------------------------------------------------------------------
 
+// The flat-buffer range [lo, hi) of unit u whose reduced gradients this rank
+// owns (all of it at stage 0, its slice otherwise), and where lo lives in
+// the gradient buffer (at).
+void DataParallel::owned_range(int u, size_t* lo, size_t* hi, size_t* at) const {
+    *lo = stage_ == 0 ? table_.unit_begin[u] : table_.slice_begin(u, rank_);
+    *hi = *lo + (stage_ == 0 ? table_.unit_size(u) : table_.shard_size(u));
+    *at = stage_ >= 2 ? table_.shard_begin[u] : *lo;
+}
+
 // Squares of the whole model's gradient. Each rank sums what it owns: all
 // of it (stage 0: every data-parallel rank holds the same), or its slices
 // (stages 1-3, summed over the group). Under tensor parallelism the split
 // tensors are summed over the tp group and the replicated ones, equal on
-// every tp rank, are counted by tp rank 0 only.
+// every tp rank, are counted by tp rank 0 only. Under pipeline parallelism
+// the stages' sums are added and the last stage's copy of the embeddings is
+// left out (the first stage counts them).
 double DataParallel::grad_sum_squares() {
     const DType gt = prec_.grad;
     void* grads = model_.grads();
     const bool count_replicated = !tp_ || tp_->rank() == 0;
     double ss = 0;
-    if (!tp_ && stage_ != 1) {
+    if (!tp_ && stage_ != 1 && !table_.stage.embedding_copy) {
         // Nothing to tell apart: one sum over the whole buffer (padding is zero).
         ss = be_.sum_squares(grads, gt, stage_ == 0 ? table_.total : table_.shard_total);
         if (stage_ >= 2) ss = comm_.host_all_reduce(ss, ReduceOp::Sum);
-        return ss;
+        return pp_ ? pp_->sum_over_stages(ss) : ss;
     }
     for (int u = 0; u < table_.num_units(); u++) {
-        // The flat-buffer range this rank owns of unit u, and where it lives.
-        size_t lo = stage_ == 0 ? table_.unit_begin[u] : table_.slice_begin(u, rank_);
-        size_t hi = lo + (stage_ == 0 ? table_.unit_size(u) : table_.shard_size(u));
-        size_t at = stage_ >= 2 ? table_.shard_begin[u] : lo;  // position of lo in the grads buffer
+        if (table_.unit_size(u) == 0) continue;  // another stage's
+        size_t lo, hi, at;
+        owned_range(u, &lo, &hi, &at);
         for (const TensorEntry& e : table_.entries) {
-            if (e.unit != u || (!e.split && !count_replicated)) continue;
+            if (e.unit != u || (!e.split && !count_replicated) || e.tied_copy) continue;
             size_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
             if (b < en) ss += be_.sum_squares(elem_ptr(grads, gt, at + (b - lo)), gt, en - b);
         }
     }
     if (stage_ >= 1) ss = comm_.host_all_reduce(ss, ReduceOp::Sum);
     if (tp_) ss = tp_->host_all_reduce(ss, ReduceOp::Sum);
-    return ss;
+    return pp_ ? pp_->sum_over_stages(ss) : ss;
 }
 
 double DataParallel::step(const OptimConfig& o, int step) {
@@ -200,10 +213,18 @@ double DataParallel::step(const OptimConfig& o, int step) {
     void *params = model_.params(), *grads = model_.grads(), *master = model_.master();
     void *m = model_.adam_m(), *v = model_.adam_v();
 
+    // The two copies of the tied embedding unit (first and last pipeline
+    // stage) add their gradients, the part this rank owns.
+    if (pp_ && table_.held(0)) {
+        size_t lo, hi, at;
+        owned_range(0, &lo, &hi, &at);
+        pp_->tie_embedding_grads(elem_ptr(grads, gt, at), hi - lo, gt);
+    }
     double norm = std::sqrt(grad_sum_squares());
     AdamArgs args = adam_args(o, step, clip_scale(o, norm));
 
     for (int u = 0; u < U; u++) {
+        if (table_.unit_size(u) == 0) continue;  // another stage's
         UpdateSpan s;
         if (stage_ == 0) {
             size_t b = table_.unit_begin[u];
@@ -222,7 +243,8 @@ double DataParallel::step(const OptimConfig& o, int step) {
     if (stage_ == 1 || stage_ == 2) {
         std::vector<CommHandle> hs;
         for (int u = 0; u < U; u++)
-            hs.push_back(comm_.start_all_gather(elem_ptr(params, pt, table_.slice_begin(u, rank_)),
+            if (table_.unit_size(u) > 0)
+                hs.push_back(comm_.start_all_gather(elem_ptr(params, pt, table_.slice_begin(u, rank_)),
                                                 elem_ptr(params, pt, table_.unit_begin[u]), table_.shard_size(u), pt));
         for (CommHandle h : hs) comm_.wait(h);
     }

@@ -31,21 +31,26 @@
 #include "gpt.h"
 #include "optimizer.h"
 
+class PipelineParallel;
+
 class DataParallel : public UnitProvider {
   public:
     // The model must have been built with Sharding::for_zero(stage, comm.size(), comm.rank()).
     // tp: the tensor-parallel group, for the global gradient norm (null: none).
-    DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* tp = nullptr);
+    // pp: the pipeline, whose stages tie the embedding gradients and sum
+    // the gradient norm (null: none).
+    DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* tp = nullptr, PipelineParallel* pp = nullptr);
     ~DataParallel() override;
 
     int stage() const { return stage_; }
     // Says whether the coming backward is the last micro-step of the step
     // (stages 0 and 1 communicate only then).
     void set_last_micro_step(bool last) { last_micro_ = last; }
-    // Finishes the step: waits for the reductions in flight, measures the
-    // global gradient norm from the shards, clips, runs AdamW on this rank's
-    // part and (stages 1, 2) all-gathers the updated parameters. Returns the
-    // norm before clipping.
+    // Finishes the step: waits for the reductions in flight, sums the tied
+    // embedding gradients of the first and last pipeline stage, measures the
+    // global gradient norm from the shards (over all stages), clips, runs
+    // AdamW on this rank's part and (stages 1, 2) all-gathers the updated
+    // parameters. Returns the norm before clipping.
     double step(const OptimConfig& o, int step);
     // Bytes of the communication buffers (units in flight), for the report.
     size_t comm_buffer_bytes() const { return comm_bytes_; }
@@ -76,10 +81,12 @@ class DataParallel : public UnitProvider {
     void* shard_ptr(void* buf, DType t, int unit) const;
     void* alloc(size_t bytes);
     double grad_sum_squares();
+    void owned_range(int unit, size_t* lo, size_t* hi, size_t* at) const;
 
     GPT& model_;
     Comm& comm_;
     Comm* tp_;
+    PipelineParallel* pp_;
     Backend& be_;
     const TensorTable& table_;
     Precision prec_;

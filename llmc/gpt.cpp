@@ -8,6 +8,14 @@
 // Backward runs the same steps in reverse with one residual-gradient buffer
 // that LayerNorm backward accumulates into.
 //
+// The model is run in chunks of consecutive blocks (one chunk for the whole
+// model unless pipeline parallel splits it, see ModelChunk): a chunk's
+// forward starts from the embeddings or from the residual stream the
+// previous chunk produced, and ends at the LM head or with the residual
+// stream the next chunk needs; its backward runs the other way. Each chunk
+// keeps the activations of up to `slots` micro-batches (those in flight in
+// the pipeline schedule) side by side.
+//
 // Parameters and gradients are reached through a UnitProvider: the model
 // acquires each unit (embeddings, a block, the final LayerNorm) before it
 // computes with it and releases it after, and reports each unit's gradients
@@ -24,18 +32,23 @@
 // Activations. N = B·T tokens; Ns = tokens of the residual stream held here
 // (N/tp under sequence parallelism, else N); Cl = C/tp attention channels,
 // Hl = 4C/tp MLP channels and Vl vocabulary rows of this tensor-parallel rank.
+// Kept per micro-batch slot: per-layer buffers hold one slice per
+// layer-slot (a block of a chunk for one slot, layer_acts()), chunk inputs
+// one per chunk-slot, the embedding and head buffers one per slot of the
+// chunk that has them.
 struct GPT::Acts {
-    int* inputs = nullptr;  // [N]
-    int* targets = nullptr;
+    int* inputs = nullptr;  // [slots, N] token ids (embedding chunk)
+    int* targets = nullptr;  // [slots, N] (head chunk)
     int* pos = nullptr;  // [T] positions 0..T-1
-    void* encoded = nullptr;  // [Ns,C] embeddings (the residual stream's start)
+    void* encoded = nullptr;  // [chunk-slots, Ns,C] the residual stream entering each chunk
     void* emb = nullptr;      // [N,C] partial embeddings (SP: before the reduce-scatter)
-    // per layer, [L, ...]
+    // per layer-slot, [L·slots, ...]
     void *ln1, *ln1_mean, *ln1_rstd;            // [Ns,C], [Ns], [Ns]
     void *qkv, *atty, *lse;                     // [N,3Cl], [N,Cl], [NHl,N]
     void *residual2, *ln2, *ln2_mean, *ln2_rstd;  // [Ns,C], ...
     void *fch, *fch_gelu;                       // [N,Hl]
     void* residual3;                            // [Ns,C]
+    // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
     void* logits;                               // [N,Vl]
     void* losses;                               // [N]
@@ -82,17 +95,59 @@ void* GPT::act_layer(void* base, int l, size_t per_layer_count, DType t) {
     return elem_ptr(base, t, (size_t)l * per_layer_count);
 }
 
+// The units a list of chunks needs (tensors.h StageUnits).
+static StageUnits stage_units(const GPTConfig& cfg, const std::vector<ModelChunk>& chunks) {
+    StageUnits su;
+    su.held.assign(cfg.num_layers + 2, false);
+    bool embed = false, head = false;
+    for (const ModelChunk& c : chunks) {
+        for (int l = c.first_layer; l < c.first_layer + c.layers; l++) su.held[l + 1] = true;
+        embed = embed || c.embed;
+        head = head || c.head;
+    }
+    su.held[0] = embed || head;
+    su.held[cfg.num_layers + 1] = head;
+    su.embedding_copy = head && !embed;
+    return su;
+}
+
+static std::vector<ModelChunk> whole_model(const GPTConfig& cfg) {
+    ModelChunk c;
+    c.first_layer = 0;
+    c.layers = cfg.num_layers;
+    c.embed = c.head = true;
+    c.slots = 1;
+    return {c};
+}
+
 GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, const Sharding& sharding,
-         TensorParallel* tp, ContextParallel* cp)
-    : be_(be), cfg_(cfg), table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0),
-      prec_(be->precision()), B_(B), T_(T), recompute_gelu_(recompute_gelu), tp_(tp && tp->size() > 1 ? tp : nullptr),
+         TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks)
+    : be_(be), cfg_(cfg),
+      table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
+             stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks)),
+      prec_(be->precision()), B_(B), T_(T), recompute_gelu_(recompute_gelu),
+      chunks_(chunks.empty() ? whole_model(cfg) : chunks), tp_(tp && tp->size() > 1 ? tp : nullptr),
       tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), sharding_(sharding) {
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
     const bool sp = tp_ && tp_->sp();
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("sequence parallel needs T divisible by tp");
-    const size_t L = cfg.num_layers, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
+    // Where each chunk's slots live in the per-layer and per-chunk buffers.
+    int embed_slots = 0, head_slots = 0;
+    size_t chunk_slots = 0;
+    for (const ModelChunk& c : chunks_) {
+        if (c.slots < 1 || c.layers < 0 || c.first_layer < 0 || c.first_layer + c.layers > cfg.num_layers)
+            throw std::invalid_argument("GPT: bad model chunk");
+        layer_base_.push_back(layer_slots_);
+        slot_base_.push_back(chunk_slots);
+        layer_slots_ += (size_t)c.layers * c.slots;
+        chunk_slots += c.slots;
+        if (c.embed) embed_slots = c.slots;
+        if (c.head) head_slots = c.slots;
+    }
+    const size_t LS = layer_slots_, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
     const size_t Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
     const size_t full = table_.total, shard = table_.shard_total;
+    const size_t ES = embed_slots, HSl = head_slots;
     const DType act = prec_.act, st = prec_.stat;
     params_ = alloc_buffer("params", "params", sharding.params ? shard : full, prec_.param);
     grads_ = alloc_buffer("grads", "grads", sharding.grads ? shard : full, prec_.grad);
@@ -104,35 +159,37 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
     Acts& a = *a_;
     const char* A = "activations";
     const char* S = "scratch";
-    a.inputs = (int*)alloc_buffer(A, "inputs", N, DType::I32);
-    a.targets = (int*)alloc_buffer(A, "targets", N, DType::I32);
+    if (ES) a.inputs = (int*)alloc_buffer(A, "inputs", ES * N, DType::I32);
+    if (HSl) a.targets = (int*)alloc_buffer(A, "targets", HSl * N, DType::I32);
     a.pos = (int*)alloc_buffer(A, "positions", T, DType::I32);
-    a.encoded = alloc_buffer(A, "encoded", Ns * C, act);
-    a.emb = sp ? alloc_buffer(S, "embeddings_partial", N * C, act) : a.encoded;
-    a.ln1 = alloc_buffer(A, "ln1", L * Ns * C, act, true);
-    a.ln1_mean = alloc_buffer(A, "ln1_mean", L * Ns, st, true);
-    a.ln1_rstd = alloc_buffer(A, "ln1_rstd", L * Ns, st, true);
-    a.qkv = alloc_buffer(A, "qkv", L * N * 3 * Cl, act, true);
-    a.atty = alloc_buffer(A, "atty", L * N * Cl, act, true);
-    a.lse = alloc_buffer(A, "attn_lse", L * N * NHl, st, true);
-    a.residual2 = alloc_buffer(A, "residual2", L * Ns * C, act, true);
-    a.ln2 = alloc_buffer(A, "ln2", L * Ns * C, act, true);
-    a.ln2_mean = alloc_buffer(A, "ln2_mean", L * Ns, st, true);
-    a.ln2_rstd = alloc_buffer(A, "ln2_rstd", L * Ns, st, true);
-    a.fch = alloc_buffer(A, "fch", L * N * Hl, act, true);
-    a.fch_gelu = recompute_gelu ? nullptr : alloc_buffer(A, "fch_gelu", L * N * Hl, act, true);
-    a.residual3 = alloc_buffer(A, "residual3", L * Ns * C, act, true);
-    a.lnf = alloc_buffer(A, "lnf", Ns * C, act);
-    a.lnf_mean = alloc_buffer(A, "lnf_mean", Ns, st);
-    a.lnf_rstd = alloc_buffer(A, "lnf_rstd", Ns, st);
-    a.logits = alloc_buffer(A, "logits", N * Vl, act);
-    a.losses = alloc_buffer(A, "losses", N, st);
-    if (tp_) {
-        a.ce_max = alloc_buffer(S, "ce_max", N, st);
-        a.ce_target = alloc_buffer(S, "ce_target", N, st);
-        a.ce_sumexp = alloc_buffer(S, "ce_sumexp", N, st);
+    a.encoded = alloc_buffer(A, "chunk_inputs", chunk_slots * Ns * C, act);
+    if (ES) a.emb = sp ? alloc_buffer(S, "embeddings_partial", N * C, act) : nullptr;
+    a.ln1 = alloc_buffer(A, "ln1", LS * Ns * C, act, true);
+    a.ln1_mean = alloc_buffer(A, "ln1_mean", LS * Ns, st, true);
+    a.ln1_rstd = alloc_buffer(A, "ln1_rstd", LS * Ns, st, true);
+    a.qkv = alloc_buffer(A, "qkv", LS * N * 3 * Cl, act, true);
+    a.atty = alloc_buffer(A, "atty", LS * N * Cl, act, true);
+    a.lse = alloc_buffer(A, "attn_lse", LS * N * NHl, st, true);
+    a.residual2 = alloc_buffer(A, "residual2", LS * Ns * C, act, true);
+    a.ln2 = alloc_buffer(A, "ln2", LS * Ns * C, act, true);
+    a.ln2_mean = alloc_buffer(A, "ln2_mean", LS * Ns, st, true);
+    a.ln2_rstd = alloc_buffer(A, "ln2_rstd", LS * Ns, st, true);
+    a.fch = alloc_buffer(A, "fch", LS * N * Hl, act, true);
+    a.fch_gelu = recompute_gelu ? nullptr : alloc_buffer(A, "fch_gelu", LS * N * Hl, act, true);
+    a.residual3 = alloc_buffer(A, "residual3", LS * Ns * C, act, true);
+    if (HSl) {
+        a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);
+        a.lnf_mean = alloc_buffer(A, "lnf_mean", HSl * Ns, st);
+        a.lnf_rstd = alloc_buffer(A, "lnf_rstd", HSl * Ns, st);
+        a.logits = alloc_buffer(A, "logits", HSl * N * Vl, act);
+        a.losses = alloc_buffer(A, "losses", N, st);
+        if (tp_) {
+            a.ce_max = alloc_buffer(S, "ce_max", N, st);
+            a.ce_target = alloc_buffer(S, "ce_target", N, st);
+            a.ce_sumexp = alloc_buffer(S, "ce_sumexp", N, st);
+        }
+        if (tp_ || cp_) a.logit_row = alloc_buffer(S, "logit_row", cfg.vocab_size, act);
     }
-    if (tp_ || cp_) a.logit_row = alloc_buffer(S, "logit_row", cfg.vocab_size, act);
     if (sp) {
         a.ln_full = alloc_buffer(S, "ln_gathered", N * C, act);
         a.proj_s = alloc_buffer(S, "proj_local", Ns * C, act);
@@ -146,6 +203,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
     a.datt = alloc_buffer(S, "d_atty", N * Cl, act);
     a.d4C = alloc_buffer(S, "d_hidden", N * Hl, act);
     a.dqkv = alloc_buffer(S, "d_qkv", N * 3 * Cl, act);
+    grad_ready_.assign(std::max(1, head_slots), 0);
 
     std::vector<int> pos(T);
     for (int t = 0; t < T; t++) pos[t] = t;
@@ -169,7 +227,12 @@ size_t GPT::layer_activation_bytes() const {
     size_t n = 0;
     for (const BufferInfo& b : buffers_)
         if (b.per_layer) n += b.bytes;
-    return n / cfg_.num_layers;
+    return layer_slots_ ? n / layer_slots_ : 0;
+}
+
+size_t GPT::boundary_elems() const {
+    const size_t N = (size_t)B_ * T_;
+    return (tp_ && tp_->sp() ? N / tp_size_ : N) * cfg_.channels;
 }
 
 size_t GPT::activation_bytes() const {
@@ -219,7 +282,7 @@ void GPT::release(int unit) {
 // ---- initialisation and host transfer -------------------------------------------------
 
 template <typename Fn>
-void GPT::for_each_piece(bool sharded, Fn fn, Tensors which) const {
+void GPT::for_each_piece(bool sharded, Fn fn, Tensors which, bool skip_copies) const {
     // One run of the tensor's local memory <-> the file, cut to this rank's
     // slice of the unit when the buffer is sharded.
     auto emit = [&](const TensorEntry& e, size_t local, size_t file, size_t n) {
@@ -231,6 +294,7 @@ void GPT::for_each_piece(bool sharded, Fn fn, Tensors which) const {
     };
     for (const TensorEntry& e : table_.entries) {
         if ((which == Tensors::split && !e.split) || (which == Tensors::replicated && e.split)) continue;
+        if (skip_copies && e.tied_copy) continue;
         for (const RowRun& r : e.runs) {
             if (e.cols == e.file_cols) {  // whole rows: one contiguous run
                 emit(e, r.local * e.cols, e.file_offset + r.global * e.file_cols, r.count * e.cols);
@@ -260,7 +324,7 @@ void GPT::get_file_order(void* host, DType dst_t, const void* buf, bool sharded,
         sharded, [&](size_t f, size_t o, size_t n) {
             be_->download(elem_ptr(host, dst_t, f), dst_t, elem_ptr(buf, src_t, o), src_t, n);
         },
-        which);
+        which, true);
 }
 
 double GPT::replicated_checksum() {
@@ -272,6 +336,13 @@ double GPT::replicated_checksum() {
     return ss;
 }
 
+double GPT::unit_checksum(int u) {
+    if (table_.unit_size(u) == 0) return 0;
+    const size_t at = sharding_.params ? table_.shard_begin[u] : table_.unit_begin[u];
+    const size_t n = sharding_.params ? table_.shard_size(u) : table_.unit_size(u);
+    return be_->sum_squares(elem_ptr(params_, prec_.param, at), prec_.param, n);
+}
+
 void GPT::set_weights_file_order(const void* host, DType t) {
     set_file_order(params_, sharding_.params, prec_.param, host, t);
     if (master_) set_file_order(master_, sharding_.optimizer, prec_.master, host, t);
@@ -280,11 +351,13 @@ void GPT::set_weights_file_order(const void* host, DType t) {
 void GPT::init_random(uint64_t seed) {
     // Drawn on the host in file order for the whole model, tensor by tensor,
     // so the values do not depend on the memory layout or on which rank holds
-    // what: every rank draws every tensor and keeps its own part.
+    // what: every rank draws every tensor of the whole model (the table of
+    // one process lists them) and keeps its own part.
     Rng rng(seed);
     const double std_base = 0.02, std_resid = 0.02 / std::sqrt(2.0 * cfg_.num_layers);
+    const TensorTable whole(cfg_);
     std::vector<const TensorEntry*> order;
-    for (const TensorEntry& e : table_.entries) order.push_back(&e);
+    for (const TensorEntry& e : whole.entries) order.push_back(&e);
     std::sort(order.begin(), order.end(),
               [](const TensorEntry* x, const TensorEntry* y) { return x->file_offset < y->file_offset; });
     std::vector<double> host;
@@ -344,25 +417,41 @@ struct GPT::LayerActs {
     void *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *x2, *ln2, *ln2_mean, *ln2_rstd, *fch, *h, *x3;
 };
 
-GPT::LayerActs GPT::layer_acts(int l, int N, int Ns) {
+// Layer-slot of block l for the micro-batch in `slot`: the chunk's slots
+// follow one another, each holding the chunk's blocks in order.
+int GPT::chunk_of_layer(int l) const {
+    for (size_t c = 0; c < chunks_.size(); c++)
+        if (l >= chunks_[c].first_layer && l < chunks_[c].first_layer + chunks_[c].layers) return (int)c;
+    throw std::logic_error("GPT: block " + std::to_string(l) + " is not on this pipeline stage");
+}
+
+void* GPT::chunk_in(int c, int slot) {
+    const size_t N = (size_t)last_B_ * last_T_, Ns = tp_ && tp_->sp() ? N / tp_size_ : N;
+    return act_layer(a_->encoded, (int)(slot_base_[c] + slot), Ns * cfg_.channels, prec_.act);
+}
+
+GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     Acts& a = *a_;
     const size_t C = cfg_.channels, Cl = C / tp_size_, Hl = 4 * C / tp_size_;
     const DType act = prec_.act, st = prec_.stat;
+    const int c = chunk_of_layer(l);
+    const ModelChunk& ch = chunks_[c];
+    const int i = (int)(layer_base_[c] + (size_t)slot * ch.layers + (l - ch.first_layer));
     LayerActs r;
-    r.x = l == 0 ? a.encoded : act_layer(a.residual3, l - 1, Ns * C, act);
-    r.ln1 = act_layer(a.ln1, l, Ns * C, act);
-    r.ln1_mean = act_layer(a.ln1_mean, l, Ns, st);
-    r.ln1_rstd = act_layer(a.ln1_rstd, l, Ns, st);
-    r.qkv = act_layer(a.qkv, l, N * 3 * Cl, act);
-    r.atty = act_layer(a.atty, l, N * Cl, act);
-    r.lse = act_layer(a.lse, l, (size_t)N * table_.heads, st);
-    r.x2 = act_layer(a.residual2, l, Ns * C, act);
-    r.ln2 = act_layer(a.ln2, l, Ns * C, act);
-    r.ln2_mean = act_layer(a.ln2_mean, l, Ns, st);
-    r.ln2_rstd = act_layer(a.ln2_rstd, l, Ns, st);
-    r.fch = act_layer(a.fch, l, N * Hl, act);
-    r.h = recompute_gelu_ ? a.gelu_tmp : act_layer(a.fch_gelu, l, N * Hl, act);
-    r.x3 = act_layer(a.residual3, l, Ns * C, act);
+    r.x = l == ch.first_layer ? chunk_in(c, slot) : act_layer(a.residual3, i - 1, Ns * C, act);
+    r.ln1 = act_layer(a.ln1, i, Ns * C, act);
+    r.ln1_mean = act_layer(a.ln1_mean, i, Ns, st);
+    r.ln1_rstd = act_layer(a.ln1_rstd, i, Ns, st);
+    r.qkv = act_layer(a.qkv, i, N * 3 * Cl, act);
+    r.atty = act_layer(a.atty, i, N * Cl, act);
+    r.lse = act_layer(a.lse, i, (size_t)N * table_.heads, st);
+    r.x2 = act_layer(a.residual2, i, Ns * C, act);
+    r.ln2 = act_layer(a.ln2, i, Ns * C, act);
+    r.ln2_mean = act_layer(a.ln2_mean, i, Ns, st);
+    r.ln2_rstd = act_layer(a.ln2_rstd, i, Ns, st);
+    r.fch = act_layer(a.fch, i, N * Hl, act);
+    r.h = recompute_gelu_ ? a.gelu_tmp : act_layer(a.fch_gelu, i, N * Hl, act);
+    r.x3 = act_layer(a.residual3, i, Ns * C, act);
     return r;
 }
 
@@ -370,31 +459,62 @@ GPT::LayerActs GPT::layer_acts(int l, int N, int Ns) {
 static int block_unit(int l) { return l + 1; }
 
 double GPT::forward(const int* inputs, const int* targets, int B, int T, double dloss) {
+    if (chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head)
+        throw std::logic_error("GPT::forward: the model is split into pipeline chunks");
+    return forward_chunk(0, 0, inputs, nullptr, targets, B, T, dloss);
+}
+
+void GPT::backward() {
+    if (chunks_.size() != 1) throw std::logic_error("GPT::backward: the model is split into pipeline chunks");
+    backward_chunk(0, 0, nullptr);
+}
+
+const void* GPT::chunk_output(int c, int slot) {
+    const ModelChunk& ch = chunks_.at(c);
+    if (ch.head || ch.layers == 0) throw std::logic_error("GPT::chunk_output: the head chunk has no output");
+    const int N = last_B_ * last_T_, Ns = tp_ && tp_->sp() ? N / tp_size_ : N;
+    return layer_acts(ch.first_layer + ch.layers - 1, slot, N, Ns).x3;
+}
+
+const void* GPT::input_grad() const { return a_->dresidual; }
+
+double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
+                          double dloss) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
     if (cp_ && T != T_) throw std::invalid_argument("forward: context parallel runs whole local sequences");
+    const ModelChunk& ch = chunks_.at(c);
+    if (slot < 0 || slot >= ch.slots) throw std::logic_error("forward: no such activation slot");
     const bool sp = tp_ && tp_->sp();
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("forward: sequence parallel needs T divisible by tp");
     Acts& a = *a_;
     const int L = cfg_.num_layers, C = cfg_.channels, V = cfg_.vocab_size, N = B * T, Ns = sp ? N / tp_size_ : N;
     const int Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
-    const int final_unit = L + 1;
+    const int final_unit = L + 1, first = ch.first_layer, end = ch.first_layer + ch.layers;
     const bool bias_in_matmul = !tp_;  // row-parallel biases wait for the reduction
     const DType act = prec_.act, st = prec_.stat;
     last_B_ = B;
     last_T_ = T;
-    grad_ready_ = false;
-    be_->upload(a.inputs, DType::I32, inputs, DType::I32, N);
-    if (targets) be_->upload(a.targets, DType::I32, targets, DType::I32, N);
+    void* x0 = chunk_in(c, slot);
+    if (ch.head) grad_ready_[slot] = 0;
+    int* tok = ch.embed ? a.inputs + (size_t)slot * N : nullptr;
+    int* tgt = ch.head ? a.targets + (size_t)slot * N : nullptr;
+    if (ch.embed) be_->upload(tok, DType::I32, inputs, DType::I32, N);
+    else be_->copy(x0, x_in, (size_t)Ns * C * dtype_size(act));
+    if (ch.head && targets) be_->upload(tgt, DType::I32, targets, DType::I32, N);
 
     // Embeddings: this rank's vocabulary rows (positions added by tp rank 0
-    // only), summed over the tp group by g. The embedding unit stays
-    // acquired until the LM head (tied wte) is done.
-    acquire(0);
-    provider_->prefetch(block_unit(0));
-    const bool add_pos = !tp_ || tp_->rank() == 0;
-    be_->encoder_forward(a.emb, a.inputs, a.pos, P(Param::wte), add_pos ? P(Param::wpe) : nullptr, B, T, C,
-                         table_.vocab_begin, table_.vocab_begin + Vl);
-    if (tp_) tp_->g_forward(a.emb, a.encoded, C, N, act);
+    // only), summed over the tp group by g. When the chunk also ends the
+    // model, the embedding unit stays acquired until the LM head (tied wte).
+    if (ch.embed) {
+        acquire(0);
+        if (ch.layers > 0) provider_->prefetch(block_unit(first));
+        const bool add_pos = !tp_ || tp_->rank() == 0;
+        void* emb = sp ? a.emb : x0;
+        be_->encoder_forward(emb, tok, a.pos, P(Param::wte), add_pos ? P(Param::wpe) : nullptr, B, T, C,
+                             table_.vocab_begin, table_.vocab_begin + Vl);
+        if (tp_) tp_->g_forward(emb, x0, C, N, act);
+        if (!ch.head) release(0);
+    }
     const AttnShape shape{B, NHl, C / cfg_.num_heads, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true,
                           1.0 / std::sqrt((double)(C / cfg_.num_heads))};
     // f and g around a column-parallel / row-parallel pair (identities without tp).
@@ -405,16 +525,22 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
         be_->add_bias(out, bias, Ns, C);
         return out;
     };
-    acquire(block_unit(0));
-    for (int l = 0; l < L; l++) {
-        const int next = l + 1 < L ? block_unit(l + 1) : final_unit;
-        provider_->prefetch(next);
-        const LayerActs la = layer_acts(l, N, Ns);
+    void* lnf = ch.head ? elem_ptr(a.lnf, act, (size_t)slot * Ns * C) : nullptr;
+    void* lnf_mean = ch.head ? elem_ptr(a.lnf_mean, st, (size_t)slot * Ns) : nullptr;
+    void* lnf_rstd = ch.head ? elem_ptr(a.lnf_rstd, st, (size_t)slot * Ns) : nullptr;
+    if (ch.layers > 0) acquire(block_unit(first));
+    for (int l = first; l < end; l++) {
+        // The unit after this block: the next block of the chunk, the final
+        // LayerNorm when the chunk ends the model, else none (next stage's).
+        const int next = l + 1 < end ? block_unit(l + 1) : ch.head ? final_unit : -1;
+        if (next >= 0) provider_->prefetch(next);
+        const LayerActs la = layer_acts(l, slot, N, Ns);
         void *x = la.x, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *lse = la.lse, *x2 = la.x2, *ln2 = la.ln2;
         void *fch = la.fch, *h = la.h, *x3 = la.x3;
 
-        // For l > 0, ln1 was produced by the previous block's fused residual + LayerNorm.
-        if (l == 0)
+        // For later blocks, ln1 was produced by the previous block's fused
+        // residual + LayerNorm; the chunk's first block normalises its input.
+        if (l == first)
             be_->layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x,
                                    P(Param::ln1w, l), P(Param::ln1b, l), Ns, C);
         // attention: QKV column-parallel by heads, attproj row-parallel
@@ -432,41 +558,51 @@ double GPT::forward(const int* inputs, const int* targets, int B, int T, double 
         be_->matmul_forward(a.proj, h, P(Param::fcprojw, l), bias_in_matmul ? P(Param::fcprojb, l) : nullptr, N, Hl, C);
         void* mlp_out = g_fwd(P(Param::fcprojb, l));
         // Residual add fused with the next LayerNorm (next block's ln1, or
-        // lnf), whose parameters belong to the next unit.
-        acquire(next);
-        if (l + 1 < L) {
-            const LayerActs nx = layer_acts(l + 1, N, Ns);
+        // lnf), whose parameters belong to the next unit; at the end of a
+        // chunk that does not end the model, the residual add alone.
+        if (next >= 0) acquire(next);
+        if (l + 1 < end) {
+            const LayerActs nx = layer_acts(l + 1, slot, N, Ns);
             be_->residual_layernorm_forward(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, P(Param::ln1w, l + 1),
                                             P(Param::ln1b, l + 1), Ns, C);
-        } else {
-            be_->residual_layernorm_forward(x3, a.lnf, a.lnf_mean, a.lnf_rstd, x2, mlp_out, P(Param::lnfw),
+        } else if (ch.head) {
+            be_->residual_layernorm_forward(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, P(Param::lnfw),
                                             P(Param::lnfb), Ns, C);
+        } else {
+            be_->residual_forward(x3, x2, mlp_out, (size_t)Ns * C);
         }
         release(block_unit(l));
     }
+    if (!ch.head) return 0.0;
+    if (ch.layers == 0) {  // a head chunk without blocks normalises its input
+        acquire(final_unit);
+        be_->layernorm_forward(lnf, lnf_mean, lnf_rstd, x0, P(Param::lnfw), P(Param::lnfb), Ns, C);
+    }
     release(final_unit);
     // LM head: vocabulary-parallel, column-parallel over wte's rows (f).
-    be_->matmul_forward(a.logits, f_fwd(a.lnf), P(Param::wte), nullptr, N, C, Vl);
+    if (!ch.embed) acquire(0);
+    void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
+    be_->matmul_forward(logits, f_fwd(lnf), P(Param::wte), nullptr, N, C, Vl);
     release(0);
     if (!targets) return 0.0;
     if (!tp_) {
-        be_->softmax_crossentropy(a.logits, a.losses, a.targets, dloss, N, V, Vl, dloss != 0.0);
+        be_->softmax_crossentropy(logits, a.losses, tgt, dloss, N, V, Vl, dloss != 0.0);
     } else {
         // Vocab-parallel cross-entropy: the logits are never gathered.
         const int vb = table_.vocab_begin;
-        be_->crossentropy_stats(a.logits, a.targets, a.ce_max, a.ce_target, N, Vl, vb, V);
+        be_->crossentropy_stats(logits, tgt, a.ce_max, a.ce_target, N, Vl, vb, V);
         tp_->max(a.ce_max, N, st);
         tp_->sum(a.ce_target, N, st);
-        be_->crossentropy_sumexp(a.logits, a.ce_max, a.ce_sumexp, N, Vl, vb, V);
+        be_->crossentropy_sumexp(logits, a.ce_max, a.ce_sumexp, N, Vl, vb, V);
         tp_->sum(a.ce_sumexp, N, st);
-        be_->crossentropy_finish(a.logits, a.losses, a.targets, a.ce_max, a.ce_sumexp, a.ce_target, dloss, N, Vl, vb,
+        be_->crossentropy_finish(logits, a.losses, tgt, a.ce_max, a.ce_sumexp, a.ce_target, dloss, N, Vl, vb,
                                  V, dloss != 0.0);
     }
-    grad_ready_ = dloss != 0.0;
+    grad_ready_[slot] = dloss != 0.0;
     std::vector<double> losses(N);
     be_->download(losses.data(), DType::F64, a.losses, st, N);
     double sum = 0;
-    for (double x : losses) sum += x;
+    for (double v : losses) sum += v;
     return sum / N;
 }
 
@@ -476,6 +612,8 @@ void GPT::logits_row(int b, int pos, void* out, DType dt) {
     for (int i = 0; i < last_T_; i++)
         if (pos_host_[i] == pos) t = i;
     const size_t Vl = table_.vocab_rows, V = cfg_.vocab_size;
+    if (!a_->logits) throw std::logic_error("logits_row: this pipeline stage has no LM head");
+    // Slot 0 of the head chunk: the forward-only passes (samples) use it.
     const void* src = t >= 0 ? elem_ptr(a_->logits, prec_.act, ((size_t)b * last_T_ + t) * Vl) : nullptr;
     if (!tp_ && !cp_) {
         if (!src) throw std::invalid_argument("logits_row: position not in the last forward");
@@ -494,42 +632,61 @@ void GPT::logits_row(int b, int pos, void* out, DType dt) {
 
 // ---- backward ----------------------------------------------------------------------
 
-void GPT::backward() {
-    if (!grad_ready_) throw std::logic_error("backward: the last forward computed no loss gradient");
+void GPT::backward_chunk(int c, int slot, const void* dy) {
+    const ModelChunk& ch = chunks_.at(c);
+    if (slot < 0 || slot >= ch.slots) throw std::logic_error("backward: no such activation slot");
+    if (ch.head && !grad_ready_[slot]) throw std::logic_error("backward: the last forward computed no loss gradient");
     Acts& a = *a_;
     const bool sp = tp_ && tp_->sp();
     const int L = cfg_.num_layers, C = cfg_.channels;
     const int B = last_B_, T = last_T_, N = B * T, Ns = sp ? N / tp_size_ : N;
     const int Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
-    const int final_unit = L + 1;
+    const int final_unit = L + 1, first = ch.first_layer, end = ch.first_layer + ch.layers;
     const DType act = prec_.act;
     const AttnShape shape{B, NHl, C / cfg_.num_heads, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true,
                           1.0 / std::sqrt((double)(C / cfg_.num_heads))};
-    std::fill(unit_grads_.begin(), unit_grads_.end(), nullptr);
+    // Gradient buffers are handed out afresh for each backward (ZeRO-2/3).
+    if (ch.embed || ch.head) unit_grads_[0] = nullptr;
+    if (ch.head) unit_grads_[final_unit] = nullptr;
+    for (int l = first; l < end; l++) unit_grads_[block_unit(l)] = nullptr;
     // The conjugates' backward (identities without tp). Under SP a LayerNorm
     // output is gathered again rather than kept whole (activation memory).
     auto f_input = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
     auto f_bwd = [&]() -> void* { return tp_ ? tp_->f_backward(a.dln, a.dln_s, C, N, act) : a.dln; };
     auto g_bwd = [&]() -> const void* { return tp_ ? tp_->g_backward(a.dresidual, a.dfull, C, N, act) : a.dresidual; };
 
-    // LM head (tied to wte) and final LayerNorm: logits now hold dlogits. The
-    // embedding unit stays acquired until the encoder's backward at the end.
-    acquire(0);
-    acquire(final_unit);
-    provider_->prefetch(block_unit(L - 1));
-    be_->matmul_backward(a.dln, G(Param::wte), nullptr, a.logits, f_input(a.lnf), P(Param::wte), N, C, Vl);
-    be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
-    be_->layernorm_backward(a.dresidual, G(Param::lnfw), G(Param::lnfb), f_bwd(),
-                            layer_acts(L - 1, N, Ns).x3, P(Param::lnfw), a.lnf_mean, a.lnf_rstd,
-                            Ns, C);
-    provider_->grads_done(final_unit);
-    release(final_unit);
+    if (ch.head) {
+        // LM head (tied to wte) and final LayerNorm: logits now hold dlogits.
+        // When the chunk also starts the model, the embedding unit stays
+        // acquired until the encoder's backward at the end.
+        void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
+        void* lnf = elem_ptr(a.lnf, act, (size_t)slot * Ns * C);
+        acquire(0);
+        acquire(final_unit);
+        if (ch.layers > 0) provider_->prefetch(block_unit(end - 1));
+        be_->matmul_backward(a.dln, G(Param::wte), nullptr, logits, f_input(lnf), P(Param::wte), N, C, Vl);
+        if (!ch.embed) {  // the last stage's copy of the embedding unit is done
+            provider_->grads_done(0);
+            release(0);
+        }
+        be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
+        const void* lnf_in = ch.layers > 0 ? layer_acts(end - 1, slot, N, Ns).x3 : chunk_in(c, slot);
+        be_->layernorm_backward(a.dresidual, G(Param::lnfw), G(Param::lnfb), f_bwd(), lnf_in, P(Param::lnfw),
+                                elem_ptr(a.lnf_mean, prec_.stat, (size_t)slot * Ns),
+                                elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Ns, C);
+        provider_->grads_done(final_unit);
+        release(final_unit);
+        grad_ready_[slot] = 0;
+    } else {
+        // The next chunk's gradient of our output is the residual gradient.
+        be_->copy(a.dresidual, dy, (size_t)Ns * C * dtype_size(act));
+    }
 
-    for (int l = L - 1; l >= 0; l--) {
+    for (int l = end - 1; l >= first; l--) {
         const int u = block_unit(l);
         acquire(u);
-        if (l > 0) provider_->prefetch(block_unit(l - 1));
-        const LayerActs la = layer_acts(l, N, Ns);
+        if (l > first) provider_->prefetch(block_unit(l - 1));
+        const LayerActs la = layer_acts(l, slot, N, Ns);
         void *x = la.x, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *lse = la.lse, *x2 = la.x2, *ln2 = la.ln2;
         void *fch = la.fch, *h = la.h;
         if (recompute_gelu_) be_->gelu_forward(h, fch, (size_t)N * Hl);
@@ -557,11 +714,11 @@ void GPT::backward() {
         provider_->grads_done(u);
         release(u);
     }
+    if (!ch.embed) return;  // dresidual holds the gradient of the chunk's input
     // Embeddings: every tp rank computes wpe's gradient from the whole
     // output gradient (so the replicas agree) and its vocabulary rows' of wte.
-    be_->encoder_backward(G(Param::wte), G(Param::wpe), g_bwd(), a.inputs, a.pos, B, T, C, table_.vocab_begin,
-                          table_.vocab_begin + Vl);
+    be_->encoder_backward(G(Param::wte), G(Param::wpe), g_bwd(), a.inputs + (size_t)slot * N, a.pos, B, T, C,
+                          table_.vocab_begin, table_.vocab_begin + Vl);
     provider_->grads_done(0);
-    release(0);
-    grad_ready_ = false;
+    if (ch.head) release(0);
 }

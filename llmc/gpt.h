@@ -42,6 +42,18 @@ class UnitProvider {
     virtual void grads_done(int unit) = 0;  // the unit's gradients of this micro-step are complete
 };
 
+// The part of the model a pipeline stage runs (llmc/pipeline_parallel.h
+// plans it): model chunks of consecutive blocks; the chunk that starts the
+// model begins with the embeddings, the one that ends it finishes with the
+// final LayerNorm and the LM head. Each chunk keeps the activations of up to
+// `slots` micro-batches at once (those in flight in the schedule). The
+// default is the whole model as one chunk of one slot.
+struct ModelChunk {
+    int first_layer = 0, layers = 0;
+    bool embed = false, head = false;
+    int slots = 1;
+};
+
 // A named backend allocation, for the memory report.
 struct BufferInfo {
     std::string group;  // "params", "grads", "master", "optimizer", "activations", "scratch"
@@ -60,8 +72,10 @@ class GPT {
     // parallelism B·T must divide by the tp degree.
     // cp: context parallelism (ring attention); T is then the local sequence
     // length T/c and set_positions() gives the global positions.
+    // chunks: what this pipeline stage runs (empty: the whole model).
     GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu = false,
-        const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr);
+        const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
+        const std::vector<ModelChunk>& chunks = {});
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -113,11 +127,34 @@ class GPT {
     // Forward over inputs (host int32 [B,T]); returns the mean loss over the
     // B·T targets when targets is non-null. With dloss != 0 the fused
     // classifier leaves dloss·(softmax - onehot) in the logits for backward
-    // (the caller passes 1/(tokens in the global batch)).
+    // (the caller passes 1/(tokens in the global batch)). Whole models only
+    // (one chunk holding the embeddings and the head).
     double forward(const int* inputs, const int* targets, int B, int T, double dloss = 0.0);
     // Backward of the last forward (which must have had dloss != 0);
     // gradients accumulate (+=) into grads().
     void backward();
+
+    // ---- model chunks (pipeline parallel) ----
+    const std::vector<ModelChunk>& chunks() const { return chunks_; }
+    // Elements of the activation that crosses a chunk boundary: the residual
+    // stream of B·T tokens (this rank's N/tp under sequence parallelism).
+    size_t boundary_elems() const;
+    // Forward of chunk c on the micro-batch kept in `slot`. A chunk with the
+    // embeddings reads token ids `inputs` (host); any other reads `x` (the
+    // previous chunk's output, backend memory, boundary_elems() elements),
+    // which is copied into the slot. The head chunk takes `targets` and
+    // returns the mean loss (0 for other chunks or without targets).
+    double forward_chunk(int c, int slot, const int* inputs, const void* x, const int* targets, int B, int T,
+                         double dloss = 0.0);
+    // The residual stream leaving chunk c for the micro-batch in `slot`
+    // (valid until that slot's next forward). Not for the head chunk.
+    const void* chunk_output(int c, int slot);
+    // Backward of chunk c for the micro-batch in `slot`: dy is the gradient
+    // of its output (null for the head chunk, which starts from its loss).
+    void backward_chunk(int c, int slot, const void* dy);
+    // The gradient of the input of the chunk whose backward ran last (not
+    // for the embedding chunk); valid until the next backward.
+    const void* input_grad() const;
     void zero_grad();
     // Sequence parallel: sums unit's partial LayerNorm gradients (in the
     // unit's gradient buffer) over the tp group. Called by the parallel mode
@@ -138,13 +175,19 @@ class GPT {
     // Sum of squares of the tensor-parallel-replicated parameters this rank
     // holds: equal on every rank of a tp group while the replicas agree.
     double replicated_checksum();
+    // Sum of squares of the parameters this rank holds of unit u (whole or
+    // its shard): equal on the first and last pipeline stage while their
+    // copies of the embedding unit agree.
+    double unit_checksum(int u);
 
     const std::vector<BufferInfo>& buffers() const { return buffers_; }
 
   private:
     struct Acts;  // activation and scratch pointers, see gpt.cpp
     struct LayerActs;  // one block's slices of them
-    LayerActs layer_acts(int l, int N, int Ns);
+    LayerActs layer_acts(int l, int slot, int N, int Ns);
+    int chunk_of_layer(int l) const;
+    void* chunk_in(int c, int slot);  // the residual stream entering chunk c
     class LocalUnits;
     void* alloc_buffer(const char* group, const char* name, size_t count, DType t, bool per_layer = false);
     void* act_layer(void* base, int l, size_t per_layer_count, DType t);
@@ -155,8 +198,10 @@ class GPT {
     void release(int unit);
     // Calls fn(file_offset, buffer_offset, n) for every run of elements of a
     // (sharded or whole) flat buffer that holds real parameters.
+    // skip_copies: leave out the last stage's copy of the embeddings (so
+    // that gathering over the pipeline stages sees every tensor once).
     template <typename Fn>
-    void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all) const;
+    void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all, bool skip_copies = false) const;
     // set_file_order for the file elements [file_begin, file_end) only; host
     // points at element file_begin.
     void set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
@@ -168,12 +213,16 @@ class GPT {
     Precision prec_;
     int B_, T_;
     bool recompute_gelu_;
+    std::vector<ModelChunk> chunks_;
+    std::vector<size_t> layer_base_;  // per chunk: its first layer-slot (per-layer activations)
+    std::vector<size_t> slot_base_;   // per chunk: its first chunk-slot (chunk inputs)
+    size_t layer_slots_ = 0;          // layer-slots of per-layer activations held
     int last_B_ = 0, last_T_ = 0;
     TensorParallel* tp_ = nullptr;
     int tp_size_ = 1;
     ContextParallel* cp_ = nullptr;
     std::vector<int> pos_host_;  // global position of each local token
-    bool grad_ready_ = false;
+    std::vector<char> grad_ready_;  // per slot of the head chunk
     Sharding sharding_;
     UnitProvider* provider_ = nullptr;
     LocalUnits* local_ = nullptr;

@@ -25,23 +25,35 @@ namespace {
 class LocalComm : public Comm {
   public:
     LocalComm(const std::string& name, Backend& be) : be_(be) { name_ = name; }
-    CommHandle start_all_reduce(void*, size_t, DType, ReduceOp) override { return 0; }
-    CommHandle start_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) override {
+    CommHandle do_all_reduce(void*, size_t, DType, ReduceOp) override { return 0; }
+    CommHandle do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) override {
         if (send != recv && recv_n) be_.copy(recv, send, recv_n * dtype_size(t));
         return 0;
     }
-    CommHandle start_all_gather(const void* send, void* recv, size_t send_n, DType t) override {
+    CommHandle do_all_gather(const void* send, void* recv, size_t send_n, DType t) override {
         if (send != recv && send_n) be_.copy(recv, send, send_n * dtype_size(t));
         return 0;
     }
-    void broadcast(void*, size_t, DType, int root) override { check(root, "broadcast root"); }
-    CommHandle start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override {
+    void do_broadcast(void*, size_t, DType, int root) override { check(root, "broadcast root"); }
+    CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override {
         check(dst, "send_recv destination");
         check(src, "send_recv source");
         if (send != recv && n) be_.copy(recv, send, n * dtype_size(t));  // to ourselves
         return 0;
     }
-    void wait(CommHandle) override {}
+    // To ourselves: each receive takes the send with its tag.
+    CommHandle do_p2p(const std::vector<P2POp>& ops, DType t) override {
+        for (const P2POp& r : ops) {
+            check(r.peer, "p2p peer");
+            if (r.send) continue;
+            for (const P2POp& s : ops)
+                if (s.send && s.tag == r.tag && s.buf != r.buf && r.n) be_.copy(r.buf, s.buf, r.n * dtype_size(t));
+        }
+        return 0;
+    }
+    void do_wait(CommHandle) override {}
+
+  public:
     double host_all_reduce(double x, ReduceOp) override { return x; }
 
   private:
@@ -168,13 +180,15 @@ namespace {
 enum class Transport { Mpi, Nccl, Staged };
 }
 
-bool make_process_grid(int tp, int cp, const std::string& comm, Backend& be, ProcessGrid* grid, std::string* err) {
+bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend& be, ProcessGrid* grid,
+                       std::string* err) {
     auto fail = [&](const std::string& m) {
         if (err) *err = m;
         return false;
     };
     if (tp < 1) return fail("--tp " + std::to_string(tp) + ": must be at least 1");
     if (cp < 1) return fail("--cp " + std::to_string(cp) + ": must be at least 1");
+    if (pp < 1) return fail("--pp " + std::to_string(pp) + ": must be at least 1");
     if (comm != "auto" && comm != "nccl" && comm != "mpi")
         return fail("--comm " + comm + ": expected auto, nccl or mpi");
     const std::string dev = be.name();
@@ -185,9 +199,9 @@ bool make_process_grid(int tp, int cp, const std::string& comm, Backend& be, Pro
     if (comm != "auto") return fail("--comm " + comm + ": this build has no MPI (build with mpicxx and -DLLMC_MPI)");
 #endif
     const int world = dist_world_size();
-    if (world % (tp * cp) != 0) {
-        std::string m = "--tp " + std::to_string(tp) + " --cp " + std::to_string(cp) +
-                        ": tp·cp = " + std::to_string(tp * cp) + " must divide the number of ranks, " +
+    if (world % (tp * cp * pp) != 0) {
+        std::string m = "--pp " + std::to_string(pp) + " --tp " + std::to_string(tp) + " --cp " + std::to_string(cp) +
+                        ": pp·tp·cp = " + std::to_string(pp * tp * cp) + " must divide the number of ranks, " +
                         std::to_string(world);
 #if !defined(LLMC_MPI)
         m += " (this build has no MPI: one process only)";
@@ -202,19 +216,24 @@ bool make_process_grid(int tp, int cp, const std::string& comm, Backend& be, Pro
     g.world_size = world;
     g.tp = tp;
     g.cp = cp;
-    g.dp = world / (tp * cp);
+    g.pp = pp;
+    g.dp = world / (tp * cp * pp);
     g.tp_rank = g.world_rank % tp;
     g.cp_rank = (g.world_rank / tp) % cp;
-    g.dp_rank = g.world_rank / (tp * cp);
+    g.dp_rank = (g.world_rank / (tp * cp)) % g.dp;
+    g.pp_rank = g.world_rank / (tp * cp * g.dp);
 
     // One group: the ranks sharing `color`, ordered by `key`. Sizes are the
     // same on every rank, so all ranks take the same branch and the splits
     // (collective over the world) happen in the same order everywhere.
+    // A rank that belongs to no group of this kind passes color -1 (it still
+    // takes part in the split, which is collective) and gets a group of one.
     auto make = [&](const char* name, int color, int key, int size) -> std::unique_ptr<Comm> {
         if (size == 1) return std::unique_ptr<Comm>(new LocalComm(name, be));
 #ifdef LLMC_MPI
         MPI_Comm sub;
-        MPI_Comm_split(MPI_COMM_WORLD, color, key, &sub);
+        MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, key, &sub);
+        if (color < 0) return std::unique_ptr<Comm>(new LocalComm(name, be));
         std::unique_ptr<Comm> c;
         switch (kind) {
             case Transport::Mpi:
@@ -241,11 +260,15 @@ bool make_process_grid(int tp, int cp, const std::string& comm, Backend& be, Pro
         dist_abort("internal: a group of " + std::to_string(size) + " in a build without MPI");
 #endif
     };
-    const int r = g.world_rank;
+    // Colors number the groups of a kind; ranks are ordered in a group by key.
+    const int r = g.world_rank, stage_ranks = g.dp * cp * tp, in_stage = r % stage_ranks;
     g.world = make("world", 0, r, world);
-    g.dp_group = make("dp", g.cp_rank * tp + g.tp_rank, g.dp_rank, g.dp);
-    g.cp_group = make("cp", g.dp_rank * tp + g.tp_rank, g.cp_rank, cp);
-    g.tp_group = make("tp", g.dp_rank * cp + g.cp_rank, g.tp_rank, tp);
-    g.dpcp_group = make("dpcp", g.tp_rank, g.dp_rank * cp + g.cp_rank, g.dp * cp);
+    g.dp_group = make("dp", (g.pp_rank * cp + g.cp_rank) * tp + g.tp_rank, g.dp_rank, g.dp);
+    g.cp_group = make("cp", (g.pp_rank * g.dp + g.dp_rank) * tp + g.tp_rank, g.cp_rank, cp);
+    g.tp_group = make("tp", (g.pp_rank * g.dp + g.dp_rank) * cp + g.cp_rank, g.tp_rank, tp);
+    g.dpcp_group = make("dpcp", g.pp_rank * tp + g.tp_rank, g.dp_rank * cp + g.cp_rank, g.dp * cp);
+    g.pp_group = make("pp", in_stage, g.pp_rank, pp);
+    const bool end_stage = g.pp_rank == 0 || g.pp_rank == pp - 1;
+    g.embed_group = make("embed", end_stage ? in_stage : -1, g.pp_rank, pp > 1 ? 2 : 1);
     return true;
 }

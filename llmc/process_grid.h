@@ -1,9 +1,14 @@
 // llmc/process_grid.h: the ranks of a job and their groups.
 //
-// world = dp × cp × tp (room for pp later); tp varies fastest, then cp, then
-// dp: world rank = (dp_rank·cp + cp_rank)·tp + tp_rank. The user gives --tp
-// and --cp; dp is what remains. Groups: tp (same dp, cp), cp (same dp, tp),
-// dp (same cp, tp), and dp×cp (same tp), over which gradients are reduced.
+// world = pp × dp × cp × tp; tp varies fastest, then cp, then dp, and pp is
+// outermost (so that pipeline stages, which exchange the least, can sit on
+// different nodes): world rank = ((pp_rank·dp + dp_rank)·cp + cp_rank)·tp +
+// tp_rank. The user gives --pp, --tp and --cp; dp is what remains. Groups,
+// all within one pipeline stage unless said: tp (same pp, dp, cp), cp (same
+// pp, dp, tp), dp (same pp, cp, tp), dp×cp (same pp, tp), over which
+// gradients are reduced; pp (same dp, cp, tp: one rank per stage), and the
+// embedding group (the first and the last stage's ranks of one pp group,
+// which both hold the tied wte; size 1 when pp = 1).
 // Each rank picks its GPU by its node-local rank (MPI shared-memory split),
 // which works under plain mpirun, multi-node, and Slurm.
 //
@@ -37,12 +42,13 @@ bool dist_all_ok(bool ok, const std::string& msg, std::string* err);
 // buffers for the CPU backend; staged through host memory for CUDA).
 struct ProcessGrid {
     int world_rank = 0, world_size = 1;
-    int dp = 1, cp = 1, tp = 1;
-    int dp_rank = 0, cp_rank = 0, tp_rank = 0;
-    std::unique_ptr<Comm> world, dp_group, cp_group, tp_group, dpcp_group;
+    int pp = 1, dp = 1, cp = 1, tp = 1;
+    int pp_rank = 0, dp_rank = 0, cp_rank = 0, tp_rank = 0;
+    std::unique_ptr<Comm> world, dp_group, cp_group, tp_group, dpcp_group, pp_group, embed_group;
 };
 
 // comm: "auto" (nccl on cuda, mpi on cpu), "nccl" or "mpi". Fails (false,
-// *err naming the flag) when world % (tp·cp) != 0, when nccl is asked for on
-// the CPU, or when the build lacks what is asked for.
-bool make_process_grid(int tp, int cp, const std::string& comm, Backend& be, ProcessGrid* grid, std::string* err);
+// *err naming the flag) when world % (pp·tp·cp) != 0, when nccl is asked for
+// on the CPU, or when the build lacks what is asked for.
+bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend& be, ProcessGrid* grid,
+                       std::string* err);

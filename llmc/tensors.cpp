@@ -53,10 +53,12 @@ static Split kind_split(Param p) {
     }
 }
 
-TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_)
-    : cfg(c), tp(tp_), tp_rank(tp_rank_), shards(nshards) {
+TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_)
+    : cfg(c), tp(tp_), tp_rank(tp_rank_), shards(nshards), stage(stage_) {
     if (nshards < 1 || tp < 1 || tp_rank < 0 || tp_rank >= tp)
         throw std::invalid_argument("tensor table: bad shard or tensor-parallel numbers");
+    if (!stage.held.empty() && (int)stage.held.size() != c.num_layers + 2)
+        throw std::invalid_argument("tensor table: one held flag per unit");
     if (c.num_heads % tp != 0) throw std::invalid_argument("tensor table: heads do not divide by tp");
     const int L = c.num_layers, K = (int)Param::count;
     const size_t C = c.channels;
@@ -85,6 +87,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_)
         unit_begin.push_back(total);
     };
     auto add = [&](Param p, int layer, int unit) {
+        if (!held(unit)) return;  // another pipeline stage's
         TensorEntry e;
         e.kind = p;
         e.layer = layer;
@@ -115,6 +118,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_)
             }
         }
         e.split = tp > 1 && kind_split(p) != Split::replicated;
+        e.tied_copy = unit == 0 && stage.embedding_copy;
         e.numel = e.rows * e.cols;
         e.offset = total;
         e.file_offset = kind_file_offset[(int)p] + (param_kind(p).per_layer ? (size_t)layer * grows * gcols : 0);
@@ -139,9 +143,12 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_)
 }
 
 const TensorEntry& TensorTable::get(Param p, int layer) const {
-    int i = index_[(size_t)p * cfg.num_layers + layer];
-    if (i < 0 || layer < 0 || layer >= cfg.num_layers) throw std::out_of_range("tensor table: no such tensor");
-    return entries[i];
+    if (!has(p, layer)) throw std::out_of_range("tensor table: no such tensor on this stage");
+    return entries[index_[(size_t)p * cfg.num_layers + layer]];
+}
+
+bool TensorTable::has(Param p, int layer) const {
+    return layer >= 0 && layer < cfg.num_layers && index_[(size_t)p * cfg.num_layers + layer] >= 0;
 }
 
 size_t gpt2_param_count(const GPTConfig& c) {

@@ -70,8 +70,20 @@ struct TensorEntry {
     size_t col_begin;    // global column of local column 0
     std::vector<RowRun> runs;  // local rows held in the file (vocabulary padding rows are not)
     bool split;          // differs across tensor-parallel ranks (else replicated)
+    bool tied_copy;      // the last pipeline stage's copy of the embedding unit (owned by the first stage)
     bool decay;
     std::string name() const;  // e.g. "h3.qkvw" or "wte"
+};
+
+// Which units a pipeline stage holds (shared/reference.md section 7): its
+// blocks, the embedding unit when it runs the embeddings (first stage) or
+// the tied LM head (last stage: a copy, so both ends shard it alike and
+// their gradients can be summed slice by slice), and the final LayerNorm on
+// the last stage. Units not held take no room in the flat buffers (size 0);
+// the numbering of units stays the whole model's.
+struct StageUnits {
+    std::vector<bool> held;       // one per unit (L + 2); empty: every unit
+    bool embedding_copy = false;  // unit 0 here is a copy of the first stage's
 };
 
 struct TensorTable {
@@ -82,6 +94,7 @@ struct TensorTable {
     int vocab_begin = 0;                // global id of this rank's first wte row
     size_t file_params = 0;             // parameters in a model file (the whole model)
     int shards = 1;                     // units padded to a multiple of this
+    StageUnits stage;                   // units held by this pipeline stage
     std::vector<TensorEntry> entries;   // in memory order
     std::vector<size_t> unit_begin;     // unit u occupies [unit_begin[u], unit_begin[u+1]) (padded)
     std::vector<size_t> unit_used;      // elements of unit u before its padding
@@ -90,8 +103,11 @@ struct TensorTable {
     size_t params = 0;                  // elements of this rank's tensors (no unit padding)
     size_t shard_total = 0;             // elements in one rank's shard buffer
 
-    explicit TensorTable(const GPTConfig& c, int shards = 1, int tp = 1, int tp_rank = 0);
+    explicit TensorTable(const GPTConfig& c, int shards = 1, int tp = 1, int tp_rank = 0,
+                         const StageUnits& stage = StageUnits());
     const TensorEntry& get(Param p, int layer = 0) const;
+    bool has(Param p, int layer = 0) const;  // whether this stage holds the tensor
+    bool held(int u) const { return stage.held.empty() || stage.held[u]; }
     int num_units() const { return (int)unit_begin.size() - 1; }
     size_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
     size_t shard_size(int u) const { return unit_size(u) / shards; }

@@ -30,6 +30,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "tp", O::Int, &c.tp, "tensor-parallel degree (Megatron; divides heads and world)", 1, 1 << 16});
     p.add({0, "sp", O::Int, &c.sp, "1: sequence parallel on top of tensor parallel (needs --tp > 1)", 0, 1});
     p.add({0, "cp", O::Int, &c.cp, "context-parallel degree (ring attention; 2*cp divides T)", 1, 1 << 16});
+    p.add({0, "pp", O::Int, &c.pp, "pipeline stages (1F1B; L and -d micro-batches must fit)", 1, 1 << 16});
+    p.add({0, "vpp", O::Int, &c.vpp, "model chunks per pipeline stage (interleaved 1F1B when > 1)", 1, 1 << 16});
+    p.add({0, "trace", O::String, &c.trace, "write a Chrome trace (Perfetto) of the run to this file"});
     p.add({0, "memory-budget", O::Double, &c.memory_budget, "MiB the backend may hold per rank (0: no cap)", 0, 1e12});
     p.add({0, "comm", O::String, &c.comm, "collectives: nccl (GPU default) or mpi (host; staged on GPUs)", 0, 0,
            {"auto", "nccl", "mpi"}});

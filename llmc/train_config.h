@@ -37,6 +37,9 @@ struct TrainConfig {
     int tp = 1;                // tensor-parallel degree
     int sp = 0;                // sequence parallel (with tp > 1)
     int cp = 1;                // context-parallel degree
+    int pp = 1;                // pipeline stages
+    int vpp = 1;               // model chunks per pipeline stage (interleaved 1F1B when > 1)
+    std::string trace = "";    // Chrome trace-event JSON of the run
     std::string comm = "auto";
     double memory_budget = 0;  // MiB the backend may hold (0: no cap)
     int recompute = 0;         // -r

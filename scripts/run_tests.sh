@@ -10,7 +10,8 @@
 #   4. the trainer end to end: determinism, resume, learning, errors
 #   5. the distributed runtime under mpirun (communicators; data parallel
 #      and ZeRO 0-3, tensor and sequence parallel, context parallel (ring
-#      attention), each against one process; memory and traffic formulas)
+#      attention), pipeline parallel (1F1B, interleaved), each against one
+#      process; memory and traffic formulas)
 #   6. the CUDA code compiles (trainer backend and dev/cuda kernel lab)
 set -u
 cd "$(dirname "$0")/.."
@@ -104,6 +105,7 @@ if command -v mpirun >/dev/null; then
     run test_dist "$PY" tests/test_dist.py
     run test_tp "$PY" tests/test_tp.py
     run test_cp "$PY" tests/test_cp.py
+    run test_pp "$PY" tests/test_pp.py
 else
     echo "(mpirun not found: distributed tests skipped; scripts/setup.sh installs OpenMPI)"
 fi

@@ -290,12 +290,13 @@ void test_async(Checker& ck, Comm& c, Backend& be, const std::string& label, siz
 struct CountProbe : Comm {
     explicit CountProbe(int g) { size_ = g; }
     void add(CommKind k, size_t full, DType t) { count(k, full, t); }
-    CommHandle start_all_reduce(void*, size_t, DType, ReduceOp) override { return 0; }
-    CommHandle start_reduce_scatter(const void*, void*, size_t, DType) override { return 0; }
-    CommHandle start_all_gather(const void*, void*, size_t, DType) override { return 0; }
-    void broadcast(void*, size_t, DType, int) override {}
-    CommHandle start_send_recv(const void*, int, void*, int, size_t, DType) override { return 0; }
-    void wait(CommHandle) override {}
+    CommHandle do_all_reduce(void*, size_t, DType, ReduceOp) override { return 0; }
+    CommHandle do_reduce_scatter(const void*, void*, size_t, DType) override { return 0; }
+    CommHandle do_all_gather(const void*, void*, size_t, DType) override { return 0; }
+    void do_broadcast(void*, size_t, DType, int) override {}
+    CommHandle do_send_recv(const void*, int, void*, int, size_t, DType) override { return 0; }
+    CommHandle do_p2p(const std::vector<P2POp>&, DType) override { return 0; }
+    void do_wait(CommHandle) override {}
     double host_all_reduce(double x, ReduceOp) override { return x; }
 };
 
@@ -336,45 +337,90 @@ void test_group_coords(Checker& ck, Comm& c, Backend& be, const ProcessGrid& gri
        label + ": size " + std::to_string(c.size()) + ", expected " + std::to_string(expect_size));
     ck(c.rank() == expect_rank,
        label + ": rank " + std::to_string(c.rank()) + ", expected " + std::to_string(expect_rank));
-    Buf mine(be, DType::I32, 4), all(be, DType::I32, 4 * (size_t)c.size());
+    Buf mine(be, DType::I32, 5), all(be, DType::I32, 5 * (size_t)c.size());
     int* m = static_cast<int*>(mine.p);
     m[0] = grid.dp_rank;
     m[1] = grid.cp_rank;
     m[2] = grid.tp_rank;
     m[3] = grid.world_rank;
-    c.all_gather(mine.p, all.p, 4, DType::I32);
+    m[4] = grid.pp_rank;
+    c.all_gather(mine.p, all.p, 5, DType::I32);
     const int* a = static_cast<const int*>(all.p);
     bool good = true;
     for (int j = 0; j < c.size(); j++) {
-        const int* q = a + 4 * j;
-        // World rank = (dp·cp + cp_rank)·tp + tp_rank for every member.
-        if (q[3] != (q[0] * grid.cp + q[1]) * grid.tp + q[2]) good = false;
+        const int* q = a + 5 * j;
+        // World rank = ((pp·dp + dp_rank)·cp + cp_rank)·tp + tp_rank for every member.
+        if (q[3] != ((q[4] * grid.dp + q[0]) * grid.cp + q[1]) * grid.tp + q[2]) good = false;
         if (!ok(m, q, j)) good = false;
     }
     ck(good, label + ": coordinates of the members");
     c.counts().reset();
 }
 
-void test_grid(Checker& ck, Backend& be, int tp, int cp, const std::string& comm) {
-    const std::string label = "grid tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) + " comm=" + comm;
+// Pipeline transfers: every rank sends two messages to its successor (tags
+// 0 and 1, posted in the order 1, 0) and one to its predecessor, in one
+// group with the matching receives; each lands where its tag says.
+void test_p2p(Checker& ck, Comm& c, Backend& be, const std::string& label, size_t n) {
+    const int r = c.rank(), g = c.size(), next = (r + 1) % g, prev = (r + g - 1) % g;
+    const std::string tag = label + " p2p n=" + std::to_string(n) + " ";
+    c.counts().reset();
+    const DType t = DType::F32;
+    Buf s0(be, t, n), s1(be, t, n), sb(be, t, n), r0(be, t, n), r1(be, t, n), rb(be, t, n);
+    s0.fill([&](size_t i) { return val(t, r, i); });
+    s1.fill([&](size_t i) { return val(t, r + 100, i); });
+    sb.fill([&](size_t i) { return val(t, r + 200, i); });
+    std::vector<P2POp> ops = {{true, s1.p, next, n, 1}, {false, r0.p, prev, n, 0}, {true, s0.p, next, n, 0},
+                              {false, rb.p, next, n, 2}, {true, sb.p, prev, n, 2}, {false, r1.p, prev, n, 1}};
+    c.wait(c.start_p2p(ops, t));
+    expect(ck, tag + "tag 0 from the predecessor", r0.p, t, 0, n, [&](size_t i) { return val(t, prev, i); });
+    expect(ck, tag + "tag 1 from the predecessor", r1.p, t, 0, n, [&](size_t i) { return val(t, prev + 100, i); });
+    expect(ck, tag + "tag 2 from the successor", rb.p, t, 0, n, [&](size_t i) { return val(t, next + 200, i); });
+    if (g > 1)
+        ck(c.counts().calls[(int)CommKind::SendRecv] == 3 &&
+               c.counts().bytes[(int)CommKind::SendRecv] == 3 * n * dtype_size(t),
+           tag + "counted: 3 sends of n elements");
+    c.counts().reset();
+}
+
+void test_grid(Checker& ck, Backend& be, int tp, int cp, int pp, const std::string& comm) {
+    const std::string label = "grid tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) +
+                              " pp=" + std::to_string(pp) + " comm=" + comm;
     ProcessGrid grid;
     std::string err;
-    if (!ck(make_process_grid(tp, cp, comm, be, &grid, &err), label + ": " + err)) return;
+    if (!ck(make_process_grid(tp, cp, pp, comm, be, &grid, &err), label + ": " + err)) return;
     const int world = dist_world_size();
     ck(grid.world_size == world && grid.world_rank == dist_world_rank() && grid.tp == tp && grid.cp == cp &&
-           grid.dp * cp * tp == world,
+           grid.pp == pp && grid.dp * cp * tp * pp == world,
        label + ": dimensions");
-    ck(grid.world_rank == (grid.dp_rank * cp + grid.cp_rank) * tp + grid.tp_rank, label + ": rank formula");
+    ck(grid.world_rank == ((grid.pp_rank * grid.dp + grid.dp_rank) * cp + grid.cp_rank) * tp + grid.tp_rank,
+       label + ": rank formula");
+    // Coordinates: [0] dp, [1] cp, [2] tp, [3] world rank, [4] pp.
+    auto same = [](const int* m, const int* q, std::initializer_list<int> dims) {
+        for (int d : dims)
+            if (q[d] != m[d]) return false;
+        return true;
+    };
     test_group_coords(ck, *grid.world, be, grid, label + " world", world, grid.world_rank,
                       [&](const int*, const int* q, int j) { return q[3] == j; });
     test_group_coords(ck, *grid.tp_group, be, grid, label + " tp", tp, grid.tp_rank,
-                      [](const int* m, const int* q, int j) { return q[0] == m[0] && q[1] == m[1] && q[2] == j; });
+                      [&](const int* m, const int* q, int j) { return same(m, q, {0, 1, 4}) && q[2] == j; });
     test_group_coords(ck, *grid.cp_group, be, grid, label + " cp", cp, grid.cp_rank,
-                      [](const int* m, const int* q, int j) { return q[0] == m[0] && q[2] == m[2] && q[1] == j; });
+                      [&](const int* m, const int* q, int j) { return same(m, q, {0, 2, 4}) && q[1] == j; });
     test_group_coords(ck, *grid.dp_group, be, grid, label + " dp", grid.dp, grid.dp_rank,
-                      [](const int* m, const int* q, int j) { return q[1] == m[1] && q[2] == m[2] && q[0] == j; });
+                      [&](const int* m, const int* q, int j) { return same(m, q, {1, 2, 4}) && q[0] == j; });
     test_group_coords(ck, *grid.dpcp_group, be, grid, label + " dpcp", grid.dp * cp, grid.dp_rank * cp + grid.cp_rank,
-                      [&](const int* m, const int* q, int j) { return q[2] == m[2] && q[0] * cp + q[1] == j; });
+                      [&](const int* m, const int* q, int j) { return same(m, q, {2, 4}) && q[0] * cp + q[1] == j; });
+    test_group_coords(ck, *grid.pp_group, be, grid, label + " pp", pp, grid.pp_rank,
+                      [&](const int* m, const int* q, int j) { return same(m, q, {0, 1, 2}) && q[4] == j; });
+    // The embedding group: the first and the last stage (alone when pp = 1,
+    // and for the middle stages).
+    const bool end = grid.pp_rank == 0 || grid.pp_rank == pp - 1;
+    test_group_coords(ck, *grid.embed_group, be, grid, label + " embed", pp > 1 && end ? 2 : 1,
+                      pp > 1 && grid.pp_rank == pp - 1 ? 1 : 0, [&](const int* m, const int* q, int j) {
+                          if (!(pp > 1 && end)) return q[4] == m[4];  // alone
+                          return same(m, q, {0, 1, 2}) && q[4] == (j == 0 ? 0 : pp - 1);
+                      });
+    test_p2p(ck, *grid.pp_group, be, label + " pp", 1001);
     const std::vector<DType> all_types = {DType::F32, DType::F64, DType::BF16, DType::I32};
     const std::vector<size_t> small = {1, 7, 1001};
     struct G {
@@ -384,7 +430,8 @@ void test_grid(Checker& ck, Backend& be, int tp, int cp, const std::string& comm
                   {"tp", grid.tp_group.get()},
                   {"cp", grid.cp_group.get()},
                   {"dp", grid.dp_group.get()},
-                  {"dpcp", grid.dpcp_group.get()}};
+                  {"dpcp", grid.dpcp_group.get()},
+                  {"pp", grid.pp_group.get()}};
     for (const G& gr : groups) {
         test_ops(ck, *gr.c, be, label + " " + gr.name, all_types, small);
         test_async(ck, *gr.c, be, label + " " + gr.name, 7);
@@ -396,9 +443,9 @@ void test_grid_errors(Checker& ck, Backend& be) {
     const int world = dist_world_size();
     ProcessGrid grid;
     std::string err;
-    auto refused = [&](int tp, int cp, const std::string& comm, const std::string& needle) {
+    auto refused = [&](int tp, int cp, const std::string& comm, const std::string& needle, int pp = 1) {
         err.clear();
-        const bool made = make_process_grid(tp, cp, comm, be, &grid, &err);
+        const bool made = make_process_grid(tp, cp, pp, comm, be, &grid, &err);
         ck(!made && err.find(needle) != std::string::npos, "make_process_grid(" + std::to_string(tp) + ", " +
                                                                std::to_string(cp) + ", " + comm + ") refused naming " +
                                                                needle + " (got: " + (made ? "success" : err) + ")");
@@ -407,10 +454,12 @@ void test_grid_errors(Checker& ck, Backend& be) {
     refused(1, world + 1, "auto", "--cp");
     refused(0, 1, "auto", "--tp");
     refused(1, 0, "auto", "--cp");
+    refused(1, 1, "auto", "--pp", world + 1);
+    refused(1, 1, "auto", "--pp", 0);
     refused(1, 1, "nccl", "--comm");  // NCCL on the CPU backend
     refused(1, 1, "carrier-pigeon", "--comm");
 #ifdef LLMC_MPI
-    ck(make_process_grid(1, 1, "mpi", be, &grid, &err), "make_process_grid(1, 1, mpi): " + err);
+    ck(make_process_grid(1, 1, 1, "mpi", be, &grid, &err), "make_process_grid(1, 1, 1, mpi): " + err);
 #else
     refused(1, 1, "mpi", "--comm");  // the build lacks MPI
 #endif
@@ -446,7 +495,7 @@ int main(int argc, char** argv) {
 
     ProcessGrid base;  // tp = cp = 1: its world group sums the results
     std::string err;
-    if (!make_process_grid(1, 1, "auto", *be, &base, &err)) dist_abort("make_process_grid(1, 1): " + err);
+    if (!make_process_grid(1, 1, 1, "auto", *be, &base, &err)) dist_abort("make_process_grid(1, 1, 1): " + err);
     ck(dist_local_rank() >= 0 && dist_local_rank() < world, "dist_local_rank in range");
 
     test_count_formula(ck);
@@ -467,10 +516,11 @@ int main(int argc, char** argv) {
     }
 #endif
 
-    const int dims[][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}, {4, 1}, {1, 4}};
+    const int dims[][3] = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {2, 2, 1}, {4, 1, 1}, {1, 4, 1},
+                           {1, 1, 2}, {1, 1, 4}, {2, 1, 2}, {1, 2, 2}, {1, 1, 3}};
     for (const auto& d : dims)
-        if (world % (d[0] * d[1]) == 0) test_grid(ck, *be, d[0], d[1], "auto");
-    if (world % 2 == 0) test_grid(ck, *be, 2, 1, "mpi");
+        if (world % (d[0] * d[1] * d[2]) == 0) test_grid(ck, *be, d[0], d[1], d[2], "auto");
+    if (world % 2 == 0) test_grid(ck, *be, 2, 1, 1, "mpi");
     test_grid_errors(ck, *be);
     test_all_ok(ck);
 

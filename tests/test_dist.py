@@ -21,13 +21,10 @@
 # Last line: "N passed, N failed".
 import os
 import re
-import shutil
-import sys
-import tempfile
 
 import numpy as np
 
-from testlib import TRAIN, Checks, metrics, param_count, read_state, rel, train, write_shard
+from testlib import Checks, copy_checkpoint, metrics, param_count, read_state, rel, run_suite, train, write_shard
 
 # An odd model: P = 22,599 (L=2, C=27, NH=3, V=Vp=97, maxT=64) and every
 # unit's size are odd, so no dp > 1 divides them and every unit is padded.
@@ -36,21 +33,9 @@ DATA = None  # a shard of token ids < 97, made in main()
 check = Checks()
 
 
-
-
-
-
-
-
 def base(dtype, steps=10):
     return ["-e", ODD, "-i", DATA, "-j", "", "-t", "16", "-x", str(steps), "-s", "0", "--dtype", dtype,
             "-c", "0.1", "-l", "3e-3", "-u", "3", "-q", "0.2", "--grad-clip", "0.5"]
-
-
-
-
-
-
 
 
 def tensor_sizes(L, C, Vp, T):
@@ -58,12 +43,6 @@ def tensor_sizes(L, C, Vp, T):
     per = [("ln1w", C), ("ln1b", C), ("qkvw", 3 * C * C), ("qkvb", 3 * C), ("attprojw", C * C), ("attprojb", C),
            ("ln2w", C), ("ln2b", C), ("fcw", 4 * C * C), ("fcb", 4 * C), ("fcprojw", 4 * C * C), ("fcprojb", C)]
     return [("wte", Vp * C), ("wpe", T * C)] + [(n, L * k) for n, k in per] + [("lnfw", C), ("lnfb", C)]
-
-
-
-
-
-
 
 
 def test_equivalence(tmp, dtype, layouts):
@@ -119,9 +98,7 @@ def test_checkpoints(tmp):
     check(rc == 0, f"dp4 zero3 save: {err[-300:]}")
     for np_, zero, B in ((2, 1, 8), (0, 0, 16), (4, 3, 4)):
         d = os.path.join(tmp, f"ck_resume_{np_}_{zero}")
-        os.makedirs(d)
-        for f in ("model_00000005.bin", "state_00000005.bin", "DONE_00000005"):
-            shutil.copy(os.path.join(src, f), d)
+        copy_checkpoint(src, d, 5)
         with open(os.path.join(src, "metrics.jsonl")) as f, open(os.path.join(d, "metrics.jsonl"), "w") as g:
             g.writelines(f.readlines()[:5])
         rc, out, err = train(np_, args + ["-b", str(B), "-z", str(zero), "-y", "1", "-o", d])
@@ -202,29 +179,21 @@ def test_failures(tmp):
     check(rc != 0 and "bad_rank1.bin" in err and "rank 1" in err, f"bad token on rank 1: rc={rc} {err[-400:]!r}")
 
 
-
+def suite(tmp):
+    global DATA
+    DATA = os.path.join(tmp, "data.bin")
+    write_shard(DATA, np.random.default_rng(5).integers(0, 97, 40000))
+    layouts = [(np_, z, B) for np_ in (2, 4) for z in (0, 1, 2, 3) for B in (4, 32 // np_)]  # with and without accumulation
+    test_equivalence(tmp, "fp64", layouts)
+    test_equivalence(tmp, "fp32", [(2, z, 4) for z in (0, 1, 2, 3)] + [(4, 3, 8)])
+    test_gradients(tmp)
+    test_checkpoints(tmp)
+    test_memory_and_traffic(tmp)
+    test_failures(tmp)
 
 
 def main():
-    global DATA
-    if not os.path.exists(TRAIN) or shutil.which("mpirun") is None:
-        print("train_gpt or mpirun missing")
-        print("0 passed, 1 failed")
-        sys.exit(1)
-    tmp = tempfile.mkdtemp(prefix="llmc_dist_")
-    try:
-        DATA = os.path.join(tmp, "data.bin")
-        write_shard(DATA, np.random.default_rng(5).integers(0, 97, 40000))
-        layouts = [(np_, z, B) for np_ in (2, 4) for z in (0, 1, 2, 3) for B in (4, 32 // np_)]  # with and without accumulation
-        test_equivalence(tmp, "fp64", layouts)
-        test_equivalence(tmp, "fp32", [(2, z, 4) for z in (0, 1, 2, 3)] + [(4, 3, 8)])
-        test_gradients(tmp)
-        test_checkpoints(tmp)
-        test_memory_and_traffic(tmp)
-        test_failures(tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    sys.exit(check.summary())
+    run_suite(check, "llmc_dist_", suite)
 
 
 if __name__ == "__main__":

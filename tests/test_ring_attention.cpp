@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     std::string err;
     for (int c : {dist_world_size()}) {
         ProcessGrid grid;
-        if (!make_process_grid(1, c, "auto", *be, &grid, &err)) dist_abort(err);
+        if (!make_process_grid(1, c, 1, "auto", *be, &grid, &err)) dist_abort(err);
         const int r = grid.cp_rank;
         // Chunk rule.
         std::vector<int> pos = ContextParallel::positions(16 * c, c, r);
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     }
     double p = g_pass, f = g_fail;
     ProcessGrid g;
-    make_process_grid(1, 1, "auto", *be, &g, &err);
+    make_process_grid(1, 1, 1, "auto", *be, &g, &err);
     p = g.world->host_all_reduce(p, ReduceOp::Sum);
     f = g.world->host_all_reduce(f, ReduceOp::Sum);
     if (dist_world_rank() == 0) std::printf("%d passed, %d failed\n", (int)p, (int)f);

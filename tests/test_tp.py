@@ -19,13 +19,10 @@
 # Last line: "N passed, N failed".
 import os
 import re
-import shutil
-import sys
-import tempfile
 
 import numpy as np
 
-from testlib import TRAIN, Checks, equivalence, metrics, rel, train, write_shard
+from testlib import Checks, copy_checkpoint, equivalence, metrics, rel, run_suite, train, write_shard
 
 L, C, NH, V, T = 2, 32, 4, 97, 16
 MODEL = f"L={L},C={C},NH={NH},V={V},Vp={V},T=64"  # Vp = 97: no tp in {2, 4} divides it
@@ -33,24 +30,9 @@ DATA = None
 check = Checks()
 
 
-
-
-
-
-
-
 def base(dtype, steps=10):
     return ["-e", MODEL, "-i", DATA, "-j", "", "-t", str(T), "-x", str(steps), "-s", "0", "--dtype", dtype,
             "-c", "0.1", "-l", "3e-3", "-u", "3", "-q", "0.2", "--grad-clip", "0.5"]
-
-
-
-
-
-
-
-
-
 
 
 def test_equivalence(tmp, dtype, layouts):
@@ -67,9 +49,7 @@ def test_checkpoints(tmp):
     check(rc == 0, f"tp=2 save: {err[-300:]}")
     for np_, extra in ((0, []), (4, ["--tp", "4"]), (4, ["--tp", "2", "-z", "1", "-b", "8"])):
         d = os.path.join(tmp, f"ck_resume_{np_}_{len(extra)}")
-        os.makedirs(d)
-        for f in ("model_00000005.bin", "state_00000005.bin", "DONE_00000005"):
-            shutil.copy(os.path.join(src, f), d)
+        copy_checkpoint(src, d, 5)
         rc, out, err = train(np_, args + ["-b", "16", "-y", "1", "-o", d] + extra)
         if not check(rc == 0, f"resume {extra}: {err[-300:]}"):
             continue
@@ -149,30 +129,22 @@ def test_errors(tmp):
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{extra}: rc={rc} {err[-300:]!r}")
 
 
-
+def suite(tmp):
+    global DATA
+    DATA = os.path.join(tmp, "data.bin")
+    write_shard(DATA, np.random.default_rng(7).integers(0, V, 40000))
+    layouts = [(2, ["--tp", "2"]), (2, ["--tp", "2", "--sp", "1"]), (4, ["--tp", "4"]),
+               (4, ["--tp", "4", "--sp", "1"]), (4, ["--tp", "2", "-z", "0"]), (4, ["--tp", "2", "-z", "1"]),
+               (4, ["--tp", "2", "-z", "3"]), (4, ["--tp", "2", "--sp", "1", "-z", "2"])]
+    test_equivalence(tmp, "fp64", layouts)
+    test_equivalence(tmp, "fp32", [(2, ["--tp", "2", "--sp", "1"]), (4, ["--tp", "2", "-z", "3"])])
+    test_checkpoints(tmp)
+    test_traffic_and_memory(tmp)
+    test_errors(tmp)
 
 
 def main():
-    global DATA
-    if not os.path.exists(TRAIN) or shutil.which("mpirun") is None:
-        print("train_gpt or mpirun missing")
-        print("0 passed, 1 failed")
-        sys.exit(1)
-    tmp = tempfile.mkdtemp(prefix="llmc_tp_")
-    try:
-        DATA = os.path.join(tmp, "data.bin")
-        write_shard(DATA, np.random.default_rng(7).integers(0, V, 40000))
-        layouts = [(2, ["--tp", "2"]), (2, ["--tp", "2", "--sp", "1"]), (4, ["--tp", "4"]),
-                   (4, ["--tp", "4", "--sp", "1"]), (4, ["--tp", "2", "-z", "0"]), (4, ["--tp", "2", "-z", "1"]),
-                   (4, ["--tp", "2", "-z", "3"]), (4, ["--tp", "2", "--sp", "1", "-z", "2"])]
-        test_equivalence(tmp, "fp64", layouts)
-        test_equivalence(tmp, "fp32", [(2, ["--tp", "2", "--sp", "1"]), (4, ["--tp", "2", "-z", "3"])])
-        test_checkpoints(tmp)
-        test_traffic_and_memory(tmp)
-        test_errors(tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    sys.exit(check.summary())
+    run_suite(check, "llmc_tp_", suite)
 
 
 if __name__ == "__main__":

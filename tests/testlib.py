@@ -4,7 +4,10 @@
 import json
 import os
 import struct
+import shutil
 import subprocess
+import sys
+import tempfile
 
 import numpy as np
 
@@ -105,3 +108,26 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
         check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
         if "--tp" in extra:
             check("tp replicas of LayerNorm, wpe and row-parallel biases: identical" in out, f"{what}: replicas differ")
+
+
+def copy_checkpoint(src, dst, step):
+    """Copies the complete checkpoint of `step` (model, state, DONE files) from src into dst (made if missing)."""
+    os.makedirs(dst, exist_ok=True)
+    for f in (f"model_{step:08d}.bin", f"state_{step:08d}.bin", f"DONE_{step:08d}"):
+        shutil.copy(os.path.join(src, f), dst)
+
+
+def run_suite(check, prefix, body):
+    """Runs body(tmp) in a fresh temporary directory (removed after), then
+    exits with the checks' summary; one failure when train_gpt or mpirun is
+    missing."""
+    if not os.path.exists(TRAIN) or shutil.which("mpirun") is None:
+        print("train_gpt or mpirun missing")
+        print("0 passed, 1 failed")
+        sys.exit(1)
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        body(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(check.summary())
