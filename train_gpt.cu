@@ -13,6 +13,8 @@
 // Where each parallel mode lives: llmc/data_parallel.* (dp, ZeRO),
 // llmc/tensor_parallel.* (tp, sp), llmc/context_parallel.* (cp),
 // llmc/pipeline_parallel.* (pp and its schedules).
+#include <omp.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "llmc/args.h"
+#include "llmc/backend_measure.h"
 #include "llmc/backends.h"
 #include "llmc/checkpoint.h"
 #include "llmc/config.h"
@@ -56,6 +59,49 @@ static void setup_check(bool ok, const std::string& msg) {
 
 // Errors during training, possibly on one rank only: end the whole job.
 [[noreturn]] static void fail(const std::string& msg) { dist_abort(msg); }
+
+// Every rank must run with the same flags (mpirun -np 1 A : -np 1 B would
+// otherwise hang or train wrong): rank 0's values go to every rank, each
+// compares them with its own, and the lowest rank that differs names the
+// first flag where it does.
+static void check_same_flags(const ArgParser& parser) {
+    std::string mine;
+    for (const Option& o : parser.options()) mine += std::string(o.name) + "=" + option_value_string(o) + "\n";
+    std::string first = mine;
+    dist_broadcast(&first);
+    std::string msg;
+    if (first != mine) {
+        size_t a = 0, b = 0;
+        while (a < mine.size() && b < first.size()) {
+            size_t ea = mine.find('\n', a), eb = first.find('\n', b);
+            std::string la = mine.substr(a, ea - a), lb = first.substr(b, eb - b);
+            if (la != lb) {
+                size_t eq = la.find('=');
+                msg = "ranks were given different flags: --" + la.substr(0, eq) + " is '" + la.substr(eq + 1) +
+                      "' on rank " + std::to_string(dist_world_rank()) + " but '" + lb.substr(lb.find('=') + 1) +
+                      "' on rank 0";
+                break;
+            }
+            a = ea + 1;
+            b = eb + 1;
+        }
+        if (msg.empty()) msg = "ranks were given different flags";
+    }
+    setup_check(msg.empty(), msg);
+}
+
+// CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
+// share its cores (as many threads per rank as every rank starting with all
+// of them runs several times slower). Returns the line for the settings.
+static std::string choose_threads() {
+    const char* env = std::getenv("OMP_NUM_THREADS");
+    if (env && *env) return std::to_string(omp_get_max_threads()) + " (OMP_NUM_THREADS)";
+    const int cores = omp_get_num_procs(), local = std::max(1, dist_local_size());
+    const int n = std::max(1, cores / local);
+    omp_set_num_threads(n);
+    return std::to_string(n) + " (" + std::to_string(cores) + " cores / " + std::to_string(local) +
+           " rank(s) on this node)";
+}
 
 // Training FLOPs per token as llm.c counts them (shared/reference.md section
 // 10): 6 per weight plus 6·L·C·T for attention, so MFU figures compare.
@@ -98,6 +144,7 @@ struct Trainer {
     std::unique_ptr<GPT> model;
     std::unique_ptr<DataParallel> dpar;
     TrainState st;
+    std::string threads;  // CPU threads per rank, for the settings
     Rng rng{1};
     MetricsLog metrics;
     OptimConfig oc;
@@ -106,6 +153,9 @@ struct Trainer {
 
     void setup(const ArgParser& parser);
     void check_layout();
+    void build(Backend& b, std::unique_ptr<ContextParallel>* cp, std::unique_ptr<GPT>* gpt,
+               std::unique_ptr<PipelineParallel>* pp, std::unique_ptr<DataParallel>* dp);
+    void check_memory();
     void read_micro_batch(DataLoader& dl, uint64_t first_row);
     StepMetrics train_step(int step);
     double validate();
@@ -132,7 +182,15 @@ void Trainer::check_layout() {
 }
 
 void Trainer::setup(const ArgParser& parser) {
+    check_same_flags(parser);
+    threads = choose_threads();
     setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
+    setup_check(cfg.total_batch == -1 || cfg.total_batch > 0,
+                "flag -d: " + std::to_string(cfg.total_batch) + " tokens per step (give a positive count, or -1 for B*T)");
+    setup_check(cfg.eps > 0, "flag --eps: AdamW's epsilon must be positive (0 divides by zero where v is 0)");
+    if (main_rank && cfg.checkpoint_every > 0 && cfg.output_dir.empty())
+        std::fprintf(stderr, "train_gpt: warning: -n %d without -o: no checkpoints will be written\n",
+                     cfg.checkpoint_every);
     be.reset(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
     setup_check(be != nullptr, err);
     be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
@@ -143,11 +201,25 @@ void Trainer::setup(const ArgParser& parser) {
     // Model shape: from a resumed checkpoint, a model file, or sizes.
     if (cfg.resume) {
         resume_step = latest_checkpoint(cfg.output_dir);
-        if (resume_step < 0 && main_rank) std::printf("resume: no checkpoint in %s, starting fresh\n", cfg.output_dir.c_str());
+        if (resume_step < 0 && main_rank)
+            std::fprintf(stderr, "train_gpt: warning: -y 1: no complete checkpoint in %s, starting fresh\n",
+                         cfg.output_dir.c_str());
     }
     bool ok = true;
     if (resume_step >= 0) {
         ok = read_checkpoint_config(cfg.output_dir, resume_step, &mc, &err);
+        // A model named on the command line must be the checkpoint's.
+        GPTConfig named;
+        int version;
+        std::string why;
+        if (ok && parser.given("model") &&
+            (spec_is_file(cfg.model) ? read_model_header(cfg.model, &named, &version, &why)
+                                     : parse_model_spec(cfg.model, &named, &why)) &&
+            named != mc) {
+            ok = false;
+            err = "flag -e: " + cfg.model + " is " + config_string(named) + ", but the checkpoint in " +
+                  cfg.output_dir + " is " + config_string(mc) + " (resume with the checkpoint's model, or drop -e)";
+        }
     } else if (spec_is_file(cfg.model)) {
         int version;
         ok = read_model_header(cfg.model, &mc, &version, &err);
@@ -160,8 +232,9 @@ void Trainer::setup(const ArgParser& parser) {
                                              std::to_string(mc.max_seq_len));
     setup_check(mc.num_heads % cfg.tp == 0, "flag --tp: " + std::to_string(cfg.tp) + " does not divide the " +
                                                 std::to_string(mc.num_heads) + " attention heads");
-    setup_check(cfg.T % (2 * cfg.cp) == 0, "flag --cp: the sequence length T=" + std::to_string(cfg.T) +
-                                               " does not cut into 2*cp = " + std::to_string(2 * cfg.cp) + " chunks");
+    setup_check(cfg.cp == 1 || cfg.T % (2 * cfg.cp) == 0, "flag --cp: the sequence length T=" + std::to_string(cfg.T) +
+                                                              " does not cut into 2*cp = " + std::to_string(2 * cfg.cp) +
+                                                              " chunks");
     T_local = cfg.T / cfg.cp;
     setup_check(!cfg.sp || T_local % cfg.tp == 0, "flag --sp: the sequence length T/cp=" + std::to_string(T_local) +
                                                       " does not divide by --tp " + std::to_string(cfg.tp));
@@ -173,7 +246,11 @@ void Trainer::setup(const ArgParser& parser) {
                 "flag -d: total batch " + std::to_string(cfg.total_batch) + " tokens is not a multiple of B*T*dp = " +
                     std::to_string(rows_per_micro * cfg.T) + " (B=" + std::to_string(cfg.B) +
                     ", T=" + std::to_string(cfg.T) + ", dp=" + std::to_string(grid.dp) + ")");
-    accum = (int)(cfg.total_batch / (rows_per_micro * cfg.T));
+    const long long micro_steps = cfg.total_batch / (rows_per_micro * cfg.T);
+    setup_check(micro_steps <= 1000000000LL, "flag -d: " + std::to_string(cfg.total_batch) + " tokens per step is " +
+                                                 std::to_string(micro_steps) + " micro-steps of B*T*dp = " +
+                                                 std::to_string(rows_per_micro * cfg.T) + " tokens (at most 1e9)");
+    accum = (int)micro_steps;
     rows_per_step = cfg.total_batch / cfg.T;
 
     setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
@@ -183,23 +260,9 @@ void Trainer::setup(const ArgParser& parser) {
     else tok.init_bytes();
     if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
 
-    // The parallel modes and the model: the pipeline says which chunks of
-    // blocks this stage runs (the micro-batches are the accumulation steps).
-    try {
-        pipe.reset(new PipelineParallel(*grid.pp_group, *grid.embed_group, mc.num_layers, cfg.vpp, accum));
-        ok = true;
-    } catch (const std::invalid_argument& e) {
-        ok = false;
-        err = e.what();
-    }
-    setup_check(ok, err);
-    cpar.reset(new ContextParallel(*grid.cp_group, *be, cfg.B, T_local, mc.num_heads / cfg.tp, mc.channels / mc.num_heads));
-    const int shards = grid.dpcp_group->size(), shard_rank = grid.dpcp_group->rank();
-    model.reset(new GPT(be.get(), mc, cfg.B, T_local, cfg.recompute != 0, Sharding::for_zero(cfg.zero, shards, shard_rank),
-                        tpar.get(), cpar.get(), pipe->chunks()));
-    model->set_positions(ContextParallel::positions(cfg.T, cfg.cp, grid.cp_rank));
-    pipe->attach(*model);
-    dpar.reset(new DataParallel(*model, *grid.dpcp_group, cfg.zero, grid.tp_group.get(), pipe.get()));
+    // The parallel modes and the model, first counted, then built.
+    check_memory();
+    build(*be, &cpar, &model, &pipe, &dpar);
 
     // Weights: a checkpoint, a model file, or the seeded initialisation.
     rng = Rng((uint64_t)cfg.seed);
@@ -217,6 +280,7 @@ void Trainer::setup(const ArgParser& parser) {
         std::printf("+---------------------------+--------------------------------------------------+\n");
         for (const Option& o : parser.options())
             std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
+        std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
         std::printf("+---------------------------+--------------------------------------------------+\n");
         std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d x tp %d%s, "
                     "ZeRO %d\n",
@@ -265,6 +329,54 @@ void Trainer::setup(const ArgParser& parser) {
     full_tg.resize(BT);
     inputs.resize(BT);
     targets.resize(BT);
+}
+
+// The model and its parallel modes on backend b: the pipeline says which
+// chunks of blocks this stage runs (its micro-batches are the accumulation
+// steps), the model allocates them, the modes their buffers.
+void Trainer::build(Backend& b, std::unique_ptr<ContextParallel>* cp, std::unique_ptr<GPT>* gpt,
+                    std::unique_ptr<PipelineParallel>* pp, std::unique_ptr<DataParallel>* dp) {
+    bool ok = true;
+    try {
+        pp->reset(new PipelineParallel(*grid.pp_group, *grid.embed_group, mc.num_layers, cfg.vpp, accum));
+    } catch (const std::invalid_argument& e) {
+        ok = false;
+        err = e.what();
+    }
+    setup_check(ok, err);
+    cp->reset(new ContextParallel(*grid.cp_group, b, cfg.B, T_local, mc.num_heads / cfg.tp, mc.channels / mc.num_heads));
+    const int shards = grid.dpcp_group->size(), shard_rank = grid.dpcp_group->rank();
+    Recompute recompute = Recompute::none;
+    parse_recompute(cfg.recompute, &recompute);  // the parser allows only its names
+    gpt->reset(new GPT(&b, mc, cfg.B, T_local, recompute, Sharding::for_zero(cfg.zero, shards, shard_rank), tpar.get(),
+                       cp->get(), (*pp)->chunks()));
+    (*gpt)->set_positions(ContextParallel::positions(cfg.T, cfg.cp, grid.cp_rank));
+    (*pp)->attach(**gpt);
+    dp->reset(new DataParallel(**gpt, *grid.dpcp_group, cfg.zero, grid.tp_group.get(), pp->get()));
+}
+
+// What this rank will hold, counted on a backend that allocates nothing (the
+// same buffers, so the memory line's accounting), against --memory-budget or
+// the device's free memory: a clear line instead of the OOM killer.
+void Trainer::check_memory() {
+    MeasureBackend mb(*be);
+    std::unique_ptr<ContextParallel> cp;
+    std::unique_ptr<GPT> gpt;
+    std::unique_ptr<PipelineParallel> pp;
+    std::unique_ptr<DataParallel> dp;
+    build(mb, &cp, &gpt, &pp, &dp);
+    const size_t need = mb.bytes_peak();
+    const std::string held = memory_line("needed", rank, *gpt, dp->comm_buffer_bytes() + cp->buffer_bytes() +
+                                                                pp->buffer_bytes(), grid.pp_rank, grid.pp);
+    dp.reset();
+    const size_t budget = (size_t)(cfg.memory_budget * 1024 * 1024);
+    const size_t avail = budget ? budget : be->free_memory(dist_local_size());
+    std::string where = budget ? "--memory-budget " + human_bytes((double)budget)
+                               : std::string("the ") + be->name() + " device's free memory, " + human_bytes((double)avail) +
+                                     (std::string(be->name()) == "cpu" ? " (available RAM shared by the node's ranks)" : "");
+    setup_check(avail == 0 || need <= avail, "out of memory: rank " + std::to_string(rank) + " would hold " +
+                                                 human_bytes((double)need) + ", more than " + where + " [" +
+                                                 held.substr(held.find(':') + 2) + "]");
 }
 
 // B rows from first_row on, this rank's tokens of them: whole rows, or this
@@ -449,7 +561,7 @@ int main(int argc, char** argv) {
         for (int step = r.st.step; step < cfg.max_steps; step++) {
             StepMetrics m = r.train_step(step);
             if (r.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
-            if (r.main_rank) r.metrics.write(m);
+            if (r.main_rank && !r.metrics.write(m, &err)) fail(err);
             if (r.due(cfg.sample_every, step)) r.sample();
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
             std::fflush(stdout);

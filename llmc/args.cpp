@@ -94,15 +94,27 @@ bool ArgParser::parse(int argc, char** argv, bool* help, std::string* err) {
             return false;
         }
         if (!has_value) {
-            if (i + 1 >= argc) {
+            // An on/off flag alone: the next word is another flag, or none.
+            const bool next_is_flag = i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] != '\0');
+            if (opt->bare && next_is_flag) {
+                value = opt->bare;
+            } else if (i + 1 >= argc) {
                 *err = "flag " + a + ": missing value";
                 return false;
+            } else {
+                value = argv[++i];
             }
-            value = argv[++i];
         }
         if (!set(*opt, a, value, err)) return false;
+        given_.push_back(opt->name);
     }
     return true;
+}
+
+bool ArgParser::given(const std::string& name) const {
+    for (const std::string& g : given_)
+        if (g == name) return true;
+    return false;
 }
 
 std::string ArgParser::usage() const {

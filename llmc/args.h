@@ -2,7 +2,9 @@
 // (short letter, long name, value type, where it is stored, help text,
 // allowed range or choices); parsing, validation and the --help text are
 // all generated from the same rows, so the usage text cannot drift from
-// what the parser accepts. Accepts "-x 5", "--max-steps 5", "--max-steps=5".
+// what the parser accepts. Accepts "-x 5", "--max-steps 5", "--max-steps=5",
+// and for on/off options (those with a `bare` value) the flag alone
+// ("--sp" means "--sp 1", as users of Megatron-LM expect).
 #pragma once
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@ struct Option {
     const char* help;
     double min = -1e300, max = 1e300;      // numeric range, inclusive
     std::vector<std::string> choices = {};  // allowed strings (empty: any)
+    const char* bare = nullptr;             // value of the flag given alone (null: a value is required)
 };
 
 class ArgParser {
@@ -29,11 +32,14 @@ class ArgParser {
     // target's value when this is called) and help.
     std::string usage() const;
     const std::vector<Option>& options() const { return options_; }
+    // Whether the command line set the option (by long name).
+    bool given(const std::string& name) const;
 
   private:
     bool set(const Option& o, const std::string& flag, const std::string& value, std::string* err);
     std::string program_, summary_;
     std::vector<Option> options_;
+    std::vector<std::string> given_;
 };
 
 std::string option_value_string(const Option& o);

@@ -90,6 +90,15 @@ class Backend {
     // Bytes the backend holds right now and at most so far (memory report).
     virtual size_t bytes_in_use() const = 0;
     virtual size_t bytes_peak() const = 0;
+    // Bytes an allocation of `bytes` takes in bytes_in_use() (the backend's
+    // rounding), so that a count made without allocating matches it.
+    virtual size_t alloc_size(size_t bytes) const { return bytes; }
+    // Bytes this rank may still allocate, its share of the device when
+    // `local_ranks` processes share the node (0: unknown).
+    virtual size_t free_memory(int local_ranks) const {
+        (void)local_ranks;
+        return 0;
+    }
 
     // ---- model ops -----------------------------------------------------
     // out[b,t,:] = wte[tokens[b,t] - v_begin, :] + wpe[pos[t], :]

@@ -2,6 +2,7 @@
 // forwards to the typed template in cpu_ops.h.
 #include "backend_cpu.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -27,6 +28,19 @@ class CpuBackend : public Backend {
     const char* name() const override { return "cpu"; }
     Precision precision() const override { return {kType, kType, kType, false, kType, kType, kType}; }
     bool deterministic() const override { return true; }
+
+    size_t alloc_size(size_t bytes) const override { return bytes ? ((bytes + 63) / 64) * 64 : 0; }
+    // The node's available memory (MemAvailable), shared by its ranks.
+    size_t free_memory(int local_ranks) const override {
+        FILE* f = std::fopen("/proc/meminfo", "r");
+        if (!f) return 0;
+        char line[256];
+        unsigned long long kib = 0;
+        while (std::fgets(line, sizeof(line), f))
+            if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+        std::fclose(f);
+        return (size_t)(kib * 1024ull / (unsigned long long)(local_ranks > 0 ? local_ranks : 1));
+    }
 
     void* alloc(size_t bytes) override {
         size_t rounded = ((bytes + 63) / 64) * 64;

@@ -4,9 +4,14 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "fileio.h"
+
 int default_padded_vocab(int V) { return ((V + 127) / 128) * 128; }
 
+// A file that exists is a file whatever its name; a missing one ending in
+// .bin is still meant as a file (and gets "cannot open", not a size error).
 bool spec_is_file(const std::string& spec) {
+    if (file_size(spec) >= 0) return true;
     return spec.size() > 4 && spec.compare(spec.size() - 4, 4, ".bin") == 0;
 }
 

@@ -3,7 +3,8 @@
 //                  NH = C/64, V = 50257, Vp = 50304, maxT = 1024;
 //   explicit sizes "L=2,C=48,NH=3,V=97,T=64[,Vp=128]" for small or odd
 //                  test models (Vp defaults to V rounded up to 128);
-//   a model file   "FILE.bin" (the sizes come from its header).
+//   a model file   "FILE.bin", or any file that exists (the sizes come
+//                  from its header).
 #pragma once
 #include <string>
 
@@ -31,7 +32,8 @@ int default_padded_vocab(int V);
 // sets *err to a one-line reason naming the offending part.
 bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err);
 
-// True when spec names a model file rather than sizes (ends in ".bin").
+// True when spec names a model file rather than sizes: a file that exists,
+// or a name ending in ".bin".
 bool spec_is_file(const std::string& spec);
 
 // Shape checks shared by every way of making a model: positive sizes,

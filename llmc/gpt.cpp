@@ -42,7 +42,9 @@ struct GPT::Acts {
     int* pos = nullptr;  // [T] positions 0..T-1
     void* encoded = nullptr;  // [chunk-slots, Ns,C] the residual stream entering each chunk
     void* emb = nullptr;      // [N,C] partial embeddings (SP: before the reduce-scatter)
-    // per layer-slot, [L·slots, ...]
+    // per layer-slot, [L·slots, ...], or one block's scratch when the
+    // recompute mode does not keep them (keep_*)
+    bool keep_block = true, keep_attn = true, keep_gelu = true;
     void *ln1, *ln1_mean, *ln1_rstd;            // [Ns,C], [Ns], [Ns]
     void *qkv, *atty, *lse;                     // [N,3Cl], [N,Cl], [NHl,N]
     void *residual2, *ln2, *ln2_mean, *ln2_rstd;  // [Ns,C], ...
@@ -58,7 +60,6 @@ struct GPT::Acts {
     void* ln_full = nullptr;  // [N,C] SP: a LayerNorm output gathered over the tp group
     void* proj;               // [N,C] row-parallel output (partial under tp)
     void* proj_s = nullptr;   // [Ns,C] SP: its reduce-scattered rows
-    void* gelu_tmp;           // [N,Hl] recomputed GELU output (recompute mode)
     void* dresidual;          // [Ns,C]
     void* dfull = nullptr;    // [N,C] SP: residual gradient gathered
     void* dln;                // [N,C] gradient of a column-parallel layer's input
@@ -120,12 +121,31 @@ static std::vector<ModelChunk> whole_model(const GPTConfig& cfg) {
     return {c};
 }
 
-GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, const Sharding& sharding,
+bool parse_recompute(const std::string& s, Recompute* r) {
+    if (s == "none" || s == "0") *r = Recompute::none;
+    else if (s == "gelu" || s == "1") *r = Recompute::gelu;
+    else if (s == "selective") *r = Recompute::selective;
+    else if (s == "full") *r = Recompute::full;
+    else return false;
+    return true;
+}
+
+const char* recompute_name(Recompute r) {
+    switch (r) {
+        case Recompute::none: return "none";
+        case Recompute::gelu: return "gelu";
+        case Recompute::selective: return "selective";
+        case Recompute::full: return "full";
+    }
+    return "?";
+}
+
+GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, const Sharding& sharding,
          TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks)
     : be_(be), cfg_(cfg),
       table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
              stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks)),
-      prec_(be->precision()), B_(B), T_(T), recompute_gelu_(recompute_gelu),
+      prec_(be->precision()), B_(B), T_(T), recompute_(recompute),
       chunks_(chunks.empty() ? whole_model(cfg) : chunks), tp_(tp && tp->size() > 1 ? tp : nullptr),
       tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), sharding_(sharding) {
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
@@ -164,19 +184,28 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
     a.pos = (int*)alloc_buffer(A, "positions", T, DType::I32);
     a.encoded = alloc_buffer(A, "chunk_inputs", chunk_slots * Ns * C, act);
     if (ES) a.emb = sp ? alloc_buffer(S, "embeddings_partial", N * C, act) : nullptr;
-    a.ln1 = alloc_buffer(A, "ln1", LS * Ns * C, act, true);
-    a.ln1_mean = alloc_buffer(A, "ln1_mean", LS * Ns, st, true);
-    a.ln1_rstd = alloc_buffer(A, "ln1_rstd", LS * Ns, st, true);
-    a.qkv = alloc_buffer(A, "qkv", LS * N * 3 * Cl, act, true);
-    a.atty = alloc_buffer(A, "atty", LS * N * Cl, act, true);
-    a.lse = alloc_buffer(A, "attn_lse", LS * N * NHl, st, true);
-    a.residual2 = alloc_buffer(A, "residual2", LS * Ns * C, act, true);
-    a.ln2 = alloc_buffer(A, "ln2", LS * Ns * C, act, true);
-    a.ln2_mean = alloc_buffer(A, "ln2_mean", LS * Ns, st, true);
-    a.ln2_rstd = alloc_buffer(A, "ln2_rstd", LS * Ns, st, true);
-    a.fch = alloc_buffer(A, "fch", LS * N * Hl, act, true);
-    a.fch_gelu = recompute_gelu ? nullptr : alloc_buffer(A, "fch_gelu", LS * N * Hl, act, true);
-    a.residual3 = alloc_buffer(A, "residual3", LS * Ns * C, act, true);
+    // Per-block activations: one slice per layer-slot when the recompute
+    // mode keeps them for the backward, else one block's scratch.
+    a.keep_block = recompute != Recompute::full;
+    a.keep_attn = recompute == Recompute::none || recompute == Recompute::gelu;
+    a.keep_gelu = recompute == Recompute::none;
+    auto block_buf = [&](const char* name, size_t per_block, DType t, bool keep) {
+        return keep ? alloc_buffer(A, name, LS * per_block, t, true)
+                    : alloc_buffer(S, (std::string(name) + "_recomputed").c_str(), per_block, t);
+    };
+    a.ln1 = block_buf("ln1", Ns * C, act, a.keep_block);
+    a.ln1_mean = block_buf("ln1_mean", Ns, st, a.keep_block);
+    a.ln1_rstd = block_buf("ln1_rstd", Ns, st, a.keep_block);
+    a.qkv = block_buf("qkv", N * 3 * Cl, act, a.keep_block);
+    a.atty = block_buf("atty", N * Cl, act, a.keep_attn);
+    a.lse = block_buf("attn_lse", N * NHl, st, a.keep_attn);
+    a.residual2 = block_buf("residual2", Ns * C, act, a.keep_block);
+    a.ln2 = block_buf("ln2", Ns * C, act, a.keep_block);
+    a.ln2_mean = block_buf("ln2_mean", Ns, st, a.keep_block);
+    a.ln2_rstd = block_buf("ln2_rstd", Ns, st, a.keep_block);
+    a.fch = block_buf("fch", N * Hl, act, a.keep_block);
+    a.fch_gelu = block_buf("fch_gelu", N * Hl, act, a.keep_gelu);
+    a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
     if (HSl) {
         a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);
         a.lnf_mean = alloc_buffer(A, "lnf_mean", HSl * Ns, st);
@@ -197,7 +226,6 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu, c
         a.dln_s = alloc_buffer(S, "dln_local", Ns * C, act);
     }
     a.proj = alloc_buffer(S, "proj", N * C, act);
-    a.gelu_tmp = recompute_gelu ? alloc_buffer(S, "gelu_recompute", N * Hl, act) : nullptr;
     a.dresidual = alloc_buffer(S, "dresidual", Ns * C, act);
     a.dln = alloc_buffer(S, "d_ln", N * C, act);
     a.datt = alloc_buffer(S, "d_atty", N * Cl, act);
@@ -412,7 +440,7 @@ void GPT::sum_partial_grads(int unit, void* unit_grads) {
 // ---- forward ----------------------------------------------------------------------
 
 // Block l's slices of the activations, for N tokens (Ns in the residual
-// stream). h is the GELU output: stored per layer, or the recompute scratch.
+// stream). Buffers the recompute mode does not keep are the block scratch.
 struct GPT::LayerActs {
     void *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *x2, *ln2, *ln2_mean, *ln2_rstd, *fch, *h, *x3;
 };
@@ -437,20 +465,23 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     const int c = chunk_of_layer(l);
     const ModelChunk& ch = chunks_[c];
     const int i = (int)(layer_base_[c] + (size_t)slot * ch.layers + (l - ch.first_layer));
+    // A kept buffer's slice for this layer-slot, or the scratch.
+    auto at = [&](void* base, bool keep, size_t per, DType t) { return keep ? act_layer(base, i, per, t) : base; };
+    const bool kb = a.keep_block, ka = a.keep_attn;
     LayerActs r;
     r.x = l == ch.first_layer ? chunk_in(c, slot) : act_layer(a.residual3, i - 1, Ns * C, act);
-    r.ln1 = act_layer(a.ln1, i, Ns * C, act);
-    r.ln1_mean = act_layer(a.ln1_mean, i, Ns, st);
-    r.ln1_rstd = act_layer(a.ln1_rstd, i, Ns, st);
-    r.qkv = act_layer(a.qkv, i, N * 3 * Cl, act);
-    r.atty = act_layer(a.atty, i, N * Cl, act);
-    r.lse = act_layer(a.lse, i, (size_t)N * table_.heads, st);
-    r.x2 = act_layer(a.residual2, i, Ns * C, act);
-    r.ln2 = act_layer(a.ln2, i, Ns * C, act);
-    r.ln2_mean = act_layer(a.ln2_mean, i, Ns, st);
-    r.ln2_rstd = act_layer(a.ln2_rstd, i, Ns, st);
-    r.fch = act_layer(a.fch, i, N * Hl, act);
-    r.h = recompute_gelu_ ? a.gelu_tmp : act_layer(a.fch_gelu, i, N * Hl, act);
+    r.ln1 = at(a.ln1, kb, Ns * C, act);
+    r.ln1_mean = at(a.ln1_mean, kb, Ns, st);
+    r.ln1_rstd = at(a.ln1_rstd, kb, Ns, st);
+    r.qkv = at(a.qkv, kb, N * 3 * Cl, act);
+    r.atty = at(a.atty, ka, N * Cl, act);
+    r.lse = at(a.lse, ka, (size_t)N * table_.heads, st);
+    r.x2 = at(a.residual2, kb, Ns * C, act);
+    r.ln2 = at(a.ln2, kb, Ns * C, act);
+    r.ln2_mean = at(a.ln2_mean, kb, Ns, st);
+    r.ln2_rstd = at(a.ln2_rstd, kb, Ns, st);
+    r.fch = at(a.fch, kb, N * Hl, act);
+    r.h = at(a.fch_gelu, a.keep_gelu, N * Hl, act);
     r.x3 = act_layer(a.residual3, i, Ns * C, act);
     return r;
 }
@@ -478,6 +509,50 @@ const void* GPT::chunk_output(int c, int slot) {
 
 const void* GPT::input_grad() const { return a_->dresidual; }
 
+// f and g around a column-parallel / row-parallel pair (identities without tp).
+void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_input) {
+    Acts& a = *a_;
+    const bool sp = tp_ && tp_->sp();
+    const int C = cfg_.channels, N = B * T, Ns = sp ? N / tp_size_ : N, Cl = C / tp_size_, Hl = 4 * C / tp_size_;
+    const bool bias_in_matmul = !tp_;  // row-parallel biases wait for the reduction
+    const DType act = prec_.act;
+    auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
+    auto g_fwd = [&](const void* bias) -> void* {
+        if (!tp_) return a.proj;
+        void* out = tp_->g_forward(a.proj, a.proj_s, C, N, act);
+        be_->add_bias(out, bias, Ns, C);
+        return out;
+    };
+    if (norm_input)
+        be_->layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, P(Param::ln1w, l), P(Param::ln1b, l), Ns, C);
+    // attention: QKV column-parallel by heads, attproj row-parallel
+    be_->matmul_forward(la.qkv, f_fwd(la.ln1), P(Param::qkvw, l), P(Param::qkvb, l), N, C, 3 * Cl);
+    attention_core(la, B, T);
+    be_->matmul_forward(a.proj, la.atty, P(Param::attprojw, l), bias_in_matmul ? P(Param::attprojb, l) : nullptr, N,
+                        Cl, C);
+    void* attn_out = g_fwd(P(Param::attprojb, l));
+    be_->residual_layernorm_forward(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, P(Param::ln2w, l),
+                                    P(Param::ln2b, l), Ns, C);
+    // MLP: fc column-parallel, fcproj row-parallel
+    be_->matmul_forward(la.fch, f_fwd(la.ln2), P(Param::fcw, l), P(Param::fcb, l), N, C, Hl);
+    be_->gelu_forward(la.h, la.fch, (size_t)N * Hl);
+    be_->matmul_forward(a.proj, la.h, P(Param::fcprojw, l), bias_in_matmul ? P(Param::fcprojb, l) : nullptr, N, Hl, C);
+    return g_fwd(P(Param::fcprojb, l));
+}
+
+void GPT::attention_core(const LayerActs& la, int B, int T) {
+    const int C = cfg_.channels, Cl = C / tp_size_, HS = C / cfg_.num_heads;
+    const double scale = 1.0 / std::sqrt((double)HS);
+    const DType act = prec_.act;
+    if (cp_) {
+        cp_->attention_forward(la.atty, la.lse, la.qkv, B, scale);  // ring over the cp group
+        return;
+    }
+    const AttnShape shape{B, table_.heads, HS, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true, scale};
+    be_->attention_forward(la.atty, la.lse, la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, 2 * (size_t)Cl),
+                           shape);
+}
+
 double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
                           double dloss) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
@@ -488,9 +563,8 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("forward: sequence parallel needs T divisible by tp");
     Acts& a = *a_;
     const int L = cfg_.num_layers, C = cfg_.channels, V = cfg_.vocab_size, N = B * T, Ns = sp ? N / tp_size_ : N;
-    const int Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
+    const int Vl = table_.vocab_rows;
     const int final_unit = L + 1, first = ch.first_layer, end = ch.first_layer + ch.layers;
-    const bool bias_in_matmul = !tp_;  // row-parallel biases wait for the reduction
     const DType act = prec_.act, st = prec_.stat;
     last_B_ = B;
     last_T_ = T;
@@ -515,16 +589,7 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
         if (tp_) tp_->g_forward(emb, x0, C, N, act);
         if (!ch.head) release(0);
     }
-    const AttnShape shape{B, NHl, C / cfg_.num_heads, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true,
-                          1.0 / std::sqrt((double)(C / cfg_.num_heads))};
-    // f and g around a column-parallel / row-parallel pair (identities without tp).
     auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
-    auto g_fwd = [&](const void* bias) -> void* {
-        if (!tp_) return a.proj;
-        void* out = tp_->g_forward(a.proj, a.proj_s, C, N, act);
-        be_->add_bias(out, bias, Ns, C);
-        return out;
-    };
     void* lnf = ch.head ? elem_ptr(a.lnf, act, (size_t)slot * Ns * C) : nullptr;
     void* lnf_mean = ch.head ? elem_ptr(a.lnf_mean, st, (size_t)slot * Ns) : nullptr;
     void* lnf_rstd = ch.head ? elem_ptr(a.lnf_rstd, st, (size_t)slot * Ns) : nullptr;
@@ -535,28 +600,10 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
         const int next = l + 1 < end ? block_unit(l + 1) : ch.head ? final_unit : -1;
         if (next >= 0) provider_->prefetch(next);
         const LayerActs la = layer_acts(l, slot, N, Ns);
-        void *x = la.x, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *lse = la.lse, *x2 = la.x2, *ln2 = la.ln2;
-        void *fch = la.fch, *h = la.h, *x3 = la.x3;
-
         // For later blocks, ln1 was produced by the previous block's fused
         // residual + LayerNorm; the chunk's first block normalises its input.
-        if (l == first)
-            be_->layernorm_forward(ln1, la.ln1_mean, la.ln1_rstd, x,
-                                   P(Param::ln1w, l), P(Param::ln1b, l), Ns, C);
-        // attention: QKV column-parallel by heads, attproj row-parallel
-        be_->matmul_forward(qkv, f_fwd(ln1), P(Param::qkvw, l), P(Param::qkvb, l), N, C, 3 * Cl);
-        if (cp_) cp_->attention_forward(atty, lse, qkv, B, shape.scale);  // ring over the cp group
-        else be_->attention_forward(atty, lse, qkv, elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), shape);
-        be_->matmul_forward(a.proj, atty, P(Param::attprojw, l), bias_in_matmul ? P(Param::attprojb, l) : nullptr, N,
-                            Cl, C);
-        void* attn_out = g_fwd(P(Param::attprojb, l));
-        be_->residual_layernorm_forward(x2, ln2, la.ln2_mean, la.ln2_rstd, x,
-                                        attn_out, P(Param::ln2w, l), P(Param::ln2b, l), Ns, C);
-        // MLP: fc column-parallel, fcproj row-parallel
-        be_->matmul_forward(fch, f_fwd(ln2), P(Param::fcw, l), P(Param::fcb, l), N, C, Hl);
-        be_->gelu_forward(h, fch, (size_t)N * Hl);
-        be_->matmul_forward(a.proj, h, P(Param::fcprojw, l), bias_in_matmul ? P(Param::fcprojb, l) : nullptr, N, Hl, C);
-        void* mlp_out = g_fwd(P(Param::fcprojb, l));
+        void* mlp_out = block_forward(l, la, B, T, l == first);
+        void *x2 = la.x2, *x3 = la.x3;
         // Residual add fused with the next LayerNorm (next block's ln1, or
         // lnf), whose parameters belong to the next unit; at the end of a
         // chunk that does not end the model, the residual add alone.
@@ -689,7 +736,13 @@ void GPT::backward_chunk(int c, int slot, const void* dy) {
         const LayerActs la = layer_acts(l, slot, N, Ns);
         void *x = la.x, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *lse = la.lse, *x2 = la.x2, *ln2 = la.ln2;
         void *fch = la.fch, *h = la.h;
-        if (recompute_gelu_) be_->gelu_forward(h, fch, (size_t)N * Hl);
+        // What the recompute mode did not keep, from what it kept.
+        if (!a.keep_block) {
+            block_forward(l, la, B, T, true);
+        } else {
+            if (!a.keep_attn) attention_core(la, B, T);
+            if (!a.keep_gelu) be_->gelu_forward(h, fch, (size_t)N * Hl);
+        }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
         be_->matmul_backward(a.d4C, G(Param::fcprojw, l), G(Param::fcprojb, l), g_bwd(), h, P(Param::fcprojw, l), N,

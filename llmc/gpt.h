@@ -42,6 +42,22 @@ class UnitProvider {
     virtual void grads_done(int unit) = 0;  // the unit's gradients of this micro-step are complete
 };
 
+// What a block keeps from its forward for its backward (--recompute):
+//   none       everything the backward reads;
+//   gelu       all but the GELU output, recomputed from its input (llm.c -r 1);
+//   selective  also not the attention core's output and log-sum-exp,
+//              recomputed from Q, K, V (Megatron's selective recompute; the
+//              T x T scores it drops are never stored here, so its analogue
+//              is the core's output);
+//   full       only the block's input; the whole block runs forward again in
+//              its backward, into one block's working set.
+// In elements of B·T·C per block (activations, statistics aside): 16, 12,
+// 11 and 1.
+enum class Recompute { none, gelu, selective, full };
+// "none", "gelu", "selective", "full" (and "0" = none, "1" = gelu).
+bool parse_recompute(const std::string& s, Recompute* r);
+const char* recompute_name(Recompute r);
+
 // The part of the model a pipeline stage runs (llmc/pipeline_parallel.h
 // plans it): model chunks of consecutive blocks; the chunk that starts the
 // model begins with the embeddings, the one that ends it finishes with the
@@ -65,15 +81,14 @@ struct BufferInfo {
 class GPT {
   public:
     // Allocates every buffer for micro-batches of up to B rows of T tokens.
-    // recompute_gelu: keep only the GELU input per layer and recompute its
-    // output in backward (llm.c's -r 1), saving L·B·T·4C activations.
+    // recompute: what each block keeps for its backward (see Recompute).
     // sharding: which flat buffers hold only this rank's shard (default: none).
     // tp: tensor (and sequence) parallelism; null for none. Under sequence
     // parallelism B·T must divide by the tp degree.
     // cp: context parallelism (ring attention); T is then the local sequence
     // length T/c and set_positions() gives the global positions.
     // chunks: what this pipeline stage runs (empty: the whole model).
-    GPT(Backend* be, const GPTConfig& cfg, int B, int T, bool recompute_gelu = false,
+    GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute = Recompute::none,
         const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
         const std::vector<ModelChunk>& chunks = {});
     ~GPT();
@@ -186,6 +201,12 @@ class GPT {
     struct Acts;  // activation and scratch pointers, see gpt.cpp
     struct LayerActs;  // one block's slices of them
     LayerActs layer_acts(int l, int slot, int N, int Ns);
+    // Block l's forward from its input la.x up to the MLP's output (before
+    // the last residual add, which the caller fuses with the next
+    // LayerNorm); ln1 is computed here when norm_input, else it came fused
+    // from the previous block. Also the recompute of the backward.
+    void* block_forward(int l, const LayerActs& la, int B, int T, bool norm_input);
+    void attention_core(const LayerActs& la, int B, int T);  // atty, lse from qkv
     int chunk_of_layer(int l) const;
     void* chunk_in(int c, int slot);  // the residual stream entering chunk c
     class LocalUnits;
@@ -212,7 +233,7 @@ class GPT {
     TensorTable table_;
     Precision prec_;
     int B_, T_;
-    bool recompute_gelu_;
+    Recompute recompute_;
     std::vector<ModelChunk> chunks_;
     std::vector<size_t> layer_base_;  // per chunk: its first layer-slot (per-layer activations)
     std::vector<size_t> slot_base_;   // per chunk: its first chunk-slot (chunk inputs)

@@ -16,18 +16,22 @@ bool MetricsLog::open(const std::string& path, int keep_before_step, std::string
             if (std::sscanf(line.c_str(), "{\"step\": %d", &s) == 1 && s < keep_before_step) keep.push_back(line);
         }
     }
+    path_ = path;
     f_ = std::fopen(path.c_str(), "w");
     if (!f_) {
         *err = "cannot write " + path + ": " + std::strerror(errno);
         return false;
     }
     for (const std::string& l : keep) std::fprintf(f_, "%s\n", l.c_str());
-    std::fflush(f_);
+    if (std::fflush(f_) != 0 || std::ferror(f_)) {
+        *err = "cannot write " + path + ": " + std::strerror(errno);
+        return false;
+    }
     return true;
 }
 
-void MetricsLog::write(const StepMetrics& m) {
-    if (!f_) return;
+bool MetricsLog::write(const StepMetrics& m, std::string* err) {
+    if (!f_) return true;
     std::fprintf(f_,
                  "{\"step\": %d, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens\": %llu, \"ms\": %.3f, "
                  "\"tokens_per_s\": %.1f",
@@ -36,7 +40,11 @@ void MetricsLog::write(const StepMetrics& m) {
     if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.17g", m.val_loss);
     if (m.comm_json.size() > 2) std::fprintf(f_, ", \"comm\": %s", m.comm_json.c_str());
     std::fprintf(f_, "}\n");
-    std::fflush(f_);
+    if (std::fflush(f_) != 0 || std::ferror(f_)) {
+        *err = "cannot write " + path_ + ": " + std::strerror(errno);
+        return false;
+    }
+    return true;
 }
 
 MetricsLog::~MetricsLog() {

@@ -18,9 +18,12 @@ class MetricsLog {
     // keep_before_step < 0: start a new file; else keep existing lines with
     // "step" < keep_before_step.
     bool open(const std::string& path, int keep_before_step, std::string* err);
-    void write(const StepMetrics& m);
+    // False (with *err naming the file and the reason) when the line could
+    // not be written, a full disk say.
+    bool write(const StepMetrics& m, std::string* err);
     ~MetricsLog();
 
   private:
     FILE* f_ = nullptr;
+    std::string path_;
 };

@@ -1,6 +1,7 @@
 // llmc/model_io.cpp: read and write llm.c model files.
 #include "model_io.h"
 
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -58,6 +59,31 @@ bool read_model_header(const std::string& path, GPTConfig* cfg, int* version, st
     return true;
 }
 
+// The name of the tensor holding element i of a model file's payload, and
+// the element's index within it.
+static std::string tensor_at(const GPTConfig& c, size_t i) {
+    const TensorTable whole(c);
+    for (const TensorEntry& e : whole.entries) {
+        const size_t n = e.file_rows * e.file_cols;
+        if (i >= e.file_offset && i < e.file_offset + n)
+            return e.name() + " (element " + std::to_string(i - e.file_offset) + ")";
+    }
+    return "element " + std::to_string(i);
+}
+
+bool check_finite(const std::string& what, const GPTConfig& c, const void* host, DType t, size_t n, std::string* err) {
+    for (size_t i = 0; i < n; i++) {
+        double x = t == DType::F64 ? static_cast<const double*>(host)[i]
+                   : t == DType::F32 ? static_cast<const float*>(host)[i]
+                                     : bf16_to_f32(static_cast<const uint16_t*>(host)[i]);
+        if (!std::isfinite(x)) {
+            *err = what + ": tensor " + tensor_at(c, i) + " is " + (std::isnan(x) ? "NaN" : "infinite");
+            return false;
+        }
+    }
+    return true;
+}
+
 bool load_model(const std::string& path, GPT& model, std::string* err) {
     GPTConfig c;
     int version = 0;
@@ -77,6 +103,7 @@ bool load_model(const std::string& path, GPT& model, std::string* err) {
         *err = "model file " + path + ": cannot read parameters";
         return false;
     }
+    if (!check_finite("model file " + path, c, buf.data(), t, P, err)) return false;
     model.set_weights_file_order(buf.data(), t);
     return true;
 }

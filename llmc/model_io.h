@@ -25,3 +25,7 @@ bool write_model_file(const std::string& path, const GPTConfig& cfg, const void*
 // Single-process convenience: writes the model's weights (master copy when
 // there is one). The model must hold whole buffers (no sharding).
 bool save_model(const std::string& path, GPT& model, int version, std::string* err);
+
+// False (with *err naming `what`, the tensor and the element) when any of n
+// values of type t in model-file order is NaN or infinite.
+bool check_finite(const std::string& what, const GPTConfig& c, const void* host, DType t, size_t n, std::string* err);

@@ -5,6 +5,7 @@
 // builds without MPI).
 #include "process_grid.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -70,7 +71,7 @@ class LocalComm : public Comm {
 // for later by code that may run on one rank only: it has to be kept. The
 // flag records whether we started MPI, so that we (and only we) stop it.
 // These two are the module's only state; rank and size are asked of MPI.
-int g_local_rank = 0;
+int g_local_rank = 0, g_local_size = 1;
 bool g_started_mpi = false;
 
 bool mpi_live() {
@@ -96,6 +97,7 @@ void dist_init(int* argc, char*** argv) {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &g_local_rank);
+    MPI_Comm_size(node, &g_local_size);
     MPI_Comm_free(&node);
 #else
     (void)argc;
@@ -136,6 +138,26 @@ int dist_local_rank() {
     return g_local_rank;
 #else
     return 0;
+#endif
+}
+
+int dist_local_size() {
+#ifdef LLMC_MPI
+    return g_local_size;
+#else
+    return 1;
+#endif
+}
+
+void dist_broadcast(std::string* s) {
+#ifdef LLMC_MPI
+    if (dist_world_size() == 1) return;
+    int len = dist_world_rank() == 0 ? (int)std::min<size_t>(s->size(), INT_MAX) : 0;
+    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    s->resize((size_t)len);
+    if (len) MPI_Bcast(&(*s)[0], len, MPI_CHAR, 0, MPI_COMM_WORLD);
+#else
+    (void)s;
 #endif
 }
 

@@ -27,6 +27,7 @@ void dist_finalize();
 int dist_world_rank();
 int dist_world_size();
 int dist_local_rank();  // rank among the processes on this node
+int dist_local_size();  // processes on this node
 
 // Ends the whole job from one rank with its message (MPI_Abort when the
 // world has several ranks): for errors that other ranks may not share, so
@@ -37,6 +38,9 @@ int dist_local_rank();  // rank among the processes on this node
 // own verdict. Returns true when all are ok. Otherwise it returns false on
 // every rank, with *err set to the message of the lowest failing rank.
 bool dist_all_ok(bool ok, const std::string& msg, std::string* err);
+
+// Rank 0's string, on every rank (a no-op alone).
+void dist_broadcast(std::string* s);
 
 // Transport of the groups: "nccl" (CUDA default), "mpi" (MPI on host
 // buffers for the CPU backend; staged through host memory for CUDA).

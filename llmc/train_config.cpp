@@ -25,10 +25,10 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'s', "sample-every", O::Int, &c.sample_every, "print a text sample every N steps (0: never)", 0, 1e9});
     p.add({'g', "gen-tokens", O::Int, &c.gen_tokens, "tokens per sample", 1, 1e6});
     p.add({'n', "checkpoint-every", O::Int, &c.checkpoint_every, "checkpoint every N steps into -o (0: never)", 0, 1e9});
-    p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1});
+    p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1, {}, "1"});
     p.add({'z', "zero", O::Int, &c.zero, "ZeRO stage over the data-parallel ranks", 0, 3});
     p.add({0, "tp", O::Int, &c.tp, "tensor-parallel degree (Megatron; divides heads and world)", 1, 1 << 16});
-    p.add({0, "sp", O::Int, &c.sp, "1: sequence parallel on top of tensor parallel (needs --tp > 1)", 0, 1});
+    p.add({0, "sp", O::Int, &c.sp, "1: sequence parallel on top of tensor parallel (needs --tp > 1)", 0, 1, {}, "1"});
     p.add({0, "cp", O::Int, &c.cp, "context-parallel degree (ring attention; 2*cp divides T)", 1, 1 << 16});
     p.add({0, "pp", O::Int, &c.pp, "pipeline stages (1F1B; L and -d micro-batches must fit)", 1, 1 << 16});
     p.add({0, "vpp", O::Int, &c.vpp, "model chunks per pipeline stage (interleaved 1F1B when > 1)", 1, 1 << 16});
@@ -36,8 +36,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "memory-budget", O::Double, &c.memory_budget, "MiB the backend may hold per rank (0: no cap)", 0, 1e12});
     p.add({0, "comm", O::String, &c.comm, "collectives: nccl (GPU default) or mpi (host; staged on GPUs)", 0, 0,
            {"auto", "nccl", "mpi"}});
-    p.add({'r', "recompute", O::Int, &c.recompute, "1: recompute GELU in backward to save memory", 0, 1});
-    p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1});
+    p.add({'r', "recompute", O::String, &c.recompute, "activations recomputed in backward (1 = gelu, 0 = none)", 0, 0,
+           {"none", "gelu", "selective", "full", "0", "1"}, "1"});
+    p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1, {}, "1"});
     p.add({0, "seed", O::Long, &c.seed, "seed of the initialisation and the sampling RNG", 0, 9.2e18});
     p.add({0, "device", O::String, &c.device, "where to run", 0, 0, {"auto", "cpu", "cuda"}});
     p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda)", 0, 0,

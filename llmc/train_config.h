@@ -42,7 +42,7 @@ struct TrainConfig {
     std::string trace = "";    // Chrome trace-event JSON of the run
     std::string comm = "auto";
     double memory_budget = 0;  // MiB the backend may hold (0: no cap)
-    int recompute = 0;         // -r
+    std::string recompute = "none";  // -r: none, gelu, selective, full (0 = none, 1 = gelu)
     int overfit = 0;           // -a
     long long seed = 1337;
     std::string device = "auto";
