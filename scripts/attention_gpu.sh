@@ -5,8 +5,8 @@
 # folder) or build/attention_gpu; each stage ends with a short summary.
 #   bash scripts/attention_gpu.sh lab        build and run the three attention
 #                                            lab programs (validation + timing)
-#   bash scripts/attention_gpu.sh sanitize   compute-sanitizer memcheck, racecheck,
-#                                            synccheck on the labs' small cases
+#   bash scripts/attention_gpu.sh sanitize [memcheck|racecheck|synccheck]
+#                                            compute-sanitizer on the labs' small cases
 #   bash scripts/attention_gpu.sh train      d12 training, tensor-core attention
 #                                            against LLMC_ATTN_TC=0: tokens/s and
 #                                            the per-step loss difference
@@ -24,8 +24,9 @@ build_labs() {
     # Only the device's own architecture: half the compile time.
     local cc
     cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-    local arch=${cc:+-gencode arch=compute_$cc,code=sm_$cc}
-    make -C dev/cuda -B -j"$JOBS" $LABS ${arch:+CUDA_ARCH="$arch"} LAB_FLAGS="${LAB_FLAGS:-}" \
+    local args=()
+    [[ -n $cc ]] && args+=("CUDA_ARCH=-gencode arch=compute_$cc,code=sm_$cc")
+    make -C dev/cuda -B -j"$JOBS" $LABS "${args[@]}" LAB_FLAGS="${LAB_FLAGS:-}" \
         > "$OUT/build_labs.log" 2>&1 || { tail -30 "$OUT/build_labs.log"; exit 1; }
 }
 
@@ -41,14 +42,14 @@ lab)
     done
     ;;
 sanitize)
+    # One tool per call (each fits the 10-minute limit): memcheck (default), racecheck, synccheck.
+    tool=${2:-memcheck}
     [[ -x dev/cuda/attention_forward ]] || build_labs
-    for tool in memcheck racecheck synccheck; do
-        for p in $LABS; do
-            timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 "./dev/cuda/$p" --quick \
-                > "$OUT/sanitize_${tool}_$p.log" 2>&1
-            echo "== $tool $p: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_$p.log" | tail -1)" \
-                "$(tail -n 1 "$OUT/sanitize_${tool}_$p.log")"
-        done
+    for p in $LABS; do
+        timeout 180 compute-sanitizer --tool "$tool" --error-exitcode 9 "./dev/cuda/$p" --quick \
+            > "$OUT/sanitize_${tool}_$p.log" 2>&1
+        echo "== $tool $p: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_${tool}_$p.log" | tail -1)" \
+            "$(tail -n 1 "$OUT/sanitize_${tool}_$p.log")"
     done
     ;;
 train)
@@ -101,7 +102,7 @@ ptxas)
     done
     ;;
 *)
-    echo "usage: $0 lab|sanitize|train|ptxas" >&2
+    echo "usage: $0 lab|sanitize [tool]|train|ptxas" >&2
     exit 2
     ;;
 esac
