@@ -66,7 +66,7 @@ DATA := data/tiny/tiny_train_000001.bin data/tiny/tiny_val_000000.bin data/tiny/
 all: train_gpt test_gpt $(DATA)
 
 # The object files depend on every header: simple and always right.
-HEADERS := $(wildcard llmc/*.h llmc/cuda/*.cuh) Makefile
+HEADERS := $(wildcard llmc/*.h llmc/cuda/*.cuh llmc/cuda/*.h) Makefile
 # Remember whether the last build had CUDA, so switching rebuilds.
 $(BUILD)/.flags: FORCE
 	@mkdir -p $(BUILD)

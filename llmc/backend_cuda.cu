@@ -19,11 +19,14 @@
 #include <algorithm>
 #include <new>
 #include <stdexcept>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
+#include "cuda/attention_tc.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/common.cuh"
 #include "cuda/encoder.cuh"
@@ -303,10 +306,24 @@ class CudaBackend final : public Backend {
         });
     }
     void* native_stream() override { return stream_; }
+    // Attention: bf16 activations with head size 64 or 128 (and 16-byte
+    // aligned rows) run on tensor cores (cuda/attention_tc.cuh); fp32 mode,
+    // other head sizes and odd layouts on the CUDA-core kernels
+    // (cuda/attention.cuh). LLMC_ATTN_TC=0 forces the latter.
+    static bool use_tc(const AttnShape& s, std::initializer_list<const void*> ptrs) {
+        return llmc_cuda::attention_tc_enabled() && llmc_cuda::attention_tc_supported(s, ptrs);
+    }
     void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
                            const AttnShape& s) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {out, q, k, v})) {
+                    llmc_cuda::attention_forward_tc(ptr<E>(out), ptr<float>(lse), cptr<E>(q), cptr<E>(k), cptr<E>(v),
+                                                    s, stream_);
+                    return;
+                }
+            }
             llmc_cuda::attention_forward<E>(ptr<E>(out), ptr<float>(lse), cptr<E>(q), cptr<E>(k), cptr<E>(v), s,
                                             stream_);
         });
@@ -316,6 +333,14 @@ class CudaBackend final : public Backend {
         dispatch([&](auto tag) {
             using E = decltype(tag);
             float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s));
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {dq, dk, dv, dout, q, k, v, out})) {
+                    llmc_cuda::attention_backward_tc(ptr<E>(dq), ptr<E>(dk), ptr<E>(dv), cptr<E>(dout), cptr<E>(q),
+                                                     cptr<E>(k), cptr<E>(v), cptr<E>(out), cptr<float>(lse), s,
+                                                     scratch, stream_);
+                    return;
+                }
+            }
             llmc_cuda::attention_backward<E>(ptr<E>(dq), ptr<E>(dk), ptr<E>(dv), cptr<E>(dout), cptr<E>(q),
                                              cptr<E>(k), cptr<E>(v), cptr<E>(out), cptr<float>(lse), s, scratch,
                                              stream_);
@@ -327,6 +352,13 @@ class CudaBackend final : public Backend {
                                  const AttnShape& s, bool first) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {out_acc, q, k, v})) {
+                    llmc_cuda::attention_block_forward_tc(ptr<float>(out_acc), ptr<float>(lse_acc), cptr<E>(q),
+                                                          cptr<E>(k), cptr<E>(v), s, first, stream_);
+                    return;
+                }
+            }
             llmc_cuda::attention_block_forward<E>(ptr<float>(out_acc), ptr<float>(lse_acc), cptr<E>(q), cptr<E>(k),
                                                   cptr<E>(v), s, first, stream_);
         });
@@ -336,6 +368,14 @@ class CudaBackend final : public Backend {
         dispatch([&](auto tag) {
             using E = decltype(tag);
             float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s));
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {dq, dk, dv, dout, q, k, v, out})) {
+                    llmc_cuda::attention_block_backward_tc(ptr<float>(dq), ptr<float>(dk), ptr<float>(dv),
+                                                           cptr<E>(dout), cptr<E>(q), cptr<E>(k), cptr<E>(v),
+                                                           cptr<E>(out), cptr<float>(lse), s, scratch, stream_);
+                    return;
+                }
+            }
             llmc_cuda::attention_block_backward<E>(ptr<float>(dq), ptr<float>(dk), ptr<float>(dv), cptr<E>(dout),
                                                    cptr<E>(q), cptr<E>(k), cptr<E>(v), cptr<E>(out),
                                                    cptr<float>(lse), s, scratch, stream_);

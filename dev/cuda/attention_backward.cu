@@ -2,14 +2,24 @@
 // (dq, dk, dv overwritten; P recomputed from q, k and the forward's lse).
 //   version 1: one thread per query row, atomicAdd into dk, dv (naive; fp32
 //              only: bf16 atomics would round at every add)
-//   version 2: llmc/cuda/attention.cuh (production: a dq kernel per query
-//              tile and a dk/dv kernel per key tile, no atomics)
-// Same cases as attention_forward.cu. The output buffers start as garbage to
-// check that they are overwritten, not accumulated.
+//   version 2: llmc/cuda/attention.cuh (production for fp32 and odd head
+//              sizes: a dq kernel per query tile and a dk/dv kernel per key
+//              tile on CUDA cores, no atomics)
+//   version 3: llmc/cuda/attention_tc.cuh (production for bf16 with HS 64 or
+//              128: the same two-kernel split on tensor cores, mma.sync)
+// Same cases as attention_forward.cu (and attention_tc_cases() for version
+// 3). The output buffers start as garbage to check that they are
+// overwritten, not accumulated. Timing: d12 shapes (B=4, 8, 16; NH=12,
+// HS=64, T=1024, causal), HS=128 and non-causal, FLOPs counted as 2.5x the
+// forward's (4·B·NH·Tq·Tk·HS, halved when causal), with the fraction of the
+// device's dense bf16 peak. Version 3 does 3.5x the forward's products (S and
+// dP twice, for determinism), so its counted rate is at most 2.5/3.5 of the
+// tensor cores' real rate.
 #include "attention_cases.h"
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/attention_tc.cuh"
 
 #include <type_traits>
 
@@ -82,9 +92,20 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
             attention_backward_v1<<<(unsigned)ceil_div(rows, 128), 128>>>(dq, dk, dv, dout, q, k, v, out, lse, s);
             CUDA_CHECK_LAUNCH();
         }
-    } else {
+    } else if (version == 2) {
         attention_backward<E>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+    } else if constexpr (std::is_same<E, bf16>::value) {
+        attention_backward_tc(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
     }
+}
+
+// Whether version 3 takes this case (the backend's dispatch test).
+bool tc_takes(const Case& c) {
+    bf16* probe = lab::dev_alloc<bf16>(8);  // cudaMalloc: 256-byte aligned, as the lab's buffers
+    const bool ok = attention_tc_supported(
+        c.s, {probe, probe + c.koff, probe + c.voff, probe + (c.packed ? 0 : c.koff), probe + c.voff});
+    lab::dev_free(probe);
+    return ok;
 }
 
 template <typename E>
@@ -118,7 +139,15 @@ void check(int version, const Case& c, const char* label, double tol) {
         lab::dev_free(scratch);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    // --no-timing: validation only; --quick: validation without the T=1024
+    // cases (for compute-sanitizer runs).
+    bool timing = true, quick = false;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--no-timing") timing = false;
+        if (a == "--quick") timing = false, quick = true;
+    }
     if (!lab::have_gpu()) return lab::finish();
     const std::vector<Case> cases = attention_cases();
     // The backward sums P·(dP - D), which cancels: fp32 needs a little more room.
@@ -128,33 +157,54 @@ int main() {
         check<float>(1, c, "v1 fp32", tol32);
         check<float>(2, c, "v2 fp32", tol32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
+        if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+    }
+    for (const Case& c : attention_tc_cases()) {
+        if (quick && c.s.Tq >= 1024) continue;
+        if (!tc_takes(c)) {
+            std::printf("  v3 tc bf16 %-40s not taken by the tensor-core dispatch  FAIL\n", c.name);
+            lab::g_failed++;
+            continue;
+        }
+        check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
     }
 
-    const int B = 8, NH = 12, HS = 64, T = 1024;
-    const Case c = make_case("d12", B, NH, HS, T, T, true, true);
-    std::printf("timing (B=%d NH=%d HS=%d T=%d causal; FLOPs counted as 2.5x the forward's)\n", B, NH, HS, T);
-    const double flops = 2.5 * 4.0 * B * NH * HS * (double)T * T / 2;
-    const Data d = make_data(c, 7);
-    auto bench = [&](auto tag, int version, const char* label) {
-        using E = decltype(tag);
-        E* q = lab::to_device<E>(d.qbuf);
-        E* dout = lab::to_device<E>(d.dout);
-        E* out = lab::to_device<E>(d.out);
+    if (!timing) return lab::finish();
+
+    struct Shape {
+        int B, NH, HS, Tq, Tk;
+        bool causal;
+    };
+    const Shape shapes[] = {{4, 12, 64, 1024, 1024, true},  {8, 12, 64, 1024, 1024, true},
+                            {16, 12, 64, 1024, 1024, true}, {8, 6, 128, 1024, 1024, true},
+                            {8, 12, 64, 512, 512, false},   {8, 6, 128, 512, 512, false}};
+    std::printf("timing (FLOPs counted as 2.5x the forward's 4*B*NH*Tq*Tk*HS, halved when causal)\n");
+    for (const Shape& sh : shapes) {
+        const Case c = make_case("timing", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk, sh.causal, true);
+        const double flops = 2.5 * 4.0 * sh.B * sh.NH * sh.HS * (double)sh.Tq * sh.Tk / (sh.causal ? 2 : 1);
+        std::printf(" B=%d NH=%d HS=%d Tq=%d Tk=%d %s\n", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk,
+                    sh.causal ? "causal" : "non-causal");
+        const Data d = make_data(c, 7);
+        bf16* q = lab::to_device<bf16>(d.qbuf);
+        bf16* dout = lab::to_device<bf16>(d.dout);
+        bf16* out = lab::to_device<bf16>(d.out);
         float* lse = lab::to_device<float>(d.lse);
-        E* dqkv = lab::dev_alloc<E>(c.qbuf_n);
+        bf16* dqkv = lab::dev_alloc<bf16>(c.qbuf_n);
         float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(c.s));
-        float ms = lab::time_ms(
-            [&] {
-                run<E>(version, dqkv, dqkv + c.koff, dqkv + c.voff, dout, q, q + c.koff, q + c.voff, out, lse, c.s,
-                       scratch);
-            },
-            version == 1 ? 1 : 10);
-        lab::report_flops(label, ms, flops);
+        auto call = [&](int version) {
+            run<bf16>(version, dqkv, dqkv + c.koff, dqkv + c.voff, dout, q, q + c.koff, q + c.voff, out, lse, c.s,
+                      scratch);
+        };
+        float ms2 = 0;
+        if (sh.B <= 8) {
+            ms2 = lab::time_ms([&] { call(2); }, 3);
+            lab::report_tflops("v2 CUDA cores bf16", ms2, flops);
+        }
+        const float ms3 = lab::time_ms([&] { call(3); }, 10);
+        lab::report_tflops("v3 tensor cores bf16", ms3, flops);
+        if (ms2 > 0) std::printf("  %-44s %9.2fx\n", "v3 speedup over v2", ms2 / ms3);
         lab::dev_free(q), lab::dev_free(dout), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dqkv),
             lab::dev_free(scratch);
-    };
-    bench(float{}, 1, "v1 naive fp32");
-    bench(float{}, 2, "v2 production fp32");
-    bench(bf16{}, 2, "v2 production bf16");
+    }
     return lab::finish();
 }

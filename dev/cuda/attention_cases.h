@@ -16,7 +16,10 @@ struct Case {
     size_t qbuf_n, kvbuf_n, koff, voff, out_n;
 };
 
-inline Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, bool causal, bool packed) {
+// pad: extra elements per row in the strided (not packed) layout; 4 leaves
+// rows unaligned (CUDA-core kernels only), 8 keeps them 16-byte aligned.
+inline Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, bool causal, bool packed,
+                      size_t pad = 4) {
     const size_t C = (size_t)NH * HS;
     Case c{name, {}, packed, 0, 0, 0, 0, 0};
     if (packed) {
@@ -24,10 +27,11 @@ inline Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, b
         c.qbuf_n = c.kvbuf_n = (size_t)B * Tq * 3 * C;
         c.koff = C;
         c.voff = 2 * C;
-    } else {  // padded strides: q rows of C+4, k|v rows of 2C+6, out rows of C+2
-        c.s = {B, NH, HS, Tq, Tk, C + 4, 2 * C + 6, C + 2, causal, 0.7 / std::sqrt((double)HS)};
-        c.qbuf_n = (size_t)B * Tq * (C + 4);
-        c.kvbuf_n = (size_t)B * Tk * (2 * C + 6);
+    } else {  // padded strides: q rows of C+pad, k|v rows of 2C+pad+2 (+pad), out rows of C+pad-2 (+pad)
+        const size_t pk = pad == 4 ? 6 : pad, po = pad == 4 ? 2 : pad;
+        c.s = {B, NH, HS, Tq, Tk, C + pad, 2 * C + pk, C + po, causal, 0.7 / std::sqrt((double)HS)};
+        c.qbuf_n = (size_t)B * Tq * (C + pad);
+        c.kvbuf_n = (size_t)B * Tk * (2 * C + pk);
         c.koff = 0;
         c.voff = C;
     }
@@ -44,5 +48,19 @@ inline std::vector<Case> attention_cases() {
         make_case("HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false),
         make_case("HS=200 Tq=33 Tk=65 strided", 1, 2, 200, 33, 65, false, false),
         make_case("HS=16 T=64 non-causal strided", 2, 3, 16, 64, 64, false, false),
+    };
+}
+
+// Shapes for the tensor-core kernels (bf16, HS 64 or 128, 16-byte aligned
+// rows): tiles cut by T, non-causal Tq != Tk with padded strides (ring
+// attention's blocks), and GPT-2 d12-like sizes (T = 1024).
+inline std::vector<Case> attention_tc_cases() {
+    return {
+        make_case("tc HS=64 T=100 causal", 2, 3, 64, 100, 100, true, true),
+        make_case("tc HS=128 T=200 causal", 1, 2, 128, 200, 200, true, true),
+        make_case("tc HS=64 Tq=70 Tk=130 strided", 2, 3, 64, 70, 130, false, false, 8),
+        make_case("tc HS=128 Tq=33 Tk=200 strided", 2, 2, 128, 33, 200, false, false, 8),
+        make_case("tc d12 B=4 NH=12 HS=64 T=1024 causal", 4, 12, 64, 1024, 1024, true, true),
+        make_case("tc B=4 NH=6 HS=128 T=1024 causal", 4, 6, 128, 1024, 1024, true, true),
     };
 }

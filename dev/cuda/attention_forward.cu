@@ -2,15 +2,25 @@
 // (out and lse), over the strided layouts AttnShape allows.
 //   version 1: one thread per query row, three passes over the keys, output
 //              accumulated in a per-thread array (naive)
-//   version 2: llmc/cuda/attention.cuh (production: flash-attention style,
-//              32x32 tiles in shared memory, online softmax)
+//   version 2: llmc/cuda/attention.cuh (production for fp32, odd head sizes
+//              and unaligned rows: flash-attention style on CUDA cores, 32x32
+//              tiles in shared memory, online softmax)
+//   version 3: llmc/cuda/attention_tc.cuh (production for bf16 with HS 64 or
+//              128: tensor cores, mma.sync m16n8k16, FlashAttention-2 style)
 // Cases: GPT-2's packed qkv layout (causal), the odd head sizes of the test
 // models (16, 8), HS=128 and HS=200, T not a multiple of the tile, and
-// non-causal Tq != Tk with padded strides and K, V packed in one buffer.
+// non-causal Tq != Tk with padded strides and K, V packed in one buffer;
+// version 3 also on attention_tc_cases() (aligned strided layouts, d12-like
+// T=1024). Timing: d12 shapes (B=4, 8, 16; NH=12, HS=64, T=1024, causal),
+// HS=128 and a non-causal block, in TFLOP/s and as a fraction of the
+// device's dense bf16 peak; FLOPs 4·B·NH·Tq·Tk·HS, halved when causal.
 #include "attention_cases.h"
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/attention_tc.cuh"
+
+#include <type_traits>
 
 using namespace llmc_cuda;
 
@@ -49,9 +59,19 @@ void run(int version, E* out, float* lse, const E* q, const E* k, const E* v, co
         const size_t rows = (size_t)s.B * s.NH * s.Tq;
         attention_forward_v1<E><<<(unsigned)ceil_div(rows, 128), 128>>>(out, lse, q, k, v, s);
         CUDA_CHECK_LAUNCH();
-    } else {
+    } else if (version == 2) {
         attention_forward<E>(out, lse, q, k, v, s, 0);
+    } else if constexpr (std::is_same<E, bf16>::value) {
+        attention_forward_tc(out, lse, q, k, v, s, 0);
     }
+}
+
+// Whether version 3 takes this case (the backend's dispatch test).
+bool tc_takes(const Case& c) {
+    bf16* probe = lab::dev_alloc<bf16>(8);  // cudaMalloc: 256-byte aligned, as the lab's buffers
+    const bool ok = attention_tc_supported(c.s, {probe, probe + c.koff, probe + c.voff});
+    lab::dev_free(probe);
+    return ok;
 }
 
 template <typename E>
@@ -73,7 +93,15 @@ void check(int version, const Case& c, const char* label, double tol) {
     lab::dev_free(dq), lab::dev_free(dout), lab::dev_free(dlse);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    // --no-timing: validation only; --quick: validation without the T=1024
+    // cases (for compute-sanitizer runs).
+    bool timing = true, quick = false;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--no-timing") timing = false;
+        if (a == "--quick") timing = false, quick = true;
+    }
     if (!lab::have_gpu()) return lab::finish();
     const std::vector<Case> cases = attention_cases();
     std::printf("validation\n");
@@ -81,31 +109,60 @@ int main() {
         check<float>(1, c, "v1 fp32", lab::kTolF32);
         check<float>(2, c, "v2 fp32", lab::kTolF32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
+        if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+    }
+    for (const Case& c : attention_tc_cases()) {
+        if (quick && c.s.Tq >= 1024) continue;
+        if (!tc_takes(c)) {
+            std::printf("  v3 tc bf16 %-40s not taken by the tensor-core dispatch  FAIL\n", c.name);
+            lab::g_failed++;
+            continue;
+        }
+        check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
     }
 
-    const int B = 8, NH = 12, HS = 64, T = 1024;
-    const Case c = make_case("d12", B, NH, HS, T, T, true, true);
-    std::printf("timing (B=%d NH=%d HS=%d T=%d causal)\n", B, NH, HS, T);
-    const double flops = 4.0 * B * NH * HS * (double)T * T / 2;  // QK^T and PV over the causal half
-    std::vector<float> qkv = lab::rand_normal(c.qbuf_n, 1.f, 3);
-    for (int prec = 0; prec < 2; prec++) {
-        auto bench = [&](auto tag) {
-            using E = decltype(tag);
-            E* dqkv = lab::to_device<E>(qkv);
-            E* dout = lab::dev_alloc<E>(c.out_n);
-            float* dlse = lab::dev_alloc<float>((size_t)B * NH * T);
-            for (int v = 1; v <= 2; v++) {
-                float ms = lab::time_ms([&] { run<E>(v, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); },
-                                        v == 1 ? 1 : 20);
-                std::string l = std::string(v == 1 ? "v1 naive" : "v2 production") + (prec ? " bf16" : " fp32");
-                lab::report_flops(l.c_str(), ms, flops);
-            }
-            lab::dev_free(dqkv), lab::dev_free(dout), lab::dev_free(dlse);
-        };
-        if (prec == 0)
-            bench(float{});
-        else
-            bench(bf16{});
+    if (!timing) return lab::finish();
+
+    struct Shape {
+        int B, NH, HS, Tq, Tk;
+        bool causal;
+    };
+    const Shape shapes[] = {{4, 12, 64, 1024, 1024, true},  {8, 12, 64, 1024, 1024, true},
+                            {16, 12, 64, 1024, 1024, true}, {8, 6, 128, 1024, 1024, true},
+                            {8, 12, 64, 512, 512, false},   {8, 6, 128, 512, 512, false}};
+    std::printf("timing (FLOPs 4*B*NH*Tq*Tk*HS, halved when causal)\n");
+    for (const Shape& sh : shapes) {
+        const Case c = make_case("timing", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk, sh.causal, true);
+        const double flops = 4.0 * sh.B * sh.NH * sh.HS * (double)sh.Tq * sh.Tk / (sh.causal ? 2 : 1);
+        std::printf(" B=%d NH=%d HS=%d Tq=%d Tk=%d %s\n", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk,
+                    sh.causal ? "causal" : "non-causal");
+        std::vector<float> qkv = lab::rand_normal(c.qbuf_n, 1.f, 3);
+        bf16* dqkv = lab::to_device<bf16>(qkv);
+        bf16* dout = lab::dev_alloc<bf16>(c.out_n);
+        float* dlse = lab::dev_alloc<float>((size_t)sh.B * sh.NH * sh.Tq);
+        float ms2 = 0, ms3 = 0;
+        if (sh.B <= 8) {  // the CUDA-core kernel for comparison (slow: once per shape size)
+            ms2 = lab::time_ms([&] { run<bf16>(2, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 5);
+            lab::report_tflops("v2 CUDA cores bf16", ms2, flops);
+        }
+        ms3 = lab::time_ms([&] { run<bf16>(3, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 20);
+        lab::report_tflops("v3 tensor cores bf16", ms3, flops);
+        if (ms2 > 0) std::printf("  %-44s %9.2fx\n", "v3 speedup over v2", ms2 / ms3);
+        lab::dev_free(dqkv), lab::dev_free(dout), lab::dev_free(dlse);
+    }
+    {  // fp32 reference point for the CUDA-core kernel at the d12 size
+        const Case c = make_case("d12", 8, 12, 64, 1024, 1024, true, true);
+        const double flops = 4.0 * 8 * 12 * 64 * 1024.0 * 1024 / 2;
+        std::vector<float> qkv = lab::rand_normal(c.qbuf_n, 1.f, 3);
+        float* dqkv = lab::to_device<float>(qkv);
+        float* dout = lab::dev_alloc<float>(c.out_n);
+        float* dlse = lab::dev_alloc<float>((size_t)8 * 12 * 1024);
+        std::printf(" B=8 NH=12 HS=64 T=1024 causal, fp32\n");
+        float ms = lab::time_ms([&] { run<float>(1, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 1);
+        lab::report_tflops("v1 naive fp32", ms, flops);
+        ms = lab::time_ms([&] { run<float>(2, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 5);
+        lab::report_tflops("v2 CUDA cores fp32", ms, flops);
+        lab::dev_free(dqkv), lab::dev_free(dout), lab::dev_free(dlse);
     }
     return lab::finish();
 }

@@ -169,6 +169,32 @@ inline void report_flops(const char* what, float ms, double flops) {
     std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s\n", what, ms, flops / (ms * 1e-3) / 1e12);
 }
 
+// Dense bf16 tensor-core peak of the current device in TFLOP/s, from its
+// name (datasheets, shared/reference.md 10): H100 SXM and H200 989, A100
+// 312; 0 when unknown.
+inline double peak_tflops() {
+    static double peak = -1;
+    if (peak < 0) {
+        cudaDeviceProp prop;
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+        const std::string n = prop.name;
+        peak = (n.find("H100") != std::string::npos || n.find("H200") != std::string::npos) ? 989.0
+               : n.find("A100") != std::string::npos                                       ? 312.0
+                                                                                             : 0.0;
+    }
+    return peak;
+}
+// report_flops plus the fraction of the device's dense bf16 peak.
+inline void report_tflops(const char* what, float ms, double flops) {
+    const double tf = flops / (ms * 1e-3) / 1e12, peak = peak_tflops();
+    if (peak > 0)
+        std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s  %5.1f%% of %.0f\n", what, ms, tf, 100.0 * tf / peak, peak);
+    else
+        std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s  (device peak unknown)\n", what, ms, tf);
+}
+
 // Tolerances: fp32 kernels differ from the CPU only in summation order and
 // libm; bf16 outputs carry one rounding (2^-9 relative) plus bf16 intermediates.
 constexpr double kTolF32 = 1e-5;

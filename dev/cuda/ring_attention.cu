@@ -18,6 +18,10 @@
 //   strided plain: the production attention_forward/backward (E outputs,
 //                  overwrite) on one chunk pair addressed in place, against
 //                  the cpu ops on the same views.
+// Each runs on the CUDA-core kernels (llmc/cuda/attention.cuh) in fp32 and
+// bf16, and, for head sizes 64 and 128, on the tensor-core kernels
+// (llmc/cuda/attention_tc.cuh, "tc" lines) in bf16, which is what the CUDA
+// backend dispatches to in its default bf16 mode.
 // q comes from a packed qkv buffer (q_stride 3C); k and v from a K|V buffer
 // (kv_stride 2C, as ring attention packs them for sending). References run
 // in fp64 on the CPU, so the tolerances measure the GPU's error alone; the
@@ -26,6 +30,9 @@
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/attention_tc.cuh"
+
+#include <type_traits>
 
 using namespace llmc_cuda;
 
@@ -130,27 +137,60 @@ Data make_data(const Setup& u, uint64_t seed) {
     return d;
 }
 
+// tc: the tensor-core kernels (E = bf16 only).
 template <typename E>
-void ring_forward(const Setup& u, float* out, float* lse, const E* qkv, const E* kv) {
+void ring_forward(const Setup& u, float* out, float* lse, const E* qkv, const E* kv, bool tc = false) {
     zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool first) {
-        attention_block_forward<E>(out + u.o_off(qc), lse + u.l_off(qc), qkv + u.q_off(qc), kv + u.kv_off(kc),
-                                   kv + u.kv_off(kc) + u.C(), chunk_shape(u, causal), first, 0);
+        const AttnShape s = chunk_shape(u, causal);
+        float* o = out + u.o_off(qc);
+        float* l = lse + u.l_off(qc);
+        const E* q = qkv + u.q_off(qc);
+        const E* k = kv + u.kv_off(kc);
+        const E* v = kv + u.kv_off(kc) + u.C();
+        if constexpr (std::is_same<E, bf16>::value) {
+            if (tc) {
+                attention_block_forward_tc(o, l, q, k, v, s, first, 0);
+                return;
+            }
+        }
+        attention_block_forward<E>(o, l, q, k, v, s, first, 0);
     });
 }
 
 template <typename E>
 void ring_backward(const Setup& u, float* dq, float* dkv, const E* dout, const E* qkv, const E* kv, const E* out,
-                   const float* lse, float* scratch) {
+                   const float* lse, float* scratch, bool tc = false) {
     zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool) {
-        attention_block_backward<E>(dq + u.q_off(qc), dkv + u.kv_off(kc), dkv + u.kv_off(kc) + u.C(),
-                                    dout + u.o_off(qc), qkv + u.q_off(qc), kv + u.kv_off(kc),
-                                    kv + u.kv_off(kc) + u.C(), out + u.o_off(qc), lse + u.l_off(qc),
-                                    chunk_shape(u, causal), scratch, 0);
+        const AttnShape s = chunk_shape(u, causal);
+        float *gq = dq + u.q_off(qc), *gk = dkv + u.kv_off(kc), *gv = dkv + u.kv_off(kc) + u.C();
+        const E *go = dout + u.o_off(qc), *q = qkv + u.q_off(qc), *k = kv + u.kv_off(kc),
+                *v = kv + u.kv_off(kc) + u.C(), *o = out + u.o_off(qc);
+        const float* l = lse + u.l_off(qc);
+        if constexpr (std::is_same<E, bf16>::value) {
+            if (tc) {
+                attention_block_backward_tc(gq, gk, gv, go, q, k, v, o, l, s, scratch, 0);
+                return;
+            }
+        }
+        attention_block_backward<E>(gq, gk, gv, go, q, k, v, o, l, s, scratch, 0);
     });
 }
 
+// Whether the tensor-core dispatch takes every block of the ring (head size,
+// 16-byte aligned chunk rows).
+bool tc_takes(const Setup& u) {
+    bool ok = true;
+    bf16* probe = lab::dev_alloc<bf16>(8);
+    zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool) {
+        ok &= attention_tc_supported(chunk_shape(u, causal), {probe + u.q_off(qc), probe + u.kv_off(kc),
+                                                              probe + u.kv_off(kc) + u.C(), probe + u.o_off(qc)});
+    });
+    lab::dev_free(probe);
+    return ok;
+}
+
 template <typename E>
-void check_ring(const Setup& u, const Data& d, const char* label, double tol) {
+void check_ring(const Setup& u, const Data& d, const char* label, double tol, bool tc = false) {
     const size_t C = u.C(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
     const std::string l = std::string(label) + " " + u.name;
     E* qkv = lab::to_device<E>(d.qkv);
@@ -158,7 +198,7 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol) {
     // Garbage in the accumulators: each chunk's first block must overwrite it.
     float* out = lab::to_device<float>(lab::rand_normal(BT * C, 3.f, 77));
     float* lse = lab::to_device<float>(lab::rand_normal(nlse, 3.f, 78));
-    ring_forward<E>(u, out, lse, qkv, kv);
+    ring_forward<E>(u, out, lse, qkv, kv, tc);
     lab::validate((l + " fwd out").c_str(), lab::from_device(out, BT * C), d.out, tol);
     lab::validate((l + " fwd lse").c_str(), lab::from_device(lse, nlse), d.lse, kTolF32);
 
@@ -168,7 +208,7 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol) {
     float* dq = lab::to_device<float>(d.gq0);
     float* dkv = lab::to_device<float>(d.gkv0);
     float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(chunk_shape(u, false)));
-    ring_backward<E>(u, dq, dkv, dout, qkv, kv, out_in, lse_in, scratch);
+    ring_backward<E>(u, dq, dkv, dout, qkv, kv, out_in, lse_in, scratch, tc);
     lab::validate((l + " bwd dq").c_str(), lab::from_device(dq, BT * 3 * C), d.dq, tol);
     lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv, BT * 2 * C), d.dkv, tol);
     lab::dev_free(qkv), lab::dev_free(kv), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dout),
@@ -179,7 +219,7 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol) {
 // in place (batch strides of T rows, lse [B, NH, T]); the rest of each buffer
 // must stay untouched (zero).
 template <typename E>
-void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* label, double tol) {
+void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* label, double tol, bool tc = false) {
     const size_t C = u.C(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
     const AttnShape s = chunk_shape(u, qc == kc);
     const std::string l = std::string(label) + " " + u.name + (qc == kc ? " diag" : " off-diag");
@@ -200,8 +240,14 @@ void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* labe
     E* kv_d = lab::to_device<E>(d.kv);
     E* out_d = lab::dev_alloc<E>(BT * C);
     float* lse_d = lab::dev_alloc<float>(nlse);
-    attention_forward<E>(out_d + u.o_off(qc), lse_d + u.l_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
-                         kv_d + u.kv_off(kc) + C, s, 0);
+    if constexpr (std::is_same<E, bf16>::value) {
+        if (tc)
+            attention_forward_tc(out_d + u.o_off(qc), lse_d + u.l_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
+                                 kv_d + u.kv_off(kc) + C, s, 0);
+    }
+    if (!tc)
+        attention_forward<E>(out_d + u.o_off(qc), lse_d + u.l_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
+                             kv_d + u.kv_off(kc) + C, s, 0);
     lab::validate((l + " fwd out").c_str(), lab::from_device(out_d, BT * C), f32(rout), tol);
     lab::validate((l + " fwd lse").c_str(), lab::from_device(lse_d, nlse), f32(rlse), kTolF32);
 
@@ -211,9 +257,17 @@ void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* labe
     E* dq_d = lab::dev_alloc<E>(BT * 3 * C);
     E* dkv_d = lab::dev_alloc<E>(BT * 2 * C);
     float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
-    attention_backward<E>(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + C, dout_d + u.o_off(qc),
-                          q_d + u.q_off(qc), kv_d + u.kv_off(kc), kv_d + u.kv_off(kc) + C, out_in_d + u.o_off(qc),
-                          lse_in_d + u.l_off(qc), s, scratch, 0);
+    if constexpr (std::is_same<E, bf16>::value) {
+        if (tc)
+            attention_backward_tc(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + C,
+                                  dout_d + u.o_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
+                                  kv_d + u.kv_off(kc) + C, out_in_d + u.o_off(qc), lse_in_d + u.l_off(qc), s, scratch,
+                                  0);
+    }
+    if (!tc)
+        attention_backward<E>(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + C,
+                              dout_d + u.o_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc), kv_d + u.kv_off(kc) + C,
+                              out_in_d + u.o_off(qc), lse_in_d + u.l_off(qc), s, scratch, 0);
     lab::validate((l + " bwd dq").c_str(), lab::from_device(dq_d, BT * 3 * C), f32(rdq), tol);
     lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv_d, BT * 2 * C), f32(rdkv), tol);
     lab::dev_free(q_d), lab::dev_free(kv_d), lab::dev_free(out_d), lab::dev_free(lse_d), lab::dev_free(dout_d),
@@ -221,7 +275,15 @@ void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* labe
         lab::dev_free(scratch);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    // --no-timing: validation only; --quick: validation without the T=1024
+    // cases (for compute-sanitizer runs).
+    bool timing = true, quick = false;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--no-timing") timing = false;
+        if (a == "--quick") timing = false, quick = true;
+    }
     if (!lab::have_gpu()) return lab::finish();
     const Setup setups[] = {
         {"R=1 HS=64 T=128", 2, 4, 64, 1, 64},    // two halves
@@ -229,10 +291,14 @@ int main() {
         {"R=3 HS=40 T=78", 3, 2, 40, 3, 13},     // chunks smaller than a tile
         {"R=4 HS=128 T=256", 1, 2, 128, 4, 32},  // chunk = one tile
         {"R=2 HS=200 T=100", 1, 2, 200, 2, 25},  // widest head
+        {"R=2 HS=64 T=200", 2, 3, 64, 2, 50},    // tensor cores: chunks cut the tiles
+        {"R=3 HS=128 T=78", 2, 2, 128, 3, 13},   // tensor cores: chunks smaller than a tile
+        {"R=2 HS=64 T=1024", 2, 12, 64, 2, 256},  // tensor cores: d12 heads, long chunks
     };
     std::printf("validation (fp64 CPU references)\n");
     int n = 0;
     for (const Setup& u : setups) {
+        if (quick && u.T() >= 1024) continue;
         const Data d = make_data(u, 1 + n);
         check_ring<float>(u, d, "ring fp32", kTolF32);
         check_ring<bf16>(u, d, "ring bf16", kTolBF16);
@@ -240,16 +306,29 @@ int main() {
         const int qc = 2 * u.R - 1, kc = n % 2 ? 0 : qc;
         check_plain<float>(u, d, qc, kc, "strided fp32", kTolF32);
         check_plain<bf16>(u, d, qc, kc, "strided bf16", kTolBF16);
+        if (u.HS == 64 || u.HS == 128) {
+            if (!tc_takes(u)) {
+                std::printf("  tc %-40s not taken by the tensor-core dispatch  FAIL\n", u.name);
+                lab::g_failed++;
+            } else {
+                check_ring<bf16>(u, d, "tc ring bf16", kTolBF16, true);
+                check_plain<bf16>(u, d, qc, kc, "tc strided bf16", kTolBF16, true);
+                check_plain<bf16>(u, d, qc, n % 2 ? qc : 0, "tc strided bf16", kTolBF16, true);  // the other kind
+            }
+        }
         n++;
     }
+
+    if (!timing) return lab::finish();
 
     // Timing: the ring's blocks one after another against one full call.
     const Setup u{"d12", 8, 12, 64, 4, 128};
     const size_t C = u.C(), BT = (size_t)u.B * u.T();
     const AttnShape s = full_shape(u);
     const double flops = 4.0 * u.B * u.NH * u.HS * (double)u.T() * u.T() / 2;
-    std::printf("timing bf16 (B=%d NH=%d HS=%d T=%d causal, ring R=%d: %d blocks of %d rows)\n", u.B, u.NH, u.HS,
-                u.T(), u.R, u.R * (2 * u.R + 1), u.c);
+    std::printf("timing bf16 (B=%d NH=%d HS=%d T=%d causal, ring R=%d: %d blocks of %d rows; backward FLOPs "
+                "counted as 2.5x the forward's)\n",
+                u.B, u.NH, u.HS, u.T(), u.R, u.R * (2 * u.R + 1), u.c);
     const std::vector<float> qkv_h = lab::rand_normal(BT * 3 * C, 1.f, 5);
     std::vector<float> kv_h(BT * 2 * C);
     for (size_t r = 0; r < BT; r++)
@@ -265,17 +344,34 @@ int main() {
     float* dq32 = lab::dev_alloc<float>(BT * 3 * C);
     float* dkv32 = lab::dev_alloc<float>(BT * 2 * C);
     float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
-    attention_forward<bf16>(out, lse, qkv, kv, kv + C, s, 0);  // a consistent (out, lse) for the backward
-    float ms = lab::time_ms([&] { attention_forward<bf16>(out, lse, qkv, kv, kv + C, s, 0); });
-    lab::report_flops("forward, one call", ms, flops);
-    ms = lab::time_ms([&] { ring_forward<bf16>(u, out32, lse, qkv, kv); });
-    lab::report_flops("forward, ring blocks (fp32 merge)", ms, flops);
-    attention_forward<bf16>(out, lse, qkv, kv, kv + C, s, 0);  // the ring overwrote lse: restore it
-    ms = lab::time_ms(
-        [&] { attention_backward<bf16>(dq, dkv, dkv + C, dout, qkv, kv, kv + C, out, lse, s, scratch, 0); });
-    lab::report_flops("backward, one call (2.5x fwd FLOPs)", ms, 2.5 * flops);
-    ms = lab::time_ms([&] { ring_backward<bf16>(u, dq32, dkv32, dout, qkv, kv, out, lse, scratch); });
-    lab::report_flops("backward, ring blocks (fp32 +=)", ms, 2.5 * flops);
+    for (int tc = 0; tc < 2; tc++) {
+        const char* k = tc ? "tensor cores" : "CUDA cores";
+        std::printf(" %s\n", k);
+        auto fwd = [&] {
+            if (tc)
+                attention_forward_tc(out, lse, qkv, kv, kv + C, s, 0);
+            else
+                attention_forward<bf16>(out, lse, qkv, kv, kv + C, s, 0);
+        };
+        fwd();  // a consistent (out, lse) for the backward
+        float ms = lab::time_ms(fwd, tc ? 20 : 5);
+        lab::report_tflops("forward, one call", ms, flops);
+        ms = lab::time_ms([&] { ring_forward<bf16>(u, out32, lse, qkv, kv, tc); }, tc ? 20 : 5);
+        lab::report_tflops("forward, ring blocks (fp32 merge)", ms, flops);
+        fwd();  // the ring overwrote lse: restore it
+        ms = lab::time_ms(
+            [&] {
+                if (tc)
+                    attention_backward_tc(dq, dkv, dkv + C, dout, qkv, kv, kv + C, out, lse, s, scratch, 0);
+                else
+                    attention_backward<bf16>(dq, dkv, dkv + C, dout, qkv, kv, kv + C, out, lse, s, scratch, 0);
+            },
+            tc ? 10 : 3);
+        lab::report_tflops("backward, one call", ms, 2.5 * flops);
+        ms = lab::time_ms([&] { ring_backward<bf16>(u, dq32, dkv32, dout, qkv, kv, out, lse, scratch, tc); },
+                          tc ? 10 : 3);
+        lab::report_tflops("backward, ring blocks (fp32 +=)", ms, 2.5 * flops);
+    }
     lab::dev_free(qkv), lab::dev_free(kv), lab::dev_free(dout), lab::dev_free(out), lab::dev_free(dq),
         lab::dev_free(dkv), lab::dev_free(lse), lab::dev_free(out32), lab::dev_free(dq32), lab::dev_free(dkv32),
         lab::dev_free(scratch);
