@@ -14,6 +14,7 @@
 // llmc/tensor_parallel.* (tp, sp), llmc/context_parallel.* (cp),
 // llmc/pipeline_parallel.* (pp and its schedules).
 #include <omp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -91,16 +92,18 @@ static void check_same_flags(const ArgParser& parser) {
 }
 
 // CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
-// share its cores (as many threads per rank as every rank starting with all
-// of them runs several times slower). Returns the line for the settings.
+// share its cores (every rank starting as many threads as the node has cores
+// runs several times slower), and no rank runs more threads than the cores
+// mpirun bound it to. Returns the line for the settings.
 static std::string choose_threads() {
     const char* env = std::getenv("OMP_NUM_THREADS");
     if (env && *env) return std::to_string(omp_get_max_threads()) + " (OMP_NUM_THREADS)";
-    const int cores = omp_get_num_procs(), local = std::max(1, dist_local_size());
-    const int n = std::max(1, cores / local);
+    const int cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)), bound = omp_get_num_procs();
+    const int local = std::max(1, dist_local_size());
+    const int n = std::max(1, std::min(bound, cores / local));
     omp_set_num_threads(n);
     return std::to_string(n) + " (" + std::to_string(cores) + " cores / " + std::to_string(local) +
-           " rank(s) on this node)";
+           " rank(s) on this node" + (bound < cores ? ", " + std::to_string(bound) + " bound to this rank" : "") + ")";
 }
 
 // Training FLOPs per token as llm.c counts them (shared/reference.md section
@@ -156,6 +159,10 @@ struct Trainer {
     void build(Backend& b, std::unique_ptr<ContextParallel>* cp, std::unique_ptr<GPT>* gpt,
                std::unique_ptr<PipelineParallel>* pp, std::unique_ptr<DataParallel>* dp);
     void check_memory();
+    RunInfo run_info() const;
+    void report_resume(const RunInfo& saved);
+    CheckpointOwner owner() const;
+    void export_weights();
     void read_micro_batch(DataLoader& dl, uint64_t first_row);
     StepMetrics train_step(int step);
     double validate();
@@ -184,6 +191,9 @@ void Trainer::check_layout() {
 void Trainer::setup(const ArgParser& parser) {
     check_same_flags(parser);
     threads = choose_threads();
+    Recompute rc_mode = Recompute::none;
+    parse_recompute(cfg.recompute, &rc_mode);  // the parser allows only its names
+    cfg.recompute = recompute_name(rc_mode);   // "1" reads as "gelu" from here on
     setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
     setup_check(cfg.total_batch == -1 || cfg.total_batch > 0,
                 "flag -d: " + std::to_string(cfg.total_batch) + " tokens per step (give a positive count, or -1 for B*T)");
@@ -267,8 +277,10 @@ void Trainer::setup(const ArgParser& parser) {
     // Weights: a checkpoint, a model file, or the seeded initialisation.
     rng = Rng((uint64_t)cfg.seed);
     if (resume_step >= 0) {
-        ok = load_checkpoint(cfg.output_dir, resume_step, *model, &st, &err);
+        RunInfo saved;
+        ok = load_checkpoint(cfg.output_dir, resume_step, *model, &st, &saved, &err);
         rng.state = st.rng_state;
+        if (ok) report_resume(saved);
     } else if (spec_is_file(cfg.model)) {
         ok = load_model(cfg.model, *model, &err);
     } else {
@@ -306,6 +318,11 @@ void Trainer::setup(const ArgParser& parser) {
     if (main_rank && !cfg.output_dir.empty()) {
         ok = make_dirs(cfg.output_dir, &err) &&
              metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
+        // What a killed run left: temporaries and checkpoints never finished.
+        if (ok) {
+            const int n = clean_checkpoints(cfg.output_dir, 0);
+            if (n > 0) std::printf("removed %d leftover(s) of an interrupted run from %s\n", n, cfg.output_dir.c_str());
+        }
     }
     setup_check(ok, err);
     if (!cfg.trace.empty()) {
@@ -485,30 +502,76 @@ void Trainer::sample() {
     reset_counts(grid);
 }
 
-// Tensors are gathered into model-file order over the whole world (each
-// element from the one rank that owns it), then rank 0 writes.
-void Trainer::checkpoint() {
-    st.rng_state = rng.state;
-    const Precision& p = model->precision();
-    const size_t P = model->table().file_params;
-    std::vector<char> w(P * dtype_size(model->weights_dtype())), mm(P * dtype_size(p.opt)), vv(P * dtype_size(p.opt));
-    const bool whole = grid.dpcp_group->rank() == 0, repl = grid.tp_rank == 0;  // one owner per element
-    gather_file_order(*model, *grid.world, model->weights(), model->weights_sharded(), model->weights_dtype(), w.data(),
-                      model->weights_dtype(), whole, repl);
-    gather_file_order(*model, *grid.world, model->adam_m(), model->sharding().optimizer, p.opt, mm.data(), p.opt, whole,
-                      repl);
-    gather_file_order(*model, *grid.world, model->adam_v(), model->sharding().optimizer, p.opt, vv.data(), p.opt, whole,
-                      repl);
-    bool ok = true;
-    if (main_rank) {
-        CheckpointData d{mc, w.data(), model->weights_dtype(), mm.data(), vv.data(), p.opt, p.param == DType::BF16 ? 5 : 3};
-        ok = write_checkpoint(cfg.output_dir, d, st, &err);
-        if (ok) std::printf("checkpoint: %s\n", checkpoint_path(cfg.output_dir, "state", st.step).c_str());
-    }
-    if (!dist_all_ok(ok, err, &err)) fail(err);
+// Which elements this rank writes to checkpoints and exports: each has one owner.
+CheckpointOwner Trainer::owner() const {
+    return {grid.world.get(), grid.dpcp_group->rank() == 0, grid.tp_rank == 0};
 }
 
-// End of the run: the replicas' agreement, the trace and its bubble, memory.
+RunInfo Trainer::run_info() const {
+    RunInfo r;
+    r.max_steps = cfg.max_steps;
+    r.total_batch = cfg.total_batch;
+    r.B = cfg.B;
+    r.T = cfg.T;
+    r.world = grid.world_size;
+    r.pp = grid.pp;
+    r.vpp = cfg.vpp;
+    r.dp = grid.dp;
+    r.cp = grid.cp;
+    r.tp = grid.tp;
+    r.sp = cfg.sp;
+    r.zero = cfg.zero;
+    r.recompute = cfg.recompute;
+    return r;
+}
+
+// What a resume changes: the schedule (-x) or the batch (-d) deserve a
+// warning; another layout trains the same model, which is worth a line.
+void Trainer::report_resume(const RunInfo& saved) {
+    if (!main_rank || saved.world == 0) return;  // nothing recorded (earlier format)
+    const RunInfo now = run_info();
+    if (saved.max_steps != now.max_steps)
+        std::fprintf(stderr, "train_gpt: warning: resuming with -x %d where the checkpoint's run had -x %d: the learning-rate "
+                             "schedule (warmup, cosine decay to the last step) changes from here on\n",
+                     now.max_steps, saved.max_steps);
+    if (saved.total_batch != now.total_batch)
+        std::fprintf(stderr, "train_gpt: warning: resuming with -d %lld where the checkpoint's run had -d %lld: each step "
+                             "now takes another number of rows of the data\n",
+                     now.total_batch, saved.total_batch);
+    if (saved.layout() != now.layout() || saved.T != now.T)
+        std::printf("resume: checkpoint of step %d written at %s (T=%d); continuing at %s (T=%d)\n", st.step,
+                    saved.layout().c_str(), saved.T, now.layout().c_str(), now.T);
+}
+
+// Every rank writes its own shard; rank 0 the index, then DONE.
+void Trainer::checkpoint() {
+    st.rng_state = rng.state;
+    if (!save_checkpoint(cfg.output_dir, *model, owner(), st, run_info(), &err)) fail(err);
+    if (main_rank) {
+        std::printf("checkpoint: %s\n", checkpoint_dir(cfg.output_dir, st.step).c_str());
+        if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
+    }
+}
+
+// The final weights as an llm.c model file, tensor by tensor: into -o (as
+// model_SSSSSSSS.bin) and to --export-model.
+void Trainer::export_weights() {
+    const int version = model->precision().param == DType::BF16 ? 5 : 3;
+    std::vector<std::string> paths;
+    if (!cfg.output_dir.empty()) {
+        char name[32];
+        std::snprintf(name, sizeof(name), "/model_%08d.bin", st.step);
+        paths.push_back(cfg.output_dir + name);
+    }
+    if (!cfg.export_model.empty()) paths.push_back(cfg.export_model);
+    for (const std::string& p : paths) {
+        if (!export_model(p, *model, owner(), version, &err)) fail(err);
+        if (main_rank) std::printf("model: %s\n", p.c_str());
+    }
+}
+
+// End of the run: the replicas' agreement, the model export, the trace and
+// its bubble, memory.
 void Trainer::finish() {
     // Replicas of the tensor-parallel-replicated parameters must agree.
     if (grid.tp > 1) {
@@ -524,6 +587,7 @@ void Trainer::finish() {
         if (main_rank) std::printf("pp tied embeddings (first and last stage): %s\n", same ? "identical" : "DIFFER");
         if (!same) fail("the tied embeddings of the first and the last pipeline stage differ");
     }
+    export_weights();
     if (!cfg.trace.empty()) {
         std::vector<double> bubble = pipe->measured_bubble();
         if (main_rank && grid.pp > 1 && !bubble.empty()) {

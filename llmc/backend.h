@@ -61,6 +61,19 @@ struct AdamArgs {
     double bias_corr1, bias_corr2;
 };
 
+// One contiguous run for adamw_update_multi: pointers to its first element
+// in each buffer (master null without a master copy; types as for
+// adamw_update), its length, and whether weight decay applies to it.
+struct AdamSpan {
+    void* param;
+    void* master;
+    const void* grad;
+    void* m;
+    void* v;
+    size_t n;
+    bool decay;
+};
+
 class Backend {
   public:
     virtual ~Backend() {}
@@ -202,6 +215,10 @@ class Backend {
     // param receives its rounded value.
     virtual void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
                               const AdamArgs& a) = 0;
+    // AdamW on many runs at once (one launch on a GPU): run i is updated
+    // exactly as adamw_update would update it with weight_decay =
+    // spans[i].decay ? a.weight_decay : 0. Runs must not overlap.
+    virtual void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) = 0;
     // Sum of squares of n elements of type t, to the host (deterministic on
     // the CPU: a fixed order whatever the thread count).
     virtual double sum_squares(const void* x, DType t, size_t n) = 0;

@@ -161,6 +161,17 @@ class CpuBackend : public Backend {
                       const AdamArgs& a) override {
         cpu::adamw_update(f(param), f(master), f(grad), f(m), f(v), n, a);
     }
+    // The multi-tensor update is the per-run update in order: on the CPU
+    // there is no launch to save, and the results stay bit for bit those of
+    // adamw_update.
+    void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
+        AdamArgs ai = a;
+        for (int i = 0; i < count; i++) {
+            const AdamSpan& s = spans[i];
+            ai.weight_decay = s.decay ? a.weight_decay : 0.0;
+            adamw_update(s.param, s.master, s.grad, s.m, s.v, s.n, ai);
+        }
+    }
     double sum_squares(const void* x, DType t, size_t n) override {
         if (t == DType::F64) return cpu::sum_squares(static_cast<const double*>(x), n);
         if (t == DType::F32) return cpu::sum_squares(static_cast<const float*>(x), n);

@@ -11,7 +11,7 @@
 // stream before they return. Host <-> device conversion runs on the device
 // through a bounded staging buffer: the host never holds a converted copy of
 // a whole buffer. Temporary device memory the kernels need (partial sums,
-// attention's D vector, encoder buckets) lives in grow-only scratch buffers
+// attention's D vector, encoder sort keys) lives in grow-only scratch buffers
 // that are not counted in bytes_in_use(): that figure is the model's own
 // buffers, as the memory report expects.
 #include "backend_cuda.h"
@@ -23,6 +23,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 #include "cuda/adamw.cuh"
 #include "cuda/attention.cuh"
@@ -123,6 +124,7 @@ class CudaBackend final : public Backend {
         scratch_.release();
         staging_.release();
         enc_.release();
+        adam_table_.release();
         mm_.destroy();
         cudaStreamDestroy(stream_);
     }
@@ -132,13 +134,29 @@ class CudaBackend final : public Backend {
         if (fp32_) return {DType::F32, DType::F32, DType::F32, false, DType::F32, DType::F32, DType::F32};
         return {DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
     }
-    // Shared-memory atomics in LayerNorm backward and cuBLASLt's algorithm
-    // choice may change the last bits from run to run.
+    // LayerNorm and bias gradients, encoder backward and the norm sum in
+    // an order that depends only on the shapes (no floating-point atomics),
+    // but cuBLASLt's algorithm choice is not promised to give the same bits
+    // on every run, so the backend does not claim determinism.
     bool deterministic() const override { return false; }
 
     // ---- memory ---------------------------------------------------------------------
+    // The GPU's free memory, shared by the ranks that run on it (local ranks
+    // are dealt to the node's GPUs in turn).
+    size_t free_memory(int local_ranks) const override {
+        activate();
+        size_t free = 0, total = 0;
+        int gpus = 1;
+        if (cudaMemGetInfo(&free, &total) != cudaSuccess || cudaGetDeviceCount(&gpus) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        const int sharing = std::max(1, (local_ranks + gpus - 1) / std::max(1, gpus));
+        return free / (size_t)sharing;
+    }
     void* alloc(size_t bytes) override {
         activate();
+        if (over_budget(bytes)) throw std::bad_alloc();
         void* p = nullptr;
         if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
             (void)cudaGetLastError();  // out of memory is not sticky: clear it and report it the C++ way
@@ -440,6 +458,21 @@ class CudaBackend final : public Backend {
                                           ptr<float>(v), n, a, stream_);
         });
     }
+    // One launch for every run (llmc/cuda/adamw.cuh); the piece table stays
+    // on the device while the runs are the same as last time.
+    void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            pieces_.clear();
+            for (int i = 0; i < count; i++) {
+                const AdamSpan& s = spans[i];
+                if (s.n == 0) continue;
+                pieces_.push_back(llmc_cuda::adam_make_piece<E, E>(s.param, ptr<float>(s.master), s.grad,
+                                                                   ptr<float>(s.m), ptr<float>(s.v), s.n, s.decay));
+            }
+            adam_table_.update<E, E>(pieces_, a, stream_);
+        });
+    }
     double sum_squares(const void* x, DType t, size_t n) override {
         activate();
         double* scratch =
@@ -486,6 +519,8 @@ class CudaBackend final : public Backend {
     cudaStream_t stream_ = nullptr;
     llmc_cuda::MatmulContext mm_;
     llmc_cuda::EncoderBackwardScratch enc_;
+    llmc_cuda::AdamMultiTable adam_table_;
+    std::vector<llmc_cuda::AdamPiece> pieces_;  // reused host array of adamw_update_multi
     GrowBuffer scratch_, staging_;
     std::unordered_map<void*, size_t> sizes_;
     size_t in_use_ = 0, peak_ = 0;

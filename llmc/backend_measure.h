@@ -62,6 +62,7 @@ class MeasureBackend : public Backend {
     void crossentropy_finish(void*, void*, const int*, const void*, const void*, const void*, double, int, int, int, int,
                              bool) override {}
     void adamw_update(void*, void*, const void*, void*, void*, size_t, const AdamArgs&) override {}
+    void adamw_update_multi(const AdamSpan*, int, const AdamArgs&) override {}
     double sum_squares(const void*, DType, size_t) override { return 0; }
 
   private:

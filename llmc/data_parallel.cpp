@@ -223,6 +223,8 @@ double DataParallel::step(const OptimConfig& o, int step) {
     double norm = std::sqrt(grad_sum_squares());
     AdamArgs args = adam_args(o, step, clip_scale(o, norm));
 
+    // This rank's part of every unit, updated in one multi-tensor call.
+    std::vector<UpdateSpan> spans;
     for (int u = 0; u < U; u++) {
         if (table_.unit_size(u) == 0) continue;  // another stage's
         UpdateSpan s;
@@ -236,8 +238,9 @@ double DataParallel::step(const OptimConfig& o, int step) {
                  master ? elem_ptr(master, mt, sb) : nullptr, elem_ptr(grads, gt, stage_ == 1 ? g0 : sb),
                  elem_ptr(m, ot, sb), elem_ptr(v, ot, sb)};
         }
-        adamw_span(be_, prec_, table_, s, o, args);
+        spans.push_back(s);
     }
+    adamw_spans(be_, prec_, table_, spans, o, args);
 
     // Stages 1 and 2: every rank needs every updated parameter again.
     if (stage_ == 1 || stage_ == 2) {
@@ -245,7 +248,8 @@ double DataParallel::step(const OptimConfig& o, int step) {
         for (int u = 0; u < U; u++)
             if (table_.unit_size(u) > 0)
                 hs.push_back(comm_.start_all_gather(elem_ptr(params, pt, table_.slice_begin(u, rank_)),
-                                                elem_ptr(params, pt, table_.unit_begin[u]), table_.shard_size(u), pt));
+                                                    elem_ptr(params, pt, table_.unit_begin[u]), table_.shard_size(u),
+                                                    pt));
         for (CommHandle h : hs) comm_.wait(h);
     }
     return norm;

@@ -310,7 +310,8 @@ void GPT::release(int unit) {
 // ---- initialisation and host transfer -------------------------------------------------
 
 template <typename Fn>
-void GPT::for_each_piece(bool sharded, Fn fn, Tensors which, bool skip_copies) const {
+void GPT::for_each_piece(bool sharded, Fn fn, Tensors which, bool skip_copies, size_t file_begin,
+                         size_t file_end) const {
     // One run of the tensor's local memory <-> the file, cut to this rank's
     // slice of the unit when the buffer is sharded.
     auto emit = [&](const TensorEntry& e, size_t local, size_t file, size_t n) {
@@ -323,6 +324,7 @@ void GPT::for_each_piece(bool sharded, Fn fn, Tensors which, bool skip_copies) c
     for (const TensorEntry& e : table_.entries) {
         if ((which == Tensors::split && !e.split) || (which == Tensors::replicated && e.split)) continue;
         if (skip_copies && e.tied_copy) continue;
+        if (e.file_offset >= file_end || e.file_offset + e.file_rows * e.file_cols <= file_begin) continue;
         for (const RowRun& r : e.runs) {
             if (e.cols == e.file_cols) {  // whole rows: one contiguous run
                 emit(e, r.local * e.cols, e.file_offset + r.global * e.file_cols, r.count * e.cols);
@@ -336,11 +338,26 @@ void GPT::for_each_piece(bool sharded, Fn fn, Tensors which, bool skip_copies) c
 
 void GPT::set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
                          size_t file_end) {
-    for_each_piece(sharded, [&](size_t f, size_t o, size_t n) {
-        size_t b = std::max(f, file_begin), e = std::min(f + n, file_end);
-        if (b < e)
-            be_->upload(elem_ptr(buf, buf_t, o + (b - f)), buf_t, elem_ptr(host, src_t, b - file_begin), src_t, e - b);
-    });
+    for_each_piece(
+        sharded,
+        [&](size_t f, size_t o, size_t n) {
+            size_t b = std::max(f, file_begin), e = std::min(f + n, file_end);
+            if (b < e)
+                be_->upload(elem_ptr(buf, buf_t, o + (b - f)), buf_t, elem_ptr(host, src_t, b - file_begin), src_t,
+                            e - b);
+        },
+        Tensors::all, false, file_begin, file_end);
+}
+
+void GPT::for_each_owned(bool sharded, bool whole_owner, bool replicated_owner,
+                         const std::function<void(size_t, size_t, size_t)>& fn) const {
+    if (!sharded && !whole_owner) return;
+    for_each_piece(sharded, fn, replicated_owner ? Tensors::all : Tensors::split, true);
+}
+
+void GPT::set_weights_file_range(const void* host, DType t, size_t file_begin, size_t file_end) {
+    set_file_range(params_, sharding_.params, prec_.param, host, t, file_begin, file_end);
+    if (master_) set_file_range(master_, sharding_.optimizer, prec_.master, host, t, file_begin, file_end);
 }
 
 void GPT::set_file_order(void* buf, bool sharded, DType buf_t, const void* host, DType src_t) {

@@ -4,6 +4,7 @@
 // Backend interface, so the same code runs on the CPU and on CUDA.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,20 @@ class GPT {
     // Sets every weight this rank holds (params, and master when present)
     // from host values of type t in model-file order.
     void set_weights_file_order(const void* host, DType t);
+    // The same for the file elements [file_begin, file_end) only (one
+    // tensor, say); host points at element file_begin.
+    void set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
+                        size_t file_end);
+    void set_weights_file_range(const void* host, DType t, size_t file_begin, size_t file_end);
+    // Calls fn(file_offset, buffer_offset, n) for every run of elements this
+    // rank owns of a flat buffer (sharded: its shard) when every element of
+    // the model has exactly one owner: shards belong to their rank; a whole
+    // buffer to the rank with whole_owner (dp x cp rank 0); tensors
+    // replicated over tp to the rank with replicated_owner (tp rank 0); the
+    // last pipeline stage's copy of the embeddings to nobody (the first
+    // stage owns them). Runs come in memory order.
+    void for_each_owned(bool sharded, bool whole_owner, bool replicated_owner,
+                        const std::function<void(size_t, size_t, size_t)>& fn) const;
     bool weights_sharded() const { return prec_.has_master ? sharding_.optimizer : sharding_.params; }
 
     // Forward over inputs (host int32 [B,T]); returns the mean loss over the
@@ -221,12 +236,10 @@ class GPT {
     // (sharded or whole) flat buffer that holds real parameters.
     // skip_copies: leave out the last stage's copy of the embeddings (so
     // that gathering over the pipeline stages sees every tensor once).
+    // Only tensors that meet the file range [file_begin, file_end) are visited.
     template <typename Fn>
-    void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all, bool skip_copies = false) const;
-    // set_file_order for the file elements [file_begin, file_end) only; host
-    // points at element file_begin.
-    void set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
-                        size_t file_end);
+    void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all, bool skip_copies = false,
+                        size_t file_begin = 0, size_t file_end = SIZE_MAX) const;
 
     Backend* be_;
     GPTConfig cfg_;

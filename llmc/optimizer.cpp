@@ -44,12 +44,32 @@ void adamw_span(Backend& be, const Precision& p, const TensorTable& t, const Upd
     }
 }
 
+void adamw_spans(Backend& be, const Precision& p, const TensorTable& t, const std::vector<UpdateSpan>& spans,
+                 const OptimConfig& o, const AdamArgs& a) {
+    std::vector<AdamSpan> runs;
+    for (const UpdateSpan& s : spans) {
+        const size_t end = s.begin + s.n;
+        for (const TensorEntry& e : t.entries) {
+            size_t b = std::max(s.begin, e.offset), en = std::min(end, e.offset + e.numel);
+            if (b >= en) continue;
+            size_t k = b - s.begin;  // position inside the span
+            runs.push_back({elem_ptr(s.param, p.param, k), s.master ? elem_ptr(s.master, p.master, k) : nullptr,
+                            elem_ptr(s.grad, p.grad, k), elem_ptr(s.m, p.opt, k), elem_ptr(s.v, p.opt, k), en - b,
+                            e.decay});
+        }
+    }
+    AdamArgs args = a;
+    args.weight_decay = o.weight_decay;  // applied to the runs whose tensor decays
+    be.adamw_update_multi(runs.data(), (int)runs.size(), args);
+}
+
 double adamw_step(GPT& model, const OptimConfig& o, int step) {
     Backend& be = model.backend();
     const Precision& p = model.precision();
     const TensorTable& t = model.table();
     double norm = std::sqrt(be.sum_squares(model.grads(), p.grad, t.total));
-    UpdateSpan s{0, t.total, model.params(), model.master(), model.grads(), model.adam_m(), model.adam_v()};
-    adamw_span(be, p, t, s, o, adam_args(o, step, clip_scale(o, norm)));
+    const std::vector<UpdateSpan> spans{
+        {0, t.total, model.params(), model.master(), model.grads(), model.adam_m(), model.adam_v()}};
+    adamw_spans(be, p, t, spans, o, adam_args(o, step, clip_scale(o, norm)));
     return norm;
 }

@@ -3,6 +3,8 @@
 // shared/reference.md section 2 defines them. Which tensors decay comes
 // from the tensor table; the update itself is a backend op.
 #pragma once
+#include <vector>
+
 #include "gpt.h"
 
 struct OptimConfig {
@@ -41,6 +43,13 @@ struct UpdateSpan {
 // between tensors is left alone.
 void adamw_span(Backend& be, const Precision& p, const TensorTable& t, const UpdateSpan& s, const OptimConfig& o,
                 AdamArgs a);
+
+// AdamW on many spans with one backend call (one kernel launch on a GPU:
+// Backend::adamw_update_multi), each span split by tensor as adamw_span
+// splits it; the per-element math and the weight decay of every tensor are
+// those of adamw_span, so the two give the same result.
+void adamw_spans(Backend& be, const Precision& p, const TensorTable& t, const std::vector<UpdateSpan>& spans,
+                 const OptimConfig& o, const AdamArgs& a);
 
 // One optimizer step on a model with whole buffers (one process): norm,
 // clipping, AdamW. Returns the gradient norm measured before clipping.

@@ -32,6 +32,8 @@ struct TrainConfig {
     int gen_tokens = 64;       // -g
     int checkpoint_every = 0;  // -n
     int resume = 0;            // -y
+    int keep_checkpoints = 0;  // newest checkpoints kept (0: all)
+    std::string export_model = "";  // llm.c model file written at the end
     // execution
     int zero = 0;              // -z
     int tp = 1;                // tensor-parallel degree

@@ -106,6 +106,8 @@ if command -v mpirun >/dev/null; then
     run test_tp "$PY" tests/test_tp.py
     run test_cp "$PY" tests/test_cp.py
     run test_pp "$PY" tests/test_pp.py
+    run test_memory "$PY" tests/test_memory.py
+    run test_multinode "$PY" tests/test_multinode.py
 else
     echo "(mpirun not found: distributed tests skipped; scripts/setup.sh installs OpenMPI)"
 fi

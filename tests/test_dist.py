@@ -24,7 +24,7 @@ import re
 
 import numpy as np
 
-from testlib import Checks, copy_checkpoint, metrics, param_count, read_state, rel, run_suite, train, write_shard
+from testlib import Checks, copy_checkpoint, metrics, param_count, read_checkpoint, rel, run_suite, train, write_shard
 
 # An odd model: P = 22,599 (L=2, C=27, NH=3, V=Vp=97, maxT=64) and every
 # unit's size are odd, so no dp > 1 divides them and every unit is padded.
@@ -51,7 +51,7 @@ def test_equivalence(tmp, dtype, layouts):
     rc, out, err = train(0, base(dtype) + ["-b", "16", "-d", "512", "-n", "10", "-o", ref])
     check(rc == 0, f"single {dtype}: {err}")
     ref_losses = [m["loss"] for m in metrics(ref)]
-    ref_w = read_state(os.path.join(ref, "state_00000010.bin"))[0]
+    ref_w = read_checkpoint(ref, 10)[0]
     for np_, zero, B in layouts:
         d = os.path.join(tmp, f"dp{np_}_z{zero}_b{B}_{dtype}")
         rc, out, err = train(np_, base(dtype) + ["-b", str(B), "-d", "512", "-z", str(zero), "-n", "10", "-o", d])
@@ -60,7 +60,7 @@ def test_equivalence(tmp, dtype, layouts):
         if not check(rc == 0, f"{what}: {err[-500:]}"):
             continue
         losses = [m["loss"] for m in metrics(d)]
-        w = read_state(os.path.join(d, "state_00000010.bin"))[0]
+        w = read_checkpoint(d, 10)[0]
         lr, wr = rel(losses, ref_losses), rel(w, ref_w)
         print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e}")
         check(len(losses) == 10 and lr <= tol, f"{what}: losses rel err {lr:.3e} > {tol}")
@@ -72,13 +72,13 @@ def test_gradients(tmp):
     ref = os.path.join(tmp, "grad_single")
     rc, out, err = train(0, base("fp64", 1) + one + ["-b", "16", "-o", ref])
     check(rc == 0, f"grad single: {err}")
-    _, g_ref, _, (L, C, Vp, T) = read_state(os.path.join(ref, "state_00000001.bin"))
+    _, g_ref, _, (L, C, Vp, T) = read_checkpoint(ref, 1)
     for np_, zero in ((2, 2), (4, 3), (4, 1)):
         d = os.path.join(tmp, f"grad_dp{np_}_z{zero}")
         rc, out, err = train(np_, base("fp64", 1) + one + ["-b", "4", "-z", str(zero), "-o", d])
         if not check(rc == 0, f"grad dp={np_} zero={zero}: {err[-300:]}"):
             continue
-        _, g, _, _ = read_state(os.path.join(d, "state_00000001.bin"))
+        _, g, _, _ = read_checkpoint(d, 1)
         off, worst = 0, 0.0
         for name, n in tensor_sizes(L, C, Vp, T):
             r = rel(g[off:off + n], g_ref[off:off + n])

@@ -70,8 +70,7 @@ def test_resume(tmp, dtype):
     check(rc == 0, f"uninterrupted run failed: {err}")
     # Interrupted run: same flags, stopped after the step-4 checkpoint.
     os.makedirs(part)
-    for kind in ("model", "state"):
-        shutil.copy(os.path.join(full, f"{kind}_00000004.bin"), part)
+    shutil.copytree(os.path.join(full, "ckpt_00000004"), os.path.join(part, "ckpt_00000004"))
     shutil.copy(os.path.join(full, "DONE_00000004"), part)
     with open(os.path.join(full, "metrics.jsonl")) as f, open(os.path.join(part, "metrics.jsonl"), "w") as g:
         lines = f.readlines()
@@ -85,7 +84,8 @@ def test_resume(tmp, dtype):
     check([m.get("val_loss") for m in mf] == [m.get("val_loss") for m in mp], f"{dtype}: val loss differs after resume")
     check(read(os.path.join(full, "model_00000010.bin")) == read(os.path.join(part, "model_00000010.bin")),
           f"{dtype}: final model differs after resume")
-    check(read(os.path.join(full, "state_00000010.bin")) == read(os.path.join(part, "state_00000010.bin")),
+    check(read(os.path.join(full, "ckpt_00000010", "shard_00000.bin")) ==
+          read(os.path.join(part, "ckpt_00000010", "shard_00000.bin")),
           f"{dtype}: final optimizer state differs after resume")
     def samples(out):
         return [s.split("----------------")[0] for s in out.split("---- sample ----")[1:]]

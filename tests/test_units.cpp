@@ -267,28 +267,40 @@ static void test_model_io_and_checkpoint() {
     for (size_t i = 0; i < m.table().total; i++) ((float*)m.adam_m())[i] = 0.001f * (float)i, ((float*)m.adam_v())[i] = 1e-6f * (float)i;
     TrainState st{7, 0x123456789abcdefull, 4242};
     std::string ck = dir + "/ck";
-    CHECK(save_checkpoint(ck, m, st, &err), "checkpoint: %s", err.c_str());
+    RunInfo run;
+    run.max_steps = 11;
+    run.total_batch = 64;
+    CHECK(save_checkpoint(ck, m, CheckpointOwner(), st, run, &err), "checkpoint: %s", err.c_str());
     CHECK(latest_checkpoint(ck) == 7, "latest %d", latest_checkpoint(ck));
     GPT m3(be.get(), c, 2, 8);
     TrainState st3;
-    CHECK(load_checkpoint(ck, 7, m3, &st3, &err), "load checkpoint: %s", err.c_str());
+    RunInfo run3;
+    CHECK(load_checkpoint(ck, 7, m3, &st3, &run3, &err), "load checkpoint: %s", err.c_str());
+    CHECK(run3.max_steps == 11 && run3.total_batch == 64, "checkpoint run info");
     size_t P = m.table().total;
     CHECK(std::memcmp(m.params(), m3.params(), P * 4) == 0 && std::memcmp(m.adam_m(), m3.adam_m(), P * 4) == 0 &&
               std::memcmp(m.adam_v(), m3.adam_v(), P * 4) == 0,
           "checkpoint payload");
     CHECK(st3.step == 7 && st3.rng_state == st.rng_state && st3.rows_consumed == 4242, "checkpoint state");
     // A torn checkpoint (no DONE file) is never resumed from.
-    std::remove(checkpoint_path(ck, "DONE", 7).c_str());
+    std::remove(done_path(ck, 7).c_str());
     CHECK(latest_checkpoint(ck) == -1, "torn checkpoint taken");
-    // A truncated state file is refused with its name.
-    std::string sp = checkpoint_path(ck, "state", 7);
+    // A truncated shard is refused with its name.
+    std::string sp = checkpoint_dir(ck, 7) + "/shard_00000.bin";
     std::vector<char> sb = read_bytes(sp);
     sb.resize(sb.size() - 4);
     write_bytes(sp, sb);
     err.clear();
-    CHECK(!load_checkpoint(ck, 7, m3, &st3, &err) && contains(err, sp), "truncated state accepted (%s)", err.c_str());
-    // No temporary files are left behind.
+    CHECK(!load_checkpoint(ck, 7, m3, &st3, &run3, &err) && contains(err, sp), "truncated shard accepted (%s)",
+          err.c_str());
+    // A corrupt index is refused with its name.
+    write_bytes(checkpoint_dir(ck, 7) + "/index.json", std::vector<char>{'{', 'x'});
+    err.clear();
+    CHECK(!load_checkpoint(ck, 7, m3, &st3, &run3, &err) && contains(err, "index.json"), "corrupt index accepted (%s)",
+          err.c_str());
+    // No temporary files are left behind; the torn checkpoint is cleaned.
     CHECK(std::system(("ls " + dir + " " + ck + " | grep -q '[.]tmp[.]'").c_str()) != 0, "temporary files left");
+    CHECK(clean_checkpoints(ck, 0) == 1 && access(checkpoint_dir(ck, 7).c_str(), F_OK) != 0, "torn checkpoint not cleaned");
     std::system(("rm -rf " + dir).c_str());
 }
 

@@ -53,17 +53,69 @@ def param_count(L, C, V, Vp, T):
     return 12 * L * C * C + 13 * L * C + (Vp + T) * C + 2 * C
 
 
+def _floats(raw, code):
+    """Raw little-endian values of a checkpoint dtype code (0 fp32, 1 fp64, 2 bf16) as float64."""
+    if code == 0:
+        return np.frombuffer(raw, dtype="<f4").astype(np.float64)
+    if code == 1:
+        return np.frombuffer(raw, dtype="<f8").astype(np.float64)
+    if code == 2:
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    raise ValueError(f"dtype code {code}")
+
+
 def read_state(path):
-    """weights, m, v of a checkpoint state file as float64 arrays (file order), and (L, C, Vp, maxT)."""
+    """weights, m, v of an earlier-format state file as float64 arrays (file order), and (L, C, Vp, maxT)."""
     with open(path, "rb") as f:
         h = struct.unpack("<256i", f.read(1024))
         T, V, L, NH, C, Vp = h[5:11]
         P = param_count(L, C, V, Vp, T)
         arrays = []
         for dt in (h[3], h[4], h[4]):
-            size, fmt = (4, "<f4") if dt == 0 else (8, "<f8")
-            arrays.append(np.frombuffer(f.read(P * size), dtype=fmt).astype(np.float64))
+            size = {0: 4, 1: 8, 2: 2}[dt]
+            arrays.append(_floats(f.read(P * size), dt))
     return arrays[0], arrays[1], arrays[2], (L, C, Vp, T)
+
+
+def read_checkpoint(d, step):
+    """weights, m, v of the checkpoint of `step` in output directory d as
+    float64 arrays in model-file order, and (L, C, Vp, maxT). Assembled here
+    from the shard files by their piece tables (an independent reader of the
+    format in llmc/checkpoint.h); every element must come from exactly one
+    shard."""
+    cdir = os.path.join(d, f"ckpt_{step:08d}")
+    if not os.path.isdir(cdir):
+        return read_state(os.path.join(d, f"state_{step:08d}.bin"))
+    with open(os.path.join(cdir, "index.json")) as f:
+        ix = json.load(f)
+    m = ix["model"]
+    L, C, V, Vp, T = m["L"], m["C"], m["V"], m["Vp"], m["maxT"]
+    P = param_count(L, C, V, Vp, T)
+    out = [np.zeros(P), np.zeros(P), np.zeros(P)]
+    cover = [np.zeros(P, dtype=np.int64), np.zeros(P, dtype=np.int64)]
+    for name in ix["shards"]:
+        with open(os.path.join(cdir, name), "rb") as f:
+            h = struct.unpack("<256i", f.read(1024))
+            assert h[0] == 20241124 and h[1] == 1, f"{name}: magic/version {h[:2]}"
+            wt, ot = h[4], h[5]
+            nw = (h[6] & 0xffffffff) | (h[7] << 32)
+            no = (h[8] & 0xffffffff) | (h[9] << 32)
+            tables = [np.frombuffer(f.read(32 * n), dtype="<u8").reshape(n, 4) for n in (nw, no)]
+            sizes = {0: 4, 1: 8, 2: 2}
+            for k, (table, code) in enumerate(((tables[0], wt), (tables[1], ot), (tables[1], ot))):
+                total = int(sum(int(p[1]) * int(p[3]) for p in table))
+                vals = _floats(f.read(total * sizes[code]), code)
+                at = 0
+                for off, ln, stride, count in table:
+                    for i in range(int(count)):
+                        b = int(off) + i * int(stride)
+                        out[k][b:b + int(ln)] = vals[at:at + int(ln)]
+                        if k < 2:
+                            cover[k][b:b + int(ln)] += 1
+                        at += int(ln)
+            assert f.read(1) == b"", f"{name}: bytes past its payload"
+    assert all((c == 1).all() for c in cover), "checkpoint: an element missing or in two shards"
+    return out[0], out[1], out[2], (L, C, Vp, T)
 
 
 def rel(a, b):
@@ -89,12 +141,11 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
     <= 1e-10 in fp64, <= 1e-5 in fp32."""
     tol = 1e-10 if dtype == "fp64" else 1e-5
     ck = ["-n", str(steps)]
-    state = f"state_{steps:08d}.bin"
     ref = os.path.join(tmp, f"single_{dtype}")
     rc, out, err = train(0, args + single + ck + ["-o", ref])
     if not check(rc == 0, f"single {dtype}: {err[-400:]}"):
         return
-    ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_state(os.path.join(ref, state))[0]
+    ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_checkpoint(ref, steps)[0]
     for np_, extra in layouts:
         d = os.path.join(tmp, f"{dtype}_{np_}_" + "_".join(extra).replace("-", ""))
         rc, out, err = train(np_, args + ck + ["-o", d] + extra)
@@ -102,7 +153,7 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
         if not check(rc == 0, f"{what}: {err[-400:]}"):
             continue
         lr = rel([m["loss"] for m in metrics(d)], ref_l)
-        wr = rel(read_state(os.path.join(d, state))[0], ref_w)
+        wr = rel(read_checkpoint(d, steps)[0], ref_w)
         print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e}")
         check(lr <= tol, f"{what}: losses rel err {lr:.3e}")
         check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
@@ -111,10 +162,10 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
 
 
 def copy_checkpoint(src, dst, step):
-    """Copies the complete checkpoint of `step` (model, state, DONE files) from src into dst (made if missing)."""
+    """Copies the complete checkpoint of `step` (its directory and DONE file) from src into dst (made if missing)."""
     os.makedirs(dst, exist_ok=True)
-    for f in (f"model_{step:08d}.bin", f"state_{step:08d}.bin", f"DONE_{step:08d}"):
-        shutil.copy(os.path.join(src, f), dst)
+    shutil.copytree(os.path.join(src, f"ckpt_{step:08d}"), os.path.join(dst, f"ckpt_{step:08d}"))
+    shutil.copy(os.path.join(src, f"DONE_{step:08d}"), dst)
 
 
 def run_suite(check, prefix, body):

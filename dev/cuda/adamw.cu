@@ -1,14 +1,26 @@
 // dev/cuda/adamw.cu: kernel lab for the AdamW update (PyTorch semantics,
 // decoupled weight decay, bias corrections, grad_scale folded in).
 //   version 1: one thread per element, no grid-stride loop (naive)
-//   version 2: llmc/cuda/adamw.cuh (production)
+//   version 2: the previous production kernel (dev/cuda/previous.h:
+//              grid-stride, 4-byte and 2-byte accesses), one launch per span
+//   version 3: llmc/cuda/adamw.cuh adamw_update (production single span:
+//              items of 8 elements with 16-byte accesses, scalar head/tail)
+//   version 4: llmc/cuda/adamw.cuh AdamMultiTable (production multi-tensor:
+//              every span in one launch, weight decay per span from a device
+//              table; what Backend::adamw_update_multi runs)
 // fp32: params updated in place (no master). bf16: fp32 master updated, bf16
-// params must be exactly the round-to-nearest of the new master.
+// params must be exactly the round-to-nearest of the new master. Version 4
+// is validated on spans laid end to end at odd offsets and sizes (so most
+// start unaligned and some cannot be aligned at all), decay on every other
+// span, against cpu::adamw_update per span with the span's weight decay.
+// Timing runs GPT-2 124M's 148 tensors (decay on the 2-D ones): versions 2
+// and 3 launch once per tensor, as adamw_span does, version 4 once.
+#include <type_traits>
+
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/adamw.cuh"
-
-#include <type_traits>
+#include "previous.h"
 
 using namespace llmc_cuda;
 
@@ -25,13 +37,39 @@ __global__ void adamw_v1(P* param, float* master, const P* grad, float* m, float
     param[i] = from_float<P>(p);
 }
 
+// A run of the buffers: [off, off + n), with or without weight decay.
+struct Span {
+    size_t off, n;
+    bool decay;
+};
+
+// Versions 1-3: one launch per span (weight decay set per span, as
+// adamw_span does); version 4: one launch for all.
 template <typename P>
-void run(int version, P* param, float* master, const P* grad, float* m, float* v, size_t n, const AdamArgs& a) {
-    if (version == 1) {
-        adamw_v1<P><<<(unsigned)ceil_div(n, 256), 256>>>(param, master, grad, m, v, n, adam_narrow(a));
-        CUDA_CHECK_LAUNCH();
-    } else {
-        adamw_update<P, P>(param, master, grad, m, v, n, a, 0);
+void run(int version, P* param, float* master, const P* grad, float* m, float* v, const std::vector<Span>& spans,
+         const AdamArgs& a, AdamMultiTable& table) {
+    if (version == 4) {
+        std::vector<AdamPiece> pieces;
+        for (const Span& s : spans)
+            pieces.push_back(adam_make_piece<P, P>(param + s.off, master ? master + s.off : nullptr, grad + s.off,
+                                                   m + s.off, v + s.off, s.n, s.decay));
+        table.update<P, P>(pieces, a, 0);
+        return;
+    }
+    for (const Span& s : spans) {
+        AdamArgs as = a;
+        as.weight_decay = s.decay ? a.weight_decay : 0.0;
+        P* pp = param + s.off;
+        float* mp = master ? master + s.off : nullptr;
+        if (version == 1) {
+            adamw_v1<P><<<(unsigned)ceil_div(s.n, 256), 256>>>(pp, mp, grad + s.off, m + s.off, v + s.off, s.n,
+                                                              adam_narrow(as));
+            CUDA_CHECK_LAUNCH();
+        } else if (version == 2) {
+            llmc_prev::adamw_update<P, P>(pp, mp, grad + s.off, m + s.off, v + s.off, s.n, as, 0);
+        } else {
+            adamw_update<P, P>(pp, mp, grad + s.off, m + s.off, v + s.off, s.n, as, 0);
+        }
     }
 }
 
@@ -49,20 +87,30 @@ std::vector<float> diff(const std::vector<float>& a, const std::vector<float>& b
     return d;
 }
 
+// shift: the param buffer starts this many elements past its allocation.
 template <typename P>
-void check(int version, const char* label, size_t n) {
+void check(int version, const char* label, const std::vector<Span>& spans, size_t n, int shift = 0) {
     const bool has_master = !std::is_same<P, float>::value;
     const std::vector<float> p0 = lab::rand_normal(n, 0.02f, 1), g = lab::rand_normal(n, 0.01f, 2);
     std::vector<float> m0 = lab::rand_normal(n, 0.001f, 3), v0 = lab::rand_uniform(n, 0.f, 1e-4f, 4);
     const AdamArgs a = make_args(3);
     std::vector<float> rp = p0, rmaster = p0, rm = m0, rv = v0;
-    cpu::adamw_update(rp.data(), has_master ? rmaster.data() : nullptr, g.data(), rm.data(), rv.data(), n, a);
-    P* dp = lab::to_device<P>(p0);
+    for (const Span& s : spans) {
+        AdamArgs as = a;
+        as.weight_decay = s.decay ? a.weight_decay : 0.0;
+        cpu::adamw_update(rp.data() + s.off, has_master ? rmaster.data() + s.off : nullptr, g.data() + s.off,
+                          rm.data() + s.off, rv.data() + s.off, s.n, as);
+    }
+    std::vector<float> p0s(shift, 0.f);
+    p0s.insert(p0s.end(), p0.begin(), p0.end());
+    P* dp0 = lab::to_device<P>(p0s);
+    P* dp = dp0 + shift;
     float* dmaster = has_master ? lab::to_device<float>(p0) : nullptr;
     P* dg = lab::to_device<P>(g);
     float* dm = lab::to_device<float>(m0);
     float* dv = lab::to_device<float>(v0);
-    run<P>(version, dp, dmaster, dg, dm, dv, n, a);
+    AdamMultiTable table;
+    run<P>(version, dp, dmaster, dg, dm, dv, spans, a, table);
     const std::string l(label);
     const std::vector<float> got_p = lab::from_device(dp, n);
     lab::validate((l + " m").c_str(), lab::from_device(dm, n), rm, lab::kTolF32);
@@ -76,31 +124,89 @@ void check(int version, const char* label, size_t n) {
     } else {
         lab::validate((l + " param update").c_str(), diff(got_p, p0), diff(rp, p0), lab::kTolF32);
     }
-    lab::dev_free(dp), lab::dev_free(dmaster), lab::dev_free(dg), lab::dev_free(dm), lab::dev_free(dv);
+    // Elements outside every span must not move.
+    std::vector<char> in(n, 0);
+    for (const Span& s : spans) std::fill(in.begin() + s.off, in.begin() + s.off + s.n, 1);
+    std::vector<float> out_got, out_ref;
+    for (size_t i = 0; i < n; i++)
+        if (!in[i]) out_got.push_back(got_p[i]), out_ref.push_back(lab::round_bf16(p0[i]));
+    if (!out_got.empty()) lab::validate((l + " gaps untouched").c_str(), out_got, out_ref, 0.0);
+    table.release();
+    lab::dev_free(dp0), lab::dev_free(dmaster), lab::dev_free(dg), lab::dev_free(dm), lab::dev_free(dv);
+}
+
+// GPT-2 tensors in memory order (unit-major, as llmc/tensors.h lays them
+// out), decay on the 2-D ones.
+std::vector<Span> gpt2_spans(int L, int C, int Vp, int maxT, size_t* total) {
+    std::vector<Span> s;
+    size_t off = 0;
+    auto add = [&](size_t n, bool decay) { s.push_back({off, n, decay}), off += n; };
+    add((size_t)Vp * C, true);
+    add((size_t)maxT * C, true);
+    for (int l = 0; l < L; l++) {
+        add(C, false), add(C, false);                          // ln1
+        add((size_t)3 * C * C, true), add((size_t)3 * C, false);  // qkv
+        add((size_t)C * C, true), add(C, false);                 // attproj
+        add(C, false), add(C, false);                          // ln2
+        add((size_t)4 * C * C, true), add((size_t)4 * C, false);  // fc
+        add((size_t)4 * C * C, true), add(C, false);             // fcproj
+    }
+    add(C, false), add(C, false);  // lnf
+    *total = off;
+    return s;
 }
 
 int main() {
     if (!lab::have_gpu()) return lab::finish();
-    const size_t n = (size_t)124475904;  // GPT-2 124M (Vp = 50304)
     const size_t nv = (size_t)1 << 22;
-    std::printf("validation (n=%zu)\n", nv);
-    check<float>(1, "v1 fp32", nv);
-    check<float>(2, "v2 fp32", nv);
-    check<bf16>(1, "v1 bf16+master", nv);
-    check<bf16>(2, "v2 bf16+master", nv);
+    std::printf("validation (one span of n=%zu)\n", nv);
+    const std::vector<Span> one{{0, nv, true}};
+    for (int v = 1; v <= 4; v++) {
+        check<float>(v, ("v" + std::to_string(v) + " fp32").c_str(), one, nv);
+        check<bf16>(v, ("v" + std::to_string(v) + " bf16+master").c_str(), one, nv);
+    }
+    // Spans end to end from offset 3 with odd sizes and gaps: most start off
+    // 16-byte alignment (a scalar head), some are shorter than an item. With
+    // the params shifted by one element against the other buffers (as a
+    // ZeRO shard's master and Adam state sit at other offsets than its
+    // params), bf16 params and fp32 buffers never align together: the
+    // element-by-element path.
+    std::vector<Span> odd;
+    size_t off = 3, n_odd = 0;
+    const size_t sizes[] = {1, 7, 8, 9, 13, 2048, 2049, 100003, 5, 65536, 777, 16, 31};
+    int k = 0;
+    for (size_t sz : sizes) {
+        odd.push_back({off, sz, k % 2 == 0});
+        off += sz + (k % 3 == 0 ? 1 : 0);  // a one-element gap after every third span
+        k++;
+    }
+    n_odd = off + 5;
+    std::printf("validation (%zu spans at odd offsets, decay on every other)\n", odd.size());
+    for (int v = 3; v <= 4; v++) {
+        const std::string l = "v" + std::to_string(v);
+        check<float>(v, (l + " fp32 odd spans").c_str(), odd, n_odd);
+        check<bf16>(v, (l + " bf16+master odd spans").c_str(), odd, n_odd);
+        check<bf16>(v, (l + " bf16+master odd spans, params shifted").c_str(), odd, n_odd, 1);
+    }
 
-    std::printf("timing (bf16 params and grads, fp32 master/m/v, n=%zu)\n", n);
+    size_t n = 0;
+    const std::vector<Span> spans = gpt2_spans(12, 768, 50304, 1024, &n);  // 124475904 elements
+    std::printf("timing (bf16 params and grads, fp32 master/m/v, GPT-2 124M: %zu tensors, n=%zu)\n", spans.size(), n);
     bf16* dp = lab::dev_alloc<bf16>(n);
     bf16* dg = lab::dev_alloc<bf16>(n);
     float* dmaster = lab::dev_alloc<float>(n);
     float* dm = lab::dev_alloc<float>(n);
     float* dv = lab::dev_alloc<float>(n);
     const AdamArgs a = make_args(1);
+    AdamMultiTable table;
     const double bytes = (double)n * (2 + 2 + 3 * 4 * 2);  // grad in, param out, master/m/v in and out
-    for (int v = 1; v <= 2; v++) {
-        float ms = lab::time_ms([&] { run<bf16>(v, dp, dmaster, dg, dm, dv, n, a); });
-        lab::report_bw(v == 1 ? "v1 naive" : "v2 production", ms, bytes);
+    const char* names[] = {"", "v1 naive (per tensor)", "v2 previous (per tensor)", "v3 production (per tensor)",
+                           "v4 production multi-tensor (one launch)"};
+    for (int v = 1; v <= 4; v++) {
+        float ms = lab::time_ms([&] { run<bf16>(v, dp, dmaster, dg, dm, dv, spans, a, table); });
+        lab::report_bw(names[v], ms, bytes);
     }
+    table.release();
     lab::dev_free(dp), lab::dev_free(dg), lab::dev_free(dmaster), lab::dev_free(dm), lab::dev_free(dv);
     return lab::finish();
 }

@@ -2,12 +2,17 @@
 // per-row loss (fp32) and, with write_grad, dlogits = dloss*(softmax - onehot)
 // written in place, padded columns V..Vp-1 excluded from the softmax and zeroed.
 //   version 1: one thread per row, three passes (naive)
-//   version 2: llmc/cuda/classifier.cuh (production: block per row, online
-//              softmax in one read, then the gradient pass)
+//   version 2: the previous production kernel (dev/cuda/previous.h: block
+//              per row, online softmax in one read, then the gradient pass;
+//              2-byte accesses)
+//   version 3: llmc/cuda/classifier.cuh (production: the same passes with
+//              16-byte packs when Vp is a multiple of the pack, the valid
+//              columns masked per element; element by element otherwise)
 // The padding is filled with large values, which must not leak into the loss.
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/classifier.cuh"
+#include "previous.h"
 
 using namespace llmc_cuda;
 
@@ -33,6 +38,8 @@ void run(int version, E* logits, float* losses, const int* targets, float dloss,
     if (version == 1) {
         softmax_xent_v1<E><<<(unsigned)ceil_div(N, 64), 64>>>(logits, losses, targets, dloss, N, V, Vp, grad);
         CUDA_CHECK_LAUNCH();
+    } else if (version == 2) {
+        llmc_prev::softmax_crossentropy<E>(logits, losses, targets, dloss, N, V, Vp, grad, 0);
     } else {
         softmax_crossentropy<E>(logits, losses, targets, dloss, N, V, Vp, grad, 0);
     }
@@ -69,7 +76,11 @@ int main() {
         check<float>(1, "v1 fp32", 256, 50257, 50304, grad, lab::kTolF32);
         check<float>(2, "v2 fp32", 256, 50257, 50304, grad, lab::kTolF32);
         check<bf16>(2, "v2 bf16", 256, 50257, 50304, grad, lab::kTolBF16);
-        check<float>(2, "v2 fp32", 100, 97, 128, grad, lab::kTolF32);
+        check<float>(3, "v3 fp32", 256, 50257, 50304, grad, lab::kTolF32);
+        check<bf16>(3, "v3 bf16", 256, 50257, 50304, grad, lab::kTolBF16);
+        check<float>(3, "v3 fp32", 100, 97, 128, grad, lab::kTolF32);
+        check<bf16>(3, "v3 bf16", 100, 97, 128, grad, lab::kTolBF16);
+        check<bf16>(3, "v3 bf16 (Vp % 8 != 0: element by element)", 100, 97, 100, grad, lab::kTolBF16);
     }
 
     const int B = 8, T = 1024, V = 50257, Vp = 50304, N = B * T;
@@ -80,11 +91,12 @@ int main() {
     int* dtargets = lab::ints_to_device(targets);
     float* dlosses = lab::dev_alloc<float>(N);
     const double bytes = 2.0 * N * (double)Vp * sizeof(bf16);  // read once + write once (ideal)
-    for (int v = 1; v <= 2; v++) {
+    const char* names[] = {"", "v1 thread per row", "v2 previous", "v3 production"};
+    for (int v = 1; v <= 3; v++) {
         // Runs in place: the logits turn into gradients, which is as good an input as any for timing.
         float ms = lab::time_ms([&] { run<bf16>(v, dlogits, dlosses, dtargets, 1.f / N, N, V, Vp, true); },
                                 v == 1 ? 2 : 20);
-        lab::report_bw(v == 1 ? "v1 thread per row" : "v2 production", ms, bytes);
+        lab::report_bw(names[v], ms, bytes);
     }
     lab::dev_free(dlogits), lab::dev_free(dtargets), lab::dev_free(dlosses);
     return lab::finish();

@@ -1,7 +1,8 @@
 // dev/cuda/common.h: helpers shared by the kernel-lab programs: random
 // inputs, host <-> device copies with conversion, validation against the CPU
 // reference (relative L2 error ‖got-ref‖/‖ref‖ and max abs error, PASS/FAIL
-// against a tolerance, counted), and timing with CUDA events.
+// against a tolerance, counted), timing with CUDA events, and the device's
+// HBM bandwidth (looked up by name) for the fraction of it a kernel reaches.
 //
 // Every lab program: makes random inputs, runs the CPU backend's op
 // (llmc/cpu_ops.h) as the reference, runs version 1 (a naive kernel written
@@ -33,6 +34,57 @@ inline int finish() {
     return g_failed ? 1 : 0;
 }
 
+// ---- the device's memory bandwidth ---------------------------------------------------
+// Datasheet HBM bandwidth of the device found by name (GB/s, 1e9 bytes/s),
+// so memory-bound kernels can print the fraction of it they reach. Names not
+// in the table fall back to 2 x memory clock x bus width from the driver
+// (which gives the same 3.35 TB/s on an H100 SXM). Checked in table order:
+// the more specific names first.
+struct HbmEntry {
+    const char* name_part;
+    const char* also_part;  // "" when the first part suffices
+    double gbps;
+};
+inline const HbmEntry* hbm_table_match(const char* name) {
+    static const HbmEntry table[] = {
+        {"H100", "PCIe", 2000},     {"H100", "NVL", 3900},   {"H100", "", 3350},  // H100 SXM5 80 GB HBM3
+        {"GH200", "", 4000},        {"H200", "", 4800},      {"H800", "", 3350},  // "GH200" contains "H200"
+        {"A100", "PCIE-40GB", 1555}, {"A100", "SXM4-40GB", 1555}, {"A100", "PCIe", 1935}, {"A100", "", 2039},
+        {"B200", "", 8000},         {"L40S", "", 864},       {"A10G", "", 600},
+    };
+    for (const HbmEntry& e : table)
+        if (std::strstr(name, e.name_part) && (!e.also_part[0] || std::strstr(name, e.also_part))) return &e;
+    return nullptr;
+}
+inline double hbm_from_attributes() {
+    int khz = 0, bits = 0, dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0.0;
+    }
+    return 2.0 * khz * 1e3 * (bits / 8.0) / 1e9;  // double data rate
+}
+inline const char* device_name() {
+    static cudaDeviceProp prop;
+    static bool have = false;
+    if (!have) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+        have = true;
+    }
+    return prop.name;
+}
+inline double hbm_peak_gbps() {
+    const HbmEntry* e = hbm_table_match(device_name());
+    return e ? e->gbps : hbm_from_attributes();
+}
+inline const char* hbm_peak_source() {
+    return hbm_table_match(device_name()) ? "datasheet, by device name" : "memory clock x bus width";
+}
+
 // False (with a message) when no GPU can run the lab, e.g. on a build machine.
 inline bool have_gpu() {
     int n = 0;
@@ -44,6 +96,7 @@ inline bool have_gpu() {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+    std::printf("HBM peak: %.0f GB/s (%s)\n", hbm_peak_gbps(), hbm_peak_source());
     return true;
 }
 
@@ -162,8 +215,13 @@ inline float time_ms(Fn&& fn, int reps = 20) {
     CUDA_CHECK(cudaEventDestroy(b));
     return ms / reps;
 }
+// Achieved bandwidth: the bytes a kernel must move at least (each input read
+// once, each output written once), over the time; and its fraction of the
+// device's HBM peak.
 inline void report_bw(const char* what, float ms, double bytes) {
-    std::printf("  %-44s %9.4f ms  %8.1f GB/s\n", what, ms, bytes / (ms * 1e-3) / 1e9);
+    const double gbps = bytes / (ms * 1e-3) / 1e9, peak = hbm_peak_gbps();
+    std::printf("  %-44s %9.4f ms  %8.1f GB/s  %5.1f%% of HBM peak\n", what, ms, gbps,
+                peak > 0 ? 100.0 * gbps / peak : 0.0);
 }
 inline void report_flops(const char* what, float ms, double flops) {
     std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s\n", what, ms, flops / (ms * 1e-3) / 1e12);

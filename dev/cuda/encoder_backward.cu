@@ -2,12 +2,21 @@
 // dwte[tokens - v_begin] (+=) and dwpe[pos] (+=) from dout.
 //   version 1: one thread per (token, channel) with atomicAdd (naive;
 //              bf16 atomics round at every add, so only checked in fp32)
-//   version 2: llmc/cuda/encoder.cuh (production: host bucketing, one fp32
-//              sum per parameter row, deterministic)
+//   version 2: the previous production kernel (dev/cuda/previous.h: ids
+//              downloaded and bucketed on the host, one stream
+//              synchronisation per call; one fp32 sum per parameter row)
+//   version 3: llmc/cuda/encoder.cuh (production: keys sorted on the device
+//              by CUB's stable radix sort, one block per bucket with 16-byte
+//              loads; no synchronisation, deterministic)
 // Tokens are drawn half from a small "hot" set so rows collect many rows.
+// Version 3 is also checked for bit-identical results over two runs and,
+// last, captured into a CUDA graph: a host synchronisation or a copy to the
+// host inside it would make the capture fail (the program then stops with
+// the CUDA error).
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/encoder.cuh"
+#include "previous.h"
 
 using namespace llmc_cuda;
 
@@ -23,15 +32,23 @@ __global__ void encoder_backward_v1(E* dwte, E* dwpe, const E* dout, const int* 
     if (dwpe) atomicAdd(&dwpe[(size_t)pos[t] * C + c], g);
 }
 
+struct Scratch {
+    llmc_prev::EncoderBackwardScratch prev;
+    EncoderBackwardScratch cur;
+    void release() { prev.release(), cur.release(); }
+};
+
 template <typename E>
 void run(int version, E* dwte, E* dwpe, const E* dout, const int* tok, const int* pos, int B, int T, int C, int vb,
-         int ve, EncoderBackwardScratch& sc) {
+         int ve, Scratch& sc) {
     if (version == 1) {
         const size_t n = (size_t)B * T * C;
         encoder_backward_v1<E><<<(unsigned)ceil_div(n, 256), 256>>>(dwte, dwpe, dout, tok, pos, B, T, C, vb, ve);
         CUDA_CHECK_LAUNCH();
+    } else if (version == 2) {
+        llmc_prev::encoder_backward<E>(dwte, dwpe, dout, tok, pos, B, T, C, vb, ve, sc.prev, 0);
     } else {
-        encoder_backward<E>(dwte, dwpe, dout, tok, pos, B, T, C, vb, ve, sc, 0);
+        encoder_backward<E>(dwte, dwpe, dout, tok, pos, B, T, C, vb, ve, sc.cur, 0);
     }
 }
 
@@ -46,11 +63,20 @@ void check(int version, const char* label, const std::vector<int>& tok, const st
     E* ddout = lab::to_device<E>(dout);
     E* dwte = lab::to_device<E>(dwte0);
     E* dwpe = lab::to_device<E>(dwpe0);
-    EncoderBackwardScratch sc;
+    Scratch sc;
     run<E>(version, dwte, dwpe, ddout, dtok, dpos, B, T, C, vb, ve, sc);
     std::string l1 = std::string(label) + " dwte", l2 = std::string(label) + " dwpe";
-    lab::validate(l1.c_str(), lab::from_device(dwte, rwte.size()), rwte, tol);
-    lab::validate(l2.c_str(), lab::from_device(dwpe, rwpe.size()), rwpe, tol);
+    const std::vector<float> g_wte = lab::from_device(dwte, rwte.size()), g_wpe = lab::from_device(dwpe, rwpe.size());
+    lab::validate(l1.c_str(), g_wte, rwte, tol);
+    lab::validate(l2.c_str(), g_wpe, rwpe, tol);
+    if (version == 3) {  // deterministic: the same bits from the same state
+        lab::copy_to_device<E>(dwte, dwte0);
+        lab::copy_to_device<E>(dwpe, dwpe0);
+        run<E>(version, dwte, dwpe, ddout, dtok, dpos, B, T, C, vb, ve, sc);
+        const bool same = lab::from_device(dwte, rwte.size()) == g_wte && lab::from_device(dwpe, rwpe.size()) == g_wpe;
+        std::printf("  %-44s %s\n", (std::string(label) + " second run bit-identical").c_str(), same ? "PASS" : "FAIL");
+        (same ? lab::g_passed : lab::g_failed)++;
+    }
     sc.release();
     lab::dev_free(dtok), lab::dev_free(dpos), lab::dev_free(ddout), lab::dev_free(dwte), lab::dev_free(dwpe);
 }
@@ -70,20 +96,64 @@ int main() {
     std::printf("validation (B=%d T=%d C=%d)\n", B, T, C);
     check<float>(1, "v1 fp32", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
     check<float>(2, "v2 fp32", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
-    check<float>(2, "v2 fp32 vocab slice", tok, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve, lab::kTolF32);
     check<bf16>(2, "v2 bf16", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolBF16);
+    check<float>(3, "v3 fp32", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
+    check<float>(3, "v3 fp32 vocab slice", tok, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve, lab::kTolF32);
+    check<bf16>(3, "v3 bf16", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolBF16);
+    check<bf16>(3, "v3 bf16 vocab slice", tok, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve, lab::kTolBF16);
+    {
+        // C % 8 != 0 (element-by-element sums) and a repeated position (a
+        // position bucket of two entries).
+        const int Bs = 2, Ts = 64, Cs = 45;
+        std::vector<int> t2(tok.begin(), tok.begin() + Bs * Ts), p2(Ts);
+        for (int t = 0; t < Ts; t++) p2[t] = (t * 5 + 1) % Ts;
+        p2[3] = p2[4];
+        std::vector<float> d2(dout.begin(), dout.begin() + (size_t)Bs * Ts * Cs);
+        std::vector<float> w2(dwte0.begin(), dwte0.begin() + (size_t)Vp * Cs), q2(dwpe0.begin(), dwpe0.begin() + (size_t)Ts * Cs);
+        check<float>(3, "v3 fp32 C=45, repeated position", t2, p2, d2, w2, q2, Bs, Ts, Cs, 0, Vp, lab::kTolF32);
+    }
 
-    std::printf("timing (bf16, B=%d T=%d C=%d, includes the host bucketing)\n", B, T, C);
+    std::printf("timing (bf16, B=%d T=%d C=%d; v2 includes the host bucketing and its synchronisation)\n", B, T, C);
     int* dtok = lab::ints_to_device(tok);
     int* dpos = lab::ints_to_device(pos);
     bf16* ddout = lab::to_device<bf16>(dout);
     bf16* dwte = lab::to_device<bf16>(dwte0);
     bf16* dwpe = lab::to_device<bf16>(dwpe0);
-    EncoderBackwardScratch sc;
+    Scratch sc;
     const double bytes = 4.0 * B * T * C * sizeof(bf16);  // dout read twice (wte, wpe) + rows read/written
-    for (int v = 1; v <= 2; v++) {
+    const char* names[] = {"", "v1 atomics", "v2 previous (host bucketing)", "v3 production (device sort)"};
+    for (int v = 1; v <= 3; v++) {
         float ms = lab::time_ms([&] { run<bf16>(v, dwte, dwpe, ddout, dtok, dpos, B, T, C, 0, Vp, sc); });
-        lab::report_bw(v == 1 ? "v1 atomics" : "v2 production", ms, bytes);
+        lab::report_bw(names[v], ms, bytes);
+    }
+
+    // No host synchronisation inside version 3: it must capture into a graph
+    // (warmed up above, so its scratch no longer grows), and the graph must
+    // compute the same as a direct call.
+    {
+        cudaStream_t s;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        std::vector<float> w0 = lab::from_device(dwte, (size_t)Vp * C), q0 = lab::from_device(dwpe, (size_t)T * C);
+        encoder_backward<bf16>(dwte, dwpe, ddout, dtok, dpos, B, T, C, 0, Vp, sc.cur, s);
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        const std::vector<float> w1 = lab::from_device(dwte, (size_t)Vp * C), q1 = lab::from_device(dwpe, (size_t)T * C);
+        lab::copy_to_device<bf16>(dwte, w0);
+        lab::copy_to_device<bf16>(dwpe, q0);
+        std::printf("  capturing v3 into a CUDA graph (a host sync inside it would stop the program here)\n");
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        encoder_backward<bf16>(dwte, dwpe, ddout, dtok, dpos, B, T, C, 0, Vp, sc.cur, s);
+        CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CUDA_CHECK(cudaGraphLaunch(exec, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        const bool same = lab::from_device(dwte, (size_t)Vp * C) == w1 && lab::from_device(dwpe, (size_t)T * C) == q1;
+        std::printf("  %-44s %s\n", "v3 in a CUDA graph == direct call (bits)", same ? "PASS" : "FAIL");
+        (same ? lab::g_passed : lab::g_failed)++;
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaStreamDestroy(s));
     }
     sc.release();
     lab::dev_free(dtok), lab::dev_free(dpos), lab::dev_free(ddout), lab::dev_free(dwte), lab::dev_free(dwpe);

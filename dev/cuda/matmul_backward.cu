@@ -3,7 +3,8 @@
 // dbias (+=) = column sums of dout.
 //   version 1: one thread per output element for each of the three (naive)
 //   version 2: llmc/cuda/matmul.cuh (production: cuBLASLt with beta = 1 for
-//              dweight, chunked column-sum kernel for dbias)
+//              dweight, the 16-byte column-sum kernel for dbias, whose
+//              old and new versions dev/cuda/bias.cu compares)
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/matmul.cuh"

@@ -12,14 +12,43 @@
 // combine) and against the fused cpu::softmax_crossentropy on the full rows.
 // One configuration has a slice with no valid column at all (row_max -inf
 // before the combine). add_bias is checked against cpu::add_bias.
+//   version 2: the previous production kernels (dev/cuda/previous.h: 2-byte
+//              accesses)
+//   version 3: llmc/cuda/classifier.cuh (production: 16-byte packs when the
+//              slice width is a multiple of the pack; element by element
+//              otherwise, e.g. the bf16 slices of 20 columns below)
 #include <algorithm>
 
 #include "common.h"
 #include "llmc/cpu_ops.h"
 #include "llmc/cuda/classifier.cuh"
 #include "llmc/cuda/matmul.cuh"
+#include "previous.h"
 
 using namespace llmc_cuda;
+
+// The three steps of either version.
+template <typename E>
+void ce_stats(int version, const E* logits, const int* targets, float* row_max, float* target_logit, int N, int Vl,
+              int v_begin, int V) {
+    if (version == 2) llmc_prev::crossentropy_stats<E>(logits, targets, row_max, target_logit, N, Vl, v_begin, V, 0);
+    else crossentropy_stats<E>(logits, targets, row_max, target_logit, N, Vl, v_begin, V, 0);
+}
+template <typename E>
+void ce_sumexp(int version, const E* logits, const float* row_max, float* sumexp, int N, int Vl, int v_begin, int V) {
+    if (version == 2) llmc_prev::crossentropy_sumexp<E>(logits, row_max, sumexp, N, Vl, v_begin, V, 0);
+    else crossentropy_sumexp<E>(logits, row_max, sumexp, N, Vl, v_begin, V, 0);
+}
+template <typename E>
+void ce_finish(int version, E* logits, float* losses, const int* targets, const float* row_max, const float* sumexp,
+               const float* target_logit, float dloss, int N, int Vl, int v_begin, int V, bool grad) {
+    if (version == 2)
+        llmc_prev::crossentropy_finish<E>(logits, losses, targets, row_max, sumexp, target_logit, dloss, N, Vl, v_begin,
+                                          V, grad, 0);
+    else
+        crossentropy_finish<E>(logits, losses, targets, row_max, sumexp, target_logit, dloss, N, Vl, v_begin, V, grad,
+                               0);
+}
 
 // Columns [p*Vl, (p+1)*Vl) of x[N, Vp].
 std::vector<float> slice_of(const std::vector<float>& x, int N, int Vp, int Vl, int p) {
@@ -89,8 +118,8 @@ Result run_cpu(const std::vector<float>& logits, const std::vector<int>& targets
 
 // The three steps on the GPU in element type E, combining on the host.
 template <typename E>
-Result run_gpu(const std::vector<float>& logits, const std::vector<int>& targets, float dloss, int N, int V, int Vp,
-               int P, bool grad) {
+Result run_gpu(int version, const std::vector<float>& logits, const std::vector<int>& targets, float dloss, int N,
+               int V, int Vp, int P, bool grad) {
     const int Vl = Vp / P;
     Result r;
     std::vector<E*> dl(P);
@@ -103,7 +132,7 @@ Result run_gpu(const std::vector<float>& logits, const std::vector<int>& targets
 
     std::vector<float> gmax(N, -INFINITY), gtl(N, 0.f), gsum(N, 0.f);
     for (int p = 0; p < P; p++) {
-        crossentropy_stats<E>(dl[p], dtargets, dmax, dtl, N, Vl, p * Vl, V, 0);
+        ce_stats<E>(version, dl[p], dtargets, dmax, dtl, N, Vl, p * Vl, V);
         r.row_max.push_back(lab::from_device(dmax, N));
         r.target_logit.push_back(lab::from_device(dtl, N));
         combine_max(gmax, r.row_max.back());
@@ -111,7 +140,7 @@ Result run_gpu(const std::vector<float>& logits, const std::vector<int>& targets
     }
     CUDA_CHECK(cudaMemcpy(dmax, gmax.data(), N * sizeof(float), cudaMemcpyHostToDevice));
     for (int p = 0; p < P; p++) {
-        crossentropy_sumexp<E>(dl[p], dmax, dsum, N, Vl, p * Vl, V, 0);
+        ce_sumexp<E>(version, dl[p], dmax, dsum, N, Vl, p * Vl, V);
         r.sumexp.push_back(lab::from_device(dsum, N));
         combine_sum(gsum, r.sumexp.back());
     }
@@ -120,7 +149,7 @@ Result run_gpu(const std::vector<float>& logits, const std::vector<int>& targets
     r.logits = logits;
     for (int p = 0; p < P; p++) {
         CUDA_CHECK(cudaMemset(dlosses, 0xff, N * sizeof(float)));  // NaN: a row left unwritten fails
-        crossentropy_finish<E>(dl[p], dlosses, dtargets, dmax, dsum, dtl, dloss, N, Vl, p * Vl, V, grad, 0);
+        ce_finish<E>(version, dl[p], dlosses, dtargets, dmax, dsum, dtl, dloss, N, Vl, p * Vl, V, grad);
         std::vector<float> losses = lab::from_device(dlosses, N);
         if (p == 0) r.losses = losses;
         else if (std::memcmp(losses.data(), r.losses.data(), N * sizeof(float)) != 0) r.slices_agree = false;
@@ -132,14 +161,16 @@ Result run_gpu(const std::vector<float>& logits, const std::vector<int>& targets
 }
 
 template <typename E>
-void check(const char* label, int N, int V, int Vp, int P, bool grad, double tol) {
+void check(int version, const char* label_, int N, int V, int Vp, int P, bool grad, double tol) {
+    const std::string lv = "v" + std::to_string(version) + " " + label_;
+    const char* label = lv.c_str();
     std::vector<float> logits = make_logits(N, V, Vp, 1);
     std::vector<int> targets = lab::rand_ints(N, 0, V, 2);
     const float dloss = 1.f / N;
     const Result ref = run_cpu(logits, targets, dloss, N, V, Vp, P, grad);
     std::vector<float> flogits = logits, flosses(N);
     cpu::softmax_crossentropy(flogits.data(), flosses.data(), targets.data(), (double)dloss, N, V, Vp, grad);
-    const Result got = run_gpu<E>(logits, targets, dloss, N, V, Vp, P, grad);
+    const Result got = run_gpu<E>(version, logits, targets, dloss, N, V, Vp, P, grad);
 
     const std::string l = std::string(label) + " V=" + std::to_string(V) + " P=" + std::to_string(P) +
                           (grad ? " grad" : " loss");
@@ -201,14 +232,19 @@ int main() {
     std::printf("validation\n");
     for (int grad = 0; grad < 2; grad++) {
         // GPT-2 vocabulary padded to 50304: 2 and 3 slices (16768 columns), the last holding the padding.
-        check<float>("fp32", 64, 50257, 50304, 2, grad, lab::kTolF32);
-        check<float>("fp32", 64, 50257, 50304, 3, grad, lab::kTolF32);
-        check<bf16>("bf16", 64, 50257, 50304, 3, grad, lab::kTolBF16);
-        // Small: 3 slices of 40, the last with 17 valid columns.
-        check<float>("fp32", 100, 97, 120, 3, grad, lab::kTolF32);
-        // A slice without any valid column: 3 slices of 20, V = 37 (slice 2 starts at 40).
-        check<float>("fp32", 50, 37, 60, 3, grad, lab::kTolF32);
-        check<bf16>("bf16", 50, 37, 60, 3, grad, lab::kTolBF16);
+        check<float>(2, "fp32", 64, 50257, 50304, 2, grad, lab::kTolF32);
+        check<bf16>(2, "bf16", 64, 50257, 50304, 3, grad, lab::kTolBF16);
+        for (int v = 2; v <= 3; v++) {
+            check<float>(v, "fp32", 64, 50257, 50304, 3, grad, lab::kTolF32);
+            // Small: 3 slices of 40, the last with 17 valid columns.
+            check<float>(v, "fp32", 100, 97, 120, 3, grad, lab::kTolF32);
+            check<bf16>(v, "bf16", 100, 97, 120, 3, grad, lab::kTolBF16);
+            // A slice without any valid column: 3 slices of 20, V = 37 (slice 2 starts at 40).
+            check<float>(v, "fp32", 50, 37, 60, 3, grad, lab::kTolF32);
+            check<bf16>(v, "bf16", 50, 37, 60, 3, grad, lab::kTolBF16);
+        }
+        check<float>(3, "fp32", 64, 50257, 50304, 2, grad, lab::kTolF32);
+        check<bf16>(3, "bf16", 64, 50257, 50304, 3, grad, lab::kTolBF16);
     }
     check_neg_inf_guard();
     check_add_bias<float>("fp32", 300, 768, lab::kTolF32);
@@ -229,14 +265,22 @@ int main() {
     float* dtl = lab::dev_alloc<float>(N);
     float* dsum = lab::dev_alloc<float>(N);
     // Runs in place: the logits turn into gradients, which is as good an input as any for timing.
-    float ms = lab::time_ms([&] { softmax_crossentropy<bf16>(dfull, dlosses, dtargets, 1.f / N, N, V, Vp, true, 0); });
-    lab::report_bw("fused, full row", ms, 2.0 * N * (double)Vp * sizeof(bf16));
-    ms = lab::time_ms([&] {
-        crossentropy_stats<bf16>(dslice, dtargets, dmax, dtl, N, Vl, 0, V, 0);
-        crossentropy_sumexp<bf16>(dslice, dmax, dsum, N, Vl, 0, V, 0);
-        crossentropy_finish<bf16>(dslice, dlosses, dtargets, dmax, dsum, dtl, 1.f / N, N, Vl, 0, V, true, 0);
-    });
-    lab::report_bw("3-step, one slice of 2 (no all-reduce)", ms, 4.0 * N * (double)Vl * sizeof(bf16));
+    // Bytes: the fused kernel reads and writes the row once; the three steps
+    // read the slice three times and write it once.
+    for (int v = 2; v <= 3; v++) {
+        const std::string nm = v == 2 ? "v2 previous" : "v3 production";
+        float ms = lab::time_ms([&] {
+            if (v == 2) llmc_prev::softmax_crossentropy<bf16>(dfull, dlosses, dtargets, 1.f / N, N, V, Vp, true, 0);
+            else softmax_crossentropy<bf16>(dfull, dlosses, dtargets, 1.f / N, N, V, Vp, true, 0);
+        });
+        lab::report_bw((nm + " fused, full row").c_str(), ms, 2.0 * N * (double)Vp * sizeof(bf16));
+        ms = lab::time_ms([&] {
+            ce_stats<bf16>(v, dslice, dtargets, dmax, dtl, N, Vl, 0, V);
+            ce_sumexp<bf16>(v, dslice, dmax, dsum, N, Vl, 0, V);
+            ce_finish<bf16>(v, dslice, dlosses, dtargets, dmax, dsum, dtl, 1.f / N, N, Vl, 0, V, true);
+        });
+        lab::report_bw((nm + " 3-step, one slice of 2 (no all-reduce)").c_str(), ms, 4.0 * N * (double)Vl * sizeof(bf16));
+    }
     lab::dev_free(dfull), lab::dev_free(dslice), lab::dev_free(dtargets), lab::dev_free(dlosses);
     lab::dev_free(dmax), lab::dev_free(dtl), lab::dev_free(dsum);
     return lab::finish();

@@ -1,6 +1,7 @@
 // llmc/cuda/common.cuh: what every CUDA kernel header shares: error-check
 // macros, the bf16 alias, float <-> element conversions, ceil_div, warp and
-// block reductions.
+// block reductions, 16-byte vector loads and stores, and the fixed-order
+// column sum of fp32 partials (LayerNorm and bias gradients).
 //
 // Kernels are templates over the element type T (float for the fp32 build,
 // bf16 for the mixed-precision build) and always compute in fp32, so one
@@ -14,8 +15,12 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+
+#include "index.h"
 
 // A failed CUDA call is a broken machine or a bug: name the place and stop.
 #define CUDA_CHECK(call)                                                                                  \
@@ -106,6 +111,118 @@ inline unsigned grid_for(size_t n, int block, size_t max_blocks = 65535u * 16) {
     if (g > max_blocks) g = max_blocks;
     if (g == 0) g = 1;
     return (unsigned)g;
+}
+
+// ---- 16-byte vectors ----------------------------------------------------------------
+// Memory-bound kernels move 16 bytes per load and store (8 bf16 or 4 fp32):
+// a quarter (bf16) of the memory instructions of element-wise access, and
+// every warp request covers whole 32-byte sectors. Vec<E, W> is W elements
+// with the alignment of their size; W is kVec<E> on the vector path and 1 on
+// the scalar fallback, so one kernel body serves both.
+template <typename E>
+constexpr int kVec = llmc_idx::kVecBytes / (int)sizeof(E);
+
+template <typename E, int W>
+struct alignas(sizeof(E) * W) Vec {
+    E v[W];
+};
+
+// 16-byte accesses go through uint4 so nvcc emits one LDG.128 / STG.128
+// (a struct copy could be split); memcpy between registers costs nothing.
+template <typename E, int W>
+__device__ __forceinline__ Vec<E, W> load_vec(const E* p) {
+    Vec<E, W> r;
+    if constexpr (sizeof(Vec<E, W>) == 16) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);
+        memcpy(&r, &u, 16);
+    } else {
+        r = *reinterpret_cast<const Vec<E, W>*>(p);
+    }
+    return r;
+}
+template <typename E, int W>
+__device__ __forceinline__ void store_vec(E* p, const Vec<E, W>& x) {
+    if constexpr (sizeof(Vec<E, W>) == 16) {
+        uint4 u;
+        memcpy(&u, &x, 16);
+        *reinterpret_cast<uint4*>(p) = u;
+    } else {
+        *reinterpret_cast<Vec<E, W>*>(p) = x;
+    }
+}
+// W elements widened to fp32 / narrowed from fp32 (each a 16-byte access
+// when W*sizeof(E) is 16; fp32 items of 8 are two).
+template <typename E, int W>
+__device__ __forceinline__ void load_floats(float* f, const E* p) {
+    constexpr int P = (int)(sizeof(E) * W) > 16 ? 16 / (int)sizeof(E) : W;  // elements per access
+#pragma unroll
+    for (int q = 0; q < W; q += P) {
+        const Vec<E, P> x = load_vec<E, P>(p + q);
+#pragma unroll
+        for (int j = 0; j < P; j++) f[q + j] = to_float(x.v[j]);
+    }
+}
+template <typename E, int W>
+__device__ __forceinline__ void store_floats(E* p, const float* f) {
+    constexpr int P = (int)(sizeof(E) * W) > 16 ? 16 / (int)sizeof(E) : W;
+#pragma unroll
+    for (int q = 0; q < W; q += P) {
+        Vec<E, P> x;
+#pragma unroll
+        for (int j = 0; j < P; j++) x.v[j] = from_float<E>(f[q + j]);
+        store_vec<E, P>(p + q, x);
+    }
+}
+
+// W elements at p, 16 bytes at a time when `vec` (p aligned), else one by
+// one: for small operands such as LayerNorm weights that live at arbitrary
+// offsets of the flat parameter buffer (the branch is uniform per launch).
+template <typename E, int W>
+__device__ __forceinline__ void load_floats_any(float* f, const E* p, bool vec) {
+    if (vec) {
+        load_floats<E, W>(f, p);
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = to_float(p[j]);
+    }
+}
+
+// True when p may be accessed 16 bytes at a time.
+inline bool aligned16(const void* p) { return ((uintptr_t)p % llmc_idx::kVecBytes) == 0; }
+
+// ---- fixed-order column sums ---------------------------------------------------------
+// dst[c] (+=) sum over k < K of partial[k * ncols + c], for columns c < ncols;
+// columns c >= split go to dst2[c - split] instead (LayerNorm's [dw | db]
+// slices), split == ncols when there is one destination. Block (32, lanes):
+// the order is llmc_idx's colsum order (lane y adds k = y, y + lanes, ...,
+// then the lanes are added in lane order), so the result depends only on K.
+// One rounding to E per output.
+template <typename E>
+__global__ void column_sum_finish_kernel(E* dst, E* dst2, const float* partial, int K, int ncols, int split) {
+    __shared__ float s[llmc_idx::kColSumLanes][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    float acc = 0.f;
+    if (c < ncols)
+        for (int k = llmc_idx::colsum_first(threadIdx.y); k < K; k += llmc_idx::colsum_stride())
+            acc += partial[(size_t)k * ncols + c];
+    s[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < ncols) {
+        float t = 0.f;
+#pragma unroll
+        for (int y = 0; y < llmc_idx::kColSumLanes; y++) t += s[y][threadIdx.x];
+        E* d = c < split ? dst + c : dst2 + (c - split);
+        *d = from_float<E>(to_float(*d) + t);
+    }
+}
+
+template <typename E>
+inline void column_sum_finish(E* dst, E* dst2, const float* partial, int K, int ncols, int split,
+                              cudaStream_t stream) {
+    if (ncols <= 0) return;
+    column_sum_finish_kernel<E><<<(unsigned)ceil_div(ncols, 32), dim3(32, llmc_idx::kColSumLanes), 0, stream>>>(
+        dst, dst2, partial, K, ncols, split);
+    CUDA_CHECK_LAUNCH();
 }
 
 // Kernels that want more than the default 48 KiB of dynamic shared memory must

@@ -22,8 +22,9 @@
 // algorithm is cached per (shape, types, alignments). If no algorithm accepts
 // the bias epilogue, the bias is added by a separate kernel.
 //
-// dbias (+=) = column sums of dout: fp32 partials over row chunks, then a
-// per-column sum in chunk order (no atomics).
+// dbias (+=) = column sums of dout: fp32 partials over row chunks with
+// 16-byte loads, then a fixed-order column sum (no atomics; see
+// bias_backward for why not cuBLASLt's BGRADB epilogue).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -149,19 +150,36 @@ class MatmulContext {
 
 // out[n, o] += bias[o]: the fallback when cuBLASLt rejects the bias epilogue,
 // and Backend::add_bias (row-parallel layers add their bias after the
-// tensor-parallel reduction). fp32 add, one rounding to E.
-template <typename E>
+// tensor-parallel reduction). fp32 add, one rounding to E. 16-byte packs
+// when OC is a multiple of the pack and both pointers are aligned (a pack
+// then never straddles two rows, and bias + (i % OC) is aligned too).
+template <typename E, int W>
 __global__ void add_bias_kernel(E* out, const E* bias, int N, int OC) {
-    const size_t total = (size_t)N * OC;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = from_float<E>(to_float(out[i]) + to_float(bias[i % OC]));
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nth = (size_t)gridDim.x * blockDim.x;
+    llmc_idx::for_each_pack((size_t)N * OC, W, tid, nth, [&](size_t i, int count) {
+        const int c = (int)(i % (size_t)OC);
+        if (count == W) {
+            float x[W], b[W];
+            load_floats<E, W>(x, out + i);
+            load_floats<E, W>(b, bias + c);
+#pragma unroll
+            for (int j = 0; j < W; j++) x[j] += b[j];
+            store_floats<E, W>(out + i, x);
+        } else {
+            out[i] = from_float<E>(to_float(out[i]) + to_float(bias[c]));
+        }
+    });
 }
 
 template <typename E>
 void add_bias(E* out, const E* bias, int N, int OC, cudaStream_t stream) {
     if (N <= 0 || OC <= 0) return;
-    const int block = 256;
-    add_bias_kernel<E><<<grid_for((size_t)N * OC, block), block, 0, stream>>>(out, bias, N, OC);
+    constexpr int V = kVec<E>;
+    const size_t n = (size_t)N * OC;
+    if (OC % V == 0 && aligned16(out) && aligned16(bias))
+        add_bias_kernel<E, V><<<grid_for(ceil_div(n, V), 256, 132 * 32), 256, 0, stream>>>(out, bias, N, OC);
+    else
+        add_bias_kernel<E, 1><<<grid_for(n, 256, 132 * 32), 256, 0, stream>>>(out, bias, N, OC);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -174,55 +192,74 @@ void matmul_forward(MatmulContext& ctx, E* out, const E* inp, const E* weight, c
 }
 
 // ---- bias gradient ------------------------------------------------------------
-constexpr int kColSumRowsPerChunk = 64;
-constexpr int kColSumMaxChunks = 128;
+// dbias[o] += sum_n dout[n, o]: one pass over dout with 16-byte loads into
+// fp32 partial sums per row chunk, then the fixed-order column sum of
+// common.cuh (which also does the +=). Chosen over cuBLASLt's
+// CUBLASLT_EPILOGUE_BGRADB on the dweight product because (1) the epilogue
+// overwrites the bias gradient while the contract is +=, across micro-steps,
+// so it would need a second buffer and an add kernel anyway; (2) its
+// reduction order is the library's choice per algorithm (split-K variants
+// included), while this one is fixed and depends only on N; (3) the
+// heuristic may refuse the epilogue for the unaligned parameter slices of
+// the flat buffers (as it may refuse the forward bias), which would need
+// this kernel as a fallback regardless. The pass reads dout once (N*OC
+// elements) and writes chunks*OC floats, and the dweight product reads dout
+// again: about what the epilogue would save, at most one extra read of dout.
+inline size_t matmul_backward_scratch_floats(int N, int OC) { return (size_t)llmc_idx::bias_chunks(N) * OC; }
 
-inline int column_sum_chunks(int N) {
-    int c = (int)ceil_div(N, kColSumRowsPerChunk);
-    return c < 1 ? 1 : (c > kColSumMaxChunks ? kColSumMaxChunks : c);
-}
-inline size_t matmul_backward_scratch_floats(int N, int OC) { return (size_t)column_sum_chunks(N) * OC; }
-
-// Block (32, 8): 32 columns, 8 row lanes; block (x, y) sums the rows of chunk
-// y for its 32 columns and writes partial[y, c].
-template <typename E>
-__global__ void column_sum_partial_kernel(float* partial, const E* dout, int N, int OC, int rows_per_chunk) {
-    __shared__ float s[8][33];
-    const int c = blockIdx.x * 32 + threadIdx.x;
+// Block (32, kBiasWarps): blockIdx.x owns 32 column packs (32*W columns),
+// blockIdx.y one chunk of rows; see llmc_idx's bias-gradient order.
+template <typename E, int W>
+__global__ void bias_partial_kernel(float* partial, const E* dout, int N, int OC, int rows_per_chunk) {
+    __shared__ float s[llmc_idx::kBiasWarps][32 * W + 1];
+    const int lane = threadIdx.x, warp = threadIdx.y;
+    const int c0 = (blockIdx.x * 32 + lane) * W;  // first column of this lane's pack
     const int r0 = blockIdx.y * rows_per_chunk;
     const int r1 = min(N, r0 + rows_per_chunk);
-    float acc = 0.f;
-    if (c < OC)
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) acc += to_float(dout[(size_t)r * OC + c]);
-    s[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < OC) {
-        float t = 0.f;
+    float acc[W];
 #pragma unroll
-        for (int i = 0; i < 8; i++) t += s[i][threadIdx.x];
-        partial[(size_t)blockIdx.y * OC + c] = t;
+    for (int j = 0; j < W; j++) acc[j] = 0.f;
+    if (c0 < OC) {  // OC % W == 0 on the vector path, so a pack is all in or all out
+        for (int r = r0 + warp; r < r1; r += llmc_idx::kBiasWarps) {
+            float f[W];
+            load_floats<E, W>(f, dout + (size_t)r * OC + c0);
+#pragma unroll
+            for (int j = 0; j < W; j++) acc[j] += f[j];
+        }
     }
-}
-
-template <typename E>
-__global__ void column_sum_finish_kernel(E* dbias, const float* partial, int nchunks, int OC) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= OC) return;
-    float t = 0.f;
-    for (int k = 0; k < nchunks; k++) t += partial[(size_t)k * OC + c];
-    dbias[c] = from_float<E>(to_float(dbias[c]) + t);
+#pragma unroll
+    for (int j = 0; j < W; j++) s[warp][lane * W + j] = acc[j];
+    __syncthreads();
+    // Thread t of the block finishes column t of the block's 32*W columns,
+    // adding the warps in warp order.
+    for (int t = threadIdx.y * 32 + threadIdx.x; t < 32 * W; t += 32 * llmc_idx::kBiasWarps) {
+        const int c = blockIdx.x * 32 * W + t;
+        if (c < OC) {
+            float sum = 0.f;
+#pragma unroll
+            for (int w = 0; w < llmc_idx::kBiasWarps; w++) sum += s[w][t];
+            partial[(size_t)blockIdx.y * OC + c] = sum;
+        }
+    }
 }
 
 // dbias[o] += sum_n dout[n, o]. scratch: matmul_backward_scratch_floats(N, OC).
 template <typename E>
 void bias_backward(E* dbias, const E* dout, int N, int OC, float* scratch, cudaStream_t stream) {
-    const int chunks = column_sum_chunks(N);
-    const int rows_per_chunk = (int)ceil_div(N, chunks);
-    dim3 grid((unsigned)ceil_div(OC, 32), (unsigned)chunks);
-    column_sum_partial_kernel<E><<<grid, dim3(32, 8), 0, stream>>>(scratch, dout, N, OC, rows_per_chunk);
+    if (N <= 0 || OC <= 0) return;
+    const int chunks = llmc_idx::bias_chunks(N);
+    const int rows = llmc_idx::bias_rows_per_chunk(N);
+    constexpr int V = kVec<E>;
+    const dim3 block(32, llmc_idx::kBiasWarps);
+    if (OC % V == 0 && aligned16(dout)) {
+        bias_partial_kernel<E, V><<<dim3((unsigned)ceil_div(OC, 32 * V), chunks), block, 0, stream>>>(scratch, dout,
+                                                                                                      N, OC, rows);
+    } else {
+        bias_partial_kernel<E, 1><<<dim3((unsigned)ceil_div(OC, 32), chunks), block, 0, stream>>>(scratch, dout, N,
+                                                                                                 OC, rows);
+    }
     CUDA_CHECK_LAUNCH();
-    column_sum_finish_kernel<E><<<(unsigned)ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch, chunks, OC);
-    CUDA_CHECK_LAUNCH();
+    column_sum_finish<E>(dbias, nullptr, scratch, chunks, OC, OC, stream);
 }
 
 // dinp = dout · W (skipped when null), dweight += dout^T · inp, dbias += colsum(dout).
