@@ -75,7 +75,7 @@ CommHandle Comm::traced(CommKind k, double t0, uint64_t bytes_before, CommHandle
                    "\"bytes\": " + std::to_string(bytes));
         return h;
     }
-    open_.push_back({h, {k, t0, bytes}});
+    open_.push_back({h, {k, t0, bytes, ""}});
     return h;
 }
 
@@ -97,9 +97,24 @@ CommHandle Comm::start_all_gather(const void* send, void* recv, size_t send_n, D
 CommHandle Comm::start_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) {
     TRACED(CommKind::SendRecv, do_send_recv(send, dst, recv, src, n, t));
 }
-CommHandle Comm::start_p2p(const std::vector<P2POp>& ops, DType t) {
-    if (ops.empty()) return 0;
-    TRACED(CommKind::SendRecv, do_p2p(ops, t));
+void Comm::start_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) {
+    handles->assign(ops.size(), 0);
+    if (ops.empty()) return;
+    const double t0 = traced_ && trace::on() ? trace::now() : 0;
+    do_p2p(ops, t, handles);
+    if (!traced_ || !trace::on() || size_ <= 1) return;
+    // One span per transfer, from the group's start to the wait that ends it.
+    for (size_t i = 0; i < ops.size(); i++) {
+        const P2POp& op = ops[i];
+        Open o{CommKind::SendRecv, t0, op.n * dtype_size(t),
+               std::string(op.send ? "send to " : "recv from ") + std::to_string(op.peer)};
+        if ((*handles)[i] == 0) {
+            trace::add(trace::Track::p2p, name_ + " " + o.what, op.send ? "send" : "recv", t0, trace::now(),
+                       "\"bytes\": " + std::to_string(o.bytes));
+        } else {
+            open_.push_back({(*handles)[i], o});
+        }
+    }
 }
 #undef TRACED
 
@@ -119,7 +134,11 @@ void Comm::wait(CommHandle h) {
     const Open o = it->second;
     open_.erase(it);
     // The p2p track for sends and receives, the collective track for the rest.
-    trace::add(o.kind == CommKind::SendRecv ? trace::Track::p2p : trace::Track::collective,
-               name_ + " " + comm_kind_name(o.kind), comm_kind_name(o.kind), o.t0, trace::now(),
-               "\"bytes\": " + std::to_string(o.bytes));
+    if (!o.what.empty())
+        trace::add(trace::Track::p2p, name_ + " " + o.what, o.what.compare(0, 4, "send") == 0 ? "send" : "recv", o.t0,
+                   trace::now(), "\"bytes\": " + std::to_string(o.bytes));
+    else
+        trace::add(o.kind == CommKind::SendRecv ? trace::Track::p2p : trace::Track::collective,
+                   name_ + " " + comm_kind_name(o.kind), comm_kind_name(o.kind), o.t0, trace::now(),
+                   "\"bytes\": " + std::to_string(o.bytes));
 }

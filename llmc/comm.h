@@ -74,8 +74,11 @@ class Comm {
     // Several sends and receives to and from any ranks of the group, issued
     // together (NCCL: one group call, so they progress together and cannot
     // deadlock against a peer's group holding the matching operations).
+    // handles[i] completes ops[i]: wait for each (a receive before its data
+    // is read, a send before its buffer is reused), so that waiting for a
+    // receive never waits for a send that needs the peer's progress.
     // Counted as one send-recv call per send.
-    CommHandle start_p2p(const std::vector<P2POp>& ops, DType t);
+    void start_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles);
     void wait(CommHandle h);
     // Blocking forms.
     void all_reduce(void* buf, size_t n, DType t, ReduceOp op = ReduceOp::Sum) { wait(start_all_reduce(buf, n, t, op)); }
@@ -101,7 +104,7 @@ class Comm {
     virtual CommHandle do_all_gather(const void* send, void* recv, size_t send_n, DType t) = 0;
     virtual void do_broadcast(void* buf, size_t n, DType t, int root) = 0;
     virtual CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) = 0;
-    virtual CommHandle do_p2p(const std::vector<P2POp>& ops, DType t) = 0;
+    virtual void do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) = 0;
     virtual void do_wait(CommHandle h) = 0;
 
     void count(CommKind k, size_t full_elems, DType t);  // adds the ring bytes of one call
@@ -115,6 +118,7 @@ class Comm {
         CommKind kind;
         double t0;
         uint64_t bytes;
+        std::string what;  // for point-to-point: "send to 1", "recv from 0"
     };
     CommHandle traced(CommKind k, double t0, uint64_t bytes_before, CommHandle h);
     uint64_t counted_bytes() const { return counts_.total_bytes(); }

@@ -197,15 +197,15 @@ CommHandle MpiComm::do_send_recv(const void* send, int dst, void* recv, int src,
 // other and from send_recv's (kTag).
 constexpr int kP2PTagBase = 1000;
 
-CommHandle MpiComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
-    CommHandle h;
-    Pending& p = add_pending(&h);
+void MpiComm::do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) {
     // Receives first, so a matching send never waits on a buffer.
     for (int pass = 0; pass < 2; pass++) {
-        for (const P2POp& op : ops) {
+        for (size_t i = 0; i < ops.size(); i++) {
+            const P2POp& op = ops[i];
             if (op.send != (pass == 1)) continue;
             check_rank(op.peer, size_, op.send ? "p2p destination" : "p2p source", name_);
             if (op.send) count(CommKind::SendRecv, op.n, t);
+            Pending& p = add_pending(&(*handles)[i]);
             for (size_t off = 0; off < op.n; off += max_count_) {
                 const int c = (int)std::min(max_count_, op.n - off);
                 MPI_Request r;
@@ -217,7 +217,6 @@ CommHandle MpiComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
             }
         }
     }
-    return h;
 }
 
 void MpiComm::do_wait(CommHandle h) {

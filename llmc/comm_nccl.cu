@@ -166,7 +166,7 @@ CommHandle NcclComm::do_send_recv(const void* send, int dst, void* recv, int src
 
 // One NCCL group: the peers build their groups from the same schedule, so
 // each send meets its receive in a group issued at the same point there.
-CommHandle NcclComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
+void NcclComm::do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) {
     bool any = false;
     for (const P2POp& op : ops) {
         if (op.peer < 0 || op.peer >= size_)
@@ -174,7 +174,7 @@ CommHandle NcclComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
         if (op.send) count(CommKind::SendRecv, op.n, t);
         any = any || op.n > 0;
     }
-    if (!any) return 0;
+    if (!any) return;
     impl_->begin();
     NCCL_OK(ncclGroupStart());
     for (const P2POp& op : ops) {
@@ -185,7 +185,10 @@ CommHandle NcclComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
             NCCL_OK(ncclRecv(op.buf, op.n, nccl_type(t), op.peer, impl_->nccl, impl_->stream));
     }
     NCCL_OK(ncclGroupEnd());
-    return impl_->finish();
+    // The ops of a group end together on the stream: one event each, all
+    // recorded after the group, so each can be waited for once.
+    for (size_t i = 0; i < ops.size(); i++)
+        if (ops[i].n) (*handles)[i] = impl_->finish();
 }
 
 void NcclComm::do_wait(CommHandle h) {

@@ -36,7 +36,7 @@ class NcclComm : public Comm {
     // not wait.
     void do_broadcast(void* buf, size_t n, DType t, int root) override;
     CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override;
-    CommHandle do_p2p(const std::vector<P2POp>& ops, DType t) override;
+    void do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) override;
     void do_wait(CommHandle h) override;
 
   private:

@@ -121,7 +121,7 @@ CommHandle StagedComm::do_send_recv(const void* send, int dst, void* recv, int s
 
 // The sends are staged in one pinned buffer, the receives in the other, each
 // op at its own offset; complete on return, like every call here.
-CommHandle StagedComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
+void StagedComm::do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) {
     const size_t es = dtype_size(t);
     size_t send_n = 0, recv_n = 0;
     for (const P2POp& op : ops) (op.send ? send_n : recv_n) += op.n;
@@ -143,10 +143,12 @@ CommHandle StagedComm::do_p2p(const std::vector<P2POp>& ops, DType t) {
         host_ops.push_back(h);
     }
     sync();
-    host_->wait(host_->start_p2p(host_ops, t));
+    std::vector<CommHandle> done;
+    host_->start_p2p(host_ops, t, &done);
+    for (CommHandle h : done) host_->wait(h);
     for (size_t i = 0; i < ops.size(); i++)
         if (!ops[i].send) to_device(ops[i].buf, host_ops[i].buf, ops[i].n * es);
-    return 0;
+    handles->assign(ops.size(), 0);  // complete
 }
 
 double StagedComm::host_all_reduce(double x, ReduceOp op) { return host_->host_all_reduce(x, op); }

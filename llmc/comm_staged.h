@@ -35,7 +35,7 @@ class StagedComm : public Comm {
     CommHandle do_all_gather(const void* send, void* recv, size_t send_n, DType t) override;
     void do_broadcast(void* buf, size_t n, DType t, int root) override;
     CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override;
-    CommHandle do_p2p(const std::vector<P2POp>& ops, DType t) override;
+    void do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) override;
     void do_wait(CommHandle) override {}
 
   private:

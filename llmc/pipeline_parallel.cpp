@@ -251,31 +251,45 @@ void PipelineParallel::wait(int i) {
 // Message tags (MPI): unique among the messages of a step between two ranks.
 static int msg_tag(const PipeMsg& m, int nv) { return ((m.mb * nv + m.v) * 2 + (m.grad ? 1 : 0)) % 30000; }
 
-// Issues one exchange of the schedule; returns its handle index.
-int PipelineParallel::exchange(GPT& model, const PipeAction& a, const std::vector<int>& send_buf_of_msg) {
+// Issues one exchange of the schedule. Each transfer gets its own handle, so
+// that a receive is waited for alone (right before its op), and a send only
+// when its buffer is needed again or at the end of the step.
+void PipelineParallel::exchange(GPT& model, const PipeAction& a, const std::vector<int>& send_buf_of_msg) {
     const int nv = pp_ * vpp_;
     std::vector<P2POp> ops;
-    std::vector<int> recvs, sends;
+    std::vector<int> owner;  // per op: receive buffer (>= 0), gradient send buffer (-2 - sb), or -1
     for (const PipeXfer& x : a.xfers) {
         P2POp op{x.send, nullptr, x.peer, elems_, msg_tag(x.msg, nv)};
+        int who = -1;
         if (x.send && !x.msg.grad) {
             op.buf = const_cast<void*>(model.chunk_output(x.msg.v / pp_, x.buf));
         } else if (x.send) {
             const int sb = send_buf_of_msg[x.msg.mb * nv + x.msg.v];
             op.buf = send_[sb];
-            sends.push_back(sb);
+            who = -2 - sb;
         } else {
-            wait(recv_handle_[x.buf]);  // the buffer's previous data has been read (program order)
+            wait(recv_handle_[x.buf]);  // (read already, in program order; a no-op)
             op.buf = recv_[x.buf];
-            recvs.push_back(x.buf);
+            who = x.buf;
         }
         ops.push_back(op);
+        owner.push_back(who);
     }
-    handles_.push_back({comm_.start_p2p(ops, act_), false});
-    const int h = (int)handles_.size() - 1;
-    for (int r : recvs) recv_handle_[r] = h;
-    for (int sb : sends) send_handle_[sb] = h;
-    return h;
+    std::vector<CommHandle> hs;
+    comm_.start_p2p(ops, act_, &hs);
+    for (size_t i = 0; i < hs.size(); i++) {
+        handles_.push_back({hs[i], false});
+        const int h = (int)handles_.size() - 1;
+        if (owner[i] >= 0) recv_handle_[owner[i]] = h;
+        else if (owner[i] <= -2) send_handle_[-2 - owner[i]] = h;
+    }
+}
+
+// One transfer alone, waited for (the forward-only passes).
+void PipelineParallel::transfer(const P2POp& op) {
+    std::vector<CommHandle> hs;
+    comm_.start_p2p({op}, act_, &hs);
+    comm_.wait(hs[0]);
 }
 
 double PipelineParallel::train_step(GPT& model, DataParallel& dp, const Loader& load, int B, int T, double dloss) {
@@ -333,12 +347,10 @@ double PipelineParallel::forward_only(GPT& model, const int* inputs, const int* 
     for (int v = 0; v < nv; v++) {
         const int k = v / pp_;
         if (v % pp_ != stage_) continue;
-        if (v > 0) comm_.wait(comm_.start_p2p({{false, recv_[0], (v - 1) % pp_, elems_, msg_tag({0, v - 1, false}, nv)}}, act_));
+        if (v > 0) transfer({false, recv_[0], (v - 1) % pp_, elems_, msg_tag({0, v - 1, false}, nv)});
         loss = model.forward_chunk(k, 0, inputs, recv_[0], v == nv - 1 ? targets : nullptr, B, T);
         if (v < nv - 1)
-            comm_.wait(comm_.start_p2p(
-                {{true, const_cast<void*>(model.chunk_output(k, 0)), (v + 1) % pp_, elems_, msg_tag({0, v, false}, nv)}},
-                act_));
+            transfer({true, const_cast<void*>(model.chunk_output(k, 0)), (v + 1) % pp_, elems_, msg_tag({0, v, false}, nv)});
     }
     return sum_over_stages(stage_ == pp_ - 1 ? loss : 0.0);
 }

@@ -33,8 +33,10 @@
 // ends of every message issue it in the group of the same tick and the
 // groups go out in tick order on every rank, so neither NCCL (which runs a
 // rank's groups in order) nor host-staged MPI can deadlock; with MPI and
-// NCCL the groups run in the background and a rank waits for a receive only
-// right before the op that needs it.
+// NCCL the groups run in the background, a rank waits for a receive only
+// right before the op that needs it, and for a send only when its buffer is
+// needed again (or at the end of the step), never for a send while it
+// needs a receive (which could wait for the peer to finish computing).
 #pragma once
 #include <functional>
 #include <string>
@@ -150,7 +152,8 @@ class PipelineParallel {
         bool waited = true;
     };
     void wait(int handle);
-    int exchange(GPT& model, const PipeAction& a, const std::vector<int>& send_buf_of_msg);
+    void exchange(GPT& model, const PipeAction& a, const std::vector<int>& send_buf_of_msg);
+    void transfer(const P2POp& op);
     void* alloc(size_t bytes);
     void* buf(int i);
 
@@ -162,7 +165,7 @@ class PipelineParallel {
     size_t elems_ = 0;             // elements of one boundary activation
     DType act_ = DType::F32;
     std::vector<void*> recv_;      // receive buffers
-    std::vector<int> recv_handle_; // the exchange each receive buffer's data comes with
+    std::vector<int> recv_handle_; // the handle of the transfer filling each receive buffer
     std::vector<void*> send_;      // gradient send buffers (round robin)
     std::vector<int> send_handle_;
     std::vector<Handle> handles_;

@@ -295,7 +295,7 @@ struct CountProbe : Comm {
     CommHandle do_all_gather(const void*, void*, size_t, DType) override { return 0; }
     void do_broadcast(void*, size_t, DType, int) override {}
     CommHandle do_send_recv(const void*, int, void*, int, size_t, DType) override { return 0; }
-    CommHandle do_p2p(const std::vector<P2POp>&, DType) override { return 0; }
+    void do_p2p(const std::vector<P2POp>& ops, DType, std::vector<CommHandle>* h) override { h->assign(ops.size(), 0); }
     void do_wait(CommHandle) override {}
     double host_all_reduce(double x, ReduceOp) override { return x; }
 };
@@ -371,7 +371,10 @@ void test_p2p(Checker& ck, Comm& c, Backend& be, const std::string& label, size_
     sb.fill([&](size_t i) { return val(t, r + 200, i); });
     std::vector<P2POp> ops = {{true, s1.p, next, n, 1}, {false, r0.p, prev, n, 0}, {true, s0.p, next, n, 0},
                               {false, rb.p, next, n, 2}, {true, sb.p, prev, n, 2}, {false, r1.p, prev, n, 1}};
-    c.wait(c.start_p2p(ops, t));
+    std::vector<CommHandle> hs;
+    c.start_p2p(ops, t, &hs);
+    // Each transfer's own handle, receives first and in another order.
+    for (int i : {5, 1, 3, 0, 2, 4}) c.wait(hs[i]);
     expect(ck, tag + "tag 0 from the predecessor", r0.p, t, 0, n, [&](size_t i) { return val(t, prev, i); });
     expect(ck, tag + "tag 1 from the predecessor", r1.p, t, 0, n, [&](size_t i) { return val(t, prev + 100, i); });
     expect(ck, tag + "tag 2 from the successor", rb.p, t, 0, n, [&](size_t i) { return val(t, next + 200, i); });
