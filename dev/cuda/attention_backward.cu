@@ -132,6 +132,7 @@ int main() {
 
     const int B = 8, NH = 12, HS = 64, T = 1024;
     const Case c = make_case("d12", B, NH, HS, T, T, true, true);
+    if (lab::check_only()) return lab::finish();
     std::printf("timing (B=%d NH=%d HS=%d T=%d causal; FLOPs counted as 2.5x the forward's)\n", B, NH, HS, T);
     const double flops = 2.5 * 4.0 * B * NH * HS * (double)T * T / 2;
     const Data d = make_data(c, 7);

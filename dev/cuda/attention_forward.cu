@@ -85,6 +85,7 @@ int main() {
 
     const int B = 8, NH = 12, HS = 64, T = 1024;
     const Case c = make_case("d12", B, NH, HS, T, T, true, true);
+    if (lab::check_only()) return lab::finish();
     std::printf("timing (B=%d NH=%d HS=%d T=%d causal)\n", B, NH, HS, T);
     const double flops = 4.0 * B * NH * HS * (double)T * T / 2;  // QK^T and PV over the causal half
     std::vector<float> qkv = lab::rand_normal(c.qbuf_n, 1.f, 3);

@@ -1,7 +1,10 @@
 // dev/cuda/common.h: helpers shared by the kernel-lab programs: random
 // inputs, host <-> device copies with conversion, validation against the CPU
 // reference (relative L2 error ‖got-ref‖/‖ref‖ and max abs error, PASS/FAIL
-// against a tolerance, counted), and timing with CUDA events.
+// against a tolerance, counted), and timing with CUDA events. Each timing is
+// also printed as "figure NAME VALUE UNIT" for scripts/gpu_check.sh, and
+// LAB_CHECK_ONLY=1 in the environment skips the timings (compute-sanitizer
+// runs only the validation cases).
 //
 // Every lab program: makes random inputs, runs the CPU backend's op
 // (llmc/cpu_ops.h) as the reference, runs version 1 (a naive kernel written
@@ -15,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -144,6 +148,24 @@ inline bool validate(const char* what, const std::vector<float>& got, const std:
 }
 
 // ---- timing -------------------------------------------------------------------------
+// True when LAB_CHECK_ONLY is set (and not "0"): validate, skip the timings.
+inline bool check_only() {
+    const char* e = std::getenv("LAB_CHECK_ONLY");
+    return e && *e && std::strcmp(e, "0") != 0;
+}
+
+// "v2 production bf16" -> "v2_production_bf16": a figure name.
+inline std::string slug(const char* what) {
+    std::string s;
+    for (const char* c = what; *c; c++) {
+        const bool alnum = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9');
+        if (alnum || *c == '.') s += *c;
+        else if (!s.empty() && s.back() != '_') s += '_';
+    }
+    while (!s.empty() && s.back() == '_') s.pop_back();
+    return s;
+}
+
 // Average milliseconds per call of fn() over reps calls, after two warm-ups.
 template <typename Fn>
 inline float time_ms(Fn&& fn, int reps = 20) {
@@ -163,10 +185,14 @@ inline float time_ms(Fn&& fn, int reps = 20) {
     return ms / reps;
 }
 inline void report_bw(const char* what, float ms, double bytes) {
-    std::printf("  %-44s %9.4f ms  %8.1f GB/s\n", what, ms, bytes / (ms * 1e-3) / 1e9);
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    std::printf("  %-44s %9.4f ms  %8.1f GB/s\n", what, ms, gbs);
+    std::printf("figure %s_ms %.6g ms\nfigure %s_GBps %.6g GB/s\n", slug(what).c_str(), ms, slug(what).c_str(), gbs);
 }
 inline void report_flops(const char* what, float ms, double flops) {
-    std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s\n", what, ms, flops / (ms * 1e-3) / 1e12);
+    const double tf = flops / (ms * 1e-3) / 1e12;
+    std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s\n", what, ms, tf);
+    std::printf("figure %s_ms %.6g ms\nfigure %s_TFLOPs %.6g TFLOP/s\n", slug(what).c_str(), ms, slug(what).c_str(), tf);
 }
 
 // Tolerances: fp32 kernels differ from the CPU only in summation order and

@@ -76,6 +76,7 @@ int main() {
     check<float>(2, "v2 fp32", inp, dout, lab::kTolF32);
     check<bf16>(2, "v2 bf16", inp, dout, lab::kTolBF16);
 
+    if (lab::check_only()) return lab::finish();
     std::printf("timing (bf16, n=%zu)\n", n);
     bf16* dinp = lab::to_device<bf16>(inp);
     bf16* ddout = lab::to_device<bf16>(dout);

@@ -112,6 +112,7 @@ int main() {
     check<bf16>(2, "v2 bf16", in, lab::kTolBF16);
     check<float>(2, "v2 fp32 small", make_inputs(100, 48, 11), lab::kTolF32);
 
+    if (lab::check_only()) return lab::finish();
     std::printf("timing (bf16, N=%d C=%d)\n", N, C);
     bf16* ddout = lab::to_device<bf16>(in.dout);
     bf16* dinp = lab::to_device<bf16>(in.inp);
