@@ -10,16 +10,27 @@
 #   llmc_src.tar.gz  karpathy/llm.c's sources for scripts/bench_vs_llmc.sh
 #                    (the Makefile, train_gpt2.cu, llmc/), from a git mirror
 #   MANIFEST.txt     versions, sources and checksums of the above
+#   COMMIT           this tree's commit (see --stamp below)
 # llm.c gets two small patches (see below: no managed-memory fallback on
 # OOM, which also makes it compile with CUDA 13; NVML optional). scripts/gpu_check.sh unpacks them into build/gpu_deps on the GPU machine.
 # Also leaves the llm.c tree unpacked in build/llmc_src (to compile-check it
 # here). Everything stays well under the tool's 64 MiB.
-#   usage: scripts/gpu_bundle.sh [LLMC_GIT_DIR]
+#   usage: scripts/gpu_bundle.sh [LLMC_GIT_DIR]   (everything)
+#          scripts/gpu_bundle.sh --stamp          (only COMMIT)
 #   (default LLMC_GIT_DIR: /work/.mirror/karpathy+llm.c/repo, the `fetch`
 #    tool's mirror of github:karpathy/llm.c)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=build/gpu_carry
+# COMMIT: the commit the GPU machine's copy of the tree is (the copy has no
+# .git); "+dirty" when the working tree differs from it. --stamp renews
+# only this (run it right before the device calls).
+stamp() {
+    mkdir -p "$OUT"
+    echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!build' 2>/dev/null || echo +dirty)" > "$OUT/COMMIT"
+    echo "stamped $OUT/COMMIT: $(cat "$OUT/COMMIT")"
+}
+if [[ ${1:-} == --stamp ]]; then stamp; exit; fi
 LLMC_GIT=${1:-/work/.mirror/karpathy+llm.c/repo}
 OPENMPI_VERSION=5.0.11
 ARCH=$(uname -m)-linux-gnu
@@ -92,4 +103,5 @@ else
 fi
 
 rm -rf "$TMP"
+stamp
 du -ch "$OUT"/* | tee -a "$OUT/MANIFEST.txt"
