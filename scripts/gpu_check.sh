@@ -4,8 +4,9 @@
 # which calls to make, in order, with which carry list).
 #   build     the trainer, tests and kernel lab (sm_XX of this GPU only), with
 #             the carried Open MPI / OpenBLAS when the image lacks them
-#             (scripts/gpu_env.sh); every later phase rebuilds only if the
-#             sources changed or the outputs are gone (a fresh machine)
+#             (scripts/gpu_env.sh), or the carried prebuilt binaries when they
+#             match; every later phase does the same first if needed (a fresh
+#             machine), so each phase also runs on its own
 #   lab       every dev/cuda program: kernels against the CPU ops, timings
 #   test      the whole test suite (test_gpt on CUDA fp32 and bf16 against
 #             the PyTorch reference; test_real_shapes at small shapes)
@@ -108,13 +109,28 @@ end_phase() {
 }
 
 # ensure_built: make everything unless this exact source tree was built here
-# (the device tool may copy files with new times, which would rebuild all).
-SRC_HASH=$(cat Makefile dev/cuda/Makefile ./*.cu llmc/* llmc/cuda/* tests/*.cpp dev/cuda/*.cu dev/cuda/*.h \
-    data/*.cpp 2>/dev/null | md5sum | cut -c1-32)
+# for this GPU (the device tool may copy files with new times, which would
+# make rebuild all). On a fresh machine, binaries prebuilt for sm_90 by
+# scripts/gpu_bundle.sh --prebuilt are used when they match the sources and
+# every library they need resolves; otherwise it builds.
+SRC_HASH=$(for f in Makefile dev/cuda/Makefile ./*.cu llmc/* llmc/cuda/* tests/*.cpp dev/cuda/*.cu dev/cuda/*.h \
+    data/*.cpp; do [[ -f $f ]] && echo "$f"; done | LC_ALL=C sort | xargs cat | md5sum | cut -c1-32)
+built_ok() {
+    [[ -x train_gpt && -f $WORK/.built && $(cat "$WORK/.built") == "$SRC_HASH ${CUDA_ARCH:-}" ]] || return 1
+    local b
+    for b in train_gpt test_gpt build/test_real_shapes dev/cuda/attention_forward; do
+        [[ -x $b ]] && ! ldd "$b" 2>/dev/null | grep -q 'not found' || { echo "$b: missing or unresolved libraries"; return 1; }
+    done
+    ./train_gpt --help > /dev/null
+}
 ensure_built() {
-    if [[ -x train_gpt && -f $WORK/.built && $(cat "$WORK/.built") == "$SRC_HASH ${CUDA_ARCH:-}" ]]; then
-        echo "up to date"
-        return 0
+    if built_ok; then echo "up to date"; return 0; fi
+    local pre
+    pre=$(ls build/gpu_carry/prebuilt_*.tar.xz 2>/dev/null | head -n 1)
+    if [[ -n $pre && ! -f $WORK/.prebuilt_tried ]]; then
+        touch "$WORK/.prebuilt_tried"
+        tar -xJf "$pre" && built_ok && { echo "using $pre"; return 0; }
+        echo "prebuilt binaries not usable here ($(cat "$WORK/.built" 2>/dev/null) vs $SRC_HASH ${CUDA_ARCH:-}): building"
     fi
     rm -f "$WORK/.built"
     echo "building (-j$JOBS; $GPU_ENV_SUMMARY)"
@@ -122,15 +138,14 @@ ensure_built() {
     make -C dev/cuda -j"$JOBS" > "$WORK/make_lab.log" 2>&1 || { tail -n 30 "$WORK/make_lab.log"; return 1; }
     echo "$SRC_HASH ${CUDA_ARCH:-}" > "$WORK/.built"
 }
-# (run_prog runs programs under `timeout`, so the build runs as "$0 __build".)
 [[ ${1:-} == __build ]] && { ensure_built; exit; }
 
 phase_build() {
     begin_phase build 540
     { date -u; nvidia-smi; nvcc --version; echo "$GPU_ENV_SUMMARY"; } > "$W/device.txt" 2>&1
     say "$GPU_ENV_SUMMARY"
-    rm -f "$WORK/.built"
     run_prog make 500 bash scripts/gpu_check.sh __build
+    cat "$W/make.log" | tee -a "$SUMMARY"
     cp "$WORK"/make*.log "$W/" 2>/dev/null
     figure build_seconds $((SECONDS - P_T0)) s "scripts/gpu_check.sh build ($JOBS jobs, ${CUDA_ARCH:-default arch})"
     end_phase

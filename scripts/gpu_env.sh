@@ -2,12 +2,13 @@
 # scripts/bench_vs_llmc.sh from the repository root. Makes the carried
 # dependencies usable on a bare GPU image and says what it found:
 #   - unpacks build/gpu_carry/*.tar.* (scripts/gpu_bundle.sh) into
-#     build/gpu_deps, once per archive;
+#     build/gpu_deps, once per archive (not prebuilt_*: gpu_check.sh's);
 #   - Open MPI: the system's if mpicxx is on PATH, else the carried wheel's
 #     (its wrappers locate their prefix themselves; OPAL_PREFIX is set too);
 #   - OpenBLAS: the system's if the Makefile's paths have it, else the
 #     carried copy (BLAS_DIR / BLAS_INC for both Makefiles, and its Fortran
 #     runtime on LD_LIBRARY_PATH), else none (plain-loop CPU matrix products);
+#     LLMC_CARRIED_MPI=1 / LLMC_CARRIED_BLAS=1 prefer the carried ones;
 #   - NCCL (linked whenever MPI is, by the Makefile): the CUDA toolkit's or
 #     the system's, else the one PyTorch's nvidia-nccl wheel ships; without
 #     any, MPI is left out of the build (MPICXX empty) so the rest builds;
@@ -21,6 +22,7 @@ for _a in build/gpu_carry/*.tar.*; do
     [[ -f $_a ]] || continue
     _n=$(basename "$_a")
     _n=${_n%%.tar.*}
+    [[ $_n == prebuilt_* ]] && continue  # scripts/gpu_check.sh unpacks these into the tree
     if [[ ! -f $GPU_DEPS/$_n/.unpacked || $_a -nt $GPU_DEPS/$_n/.unpacked ]]; then
         rm -rf "${GPU_DEPS:?}/$_n"
         tar -C "$GPU_DEPS" -xf "$_a" && touch "$GPU_DEPS/$_n/.unpacked"
@@ -49,6 +51,7 @@ for _h in /usr/include/$_arch/openblas-openmp/cblas.h /usr/include/$_arch/openbl
     [[ -f $_h ]] && _blas=system
 done
 [[ -n ${BLAS_INC:-} ]] && _blas="given ($BLAS_INC)"
+[[ ${LLMC_CARRIED_BLAS:-0} == 1 ]] && _blas=none
 if [[ $_blas == none && -f $GPU_DEPS/openblas/include/cblas.h ]]; then
     export BLAS_DIR=$GPU_DEPS/openblas/lib BLAS_INC=$GPU_DEPS/openblas/include
     export LD_LIBRARY_PATH=$BLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
