@@ -26,9 +26,12 @@ TOTAL_PASS=0
 TOTAL_FAIL=0
 
 # run NAME CMD...: runs a test program, shows its failures and count.
+# LLMC_TEST_FILTER (an extended regex) runs only the tests whose name matches
+# (scripts/gpu_check.sh's test phase: the CUDA-relevant ones).
 run() {
     local name=$1
     shift
+    if [[ -n ${LLMC_TEST_FILTER:-} && ! $name =~ $LLMC_TEST_FILTER ]]; then return 0; fi
     local log="$LOG/$name.log"
     local t0=$SECONDS
     "$@" >"$log" 2>&1
