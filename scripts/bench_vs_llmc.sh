@@ -18,7 +18,7 @@
 # Run from a GPU machine after scripts/gpu_check.sh build (or on its own:
 # it builds what it needs).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-build/gpu_check/out}
 W=build/gpu_check/bench_llmc

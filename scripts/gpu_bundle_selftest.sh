@@ -15,7 +15,7 @@
 #   - build/test_comm (every collective against formulas) passes at np 2.
 # Last line: "N passed, N failed".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 [[ -f build/gpu_carry/openmpi.tar.xz ]] || bash scripts/gpu_bundle.sh || exit 1
 S=$(mktemp -d /tmp/llmc_bundle_XXXXXX)
 git ls-files -z | xargs -0 cp --parents -t "$S"

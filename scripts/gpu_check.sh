@@ -35,7 +35,7 @@
 #   d12_tiny_curve.png the curve phase's plot (for docs/)
 # Exit status: 0 when nothing failed or was skipped.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export OUT=${OUT:-build/gpu_check/out}
 WORK=build/gpu_check
 mkdir -p "$OUT" "$WORK"
@@ -120,7 +120,10 @@ built_ok() {
     [[ -x train_gpt && -f $WORK/.built && $(cat "$WORK/.built") == "$SRC_HASH ${CUDA_ARCH:-}" ]] || return 1
     local b
     for b in train_gpt test_gpt build/test_real_shapes dev/cuda/attention_forward; do
-        [[ -x $b ]] && ! ldd "$b" 2>/dev/null | grep -q 'not found' || { echo "$b: missing or unresolved libraries"; return 1; }
+        if [[ ! -x $b ]] || ldd "$b" 2>/dev/null | grep -q 'not found'; then
+            echo "$b: missing, or libraries unresolved"
+            return 1
+        fi
     done
     ./train_gpt --help > /dev/null
 }
@@ -284,7 +287,7 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8_00
 }
 
 PHASES=("$@")
-[[ ${#PHASES[@]} -gt 0 ]] || { sed -n '2,37p' "$0"; exit 2; }
+[[ ${#PHASES[@]} -gt 0 ]] || { sed -n '2,/^set -uo/p' scripts/gpu_check.sh | sed '$d'; exit 2; }
 [[ ${PHASES[*]} == all ]] && PHASES=(build lab test shapes sanitize ranks curve bench)
 for ph in "${PHASES[@]}"; do
     case $ph in

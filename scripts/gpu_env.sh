@@ -16,6 +16,7 @@
 #     time of the default two targets);
 #   - mpirun as root and with more ranks than cores (Open MPI 4 and 5 names).
 # GPU_ENV_SUMMARY holds one line describing the result.
+# shellcheck shell=bash disable=SC2034
 GPU_DEPS=$PWD/build/gpu_deps
 mkdir -p "$GPU_DEPS"
 for _a in build/gpu_carry/*.tar.*; do
@@ -79,7 +80,8 @@ if [[ $_mpi != none && -n $_nvcc ]]; then
             if nccl_links "$_dir/include" "$GPU_DEPS/nccl_lib"; then
                 export CPATH=$_dir/include${CPATH:+:$CPATH}
                 export LIBRARY_PATH=$GPU_DEPS/nccl_lib${LIBRARY_PATH:+:$LIBRARY_PATH}
-                export LD_LIBRARY_PATH=$(dirname "$_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+                LD_LIBRARY_PATH=$(dirname "$_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+                export LD_LIBRARY_PATH
                 export NVCCFLAGS="${NVCCFLAGS:--O3} -I$_dir/include"
                 _nccl="python wheel ($_dir)"
             fi
