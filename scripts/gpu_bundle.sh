@@ -118,10 +118,10 @@ if [[ $PREBUILT == 1 ]]; then
     mkdir -p "$S/build" && cp -r "$OUT" "$S/build/gpu_carry"
     (cd "$S" && LLMC_CARRIED_MPI=1 LLMC_CARRIED_BLAS=1 CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
         bash scripts/gpu_check.sh __build) || { echo "gpu_bundle.sh: the sm_90 build failed (see $S)" >&2; exit 1; }
-    progs=$(cd "$S" && ls dev/cuda/*.cu | sed 's/\.cu$//')
-    # shellcheck disable=SC2086
-    tar -C "$S" -cJf "$OUT/prebuilt_sm90.tar.xz" train_gpt test_gpt build/test_* build/dump_rows build/make_tiny \
-        data/tiny build/gpu_check/.built $progs
+    # (globs expand inside the scratch copy; lab program names have no spaces)
+    # shellcheck disable=SC2046
+    (cd "$S" && tar -cJf "$OLDPWD/$OUT/prebuilt_sm90.tar.xz" train_gpt test_gpt build/test_* build/dump_rows \
+        build/make_tiny data/tiny build/gpu_check/.built $(for f in dev/cuda/*.cu; do echo "${f%.cu}"; done))
     note "prebuilt_sm90: $(cat "$S/build/gpu_check/.built")"
     rm -rf "$S"
 fi
