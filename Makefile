@@ -51,7 +51,8 @@ CUDA_OBJS  := $(BUILD)/backend_cuda.o
 LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
 ifneq ($(MPICXX),)
 # NCCL and the host-staged MPI communicator for device buffers.
-NVCCFLAGS  += $(shell $(MPICXX) --showme:compile)
+# (Open MPI 5's wrapper adds -pthread, which nvcc passes on only via -Xcompiler.)
+NVCCFLAGS  += $(patsubst -pthread,-Xcompiler=-pthread,$(shell $(MPICXX) --showme:compile))
 CUDA_OBJS  += $(BUILD)/comm_nccl.o $(BUILD)/comm_staged.o
 LDLIBS     += -lnccl
 endif

@@ -98,6 +98,11 @@ struct Checker {
         bool ok = rel <= tol;  // also false for NaN
         (ok ? passed : failed)++;
         std::printf("%s %-28s rel err %.3e (tol %.0e)\n", ok ? "PASS" : "FAIL", what.c_str(), rel, tol);
+        // The same as a "figure" line (scripts/gpu_check.sh records these).
+        std::string name = what;
+        for (char& ch : name)
+            if (ch == ' ') ch = '_';
+        std::printf("figure %s %.6e rel\n", name.c_str(), rel);
     }
 };
 

@@ -27,9 +27,12 @@ TOTAL_PASS=0
 TOTAL_FAIL=0
 
 # run NAME CMD...: runs a test program, shows its failures and count.
+# LLMC_TEST_FILTER (an extended regex) runs only the tests whose name matches
+# (scripts/gpu_check.sh's test phase: the CUDA-relevant ones).
 run() {
     local name=$1
     shift
+    if [[ -n ${LLMC_TEST_FILTER:-} && ! $name =~ $LLMC_TEST_FILTER ]]; then return 0; fi
     local log="$LOG/$name.log"
     local t0=$SECONDS
     "$@" >"$log" 2>&1
@@ -85,7 +88,11 @@ reference tiny_v5_fp64 fp64 "L=2,C=64,NH=2,V=257,T=64" 2 64 --data data/tiny/tin
 
 for prog in build/test_*; do
     [[ -x $prog && ! -d $prog ]] || continue
-    run "$(basename "$prog")" "$prog"
+    # test_real_shapes at d12's shapes is scripts/gpu_check.sh's `shapes`
+    # phase (minutes); here its small shapes (CUDA too when a GPU is present).
+    extra=()
+    [[ $prog == */test_real_shapes ]] && extra=(--shape small)
+    run "$(basename "$prog")" "$prog" "${extra[@]}"
 done
 for t in scripts/test_shards.py; do
     [[ -f $t ]] && run "$(basename "$t" .py)" "$PY" "$t"

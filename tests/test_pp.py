@@ -17,7 +17,7 @@
 #     under 1F1B, and the stage's activations = layers x in flight x the
 #     per-block bytes;
 #   - the trace (--trace): valid Chrome trace JSON with one process per rank
-#     and forward, backward, send-recv and collective spans; the bubble it
+#     and forward, backward, send, receive and collective spans; the bubble it
 #     measures on a model whose stages cost the same is within a few points of
 #     (pp-1)/m (1F1B) and (pp-1)/(m·vpp) (interleaved);
 #   - checkpoints: saved at pp=2, resumed at pp=1, pp=4 and pp=2 x tp=2 with
@@ -63,7 +63,7 @@ def p2p_bytes_by_rank(trace, steps):
     """Bytes each rank sent point to point in training steps, per step."""
     out = {}
     for e in trace["traceEvents"]:
-        if e.get("ph") == "X" and e.get("cat") == "send-recv" and e["args"].get("step", -1) >= 0:
+        if e.get("ph") == "X" and e.get("cat") == "send" and e["args"].get("step", -1) >= 0:
             out[e["pid"]] = out.get(e["pid"], 0) + e["args"]["bytes"]
     return {r: b / steps for r, b in out.items()}
 
@@ -143,7 +143,7 @@ def test_traffic_memory_trace(tmp):
         pids = {e["pid"] for e in tr["traceEvents"]}
         cats = {e.get("cat") for e in tr["traceEvents"] if e.get("ph") == "X"}
         check(pids == set(range(np_)), f"{what}: trace processes {pids}")
-        want_cats = {"forward", "backward", "send-recv", "optimizer", "all-reduce"}
+        want_cats = {"forward", "backward", "send", "recv", "optimizer", "all-reduce"}
         check(want_cats <= cats, f"{what}: trace span kinds {cats}, want {want_cats}")
 
 

@@ -191,6 +191,7 @@ int main() {
 
     size_t n = 0;
     const std::vector<Span> spans = gpt2_spans(12, 768, 50304, 1024, &n);  // 124475904 elements
+    if (lab::check_only()) return lab::finish();
     std::printf("timing (bf16 params and grads, fp32 master/m/v, GPT-2 124M: %zu tensors, n=%zu)\n", spans.size(), n);
     bf16* dp = lab::dev_alloc<bf16>(n);
     bf16* dg = lab::dev_alloc<bf16>(n);

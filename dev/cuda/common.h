@@ -3,6 +3,9 @@
 // reference (relative L2 error ‖got-ref‖/‖ref‖ and max abs error, PASS/FAIL
 // against a tolerance, counted), timing with CUDA events, and the device's
 // HBM bandwidth (looked up by name) for the fraction of it a kernel reaches.
+// Each timing is also printed as "figure NAME VALUE UNIT" for
+// scripts/gpu_check.sh, and LAB_CHECK_ONLY=1 in the environment skips the
+// timings (compute-sanitizer runs only the validation cases).
 //
 // Every lab program: makes random inputs, runs the CPU backend's op
 // (llmc/cpu_ops.h) as the reference, runs version 1 (a naive kernel written
@@ -16,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -197,6 +201,24 @@ inline bool validate(const char* what, const std::vector<float>& got, const std:
 }
 
 // ---- timing -------------------------------------------------------------------------
+// True when LAB_CHECK_ONLY is set (and not "0"): validate, skip the timings.
+inline bool check_only() {
+    const char* e = std::getenv("LAB_CHECK_ONLY");
+    return e && *e && std::strcmp(e, "0") != 0;
+}
+
+// "v2 production bf16" -> "v2_production_bf16": a figure name.
+inline std::string slug(const char* what) {
+    std::string s;
+    for (const char* c = what; *c; c++) {
+        const bool alnum = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9');
+        if (alnum || *c == '.') s += *c;
+        else if (!s.empty() && s.back() != '_') s += '_';
+    }
+    while (!s.empty() && s.back() == '_') s.pop_back();
+    return s;
+}
+
 // Average milliseconds per call of fn() over reps calls, after two warm-ups.
 template <typename Fn>
 inline float time_ms(Fn&& fn, int reps = 20) {
@@ -222,9 +244,12 @@ inline void report_bw(const char* what, float ms, double bytes) {
     const double gbps = bytes / (ms * 1e-3) / 1e9, peak = hbm_peak_gbps();
     std::printf("  %-44s %9.4f ms  %8.1f GB/s  %5.1f%% of HBM peak\n", what, ms, gbps,
                 peak > 0 ? 100.0 * gbps / peak : 0.0);
+    std::printf("figure %s_ms %.6g ms\nfigure %s_GBps %.6g GB/s\n", slug(what).c_str(), ms, slug(what).c_str(), gbps);
 }
 inline void report_flops(const char* what, float ms, double flops) {
-    std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s\n", what, ms, flops / (ms * 1e-3) / 1e12);
+    const double tf = flops / (ms * 1e-3) / 1e12;
+    std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s\n", what, ms, tf);
+    std::printf("figure %s_ms %.6g ms\nfigure %s_TFLOPs %.6g TFLOP/s\n", slug(what).c_str(), ms, slug(what).c_str(), tf);
 }
 
 // Dense bf16 tensor-core peak of the current device in TFLOP/s, from its
@@ -251,6 +276,7 @@ inline void report_tflops(const char* what, float ms, double flops) {
         std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s  %5.1f%% of %.0f\n", what, ms, tf, 100.0 * tf / peak, peak);
     else
         std::printf("  %-44s %9.4f ms  %8.2f TFLOP/s  (device peak unknown)\n", what, ms, tf);
+    std::printf("figure %s_ms %.6g ms\nfigure %s_TFLOPs %.6g TFLOP/s\n", slug(what).c_str(), ms, slug(what).c_str(), tf);
 }
 
 // Tolerances: fp32 kernels differ from the CPU only in summation order and

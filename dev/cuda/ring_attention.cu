@@ -326,6 +326,7 @@ int main(int argc, char** argv) {
     const size_t C = u.C(), BT = (size_t)u.B * u.T();
     const AttnShape s = full_shape(u);
     const double flops = 4.0 * u.B * u.NH * u.HS * (double)u.T() * u.T() / 2;
+    if (lab::check_only()) return lab::finish();
     std::printf("timing bf16 (B=%d NH=%d HS=%d T=%d causal, ring R=%d: %d blocks of %d rows; backward FLOPs "
                 "counted as 2.5x the forward's)\n",
                 u.B, u.NH, u.HS, u.T(), u.R, u.R * (2 * u.R + 1), u.c);
