@@ -148,14 +148,15 @@ def test_traffic_memory_trace(tmp):
 
 
 def test_bubble(tmp):
-    # Stages of equal cost (the LM head over 97 ids is small beside a block),
-    # large enough blocks that the transfers are small beside them; 1 thread
-    # per rank and 2 ranks on 2 cores. The first step is not measured.
-    model = "L=4,C=128,NH=4,V=97,Vp=97,T=64"
+    # Stages of equal cost: two blocks per chunk of C=256 beside which the
+    # embedding, the LM head over 97 ids and the transfers are small; one
+    # thread per rank, 2 ranks on 2 cores, 8 micro-batches. The first step
+    # is not measured.
+    model = "L=8,C=256,NH=4,V=97,Vp=97,T=64"
     for extra, formula in ((["--pp", "2"], 1 / 8), (["--pp", "2", "--vpp", "2"], 1 / 16)):
         d = os.path.join(tmp, "bubble_" + "_".join(extra).replace("-", ""))
         os.makedirs(d)
-        rc, out, err = train(2, base("fp32", 6, model, 64) + ["-b", "4", "-d", str(4 * 64 * 8), "-o", d,
+        rc, out, err = train(2, base("fp32", 5, model, 64) + ["-b", "4", "-d", str(4 * 64 * 8), "-o", d,
                                                             "--trace", os.path.join(d, "t.json")] + extra)
         what = " ".join(extra)
         if not check(rc == 0, f"bubble {what}: {err[-300:]}"):
@@ -166,7 +167,7 @@ def test_bubble(tmp):
         vals = [float(v) for v in re.findall(r"stage \d+ ([0-9.]+)", mo.group(1))]
         check(abs(float(mo.group(2)) - formula) < 1e-3, f"bubble {what}: formula printed {mo.group(2)}")
         print(f"  {what}, m=8: measured bubble per stage {vals} vs formula {formula:.4f}")
-        check(len(vals) == 2 and all(abs(v - formula) <= 0.06 for v in vals),
+        check(len(vals) == 2 and all(abs(v - formula) <= 0.04 for v in vals),
               f"bubble {what}: measured {vals}, formula {formula:.4f}")
 
 
