@@ -36,6 +36,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/fileio.h"
 #include "llmc/gpt.h"
+#include "llmc/layout.h"
 #include "llmc/metrics.h"
 #include "llmc/model_io.h"
 #include "llmc/optimizer.h"
@@ -141,11 +142,8 @@ struct Trainer {
     DataLoader train, val;
     bool use_val = false;
     Tokenizer tok;
-    std::unique_ptr<TensorParallel> tpar;
-    std::unique_ptr<ContextParallel> cpar;
-    std::unique_ptr<PipelineParallel> pipe;
-    std::unique_ptr<GPT> model;
-    std::unique_ptr<DataParallel> dpar;
+    Layout lay;     // how the run splits over the ranks
+    ModelStack s;   // this rank's model and parallel modes
     TrainState st;
     std::string threads;  // CPU threads per rank, for the settings
     Rng rng{1};
@@ -155,9 +153,7 @@ struct Trainer {
     std::string err;
 
     void setup(const ArgParser& parser);
-    void check_layout();
-    void build(Backend& b, std::unique_ptr<ContextParallel>* cp, std::unique_ptr<GPT>* gpt,
-               std::unique_ptr<PipelineParallel>* pp, std::unique_ptr<DataParallel>* dp);
+    void build(Backend& b, ModelStack* stack);
     void check_memory();
     RunInfo run_info() const;
     void report_resume(const RunInfo& saved);
@@ -172,21 +168,6 @@ struct Trainer {
     bool due(int every, int step) const { return every > 0 && ((step + 1) % every == 0 || step + 1 == cfg.max_steps); }
 };
 
-// Flags that must fit the world and the model; each error names its flag.
-void Trainer::check_layout() {
-    const int world = dist_world_size();
-    setup_check(cfg.pp <= world, "flag --pp: " + std::to_string(cfg.pp) + " stages is larger than the world size " +
-                                     std::to_string(world));
-    setup_check(cfg.tp <= world, "flag --tp: " + std::to_string(cfg.tp) + " is larger than the world size " +
-                                     std::to_string(world));
-    setup_check(cfg.tp * cfg.cp * cfg.pp <= world, "flag --cp: pp*tp*cp = " + std::to_string(cfg.tp * cfg.cp * cfg.pp) +
-                                                       " is larger than the world size " + std::to_string(world));
-    setup_check(world % (cfg.tp * cfg.cp * cfg.pp) == 0,
-                std::string(cfg.cp > 1 ? "flag --cp" : cfg.tp > 1 ? "flag --tp" : "flag --pp") + ": world size " +
-                    std::to_string(world) + " is not a multiple of pp*tp*cp = " + std::to_string(cfg.tp * cfg.cp * cfg.pp));
-    setup_check(!cfg.sp || cfg.tp > 1, "flag --sp: sequence parallel needs --tp > 1");
-    setup_check(cfg.vpp == 1 || cfg.pp > 1, "flag --vpp: interleaved stages need --pp > 1");
-}
 
 void Trainer::setup(const ArgParser& parser) {
     check_same_flags(parser);
@@ -204,9 +185,19 @@ void Trainer::setup(const ArgParser& parser) {
     be.reset(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
     setup_check(be != nullptr, err);
     be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
-    check_layout();
+    lay.world = dist_world_size();
+    lay.pp = cfg.pp;
+    lay.vpp = cfg.vpp;
+    lay.tp = cfg.tp;
+    lay.cp = cfg.cp;
+    lay.sp = cfg.sp;
+    lay.zero = cfg.zero;
+    lay.B = cfg.B;
+    lay.T = cfg.T;
+    lay.total_batch = cfg.total_batch;
+    parse_recompute(cfg.recompute, &lay.recompute);
+    setup_check(check_world(lay, &err), err);
     setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err), err);
-    tpar.reset(new TensorParallel(*grid.tp_group, cfg.sp != 0));
 
     // Model shape: from a resumed checkpoint, a model file, or sizes.
     if (cfg.resume) {
@@ -238,29 +229,11 @@ void Trainer::setup(const ArgParser& parser) {
         err = "flag -e: " + err;
     }
     setup_check(ok, err);
-    setup_check(cfg.T <= mc.max_seq_len, "flag -t: T=" + std::to_string(cfg.T) + " exceeds the model's maxT=" +
-                                             std::to_string(mc.max_seq_len));
-    setup_check(mc.num_heads % cfg.tp == 0, "flag --tp: " + std::to_string(cfg.tp) + " does not divide the " +
-                                                std::to_string(mc.num_heads) + " attention heads");
-    setup_check(cfg.cp == 1 || cfg.T % (2 * cfg.cp) == 0, "flag --cp: the sequence length T=" + std::to_string(cfg.T) +
-                                                              " does not cut into 2*cp = " + std::to_string(2 * cfg.cp) +
-                                                              " chunks");
-    T_local = cfg.T / cfg.cp;
-    setup_check(!cfg.sp || T_local % cfg.tp == 0, "flag --sp: the sequence length T/cp=" + std::to_string(T_local) +
-                                                      " does not divide by --tp " + std::to_string(cfg.tp));
-    // Rows of the batch are split over the dp ranks; gradients and ZeRO
-    // shards over the dp x cp group (cp ranks share rows, not tokens).
-    const long long rows_per_micro = (long long)cfg.B * grid.dp;  // rows of one micro-step over all ranks
-    if (cfg.total_batch < 0) cfg.total_batch = rows_per_micro * cfg.T;
-    setup_check(cfg.total_batch % (rows_per_micro * cfg.T) == 0,
-                "flag -d: total batch " + std::to_string(cfg.total_batch) + " tokens is not a multiple of B*T*dp = " +
-                    std::to_string(rows_per_micro * cfg.T) + " (B=" + std::to_string(cfg.B) +
-                    ", T=" + std::to_string(cfg.T) + ", dp=" + std::to_string(grid.dp) + ")");
-    const long long micro_steps = cfg.total_batch / (rows_per_micro * cfg.T);
-    setup_check(micro_steps <= 1000000000LL, "flag -d: " + std::to_string(cfg.total_batch) + " tokens per step is " +
-                                                 std::to_string(micro_steps) + " micro-steps of B*T*dp = " +
-                                                 std::to_string(rows_per_micro * cfg.T) + " tokens (at most 1e9)");
-    accum = (int)micro_steps;
+    // The layout against the model: sequence, heads, batch, pipeline.
+    setup_check(check_layout(&lay, mc, &err), err);
+    T_local = lay.T_local();
+    cfg.total_batch = lay.total_batch;
+    accum = lay.micro_batches();
     rows_per_step = cfg.total_batch / cfg.T;
 
     setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
@@ -272,19 +245,19 @@ void Trainer::setup(const ArgParser& parser) {
 
     // The parallel modes and the model, first counted, then built.
     check_memory();
-    build(*be, &cpar, &model, &pipe, &dpar);
+    build(*be, &s);
 
     // Weights: a checkpoint, a model file, or the seeded initialisation.
     rng = Rng((uint64_t)cfg.seed);
     if (resume_step >= 0) {
         RunInfo saved;
-        ok = load_checkpoint(cfg.output_dir, resume_step, *model, &st, &saved, &err);
+        ok = load_checkpoint(cfg.output_dir, resume_step, *s.model, &st, &saved, &err);
         rng.state = st.rng_state;
         if (ok) report_resume(saved);
     } else if (spec_is_file(cfg.model)) {
-        ok = load_model(cfg.model, *model, &err);
+        ok = load_model(cfg.model, *s.model, &err);
     } else {
-        model->init_random((uint64_t)cfg.seed);
+        s.model->init_random((uint64_t)cfg.seed);
     }
     setup_check(ok, err);
 
@@ -296,11 +269,11 @@ void Trainer::setup(const ArgParser& parser) {
         std::printf("+---------------------------+--------------------------------------------------+\n");
         std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d x tp %d%s, "
                     "ZeRO %d\n",
-                    be->name(), dtype_name(model->precision().param), dtype_name(model->precision().grad),
-                    dtype_name(model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp, grid.tp,
+                    be->name(), dtype_name(s.model->precision().param), dtype_name(s.model->precision().grad),
+                    dtype_name(s.model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp, grid.tp,
                     cfg.sp ? " (sequence parallel)" : "", cfg.zero);
         std::printf("model %s, %zu parameters (%zu on this rank's stage and tensor-parallel slice)\n",
-                    config_string(mc).c_str(), model->table().file_params, model->table().params);
+                    config_string(mc).c_str(), s.model->table().file_params, s.model->table().params);
         if (grid.pp > 1)
             std::printf("pipeline: %d stages x %d chunk(s) of %d block(s), %s schedule, %d micro-batches per step\n",
                         grid.pp, cfg.vpp, mc.num_layers / (grid.pp * cfg.vpp), cfg.vpp > 1 ? "interleaved 1F1B" : "1F1B",
@@ -311,8 +284,7 @@ void Trainer::setup(const ArgParser& parser) {
                     cfg.max_steps);
     }
     std::fflush(stdout);
-    std::printf("%s\n", memory_line("start", rank, *model, dpar->comm_buffer_bytes() + cpar->buffer_bytes() +
-                                                             pipe->buffer_bytes(), grid.pp_rank, grid.pp).c_str());
+    std::printf("%s\n", memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp).c_str());
 
     ok = true;
     if (main_rank && !cfg.output_dir.empty()) {
@@ -348,28 +320,18 @@ void Trainer::setup(const ArgParser& parser) {
     targets.resize(BT);
 }
 
-// The model and its parallel modes on backend b: the pipeline says which
-// chunks of blocks this stage runs (its micro-batches are the accumulation
-// steps), the model allocates them, the modes their buffers.
-void Trainer::build(Backend& b, std::unique_ptr<ContextParallel>* cp, std::unique_ptr<GPT>* gpt,
-                    std::unique_ptr<PipelineParallel>* pp, std::unique_ptr<DataParallel>* dp) {
+// The model and its parallel modes on backend b (llmc/layout.h).
+void Trainer::build(Backend& b, ModelStack* stack) {
+    RankGroups g{grid.tp_group.get(), grid.cp_group.get(), grid.dpcp_group.get(), grid.pp_group.get(),
+                 grid.embed_group.get(), grid.cp_rank};
     bool ok = true;
     try {
-        pp->reset(new PipelineParallel(*grid.pp_group, *grid.embed_group, mc.num_layers, cfg.vpp, accum));
+        build_stack(b, mc, lay, g, stack);
     } catch (const std::invalid_argument& e) {
         ok = false;
         err = e.what();
     }
     setup_check(ok, err);
-    cp->reset(new ContextParallel(*grid.cp_group, b, cfg.B, T_local, mc.num_heads / cfg.tp, mc.channels / mc.num_heads));
-    const int shards = grid.dpcp_group->size(), shard_rank = grid.dpcp_group->rank();
-    Recompute recompute = Recompute::none;
-    parse_recompute(cfg.recompute, &recompute);  // the parser allows only its names
-    gpt->reset(new GPT(&b, mc, cfg.B, T_local, recompute, Sharding::for_zero(cfg.zero, shards, shard_rank), tpar.get(),
-                       cp->get(), (*pp)->chunks()));
-    (*gpt)->set_positions(ContextParallel::positions(cfg.T, cfg.cp, grid.cp_rank));
-    (*pp)->attach(**gpt);
-    dp->reset(new DataParallel(**gpt, *grid.dpcp_group, cfg.zero, grid.tp_group.get(), pp->get()));
 }
 
 // What this rank will hold, counted on a backend that allocates nothing (the
@@ -377,15 +339,13 @@ void Trainer::build(Backend& b, std::unique_ptr<ContextParallel>* cp, std::uniqu
 // the device's free memory: a clear line instead of the OOM killer.
 void Trainer::check_memory() {
     MeasureBackend mb(*be);
-    std::unique_ptr<ContextParallel> cp;
-    std::unique_ptr<GPT> gpt;
-    std::unique_ptr<PipelineParallel> pp;
-    std::unique_ptr<DataParallel> dp;
-    build(mb, &cp, &gpt, &pp, &dp);
+    std::string held;
+    {
+        ModelStack counted;
+        build(mb, &counted);
+        held = memory_line("needed", rank, *counted.model, counted.comm_bytes(), grid.pp_rank, grid.pp);
+    }
     const size_t need = mb.bytes_peak();
-    const std::string held = memory_line("needed", rank, *gpt, dp->comm_buffer_bytes() + cp->buffer_bytes() +
-                                                                pp->buffer_bytes(), grid.pp_rank, grid.pp);
-    dp.reset();
     const size_t budget = (size_t)(cfg.memory_budget * 1024 * 1024);
     const size_t avail = budget ? budget : be->free_memory(dist_local_size());
     std::string where = budget ? "--memory-budget " + human_bytes((double)budget)
@@ -400,8 +360,8 @@ void Trainer::check_memory() {
 // cp rank's chunks.
 void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
     if (!dl.read_rows(first_row, cfg.B, full_in.data(), full_tg.data(), &err)) fail(err);
-    cpar->shard_rows(full_in.data(), cfg.B, cfg.T, inputs.data());
-    cpar->shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
+    s.cp->shard_rows(full_in.data(), cfg.B, cfg.T, inputs.data());
+    s.cp->shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
 }
 
 // One optimizer step: the pipeline schedule runs the forwards and backwards
@@ -410,7 +370,7 @@ void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
 StepMetrics Trainer::train_step(int step) {
     auto t0 = std::chrono::steady_clock::now();
     trace::set_step(step);
-    model->zero_grad();
+    s.model->zero_grad();
     auto load = [&](int micro, const int** in, const int** tg) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
@@ -419,15 +379,15 @@ StepMetrics Trainer::train_step(int step) {
         *in = inputs.data();
         *tg = targets.data();
     };
-    double loss = pipe->train_step(*model, *dpar, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
+    double loss = s.pipe->train_step(*s.model, *s.dp, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
     // The mean over the global batch: the last stage's sum over the dp x cp
     // ranks (each a mean over its tokens), then to every stage.
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
-    loss = pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? loss : 0.0);
+    loss = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? loss : 0.0);
     double norm;
     {
         trace::Scope span("optimizer", "optimizer");
-        norm = dpar->step(oc, step);
+        norm = s.dp->step(oc, step);
     }
     be->synchronize();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -443,7 +403,7 @@ StepMetrics Trainer::train_step(int step) {
     m.tokens = (unsigned long long)st.step * (unsigned long long)cfg.total_batch;
     m.tokens_per_s = cfg.total_batch / (ms / 1000.0);
     const double peak = backend_peak_flops(*be);
-    m.mfu = peak > 0 ? flops_per_token(mc, model->table().file_params, cfg.T) * m.tokens_per_s / (peak * grid.world_size)
+    m.mfu = peak > 0 ? flops_per_token(mc, s.model->table().file_params, cfg.T) * m.tokens_per_s / (peak * grid.world_size)
                      : 0;
     m.val_loss = -1;
     std::string comm_text = comm_summary(grid, &m.comm_json);
@@ -468,7 +428,7 @@ double Trainer::validate() {
         int k = k0 + grid.dp_rank;
         bool mine = k < cfg.val_steps;
         read_micro_batch(val, (size_t)(mine ? k : 0) * cfg.B);
-        double l = pipe->forward_only(*model, inputs.data(), targets.data(), cfg.B, T_local);
+        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), cfg.B, T_local);
         if (mine) sum += l, count += 1;
     }
     sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
@@ -486,14 +446,14 @@ double Trainer::validate() {
 void Trainer::sample() {
     trace::set_step(-1);
     const int V = mc.vocab_size, T = cfg.T;
-    std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0), local(T / cpar->size());
+    std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0), local(T / s.cp->size());
     std::vector<float> logits(V);
     std::string text;
     int n = std::min(cfg.gen_tokens, T - 1);
     for (int t = 1; t <= n; t++) {
-        cpar->shard_rows(tokens.data(), 1, T, local.data());
-        pipe->forward_only(*model, local.data(), nullptr, 1, T / cpar->size());
-        pipe->logits_row(*model, 0, t - 1, logits.data());
+        s.cp->shard_rows(tokens.data(), 1, T, local.data());
+        s.pipe->forward_only(*s.model, local.data(), nullptr, 1, T / s.cp->size());
+        s.pipe->logits_row(*s.model, 0, t - 1, logits.data());
         int next = sample_token(logits, rng.uniform());
         tokens[t] = next;
         text += tok.decode(next);
@@ -546,7 +506,7 @@ void Trainer::report_resume(const RunInfo& saved) {
 // Every rank writes its own shard; rank 0 the index, then DONE.
 void Trainer::checkpoint() {
     st.rng_state = rng.state;
-    if (!save_checkpoint(cfg.output_dir, *model, owner(), st, run_info(), &err)) fail(err);
+    if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) fail(err);
     if (main_rank) {
         std::printf("checkpoint: %s\n", checkpoint_dir(cfg.output_dir, st.step).c_str());
         if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
@@ -556,7 +516,7 @@ void Trainer::checkpoint() {
 // The final weights as an llm.c model file, tensor by tensor: into -o (as
 // model_SSSSSSSS.bin) and to --export-model.
 void Trainer::export_weights() {
-    const int version = model->precision().param == DType::BF16 ? 5 : 3;
+    const int version = s.model->precision().param == DType::BF16 ? 5 : 3;
     std::vector<std::string> paths;
     if (!cfg.output_dir.empty()) {
         char name[32];
@@ -565,7 +525,7 @@ void Trainer::export_weights() {
     }
     if (!cfg.export_model.empty()) paths.push_back(cfg.export_model);
     for (const std::string& p : paths) {
-        if (!export_model(p, *model, owner(), version, &err)) fail(err);
+        if (!export_model(p, *s.model, owner(), version, &err)) fail(err);
         if (main_rank) std::printf("model: %s\n", p.c_str());
     }
 }
@@ -575,7 +535,7 @@ void Trainer::export_weights() {
 void Trainer::finish() {
     // Replicas of the tensor-parallel-replicated parameters must agree.
     if (grid.tp > 1) {
-        double c = model->replicated_checksum();
+        double c = s.model->replicated_checksum();
         double hi = grid.tp_group->host_all_reduce(c, ReduceOp::Max);
         double lo = -grid.tp_group->host_all_reduce(-c, ReduceOp::Max);
         if (main_rank) std::printf("tp replicas of LayerNorm, wpe and row-parallel biases: %s\n", hi == lo ? "identical" : "DIFFER");
@@ -583,24 +543,23 @@ void Trainer::finish() {
     }
     // The two copies of the tied embeddings (first and last stage) must agree.
     if (grid.pp > 1) {
-        const bool same = pipe->tied_embeddings_agree(*model);
+        const bool same = s.pipe->tied_embeddings_agree(*s.model);
         if (main_rank) std::printf("pp tied embeddings (first and last stage): %s\n", same ? "identical" : "DIFFER");
         if (!same) fail("the tied embeddings of the first and the last pipeline stage differ");
     }
     export_weights();
     if (!cfg.trace.empty()) {
-        std::vector<double> bubble = pipe->measured_bubble();
+        std::vector<double> bubble = s.pipe->measured_bubble();
         if (main_rank && grid.pp > 1 && !bubble.empty()) {
             std::printf("pipeline bubble (idle / busy, steps 2..%d, from the trace):", cfg.max_steps);
             for (size_t s = 0; s < bubble.size(); s++) std::printf(" stage %zu %.3f", s, bubble[s]);
-            std::printf("; formula (pp-1)/(m*vpp) = %.3f\n", pipe->bubble_formula());
+            std::printf("; formula (pp-1)/(m*vpp) = %.3f\n", s.pipe->bubble_formula());
         }
         bool ok = trace::finish(*grid.world, &err);
         if (!ok) fail(err);
         if (main_rank) std::printf("trace: %s\n", cfg.trace.c_str());
     }
-    std::printf("%s\n", memory_line("end", rank, *model, dpar->comm_buffer_bytes() + cpar->buffer_bytes() +
-                                                           pipe->buffer_bytes(), grid.pp_rank, grid.pp).c_str());
+    std::printf("%s\n", memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp).c_str());
 }
 
 int main(int argc, char** argv) {

@@ -48,17 +48,35 @@ std::vector<PipeAction> pipe_compute_order(int pp, int V, int m, int s) {
     return out;
 }
 
-PipeSchedule make_pipe_schedule(int pp, int V, int m) {
-    if (pp < 1) throw std::invalid_argument("flag --pp: " + std::to_string(pp) + " must be at least 1");
-    if (V < 1) throw std::invalid_argument("flag --vpp: " + std::to_string(V) + " must be at least 1");
-    if (V > 1 && pp == 1) throw std::invalid_argument("flag --vpp: interleaved stages need --pp > 1");
+static bool schedule_ok(int pp, int V, int m, std::string* err) {
+    auto fail = [&](const std::string& s) {
+        *err = s;
+        return false;
+    };
+    if (pp < 1) return fail("flag --pp: " + std::to_string(pp) + " must be at least 1");
+    if (V < 1) return fail("flag --vpp: " + std::to_string(V) + " must be at least 1");
+    if (V > 1 && pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
     if (m < pp)
-        throw std::invalid_argument("flag -d: " + std::to_string(m) + " micro-batch(es) per step for " +
-                                    std::to_string(pp) + " pipeline stages; the pipeline needs at least one per stage");
+        return fail("flag -d: " + std::to_string(m) + " micro-batch(es) per step for " + std::to_string(pp) +
+                    " pipeline stages; the pipeline needs at least one per stage");
     if (V > 1 && m % pp != 0)
-        throw std::invalid_argument("flag -d: the interleaved schedule (--vpp " + std::to_string(V) + ") needs the " +
-                                    std::to_string(m) + " micro-batches per step to be a multiple of --pp " +
-                                    std::to_string(pp));
+        return fail("flag -d: the interleaved schedule (--vpp " + std::to_string(V) + ") needs the " +
+                    std::to_string(m) + " micro-batches per step to be a multiple of --pp " + std::to_string(pp));
+    return true;
+}
+
+bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err) {
+    if (pp >= 1 && vpp >= 1 && L % (pp * vpp) != 0) {
+        *err = std::string(vpp > 1 ? "flag --vpp" : "flag --pp") + ": the " + std::to_string(L) +
+               " blocks do not split evenly into pp·vpp = " + std::to_string(pp * vpp) + " model chunks";
+        return false;
+    }
+    return schedule_ok(pp, vpp, m, err);
+}
+
+PipeSchedule make_pipe_schedule(int pp, int V, int m) {
+    std::string why;
+    if (!schedule_ok(pp, V, m, &why)) throw std::invalid_argument(why);
     PipeSchedule S;
     S.pp = pp;
     S.vpp = V;
@@ -192,10 +210,8 @@ double simulate_pipe_time(const PipeSchedule& S, double tf, double tb, std::vect
 
 PipelineParallel::PipelineParallel(Comm& pp_group, Comm& embed, int L, int vpp, int m)
     : comm_(pp_group), embed_(embed), pp_(pp_group.size()), stage_(pp_group.rank()), vpp_(vpp), m_(m), L_(L) {
-    if (L % (pp_ * vpp) != 0)
-        throw std::invalid_argument(std::string(vpp > 1 ? "flag --vpp" : "flag --pp") + ": the " + std::to_string(L) +
-                                    " blocks do not split evenly into pp·vpp = " + std::to_string(pp_ * vpp) +
-                                    " model chunks");
+    std::string why;
+    if (!pipe_layout_ok(L, pp_, vpp, m, &why)) throw std::invalid_argument(why);
     sched_ = make_pipe_schedule(pp_, vpp, m);
 }
 

@@ -82,6 +82,10 @@ struct PipeSchedule {
     int ticks = 0;                                // length of the lock-step run
 };
 
+// Whether L blocks, pp stages, vpp chunks per stage and m micro-batches
+// make a pipeline; false with *err naming the flag (--pp, --vpp or -d).
+bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err);
+
 // The schedule of pp stages, vpp chunks per stage and m micro-batches.
 // Throws std::invalid_argument naming the flag when they do not fit
 // (m < pp names -d; V > 1 needs m % pp == 0 and pp > 1).
