@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "llmc/args.h"
+#include "llmc/calibrate.h"
 #include "llmc/backend_measure.h"
 #include "llmc/backends.h"
 #include "llmc/checkpoint.h"
@@ -41,6 +42,7 @@
 #include "llmc/model_io.h"
 #include "llmc/optimizer.h"
 #include "llmc/pipeline_parallel.h"
+#include "llmc/planner.h"
 #include "llmc/process_grid.h"
 #include "llmc/report.h"
 #include "llmc/rng.h"
@@ -562,6 +564,72 @@ void Trainer::finish() {
     std::printf("%s\n", memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp).c_str());
 }
 
+// The model shape named by -e: sizes, a descriptor, or a model file's header.
+static bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
+    if (spec_is_file(cfg.model)) {
+        int version;
+        return read_model_header(cfg.model, mc, &version, err);
+    }
+    if (parse_model_spec(cfg.model, mc, err)) return true;
+    *err = "flag -e: " + *err;
+    return false;
+}
+
+// --plan: the layouts of this model on a planned world, without training
+// (rank 0 alone; llmc/planner.h).
+static int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
+    std::string err;
+    PlanRequest r;
+    GPTConfig mc;
+    bool ok = model_config(cfg, &mc, &err) && load_hardware(cfg.hardware, &r.hw, &err);
+    if (ok) {
+        r.mode = cfg.plan;
+        if (cfg.gpus_per_node > 0) r.hw.gpus_per_node = cfg.gpus_per_node;
+        Layout& b = r.base;
+        b.world = cfg.world > 0 ? cfg.world : dist_world_size();
+        b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero;
+        b.B = cfg.B, b.T = cfg.T, b.total_batch = cfg.total_batch;
+        parse_recompute(cfg.recompute, &b.recompute);
+        if (b.total_batch < 0) b.total_batch = (long long)b.B * b.T * std::max(1, b.world / (b.pp * b.tp * b.cp));
+        r.fix_pp = parser.given("pp"), r.fix_vpp = parser.given("vpp"), r.fix_tp = parser.given("tp");
+        r.fix_cp = parser.given("cp"), r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
+        r.fix_B = parser.given("batch-size"), r.fix_recompute = parser.given("recompute");
+        r.device = cfg.device == "auto" ? r.hw.device : cfg.device;
+        r.dtype = cfg.dtype == "auto" ? r.hw.dtype : cfg.dtype;
+        r.json_path = cfg.plan_json;
+        r.attention = cfg.plan_attention;
+        r.top = cfg.plan_top;
+        ok = dist_world_rank() != 0 || run_planner(mc, r, &err);
+    }
+    setup_check(ok, err);
+    dist_finalize();
+    return 0;
+}
+
+// --calibrate: measure this machine (its device and the links between the
+// ranks of this launch) and write a hardware profile.
+static int calibrate_main(const TrainConfig& cfg) {
+    std::string err;
+    GPTConfig mc;
+    setup_check(model_config(cfg, &mc, &err), err);
+    std::unique_ptr<Backend> be(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
+    setup_check(be != nullptr, err);
+    choose_threads();
+    ProcessGrid grid;
+    setup_check(make_process_grid(1, 1, 1, cfg.comm, *be, &grid, &err), err);
+    Hardware hw;
+    bool ok = calibrate(*be, grid, mc, cfg.B, cfg.T, cfg.calibrate, &hw, &err);
+    if (ok && dist_world_rank() == 0) {
+        ok = save_hardware(cfg.calibrate, hw, &err);
+        if (ok) std::printf("calibrate: %s\n%s\n", cfg.calibrate.c_str(), hw.source.c_str());
+    }
+    setup_check(ok, err);
+    grid = ProcessGrid();
+    be.reset();
+    dist_finalize();
+    return 0;
+}
+
 int main(int argc, char** argv) {
     dist_init(&argc, &argv);
     std::unique_ptr<Trainer> run(new Trainer);  // released before MPI ends
@@ -578,6 +646,8 @@ int main(int argc, char** argv) {
         dist_finalize();
         return 0;
     }
+    if (!r.cfg.plan.empty()) return plan_main(parser, r.cfg);
+    if (!r.cfg.calibrate.empty()) return calibrate_main(r.cfg);
     try {
         const TrainConfig& cfg = r.cfg;
         r.setup(parser);

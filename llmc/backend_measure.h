@@ -13,13 +13,18 @@
 
 class MeasureBackend : public Backend {
   public:
-    explicit MeasureBackend(const Backend& real) : real_(real), name_(real.name()), prec_(real.precision()) {}
+    // Counts as `real` would allocate (its precision and rounding).
+    explicit MeasureBackend(const Backend& real)
+        : name_(real.name()), prec_(real.precision()), real_(&real) {}
+    // Counts for a device that is not here (the planner sizing GPU layouts
+    // on a CPU machine): its name, precision, and exact byte counts.
+    MeasureBackend(const char* name, const Precision& p) : name_(name), prec_(p) {}
     const char* name() const override { return name_; }
     Precision precision() const override { return prec_; }
     bool deterministic() const override { return true; }
 
     void* alloc(size_t bytes) override {
-        in_use_ += real_.alloc_size(bytes);
+        in_use_ += real_ ? real_->alloc_size(bytes) : bytes;
         if (in_use_ > peak_) peak_ = in_use_;
         next_ += 4096;  // distinct, never dereferenced
         return reinterpret_cast<void*>(next_);
@@ -66,9 +71,9 @@ class MeasureBackend : public Backend {
     double sum_squares(const void*, DType, size_t) override { return 0; }
 
   private:
-    const Backend& real_;
     const char* name_;
     Precision prec_;
+    const Backend* real_ = nullptr;
     size_t in_use_ = 0, peak_ = 0;
     uintptr_t next_ = 4096;
 };

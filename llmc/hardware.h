@@ -25,8 +25,12 @@ struct Hardware {
     int gpus_per_node = 8;
     double intra_bw = 0, intra_lat = 0;  // within a node: bytes/s per rank (one direction), seconds
     double inter_bw = 0, inter_lat = 0;  // across nodes
-    double p2p_lat = 0;                  // extra latency of a point-to-point transfer (seconds)
-    std::string dtype = "bf16";          // the backend precision the profile describes (bf16, fp32, fp64)
+    double p2p_lat = 0;                  // latency of a point-to-point transfer (seconds)
+    double p2p_bw = 0;                   // its bandwidth (0: the collective link's)
+    double comm_overlap = 1;             // 1: collectives run beside compute (GPU); 0: they do not (CPU MPI)
+    std::string device = "cuda";         // the backend the profile describes (cuda or cpu)
+    std::string dtype = "bf16";          // its precision (bf16, fp32, fp64)
+    int threads = 0;                     // CPU threads per rank it was measured with (0: not a CPU profile)
 };
 
 // A built-in profile ("h100-sxm", "a100-sxm-80g") or a JSON file; false with

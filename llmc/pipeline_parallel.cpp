@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <tuple>
 
@@ -74,9 +75,25 @@ bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err) {
     return schedule_ok(pp, vpp, m, err);
 }
 
-PipeSchedule make_pipe_schedule(int pp, int V, int m) {
+// Schedules are pure functions of (pp, vpp, m) and the planner asks for the
+// same ones many times (every rank of every layout it sizes): kept once made.
+static PipeSchedule make_schedule_uncached(int pp, int V, int m);
+
+std::shared_ptr<const PipeSchedule> shared_pipe_schedule(int pp, int V, int m) {
+    static std::map<std::tuple<int, int, int>, std::shared_ptr<const PipeSchedule>> cache;
     std::string why;
     if (!schedule_ok(pp, V, m, &why)) throw std::invalid_argument(why);
+    auto it = cache.find({pp, V, m});
+    if (it != cache.end()) return it->second;
+    if (cache.size() > 256) cache.clear();
+    auto sched = std::make_shared<const PipeSchedule>(make_schedule_uncached(pp, V, m));
+    cache[{pp, V, m}] = sched;
+    return sched;
+}
+
+PipeSchedule make_pipe_schedule(int pp, int V, int m) { return *shared_pipe_schedule(pp, V, m); }
+
+static PipeSchedule make_schedule_uncached(int pp, int V, int m) {
     PipeSchedule S;
     S.pp = pp;
     S.vpp = V;
@@ -212,7 +229,7 @@ PipelineParallel::PipelineParallel(Comm& pp_group, Comm& embed, int L, int vpp, 
     : comm_(pp_group), embed_(embed), pp_(pp_group.size()), stage_(pp_group.rank()), vpp_(vpp), m_(m), L_(L) {
     std::string why;
     if (!pipe_layout_ok(L, pp_, vpp, m, &why)) throw std::invalid_argument(why);
-    sched_ = make_pipe_schedule(pp_, vpp, m);
+    sched_ = shared_pipe_schedule(pp_, vpp, m);
 }
 
 PipelineParallel::~PipelineParallel() {
@@ -231,7 +248,7 @@ std::vector<ModelChunk> PipelineParallel::chunks() const {
         c.layers = per;
         c.embed = v == 0;
         c.head = v == last;
-        c.slots = std::max(1, sched_.slots[stage_][k]);
+        c.slots = std::max(1, sched_->slots[stage_][k]);
         out.push_back(c);
     }
     return out;
@@ -252,7 +269,7 @@ void PipelineParallel::attach(GPT& model) {
     row_ = alloc(model.config().vocab_size * sizeof(float));
     // Receive buffers as the schedule needs them at once, at least one for
     // the forward-only passes; two gradient send buffers used in turn.
-    for (int i = 0; i < std::max(1, sched_.recv_bufs[stage_]); i++) recv_.push_back(alloc(elems_ * dtype_size(act_)));
+    for (int i = 0; i < std::max(1, sched_->recv_bufs[stage_]); i++) recv_.push_back(alloc(elems_ * dtype_size(act_)));
     recv_handle_.assign(recv_.size(), -1);
     for (int i = 0; i < 2; i++) send_.push_back(alloc(elems_ * dtype_size(act_)));
     send_handle_.assign(send_.size(), -1);
@@ -317,7 +334,7 @@ double PipelineParallel::train_step(GPT& model, DataParallel& dp, const Loader& 
     handles_.clear();
     std::fill(recv_handle_.begin(), recv_handle_.end(), -1);
     std::fill(send_handle_.begin(), send_handle_.end(), -1);
-    for (const PipeAction& a : sched_.stages[stage_]) {
+    for (const PipeAction& a : sched_->stages[stage_]) {
         if (a.kind == PipeAction::Exchange) {
             exchange(model, a, send_buf_of_msg);
             continue;

@@ -39,6 +39,7 @@
 // needs a receive (which could wait for the peer to finish computing).
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,9 @@ bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err);
 // Throws std::invalid_argument naming the flag when they do not fit
 // (m < pp names -d; V > 1 needs m % pp == 0 and pp > 1).
 PipeSchedule make_pipe_schedule(int pp, int vpp, int m);
+// The same, made once per (pp, vpp, m) and shared (the planner sizes many
+// ranks of many layouts).
+std::shared_ptr<const PipeSchedule> shared_pipe_schedule(int pp, int vpp, int m);
 // The compute order alone: stage s's forwards and backwards as (kind, mb, chunk).
 std::vector<PipeAction> pipe_compute_order(int pp, int vpp, int m, int s);
 
@@ -110,7 +114,7 @@ class PipelineParallel {
     int size() const { return pp_; }
     int stage() const { return stage_; }
     int vpp() const { return vpp_; }
-    const PipeSchedule& schedule() const { return sched_; }
+    const PipeSchedule& schedule() const { return *sched_; }
     // The model chunks of this stage, for GPT's constructor.
     std::vector<ModelChunk> chunks() const;
     // Allocates the transfer buffers for this model (call once, after the model is built).
@@ -165,7 +169,7 @@ class PipelineParallel {
     Comm& embed_;
     Backend* be_ = nullptr;
     int pp_, stage_, vpp_, m_, L_;
-    PipeSchedule sched_;
+    std::shared_ptr<const PipeSchedule> sched_;
     size_t elems_ = 0;             // elements of one boundary activation
     DType act_ = DType::F32;
     std::vector<void*> recv_;      // receive buffers

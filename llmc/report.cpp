@@ -35,6 +35,7 @@ std::string memory_line(const char* when, int rank, GPT& model, size_t comm_byte
     }
     line += " stage=" + std::to_string(stage) + "/" + std::to_string(stages) + " layers=" + std::to_string(layers) +
             " in_flight=" + in_flight + " stage_activations=" + std::to_string(per_layer);
+    line += " bytes=" + std::to_string(model.backend().bytes_in_use());
     line += " total=" + human_bytes((double)model.backend().bytes_in_use()) +
             " peak=" + human_bytes((double)model.backend().bytes_peak());
     return line;

@@ -15,10 +15,11 @@ std::string human_bytes(double bytes);
 // One line per rank:
 //   memory[R] WHEN: params=.. grads=.. master=.. optimizer=.. activations=..
 //   comm=.. layer_activations=.. stage=S/P layers=N in_flight=a[,b..]
-//   stage_activations=.. total=.. peak=..
+//   stage_activations=.. bytes=.. total=.. peak=..
 // layer_activations: bytes one block keeps for its backward, per
 // micro-batch; stage_activations: the per-block activations the stage holds
-// (layers x in flight x layer_activations); comm_bytes: buffers of the
+// (layers x in flight x layer_activations); bytes: what the backend holds,
+// exactly (total and peak: the same for humans); comm_bytes: buffers of the
 // parallel modes.
 std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages);
 

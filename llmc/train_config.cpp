@@ -42,6 +42,17 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'r', "recompute", O::String, &c.recompute, "activations recomputed in backward (1 = gelu, 0 = none)", 0, 0,
            {"none", "gelu", "selective", "full", "0", "1"}, "1"});
     p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1, {}, "1"});
+    p.add({0, "plan", O::String, &c.plan, "plan instead of training: search layouts, or eval the one given", 0, 0,
+           {"search", "eval"}});
+    p.add({0, "world", O::Int, &c.world, "devices to plan for (0: the ranks of this launch)", 0, 1 << 24});
+    p.add({0, "gpus-per-node", O::Int, &c.gpus_per_node, "devices per node to plan for (0: the profile's)", 0, 1 << 16});
+    p.add({0, "hardware", O::String, &c.hardware, "hardware profile to plan for: h100-sxm, a100-sxm-80g or FILE.json"});
+    p.add({0, "plan-json", O::String, &c.plan_json, "write every planned layout as a JSON line to this file"});
+    p.add({0, "plan-attention", O::String, &c.plan_attention,
+           "attention the plan's time model assumes: this trainer's, or standard (T x T scores in memory)", 0, 0,
+           {"flash", "standard"}});
+    p.add({0, "plan-top", O::Int, &c.plan_top, "layouts the plan prints", 1, 1e6});
+    p.add({0, "calibrate", O::String, &c.calibrate, "measure this machine at -e/-b/-t and write a profile (no training)"});
     p.add({0, "seed", O::Long, &c.seed, "seed of the initialisation and the sampling RNG", 0, 9.2e18});
     p.add({0, "device", O::String, &c.device, "where to run", 0, 0, {"auto", "cpu", "cuda"}});
     p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda)", 0, 0,

@@ -47,6 +47,15 @@ struct TrainConfig {
     std::string recompute = "none";  // -r: none, gelu, selective, full (0 = none, 1 = gelu)
     int overfit = 0;           // -a
     long long seed = 1337;
+    // planning (no training): llmc/planner.h, llmc/calibrate.h
+    std::string plan = "";          // search | eval
+    int world = 0;                  // devices planned for (0: this launch's ranks)
+    int gpus_per_node = 0;          // (0: the hardware profile's)
+    std::string hardware = "h100-sxm";
+    std::string plan_json = "";
+    std::string plan_attention = "flash";
+    int plan_top = 10;
+    std::string calibrate = "";     // measure this machine, write a profile here
     std::string device = "auto";
     std::string dtype = "auto";
 };

@@ -20,7 +20,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEM = re.compile(r"memory\[(\d+)\] start: params=(\d+) grads=(\d+) master=(\d+) optimizer=(\d+) activations=(\d+) "
-                 r"comm=(\d+) layer_activations=(\d+) total=\S+ \S+ peak=(\S+ \S+)")
+                 r"comm=(\d+) layer_activations=(\d+) .*?total=\S+ \S+ peak=(\S+ \S+)")
 
 
 def main():

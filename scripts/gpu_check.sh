@@ -276,6 +276,24 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8_00
         grep '^benchmark:' "$W/d12_b$B.log" | cut -c1-160 | tee -a "$SUMMARY"
         figures "$W/d12_b$B.log" "d12_b${B}_t1024_" "scripts/benchmark.py --steps 30 --warmup 5 -- $args"
     done
+    # The planner on this GPU (llmc/planner.h): calibrate the device at d12's
+    # shapes, predict the B=16 run, and compare with the benchmark's tokens/s.
+    local prof=$W/gpu_profile.json
+    run_prog calibrate 120 ./train_gpt --calibrate "$prof" -e d12 -b 16 -t 1024 --device cuda
+    if [[ -f $prof && -f $W/d12_b16.log ]]; then
+        run_prog plan_d12 60 ./train_gpt --plan eval --hardware "$prof" -e d12 -b 16 -t 1024 --world 1 \
+            --device cuda --plan-json "$W/plan_d12.jsonl"
+        "$PY" - "$W/plan_d12.jsonl" "$W/d12_b16.log" > "$W/plan_vs_measured.log" <<'PYEOF'
+import json, re, sys
+pred = json.loads(open(sys.argv[1]).readline())["tokens_per_s"]
+meas = float(re.search(r"^figure tokens_per_s (\S+)", open(sys.argv[2]).read(), re.M).group(1))
+print(f"planner: d12 B=16 predicted {pred:.0f} tokens/s, measured {meas:.0f} ({pred / meas:.3f}x)")
+print(f"figure d12_b16_plan_tokens_per_s {pred:.6g} tok/s")
+print(f"figure d12_b16_plan_over_measured {pred / meas:.6g} ratio")
+PYEOF
+        grep '^planner:' "$W/plan_vs_measured.log" | tee -a "$SUMMARY"
+        figures "$W/plan_vs_measured.log" "" "train_gpt --calibrate, then --plan eval -e d12 -b 16 -t 1024 --world 1"
+    fi
     if [[ -f build/gpu_carry/llmc_src.tar.gz ]]; then
         run_prog bench_vs_llmc 400 bash scripts/bench_vs_llmc.sh ${LLMC_B:-16 32}
         cat "$WORK/bench_llmc/table.txt" 2>/dev/null | tee -a "$SUMMARY"

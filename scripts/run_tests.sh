@@ -115,6 +115,7 @@ if command -v mpirun >/dev/null; then
     run test_pp "$PY" tests/test_pp.py
     run test_memory "$PY" tests/test_memory.py
     run test_multinode "$PY" tests/test_multinode.py
+    run test_planner "$PY" tests/test_planner.py
 else
     echo "(mpirun not found: distributed tests skipped; scripts/setup.sh installs OpenMPI)"
 fi
