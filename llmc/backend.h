@@ -31,8 +31,8 @@ struct Precision {
 
 // Shape of one attention call over a block of queries and a block of keys.
 // Element (b, t, h, d) of q lives at q[b*qb() + t*q_stride + h*HS + d];
-// likewise k, v with kb(), kv_stride and Tk; out and dout with ob() and
-// o_stride. lse (type stat) holds the log-sum-exp of each query row's scaled
+// likewise k, v with kb(), kv_stride and Tk (over kv_heads() heads); out
+// and dout with ob() and o_stride. lse (type stat) holds the log-sum-exp of each query row's scaled
 // scores at lse[b*lb() + h*lh() + t]. The batch strides default to dense
 // blocks (Tq*q_stride, ...; lse [B, NH, Tq]); ring attention sets them to
 // address half of a sequence's rows in place.
@@ -43,6 +43,12 @@ struct AttnShape {
     bool causal;   // key j visible to query i only when j <= i (Tq == Tk)
     double scale;  // usually 1/sqrt(HS); double so fp64 runs are exact
     size_t q_bstride = 0, kv_bstride = 0, o_bstride = 0, lse_bstride = 0, lse_hstride = 0;  // 0: dense
+    // Grouped-query attention: k and v hold NKV heads (0: NH), and query
+    // head h reads key/value head h / (NH / NKV); dk and dv sum over the
+    // query heads of their group.
+    int NKV = 0;
+    int kv_heads() const { return NKV ? NKV : NH; }
+    int kv_head(int h) const { return NKV ? h / (NH / NKV) : h; }
     size_t qb() const { return q_bstride ? q_bstride : (size_t)Tq * q_stride; }
     size_t kb() const { return kv_bstride ? kv_bstride : (size_t)Tk * kv_stride; }
     size_t ob() const { return o_bstride ? o_bstride : (size_t)Tq * o_stride; }
@@ -165,6 +171,51 @@ class Backend {
                                     const void* k, const void* v, const void* out, const void* lse,
                                     const AttnShape& s) = 0;
 
+    // ---- Llama (shared/reference.md section 9) -------------------------------
+    // These have defaults that refuse, so a backend without them still builds
+    // and GPT-2 runs on it; the model calls them only for Llama.
+    // out = inp / sqrt(mean(inp²) + eps) * w over the last dim C, N rows;
+    // rstd [N] (type stat) keeps 1/sqrt(mean + eps) for the backward.
+    virtual void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) {
+        (void)out, (void)rstd, (void)inp, (void)w, (void)N, (void)C, (void)eps;
+        refuse("rmsnorm_forward");
+    }
+    // residual = a + b; out = RMSNorm(residual) (fused on the GPU).
+    virtual void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b,
+                                          const void* w, int N, int C, double eps) {
+        (void)residual, (void)out, (void)rstd, (void)a, (void)b, (void)w, (void)N, (void)C, (void)eps;
+        refuse("residual_rmsnorm_forward");
+    }
+    // dinp (+=), dw (+=) from dout, the forward's input and its rstd.
+    virtual void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w,
+                                  const void* rstd, int N, int C) {
+        (void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)rstd, (void)N, (void)C;
+        refuse("rmsnorm_backward");
+    }
+    // Rotary position embeddings, in place, on `heads` heads of HS channels
+    // at the start of each of the B·T rows of x (row b·T + t at
+    // x + (b·T + t)·row_stride), token t at position pos[t] (int32, backend
+    // memory). Rotate-half convention of Hugging Face Llama: with half =
+    // HS/2, f_i = theta^(-2i/HS) and a = pos·f_i for i < half,
+    //   y_i = x_i cos a - x_{i+half} sin a;  y_{i+half} = x_{i+half} cos a + x_i sin a.
+    // inverse rotates by -a (the backward: the gradient of the input).
+    virtual void rope(void* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta,
+                      bool inverse) {
+        (void)x, (void)row_stride, (void)heads, (void)HS, (void)pos, (void)B, (void)T, (void)theta, (void)inverse;
+        refuse("rope");
+    }
+    // SwiGLU: gu holds N rows of [gate (H) | up (H)]; out[n, i] =
+    // silu(gate[n, i]) * up[n, i] with silu(x) = x / (1 + exp(-x)).
+    virtual void swiglu_forward(void* out, const void* gu, int N, int H) {
+        (void)out, (void)gu, (void)N, (void)H;
+        refuse("swiglu_forward");
+    }
+    // dgu [N, 2H] (overwrite) from dout [N, H] and the forward's gu.
+    virtual void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) {
+        (void)dgu, (void)gu, (void)dout, (void)N, (void)H;
+        refuse("swiglu_backward");
+    }
+
     // Ring attention (context parallel, reference.md section 5): one block of
     // queries against one block of keys and values.
     // Forward: merges the block's result into running (out_acc, lse_acc), both
@@ -225,5 +276,6 @@ class Backend {
 
   protected:
     bool over_budget(size_t more) const { return budget_ && bytes_in_use() + more > budget_; }
+    [[noreturn]] void refuse(const char* op) const;
     size_t budget_ = 0;
 };

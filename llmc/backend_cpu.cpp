@@ -98,6 +98,25 @@ class CpuBackend : public Backend {
                             const void* mean, const void* rstd, int N, int C) override {
         cpu::layernorm_backward(f(dinp), f(dw), f(db), f(dout), f(inp), f(w), f(mean), f(rstd), N, C);
     }
+    void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) override {
+        cpu::rmsnorm_forward(f(out), f(rstd), f(inp), f(w), N, C, eps);
+    }
+    void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b, const void* w,
+                                  int N, int C, double eps) override {
+        cpu::residual_rmsnorm_forward(f(residual), f(out), f(rstd), f(a), f(b), f(w), N, C, eps);
+    }
+    void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w, const void* rstd,
+                          int N, int C) override {
+        cpu::rmsnorm_backward(f(dinp), f(dw), f(dout), f(inp), f(w), f(rstd), N, C);
+    }
+    void rope(void* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta,
+              bool inverse) override {
+        cpu::rope(f(x), row_stride, heads, HS, pos, B, T, theta, inverse);
+    }
+    void swiglu_forward(void* out, const void* gu, int N, int H) override { cpu::swiglu_forward(f(out), f(gu), N, H); }
+    void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) override {
+        cpu::swiglu_backward(f(dgu), f(gu), f(dout), N, H);
+    }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {
         cpu::matmul_forward(f(out), f(inp), f(weight), f(bias), N, IC, OC);

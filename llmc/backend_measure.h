@@ -47,6 +47,12 @@ class MeasureBackend : public Backend {
                                     int) override {}
     void layernorm_backward(void*, void*, void*, const void*, const void*, const void*, const void*, const void*, int,
                             int) override {}
+    void rmsnorm_forward(void*, void*, const void*, const void*, int, int, double) override {}
+    void residual_rmsnorm_forward(void*, void*, void*, const void*, const void*, const void*, int, int, double) override {}
+    void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const void*, int, int) override {}
+    void rope(void*, size_t, int, int, const int*, int, int, double, bool) override {}
+    void swiglu_forward(void*, const void*, int, int) override {}
+    void swiglu_backward(void*, const void*, const void*, int, int) override {}
     void matmul_forward(void*, const void*, const void*, const void*, int, int, int) override {}
     void matmul_backward(void*, void*, void*, const void*, const void*, const void*, int, int, int) override {}
     void add_bias(void*, const void*, int, int) override {}

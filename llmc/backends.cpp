@@ -2,6 +2,8 @@
 #include "backends.h"
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "backend_cpu.h"
 #ifdef LLMC_CUDA
@@ -45,4 +47,8 @@ double backend_peak_flops(Backend& be) {
 #endif
     (void)be;
     return 0.0;
+}
+
+void Backend::refuse(const char* op) const {
+    throw std::logic_error(std::string(op) + ": not implemented by the " + name() + " backend");
 }

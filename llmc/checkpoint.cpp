@@ -358,7 +358,7 @@ bool open_shard(const std::string& path, const Index& ix, Shard* sh, std::string
                 return false;
             }
             p = {q[0], q[1], q[2], q[3]};
-            const size_t P = gpt2_param_count(ix.cfg);
+            const size_t P = model_param_count(ix.cfg);
             if (p.len == 0 || p.count == 0 || p.off + (p.count - 1) * p.stride + p.len > P) {
                 *err = "checkpoint shard " + path + ": a piece past the model's " + std::to_string(P) + " parameters";
                 return false;

@@ -44,7 +44,30 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
         while (std::getline(ss, item, ',')) {
             size_t eq = item.find('=');
             std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
+            if (key == "arch") {
+                if (val == "gpt2") c.arch = Arch::gpt2;
+                else if (val == "llama") c.arch = Arch::llama;
+                else {
+                    *err = "unknown arch '" + val + "' in '" + spec + "' (gpt2 or llama)";
+                    return false;
+                }
+                continue;
+            }
+            if (key == "theta" || key == "eps") {  // real numbers
+                char* end = nullptr;
+                const double d = eq == std::string::npos ? 0 : std::strtod(val.c_str(), &end);
+                if (eq == std::string::npos || !end || *end != '\0' || !(d > 0)) {
+                    *err = "bad model size '" + item + "' in '" + spec + "' (expected " + key + "=positive number)";
+                    return false;
+                }
+                (key == "theta" ? c.rope_theta : c.norm_eps) = d;
+                continue;
+            }
             int v = 0;
+            if (key == "tied" && (val == "0" || val == "1")) {
+                c.tied = val == "1";
+                continue;
+            }
             if (eq == std::string::npos || !parse_int(val, &v)) {
                 *err = "bad model size '" + item + "' in '" + spec + "' (expected KEY=positive integer)";
                 return false;
@@ -52,11 +75,14 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             if (key == "L") c.num_layers = v;
             else if (key == "C") c.channels = v;
             else if (key == "NH") c.num_heads = v;
+            else if (key == "NKV") c.num_kv_heads = v;
+            else if (key == "F") c.ffn = v;
             else if (key == "V") c.vocab_size = v;
             else if (key == "Vp") c.padded_vocab_size = v;
             else if (key == "T" || key == "maxT") c.max_seq_len = v;
             else {
-                *err = "unknown model size '" + key + "' in '" + spec + "' (keys: L, C, NH, V, Vp, T)";
+                *err = "unknown model size '" + key + "' in '" + spec +
+                       "' (keys: arch, L, C, NH, NKV, F, V, Vp, T, theta, eps, tied)";
                 return false;
             }
         }
@@ -64,7 +90,15 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             *err = "model sizes '" + spec + "' must give all of L, C, NH, V, T";
             return false;
         }
-        if (!c.padded_vocab_size) c.padded_vocab_size = default_padded_vocab(c.vocab_size);
+        if (!c.llama() && (c.num_kv_heads || c.ffn || !c.tied)) {
+            *err = "model sizes '" + spec + "': NKV, F and tied=0 are Llama's (add arch=llama)";
+            return false;
+        }
+        if (c.llama() && !c.ffn) {
+            *err = "model sizes '" + spec + "': a Llama model needs F, its MLP's hidden size";
+            return false;
+        }
+        if (!c.padded_vocab_size) c.padded_vocab_size = c.llama() ? c.vocab_size : default_padded_vocab(c.vocab_size);
     }
     if (!validate_config(c, err)) return false;
     *cfg = c;
@@ -85,12 +119,29 @@ bool validate_config(const GPTConfig& c, std::string* err) {
         *err = "padded vocab Vp must be >= V (" + cs + ")";
         return false;
     }
+    if (c.llama()) {
+        if (c.kv_heads() <= 0 || c.num_heads % c.kv_heads() != 0) {
+            *err = "key/value heads NKV must divide the heads NH (" + cs + ")";
+            return false;
+        }
+        if (c.head_size() % 2 != 0) {
+            *err = "rotary embeddings need an even head size C/NH (" + cs + ")";
+            return false;
+        }
+        if (c.hidden() <= 0) {
+            *err = "the MLP's hidden size F must be positive (" + cs + ")";
+            return false;
+        }
+    }
     return true;
 }
 
 std::string config_string(const GPTConfig& c) {
     std::ostringstream o;
-    o << "L=" << c.num_layers << " C=" << c.channels << " NH=" << c.num_heads << " V=" << c.vocab_size
-      << " Vp=" << c.padded_vocab_size << " maxT=" << c.max_seq_len;
+    if (c.llama()) o << "llama ";
+    o << "L=" << c.num_layers << " C=" << c.channels << " NH=" << c.num_heads;
+    if (c.llama()) o << " NKV=" << c.kv_heads() << " F=" << c.hidden();
+    o << " V=" << c.vocab_size << " Vp=" << c.padded_vocab_size << " maxT=" << c.max_seq_len;
+    if (c.llama()) o << " theta=" << c.rope_theta << " eps=" << c.norm_eps << (c.tied ? " tied" : " untied");
     return o.str();
 }

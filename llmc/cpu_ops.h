@@ -208,6 +208,100 @@ void layernorm_backward(F* dinp, F* dw, F* db, const F* dout, const F* inp, cons
     }
 }
 
+// ---- Llama: RMSNorm, rotary embeddings, SwiGLU ---------------------------------
+template <typename F>
+void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* w, int N, int C, double eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        F ss = 0;
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        F s = F(1) / std::sqrt(ss / C + F(eps));
+        F* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] * s * w[c];
+        rstd[n] = s;
+    }
+}
+
+template <typename F>
+void residual_rmsnorm_forward(F* residual, F* out, F* rstd, const F* a, const F* b, const F* w, int N, int C,
+                              double eps) {
+    residual_forward(residual, a, b, (size_t)N * C);
+    rmsnorm_forward(out, rstd, residual, w, N, C, eps);
+}
+
+// y = x·s·w with s = 1/sqrt(mean(x²) + eps): dx = s·(w∘dy) - x·s³·mean(x∘w∘dy).
+template <typename F>
+void rmsnorm_backward(F* dinp, F* dw, const F* dout, const F* inp, const F* w, const F* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        const F* dy = dout + (size_t)n * C;
+        F s = rstd[n], dot = 0;
+        for (int c = 0; c < C; c++) dot += x[c] * w[c] * dy[c];
+        dot /= C;
+        F* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) dx[c] += s * w[c] * dy[c] - x[c] * s * s * s * dot;
+    }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        F gw = 0;
+        for (int n = 0; n < N; n++) gw += inp[(size_t)n * C + c] * rstd[n] * dout[(size_t)n * C + c];
+        dw[c] += gw;
+    }
+}
+
+// Rotate-half rotary embeddings (backend.h rope), in place; the angle is
+// computed in double whatever F, as the reference does for fp64.
+template <typename F>
+void rope(F* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta, bool inverse) {
+    const int half = HS / 2;
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            F* row = x + ((size_t)b * T + t) * row_stride;
+            for (int i = 0; i < half; i++) {
+                const double a = pos[t] * std::pow(theta, -2.0 * i / HS);
+                const F c = F(std::cos(a)), sn = F(inverse ? -std::sin(a) : std::sin(a));
+                for (int h = 0; h < heads; h++) {
+                    F* v = row + (size_t)h * HS;
+                    const F x0 = v[i], x1 = v[i + half];
+                    v[i] = x0 * c - x1 * sn;
+                    v[i + half] = x1 * c + x0 * sn;
+                }
+            }
+        }
+}
+
+template <typename F>
+void swiglu_forward(F* out, const F* gu, int N, int H) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* g = gu + (size_t)n * 2 * H;
+        const F* u = g + H;
+        F* o = out + (size_t)n * H;
+        for (int i = 0; i < H; i++) o[i] = g[i] / (F(1) + std::exp(-g[i])) * u[i];
+    }
+}
+
+// d/dg [g·σ(g)·u] = u·σ(g)·(1 + g·(1 - σ(g))); d/du = g·σ(g).
+template <typename F>
+void swiglu_backward(F* dgu, const F* gu, const F* dout, int N, int H) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* g = gu + (size_t)n * 2 * H;
+        const F* u = g + H;
+        const F* dy = dout + (size_t)n * H;
+        F* dg = dgu + (size_t)n * 2 * H;
+        F* du = dg + H;
+        for (int i = 0; i < H; i++) {
+            const F sg = F(1) / (F(1) + std::exp(-g[i]));
+            dg[i] = dy[i] * u[i] * sg * (F(1) + g[i] * (F(1) - sg));
+            du[i] = dy[i] * g[i] * sg;
+        }
+    }
+}
+
 // ---- Linear layers --------------------------------------------------------------
 template <typename F>
 void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC) {
@@ -279,9 +373,10 @@ inline int attn_keys(const AttnShape& s, int i) { return s.causal ? i + 1 : s.Tk
 template <typename F>
 F attention_row(F* o, const F* qi, const F* k, const F* v, const AttnShape& s, int b, int h, int i, std::vector<F>& p) {
     int nk = attn_keys(s, i);
+    const size_t kh = (size_t)s.kv_head(h) * s.HS;
     F mx = -INFINITY;
     for (int j = 0; j < nk; j++) {
-        const F* kj = k + b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS;
+        const F* kj = k + b * s.kb() + (size_t)j * s.kv_stride + kh;
         F dot = 0;
         for (int d = 0; d < s.HS; d++) dot += qi[d] * kj[d];
         p[j] = dot * F(s.scale);
@@ -294,7 +389,7 @@ F attention_row(F* o, const F* qi, const F* k, const F* v, const AttnShape& s, i
     }
     for (int d = 0; d < s.HS; d++) o[d] = 0;
     for (int j = 0; j < nk; j++) {
-        const F* vj = v + b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS;
+        const F* vj = v + b * s.kb() + (size_t)j * s.kv_stride + kh;
         F pj = p[j] / sum;
         for (int d = 0; d < s.HS; d++) o[d] += pj * vj[d];
     }
@@ -337,43 +432,46 @@ void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const
 }
 
 // Gradients of one block (dq with q's strides, dk/dv with k's), accumulated.
-// Each (b, h) owns its slices, so heads run in parallel without races and
-// every sum runs in a fixed order.
+// Each (b, kv head) owns its slices of dk and dv, and the query heads of its
+// group run one after the other inside it, so there are no races and every
+// sum runs in a fixed order.
 template <typename F>
 void attention_block_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
                               const F* lse, const AttnShape& s) {
+    const int G = s.kv_heads(), per = s.NH / G;
 #pragma omp parallel for schedule(static) collapse(2)
     for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++)
-            for (int i = 0; i < s.Tq; i++) {
-                size_t qo = b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
-                size_t oo = b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
-                const F* qi = q + qo;
-                const F* oi = out + oo;
-                const F* doi = dout + oo;
-                F* dqi = dq + qo;
-                F L = lse[b * s.lb() + h * s.lh() + i];
-                F D = 0;
-                for (int d = 0; d < s.HS; d++) D += doi[d] * oi[d];
-                int nk = attn_keys(s, i);
-                for (int j = 0; j < nk; j++) {
-                    size_t kvo = b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS;
-                    const F* kj = k + kvo;
-                    const F* vj = v + kvo;
-                    F dot = 0, dp = 0;
-                    for (int d = 0; d < s.HS; d++) {
-                        dot += qi[d] * kj[d];
-                        dp += doi[d] * vj[d];
-                    }
-                    F p = std::exp(dot * F(s.scale) - L);
-                    F ds = p * (dp - D) * F(s.scale);
-                    for (int d = 0; d < s.HS; d++) {
-                        dqi[d] += ds * kj[d];
-                        dk[kvo + d] += ds * qi[d];
-                        dv[kvo + d] += p * doi[d];
+        for (int g = 0; g < G; g++)
+            for (int h = g * per; h < (g + 1) * per; h++)
+                for (int i = 0; i < s.Tq; i++) {
+                    size_t qo = b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
+                    size_t oo = b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
+                    const F* qi = q + qo;
+                    const F* oi = out + oo;
+                    const F* doi = dout + oo;
+                    F* dqi = dq + qo;
+                    F L = lse[b * s.lb() + h * s.lh() + i];
+                    F D = 0;
+                    for (int d = 0; d < s.HS; d++) D += doi[d] * oi[d];
+                    int nk = attn_keys(s, i);
+                    for (int j = 0; j < nk; j++) {
+                        size_t kvo = b * s.kb() + (size_t)j * s.kv_stride + (size_t)g * s.HS;
+                        const F* kj = k + kvo;
+                        const F* vj = v + kvo;
+                        F dot = 0, dp = 0;
+                        for (int d = 0; d < s.HS; d++) {
+                            dot += qi[d] * kj[d];
+                            dp += doi[d] * vj[d];
+                        }
+                        F p = std::exp(dot * F(s.scale) - L);
+                        F ds = p * (dp - D) * F(s.scale);
+                        for (int d = 0; d < s.HS; d++) {
+                            dqi[d] += ds * kj[d];
+                            dk[kvo + d] += ds * qi[d];
+                            dv[kvo + d] += p * doi[d];
+                        }
                     }
                 }
-            }
 }
 
 // Full attention backward: zero the gradients, then one block.
@@ -382,16 +480,18 @@ void attention_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F*
                         const F* lse, const AttnShape& s) {
 #pragma omp parallel for schedule(static) collapse(2)
     for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++) {
+        for (int h = 0; h < s.NH; h++)
             for (int i = 0; i < s.Tq; i++)
                 for (int d = 0; d < s.HS; d++) dq[b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS + d] = 0;
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < s.B; b++)
+        for (int g = 0; g < s.kv_heads(); g++)
             for (int j = 0; j < s.Tk; j++)
                 for (int d = 0; d < s.HS; d++) {
-                    size_t o = b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS + d;
+                    size_t o = b * s.kb() + (size_t)j * s.kv_stride + (size_t)g * s.HS + d;
                     dk[o] = 0;
                     dv[o] = 0;
                 }
-        }
     attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 

@@ -46,6 +46,12 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     if (c.num_heads % l.tp != 0)
         return fail("flag --tp: " + std::to_string(l.tp) + " does not divide the " + std::to_string(c.num_heads) +
                     " attention heads");
+    if (c.kv_heads() % l.tp != 0)
+        return fail("flag --tp: " + std::to_string(l.tp) + " does not divide the " + std::to_string(c.kv_heads()) +
+                    " key/value heads (grouped-query attention splits whole key/value heads)");
+    if (c.hidden() % l.tp != 0)
+        return fail("flag --tp: " + std::to_string(l.tp) + " does not divide the MLP's " + std::to_string(c.hidden()) +
+                    " hidden channels");
     if (l.cp > 1 && l.T % (2 * l.cp) != 0)
         return fail("flag --cp: the sequence length T=" + std::to_string(l.T) + " does not cut into 2*cp = " +
                     std::to_string(2 * l.cp) + " chunks");

@@ -48,7 +48,7 @@ bool read_model_header(const std::string& path, GPTConfig* cfg, int* version, st
         *err = "model file " + path + ": bad header: " + why;
         return false;
     }
-    size_t bytes = gpt2_param_count(c) * (h[1] == 3 ? 4 : 2);
+    size_t bytes = model_param_count(c) * (h[1] == 3 ? 4 : 2);
     if ((unsigned long long)size != kHeaderInts * 4ull + bytes) {
         *err = "model file " + path + ": size " + std::to_string(size) + " bytes, header promises " +
                std::to_string(kHeaderInts * 4ull + bytes) + " (truncated or corrupt)";
@@ -120,7 +120,7 @@ bool write_model_file(const std::string& path, const GPTConfig& c, const void* h
     h[6] = c.channels;
     h[7] = c.padded_vocab_size;
     DType ft = version == 5 ? DType::BF16 : DType::F32;
-    size_t P = gpt2_param_count(c);
+    size_t P = model_param_count(c);
     std::vector<char> buf(P * dtype_size(ft));
     convert_host(buf.data(), ft, host, t, P);
     AtomicWriter w;

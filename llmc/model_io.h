@@ -17,7 +17,7 @@ bool read_model_header(const std::string& path, GPTConfig* cfg, int* version, st
 bool load_model(const std::string& path, GPT& model, std::string* err);
 
 // Writes a model file atomically from host weights in model-file order
-// (P = gpt2_param_count(cfg) elements of type t), as version 3 (fp32) or 5
+// (P = model_param_count(cfg) elements of type t), as version 3 (fp32) or 5
 // (bf16).
 bool write_model_file(const std::string& path, const GPTConfig& cfg, const void* host, DType t, int version,
                       std::string* err);

@@ -322,7 +322,7 @@ Planned plan_one(const GPTConfig& mc, const Layout& l, const PlanRequest& r, con
     p.fits = r.hw.mem_bytes <= 0 || (double)p.max_bytes + r.hw.reserve_bytes <= r.hw.mem_bytes;
     p.cost = CostModel(mc, l, r.hw, proto.prec, r.hw.gpus_per_node, r.attention == "standard").predict(stage_params, unit0);
     p.tokens_per_s = (double)l.total_batch / p.cost.step;
-    p.tflops = flops_per_token(mc, gpt2_param_count(mc), l.T) * p.tokens_per_s / l.world;
+    p.tflops = flops_per_token(mc, model_param_count(mc), l.T) * p.tokens_per_s / l.world;
     p.mfu = r.hw.peak_flops > 0 ? p.tflops / r.hw.peak_flops : 0;
     return p;
 }
@@ -377,7 +377,7 @@ std::string why(const Planned& a, const Planned& b) {
 // exact count, for the chosen layout.
 void print_textbook(const GPTConfig& mc, const Planned& p, const Proto& proto) {
     const Layout& l = p.l;
-    const double P = (double)gpt2_param_count(mc), Nd = l.dp() * l.cp, mp = l.tp * l.pp;
+    const double P = (double)model_param_count(mc), Nd = l.dp() * l.cp, mp = l.tp * l.pp;
     const bool mixed = proto.prec.has_master;
     const double b2 = mixed ? 2 : (double)dtype_size(proto.prec.param), k = mixed ? 12 : 2 * (double)dtype_size(proto.prec.opt);
     const double states[] = {(2 * b2 + k) * P, 2 * b2 * P + k * P / Nd, b2 * P + (b2 + k) * P / Nd, (2 * b2 + k) * P / Nd};
@@ -460,7 +460,7 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
     const Hardware& hw = r.hw;
     std::printf("plan: model %s, %zu parameters; T=%d, %lld tokens per step; world %d (%d per node); hardware %s "
                 "(%s %s)\n",
-                config_string(mc).c_str(), gpt2_param_count(mc), b.T, b.total_batch, b.world, hw.gpus_per_node,
+                config_string(mc).c_str(), model_param_count(mc), b.T, b.total_batch, b.world, hw.gpus_per_node,
                 hw.name.c_str(), proto.name.c_str(), dtype_name(proto.prec.param));
     if (r.mode == "eval") {
         const Planned& p = plans.front();

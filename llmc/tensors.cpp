@@ -14,6 +14,7 @@ static const ParamKind kKinds[] = {
     {Param::fcw, "fcw", true, true},           {Param::fcb, "fcb", true, false},
     {Param::fcprojw, "fcprojw", true, true},   {Param::fcprojb, "fcprojb", true, false},
     {Param::lnfw, "lnfw", false, false},       {Param::lnfb, "lnfb", false, false},
+    {Param::lm_head, "lm_head", false, true},
 };
 static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == (size_t)Param::count, "one ParamKind per Param");
 
@@ -25,32 +26,54 @@ std::string TensorEntry::name() const {
     return "h" + std::to_string(layer) + "." + k.name;
 }
 
-// Global shape of one tensor of a kind (per layer for block tensors).
-static void kind_shape(const GPTConfig& c, Param p, size_t* rows, size_t* cols) {
-    size_t C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len;
+bool kind_in_model(const GPTConfig& c, Param p) {
+    if (!c.llama()) return p != Param::lm_head;
     switch (p) {
-        case Param::wte: *rows = Vp; *cols = C; return;
-        case Param::wpe: *rows = T; *cols = C; return;
-        case Param::qkvw: *rows = 3 * C; *cols = C; return;
-        case Param::qkvb: *rows = 3 * C; *cols = 1; return;
-        case Param::attprojw: *rows = C; *cols = C; return;
-        case Param::fcw: *rows = 4 * C; *cols = C; return;
-        case Param::fcb: *rows = 4 * C; *cols = 1; return;
-        case Param::fcprojw: *rows = C; *cols = 4 * C; return;
-        default: *rows = C; *cols = 1; return;  // LayerNorm weights/biases, C-sized biases
+        case Param::wte: case Param::ln1w: case Param::qkvw: case Param::attprojw: case Param::ln2w:
+        case Param::fcw: case Param::fcprojw: case Param::lnfw:
+            return true;
+        case Param::lm_head: return !c.tied;
+        default: return false;  // positions, LayerNorm biases and Linear biases are GPT-2's
     }
 }
 
-// How a kind is split over tensor-parallel ranks.
-enum class Split { replicated, rows, qkv_rows, columns, vocab };
+// Global shape of one tensor of a kind (per layer for block tensors).
+static void kind_shape(const GPTConfig& c, Param p, size_t* rows, size_t* cols) {
+    const size_t C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len, HS = c.head_size();
+    const size_t qkv = (c.num_heads + 2 * (size_t)c.kv_heads()) * HS, H = c.hidden();
+    switch (p) {
+        case Param::wte: case Param::lm_head: *rows = Vp; *cols = C; return;
+        case Param::wpe: *rows = T; *cols = C; return;
+        case Param::qkvw: *rows = qkv; *cols = C; return;
+        case Param::qkvb: *rows = qkv; *cols = 1; return;
+        case Param::attprojw: *rows = C; *cols = c.num_heads * HS; return;
+        case Param::fcw: *rows = c.llama() ? 2 * H : H; *cols = C; return;
+        case Param::fcb: *rows = H; *cols = 1; return;
+        case Param::fcprojw: *rows = C; *cols = H; return;
+        default: *rows = C; *cols = 1; return;  // norms' weights and biases, C-sized biases
+    }
+}
+
+// How a kind is split over tensor-parallel ranks: whole rows of parts
+// (column-parallel: each part cut evenly, the rank keeping its piece of
+// each), input columns (row-parallel), vocabulary rows, or replicated.
+enum class Split { replicated, parts, columns, vocab };
 static Split kind_split(Param p) {
     switch (p) {
-        case Param::wte: return Split::vocab;
-        case Param::qkvw: case Param::qkvb: return Split::qkv_rows;
-        case Param::fcw: case Param::fcb: return Split::rows;
+        case Param::wte: case Param::lm_head: return Split::vocab;
+        case Param::qkvw: case Param::qkvb: case Param::fcw: case Param::fcb: return Split::parts;
         case Param::attprojw: case Param::fcprojw: return Split::columns;
         default: return Split::replicated;
     }
+}
+
+// The row parts of a column-parallel kind (tensors.h: Q, K, V heads; gate
+// and up; or one part).
+static std::vector<size_t> kind_parts(const GPTConfig& c, Param p) {
+    const size_t HS = c.head_size();
+    if (p == Param::qkvw || p == Param::qkvb) return {c.num_heads * HS, c.kv_heads() * HS, c.kv_heads() * HS};
+    if (p == Param::fcw && c.llama()) return {(size_t)c.hidden(), (size_t)c.hidden()};
+    return {(size_t)c.hidden()};
 }
 
 TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_)
@@ -59,18 +82,21 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
         throw std::invalid_argument("tensor table: bad shard or tensor-parallel numbers");
     if (!stage.held.empty() && (int)stage.held.size() != c.num_layers + 2)
         throw std::invalid_argument("tensor table: one held flag per unit");
-    if (c.num_heads % tp != 0) throw std::invalid_argument("tensor table: heads do not divide by tp");
+    if (c.num_heads % tp != 0 || c.kv_heads() % tp != 0 || c.hidden() % tp != 0)
+        throw std::invalid_argument("tensor table: heads, key/value heads or MLP width do not divide by tp");
     const int L = c.num_layers, K = (int)Param::count;
-    const size_t C = c.channels;
     heads = c.num_heads / tp;
+    kv_heads = c.kv_heads() / tp;
+    hidden = c.hidden() / tp;
     vocab_rows = (c.padded_vocab_size + tp - 1) / tp;
     vocab_begin = tp_rank * vocab_rows;
-    file_params = gpt2_param_count(c);
+    file_params = model_param_count(c);
     index_.assign((size_t)K * L, -1);
     // File offsets: tensor-major, each per-layer kind stacked over L.
     std::vector<size_t> kind_file_offset(K);
     size_t foff = 0;
     for (int k = 0; k < K; k++) {
+        if (!kind_in_model(c, (Param)k)) continue;
         size_t r, cl;
         kind_shape(c, (Param)k, &r, &cl);
         kind_file_offset[k] = foff;
@@ -87,7 +113,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
         unit_begin.push_back(total);
     };
     auto add = [&](Param p, int layer, int unit) {
-        if (!held(unit)) return;  // another pipeline stage's
+        if (!held(unit) || !kind_in_model(c, p)) return;  // another stage's, or another architecture's
         TensorEntry e;
         e.kind = p;
         e.layer = layer;
@@ -102,11 +128,15 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
         const size_t t = tp, r = tp_rank;
         switch (kind_split(p)) {
             case Split::replicated: e.runs = {{0, 0, grows}}; break;
-            case Split::rows: e.rows = grows / t; e.runs = {{0, r * e.rows, e.rows}}; break;
-            case Split::qkv_rows: {  // this rank's heads of Q, of K and of V
-                size_t h = C / t;
-                e.rows = 3 * h;
-                e.runs = {{0, r * h, h}, {h, C + r * h, h}, {2 * h, 2 * C + r * h, h}};
+            case Split::parts: {  // this rank's piece of each part (heads of Q, K, V; gate and up)
+                e.rows = 0;
+                size_t start = 0;
+                for (size_t part : kind_parts(c, p)) {
+                    const size_t piece = part / t;
+                    e.runs.push_back({e.rows, start + r * piece, piece});
+                    e.rows += piece;
+                    start += part;
+                }
                 break;
             }
             case Split::columns: e.cols = gcols / t; e.col_begin = r * e.cols; e.runs = {{0, 0, grows}}; break;
@@ -138,6 +168,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
     }
     add(Param::lnfw, 0, L + 1);
     add(Param::lnfb, 0, L + 1);
+    add(Param::lm_head, 0, L + 1);
     close_unit();
     if (foff != file_params) throw std::logic_error("tensor table: file size differs from the formula");
 }
@@ -149,6 +180,17 @@ const TensorEntry& TensorTable::get(Param p, int layer) const {
 
 bool TensorTable::has(Param p, int layer) const {
     return layer >= 0 && layer < cfg.num_layers && index_[(size_t)p * cfg.num_layers + layer] >= 0;
+}
+
+size_t model_param_count(const GPTConfig& c) {
+    size_t n = 0;
+    for (int k = 0; k < (int)Param::count; k++) {
+        if (!kind_in_model(c, (Param)k)) continue;
+        size_t r, cl;
+        kind_shape(c, (Param)k, &r, &cl);
+        n += r * cl * (kKinds[k].per_layer ? c.num_layers : 1);
+    }
+    return n;
 }
 
 size_t gpt2_param_count(const GPTConfig& c) {

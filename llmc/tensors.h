@@ -33,12 +33,20 @@
 
 #include "config.h"
 
-// The kinds of parameter tensor, in the file's order.
+// The kinds of parameter tensor, in the file's order. GPT-2 has all but
+// lm_head; Llama has wte, ln1w (RMSNorm), qkvw, attprojw (o_proj), ln2w,
+// fcw (gate and up, stacked), fcprojw (down), lnfw and, when untied,
+// lm_head. The canonical file order of a model (llm.c's for GPT-2; the same
+// rule for Llama) is its kinds in this order, each per-layer kind stacked
+// over the layers. Fused kinds stack their parts by rows:
+//   qkvw  [Q heads (NH·HS); K heads (NKV·HS); V heads (NKV·HS)] x C
+//   fcw   GPT-2 [4C] x C; Llama [gate (F); up (F)] x C
 enum class Param : int {
     wte, wpe,
     ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
     ln2w, ln2b, fcw, fcb, fcprojw, fcprojb,
     lnfw, lnfb,
+    lm_head,
     count
 };
 
@@ -90,6 +98,8 @@ struct TensorTable {
     GPTConfig cfg;
     int tp = 1, tp_rank = 0;            // tensor-parallel degree and this rank's index
     int heads = 0;                      // attention heads on this rank (NH / tp)
+    int kv_heads = 0;                   // key/value heads on this rank (NKV / tp)
+    int hidden = 0;                     // MLP hidden width on this rank (4C or F, / tp)
     int vocab_rows = 0;                 // wte rows on this rank: ceil(Vp / tp)
     int vocab_begin = 0;                // global id of this rank's first wte row
     size_t file_params = 0;             // parameters in a model file (the whole model)
@@ -120,3 +130,8 @@ struct TensorTable {
 
 // 12·L·C² + 13·L·C + (Vp + maxT)·C + 2C, reference.md section 1.
 size_t gpt2_param_count(const GPTConfig& c);
+// The parameters of any model (the sum of its kinds' shapes): a model file's
+// or a checkpoint's element count.
+size_t model_param_count(const GPTConfig& c);
+// Whether a kind belongs to the model's architecture.
+bool kind_in_model(const GPTConfig& c, Param p);
