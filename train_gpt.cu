@@ -231,6 +231,8 @@ void Trainer::setup(const ArgParser& parser) {
         err = "flag -e: " + err;
     }
     setup_check(ok, err);
+    setup_check(!(mc.llama() && !cfg.export_model.empty()),
+                "flag --export-model: llm.c model files hold GPT-2 only, and the model is " + config_string(mc));
     // The layout against the model: sequence, heads, batch, pipeline.
     setup_check(check_layout(&lay, mc, &err), err);
     T_local = lay.T_local();
@@ -520,7 +522,8 @@ void Trainer::checkpoint() {
 void Trainer::export_weights() {
     const int version = s.model->precision().param == DType::BF16 ? 5 : 3;
     std::vector<std::string> paths;
-    if (!cfg.output_dir.empty()) {
+    // llm.c's model files hold GPT-2 only; a Llama's weights are in the checkpoints.
+    if (!cfg.output_dir.empty() && !s.model->config().llama()) {
         char name[32];
         std::snprintf(name, sizeof(name), "/model_%08d.bin", st.step);
         paths.push_back(cfg.output_dir + name);
@@ -544,7 +547,7 @@ void Trainer::finish() {
         if (hi != lo) fail("replicated parameters differ across the tensor-parallel group");
     }
     // The two copies of the tied embeddings (first and last stage) must agree.
-    if (grid.pp > 1) {
+    if (grid.pp > 1 && mc.tied) {
         const bool same = s.pipe->tied_embeddings_agree(*s.model);
         if (main_rank) std::printf("pp tied embeddings (first and last stage): %s\n", same ? "identical" : "DIFFER");
         if (!same) fail("the tied embeddings of the first and the last pipeline stage differ");

@@ -159,6 +159,14 @@ bool save_checkpoint(const std::string& dir, GPT& model, const CheckpointOwner& 
         j["step"] = st.step;
         j["model"] = {{"maxT", c.max_seq_len}, {"V", c.vocab_size}, {"Vp", c.padded_vocab_size},
                       {"L", c.num_layers}, {"NH", c.num_heads}, {"C", c.channels}};
+        if (c.llama()) {
+            j["model"]["arch"] = "llama";
+            j["model"]["NKV"] = c.kv_heads();
+            j["model"]["F"] = c.hidden();
+            j["model"]["theta"] = c.rope_theta;
+            j["model"]["eps"] = c.norm_eps;
+            j["model"]["tied"] = c.tied;
+        }
         j["params"] = model.table().file_params;
         j["weights_dtype"] = dtype_name(model.weights_dtype());
         j["adam_dtype"] = dtype_name(p.opt);
@@ -288,6 +296,16 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
         ix->cfg.num_layers = m.at("L");
         ix->cfg.num_heads = m.at("NH");
         ix->cfg.channels = m.at("C");
+        if (m.value("arch", std::string("gpt2")) == "llama") {  // absent: GPT-2 (indexes before Llama)
+            ix->cfg.arch = Arch::llama;
+            ix->cfg.num_kv_heads = m.at("NKV");
+            ix->cfg.ffn = m.at("F");
+            ix->cfg.rope_theta = m.at("theta");
+            ix->cfg.norm_eps = m.at("eps");
+            ix->cfg.tied = m.at("tied");
+        } else if (m.value("arch", std::string("gpt2")) != "gpt2") {
+            throw std::runtime_error("unknown model arch " + m.at("arch").get<std::string>());
+        }
         ix->step = j.at("step");
         if (!dtype_from_name(j.at("weights_dtype"), &ix->wt) || !dtype_from_name(j.at("adam_dtype"), &ix->ot))
             throw std::runtime_error("unknown dtype");

@@ -11,18 +11,19 @@ void* ContextParallel::alloc(size_t bytes) {
     return p;
 }
 
-ContextParallel::ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS)
-    : comm_(group), be_(be), prec_(be.precision()), B_(B), Tl_(T_local), NHl_(NHl), HS_(HS), Cl_(NHl * HS) {
+ContextParallel::ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl)
+    : comm_(group), be_(be), prec_(be.precision()), B_(B), Tl_(T_local), NHl_(NHl), HS_(HS), Cl_(NHl * HS),
+      NKVl_(NKVl > 0 ? NKVl : NHl), Ckv_(NKVl_ * HS), W_(Cl_ + 2 * Ckv_) {
     kv_[0] = kv_[1] = dkv_[0] = dkv_[1] = out_acc_ = dqkv_acc_ = nullptr;
     if (group.size() == 1) return;  // no ring: nothing to hold
     if (T_local % 2 != 0) throw std::invalid_argument("context parallel: local sequence must hold two chunks");
     const size_t N = (size_t)B * T_local, a = dtype_size(prec_.act), st = dtype_size(prec_.stat);
     for (int i = 0; i < 2; i++) {
-        kv_[i] = alloc(N * 2 * Cl_ * a);
-        dkv_[i] = alloc(N * 2 * Cl_ * st);
+        kv_[i] = alloc(N * 2 * Ckv_ * a);
+        dkv_[i] = alloc(N * 2 * Ckv_ * st);
     }
     out_acc_ = alloc(N * Cl_ * st);
-    dqkv_acc_ = alloc(N * 3 * Cl_ * st);
+    dqkv_acc_ = alloc(N * W_ * st);
 }
 
 ContextParallel::~ContextParallel() {
@@ -60,9 +61,10 @@ ContextParallel::Block ContextParallel::block(int s, int B, double scale) const 
     a.B = B;
     a.NH = NHl_;
     a.HS = HS_;
-    a.q_stride = 3 * (size_t)Cl_;   // queries inside the model's QKV rows
-    a.kv_stride = 2 * (size_t)Cl_;  // a travelling block: K then V per token
+    a.q_stride = W_;                 // queries inside the model's QKV rows
+    a.kv_stride = 2 * (size_t)Ckv_;  // a travelling block: K then V per token
     a.o_stride = Cl_;
+    a.NKV = NKVl_;
     a.scale = scale;
     a.q_bstride = (size_t)Tl_ * a.q_stride;
     a.kv_bstride = (size_t)Tl_ * a.kv_stride;
@@ -84,15 +86,15 @@ ContextParallel::Block ContextParallel::block(int s, int B, double scale) const 
 void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, int B, double scale) {
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
-    const size_t N = (size_t)B * Tl_, kvn = N * 2 * Cl_;
-    be_.copy2d(kv_[0], 2 * Cl_, elem_ptr(qkv, act, Cl_), 3 * Cl_, N, 2 * Cl_, act);
+    const size_t N = (size_t)B * Tl_, kvn = N * 2 * Ckv_;
+    be_.copy2d(kv_[0], 2 * Ckv_, elem_ptr(qkv, act, Cl_), W_, N, 2 * Ckv_, act);
     int cur = 0;
     for (int s = 0; s < c; s++) {
         CommHandle h = 0;
         if (s + 1 < c) h = comm_.start_send_recv(kv_[cur], next, kv_[1 - cur], prev, kvn, act);
         Block b = block(s, B, scale);
         be_.attention_block_forward(elem_ptr(out_acc_, st, b.o_off), elem_ptr(lse, st, b.lse_off),
-                                    elem_ptr(qkv, act, b.q_off), kv_[cur], elem_ptr(kv_[cur], act, Cl_), b.shape,
+                                    elem_ptr(qkv, act, b.q_off), kv_[cur], elem_ptr(kv_[cur], act, Ckv_), b.shape,
                                     s == 0);
         if (s + 1 < c) comm_.wait(h);
         cur = 1 - cur;
@@ -104,16 +106,16 @@ void ContextParallel::attention_backward(void* dqkv, const void* dout, const voi
                                          const void* lse, int B, double scale) {
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
-    const size_t N = (size_t)B * Tl_, kvn = N * 2 * Cl_;
-    be_.zero(dqkv_acc_, N * 3 * Cl_ * dtype_size(st));
+    const size_t N = (size_t)B * Tl_, kvn = N * 2 * Ckv_;
+    be_.zero(dqkv_acc_, N * W_ * dtype_size(st));
     be_.zero(dkv_[0], kvn * dtype_size(st));
-    be_.copy2d(kv_[0], 2 * Cl_, elem_ptr(qkv, act, Cl_), 3 * Cl_, N, 2 * Cl_, act);
+    be_.copy2d(kv_[0], 2 * Ckv_, elem_ptr(qkv, act, Cl_), W_, N, 2 * Ckv_, act);
     int cur = 0;
     for (int s = 0; s < c; s++) {
         Block b = block(s, B, scale);
-        be_.attention_block_backward(elem_ptr(dqkv_acc_, st, b.q_off), dkv_[cur], elem_ptr(dkv_[cur], st, Cl_),
+        be_.attention_block_backward(elem_ptr(dqkv_acc_, st, b.q_off), dkv_[cur], elem_ptr(dkv_[cur], st, Ckv_),
                                      elem_ptr(dout, act, b.o_off), elem_ptr(qkv, act, b.q_off), kv_[cur],
-                                     elem_ptr(kv_[cur], act, Cl_), elem_ptr(out, act, b.o_off),
+                                     elem_ptr(kv_[cur], act, Ckv_), elem_ptr(out, act, b.o_off),
                                      elem_ptr(lse, st, b.lse_off), b.shape);
         // The block and its accumulators move on together; after the last
         // step only the accumulators take the final hop home.
@@ -125,6 +127,6 @@ void ContextParallel::attention_backward(void* dqkv, const void* dout, const voi
         cur = 1 - cur;
     }
     // dkv_[cur] now holds the gradients of this rank's own K and V.
-    be_.copy2d(elem_ptr(dqkv_acc_, st, Cl_), 3 * Cl_, dkv_[cur], 2 * Cl_, N, 2 * Cl_, st);
-    be_.convert(dqkv, act, dqkv_acc_, st, N * 3 * Cl_);
+    be_.copy2d(elem_ptr(dqkv_acc_, st, Cl_), W_, dkv_[cur], 2 * Ckv_, N, 2 * Ckv_, st);
+    be_.convert(dqkv, act, dqkv_acc_, st, N * W_);
 }

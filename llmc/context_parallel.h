@@ -30,8 +30,10 @@
 class ContextParallel {
   public:
     // B rows of T_local = T/c tokens; Cl attention channels (NHl heads of HS)
-    // held by this rank (after tensor parallelism).
-    ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS);
+    // held by this rank (after tensor parallelism), and NKVl key/value heads
+    // (grouped-query attention; 0: NHl). The model's QKV rows are [Q (NHl
+    // heads) | K (NKVl) | V (NKVl)]; the travelling blocks carry K and V.
+    ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl = 0);
     ~ContextParallel();
     int size() const { return comm_.size(); }
     int rank() const { return comm_.rank(); }
@@ -44,8 +46,8 @@ class ContextParallel {
     // [nrows, T/c]).
     void shard_rows(const int* full, int nrows, int T, int* local) const;
 
-    // Ring attention on the local tokens of B rows: qkv [B·Tl, 3·Cl] (Q, K, V
-    // heads as the model lays them out), out [B·Tl, Cl], lse [B, NHl, Tl].
+    // Ring attention on the local tokens of B rows: qkv [B·Tl, Cl + 2·Ckv] (Q,
+    // K, V heads as the model lays them out), out [B·Tl, Cl], lse [B, NHl, Tl].
     void attention_forward(void* out, void* lse, const void* qkv, int B, double scale);
     // dqkv (overwritten) from dout, with qkv, out and lse of the forward.
     void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const void* lse, int B,
@@ -65,10 +67,11 @@ class ContextParallel {
     Backend& be_;
     Precision prec_;
     int B_, Tl_, NHl_, HS_, Cl_;
-    void* kv_[2];        // K,V blocks [B·Tl, 2·Cl] (act): held and arriving
+    int NKVl_, Ckv_, W_;  // key/value heads, their channels, a QKV row's width
+    void* kv_[2];        // K,V blocks [B·Tl, 2·Ckv] (act): held and arriving
     void* dkv_[2];       // their dK,dV accumulators (stat)
     void* out_acc_;      // [B·Tl, Cl] (stat)
-    void* dqkv_acc_;     // [B·Tl, 3·Cl] (stat)
+    void* dqkv_acc_;     // [B·Tl, W] (stat)
     std::vector<void*> owned_;
     size_t bytes_ = 0;
 };

@@ -214,8 +214,9 @@ double DataParallel::step(const OptimConfig& o, int step) {
     void *m = model_.adam_m(), *v = model_.adam_v();
 
     // The two copies of the tied embedding unit (first and last pipeline
-    // stage) add their gradients, the part this rank owns.
-    if (pp_ && table_.held(0)) {
+    // stage) add their gradients, the part this rank owns (an untied
+    // model's last stage holds no embedding unit: nothing to add).
+    if (pp_ && model_.config().tied && table_.held(0)) {
         size_t lo, hi, at;
         owned_range(0, &lo, &hi, &at);
         pp_->tie_embedding_grads(elem_ptr(grads, gt, at), hi - lo, gt);

@@ -5,6 +5,10 @@
 //   x2 = x + atty·attprojw^T + attprojb;  ln2 = LN(x2)
 //   fch = ln2·fcw^T + fcb; h = gelu(fch); x3 = x2 + h·fcprojw^T + fcprojb
 // then lnf = LN(x_L); logits = lnf·wte^T; loss = cross-entropy on columns < V.
+// Llama (shared/reference.md section 9) is the same code with RMSNorm for LN,
+// no biases and no position embeddings, RoPE on Q and K after the QKV
+// product (and its inverse on their gradients), grouped-query attention,
+// fch = [gate | up] and h = silu(gate)·up, and lm_head for wte when untied.
 // Backward runs the same steps in reverse with one residual-gradient buffer
 // that LayerNorm backward accumulates into.
 //
@@ -65,7 +69,8 @@ struct GPT::Acts {
     void* dln;                // [N,C] gradient of a column-parallel layer's input
     void* dln_s = nullptr;    // [Ns,C] SP: its reduce-scattered rows
     void* datt;               // [N,Cl]
-    void* d4C;                // [N,Hl]
+    void* dh;                 // [N,Hl] gradient of the MLP's activation output
+    void* dfch;               // [N,Fl] gradient of fch (GPT-2: the same buffer as dh)
     void* dqkv;               // [N,3Cl]
 };
 
@@ -106,9 +111,10 @@ static StageUnits stage_units(const GPTConfig& cfg, const std::vector<ModelChunk
         embed = embed || c.embed;
         head = head || c.head;
     }
-    su.held[0] = embed || head;
+    // The head needs the embedding unit only when it is tied to wte.
+    su.held[0] = embed || (head && cfg.tied);
     su.held[cfg.num_layers + 1] = head;
-    su.embedding_copy = head && !embed;
+    su.embedding_copy = head && !embed && cfg.tied;
     return su;
 }
 
@@ -165,7 +171,9 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
         if (c.head) head_slots = c.slots;
     }
     const size_t LS = layer_slots_, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
-    const size_t Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
+    const size_t NHl = table_.heads, Cl = NHl * cfg.head_size(), Wqkv = qkv_width(), Hl = table_.hidden;
+    const size_t Fl = fch_width(), Vl = table_.vocab_rows;
+    const bool ln = !cfg.llama();  // LayerNorm keeps a mean; RMSNorm does not
     const size_t full = table_.total, shard = table_.shard_total;
     const size_t ES = embed_slots, HSl = head_slots;
     const DType act = prec_.act, st = prec_.stat;
@@ -194,21 +202,21 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
                     : alloc_buffer(S, (std::string(name) + "_recomputed").c_str(), per_block, t);
     };
     a.ln1 = block_buf("ln1", Ns * C, act, a.keep_block);
-    a.ln1_mean = block_buf("ln1_mean", Ns, st, a.keep_block);
+    a.ln1_mean = ln ? block_buf("ln1_mean", Ns, st, a.keep_block) : nullptr;
     a.ln1_rstd = block_buf("ln1_rstd", Ns, st, a.keep_block);
-    a.qkv = block_buf("qkv", N * 3 * Cl, act, a.keep_block);
+    a.qkv = block_buf("qkv", N * Wqkv, act, a.keep_block);
     a.atty = block_buf("atty", N * Cl, act, a.keep_attn);
     a.lse = block_buf("attn_lse", N * NHl, st, a.keep_attn);
     a.residual2 = block_buf("residual2", Ns * C, act, a.keep_block);
     a.ln2 = block_buf("ln2", Ns * C, act, a.keep_block);
-    a.ln2_mean = block_buf("ln2_mean", Ns, st, a.keep_block);
+    a.ln2_mean = ln ? block_buf("ln2_mean", Ns, st, a.keep_block) : nullptr;
     a.ln2_rstd = block_buf("ln2_rstd", Ns, st, a.keep_block);
-    a.fch = block_buf("fch", N * Hl, act, a.keep_block);
+    a.fch = block_buf("fch", N * Fl, act, a.keep_block);
     a.fch_gelu = block_buf("fch_gelu", N * Hl, act, a.keep_gelu);
     a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
     if (HSl) {
         a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);
-        a.lnf_mean = alloc_buffer(A, "lnf_mean", HSl * Ns, st);
+        a.lnf_mean = ln ? alloc_buffer(A, "lnf_mean", HSl * Ns, st) : nullptr;
         a.lnf_rstd = alloc_buffer(A, "lnf_rstd", HSl * Ns, st);
         a.logits = alloc_buffer(A, "logits", HSl * N * Vl, act);
         a.losses = alloc_buffer(A, "losses", N, st);
@@ -229,8 +237,9 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
     a.dresidual = alloc_buffer(S, "dresidual", Ns * C, act);
     a.dln = alloc_buffer(S, "d_ln", N * C, act);
     a.datt = alloc_buffer(S, "d_atty", N * Cl, act);
-    a.d4C = alloc_buffer(S, "d_hidden", N * Hl, act);
-    a.dqkv = alloc_buffer(S, "d_qkv", N * 3 * Cl, act);
+    a.dh = alloc_buffer(S, "d_hidden", N * Hl, act);
+    a.dfch = Fl == Hl ? a.dh : alloc_buffer(S, "d_gate_up", N * Fl, act);
+    a.dqkv = alloc_buffer(S, "d_qkv", N * Wqkv, act);
     grad_ready_.assign(std::max(1, head_slots), 0);
 
     std::vector<int> pos(T);
@@ -399,7 +408,10 @@ void GPT::init_random(uint64_t seed) {
     // what: every rank draws every tensor of the whole model (the table of
     // one process lists them) and keeps its own part.
     Rng rng(seed);
-    const double std_base = 0.02, std_resid = 0.02 / std::sqrt(2.0 * cfg_.num_layers);
+    // GPT-2 (llm.c): N(0, 0.02), the projections into the residual stream
+    // scaled by 1/sqrt(2L). Llama (Hugging Face): N(0, 0.02) everywhere.
+    const double std_base = 0.02;
+    const double std_resid = cfg_.llama() ? std_base : 0.02 / std::sqrt(2.0 * cfg_.num_layers);
     const TensorTable whole(cfg_);
     std::vector<const TensorEntry*> order;
     for (const TensorEntry& e : whole.entries) order.push_back(&e);
@@ -414,7 +426,7 @@ void GPT::init_random(uint64_t seed) {
             case Param::ln1w: case Param::ln2w: case Param::lnfw:
                 for (size_t i = 0; i < n; i++) x[i] = 1.0;
                 break;
-            case Param::wte:  // padded rows V..Vp-1 stay zero: they never see a gradient
+            case Param::wte: case Param::lm_head:  // padded rows V..Vp-1 stay zero: they never see a gradient
                 for (size_t i = 0; i < (size_t)cfg_.vocab_size * e->file_cols; i++) x[i] = std_base * rng.normal();
                 break;
             case Param::attprojw: case Param::fcprojw:
@@ -477,27 +489,29 @@ void* GPT::chunk_in(int c, int slot) {
 
 GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     Acts& a = *a_;
-    const size_t C = cfg_.channels, Cl = C / tp_size_, Hl = 4 * C / tp_size_;
+    const size_t C = cfg_.channels, Cl = (size_t)table_.heads * cfg_.head_size(), Hl = table_.hidden;
     const DType act = prec_.act, st = prec_.stat;
     const int c = chunk_of_layer(l);
     const ModelChunk& ch = chunks_[c];
     const int i = (int)(layer_base_[c] + (size_t)slot * ch.layers + (l - ch.first_layer));
     // A kept buffer's slice for this layer-slot, or the scratch.
-    auto at = [&](void* base, bool keep, size_t per, DType t) { return keep ? act_layer(base, i, per, t) : base; };
+    auto at = [&](void* base, bool keep, size_t per, DType t) {
+        return keep && base ? act_layer(base, i, per, t) : base;
+    };
     const bool kb = a.keep_block, ka = a.keep_attn;
     LayerActs r;
     r.x = l == ch.first_layer ? chunk_in(c, slot) : act_layer(a.residual3, i - 1, Ns * C, act);
     r.ln1 = at(a.ln1, kb, Ns * C, act);
     r.ln1_mean = at(a.ln1_mean, kb, Ns, st);
     r.ln1_rstd = at(a.ln1_rstd, kb, Ns, st);
-    r.qkv = at(a.qkv, kb, N * 3 * Cl, act);
+    r.qkv = at(a.qkv, kb, N * qkv_width(), act);
     r.atty = at(a.atty, ka, N * Cl, act);
     r.lse = at(a.lse, ka, (size_t)N * table_.heads, st);
     r.x2 = at(a.residual2, kb, Ns * C, act);
     r.ln2 = at(a.ln2, kb, Ns * C, act);
     r.ln2_mean = at(a.ln2_mean, kb, Ns, st);
     r.ln2_rstd = at(a.ln2_rstd, kb, Ns, st);
-    r.fch = at(a.fch, kb, N * Hl, act);
+    r.fch = at(a.fch, kb, N * fch_width(), act);
     r.h = at(a.fch_gelu, a.keep_gelu, N * Hl, act);
     r.x3 = act_layer(a.residual3, i, Ns * C, act);
     return r;
@@ -530,44 +544,97 @@ const void* GPT::input_grad() const { return a_->dresidual; }
 void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_input) {
     Acts& a = *a_;
     const bool sp = tp_ && tp_->sp();
-    const int C = cfg_.channels, N = B * T, Ns = sp ? N / tp_size_ : N, Cl = C / tp_size_, Hl = 4 * C / tp_size_;
+    const int C = cfg_.channels, N = B * T, Ns = sp ? N / tp_size_ : N, Cl = table_.heads * cfg_.head_size();
+    const int Hl = table_.hidden;
     const bool bias_in_matmul = !tp_;  // row-parallel biases wait for the reduction
     const DType act = prec_.act;
     auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
     auto g_fwd = [&](const void* bias) -> void* {
         if (!tp_) return a.proj;
         void* out = tp_->g_forward(a.proj, a.proj_s, C, N, act);
-        be_->add_bias(out, bias, Ns, C);
+        if (bias) be_->add_bias(out, bias, Ns, C);
         return out;
     };
-    if (norm_input)
-        be_->layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, P(Param::ln1w, l), P(Param::ln1b, l), Ns, C);
+    if (norm_input) norm(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, Param::ln1w, l, Ns);
     // attention: QKV column-parallel by heads, attproj row-parallel
-    be_->matmul_forward(la.qkv, f_fwd(la.ln1), P(Param::qkvw, l), P(Param::qkvb, l), N, C, 3 * Cl);
+    be_->matmul_forward(la.qkv, f_fwd(la.ln1), P(Param::qkvw, l), Pb(Param::qkvb, l), N, C, qkv_width());
+    rotate(la.qkv, B, T, false);
     attention_core(la, B, T);
-    be_->matmul_forward(a.proj, la.atty, P(Param::attprojw, l), bias_in_matmul ? P(Param::attprojb, l) : nullptr, N,
+    be_->matmul_forward(a.proj, la.atty, P(Param::attprojw, l), bias_in_matmul ? Pb(Param::attprojb, l) : nullptr, N,
                         Cl, C);
-    void* attn_out = g_fwd(P(Param::attprojb, l));
-    be_->residual_layernorm_forward(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, P(Param::ln2w, l),
-                                    P(Param::ln2b, l), Ns, C);
+    void* attn_out = g_fwd(Pb(Param::attprojb, l));
+    residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns);
     // MLP: fc column-parallel, fcproj row-parallel
-    be_->matmul_forward(la.fch, f_fwd(la.ln2), P(Param::fcw, l), P(Param::fcb, l), N, C, Hl);
-    be_->gelu_forward(la.h, la.fch, (size_t)N * Hl);
-    be_->matmul_forward(a.proj, la.h, P(Param::fcprojw, l), bias_in_matmul ? P(Param::fcprojb, l) : nullptr, N, Hl, C);
-    return g_fwd(P(Param::fcprojb, l));
+    be_->matmul_forward(la.fch, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
+    activation(la.h, la.fch, N);
+    be_->matmul_forward(a.proj, la.h, P(Param::fcprojw, l), bias_in_matmul ? Pb(Param::fcprojb, l) : nullptr, N, Hl,
+                        C);
+    return g_fwd(Pb(Param::fcprojb, l));
 }
 
 void GPT::attention_core(const LayerActs& la, int B, int T) {
-    const int C = cfg_.channels, Cl = C / tp_size_, HS = C / cfg_.num_heads;
+    const int HS = cfg_.head_size(), Cl = table_.heads * HS, Ckv = table_.kv_heads * HS;
     const double scale = 1.0 / std::sqrt((double)HS);
     const DType act = prec_.act;
     if (cp_) {
         cp_->attention_forward(la.atty, la.lse, la.qkv, B, scale);  // ring over the cp group
         return;
     }
-    const AttnShape shape{B, table_.heads, HS, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true, scale};
-    be_->attention_forward(la.atty, la.lse, la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, 2 * (size_t)Cl),
+    const size_t W = qkv_width();
+    AttnShape shape{B, table_.heads, HS, T, T, W, W, (size_t)Cl, true, scale};
+    shape.NKV = table_.kv_heads;
+    be_->attention_forward(la.atty, la.lse, la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, (size_t)Cl + Ckv),
                            shape);
+}
+
+// ---- the pieces that differ between GPT-2 and Llama -----------------------------------
+
+size_t GPT::qkv_width() const { return (size_t)(table_.heads + 2 * table_.kv_heads) * cfg_.head_size(); }
+size_t GPT::fch_width() const { return (size_t)table_.hidden * (cfg_.llama() ? 2 : 1); }
+
+const void* GPT::Pb(Param p, int layer) const { return table_.has(p, layer) ? P(p, layer) : nullptr; }
+void* GPT::Gb(Param p, int layer) { return table_.has(p, layer) ? G(p, layer) : nullptr; }
+
+// LayerNorm with weight w and bias w+1 (GPT-2), or RMSNorm with weight w.
+void GPT::norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N) {
+    const int C = cfg_.channels;
+    if (cfg_.llama()) be_->rmsnorm_forward(out, rstd, inp, P(w, layer), N, C, cfg_.norm_eps);
+    else be_->layernorm_forward(out, mean, rstd, inp, P(w, layer), P((Param)((int)w + 1), layer), N, C);
+}
+
+void GPT::residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
+                        int layer, int N) {
+    const int C = cfg_.channels;
+    if (cfg_.llama()) be_->residual_rmsnorm_forward(residual, out, rstd, a, b, P(w, layer), N, C, cfg_.norm_eps);
+    else
+        be_->residual_layernorm_forward(residual, out, mean, rstd, a, b, P(w, layer), P((Param)((int)w + 1), layer), N,
+                                        C);
+}
+
+void GPT::norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
+                        int layer, int N) {
+    const int C = cfg_.channels;
+    if (cfg_.llama()) be_->rmsnorm_backward(dinp, G(w, layer), dout, inp, P(w, layer), rstd, N, C);
+    else
+        be_->layernorm_backward(dinp, G(w, layer), G((Param)((int)w + 1), layer), dout, inp, P(w, layer), mean, rstd,
+                                N, C);
+}
+
+// Llama: rotary embeddings on the Q and K heads of each QKV row, at the
+// tokens' global positions (the inverse on their gradients).
+void GPT::rotate(void* qkv, int B, int T, bool inverse) {
+    if (!cfg_.llama()) return;
+    const int HS = cfg_.head_size();
+    const size_t W = qkv_width();
+    be_->rope(qkv, W, table_.heads, HS, a_->pos, B, T, cfg_.rope_theta, inverse);
+    be_->rope(elem_ptr(qkv, prec_.act, (size_t)table_.heads * HS), W, table_.kv_heads, HS, a_->pos, B, T,
+              cfg_.rope_theta, inverse);
+}
+
+// The MLP's activation: GELU of fch (GPT-2), or SwiGLU of its gate and up halves.
+void GPT::activation(void* h, const void* fch, int N) {
+    if (cfg_.llama()) be_->swiglu_forward(h, fch, N, table_.hidden);
+    else be_->gelu_forward(h, fch, (size_t)N * table_.hidden);
 }
 
 double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
@@ -601,10 +668,10 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
         if (ch.layers > 0) provider_->prefetch(block_unit(first));
         const bool add_pos = !tp_ || tp_->rank() == 0;
         void* emb = sp ? a.emb : x0;
-        be_->encoder_forward(emb, tok, a.pos, P(Param::wte), add_pos ? P(Param::wpe) : nullptr, B, T, C,
+        be_->encoder_forward(emb, tok, a.pos, P(Param::wte), add_pos ? Pb(Param::wpe) : nullptr, B, T, C,
                              table_.vocab_begin, table_.vocab_begin + Vl);
         if (tp_) tp_->g_forward(emb, x0, C, N, act);
-        if (!ch.head) release(0);
+        if (!ch.head || !cfg_.tied) release(0);
     }
     auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
     void* lnf = ch.head ? elem_ptr(a.lnf, act, (size_t)slot * Ns * C) : nullptr;
@@ -627,11 +694,9 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
         if (next >= 0) acquire(next);
         if (l + 1 < end) {
             const LayerActs nx = layer_acts(l + 1, slot, N, Ns);
-            be_->residual_layernorm_forward(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, P(Param::ln1w, l + 1),
-                                            P(Param::ln1b, l + 1), Ns, C);
+            residual_norm(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, Param::ln1w, l + 1, Ns);
         } else if (ch.head) {
-            be_->residual_layernorm_forward(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, P(Param::lnfw),
-                                            P(Param::lnfb), Ns, C);
+            residual_norm(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, Param::lnfw, 0, Ns);
         } else {
             be_->residual_forward(x3, x2, mlp_out, (size_t)Ns * C);
         }
@@ -640,14 +705,20 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
     if (!ch.head) return 0.0;
     if (ch.layers == 0) {  // a head chunk without blocks normalises its input
         acquire(final_unit);
-        be_->layernorm_forward(lnf, lnf_mean, lnf_rstd, x0, P(Param::lnfw), P(Param::lnfb), Ns, C);
+        norm(lnf, lnf_mean, lnf_rstd, x0, Param::lnfw, 0, Ns);
     }
-    release(final_unit);
-    // LM head: vocabulary-parallel, column-parallel over wte's rows (f).
-    if (!ch.embed) acquire(0);
+    // LM head: vocabulary-parallel, column-parallel over the rows of wte
+    // (tied) or of lm_head, which lives in the final unit (untied) (f).
     void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
-    be_->matmul_forward(logits, f_fwd(lnf), P(Param::wte), nullptr, N, C, Vl);
-    release(0);
+    if (cfg_.tied) {
+        release(final_unit);
+        if (!ch.embed) acquire(0);
+        be_->matmul_forward(logits, f_fwd(lnf), P(Param::wte), nullptr, N, C, Vl);
+        release(0);
+    } else {
+        be_->matmul_forward(logits, f_fwd(lnf), P(Param::lm_head), nullptr, N, C, Vl);
+        release(final_unit);
+    }
     if (!targets) return 0.0;
     if (!tp_) {
         be_->softmax_crossentropy(logits, a.losses, tgt, dloss, N, V, Vl, dloss != 0.0);
@@ -702,15 +773,17 @@ void GPT::backward_chunk(int c, int slot, const void* dy) {
     if (ch.head && !grad_ready_[slot]) throw std::logic_error("backward: the last forward computed no loss gradient");
     Acts& a = *a_;
     const bool sp = tp_ && tp_->sp();
-    const int L = cfg_.num_layers, C = cfg_.channels;
+    const int L = cfg_.num_layers, C = cfg_.channels, HS = cfg_.head_size();
     const int B = last_B_, T = last_T_, N = B * T, Ns = sp ? N / tp_size_ : N;
-    const int Cl = C / tp_size_, Hl = 4 * C / tp_size_, NHl = table_.heads, Vl = table_.vocab_rows;
+    const int NHl = table_.heads, Cl = NHl * HS, Ckv = table_.kv_heads * HS, Hl = table_.hidden;
+    const int Vl = table_.vocab_rows;
     const int final_unit = L + 1, first = ch.first_layer, end = ch.first_layer + ch.layers;
     const DType act = prec_.act;
-    const AttnShape shape{B, NHl, C / cfg_.num_heads, T, T, (size_t)3 * Cl, (size_t)3 * Cl, (size_t)Cl, true,
-                          1.0 / std::sqrt((double)(C / cfg_.num_heads))};
+    const size_t W = qkv_width();
+    AttnShape shape{B, NHl, HS, T, T, W, W, (size_t)Cl, true, 1.0 / std::sqrt((double)HS)};
+    shape.NKV = table_.kv_heads;
     // Gradient buffers are handed out afresh for each backward (ZeRO-2/3).
-    if (ch.embed || ch.head) unit_grads_[0] = nullptr;
+    if (ch.embed || (ch.head && cfg_.tied)) unit_grads_[0] = nullptr;
     if (ch.head) unit_grads_[final_unit] = nullptr;
     for (int l = first; l < end; l++) unit_grads_[block_unit(l)] = nullptr;
     // The conjugates' backward (identities without tp). Under SP a LayerNorm
@@ -720,24 +793,25 @@ void GPT::backward_chunk(int c, int slot, const void* dy) {
     auto g_bwd = [&]() -> const void* { return tp_ ? tp_->g_backward(a.dresidual, a.dfull, C, N, act) : a.dresidual; };
 
     if (ch.head) {
-        // LM head (tied to wte) and final LayerNorm: logits now hold dlogits.
-        // When the chunk also starts the model, the embedding unit stays
-        // acquired until the encoder's backward at the end.
+        // LM head and final norm: logits now hold dlogits. Tied, the head is
+        // wte of the embedding unit, which stays acquired until the encoder's
+        // backward when the chunk also starts the model; untied, it is
+        // lm_head of the final unit.
         void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
         void* lnf = elem_ptr(a.lnf, act, (size_t)slot * Ns * C);
-        acquire(0);
+        if (cfg_.tied) acquire(0);
         acquire(final_unit);
         if (ch.layers > 0) provider_->prefetch(block_unit(end - 1));
-        be_->matmul_backward(a.dln, G(Param::wte), nullptr, logits, f_input(lnf), P(Param::wte), N, C, Vl);
-        if (!ch.embed) {  // the last stage's copy of the embedding unit is done
+        const Param head = cfg_.tied ? Param::wte : Param::lm_head;
+        be_->matmul_backward(a.dln, G(head), nullptr, logits, f_input(lnf), P(head), N, C, Vl);
+        if (cfg_.tied && !ch.embed) {  // the last stage's copy of the embedding unit is done
             provider_->grads_done(0);
             release(0);
         }
         be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
         const void* lnf_in = ch.layers > 0 ? layer_acts(end - 1, slot, N, Ns).x3 : chunk_in(c, slot);
-        be_->layernorm_backward(a.dresidual, G(Param::lnfw), G(Param::lnfb), f_bwd(), lnf_in, P(Param::lnfw),
-                                elem_ptr(a.lnf_mean, prec_.stat, (size_t)slot * Ns),
-                                elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Ns, C);
+        norm_backward(a.dresidual, f_bwd(), lnf_in, a.lnf_mean ? elem_ptr(a.lnf_mean, prec_.stat, (size_t)slot * Ns) : nullptr,
+                      elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Param::lnfw, 0, Ns);
         provider_->grads_done(final_unit);
         release(final_unit);
         grad_ready_[slot] = 0;
@@ -751,44 +825,43 @@ void GPT::backward_chunk(int c, int slot, const void* dy) {
         acquire(u);
         if (l > first) provider_->prefetch(block_unit(l - 1));
         const LayerActs la = layer_acts(l, slot, N, Ns);
-        void *x = la.x, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *lse = la.lse, *x2 = la.x2, *ln2 = la.ln2;
-        void *fch = la.fch, *h = la.h;
         // What the recompute mode did not keep, from what it kept.
         if (!a.keep_block) {
             block_forward(l, la, B, T, true);
         } else {
             if (!a.keep_attn) attention_core(la, B, T);
-            if (!a.keep_gelu) be_->gelu_forward(h, fch, (size_t)N * Hl);
+            if (!a.keep_gelu) activation(la.h, la.fch, N);
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
-        be_->matmul_backward(a.d4C, G(Param::fcprojw, l), G(Param::fcprojb, l), g_bwd(), h, P(Param::fcprojw, l), N,
-                             Hl, C);
-        be_->gelu_backward(a.d4C, fch, a.d4C, (size_t)N * Hl);
-        be_->matmul_backward(a.dln, G(Param::fcw, l), G(Param::fcb, l), a.d4C, f_input(ln2), P(Param::fcw, l), N, C,
-                             Hl);
-        be_->layernorm_backward(a.dresidual, G(Param::ln2w, l), G(Param::ln2b, l), f_bwd(), x2, P(Param::ln2w, l),
-                                la.ln2_mean, la.ln2_rstd, Ns, C);
+        be_->matmul_backward(a.dh, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h, P(Param::fcprojw, l),
+                             N, Hl, C);
+        if (cfg_.llama()) be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
+        else be_->gelu_backward(a.dfch, la.fch, a.dh, (size_t)N * Hl);
+        be_->matmul_backward(a.dln, G(Param::fcw, l), Gb(Param::fcb, l), a.dfch, f_input(la.ln2), P(Param::fcw, l), N,
+                             C, (int)fch_width());
+        norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);
         // dresidual holds d(x2); attention path.
-        be_->matmul_backward(a.datt, G(Param::attprojw, l), G(Param::attprojb, l), g_bwd(), atty,
+        be_->matmul_backward(a.datt, G(Param::attprojw, l), Gb(Param::attprojb, l), g_bwd(), la.atty,
                              P(Param::attprojw, l), N, Cl, C);
         if (cp_)
-            cp_->attention_backward(a.dqkv, a.datt, qkv, atty, lse, B, shape.scale);
+            cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale);
         else
-            be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, Cl), elem_ptr(a.dqkv, act, 2 * (size_t)Cl), a.datt,
-                                    qkv, elem_ptr(qkv, act, Cl), elem_ptr(qkv, act, 2 * (size_t)Cl), atty, lse, shape);
-        be_->matmul_backward(a.dln, G(Param::qkvw, l), G(Param::qkvb, l), a.dqkv, f_input(ln1), P(Param::qkvw, l), N,
-                             C, 3 * Cl);
-        be_->layernorm_backward(a.dresidual, G(Param::ln1w, l), G(Param::ln1b, l), f_bwd(), x, P(Param::ln1w, l),
-                                la.ln1_mean, la.ln1_rstd, Ns, C);
+            be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, Cl), elem_ptr(a.dqkv, act, (size_t)Cl + Ckv), a.datt,
+                                    la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, (size_t)Cl + Ckv), la.atty,
+                                    la.lse, shape);
+        rotate(a.dqkv, B, T, true);  // back through the rotary embeddings (Llama)
+        be_->matmul_backward(a.dln, G(Param::qkvw, l), Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), P(Param::qkvw, l),
+                             N, C, (int)W);
+        norm_backward(a.dresidual, f_bwd(), la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w, l, Ns);
         provider_->grads_done(u);
         release(u);
     }
     if (!ch.embed) return;  // dresidual holds the gradient of the chunk's input
     // Embeddings: every tp rank computes wpe's gradient from the whole
     // output gradient (so the replicas agree) and its vocabulary rows' of wte.
-    be_->encoder_backward(G(Param::wte), G(Param::wpe), g_bwd(), a.inputs + (size_t)slot * N, a.pos, B, T, C,
+    be_->encoder_backward(G(Param::wte), Gb(Param::wpe), g_bwd(), a.inputs + (size_t)slot * N, a.pos, B, T, C,
                           table_.vocab_begin, table_.vocab_begin + Vl);
     provider_->grads_done(0);
-    if (ch.head) release(0);
+    if (ch.head && cfg_.tied) release(0);
 }

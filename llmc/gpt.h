@@ -222,6 +222,20 @@ class GPT {
     // from the previous block. Also the recompute of the backward.
     void* block_forward(int l, const LayerActs& la, int B, int T, bool norm_input);
     void attention_core(const LayerActs& la, int B, int T);  // atty, lse from qkv
+    // What differs between GPT-2 and Llama (gpt.cpp): widths of the QKV and
+    // fc outputs on this rank, optional tensors (biases: null for Llama),
+    // the norm, the rotary embeddings, the MLP's activation.
+    size_t qkv_width() const;
+    size_t fch_width() const;
+    const void* Pb(Param p, int layer = 0) const;
+    void* Gb(Param p, int layer = 0);
+    void norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N);
+    void residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
+                       int layer, int N);
+    void norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
+                       int layer, int N);
+    void rotate(void* qkv, int B, int T, bool inverse);
+    void activation(void* h, const void* fch, int N);
     int chunk_of_layer(int l) const;
     void* chunk_in(int c, int slot);  // the residual stream entering chunk c
     class LocalUnits;

@@ -89,7 +89,8 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     // The pipeline says which chunks of blocks this stage runs (its
     // micro-batches are the accumulation steps); the model allocates them.
     s->pipe.reset(new PipelineParallel(*g.pp, *g.embed, mc.num_layers, l.vpp, l.micro_batches()));
-    s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.channels / mc.num_heads));
+    s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.head_size(),
+                                    mc.kv_heads() / l.tp));
     s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank()),
                            s->tp.get(), s->cp.get(), s->pipe->chunks()));
     s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));

@@ -405,7 +405,7 @@ void PipelineParallel::tie_embedding_grads(void* grads, size_t n, DType t) {
 }
 
 bool PipelineParallel::tied_embeddings_agree(GPT& model) {
-    if (pp_ == 1) return true;
+    if (pp_ == 1 || !model.config().tied) return true;
     // The embedding group pairs ranks that hold the same slice of the unit.
     double c = embed_.size() > 1 ? model.unit_checksum(0) : 0.0;
     double hi = embed_.host_all_reduce(c, ReduceOp::Max), lo = -embed_.host_all_reduce(-c, ReduceOp::Max);

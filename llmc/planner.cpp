@@ -165,14 +165,18 @@ class CostModel {
     Cost predict(const std::vector<size_t>& stage_params, size_t unit0) const {
         const Layout& l = l_;
         const double C = c_.channels, T = l.T, Tl = l.T_local(), B = l.B, tp = l.tp, cp = l.cp;
-        const double N = B * Tl, Ns = l.sp ? N / tp : N, H = 4 * C / tp;
+        const double N = B * Tl, Ns = l.sp ? N / tp : N, H = c_.hidden() / tp;
+        // Widths of the column-parallel outputs on this rank: QKV (Llama's
+        // K and V have NKV heads) and fc (Llama's gate and up: 2H).
+        const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp;
+        const double Wqkv = C / tp + 2 * Ckv, Wfc = c_.llama() ? 2 * H : H;
         const double Vl = std::ceil((double)c_.padded_vocab_size / tp);
         const Recompute rc = l.recompute;
         const bool full = rc == Recompute::full, attn_again = rc == Recompute::selective || full;
         const Link ltp = link(l.tp), lcp = link(l.tp * l.cp), ldp = link(l.tp * l.cp * l.dp()), lpp = link(l.world);
 
         // One block, one micro-batch, this rank.
-        const double mm_f = 24.0 * N * C * C / tp;       // QKV, attproj, fc, fcproj
+        const double mm_f = 2.0 * N * C * (Wqkv + C / tp + Wfc + H);  // QKV, attproj, fc, fcproj (GPT-2: 24NC²/tp)
         // Attention: flash-style, QK^T and PV over the causal half at the
         // attention rate; or standard, the full square as batched matrix
         // products, and the scores (B·NH/tp·T_local·T elements, 16-bit)
@@ -191,8 +195,8 @@ class CostModel {
             scores_f = 13 * S / hw_.mem_bw;
             scores_b = 17 * S / hw_.mem_bw;
         }
-        const double mem_f = a_ * (9 * Ns * C + 2 * N * H), mem_b = a_ * (8 * Ns * C + 3 * N * H);
-        const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : 2 * N * H * a_;
+        const double mem_f = a_ * (9 * Ns * C + N * (Wfc + H)), mem_b = a_ * (8 * Ns * C + N * (Wfc + 2 * H));
+        const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : N * (Wfc + H) * a_;
         const int kernels = 20 + (full ? 8 : attn_again ? 2 : rc == Recompute::gelu ? 1 : 0);
         const double blk_compute = (3 * mm_f + (full ? mm_f : 0)) / hw_.matmul_flops +
                                    (3.5 + (attn_again ? 1 : 0)) * t_attn_f + (mem_f + mem_b + mem_rec) / hw_.mem_bw +
@@ -208,7 +212,7 @@ class CostModel {
         // step's transfer beside that step's attention.
         double blk_cp = 0;
         if (l.cp > 1) {
-            const double kv = B * Tl * 2 * (C / tp) * a_, dkv = B * Tl * 2 * (C / tp) * st_;
+            const double kv = B * Tl * 2 * Ckv * a_, dkv = B * Tl * 2 * Ckv * st_;
             const double f = (cp - 1) * p2p(kv, lcp), b = (cp - 1) * p2p(kv, lcp) + cp * p2p(dkv, lcp);
             blk_cp = expose(f, t_attn_f) + expose(b, 2.5 * t_attn_f) + (attn_again ? expose(f, t_attn_f) : 0);
         }
@@ -256,7 +260,7 @@ class CostModel {
                 default: dpt = m * (expose(gather, t_fwd) + std::max(red_rs / units, expose(gather + red_rs, t_bwd))); break;
             }
         }
-        if (l.pp > 1) dpt += all_reduce(unit0 * gb_, 2, lpp);  // the tied embeddings
+        if (l.pp > 1 && c_.tied) dpt += all_reduce(unit0 * gb_, 2, lpp);  // the tied embeddings
         k.dp = dpt;
         // AdamW over the rank's part: read params, grads, master, m, v; write params, master, m, v.
         const double owned = l.zero >= 1 ? (double)P / D : (double)P;

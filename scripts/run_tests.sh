@@ -113,6 +113,7 @@ if command -v mpirun >/dev/null; then
     run test_tp "$PY" tests/test_tp.py
     run test_cp "$PY" tests/test_cp.py
     run test_pp "$PY" tests/test_pp.py
+    run test_llama "$PY" tests/test_llama.py
     run test_memory "$PY" tests/test_memory.py
     run test_multinode "$PY" tests/test_multinode.py
     run test_planner "$PY" tests/test_planner.py

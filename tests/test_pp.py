@@ -34,7 +34,7 @@ import re
 
 import numpy as np
 
-from testlib import Checks, copy_checkpoint, equivalence, metrics, rel, run_suite, train, write_shard
+from testlib import Checks, equivalence, metrics, resume_check, run_suite, train, write_shard
 
 L, C, NH, V, T = 8, 32, 4, 97, 16
 MODEL = f"L={L},C={C},NH={NH},V={V},Vp={V},T=64"
@@ -172,23 +172,8 @@ def test_bubble(tmp):
 
 
 def test_checkpoints(tmp):
-    args = base("fp64") + ["-d", "256"]
-    full = os.path.join(tmp, "ck_full")
-    train(0, args + ["-b", "16", "-o", full])
-    full_l = [m["loss"] for m in metrics(full)]
-    src = os.path.join(tmp, "ck_pp2")
-    rc, out, err = train(2, args + ["-b", "2", "--pp", "2", "-n", "5", "-o", src])
-    if not check(rc == 0, f"pp=2 save: {err[-300:]}"):
-        return
-    for np_, extra in ((0, ["-b", "16"]), (4, ["-b", "2", "--pp", "4"]), (4, ["-b", "2", "--pp", "2", "--tp", "2"])):
-        d = os.path.join(tmp, f"ck_resume_{np_}_{len(extra)}")
-        copy_checkpoint(src, d, 5)
-        rc, out, err = train(np_, args + ["-y", "1", "-o", d] + extra)
-        if not check(rc == 0, f"resume {extra}: {err[-300:]}"):
-            continue
-        r = rel([m["loss"] for m in metrics(d)], full_l[5:])
-        print(f"  saved at pp=2, resumed at {' '.join(extra[2:]) or 'one process'}: losses rel {r:.2e}")
-        check(r <= 1e-10, f"resume {extra}: rel err {r:.3e}")
+    resume_check(check, tmp, base("fp64") + ["-d", "256"], ["-b", "16"], (2, ["-b", "2", "--pp", "2"]),
+                 ((0, ["-b", "16"]), (4, ["-b", "2", "--pp", "4"]), (4, ["-b", "2", "--pp", "2", "--tp", "2"])))
 
 
 def test_errors(tmp):

@@ -53,6 +53,13 @@ def param_count(L, C, V, Vp, T):
     return 12 * L * C * C + 13 * L * C + (Vp + T) * C + 2 * C
 
 
+def llama_param_count(L, C, NH, NKV, F, Vp, tied):
+    """wte, per block RMSNorm, Q/K/V (NKV key/value heads), o_proj, RMSNorm,
+    gate/up/down; final RMSNorm; lm_head when untied."""
+    hs = C // NH
+    return Vp * C * (1 if tied else 2) + L * (2 * C + C * (NH + 2 * NKV) * hs + NH * hs * C + 3 * C * F) + C
+
+
 def _floats(raw, code):
     """Raw little-endian values of a checkpoint dtype code (0 fp32, 1 fp64, 2 bf16) as float64."""
     if code == 0:
@@ -90,7 +97,11 @@ def read_checkpoint(d, step):
         ix = json.load(f)
     m = ix["model"]
     L, C, V, Vp, T = m["L"], m["C"], m["V"], m["Vp"], m["maxT"]
-    P = param_count(L, C, V, Vp, T)
+    if m.get("arch", "gpt2") == "llama":
+        P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"])
+    else:
+        P = param_count(L, C, V, Vp, T)
+    assert ix["params"] == P, f"checkpoint: index says {ix['params']} parameters, the formula {P}"
     out = [np.zeros(P), np.zeros(P), np.zeros(P)]
     cover = [np.zeros(P, dtype=np.int64), np.zeros(P, dtype=np.int64)]
     for name in ix["shards"]:
@@ -159,6 +170,29 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
         check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
         if "--tp" in extra:
             check("tp replicas of LayerNorm, wpe and row-parallel biases: identical" in out, f"{what}: replicas differ")
+
+
+def resume_check(check, tmp, args, single, saved, resumes, at=5):
+    """Trains one process with args + single (uninterrupted); saves at step
+    `at` with saved = (np, extra); resumes a copy of that checkpoint with each
+    (np, extra) of resumes; checks the resumed losses equal the
+    uninterrupted run's (fp64: relative error <= 1e-10)."""
+    full = os.path.join(tmp, "ck_full")
+    train(0, args + single + ["-o", full])
+    full_l = [m["loss"] for m in metrics(full)]
+    src = os.path.join(tmp, "ck_saved")
+    rc, out, err = train(saved[0], args + saved[1] + ["-n", str(at), "-o", src])
+    if not check(rc == 0, f"save at {' '.join(saved[1])}: {err[-300:]}"):
+        return
+    for i, (np_, extra) in enumerate(resumes):
+        d = os.path.join(tmp, f"ck_resume_{i}")
+        copy_checkpoint(src, d, at)
+        rc, out, err = train(np_, args + ["-y", "1", "-o", d] + extra)
+        if not check(rc == 0, f"resume {extra}: {err[-300:]}"):
+            continue
+        r = rel([m["loss"] for m in metrics(d)], full_l[at:])
+        print(f"  saved at {' '.join(saved[1])}, resumed at {' '.join(extra) or 'one process'}: losses rel {r:.2e}")
+        check(r <= 1e-10, f"resume {extra}: rel err {r:.3e}")
 
 
 def copy_checkpoint(src, dst, step):
