@@ -6,7 +6,8 @@
 # scripts/reference_hf.py writes.)
 #   - parameters: the count the trainer prints, whole and per tensor-parallel
 #     rank, against the formula of the architecture;
-#   - equivalence: dp with ZeRO 0-3, tp (the K/V heads split over the tp
+#   - equivalence (GQA 2:1 tied and untied, GQA 4:1 with another rotary
+#     base and epsilon): dp with ZeRO 0-3, tp (the K/V heads split over the tp
 #     ranks), tp + sp, cp (ring attention with grouped K/V), pp (1F1B and
 #     interleaved; the untied head on the last stage, or the tied wte copied
 #     there), recompute modes and mixes of them: 10 steps of losses and the
@@ -27,6 +28,8 @@ from testlib import Checks, equivalence, llama_param_count, resume_check, run_su
 L, C, NH, NKV, F, V = 4, 64, 4, 2, 96, 97
 UNTIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64,tied=0"
 TIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64"
+# grouped-query attention 4:1, with the rotary base and epsilon given
+GQA4 = f"arch=llama,L={L},C={C},NH=8,NKV=2,F=80,V={V},T=64,theta=500000,eps=1e-6,tied=0"
 check = Checks()
 DATA = None
 
@@ -107,6 +110,8 @@ def suite(tmp):
     test_equivalence(tmp, "fp64", UNTIED, layouts)
     test_equivalence(tmp, "fp64", TIED, [(2, ["-b", "2", "--pp", "2"]), (2, ["-b", "8", "--tp", "2", "-r", "gelu"]),
                                          (4, ["-b", "2", "--pp", "2", "-z", "3"])])
+    test_equivalence(tmp, "fp64", GQA4, [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"]),
+                                         (4, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"])])
     test_equivalence(tmp, "fp32", UNTIED, [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "2", "--pp", "2"])])
     test_checkpoints(tmp)
     test_errors(tmp)
