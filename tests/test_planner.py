@@ -4,7 +4,7 @@
 #   - memory: --plan eval prints, for every rank, the memory line the trainer
 #     prints when it starts with the same flags, byte for byte, for the
 #     layouts of the distributed tests (dp x ZeRO 0-3, tp, tp + sp, cp,
-#     cp x tp x sp, pp, pp with vpp, pp x dp x tp, the recompute modes);
+#     cp x tp x sp, pp, pp with vpp, pp x dp x tp, the recompute modes), GPT-2 and Llama;
 #   - time on this CPU: after --calibrate (2 ranks, one thread each), the
 #     predicted step time of one process and of the 2-rank layouts (dp2 ZeRO
 #     0-3, tp2, tp2 sp, cp2, pp2) is within 25% of the measured median, and
@@ -59,14 +59,23 @@ def mem_lines(out, kind):
 
 
 def test_memory(tmp):
-    model = ["-e", "L=4,C=32,NH=4,V=97,Vp=97,T=64", "-t", "16", "-d", "256", "--dtype", "fp64"]
-    run = ["-i", DATA, "-j", "", "-x", "1", "-v", "0", "-s", "0"]
+    gpt2 = "L=4,C=32,NH=4,V=97,Vp=97,T=64"
+    llama = "arch=llama,L=4,C=32,NH=4,NKV=2,F=72,V=97,T=64,tied=0"
     layouts = [(1, ["-b", "16"]), (1, ["-b", "16", "-r", "full"]), (2, ["-b", "8", "-z", "0"]),
                (2, ["-b", "8", "-z", "1"]), (2, ["-b", "4", "-z", "2"]), (4, ["-b", "4", "-z", "3"]),
                (2, ["-b", "8", "--tp", "2"]), (2, ["-b", "8", "--tp", "2", "--sp", "1", "-r", "selective"]),
                (2, ["-b", "8", "--cp", "2"]), (4, ["-b", "8", "--cp", "2", "--tp", "2", "--sp", "1"]),
                (2, ["-b", "4", "--pp", "2"]), (2, ["-b", "2", "--pp", "2", "--vpp", "2", "-r", "gelu"]),
                (8, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"])]
+    memory_equal(gpt2, layouts)
+    memory_equal(llama, [(1, ["-b", "16"]), (4, ["-b", "4", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
+                         (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "4", "--pp", "2", "-r", "selective"])])
+
+
+def memory_equal(spec, layouts):
+    """--plan eval's memory lines equal the trainer's, every rank of each layout."""
+    model = ["-e", spec, "-t", "16", "-d", "256", "--dtype", "fp64"]
+    run = ["-i", DATA, "-j", "", "-x", "1", "-v", "0", "-s", "0"]
     for np_, extra in layouts:
         rc, out, err = train(np_, model + run + extra)
         what = f"np={np_} {' '.join(extra)}"
@@ -78,7 +87,7 @@ def test_memory(tmp):
         want, got = mem_lines(out, "start"), mem_lines(pout, "plan")
         check(len(want) == max(1, np_) and want == got,
               f"{what}: planned memory differs: {[(r, want.get(r), got.get(r)) for r in want if want.get(r) != got.get(r)][:2]}")
-    print(f"  --plan eval equals the trainer's memory lines, every rank, {len(layouts)} layouts")
+    print(f"  --plan eval equals the trainer's memory lines, every rank, {len(layouts)} layouts of {spec}")
 
 
 def test_time(tmp):
