@@ -61,6 +61,14 @@
 // backward overwrites bf16 dq, dk, dv; the ring block backward adds into
 // fp32 ones (+=).
 //
+// Grouped-query attention (AttnShape::NKV): query head h reads key/value head
+// h / (NH / NKV). The forward and dq kernels offset their K/V reads by that
+// head; the dk/dv kernel runs one block per 64-key tile and key/value head
+// and iterates over (query head of the group, query tile) pairs in a fixed
+// order, the double buffering running on across heads, so dk and dv sum the
+// group in registers and are written once (deterministic, no atomics).
+// Without GQA the group is one head and the kernels do what they did.
+//
 // Registers (ptxas -v, sm_90, no spills; see docs/attention.md): HS 64 keeps
 // Q (forward, dq) or K and V (dk/dv) as A fragments in registers; HS 128
 // re-reads them from shared memory at each k-step to stay under 255.
@@ -224,7 +232,7 @@ void backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const
     if (s.Tk > 0) {
         auto kern = dkdv_kernel<D, Cfg::kDkvBQ, Cfg::kDkvARegs, GR, kAcc>;
         allow_smem(kern, K::smem_bytes);
-        const dim3 grid((unsigned)ceil_div(s.Tk, K::BN), (unsigned)(s.B * s.NH));
+        const dim3 grid((unsigned)ceil_div(s.Tk, K::BN), (unsigned)(s.B * s.kv_heads()));  // per kv head (GQA)
         kern<<<grid, attn_tc::kThreads, K::smem_bytes, st>>>(raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v),
                                                              lse, Dvec, p);
         CUDA_CHECK_LAUNCH();
