@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(O* out, float* lse, c
     const int b = blockIdx.y / s.NH, h = blockIdx.y % s.NH;
     const int ntq = (s.Tq + kTile - 1) / kTile;
     const int q0 = (ntq - 1 - (int)blockIdx.x) * kTile;  // causal: the longest tiles start first
-    const int kvh = h / bs.group;  // GQA: this query head's key/value head
+    const int kvh = bs.group == 1 ? h : h / bs.group;  // GQA: this query head's key/value head
     const E* qb = q + (size_t)b * bs.qb + (size_t)h * s.HS;
     const E* kb = k + (size_t)b * bs.kb + (size_t)kvh * s.HS;
     const E* vb = v + (size_t)b * bs.kb + (size_t)kvh * s.HS;
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kThreads)
     const int q0 = (ntq - 1 - (int)blockIdx.x) * kTile;
     const float* lse_bh = lse + (size_t)b * bs.lb + (size_t)h * bs.lh;
     const float* D_bh = D + ((size_t)b * s.NH + h) * s.Tq;
-    const int kvh = h / bs.group;  // GQA: this query head's key/value head
+    const int kvh = bs.group == 1 ? h : h / bs.group;  // GQA: this query head's key/value head
     const E* kb = k + (size_t)b * bs.kb + (size_t)kvh * s.HS;
     const E* vb = v + (size_t)b * bs.kb + (size_t)kvh * s.HS;
     load_tile(Qs, LD, HSP, q + (size_t)b * bs.qb + (size_t)h * s.HS, s.q_stride, q0, s.Tq, s.HS, qmul);

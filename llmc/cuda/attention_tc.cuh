@@ -282,6 +282,7 @@ inline bool attention_tc_enabled() {
 // The entry points below assume attention_tc_supported(s, {all pointers}).
 inline void attention_forward_tc(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                  const AttnShape& s, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
     if (s.HS == 64)
         attn_tc_dev::forward_launch<64, bf16, false>(out, lse, q, k, v, s, stream);
@@ -293,6 +294,7 @@ inline void attention_forward_tc(bf16* out, float* lse, const bf16* q, const bf1
 // running out/lse, overwritten when first, merged by log-sum-exp otherwise.
 inline void attention_block_forward_tc(float* out_acc, float* lse_acc, const bf16* q, const bf16* k, const bf16* v,
                                        const AttnShape& s, bool first, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
     if (s.HS == 64) {
         if (first)
@@ -311,6 +313,7 @@ inline void attention_block_forward_tc(float* out_acc, float* lse_acc, const bf1
 inline void attention_backward_tc(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                                   const bf16* v, const bf16* out, const float* lse, const AttnShape& s,
                                   float* scratch, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0) return;
     if (s.HS == 64)
         attn_tc_dev::backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
@@ -322,6 +325,7 @@ inline void attention_backward_tc(bf16* dq, bf16* dk, bf16* dv, const bf16* dout
 inline void attention_block_backward_tc(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
                                         const bf16* k, const bf16* v, const bf16* out, const float* lse,
                                         const AttnShape& s, float* scratch, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0 || s.Tk == 0) return;  // nothing to add
     if (s.HS == 64)
         attn_tc_dev::backward_launch<64, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
