@@ -174,6 +174,7 @@ int main(int argc, char** argv) {
     std::vector<double> grads(P);
     model.get_file_order(grads.data(), DType::F64, model.grads(), false, model.precision().grad);
     for (int k = 0; k < (int)Param::count; k++) {
+        if (!table.has((Param)k, 0)) continue;  // a kind of the other architecture (Llama / GPT-2)
         const TensorEntry& first = table.get((Param)k, 0);
         size_t n = first.numel * (param_kind((Param)k).per_layer ? c.num_layers : 1);
         ck.check(std::string("grad ") + param_kind((Param)k).name, &grads[first.file_offset],

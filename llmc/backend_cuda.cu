@@ -137,7 +137,8 @@ class CudaBackend final : public Backend {
         if (fp32_) return {DType::F32, DType::F32, DType::F32, false, DType::F32, DType::F32, DType::F32};
         return {DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
     }
-    // LayerNorm and bias gradients, encoder backward and the norm sum in
+    // LayerNorm, RMSNorm and bias gradients, attention's dk/dv (summed over
+    // a GQA group in a fixed head order), encoder backward and the norm sum in
     // an order that depends only on the shapes (no floating-point atomics),
     // but cuBLASLt's algorithm choice is not promised to give the same bits
     // on every run, so the backend does not claim determinism.
