@@ -35,6 +35,9 @@
 #include "cuda/layernorm.cuh"
 #include "cuda/matmul.cuh"
 #include "cuda/norm.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "cuda/swiglu.cuh"
 
 using llmc_cuda::bf16;
 
@@ -134,7 +137,8 @@ class CudaBackend final : public Backend {
         if (fp32_) return {DType::F32, DType::F32, DType::F32, false, DType::F32, DType::F32, DType::F32};
         return {DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
     }
-    // LayerNorm and bias gradients, encoder backward and the norm sum in
+    // LayerNorm, RMSNorm and bias gradients, attention's dk/dv (summed over
+    // a GQA group in a fixed head order), encoder backward and the norm sum in
     // an order that depends only on the shapes (no floating-point atomics),
     // but cuBLASLt's algorithm choice is not promised to give the same bits
     // on every run, so the backend does not claim determinism.
@@ -274,6 +278,49 @@ class CudaBackend final : public Backend {
             float* scratch = scratch_floats(llmc_cuda::layernorm_backward_scratch_floats(N, C));
             llmc_cuda::layernorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), ptr<E>(db), cptr<E>(dout), cptr<E>(inp),
                                              cptr<E>(w), cptr<float>(mean), cptr<float>(rstd), N, C, scratch, stream_);
+        });
+    }
+    // ---- Llama ops (cuda/rmsnorm.cuh, rope.cuh, swiglu.cuh); rstd is fp32 (stat).
+    void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::rmsnorm_forward<E>(ptr<E>(out), ptr<float>(rstd), cptr<E>(inp), cptr<E>(w), N, C, eps, stream_);
+        });
+    }
+    void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b, const void* w,
+                                  int N, int C, double eps) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::residual_rmsnorm_forward<E>(ptr<E>(residual), ptr<E>(out), ptr<float>(rstd), cptr<E>(a),
+                                                   cptr<E>(b), cptr<E>(w), N, C, eps, stream_);
+        });
+    }
+    void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w, const void* rstd,
+                          int N, int C) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch = scratch_floats(llmc_cuda::rmsnorm_backward_scratch_floats(N, C));
+            llmc_cuda::rmsnorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), cptr<E>(dout), cptr<E>(inp), cptr<E>(w),
+                                           cptr<float>(rstd), N, C, scratch, stream_);
+        });
+    }
+    void rope(void* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta,
+              bool inverse) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::rope<E>(ptr<E>(x), row_stride, heads, HS, pos, B, T, theta, inverse, stream_);
+        });
+    }
+    void swiglu_forward(void* out, const void* gu, int N, int H) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::swiglu_forward<E>(ptr<E>(out), cptr<E>(gu), N, H, stream_);
+        });
+    }
+    void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::swiglu_backward<E>(ptr<E>(dgu), cptr<E>(gu), cptr<E>(dout), N, H, stream_);
         });
     }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,

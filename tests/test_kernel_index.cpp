@@ -4,7 +4,8 @@
 // the memory-bound kernels; this test runs those same functions over every
 // thread of a grid and checks that each element is visited exactly once,
 // then replays the reductions in the kernels' order (LayerNorm and bias
-// gradients, encoder backward buckets, multi-tensor AdamW) and compares
+// gradients, encoder backward buckets, multi-tensor AdamW, RMSNorm
+// backward, RoPE's thread ownership and angle arithmetic) and compares
 // them with the CPU backend's ops (llmc/cpu_ops.h), the independent truth.
 // It also checks that adamw_spans (one multi-tensor backend call) gives the
 // same bits as adamw_span per unit on the CPU backend.
@@ -402,11 +403,135 @@ static void test_adamw_spans_cpu() {
     CHECK(pad_ok, "adamw_spans touched padding");
 }
 
+// ---- RMSNorm backward ---------------------------------------------------------------
+// Replays rmsnorm_backward_vec_kernel's dw order (rows per warp in row order
+// by the LayerNorm row assignment, warps in warp order, blocks by the column
+// sum) and its dx formula in fp32, against cpu::rmsnorm_backward in fp64.
+static void test_rms_backward() {
+    const int N = 2500, C = 96;
+    const double eps = 1e-6;
+    std::mt19937_64 rng(11);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    std::vector<double> x((size_t)N * C), dy((size_t)N * C), w(C), out((size_t)N * C), rstd(N);
+    for (auto& v : x) v = nd(rng) + 0.2;
+    for (auto& v : dy) v = nd(rng);
+    for (auto& v : w) v = 1.0 + 0.2 * nd(rng);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    std::vector<double> dinp((size_t)N * C, 0.0), dw(C, 0.0);
+    cpu::rmsnorm_backward(dinp.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+
+    const int grid = ln_bwd_blocks(N);
+    std::vector<float> partial((size_t)grid * C);
+    std::vector<double> gdx((size_t)N * C, 0.0);
+    for (int blk = 0; blk < grid; blk++) {
+        std::vector<float> sm(C);
+        for (int warp = 0; warp < kLnBwdWarps; warp++) {
+            std::vector<float> dwa(C, 0.f);
+            for (int r = ln_bwd_first_row(blk, warp); r < N; r += ln_bwd_row_stride(grid)) {
+                const float rs = (float)rstd[r];
+                float dot = 0.f;
+                for (int c = 0; c < C; c++) {
+                    const float xv = (float)x[(size_t)r * C + c], g = (float)dy[(size_t)r * C + c];
+                    dot += xv * (float)w[c] * g;
+                    dwa[c] += xv * rs * g;
+                }
+                const float coef = dot / C * rs * rs * rs;
+                for (int c = 0; c < C; c++)
+                    gdx[(size_t)r * C + c] = rs * (float)w[c] * (float)dy[(size_t)r * C + c] -
+                                             (float)x[(size_t)r * C + c] * coef;
+            }
+            for (int c = 0; c < C; c++) sm[c] = warp == 0 ? dwa[c] : sm[c] + dwa[c];
+        }
+        std::copy(sm.begin(), sm.end(), partial.begin() + (size_t)blk * C);
+    }
+    const std::vector<float> sums = colsum_replay(partial, grid, C);
+    const std::vector<double> gdw(sums.begin(), sums.end());
+    const double ew = rel_err(gdw, dw), ex = rel_err(gdx, dinp);
+    CHECK(ew < 1e-5 && ex < 1e-5, "rmsnorm backward replay: dw rel err %.3e, dx rel err %.3e", ew, ex);
+}
+
+// ---- RoPE ---------------------------------------------------------------------------
+// Every (row, head, channel) of the rotated part is owned by exactly one
+// thread, with its pair partner (i, i + half) in the same thread; then the
+// kernel's arithmetic (angle in double reduced by rope_reduce, fp32 sin/cos
+// and rotation) replayed against cpu::rope in fp64 at positions up to 1e6.
+static void test_rope() {
+    int bad = 0, cases = 0;
+    for (int HS : {2, 8, 16, 40, 64, 128})
+        for (int W : {1, 4, 8}) {
+            if ((HS / 2) % W) continue;
+            for (int heads : {1, 3, 8, 9, 32})
+                for (size_t rows : {(size_t)1, (size_t)5, (size_t)33}) {
+                    const size_t items = rope_items(rows, heads, HS, W);
+                    std::vector<int> seen(rows * heads * HS, 0);
+                    bool ok = true;
+                    for (size_t t = 0; t < items; t++) {
+                        const RopeItem it = rope_item(t, heads, HS, W);
+                        ok = ok && it.row < rows && it.h0 < it.h1 && it.h1 <= heads && it.i0 % W == 0 &&
+                             it.i0 + W <= HS / 2 && it.h1 - it.h0 <= kRopeHeadsPerThread;
+                        if (!ok) break;
+                        for (int h = it.h0; h < it.h1; h++)
+                            for (int j = 0; j < W; j++) {
+                                seen[(it.row * heads + h) * HS + it.i0 + j]++;
+                                seen[(it.row * heads + h) * HS + HS / 2 + it.i0 + j]++;
+                            }
+                    }
+                    cases++;
+                    if (!ok || std::any_of(seen.begin(), seen.end(), [](int x) { return x != 1; })) bad++;
+                }
+        }
+    CHECK(bad == 0, "rope: %d of %d (HS, W, heads, rows) cases own an element other than once", bad, cases);
+
+    // Angle accuracy: the kernel's fp32 cos/sin of the reduced double angle
+    // against double cos/sin of the unreduced angle.
+    double worst = 0;
+    for (int pos : {0, 1, 7, 1000, 4095, 65535, 131071, 1000000})
+        for (int i = 0; i < 64; i++) {
+            const double a = pos * std::pow(500000.0, -2.0 * i / 128);
+            const float r = (float)rope_reduce(a);
+            worst = std::max({worst, std::fabs((double)std::cos(r) - std::cos(a)),
+                              std::fabs((double)std::sin(r) - std::sin(a))});
+        }
+    CHECK(worst < 5e-7, "rope: fp32 sin/cos of the reduced angle off by %.3e (positions to 1e6)", worst);
+
+    // The whole op replayed in fp32 (the CUDA fp32 build) against cpu::rope in fp64.
+    const int B = 2, T = 37, heads = 3, HS = 16;
+    const size_t stride = heads * HS + 5;
+    std::mt19937_64 rng(5);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    std::vector<double> x((size_t)B * T * stride);
+    for (auto& v : x) v = nd(rng);
+    std::vector<int> pos(T);
+    for (int t = 0; t < T; t++) pos[t] = 100000 + 977 * t;  // long-context positions
+    for (bool inverse : {false, true}) {
+        std::vector<double> ref = x;
+        cpu::rope(ref.data(), stride, heads, HS, pos.data(), B, T, 10000.0, inverse);
+        std::vector<double> got = x;
+        const size_t items = rope_items((size_t)B * T, heads, HS, 1);
+        for (size_t t = 0; t < items; t++) {
+            const RopeItem it = rope_item(t, heads, HS, 1);
+            const double f = std::pow(10000.0, -2.0 * it.i0 / HS);
+            const float r = (float)rope_reduce((double)pos[it.row % T] * f);
+            const float c = std::cos(r), sn = inverse ? -std::sin(r) : std::sin(r);
+            for (int h = it.h0; h < it.h1; h++) {
+                double* v = got.data() + it.row * stride + (size_t)h * HS;
+                const float a = (float)v[it.i0], b = (float)v[it.i0 + HS / 2];
+                v[it.i0] = a * c - b * sn;
+                v[it.i0 + HS / 2] = b * c + a * sn;
+            }
+        }
+        const double e = rel_err(got, ref);
+        CHECK(e < 1e-6, "rope replay (%s): rel err %.3e against the fp64 CPU op", inverse ? "inverse" : "forward", e);
+    }
+}
+
 int main() {
     test_for_each_pack();
     test_ln_packs();
     test_colsum_order();
     test_ln_backward();
+    test_rms_backward();
+    test_rope();
     test_bias_grad();
     test_encoder_backward();
     test_adam_layout();

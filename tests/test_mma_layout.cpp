@@ -19,7 +19,8 @@
 //      missing wait reads stale data). Shared memory starts as NaN; outputs
 //      start as NaN (overwritten) or random (accumulated), and what lies
 //      outside the attention's view must stay untouched. Results are
-//      compared with a naive fp64 attention.
+//      compared with a naive fp64 attention, with and without grouped-query
+//      attention (2:1 and 4:1 query heads per key/value head).
 // Last line: "N passed, N failed".
 #include <cmath>
 #include <condition_variable>
@@ -487,7 +488,10 @@ struct View {
     size_t koff, voff;       // K and V within the kv buffer
 };
 static size_t qi_(const AttnShape& s, int b, int i, int h) { return b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS; }
-static size_t ki_(const AttnShape& s, int b, int j, int h) { return b * s.kb() + (size_t)j * s.kv_stride + (size_t)h * s.HS; }
+// h is a query head: its key/value head is s.kv_head(h) (grouped-query attention).
+static size_t ki_(const AttnShape& s, int b, int j, int h) {
+    return b * s.kb() + (size_t)j * s.kv_stride + (size_t)s.kv_head(h) * s.HS;
+}
 static size_t oi_(const AttnShape& s, int b, int i, int h) { return b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS; }
 static size_t li_(const AttnShape& s, int b, int i, int h) { return b * s.lb() + h * s.lh() + (size_t)i; }
 static bool visible(const AttnShape& s, int i, int j) { return !s.causal || j <= i; }
@@ -598,11 +602,13 @@ static std::vector<float> bits_to_f(const std::vector<uint16_t>& x) {
 
 // A view: q rows of q_stride (q first), k|v rows of kv_stride (k at 0, v at
 // the head block after), out rows of o_stride; optional explicit batch and
-// lse strides (what ring attention uses).
-static View make_view(int B, int NH, int HS, int Tq, int Tk, bool causal, int pad, bool odd_batch) {
-    const size_t C = (size_t)NH * HS;
+// lse strides (what ring attention uses). NKV > 0: grouped-query attention,
+// k and v hold NKV heads (the k|v rows are 2·NKV·HS + pad).
+static View make_view(int B, int NH, int HS, int Tq, int Tk, bool causal, int pad, bool odd_batch, int NKV = 0) {
+    const size_t C = (size_t)NH * HS, KC = (size_t)(NKV ? NKV : NH) * HS;
     View w;
-    w.s = AttnShape{B, NH, HS, Tq, Tk, C + pad, 2 * C + pad, C + pad, causal, 0.8 / std::sqrt((double)HS)};
+    w.s = AttnShape{B, NH, HS, Tq, Tk, C + pad, 2 * KC + pad, C + pad, causal, 0.8 / std::sqrt((double)HS)};
+    w.s.NKV = NKV;
     if (odd_batch) {  // gaps between sequences, lse [B][NH] rows of Tq + 3
         w.s.q_bstride = (size_t)Tq * w.s.q_stride + 16;
         w.s.kv_bstride = (size_t)Tk * w.s.kv_stride + 8;
@@ -615,7 +621,7 @@ static View make_view(int B, int NH, int HS, int Tq, int Tk, bool causal, int pa
     w.on = B * w.s.ob();
     w.ln = B * w.s.lb();
     w.koff = 0;
-    w.voff = C;
+    w.voff = KC;
     return w;
 }
 
@@ -668,7 +674,7 @@ static bool run_backward(const View& w, size_t kv_row0, const std::vector<uint16
         attn_tc::dq_body<HostCtx, D, Cfg::kDqBN, Cfg::kDqARegs, G, kAcc>(cx, dq.data(), dob.data(), qb.data(), kvb.data() + w.koff + o,
                                                                       kvb.data() + w.voff + o, lse.data(), Dv.data(), p);
     });
-    ok &= run_grid((w.s.Tk + K::BN - 1) / K::BN, w.s.B * w.s.NH, K::smem_bytes, [&](HostCtx& cx) {
+    ok &= run_grid((w.s.Tk + K::BN - 1) / K::BN, w.s.B * w.s.kv_heads(), K::smem_bytes, [&](HostCtx& cx) {
         attn_tc::dkdv_body<HostCtx, D, Cfg::kDkvBQ, Cfg::kDkvARegs, G, kAcc>(cx, dkv.data() + w.koff + o, dkv.data() + w.voff + o,
                                                                           dob.data(), qb.data(), kvb.data() + w.koff + o,
                                                                           kvb.data() + w.voff + o, lse.data(), Dv.data(), p);
@@ -692,7 +698,7 @@ static void test_plain(const char* name, const View& w, uint32_t seed) {
     run_forward<D>(w, q, kv, out, lse, &ok);
     const std::string n = std::string("HS=") + std::to_string(D) + " " + name;
     check(ok, n + ": forward shared-memory accesses in range and aligned");
-    const size_t C = (size_t)s.NH * s.HS;
+    const size_t KC = (size_t)s.kv_heads() * s.HS;
     compare(n + ": forward out", out, rout, mask_rows(w.on, s.B, s.Tq, s.NH, s.HS, s.ob(), s.o_stride, 0), out_init, 1e-2);
     compare(n + ": forward lse", lse, rlse, mask_lse(s, w.ln), lse_init, 1e-5);
 
@@ -709,8 +715,8 @@ static void test_plain(const char* name, const View& w, uint32_t seed) {
     ok = run_backward<D, uint16_t, false>(w, 0, to_bits(q), to_bits(kv), to_bits(dout), lse_in, Dv, dq, dkv);
     check(ok, n + ": backward shared-memory accesses in range and aligned");
     compare(n + ": backward dq", dq, rdq, mask_rows(w.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0), dq_init, 1e-2);
-    std::vector<char> kvm = mask_rows(w.kvn, s.B, s.Tk, s.NH, s.HS, s.kb(), s.kv_stride, 0);
-    const std::vector<char> vm = mask_rows(w.kvn, s.B, s.Tk, s.NH, s.HS, s.kb(), s.kv_stride, C);
+    std::vector<char> kvm = mask_rows(w.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, 0);
+    const std::vector<char> vm = mask_rows(w.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, KC);
     for (size_t i = 0; i < kvm.size(); i++) kvm[i] |= vm[i];
     compare(n + ": backward dk|dv", dkv, rdkv, kvm, dkv_init, 1e-2);
 }
@@ -753,11 +759,11 @@ static void test_ring(const char* name, const View& full, int T1, uint32_t seed)
     ok = run_backward<D, float, true>(b1, 0, qb, kvb, dob, lse_in, Dv, dq, dkv);
     ok &= run_backward<D, float, true>(b2, T1, qb, kvb, dob, lse_in, Dv, dq, dkv);
     check(ok, n + ": block backward shared-memory accesses in range and aligned");
-    const size_t C = (size_t)s.NH * s.HS;
+    const size_t KC = (size_t)s.kv_heads() * s.HS;
     compare(n + ": block backward dq (fp32 +=)", dq, rdq, mask_rows(full.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0), dq0,
             1e-2);
-    std::vector<char> kvm = mask_rows(full.kvn, s.B, s.Tk, s.NH, s.HS, s.kb(), s.kv_stride, 0);
-    const std::vector<char> vm = mask_rows(full.kvn, s.B, s.Tk, s.NH, s.HS, s.kb(), s.kv_stride, C);
+    std::vector<char> kvm = mask_rows(full.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, 0);
+    const std::vector<char> vm = mask_rows(full.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, KC);
     for (size_t i = 0; i < kvm.size(); i++) kvm[i] |= vm[i];
     compare(n + ": block backward dk|dv (fp32 +=)", dkv, rdkv, kvm, dkv0, 1e-2);
 }
@@ -776,6 +782,17 @@ int main() {
     // Ring blocks: keys split in two, merged (forward) and accumulated (backward).
     test_ring<64>("ring B=2 NH=1 Tq=72 Tk=40+60", make_view(2, 1, 64, 72, 100, false, 8, true), 40, 50);
     test_ring<128>("ring B=1 NH=2 Tq=33 Tk=64+17", make_view(1, 2, 128, 33, 81, false, 0, false), 64, 60);
+    // Grouped-query attention (2:1 and 4:1): the forward and dq read the
+    // shared kv head; dk/dv blocks loop over the group's query heads (the
+    // double buffering running on across heads), summing them.
+    test_plain<64>("GQA 2:1 causal B=1 NH=4 NKV=2 T=130", make_view(1, 4, 64, 130, 130, true, 0, false, 2), 70);
+    test_plain<128>("GQA 4:1 causal B=1 NH=4 NKV=1 T=70", make_view(1, 4, 128, 70, 70, true, 0, false, 1), 80);
+    test_plain<64>("GQA 4:1 non-causal B=2 NH=8 NKV=2 Tq=40 Tk=100 strided",
+                   make_view(2, 8, 64, 40, 100, false, 8, true, 2), 90);
+    test_ring<64>("GQA 2:1 ring B=1 NH=2 NKV=1 Tq=50 Tk=64+30", make_view(1, 2, 64, 50, 94, false, 8, true, 1), 64,
+                  100);
+    test_ring<128>("GQA 4:1 ring B=1 NH=4 NKV=1 Tq=20 Tk=30+40", make_view(1, 4, 128, 20, 70, false, 0, false, 1), 30,
+                   110);
     std::printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -8,7 +8,8 @@
 //   version 3: llmc/cuda/attention_tc.cuh (production for bf16 with HS 64 or
 //              128: the same two-kernel split on tensor cores, mma.sync)
 // Same cases as attention_forward.cu (and attention_tc_cases() for version
-// 3). The output buffers start as garbage to check that they are
+// 3), grouped-query attention included (dk, dv sum over each group's query
+// heads). The output buffers start as garbage to check that they are
 // overwritten, not accumulated. Timing: d12 shapes (B=4, 8, 16; NH=12,
 // HS=64, T=1024, causal), HS=128 and non-causal, FLOPs counted as 2.5x the
 // forward's (4·B·NH·Tq·Tk·HS, halved when causal), with the fraction of the
@@ -34,12 +35,13 @@ __global__ void attention_backward_v1(float* dq, float* dk, float* dv, const flo
     const size_t qo = ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
     const size_t oo = ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
     const float L = lse[((size_t)b * s.NH + h) * s.Tq + i];
+    const int kvh = s.NKV ? h / (s.NH / s.NKV) : h;  // grouped-query attention: dk, dv sum the group (atomics)
     float D = 0.f;
     for (int c = 0; c < s.HS; c++) D += dout[oo + c] * out[oo + c];
     for (int c = 0; c < s.HS; c++) dq[qo + c] = 0.f;
     const int nk = s.causal ? i + 1 : s.Tk;
     for (int j = 0; j < nk; j++) {
-        const size_t ko = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+        const size_t ko = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)kvh * s.HS;
         float dot = 0.f, dp = 0.f;
         for (int c = 0; c < s.HS; c++) {
             dot += q[qo + c] * k[ko + c];
@@ -85,8 +87,8 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
             for (int b = 0; b < s.B; b++)
                 for (int j = 0; j < s.Tk; j++) {
                     const size_t o = ((size_t)b * s.Tk + j) * s.kv_stride;
-                    CUDA_CHECK(cudaMemsetAsync(dk + o, 0, (size_t)s.NH * s.HS * sizeof(float)));
-                    CUDA_CHECK(cudaMemsetAsync(dv + o, 0, (size_t)s.NH * s.HS * sizeof(float)));
+                    CUDA_CHECK(cudaMemsetAsync(dk + o, 0, (size_t)s.kv_heads() * s.HS * sizeof(float)));
+                    CUDA_CHECK(cudaMemsetAsync(dv + o, 0, (size_t)s.kv_heads() * s.HS * sizeof(float)));
                 }
             const size_t rows = (size_t)s.B * s.NH * s.Tq;
             attention_backward_v1<<<(unsigned)ceil_div(rows, 128), 128>>>(dq, dk, dv, dout, q, k, v, out, lse, s);
@@ -174,17 +176,19 @@ int main(int argc, char** argv) {
     struct Shape {
         int B, NH, HS, Tq, Tk;
         bool causal;
+        int NKV;
     };
-    const Shape shapes[] = {{4, 12, 64, 1024, 1024, true},  {8, 12, 64, 1024, 1024, true},
-                            {16, 12, 64, 1024, 1024, true}, {8, 6, 128, 1024, 1024, true},
-                            {8, 12, 64, 512, 512, false},   {8, 6, 128, 512, 512, false}};
+    const Shape shapes[] = {{4, 12, 64, 1024, 1024, true, 0},  {8, 12, 64, 1024, 1024, true, 0},
+                            {16, 12, 64, 1024, 1024, true, 0}, {8, 6, 128, 1024, 1024, true, 0},
+                            {8, 12, 64, 512, 512, false, 0},   {8, 6, 128, 512, 512, false, 0},
+                            {2, 32, 128, 2048, 2048, true, 8}};  // Llama-8B-like heads, GQA 4:1
     if (lab::check_only()) return lab::finish();
     std::printf("timing (FLOPs counted as 2.5x the forward's 4*B*NH*Tq*Tk*HS, halved when causal)\n");
     for (const Shape& sh : shapes) {
-        const Case c = make_case("timing", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk, sh.causal, true);
+        const Case c = make_case("timing", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk, sh.causal, true, 4, sh.NKV);
         const double flops = 2.5 * 4.0 * sh.B * sh.NH * sh.HS * (double)sh.Tq * sh.Tk / (sh.causal ? 2 : 1);
-        std::printf(" B=%d NH=%d HS=%d Tq=%d Tk=%d %s\n", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk,
-                    sh.causal ? "causal" : "non-causal");
+        std::printf(" B=%d NH=%d NKV=%d HS=%d Tq=%d Tk=%d %s\n", sh.B, sh.NH, sh.NKV ? sh.NKV : sh.NH, sh.HS, sh.Tq,
+                    sh.Tk, sh.causal ? "causal" : "non-causal");
         const Data d = make_data(c, 7);
         bf16* q = lab::to_device<bf16>(d.qbuf);
         bf16* dout = lab::to_device<bf16>(d.dout);

@@ -1,6 +1,8 @@
 // dev/cuda/attention_cases.h: the attention shapes both attention lab
 // programs (attention_forward.cu, attention_backward.cu) validate on: GPT-2's
-// packed QKV rows, odd head sizes, and padded strides with Tq != Tk.
+// packed QKV rows, odd head sizes, padded strides with Tq != Tk, and
+// grouped-query attention (Llama: NKV key/value heads shared by groups of
+// NH / NKV query heads; 2:1, 3:1 and 4:1 here).
 #pragma once
 #include <cmath>
 #include <vector>
@@ -18,23 +20,28 @@ struct Case {
 
 // pad: extra elements per row in the strided (not packed) layout; 4 leaves
 // rows unaligned (CUDA-core kernels only), 8 keeps them 16-byte aligned.
+// NKV > 0: grouped-query attention with NKV key/value heads (KC = NKV·HS
+// channels each for K and V): packed rows are [Q (C) | K (KC) | V (KC)], the
+// Llama fused QKV layout; strided k|v rows are 2·KC + pad.
 inline Case make_case(const char* name, int B, int NH, int HS, int Tq, int Tk, bool causal, bool packed,
-                      size_t pad = 4) {
-    const size_t C = (size_t)NH * HS;
+                      size_t pad = 4, int NKV = 0) {
+    const size_t C = (size_t)NH * HS, KC = (size_t)(NKV ? NKV : NH) * HS;
     Case c{name, {}, packed, 0, 0, 0, 0, 0};
     if (packed) {
-        c.s = {B, NH, HS, Tq, Tk, 3 * C, 3 * C, C, causal, 1.0 / std::sqrt((double)HS)};
-        c.qbuf_n = c.kvbuf_n = (size_t)B * Tq * 3 * C;
+        const size_t row = C + 2 * KC;
+        c.s = {B, NH, HS, Tq, Tk, row, row, C, causal, 1.0 / std::sqrt((double)HS)};
+        c.qbuf_n = c.kvbuf_n = (size_t)B * Tq * row;
         c.koff = C;
-        c.voff = 2 * C;
-    } else {  // padded strides: q rows of C+pad, k|v rows of 2C+pad+2 (+pad), out rows of C+pad-2 (+pad)
+        c.voff = C + KC;
+    } else {  // padded strides: q rows of C+pad, k|v rows of 2KC+pad+2 (+pad), out rows of C+pad-2 (+pad)
         const size_t pk = pad == 4 ? 6 : pad, po = pad == 4 ? 2 : pad;
-        c.s = {B, NH, HS, Tq, Tk, C + pad, 2 * C + pk, C + po, causal, 0.7 / std::sqrt((double)HS)};
+        c.s = {B, NH, HS, Tq, Tk, C + pad, 2 * KC + pk, C + po, causal, 0.7 / std::sqrt((double)HS)};
         c.qbuf_n = (size_t)B * Tq * (C + pad);
-        c.kvbuf_n = (size_t)B * Tk * (2 * C + pk);
+        c.kvbuf_n = (size_t)B * Tk * (2 * KC + pk);
         c.koff = 0;
-        c.voff = C;
+        c.voff = KC;
     }
+    c.s.NKV = NKV;
     c.out_n = (size_t)B * Tq * c.s.o_stride;
     return c;
 }
@@ -48,6 +55,10 @@ inline std::vector<Case> attention_cases() {
         make_case("HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false),
         make_case("HS=200 Tq=33 Tk=65 strided", 1, 2, 200, 33, 65, false, false),
         make_case("HS=16 T=64 non-causal strided", 2, 3, 16, 64, 64, false, false),
+        make_case("GQA 2:1 HS=64 T=256 causal", 2, 8, 64, 256, 256, true, true, 4, 4),
+        make_case("GQA 4:1 HS=16 T=100 causal", 2, 4, 16, 100, 100, true, true, 4, 1),
+        make_case("GQA 3:1 HS=40 Tq=70 Tk=130 strided", 2, 6, 40, 70, 130, false, false, 4, 2),
+        make_case("GQA 4:1 HS=128 T=96 causal", 1, 8, 128, 96, 96, true, true, 4, 2),
     };
 }
 
@@ -62,5 +73,10 @@ inline std::vector<Case> attention_tc_cases() {
         make_case("tc HS=128 Tq=33 Tk=200 strided", 2, 2, 128, 33, 200, false, false, 8),
         make_case("tc d12 B=4 NH=12 HS=64 T=1024 causal", 4, 12, 64, 1024, 1024, true, true),
         make_case("tc B=4 NH=6 HS=128 T=1024 causal", 4, 6, 128, 1024, 1024, true, true),
+        make_case("tc GQA 2:1 HS=64 T=100 causal", 2, 6, 64, 100, 100, true, true, 4, 3),
+        make_case("tc GQA 4:1 HS=128 T=200 causal", 1, 8, 128, 200, 200, true, true, 4, 2),
+        make_case("tc GQA 2:1 HS=64 Tq=70 Tk=130 strided", 2, 4, 64, 70, 130, false, false, 8, 2),
+        make_case("tc GQA 4:1 HS=128 Tq=33 Tk=200 strided", 2, 4, 128, 33, 200, false, false, 8, 1),
+        make_case("tc Llama GQA 4:1 B=1 NH=32 NKV=8 HS=128 T=1024 causal", 1, 32, 128, 1024, 1024, true, true, 4, 8),
     };
 }

@@ -9,7 +9,8 @@
 //              128: tensor cores, mma.sync m16n8k16, FlashAttention-2 style)
 // Cases: GPT-2's packed qkv layout (causal), the odd head sizes of the test
 // models (16, 8), HS=128 and HS=200, T not a multiple of the tile, and
-// non-causal Tq != Tk with padded strides and K, V packed in one buffer;
+// non-causal Tq != Tk with padded strides and K, V packed in one buffer,
+// grouped-query attention (2:1, 3:1, 4:1; Llama's [Q | K | V] rows);
 // version 3 also on attention_tc_cases() (aligned strided layouts, d12-like
 // T=1024). Timing: d12 shapes (B=4, 8, 16; NH=12, HS=64, T=1024, causal),
 // HS=128 and a non-causal block, in TFLOP/s and as a fraction of the
@@ -31,8 +32,9 @@ __global__ void attention_forward_v1(E* out, float* lse, const E* q, const E* k,
     const int i = (int)(row % s.Tq), h = (int)(row / s.Tq % s.NH), b = (int)(row / s.Tq / s.NH);
     const E* qi = q + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
     const int nk = s.causal ? i + 1 : s.Tk;
+    const int kvh = s.NKV ? h / (s.NH / s.NKV) : h;  // grouped-query attention
     auto score = [&](int j) {
-        const E* kj = k + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+        const E* kj = k + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)kvh * s.HS;
         float d = 0.f;
         for (int c = 0; c < s.HS; c++) d += to_float(qi[c]) * to_float(kj[c]);
         return d * (float)s.scale;
@@ -45,7 +47,7 @@ __global__ void attention_forward_v1(E* out, float* lse, const E* q, const E* k,
     for (int j = 0; j < nk; j++) {
         const float p = expf(score(j) - mx);
         sum += p;
-        const E* vj = v + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)h * s.HS;
+        const E* vj = v + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)kvh * s.HS;
         for (int c = 0; c < s.HS; c++) acc[c] += p * to_float(vj[c]);
     }
     E* oi = out + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
@@ -126,17 +128,19 @@ int main(int argc, char** argv) {
     struct Shape {
         int B, NH, HS, Tq, Tk;
         bool causal;
+        int NKV;
     };
-    const Shape shapes[] = {{4, 12, 64, 1024, 1024, true},  {8, 12, 64, 1024, 1024, true},
-                            {16, 12, 64, 1024, 1024, true}, {8, 6, 128, 1024, 1024, true},
-                            {8, 12, 64, 512, 512, false},   {8, 6, 128, 512, 512, false}};
+    const Shape shapes[] = {{4, 12, 64, 1024, 1024, true, 0},  {8, 12, 64, 1024, 1024, true, 0},
+                            {16, 12, 64, 1024, 1024, true, 0}, {8, 6, 128, 1024, 1024, true, 0},
+                            {8, 12, 64, 512, 512, false, 0},   {8, 6, 128, 512, 512, false, 0},
+                            {2, 32, 128, 2048, 2048, true, 8}};  // Llama-8B-like heads, GQA 4:1
     if (lab::check_only()) return lab::finish();
     std::printf("timing (FLOPs 4*B*NH*Tq*Tk*HS, halved when causal)\n");
     for (const Shape& sh : shapes) {
-        const Case c = make_case("timing", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk, sh.causal, true);
+        const Case c = make_case("timing", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk, sh.causal, true, 4, sh.NKV);
         const double flops = 4.0 * sh.B * sh.NH * sh.HS * (double)sh.Tq * sh.Tk / (sh.causal ? 2 : 1);
-        std::printf(" B=%d NH=%d HS=%d Tq=%d Tk=%d %s\n", sh.B, sh.NH, sh.HS, sh.Tq, sh.Tk,
-                    sh.causal ? "causal" : "non-causal");
+        std::printf(" B=%d NH=%d NKV=%d HS=%d Tq=%d Tk=%d %s\n", sh.B, sh.NH, sh.NKV ? sh.NKV : sh.NH, sh.HS, sh.Tq,
+                    sh.Tk, sh.causal ? "causal" : "non-causal");
         std::vector<float> qkv = lab::rand_normal(c.qbuf_n, 1.f, 3);
         bf16* dqkv = lab::to_device<bf16>(qkv);
         bf16* dout = lab::dev_alloc<bf16>(c.out_n);

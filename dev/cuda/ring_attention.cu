@@ -22,8 +22,10 @@
 // bf16, and, for head sizes 64 and 128, on the tensor-core kernels
 // (llmc/cuda/attention_tc.cuh, "tc" lines) in bf16, which is what the CUDA
 // backend dispatches to in its default bf16 mode.
-// q comes from a packed qkv buffer (q_stride 3C); k and v from a K|V buffer
-// (kv_stride 2C, as ring attention packs them for sending). References run
+// q comes from a packed qkv buffer (q_stride 3C; C + 2·NKV·HS with
+// grouped-query attention, Llama's [Q | K | V] rows); k and v from a K|V
+// buffer (kv_stride 2C or 2·NKV·HS, as ring attention packs them for
+// sending). GQA setups (2:1, 4:1) run every check above. References run
 // in fp64 on the CPU, so the tolerances measure the GPU's error alone; the
 // bf16 runs differ from fp32 only by the inputs' type (the block outputs and
 // gradients are fp32), except strided plain, whose outputs are bf16.
@@ -42,29 +44,34 @@ constexpr double kTolBF16 = 2e-2;
 struct Setup {
     const char* name;
     int B, NH, HS, R, c;  // c rows per chunk; T = 2*R*c
+    int NKV = 0;          // grouped-query attention: key/value heads (0: NH)
     int T() const { return 2 * R * c; }
     size_t C() const { return (size_t)NH * HS; }
+    size_t KC() const { return (size_t)(NKV ? NKV : NH) * HS; }  // channels of K (and of V)
+    size_t QW() const { return C() + 2 * KC(); }                  // a qkv row: [Q | K | V]
     double scale() const { return 1.0 / std::sqrt((double)HS); }
     // Element offsets of chunk n in the qkv, K|V, out and lse buffers.
-    size_t q_off(int n) const { return (size_t)n * c * 3 * C(); }
-    size_t kv_off(int n) const { return (size_t)n * c * 2 * C(); }
+    size_t q_off(int n) const { return (size_t)n * c * QW(); }
+    size_t kv_off(int n) const { return (size_t)n * c * 2 * KC(); }
     size_t o_off(int n) const { return (size_t)n * c * C(); }
     size_t l_off(int n) const { return (size_t)n * c; }
 };
 
 // The whole sequence, causal, dense batch strides.
 AttnShape full_shape(const Setup& u) {
-    const size_t C = u.C();
-    return AttnShape{u.B, u.NH, u.HS, u.T(), u.T(), 3 * C, 2 * C, C, true, u.scale()};
+    AttnShape s{u.B, u.NH, u.HS, u.T(), u.T(), u.QW(), 2 * u.KC(), u.C(), true, u.scale()};
+    s.NKV = u.NKV;
+    return s;
 }
 
 // One chunk of queries against one chunk of keys, in place in the
 // whole-sequence buffers: batch strides span T rows, lse is [B, NH, T].
 AttnShape chunk_shape(const Setup& u, bool causal) {
     const size_t C = u.C(), T = (size_t)u.T();
-    AttnShape s{u.B, u.NH, u.HS, u.c, u.c, 3 * C, 2 * C, C, causal, u.scale()};
-    s.q_bstride = T * 3 * C;
-    s.kv_bstride = T * 2 * C;
+    AttnShape s{u.B, u.NH, u.HS, u.c, u.c, u.QW(), 2 * u.KC(), C, causal, u.scale()};
+    s.NKV = u.NKV;
+    s.q_bstride = T * u.QW();
+    s.kv_bstride = T * 2 * u.KC();
     s.o_bstride = T * C;
     s.lse_hstride = T;
     s.lse_bstride = (size_t)u.NH * T;
@@ -108,27 +115,27 @@ struct Data {
 };
 
 Data make_data(const Setup& u, uint64_t seed) {
-    const size_t C = u.C(), BT = (size_t)u.B * u.T();
+    const size_t C = u.C(), KC = u.KC(), QW = u.QW(), BT = (size_t)u.B * u.T();
     const AttnShape s = full_shape(u);
     Data d;
-    d.qkv = lab::rand_normal(BT * 3 * C, 1.f, seed);
-    d.kv.resize(BT * 2 * C);
+    d.qkv = lab::rand_normal(BT * QW, 1.f, seed);
+    d.kv.resize(BT * 2 * KC);
     for (size_t r = 0; r < BT; r++)
-        for (size_t x = 0; x < 2 * C; x++) d.kv[r * 2 * C + x] = d.qkv[r * 3 * C + C + x];
+        for (size_t x = 0; x < 2 * KC; x++) d.kv[r * 2 * KC + x] = d.qkv[r * QW + C + x];
     d.dout = lab::rand_normal(BT * C, 1.f, seed + 1);
     const std::vector<double> qkv = f64(d.qkv), kv = f64(d.kv);
     std::vector<double> out(BT * C, 0.0), lse((size_t)u.B * u.NH * u.T(), 0.0);
-    cpu::attention_forward(out.data(), lse.data(), qkv.data(), kv.data(), kv.data() + C, s);
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), kv.data(), kv.data() + KC, s);
     d.out = f32(out);
     d.lse = f32(lse);
     d.out_in = d.out;
     for (float& x : d.out_in) x = lab::round_bf16(x);
 
-    d.gq0 = lab::rand_normal(BT * 3 * C, 0.01f, seed + 2);
-    d.gkv0 = lab::rand_normal(BT * 2 * C, 0.01f, seed + 3);
-    std::vector<double> dq(BT * 3 * C, 0.0), dkv(BT * 2 * C, 0.0);
+    d.gq0 = lab::rand_normal(BT * QW, 0.01f, seed + 2);
+    d.gkv0 = lab::rand_normal(BT * 2 * KC, 0.01f, seed + 3);
+    std::vector<double> dq(BT * QW, 0.0), dkv(BT * 2 * KC, 0.0);
     const std::vector<double> dout = f64(d.dout), out_in = f64(d.out_in), lse_in = f64(d.lse);
-    cpu::attention_backward(dq.data(), dkv.data(), dkv.data() + C, dout.data(), qkv.data(), kv.data(), kv.data() + C,
+    cpu::attention_backward(dq.data(), dkv.data(), dkv.data() + KC, dout.data(), qkv.data(), kv.data(), kv.data() + KC,
                             out_in.data(), lse_in.data(), s);
     for (size_t i = 0; i < dq.size(); i++) dq[i] += d.gq0[i];
     for (size_t i = 0; i < dkv.size(); i++) dkv[i] += d.gkv0[i];
@@ -146,7 +153,7 @@ void ring_forward(const Setup& u, float* out, float* lse, const E* qkv, const E*
         float* l = lse + u.l_off(qc);
         const E* q = qkv + u.q_off(qc);
         const E* k = kv + u.kv_off(kc);
-        const E* v = kv + u.kv_off(kc) + u.C();
+        const E* v = kv + u.kv_off(kc) + u.KC();
         if constexpr (std::is_same<E, bf16>::value) {
             if (tc) {
                 attention_block_forward_tc(o, l, q, k, v, s, first, 0);
@@ -162,9 +169,9 @@ void ring_backward(const Setup& u, float* dq, float* dkv, const E* dout, const E
                    const float* lse, float* scratch, bool tc = false) {
     zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool) {
         const AttnShape s = chunk_shape(u, causal);
-        float *gq = dq + u.q_off(qc), *gk = dkv + u.kv_off(kc), *gv = dkv + u.kv_off(kc) + u.C();
+        float *gq = dq + u.q_off(qc), *gk = dkv + u.kv_off(kc), *gv = dkv + u.kv_off(kc) + u.KC();
         const E *go = dout + u.o_off(qc), *q = qkv + u.q_off(qc), *k = kv + u.kv_off(kc),
-                *v = kv + u.kv_off(kc) + u.C(), *o = out + u.o_off(qc);
+                *v = kv + u.kv_off(kc) + u.KC(), *o = out + u.o_off(qc);
         const float* l = lse + u.l_off(qc);
         if constexpr (std::is_same<E, bf16>::value) {
             if (tc) {
@@ -183,7 +190,7 @@ bool tc_takes(const Setup& u) {
     bf16* probe = lab::dev_alloc<bf16>(8);
     zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool) {
         ok &= attention_tc_supported(chunk_shape(u, causal), {probe + u.q_off(qc), probe + u.kv_off(kc),
-                                                              probe + u.kv_off(kc) + u.C(), probe + u.o_off(qc)});
+                                                              probe + u.kv_off(kc) + u.KC(), probe + u.o_off(qc)});
     });
     lab::dev_free(probe);
     return ok;
@@ -191,7 +198,7 @@ bool tc_takes(const Setup& u) {
 
 template <typename E>
 void check_ring(const Setup& u, const Data& d, const char* label, double tol, bool tc = false) {
-    const size_t C = u.C(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
+    const size_t C = u.C(), KC = u.KC(), QW = u.QW(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
     const std::string l = std::string(label) + " " + u.name;
     E* qkv = lab::to_device<E>(d.qkv);
     E* kv = lab::to_device<E>(d.kv);
@@ -209,8 +216,8 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol, bo
     float* dkv = lab::to_device<float>(d.gkv0);
     float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(chunk_shape(u, false)));
     ring_backward<E>(u, dq, dkv, dout, qkv, kv, out_in, lse_in, scratch, tc);
-    lab::validate((l + " bwd dq").c_str(), lab::from_device(dq, BT * 3 * C), d.dq, tol);
-    lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv, BT * 2 * C), d.dkv, tol);
+    lab::validate((l + " bwd dq").c_str(), lab::from_device(dq, BT * QW), d.dq, tol);
+    lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv, BT * 2 * KC), d.dkv, tol);
     lab::dev_free(qkv), lab::dev_free(kv), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dout),
         lab::dev_free(out_in), lab::dev_free(lse_in), lab::dev_free(dq), lab::dev_free(dkv), lab::dev_free(scratch);
 }
@@ -220,21 +227,21 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol, bo
 // must stay untouched (zero).
 template <typename E>
 void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* label, double tol, bool tc = false) {
-    const size_t C = u.C(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
+    const size_t C = u.C(), KC = u.KC(), QW = u.QW(), BT = (size_t)u.B * u.T(), nlse = (size_t)u.B * u.NH * u.T();
     const AttnShape s = chunk_shape(u, qc == kc);
     const std::string l = std::string(label) + " " + u.name + (qc == kc ? " diag" : " off-diag");
     const std::vector<double> qkv = f64(d.qkv), kv = f64(d.kv), dout = f64(d.dout);
     std::vector<double> rout(BT * C, 0.0), rlse(nlse, 0.0);
     cpu::attention_forward(rout.data() + u.o_off(qc), rlse.data() + u.l_off(qc), qkv.data() + u.q_off(qc),
-                           kv.data() + u.kv_off(kc), kv.data() + u.kv_off(kc) + C, s);
+                           kv.data() + u.kv_off(kc), kv.data() + u.kv_off(kc) + KC, s);
     // The backward's inputs: this block's out (rounded to bf16) and lse.
     std::vector<float> out_in = f32(rout), lse_in = f32(rlse);
     for (float& x : out_in) x = lab::round_bf16(x);
-    std::vector<double> rdq(BT * 3 * C, 0.0), rdkv(BT * 2 * C, 0.0);
+    std::vector<double> rdq(BT * QW, 0.0), rdkv(BT * 2 * KC, 0.0);
     const std::vector<double> out64 = f64(out_in), lse64 = f64(lse_in);
-    cpu::attention_backward(rdq.data() + u.q_off(qc), rdkv.data() + u.kv_off(kc), rdkv.data() + u.kv_off(kc) + C,
+    cpu::attention_backward(rdq.data() + u.q_off(qc), rdkv.data() + u.kv_off(kc), rdkv.data() + u.kv_off(kc) + KC,
                             dout.data() + u.o_off(qc), qkv.data() + u.q_off(qc), kv.data() + u.kv_off(kc),
-                            kv.data() + u.kv_off(kc) + C, out64.data() + u.o_off(qc), lse64.data() + u.l_off(qc), s);
+                            kv.data() + u.kv_off(kc) + KC, out64.data() + u.o_off(qc), lse64.data() + u.l_off(qc), s);
 
     E* q_d = lab::to_device<E>(d.qkv);
     E* kv_d = lab::to_device<E>(d.kv);
@@ -243,33 +250,33 @@ void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* labe
     if constexpr (std::is_same<E, bf16>::value) {
         if (tc)
             attention_forward_tc(out_d + u.o_off(qc), lse_d + u.l_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
-                                 kv_d + u.kv_off(kc) + C, s, 0);
+                                 kv_d + u.kv_off(kc) + KC, s, 0);
     }
     if (!tc)
         attention_forward<E>(out_d + u.o_off(qc), lse_d + u.l_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
-                             kv_d + u.kv_off(kc) + C, s, 0);
+                             kv_d + u.kv_off(kc) + KC, s, 0);
     lab::validate((l + " fwd out").c_str(), lab::from_device(out_d, BT * C), f32(rout), tol);
     lab::validate((l + " fwd lse").c_str(), lab::from_device(lse_d, nlse), f32(rlse), kTolF32);
 
     E* dout_d = lab::to_device<E>(d.dout);
     E* out_in_d = lab::to_device<E>(out_in);
     float* lse_in_d = lab::to_device<float>(lse_in);
-    E* dq_d = lab::dev_alloc<E>(BT * 3 * C);
-    E* dkv_d = lab::dev_alloc<E>(BT * 2 * C);
+    E* dq_d = lab::dev_alloc<E>(BT * QW);
+    E* dkv_d = lab::dev_alloc<E>(BT * 2 * KC);
     float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
     if constexpr (std::is_same<E, bf16>::value) {
         if (tc)
-            attention_backward_tc(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + C,
+            attention_backward_tc(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + KC,
                                   dout_d + u.o_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc),
-                                  kv_d + u.kv_off(kc) + C, out_in_d + u.o_off(qc), lse_in_d + u.l_off(qc), s, scratch,
+                                  kv_d + u.kv_off(kc) + KC, out_in_d + u.o_off(qc), lse_in_d + u.l_off(qc), s, scratch,
                                   0);
     }
     if (!tc)
-        attention_backward<E>(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + C,
-                              dout_d + u.o_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc), kv_d + u.kv_off(kc) + C,
+        attention_backward<E>(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + KC,
+                              dout_d + u.o_off(qc), q_d + u.q_off(qc), kv_d + u.kv_off(kc), kv_d + u.kv_off(kc) + KC,
                               out_in_d + u.o_off(qc), lse_in_d + u.l_off(qc), s, scratch, 0);
-    lab::validate((l + " bwd dq").c_str(), lab::from_device(dq_d, BT * 3 * C), f32(rdq), tol);
-    lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv_d, BT * 2 * C), f32(rdkv), tol);
+    lab::validate((l + " bwd dq").c_str(), lab::from_device(dq_d, BT * QW), f32(rdq), tol);
+    lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv_d, BT * 2 * KC), f32(rdkv), tol);
     lab::dev_free(q_d), lab::dev_free(kv_d), lab::dev_free(out_d), lab::dev_free(lse_d), lab::dev_free(dout_d),
         lab::dev_free(out_in_d), lab::dev_free(lse_in_d), lab::dev_free(dq_d), lab::dev_free(dkv_d),
         lab::dev_free(scratch);
@@ -294,6 +301,9 @@ int main(int argc, char** argv) {
         {"R=2 HS=64 T=200", 2, 3, 64, 2, 50},    // tensor cores: chunks cut the tiles
         {"R=3 HS=128 T=78", 2, 2, 128, 3, 13},   // tensor cores: chunks smaller than a tile
         {"R=2 HS=64 T=1024", 2, 12, 64, 2, 256},  // tensor cores: d12 heads, long chunks
+        {"GQA 2:1 R=2 HS=64 T=200", 2, 4, 64, 2, 50, 2},    // tensor cores and CUDA cores
+        {"GQA 4:1 R=3 HS=128 T=78", 1, 8, 128, 3, 13, 2},   // tensor cores: chunks smaller than a tile
+        {"GQA 3:1 R=2 HS=40 T=100", 2, 6, 40, 2, 25, 2},    // CUDA cores only
     };
     std::printf("validation (fp64 CPU references)\n");
     int n = 0;

@@ -28,6 +28,14 @@
 // recomputes S and dP, the price of determinism and no fp32 dq buffer).
 // dq, dk, dv are overwritten.
 //
+// Grouped-query attention (AttnShape::NKV): k and v hold NKV heads, query
+// head h reads key/value head h / (NH / NKV). The forward and dq kernels
+// just offset their K/V reads by that head. The dk/dv kernel runs one block
+// per key tile and key/value head and loops over the group's query heads
+// inside the block, so dk and dv are summed over the group in registers, in
+// head order, and written once: no atomics, same bits every run. NKV = 0 or
+// NH is exactly the kernel as before (group 1).
+//
 // Ring attention (backend.h attention_block_forward/backward) reuses both.
 // The block forward is the forward kernel with fp32 outputs: with `first` it
 // writes the block's (out_b, lse_b) as the plain forward does; otherwise each
@@ -74,11 +82,16 @@ inline Geometry geometry(int HS) {
 }
 
 // The shape's batch and lse strides, resolved on the host (AttnShape's
-// accessors are host functions; 0 there means dense).
+// accessors are host functions; 0 there means dense), and the grouped-query
+// group size: query head h reads key/value head h / group (group = NH / NKV;
+// 1 without GQA, where kv head = h as before).
 struct Strides {
     size_t qb, kb, ob, lb, lh;
+    int group;
 };
-inline Strides strides(const AttnShape& s) { return {s.qb(), s.kb(), s.ob(), s.lb(), s.lh()}; }
+inline Strides strides(const AttnShape& s) {
+    return {s.qb(), s.kb(), s.ob(), s.lb(), s.lh(), s.NH / s.kv_heads()};
+}
 
 // Load rows row0..row0+31 (those < nrows) of a [rows, stride] slab into dst
 // [32][LD] as fp32 times mul; channels HS..HSP-1 and missing rows become 0.
@@ -204,9 +217,10 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(O* out, float* lse, c
     const int b = blockIdx.y / s.NH, h = blockIdx.y % s.NH;
     const int ntq = (s.Tq + kTile - 1) / kTile;
     const int q0 = (ntq - 1 - (int)blockIdx.x) * kTile;  // causal: the longest tiles start first
+    const int kvh = bs.group == 1 ? h : h / bs.group;  // GQA: this query head's key/value head
     const E* qb = q + (size_t)b * bs.qb + (size_t)h * s.HS;
-    const E* kb = k + (size_t)b * bs.kb + (size_t)h * s.HS;
-    const E* vb = v + (size_t)b * bs.kb + (size_t)h * s.HS;
+    const E* kb = k + (size_t)b * bs.kb + (size_t)kvh * s.HS;
+    const E* vb = v + (size_t)b * bs.kb + (size_t)kvh * s.HS;
     load_tile(Qs, LD, HSP, qb, s.q_stride, q0, s.Tq, s.HS, qmul);
 
     const int row0 = q0 + warp * kRows;  // this warp's first query
@@ -330,8 +344,9 @@ __global__ void __launch_bounds__(kThreads)
     const int q0 = (ntq - 1 - (int)blockIdx.x) * kTile;
     const float* lse_bh = lse + (size_t)b * bs.lb + (size_t)h * bs.lh;
     const float* D_bh = D + ((size_t)b * s.NH + h) * s.Tq;
-    const E* kb = k + (size_t)b * bs.kb + (size_t)h * s.HS;
-    const E* vb = v + (size_t)b * bs.kb + (size_t)h * s.HS;
+    const int kvh = bs.group == 1 ? h : h / bs.group;  // GQA: this query head's key/value head
+    const E* kb = k + (size_t)b * bs.kb + (size_t)kvh * s.HS;
+    const E* vb = v + (size_t)b * bs.kb + (size_t)kvh * s.HS;
     load_tile(Qs, LD, HSP, q + (size_t)b * bs.qb + (size_t)h * s.HS, s.q_stride, q0, s.Tq, s.HS, qmul);
     load_tile(dOs, LD, HSP, dout + (size_t)b * bs.ob + (size_t)h * s.HS, s.o_stride, q0, s.Tq, s.HS, 1.f);
 
@@ -373,8 +388,11 @@ __global__ void __launch_bounds__(kThreads)
                              (float)s.scale, lane);
 }
 
-// One block per (key tile, b*NH + h): dv_j = sum_i P_ij dout_i,
-// dk_j = scale * sum_i dS_ij q_i. dk, dv have type G; kAcc adds to them.
+// One block per (key tile, b*KVH + g), g a key/value head: dv_j = sum_i
+// P_ij dout_i, dk_j = scale * sum_i dS_ij q_i, the sums running over the
+// query rows of every query head of g's group (one head without GQA), head
+// after head in a fixed order: deterministic. dk, dv have type G; kAcc adds
+// to them.
 template <typename E, typename G, int DPL, bool kAcc>
 __global__ void __launch_bounds__(kThreads)
     backward_dkdv_kernel(G* dk, G* dv, const E* dout, const E* q, const E* k, const E* v, const float* lse,
@@ -389,13 +407,13 @@ __global__ void __launch_bounds__(kThreads)
     float* lse_s = Ss + kWarps * kRows * kTile;  // [32], log2 domain
     float* D_s = lse_s + kTile;                  // [32]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int b = blockIdx.y / s.NH, h = blockIdx.y % s.NH;
+    // blockIdx.y = b * KVH + g over the key/value heads; the group's query
+    // heads g*group .. g*group + group - 1 all read this K/V tile, and their
+    // contributions to dk, dv are summed here in head order (GQA).
+    const int KVH = s.NH / bs.group;
+    const int b = blockIdx.y / KVH, g = blockIdx.y % KVH;
     const int k0 = blockIdx.x * kTile;  // causal: the first key tiles see the most queries, and start first
-    const float* lse_bh = lse + (size_t)b * bs.lb + (size_t)h * bs.lh;
-    const float* D_bh = D + ((size_t)b * s.NH + h) * s.Tq;
-    const size_t kvbase = (size_t)b * bs.kb + (size_t)h * s.HS;
-    const E* qb = q + (size_t)b * bs.qb + (size_t)h * s.HS;
-    const E* dob = dout + (size_t)b * bs.ob + (size_t)h * s.HS;
+    const size_t kvbase = (size_t)b * bs.kb + (size_t)g * s.HS;
     load_tile(Ks, LD, HSP, k + kvbase, s.kv_stride, k0, s.Tk, s.HS, kmul);
     load_tile(Vs, LD, HSP, v + kvbase, s.kv_stride, k0, s.Tk, s.HS, 1.f);
 
@@ -413,7 +431,13 @@ __global__ void __launch_bounds__(kThreads)
             dv_acc[r][dd] = 0.f;
         }
 
+    for (int h = g * bs.group; h < (g + 1) * bs.group; h++) {
+    const float* lse_bh = lse + (size_t)b * bs.lb + (size_t)h * bs.lh;
+    const float* D_bh = D + ((size_t)b * s.NH + h) * s.Tq;
+    const E* qb = q + (size_t)b * bs.qb + (size_t)h * s.HS;
+    const E* dob = dout + (size_t)b * bs.ob + (size_t)h * s.HS;
     // Causal: queries before k0 see none of these keys; tiles share boundaries.
+    // (The barrier at the top of each tile also guards Qs/dOs across heads.)
     for (int q0 = s.causal ? k0 : 0; q0 < s.Tq; q0 += kTile) {
         __syncthreads();
         load_tile(Qs, LD, HSP, qb, s.q_stride, q0, s.Tq, s.HS, 1.f);
@@ -442,6 +466,7 @@ __global__ void __launch_bounds__(kThreads)
         accum_rows<DPL>(dv_acc, Pw, dOs, LD, HSP, lane);
         accum_rows<DPL>(dk_acc, Sw, Qs, LD, HSP, lane);
     }
+    }  // query heads of the group
     store_rows<kAcc, G, DPL>(dk + kvbase, s.kv_stride, row0, s.Tk, s.HS, dk_acc, (float)s.scale, lane);
     store_rows<kAcc, G, DPL>(dv + kvbase, s.kv_stride, row0, s.Tk, s.HS, dv_acc, 1.f, lane);
 }
@@ -453,6 +478,10 @@ inline size_t dkdv_smem(const Geometry& g) {
 }
 
 inline void check_shape(const AttnShape& s) {
+    if (s.NKV < 0 || (s.NKV > 0 && s.NH % s.NKV != 0)) {
+        std::fprintf(stderr, "attention: %d kv heads do not divide %d query heads\n", s.NKV, s.NH);
+        std::exit(1);
+    }
     if (s.HS < 1 || s.HS > kMaxHeadSize) {
         std::fprintf(stderr, "attention: head size %d not supported (1..%d)\n", s.HS, kMaxHeadSize);
         std::exit(1);
@@ -501,7 +530,7 @@ void backward_launch(G* dq, G* dk, G* dv, const E* dout, const E* q, const E* k,
         CUDA_CHECK_LAUNCH();
     }
     if (s.Tk > 0) {
-        dim3 grid_kv((unsigned)ceil_div(s.Tk, kTile), (unsigned)(s.B * s.NH));
+        dim3 grid_kv((unsigned)ceil_div(s.Tk, kTile), (unsigned)(s.B * s.kv_heads()));  // one block per kv head
         backward_dkdv_kernel<E, G, DPL, kAcc>
             <<<grid_kv, kThreads, smem_kv, st>>>(dk, dv, dout, q, k, v, lse, D, s, bs, g.HSP, g.LD, mul);
         CUDA_CHECK_LAUNCH();

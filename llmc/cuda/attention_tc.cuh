@@ -61,6 +61,14 @@
 // backward overwrites bf16 dq, dk, dv; the ring block backward adds into
 // fp32 ones (+=).
 //
+// Grouped-query attention (AttnShape::NKV): query head h reads key/value head
+// h / (NH / NKV). The forward and dq kernels offset their K/V reads by that
+// head; the dk/dv kernel runs one block per 64-key tile and key/value head
+// and iterates over (query head of the group, query tile) pairs in a fixed
+// order, the double buffering running on across heads, so dk and dv sum the
+// group in registers and are written once (deterministic, no atomics).
+// Without GQA the group is one head and the kernels do what they did.
+//
 // Registers (ptxas -v, sm_90, no spills; see docs/attention.md): HS 64 keeps
 // Q (forward, dq) or K and V (dk/dv) as A fragments in registers; HS 128
 // re-reads them from shared memory at each k-step to stay under 255.
@@ -224,7 +232,7 @@ void backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const
     if (s.Tk > 0) {
         auto kern = dkdv_kernel<D, Cfg::kDkvBQ, Cfg::kDkvARegs, GR, kAcc>;
         allow_smem(kern, K::smem_bytes);
-        const dim3 grid((unsigned)ceil_div(s.Tk, K::BN), (unsigned)(s.B * s.NH));
+        const dim3 grid((unsigned)ceil_div(s.Tk, K::BN), (unsigned)(s.B * s.kv_heads()));  // per kv head (GQA)
         kern<<<grid, attn_tc::kThreads, K::smem_bytes, st>>>(raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v),
                                                              lse, Dvec, p);
         CUDA_CHECK_LAUNCH();
@@ -274,6 +282,7 @@ inline bool attention_tc_enabled() {
 // The entry points below assume attention_tc_supported(s, {all pointers}).
 inline void attention_forward_tc(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                  const AttnShape& s, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
     if (s.HS == 64)
         attn_tc_dev::forward_launch<64, bf16, false>(out, lse, q, k, v, s, stream);
@@ -285,6 +294,7 @@ inline void attention_forward_tc(bf16* out, float* lse, const bf16* q, const bf1
 // running out/lse, overwritten when first, merged by log-sum-exp otherwise.
 inline void attention_block_forward_tc(float* out_acc, float* lse_acc, const bf16* q, const bf16* k, const bf16* v,
                                        const AttnShape& s, bool first, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
     if (s.HS == 64) {
         if (first)
@@ -303,6 +313,7 @@ inline void attention_block_forward_tc(float* out_acc, float* lse_acc, const bf1
 inline void attention_backward_tc(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
                                   const bf16* v, const bf16* out, const float* lse, const AttnShape& s,
                                   float* scratch, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0) return;
     if (s.HS == 64)
         attn_tc_dev::backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
@@ -314,6 +325,7 @@ inline void attention_backward_tc(bf16* dq, bf16* dk, bf16* dv, const bf16* dout
 inline void attention_block_backward_tc(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
                                         const bf16* k, const bf16* v, const bf16* out, const float* lse,
                                         const AttnShape& s, float* scratch, cudaStream_t stream) {
+    attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0 || s.Tk == 0) return;  // nothing to add
     if (s.HS == 64)
         attn_tc_dev::backward_launch<64, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);

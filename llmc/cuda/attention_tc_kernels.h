@@ -56,6 +56,8 @@ struct TcParams {
     bool causal;
     float scale;  // softmax scale
     float sl2;    // scale * log2(e): scores go to the log2 domain in one multiply
+    int group;    // grouped-query attention: query head h reads kv head h / group (1 without GQA)
+    int KVH;      // key/value heads (NH / group)
 };
 inline TcParams tc_params(const AttnShape& s) {
     TcParams p;
@@ -65,6 +67,8 @@ inline TcParams tc_params(const AttnShape& s) {
     p.causal = s.causal;
     p.scale = (float)s.scale;
     p.sl2 = (float)(s.scale * 1.4426950408889634);
+    p.KVH = s.kv_heads();
+    p.group = s.NH / p.KVH;
     return p;
 }
 
@@ -180,9 +184,10 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
     const int b = cx.by() / p.NH, h = cx.by() % p.NH;
     const int ntq = (p.Tq + C::BM - 1) / C::BM;
     const int q0 = (ntq - 1 - cx.bx()) * C::BM;  // causal: the longest rows start first
+    const int kvh = h / p.group;                 // GQA: this query head's key/value head
     const uint16_t* qg = q + (size_t)b * p.qb + (size_t)h * D;
-    const uint16_t* kg = k + (size_t)b * p.kb + (size_t)h * D;
-    const uint16_t* vg = v + (size_t)b * p.kb + (size_t)h * D;
+    const uint16_t* kg = k + (size_t)b * p.kb + (size_t)kvh * D;
+    const uint16_t* vg = v + (size_t)b * p.kb + (size_t)kvh * D;
     const int kend = p.causal ? imin(p.Tk, q0 + C::BM) : p.Tk;
     const int nkt = (kend + BN - 1) / BN;
 
@@ -392,8 +397,9 @@ TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, co
     const int b = cx.by() / p.NH, h = cx.by() % p.NH;
     const int ntq = (p.Tq + BM - 1) / BM;
     const int q0 = (ntq - 1 - cx.bx()) * BM;
-    const uint16_t* kg = k + (size_t)b * p.kb + (size_t)h * D;
-    const uint16_t* vg = v + (size_t)b * p.kb + (size_t)h * D;
+    const int kvh = h / p.group;  // GQA: this query head's key/value head
+    const uint16_t* kg = k + (size_t)b * p.kb + (size_t)kvh * D;
+    const uint16_t* vg = v + (size_t)b * p.kb + (size_t)kvh * D;
     const int kend = p.causal ? imin(p.Tk, q0 + BM) : p.Tk;
     const int nkt = (kend + BN - 1) / BN;
     load_rows<Ctx, BM, D>(cx, Qs, q + (size_t)b * p.qb + (size_t)h * D, p.q_stride, q0, p.Tq);
@@ -542,17 +548,30 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
     float* Ls = reinterpret_cast<float*>(dOs + 2 * BQ * LD);  // [2][BQ] lse·log2(e) (+inf: no row)
     float* Ds = Ls + 2 * BQ;                                   // [2][BQ] D
     const int tid = cx.tid(), warp = tid >> 5, lane = tid & 31;
-    const int b = cx.by() / p.NH, h = cx.by() % p.NH;
+    // by() = b * KVH + g over the key/value heads (GQA; KVH = NH, g = h
+    // without it). The block's iterations run over (query head of g's group,
+    // query tile) pairs, heads outer, flattened into one sequence so the
+    // double buffering carries on from one head to the next: iteration it
+    // is head g*group + it / nqt, tile it % nqt, and dk, dv sum over the
+    // group in registers in that fixed order.
+    const int b = cx.by() / p.KVH, g = cx.by() % p.KVH;
     const int k0 = cx.bx() * BN;  // causal: the first key tiles see the most queries, and start first
     const int qstart = p.causal ? (k0 / BQ) * BQ : 0;
     const int nqt = p.Tq > qstart ? (p.Tq - qstart + BQ - 1) / BQ : 0;
-    const size_t kvoff = (size_t)b * p.kb + (size_t)h * D;
-    const uint16_t* qg = q + (size_t)b * p.qb + (size_t)h * D;
-    const uint16_t* dog = dout + (size_t)b * p.ob + (size_t)h * D;
-    const float* lse_bh = lse + (size_t)b * p.lb + (size_t)h * p.lh;
-    const float* D_bh = Dvec + ((size_t)b * p.NH + h) * p.Tq;
-    auto load_stats = [&](int buf, int q0) {  // plain loads; visible after the next barrier
+    const int nit = p.group * nqt;
+    const size_t kvoff = (size_t)b * p.kb + (size_t)g * D;
+    auto qhead = [&](int it) { return g * p.group + it / nqt; };
+    auto qtile0 = [&](int it) { return qstart + (it % nqt) * BQ; };
+    // Q and dout rows of iteration it's tile into buffer buf, and their lse
+    // and D (plain loads; visible after the next barrier).
+    auto load_iter = [&](int buf, int it) {
+        const int h = qhead(it), q0 = qtile0(it);
+        load_rows<Ctx, BQ, D>(cx, Qs + buf * BQ * LD, q + (size_t)b * p.qb + (size_t)h * D, p.q_stride, q0, p.Tq);
+        load_rows<Ctx, BQ, D>(cx, dOs + buf * BQ * LD, dout + (size_t)b * p.ob + (size_t)h * D, p.o_stride, q0,
+                              p.Tq);
         if (tid < BQ) {
+            const float* lse_bh = lse + (size_t)b * p.lb + (size_t)h * p.lh;
+            const float* D_bh = Dvec + ((size_t)b * p.NH + h) * p.Tq;
             const int i = q0 + tid;
             const float L = i < p.Tq ? lse_bh[i] : -INFINITY;
             Ls[buf * BQ + tid] = L > -INFINITY ? L * kLog2e : INFINITY;
@@ -561,11 +580,7 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
     };
     load_rows<Ctx, BN, D>(cx, Ks, k + kvoff, p.kv_stride, k0, p.Tk);
     load_rows<Ctx, BN, D>(cx, Vs, v + kvoff, p.kv_stride, k0, p.Tk);
-    if (nqt > 0) {
-        load_rows<Ctx, BQ, D>(cx, Qs, qg, p.q_stride, qstart, p.Tq);
-        load_rows<Ctx, BQ, D>(cx, dOs, dog, p.o_stride, qstart, p.Tq);
-        load_stats(0, qstart);
-    }
+    if (nit > 0) load_iter(0, 0);
     cx.cp_commit();
 
     const int wrow0 = k0 + warp * 16;  // this warp's first key
@@ -578,22 +593,19 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
     uint32_t kf[KR][4], vf[KR][4];
     const RC rca = ldsm_a_rc(lane), rcn = ldsm_b_nk_rc(lane), rck = ldsm_b_kn_rc(lane);
 
-    for (int qt = 0; qt < nqt; qt++) {
-        const int q0 = qstart + qt * BQ, buf = qt & 1;
+    for (int it = 0; it < nit; it++) {
+        const int q0 = qtile0(it), buf = it & 1;
         cx.cp_wait_all();
-        cx.sync();
-        if (kARegs && qt == 0) {
+        cx.sync();  // iteration it's tile landed for everyone; everyone is done with it-1's buffer
+        if (kARegs && it == 0) {
             TC_UNROLL
             for (int kk = 0; kk < KR; kk++) {
                 cx.ldsm_x4(kf[kk], Ks + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
                 cx.ldsm_x4(vf[kk], Vs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
             }
         }
-        if (qt + 1 < nqt) {
-            const int nb = buf ^ 1;
-            load_rows<Ctx, BQ, D>(cx, Qs + nb * BQ * LD, qg, p.q_stride, q0 + BQ, p.Tq);
-            load_rows<Ctx, BQ, D>(cx, dOs + nb * BQ * LD, dog, p.o_stride, q0 + BQ, p.Tq);
-            load_stats(nb, q0 + BQ);
+        if (it + 1 < nit) {  // prefetch the next (head, tile) into the buffer it-1 used
+            load_iter(buf ^ 1, it + 1);
             cx.cp_commit();
         }
         if (p.causal && q0 + BQ - 1 < wrow0) continue;  // every query before every key of this warp

@@ -8,6 +8,7 @@
 // that the reductions, replayed in the kernels' order, agree with the CPU
 // backend's ops. Nothing here includes a CUDA header.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -111,6 +112,50 @@ LLMC_HD int key_bits(int max_key) {
     int b = 1;
     while (b < 31 && (1 << b) <= max_key) b++;
     return b;
+}
+
+// ---- RoPE: threads to (row, head group, pack), and the angle -----------------------
+// rope (backend.h) rotates channel pairs (i, i + half), half = HS/2, of
+// `heads` heads in each of `rows` rows. A thread owns one pack p: channels
+// [p·W, p·W + W) of the first half and the same of the second half, of the
+// heads h0 .. h0 + kRopeHeadsPerThread - 1 of one row (fewer in the last
+// group): it computes the pack's W angles once and applies them to every
+// head it owns, so the trigonometry is amortised over heads. W is the
+// 16-byte pack when half % W == 0 (and the rows are aligned), else 1.
+// Thread tid -> pack = tid % packs, then head group, then row: consecutive
+// threads take consecutive packs of one head (contiguous 16-byte accesses).
+constexpr int kRopeHeadsPerThread = 8;
+LLMC_HD int rope_packs(int HS, int W) { return (HS / 2) / W; }
+LLMC_HD int rope_head_groups(int heads) { return (heads + kRopeHeadsPerThread - 1) / kRopeHeadsPerThread; }
+LLMC_HD size_t rope_items(size_t rows, int heads, int HS, int W) {
+    return rows * (size_t)rope_head_groups(heads) * (size_t)rope_packs(HS, W);
+}
+struct RopeItem {
+    size_t row;
+    int h0, h1;  // heads [h0, h1)
+    int i0;      // first channel of the pack in the first half
+};
+LLMC_HD RopeItem rope_item(size_t tid, int heads, int HS, int W) {
+    const int packs = rope_packs(HS, W), groups = rope_head_groups(heads);
+    const size_t rest = tid / (size_t)packs;
+    RopeItem it;
+    it.i0 = (int)(tid % (size_t)packs) * W;
+    const int g = (int)(rest % (size_t)groups);
+    it.row = rest / (size_t)groups;
+    it.h0 = g * kRopeHeadsPerThread;
+    it.h1 = it.h0 + kRopeHeadsPerThread < heads ? it.h0 + kRopeHeadsPerThread : heads;
+    return it;
+}
+// The angle a = pos · f_i (f_i = theta^(-2i/HS), computed on the host in
+// double exactly as the CPU op does, and a in double as there) reduced to
+// [-pi, pi] in double: r = a - k·2pi, k = rint(a / 2pi), with 2pi split in
+// two doubles so k·2pi is exact to ~1e-25 relative. fp32 sin/cos of the
+// reduced angle then lose only the final rounding (|a| reaches 1e5 and more
+// at long contexts; fp32 a itself would be off by up to 4e-3 there).
+LLMC_HD double rope_reduce(double a) {
+    constexpr double kInv2Pi = 0.15915494309189535, k2PiHi = 6.283185307179586, k2PiLo = 2.4492935982947064e-16;
+    const double k = rint(a * kInv2Pi);
+    return fma(-k, k2PiLo, fma(-k, k2PiHi, a));
 }
 
 // ---- multi-tensor AdamW: pieces, blocks and items ---------------------------------
