@@ -152,6 +152,7 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
     <= 1e-10 in fp64, <= 1e-5 in fp32."""
     tol = 1e-10 if dtype == "fp64" else 1e-5
     ck = ["-n", str(steps)]
+    os.makedirs(tmp, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f"eq_{dtype}_", dir=tmp)  # fresh directories for each call
     ref = os.path.join(tmp, f"single_{dtype}")
     rc, out, err = train(0, args + single + ck + ["-o", ref])
