@@ -62,6 +62,7 @@ def import_transformers():
     try:
         import transformers  # noqa: F401
         from transformers.models.llama import modeling_llama
+        transformers.utils.logging.disable_progress_bar()
     except ImportError as e:
         raise RefError(f"transformers is not importable ({e}); run scripts/setup.sh and use build/hfenv/bin/python")
     return transformers, modeling_llama
