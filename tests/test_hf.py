@@ -16,6 +16,9 @@
 #     --check-weights; the forward waits for the Llama model code);
 #   - tokenizer.json: a byte-level BPE trained with the `tokenizers` package
 #     decodes in C++ (build/test_hf --decode) to the bytes tokenizers gives;
+#   - prepare_data.py with a tokenizer.json of more than 65536 ids writes
+#     uint32 shards (magic 20240801) holding tokenizers' ids, which
+#     train_gpt trains on, decoding samples with that tokenizer.json;
 #   - errors: a truncated checkpoint and a refused config end train_gpt with
 #     one line naming the file and tensor, exit status 1.
 # Last line: "N passed, N failed".
@@ -175,6 +178,48 @@ def test_llama_maps(tmp):
             print(text)
 
 
+def test_prepare_data(tmp):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab["Ġt"] = len(vocab)
+    vocab["he"] = len(vocab)
+    while len(vocab) < 70000:  # past 65536 ids: the shards need uint32
+        vocab[f"filler{len(vocab)}"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "t"), ("h", "e")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    path = os.path.join(tmp, "big_tokenizer.json")
+    tok.save(path)
+    eot = tok.token_to_id("<|endoftext|>")
+    docs = ["the theme of the day\n" * 40, "another text, the end — ünïcode\n" * 30]
+    inp = os.path.join(tmp, "docs.txt")
+    with open(inp, "w") as f:
+        f.write("\n\n".join(docs))
+    out = os.path.join(tmp, "bigdata")
+    rc, text = run([PY, os.path.join(ROOT, "scripts", "prepare_data.py"), "--input", inp, "--out", out, "--name", "big",
+                    "--tokenizer", path, "--split-blank-lines", "--val-fraction", "0.5"])
+    if not check(rc == 0, "prepare_data.py --tokenizer FILE.json: " + last_line(text)):
+        print(text)
+        return
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import numpy as np
+    from shards import MAGIC_U32, read_shard
+    train = os.path.join(out, "big_train_000001.bin")
+    magic = int(np.fromfile(train, dtype="<i4", count=1)[0])
+    check(magic == MAGIC_U32, f"vocabulary {eot + 1} > 65536: uint32 shard (magic {magic})")
+    want = [eot] + tok.encode(docs[1].strip("\n") + "\n", add_special_tokens=False).ids
+    got = read_shard(train).tolist()
+    check(got == want, f"the shard holds tokenizers' ids ({len(got)} tokens, separator {eot} first)")
+    check(os.path.isfile(os.path.join(out, "tokenizer.json")), "the tokenizer.json is copied beside the shards")
+    rc, text = run([TRAIN, "-e", f"L=1,C=16,NH=2,V={eot + 1},T=32", "-i", train, "-j", "", "-b", "2", "-t", "32",
+                    "-x", "2", "-s", "2", "-g", "8", "--tokenizer", os.path.join(out, "tokenizer.json"),
+                    "--device", "cpu"])
+    check(rc == 0 and "---- sample ----" in text, "train_gpt trains on the uint32 shards and samples: " +
+          last_line(text))
+
+
 def test_errors(tmp):
     a = os.path.join(tmp, "gpt2")
     bad = os.path.join(tmp, "truncated")
@@ -205,6 +250,7 @@ def main():
         test_tokenizer(tmp)
         test_round_trip(tmp)
         test_llama_maps(tmp)
+        test_prepare_data(tmp)
         test_errors(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
