@@ -369,6 +369,11 @@ bool load_hf(const std::string& dir, GPT& model, std::string* err) {
     for (const HfTensor& h : expect) {
         const auto& loc = where[h.name];
         const size_t n = (size_t)h.numel();
+        // A pipeline stage reads only the tensors it holds.
+        bool held = false;
+        for (const TensorEntry& e : model.table().entries)
+            held = held || (e.file_offset < h.file_begin + n && h.file_begin < e.file_offset + e.file_rows * e.file_cols);
+        if (!held) continue;
         host.resize(n * es);
         if (!files[loc.first].read(*loc.second, host.data(), ht, err)) return false;
         for (size_t i = 0; i < n; i++) {
