@@ -106,25 +106,23 @@ reference odd_fp32 fp32 "$ODD" 3 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip
 reference tiny_v5_fp64 fp64 "L=2,C=64,NH=2,V=257,T=64" 2 64 --data data/tiny/tiny_val_000000.bin \
     --model-version 5 --lr 3e-3
 
-if [[ -z ${LLMC_TEST_FILTER:-} ]] || [[ hf_ =~ $LLMC_TEST_FILTER ]]; then
-    if hf_ready; then
-        run hf_reference_selfcheck "$HFPY" scripts/reference_hf.py --selfcheck
-        # GPT-2: odd sizes; bf16 weights in shards (read through the index).
-        reference_hf gpt2_odd "L=3,C=48,NH=3,V=97,T=24" 3 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
-        reference_hf gpt2_bf16_sharded "L=2,C=64,NH=4,V=131,T=32" 2 32 --save-dtype bf16 --shard-size 40KB \
-            --warmup 3 --final-frac 0.1
-        # Llama: GQA 2:1 untied and 4:1 tied, F not 4C, V prime (no tp
-        # divides it). Needs the Llama model code (llmc/gpt.cpp).
-        if [[ -n ${LLMC_HF_LLAMA:-} ]]; then
-            reference_hf llama_gqa2 "arch=llama,L=3,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 19 \
-                --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
-            reference_hf llama_gqa4_tied "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1,eps=1e-6" 2 16 \
-                --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
-        fi
-        run hf_roundtrip "$HFPY" tests/test_hf.py
-    else
-        run hf_reference_missing sh -c "echo 'build/hfenv does not import transformers: run scripts/setup.sh'; exit 1"
+if hf_ready; then
+    run hf_reference_selfcheck "$HFPY" scripts/reference_hf.py --selfcheck
+    # GPT-2: odd sizes; bf16 weights in shards (read through the index).
+    reference_hf gpt2_odd "L=3,C=48,NH=3,V=97,T=24" 3 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+    reference_hf gpt2_bf16_sharded "L=2,C=64,NH=4,V=131,T=32" 2 32 --save-dtype bf16 --shard-size 40KB \
+        --warmup 3 --final-frac 0.1
+    # Llama: GQA 2:1 untied and 4:1 tied, F not 4C, V prime (no tp
+    # divides it). Needs the Llama model code (llmc/gpt.cpp).
+    if [[ -n ${LLMC_HF_LLAMA:-} ]]; then
+        reference_hf llama_gqa2 "arch=llama,L=3,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 19 \
+            --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+        reference_hf llama_gqa4_tied "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1,eps=1e-6" 2 16 \
+            --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
     fi
+    run hf_roundtrip "$HFPY" tests/test_hf.py
+else
+    run hf_reference_missing sh -c "echo 'build/hfenv does not import transformers: run scripts/setup.sh'; exit 1"
 fi
 
 for prog in build/test_*; do

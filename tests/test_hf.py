@@ -8,7 +8,8 @@
 #     from its checkpoint by test_gpt --write-logits) within 1e-10 in fp64;
 #     one process and under mpirun (tp 2 with a vocabulary tp does not
 #     divide, dp 2 with ZeRO-3, pp 2); the trainer picks DIR/tokenizer.json
-#     and the export carries it;
+#     and the export carries it; the same for a LlamaForCausalLM with
+#     LLMC_HF_LLAMA=1 (once the Llama model code is in);
 #   - Llama tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
 #     untied fp32, GQA 4:1 tied bf16 in shards) loaded by llmc/hf.cpp equal
 #     transformers' tensors in model file order, and their export loads in
@@ -119,7 +120,7 @@ def trained_logits(tmp, name, model_dir, launch, extra):
                  f"{name}: train_gpt -e DIR ... --export-hf: rc {rc} " + (last_line(text) if rc else "")):
         print(text[-3000:])
         return None
-    if name == "single":
+    if name.endswith("_single"):
         check(os.path.join(model_dir, "tokenizer.json") in text, "train_gpt takes DIR/tokenizer.json by default")
         check("---- sample ----" in text, "samples decoded with it")
         with open(os.path.join(model_dir, "tokenizer.json"), "rb") as a, open(os.path.join(exp, "tokenizer.json"), "rb") as b:
@@ -130,10 +131,10 @@ def trained_logits(tmp, name, model_dir, launch, extra):
     return exp, logits
 
 
-def test_round_trip(tmp):
-    a = os.path.join(tmp, "gpt2")
-    rc, text = run([PY, REF, "--spec", "L=2,C=32,NH=2,V=301,T=64", "--save-dir", a, "--steps", "0"])
-    if not check(rc == 0, "reference_hf.py makes a GPT2LMHeadModel: " + last_line(text)):
+def test_round_trip(tmp, arch, spec):
+    a = os.path.join(tmp, arch)
+    rc, text = run([PY, REF, "--spec", spec, "--save-dir", a, "--steps", "0"])
+    if not check(rc == 0, f"reference_hf.py makes a {arch} model: " + last_line(text)):
         return
     make_tokenizer(os.path.join(a, "tokenizer.json"), 280)
     layouts = [("single", [], [])]
@@ -143,6 +144,7 @@ def test_round_trip(tmp):
                     ("pp2", mpi, ["--pp", "2", "-d", "128"])]
     first = None
     for name, launch, extra in layouts:
+        name = arch + "_" + name
         r = trained_logits(tmp, name, a, launch, extra)
         if not r:
             continue
@@ -156,8 +158,8 @@ def test_round_trip(tmp):
     if first:
         l0 = os.path.join(tmp, "untrained_logits.bin")
         run([TEST_GPT, "--model", a, "--write-logits", l0, "--B", "2", "--T", "24"])
-        rc, text = run([PY, REF, "--compare", os.path.join(tmp, "single_hf"), "--logits", l0])
-        check(rc != 0, "control: the untrained model's logits do not match the trained export")
+        rc, text = run([PY, REF, "--compare", os.path.join(tmp, arch + "_single_hf"), "--logits", l0])
+        check(rc != 0, f"{arch} control: the untrained model's logits do not match the trained export")
 
 
 def test_llama_maps(tmp):
@@ -248,7 +250,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="test_hf_py_")
     try:
         test_tokenizer(tmp)
-        test_round_trip(tmp)
+        test_round_trip(tmp, "gpt2", "L=2,C=32,NH=2,V=301,T=64")
+        if os.environ.get("LLMC_HF_LLAMA"):  # needs the Llama model code (llmc/gpt.cpp)
+            test_round_trip(tmp, "llama", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=500")
         test_llama_maps(tmp)
         test_prepare_data(tmp)
         test_errors(tmp)
