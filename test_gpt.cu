@@ -2,13 +2,26 @@
 //
 // scripts/reference_gpt.py writes a model file and a debug state (inputs,
 // targets, the logits, loss and every gradient of the initial model, and the
-// losses of S AdamW steps on that batch). This program loads the same model
-// into a backend, runs the same forward, backward and S steps, and compares
-// each quantity by relative error ‖a-b‖/‖b‖ against a tolerance per dtype:
-// fp64 1e-10, fp32 1e-5 (CPU); bf16 see docs/gpu-results.md.
+// losses of S AdamW steps on that batch); scripts/reference_hf.py writes the
+// same state for a Hugging Face directory (transformers' LlamaForCausalLM or
+// GPT2LMHeadModel). This program loads the same model into a backend, runs
+// the same forward, backward and S steps, and compares each quantity by
+// relative error ‖a-b‖/‖b‖ against a tolerance per dtype: fp64 1e-10, fp32
+// 1e-5 (CPU); bf16 see docs/gpu-results.md.
 //
-// usage: test_gpt --model M.bin --state S.bin [--device cpu|cuda]
+// usage: test_gpt --model M --state S.bin [--device cpu|cuda]
 //                 [--dtype fp32|fp64|bf16] [--tol X]
+//        test_gpt --model M --write-logits OUT [--B 2 --T 16 --data-seed 1]
+//        test_gpt --model M [--write-weights OUT] [--export-hf DIR]
+// M: an llm.c model file, a Hugging Face directory (config.json), or an
+// output directory with checkpoints (its latest). --write-logits writes
+// random inputs and the model's logits for them (header int32 20241201, B,
+// T, V; inputs int32[B*T]; logits fp64[B*T*V]) for
+// scripts/reference_hf.py --compare (the export round trip).
+// --write-weights writes the loaded weights in model file order (fp64) and
+// --export-hf the model as a Hugging Face directory, for
+// scripts/reference_hf.py --check-weights (the loader's and the exporter's
+// tensor maps against transformers' own tensors).
 // Last line: "N passed, N failed"; exit status 1 when any check failed.
 #include <cmath>
 #include <cstdio>
@@ -19,10 +32,13 @@
 
 #include "llmc/args.h"
 #include "llmc/backends.h"
+#include "llmc/checkpoint.h"
 #include "llmc/fileio.h"
 #include "llmc/gpt.h"
+#include "llmc/hf.h"
 #include "llmc/model_io.h"
 #include "llmc/optimizer.h"
+#include "llmc/rng.h"
 
 constexpr int kDebugStateMagic = 20240327;
 
@@ -106,19 +122,88 @@ struct Checker {
     }
 };
 
+// Where a model comes from (see the header comment).
+enum class Source { file, hf, checkpoint };
+
+static bool model_shape(const std::string& path, Source* src, GPTConfig* c, std::string* err) {
+    if (is_hf_dir(path) && file_size(path + "/config.json") < 0 && latest_checkpoint(path) >= 0) {
+        *src = Source::checkpoint;
+        return read_checkpoint_config(path, latest_checkpoint(path), c, err);
+    }
+    if (is_hf_dir(path)) {
+        *src = Source::hf;
+        return read_hf_config(path, c, err);
+    }
+    *src = Source::file;
+    int version;
+    return read_model_header(path, c, &version, err);
+}
+
+static bool load_weights(const std::string& path, Source src, GPT& model, std::string* err) {
+    if (src == Source::hf) return load_hf(path, model, err);
+    if (src == Source::checkpoint) {
+        TrainState st;
+        RunInfo run;
+        return load_checkpoint(path, latest_checkpoint(path), model, &st, &run, err);
+    }
+    return load_model(path, model, err);
+}
+
+constexpr int kLogitsMagic = 20241201;
+
+// --write-logits: random inputs and the model's logits for them.
+static int write_logits(GPT& model, const std::string& out, int B, int T, uint64_t seed) {
+    const GPTConfig& c = model.config();
+    const size_t N = (size_t)B * T, V = c.vocab_size;
+    std::vector<int> inputs(N);
+    Rng rng(seed);
+    for (size_t i = 0; i < N; i++) inputs[i] = std::min((int)V - 1, (int)(rng.uniform() * V));
+    model.forward(inputs.data(), nullptr, B, T);
+    std::vector<double> logits(N * V);
+    for (size_t n = 0; n < N; n++) model.logits_row((int)(n / T), (int)(n % T), &logits[n * V], DType::F64);
+    const int h[4] = {kLogitsMagic, B, T, (int)V};
+    AtomicWriter w;
+    std::string err;
+    bool ok = w.open(out, &err);
+    if (ok) {
+        w.write(h, sizeof(h));
+        w.write(inputs.data(), N * 4);
+        w.write(logits.data(), N * V * 8);
+        ok = w.commit(&err);
+    }
+    if (!ok) {
+        std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
+        return 1;
+    }
+    std::printf("test_gpt: logits of %s for %dx%d random inputs written to %s\n", config_string(c).c_str(), B, T,
+                out.c_str());
+    return 0;
+}
+
 int main(int argc, char** argv) {
-    std::string model_path, state_path, device = "cpu", dtype = "fp64";
+    std::string model_path, state_path, device = "cpu", dtype = "fp64", logits_out, weights_out, export_dir;
     double tol = -1;
+    int lB = 2, lT = 16;
+    long long data_seed = 1;
     ArgParser p("test_gpt", "Compares the trainer with the PyTorch reference's debug state.");
-    p.add({0, "model", Option::String, &model_path, "model file written by reference_gpt.py"});
+    p.add({0, "model", Option::String, &model_path,
+           "model file (reference_gpt.py), Hugging Face directory (reference_hf.py) or checkpoint directory"});
     p.add({0, "state", Option::String, &state_path, "debug state written by reference_gpt.py"});
     p.add({0, "device", Option::String, &device, "backend", 0, 0, {"cpu", "cuda"}});
     p.add({0, "dtype", Option::String, &dtype, "precision", 0, 0, {"fp32", "fp64", "bf16"}});
     p.add({0, "tol", Option::Double, &tol, "relative tolerance (-1: by dtype)", -1, 1});
+    p.add({0, "write-logits", Option::String, &logits_out, "write random inputs and their logits here (no checks)"});
+    p.add({0, "write-weights", Option::String, &weights_out, "write the loaded weights (fp64, file order) here"});
+    p.add({0, "export-hf", Option::String, &export_dir, "export the loaded model as a Hugging Face directory"});
+    p.add({0, "B", Option::Int, &lB, "rows for --write-logits", 1, 1 << 16});
+    p.add({0, "T", Option::Int, &lT, "sequence length for --write-logits", 1, 1 << 20});
+    p.add({0, "data-seed", Option::Long, &data_seed, "seed of the --write-logits inputs", 0, 9e18});
     bool help = false;
     std::string err;
-    if (!p.parse(argc, argv, &help, &err) || model_path.empty() || state_path.empty()) {
-        std::fprintf(stderr, "test_gpt: error: %s\n%s", err.empty() ? "--model and --state are required" : err.c_str(),
+    if (!p.parse(argc, argv, &help, &err) || model_path.empty() ||
+        (state_path.empty() && logits_out.empty() && weights_out.empty() && export_dir.empty())) {
+        std::fprintf(stderr, "test_gpt: error: %s\n%s",
+                     err.empty() ? "--model and --state (or --write-logits) are required" : err.c_str(),
                      p.usage().c_str());
         return 1;
     }
@@ -139,10 +224,31 @@ int main(int argc, char** argv) {
         return 1;
     }
     GPTConfig c;
-    int version;
-    if (!read_model_header(model_path, &c, &version, &err)) {
+    Source src;
+    if (!model_shape(model_path, &src, &c, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
+    }
+    if (state_path.empty()) {  // the file modes: no checks here
+        lT = std::min(lT, c.max_seq_len);
+        GPT model(be.get(), c, lB, lT);
+        bool ok = load_weights(model_path, src, model, &err);
+        if (ok && !weights_out.empty()) {
+            std::vector<double> w(model.table().file_params);
+            model.get_file_order(w.data(), DType::F64, model.weights(), false, model.weights_dtype());
+            AtomicWriter f;
+            ok = f.open(weights_out, &err);
+            if (ok) {
+                f.write(w.data(), w.size() * 8);
+                ok = f.commit(&err);
+            }
+        }
+        if (ok && !export_dir.empty()) ok = export_hf(export_dir, model, CheckpointOwner(), &err);
+        if (!ok) {
+            std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
+            return 1;
+        }
+        return logits_out.empty() ? 0 : write_logits(model, logits_out, lB, lT, (uint64_t)data_seed);
     }
     TensorTable table(c);  // one process: no shard padding
     DebugState s;
@@ -151,7 +257,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     GPT model(be.get(), c, s.B, s.T);
-    if (!load_model(model_path, model, &err)) {
+    if (!load_weights(model_path, src, model, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
     }

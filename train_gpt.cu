@@ -37,6 +37,7 @@
 #include "llmc/dataloader.h"
 #include "llmc/fileio.h"
 #include "llmc/gpt.h"
+#include "llmc/hf.h"
 #include "llmc/layout.h"
 #include "llmc/metrics.h"
 #include "llmc/model_io.h"
@@ -128,6 +129,8 @@ static int sample_token(const std::vector<float>& logits, double u) {
     return (int)logits.size() - 1;
 }
 
+static bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err);
+
 // Everything a run holds, built in dependency order by setup(). Members are
 // destroyed in reverse order, parallel modes before the model before the
 // backend.
@@ -213,22 +216,14 @@ void Trainer::setup(const ArgParser& parser) {
         ok = read_checkpoint_config(cfg.output_dir, resume_step, &mc, &err);
         // A model named on the command line must be the checkpoint's.
         GPTConfig named;
-        int version;
         std::string why;
-        if (ok && parser.given("model") &&
-            (spec_is_file(cfg.model) ? read_model_header(cfg.model, &named, &version, &why)
-                                     : parse_model_spec(cfg.model, &named, &why)) &&
-            named != mc) {
+        if (ok && parser.given("model") && model_config(cfg, &named, &why) && named != mc) {
             ok = false;
             err = "flag -e: " + cfg.model + " is " + config_string(named) + ", but the checkpoint in " +
                   cfg.output_dir + " is " + config_string(mc) + " (resume with the checkpoint's model, or drop -e)";
         }
-    } else if (spec_is_file(cfg.model)) {
-        int version;
-        ok = read_model_header(cfg.model, &mc, &version, &err);
-    } else if (!parse_model_spec(cfg.model, &mc, &err)) {
-        ok = false;
-        err = "flag -e: " + err;
+    } else {
+        ok = model_config(cfg, &mc, &err);
     }
     setup_check(ok, err);
     setup_check(!(mc.llama() && !cfg.export_model.empty()),
@@ -243,6 +238,9 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
     use_val = !cfg.val_data.empty() && cfg.val_every > 0;
     setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
+    // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.
+    if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
+        cfg.tokenizer = hf_tokenizer_path(cfg.model);
     if (file_size(cfg.tokenizer) >= 0) setup_check(tok.load(cfg.tokenizer, &err), err);
     else tok.init_bytes();
     if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
@@ -258,6 +256,8 @@ void Trainer::setup(const ArgParser& parser) {
         ok = load_checkpoint(cfg.output_dir, resume_step, *s.model, &st, &saved, &err);
         rng.state = st.rng_state;
         if (ok) report_resume(saved);
+    } else if (is_hf_dir(cfg.model)) {
+        ok = load_hf(cfg.model, *s.model, &err);
     } else if (spec_is_file(cfg.model)) {
         ok = load_model(cfg.model, *s.model, &err);
     } else {
@@ -288,7 +288,7 @@ void Trainer::setup(const ArgParser& parser) {
                     cfg.max_steps);
     }
     std::fflush(stdout);
-    std::printf("%s\n", memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp).c_str());
+    print_whole_line(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
 
     ok = true;
     if (main_rank && !cfg.output_dir.empty()) {
@@ -518,7 +518,8 @@ void Trainer::checkpoint() {
 }
 
 // The final weights as an llm.c model file, tensor by tensor: into -o (as
-// model_SSSSSSSS.bin) and to --export-model.
+// model_SSSSSSSS.bin) and to --export-model; and as a Hugging Face directory
+// to --export-hf.
 void Trainer::export_weights() {
     const int version = s.model->precision().param == DType::BF16 ? 5 : 3;
     std::vector<std::string> paths;
@@ -532,6 +533,11 @@ void Trainer::export_weights() {
     for (const std::string& p : paths) {
         if (!export_model(p, *s.model, owner(), version, &err)) fail(err);
         if (main_rank) std::printf("model: %s\n", p.c_str());
+    }
+    if (!cfg.export_hf.empty()) {  // with the run's tokenizer.json, if it has one
+        const bool json = cfg.tokenizer.size() > 5 && cfg.tokenizer.compare(cfg.tokenizer.size() - 5, 5, ".json") == 0;
+        if (!export_hf(cfg.export_hf, *s.model, owner(), &err, json ? cfg.tokenizer : "")) fail(err);
+        if (main_rank) std::printf("hugging face model: %s\n", cfg.export_hf.c_str());
     }
 }
 
@@ -564,11 +570,13 @@ void Trainer::finish() {
         if (!ok) fail(err);
         if (main_rank) std::printf("trace: %s\n", cfg.trace.c_str());
     }
-    std::printf("%s\n", memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp).c_str());
+    print_whole_line(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
 }
 
-// The model shape named by -e: sizes, a descriptor, or a model file's header.
+// The model shape named by -e: sizes, a descriptor, a model file's header,
+// or a Hugging Face directory's config.json.
 static bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
+    if (is_hf_dir(cfg.model)) return read_hf_config(cfg.model, mc, err);
     if (spec_is_file(cfg.model)) {
         int version;
         return read_model_header(cfg.model, mc, &version, err);

@@ -589,11 +589,41 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
 
 // ---- the model export --------------------------------------------------------------------------
 
+WeightGather::~WeightGather() {
+    if (tmp_) model_.backend().release(tmp_);
+}
+
+const std::vector<char>& WeightGather::gather(size_t fo, size_t n) {
+    Backend& be = model_.backend();
+    const DType wt = model_.weights_dtype();
+    const size_t ws = dtype_size(wt);
+    host_.assign(n * ws, 0);
+    model_.for_each_owned(model_.weights_sharded(), own_.whole_owner, own_.replicated_owner,
+                          [&](size_t fr, size_t o, size_t k) {
+                              const size_t b = std::max(fr, fo), en = std::min(fr + k, fo + n);
+                              if (b < en)
+                                  be.download(host_.data() + (b - fo) * ws, wt,
+                                              elem_ptr(model_.weights(), wt, o + (b - fr)), wt, en - b);
+                          });
+    if (own_.world && own_.world->size() > 1) {
+        if (n > tmp_elems_) {
+            if (tmp_) be.release(tmp_);
+            tmp_ = be.alloc(n * ws);
+            tmp_elems_ = n;
+        }
+        CommCounts saved = own_.world->counts();  // export traffic is not step traffic
+        be.upload(tmp_, wt, host_.data(), wt, n);
+        own_.world->all_reduce(tmp_, n, wt, ReduceOp::Sum);
+        be.download(host_.data(), wt, tmp_, wt, n);
+        own_.world->counts() = saved;
+    }
+    return host_;
+}
+
 bool export_model(const std::string& path, GPT& model, const CheckpointOwner& own, int version, std::string* err) {
     const int rank = own.world ? own.world->rank() : 0;
     const GPTConfig& c = model.config();
     const DType wt = model.weights_dtype(), ft = version == 5 ? DType::BF16 : DType::F32;
-    Backend& be = model.backend();
     AtomicWriter f;
     bool ok = true;
     if (rank == 0) {
@@ -617,38 +647,17 @@ bool export_model(const std::string& path, GPT& model, const CheckpointOwner& ow
     for (const TensorEntry& e : whole.entries) order.push_back(&e);
     std::sort(order.begin(), order.end(),
               [](const TensorEntry* x, const TensorEntry* y) { return x->file_offset < y->file_offset; });
-    std::vector<char> host, out;
-    void* tmp = nullptr;
-    size_t tmp_elems = 0;
+    std::vector<char> out;
+    WeightGather gather(model, own);
     for (const TensorEntry* e : order) {
-        const size_t fo = e->file_offset, n = e->file_rows * e->file_cols;
-        host.assign(n * dtype_size(wt), 0);
-        model.for_each_owned(model.weights_sharded(), own.whole_owner, own.replicated_owner,
-                             [&](size_t fr, size_t o, size_t k) {
-                                 const size_t b = std::max(fr, fo), en = std::min(fr + k, fo + n);
-                                 if (b < en)
-                                     be.download(host.data() + (b - fo) * dtype_size(wt), wt,
-                                                 elem_ptr(model.weights(), wt, o + (b - fr)), wt, en - b);
-                             });
-        if (own.world && own.world->size() > 1) {
-            if (n > tmp_elems) {
-                if (tmp) be.release(tmp);
-                tmp = be.alloc(n * dtype_size(wt));
-                tmp_elems = n;
-            }
-            CommCounts saved = own.world->counts();  // export traffic is not step traffic
-            be.upload(tmp, wt, host.data(), wt, n);
-            own.world->all_reduce(tmp, n, wt, ReduceOp::Sum);
-            be.download(host.data(), wt, tmp, wt, n);
-            own.world->counts() = saved;
-        }
+        const size_t n = e->file_rows * e->file_cols;
+        const std::vector<char>& host = gather.gather(e->file_offset, n);
         if (rank == 0 && ok) {
             out.resize(n * dtype_size(ft));
             convert_host(out.data(), ft, host.data(), wt, n);
             ok = f.write(out.data(), out.size());
         }
     }
-    if (tmp) be.release(tmp);
     if (rank == 0) {
         if (!ok && err->empty()) *err = "cannot write " + path;
         ok = ok ? f.commit(err) : false;

@@ -35,6 +35,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm.h"
 #include "gpt.h"
@@ -90,6 +91,29 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
 // DONE) and, with keep > 0, all complete checkpoints but the newest keep.
 // One rank (rank 0) calls it. Returns the number of entries removed.
 int clean_checkpoints(const std::string& dir, int keep);
+
+// Assembles ranges of the whole model's weights, in model-file order, on
+// rank 0 for the exports: every rank downloads what it owns of the range
+// into a zeroed buffer and a sum over own.world completes it (each element
+// has one owner; the sum's bytes are not counted as step traffic). One
+// range's buffer at a time, so no rank holds more than one tensor beside
+// its buffers. Collective: every rank calls gather() for the same ranges.
+class WeightGather {
+  public:
+    WeightGather(GPT& model, const CheckpointOwner& own) : model_(model), own_(own) {}
+    ~WeightGather();
+    WeightGather(const WeightGather&) = delete;
+    WeightGather& operator=(const WeightGather&) = delete;
+    // n elements from file offset fo, in the weights' dtype; whole on rank 0.
+    const std::vector<char>& gather(size_t fo, size_t n);
+
+  private:
+    GPT& model_;
+    CheckpointOwner own_;
+    std::vector<char> host_;
+    void* tmp_ = nullptr;  // the device buffer of the sum
+    size_t tmp_elems_ = 0;
+};
 
 // Writes the weights as an llm.c model file (version 3 fp32, 5 bf16),
 // tensor by tensor: each tensor is gathered over own.world from its owners

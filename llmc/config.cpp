@@ -41,6 +41,7 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
     } else {
         std::stringstream ss(spec);
         std::string item;
+        bool tied_given = false;
         while (std::getline(ss, item, ',')) {
             size_t eq = item.find('=');
             std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
@@ -66,6 +67,7 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             int v = 0;
             if (key == "tied" && (val == "0" || val == "1")) {
                 c.tied = val == "1";
+                tied_given = true;
                 continue;
             }
             if (eq == std::string::npos || !parse_int(val, &v)) {
@@ -94,6 +96,9 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             *err = "model sizes '" + spec + "': NKV, F and tied=0 are Llama's (add arch=llama)";
             return false;
         }
+        // Llama's head is untied unless tied=1 says otherwise, as in
+        // transformers' LlamaConfig (tie_word_embeddings=False); GPT-2's is tied.
+        if (c.llama() && !tied_given) c.tied = false;
         if (c.llama() && !c.ffn) {
             *err = "model sizes '" + spec + "': a Llama model needs F, its MLP's hidden size";
             return false;

@@ -1,9 +1,22 @@
 // llmc/report.cpp: the memory line and the traffic summary (llmc/report.h).
 #include "report.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <utility>
 #include <vector>
+
+void print_whole_line(const std::string& line) {
+    std::fflush(stdout);
+    const std::string s = line + "\n";
+    size_t done = 0;
+    while (done < s.size()) {
+        const ssize_t n = write(STDOUT_FILENO, s.data() + done, s.size() - done);
+        if (n <= 0) break;
+        done += (size_t)n;
+    }
+}
 
 std::string human_bytes(double b) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

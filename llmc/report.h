@@ -21,6 +21,10 @@ std::string human_bytes(double bytes);
 // (layers x in flight x layer_activations); bytes: what the backend holds,
 // exactly (total and peak: the same for humans); comm_bytes: buffers of the
 // parallel modes.
+// Prints one line (a newline is added) with a single write(2) after
+// flushing stdout, so that lines every rank prints at once reach mpirun's
+// merged output whole rather than cut at stdio's buffer boundaries.
+void print_whole_line(const std::string& line);
 std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages);
 
 // Zeroes every group's counts (traffic outside a training step).

@@ -1,11 +1,16 @@
-// llmc/tokenizer.cpp: loading and writing llm.c tokenizer files, decoding,
-// and escaping of sampled text for the terminal.
+// llmc/tokenizer.cpp: loading and writing llm.c tokenizer files, reading
+// Hugging Face tokenizer.json (with nlohmann-json), decoding, and escaping of
+// sampled text for the terminal.
 #include "tokenizer.h"
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "fileio.h"
 
@@ -88,6 +93,12 @@ void append_hex(std::string* out, unsigned char c) {
 bool Tokenizer::load(const std::string& path, std::string* err) {
     std::vector<unsigned char> data;
     if (!read_whole_file(path, &data, err)) return false;
+    {
+        size_t i = 0;
+        while (i < data.size() && std::isspace(data[i])) i++;
+        const bool json_name = path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+        if (json_name || (i < data.size() && data[i] == '{')) return load_json(path, err);
+    }
     const std::string where = "tokenizer " + quoted(path) + ": ";
     if (data.size() < kHeaderBytes) {
         *err = where + "short header: file has " + std::to_string(data.size()) + " bytes, a header needs " +
@@ -144,6 +155,160 @@ bool Tokenizer::load(const std::string& path, std::string* err) {
     }
     tokens_ = std::move(tokens);
     eot_ = eot;
+    eot_text_ = kEotText;
+    return true;
+}
+
+namespace {
+
+// GPT-2's byte-level table: byte b is written as the code point bytes_cp[b]
+// (printable Latin-1 bytes as themselves, the others as 256, 257, ... in
+// byte order), so every byte string is a printable string.
+std::map<uint32_t, unsigned char> unicode_to_byte() {
+    std::map<uint32_t, unsigned char> m;
+    uint32_t next = 256;
+    for (int b = 0; b < 256; b++) {
+        const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        m[direct ? (uint32_t)b : next++] = (unsigned char)b;
+    }
+    return m;
+}
+
+// The code points of UTF-8 text (invalid bytes as U+FFFD).
+std::vector<uint32_t> code_points(const std::string& s) {
+    std::vector<uint32_t> out;
+    for (size_t i = 0; i < s.size();) {
+        const unsigned char c = (unsigned char)s[i];
+        const size_t len = c < 0x80 ? 1 : utf8_len(s, i);
+        if (len == 0) {
+            out.push_back(0xFFFD);
+            i++;
+            continue;
+        }
+        uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+        for (size_t k = 1; k < len; k++) cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3F);
+        out.push_back(cp);
+        i += len;
+    }
+    return out;
+}
+
+// Whether a pre-tokenizer or decoder (possibly a Sequence of them) is or
+// holds a ByteLevel step.
+bool has_byte_level(const nlohmann::json& j) {
+    if (!j.is_object()) return false;
+    if (j.contains("type") && j["type"] == "ByteLevel") return true;
+    for (const char* key : {"pretokenizers", "decoders"})
+        if (j.contains(key) && j[key].is_array())
+            for (const auto& x : j[key])
+                if (has_byte_level(x)) return true;
+    return false;
+}
+
+}  // namespace
+
+bool Tokenizer::load_json(const std::string& path, std::string* err) {
+    using json = nlohmann::json;
+    const std::string where = "tokenizer " + quoted(path) + ": ";
+    std::vector<unsigned char> data;
+    if (!read_whole_file(path, &data, err)) return false;
+    json j;
+    try {
+        j = json::parse(data.begin(), data.end());
+    } catch (const json::exception& e) {
+        std::string m = e.what();
+        for (char& ch : m)
+            if (ch == '\n') ch = ' ';
+        *err = where + "not valid JSON (" + m + ")";
+        return false;
+    }
+    if (!j.is_object() || !j.contains("model") || !j["model"].is_object() || !j["model"].contains("vocab")) {
+        *err = where + "not a Hugging Face tokenizer.json (no model.vocab)";
+        return false;
+    }
+    const bool byte_level = has_byte_level(j.value("decoder", json())) || has_byte_level(j.value("pre_tokenizer", json()));
+    const bool byte_fallback = j["model"].value("byte_fallback", false);
+    const std::map<uint32_t, unsigned char> to_byte = unicode_to_byte();
+    // A vocabulary entry's bytes.
+    auto token_bytes = [&](const std::string& t) {
+        if (byte_level) {
+            std::string out;
+            for (uint32_t cp : code_points(t)) {
+                auto it = to_byte.find(cp);
+                if (it == to_byte.end()) return t;  // not byte-level text after all: as it is
+                out.push_back((char)it->second);
+            }
+            return out;
+        }
+        if (byte_fallback && t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>')
+            return std::string(1, (char)std::strtol(t.substr(3, 2).c_str(), nullptr, 16));
+        std::string out;  // SentencePiece: U+2581 (E2 96 81) is a space
+        for (size_t i = 0; i < t.size(); i++) {
+            if (t.compare(i, 3, "\xE2\x96\x81") == 0) {
+                out.push_back(' ');
+                i += 2;
+            } else {
+                out.push_back(t[i]);
+            }
+        }
+        return out;
+    };
+    std::map<int, std::string> by_id;
+    const json& vocab = j["model"]["vocab"];
+    if (vocab.is_object()) {
+        for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+            if (!it.value().is_number_integer() || it.value().get<long long>() < 0 ||
+                it.value().get<long long>() >= (1LL << 30)) {
+                *err = where + "model.vocab: token " + json(it.key()).dump() + " has id " + it.value().dump();
+                return false;
+            }
+            by_id[it.value().get<int>()] = token_bytes(it.key());
+        }
+    } else if (vocab.is_array()) {  // Unigram: [[token, score], ...], id = index
+        for (size_t i = 0; i < vocab.size(); i++) {
+            if (!vocab[i].is_array() || vocab[i].empty() || !vocab[i][0].is_string()) {
+                *err = where + "model.vocab[" + std::to_string(i) + "] is not [token, score]";
+                return false;
+            }
+            by_id[(int)i] = token_bytes(vocab[i][0].get<std::string>());
+        }
+    } else {
+        *err = where + "model.vocab is neither an object nor an array";
+        return false;
+    }
+    std::map<std::string, int> added;
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+        for (const json& a : j["added_tokens"]) {
+            if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<long long>() < 0 ||
+                a["id"].get<long long>() >= (1LL << 30) || !a.contains("content") || !a["content"].is_string()) {
+                *err = where + "added_tokens: bad entry " + a.dump();
+                return false;
+            }
+            by_id[a["id"].get<int>()] = a["content"].get<std::string>();  // literal text, not byte-mapped
+            added[a["content"].get<std::string>()] = a["id"].get<int>();
+        }
+    }
+    if (by_id.empty()) {
+        *err = where + "empty vocabulary";
+        return false;
+    }
+    std::vector<std::string> tokens((size_t)by_id.rbegin()->first + 1);
+    for (auto& kv : by_id) tokens[(size_t)kv.first] = std::move(kv.second);
+    int eot = 0;
+    for (const char* name : {"<|endoftext|>", "<|begin_of_text|>", "<s>"}) {
+        auto it = added.find(name);
+        if (it != added.end()) {
+            eot = it->second;
+            break;
+        }
+        if (vocab.is_object() && vocab.contains(name)) {
+            eot = vocab[name].get<int>();
+            break;
+        }
+    }
+    tokens_ = std::move(tokens);
+    eot_ = eot;
+    eot_text_ = tokens_[(size_t)eot];
     return true;
 }
 
@@ -152,10 +317,11 @@ void Tokenizer::init_bytes() {
     for (int b = 0; b < 256; ++b) tokens_.emplace_back(1, (char)b);
     tokens_.emplace_back(kEotText);
     eot_ = kByteEot;
+    eot_text_ = kEotText;
 }
 
 std::string Tokenizer::decode(int id) const {
-    if (id >= 0 && id == eot_) return kEotText;
+    if (id >= 0 && id == eot_) return eot_text_;
     if (id < 0 || id >= (int)tokens_.size()) return "<?>";
     return tokens_[(size_t)id];
 }

@@ -5,8 +5,8 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     using O = Option;
     p.add({'i', "train-data", O::String, &c.train_data, "training shards (path or glob)"});
     p.add({'j', "val-data", O::String, &c.val_data, "validation shards (path or glob; \"\" for none)"});
-    p.add({0, "tokenizer", O::String, &c.tokenizer, "llm.c tokenizer file for samples (byte-level if missing)"});
-    p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=], or a model file"});
+    p.add({0, "tokenizer", O::String, &c.tokenizer, "tokenizer for samples: llm.c file or tokenizer.json (default with an HF -e DIR: DIR/tokenizer.json; byte-level if missing)"});
+    p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=] (arch=llama,..,NKV=,F=[,theta=,eps=,tied=1]), a model file, or a Hugging Face directory"});
     p.add({'o', "output-dir", O::String, &c.output_dir, "output directory: metrics.jsonl and checkpoints"});
     p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});
     p.add({'t', "seq-len", O::Int, &c.T, "sequence length T", 1, 1 << 20});
@@ -28,6 +28,8 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "keep-checkpoints", O::Int, &c.keep_checkpoints, "keep only the newest K complete checkpoints (0: all)",
            0, 1e9});
     p.add({0, "export-model", O::String, &c.export_model, "also write the final weights to this llm.c model file"});
+    p.add({0, "export-hf", O::String, &c.export_hf,
+           "also write the final weights as a Hugging Face directory (config.json, model.safetensors)"});
     p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1, {}, "1"});
     p.add({'z', "zero", O::Int, &c.zero, "ZeRO stage over the data-parallel ranks", 0, 3});
     p.add({0, "tp", O::Int, &c.tp, "tensor-parallel degree (Megatron; divides heads and world)", 1, 1 << 16});

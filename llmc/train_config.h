@@ -34,6 +34,7 @@ struct TrainConfig {
     int resume = 0;            // -y
     int keep_checkpoints = 0;  // newest checkpoints kept (0: all)
     std::string export_model = "";  // llm.c model file written at the end
+    std::string export_hf = "";     // Hugging Face directory written at the end (llmc/hf.h)
     // execution
     int zero = 0;              // -z
     int tp = 1;                // tensor-parallel degree

@@ -5,7 +5,7 @@ The trainer reads llm.c token shards (scripts/shards.py has the format). This
 script tokenizes text files into them, so any corpus can be trained on:
 
   prepare_data.py --input FILE [FILE ...] --out DIR --name NAME
-                  [--tokenizer bytes|gpt2] [--val-fraction 0.01]
+                  [--tokenizer bytes|gpt2|FILE.json] [--val-fraction 0.01]
                   [--shard-tokens 100000000] [--split-blank-lines | --jsonl]
                   [--overwrite]
 
@@ -20,6 +20,16 @@ Tokenizers:
          nothing. Also writes DIR/tokenizer.bin for decoding samples.
   gpt2   GPT-2 BPE through the `tiktoken` package (pip install tiktoken),
          EOT = 50256, vocab 50257; also writes DIR/tokenizer.bin (GPT-2).
+  FILE.json  a Hugging Face tokenizer.json (a Llama or GPT-2 checkpoint's)
+         through the `tokenizers` package (pip install tokenizers; the
+         build/hfenv of scripts/setup.sh has it). The document separator is
+         the first of <|endoftext|>, <|begin_of_text|>, <s> it has (the
+         trainer's start token for samples); the vocabulary counts added
+         tokens. The file is copied to DIR/tokenizer.json for
+         train_gpt --tokenizer.
+
+Shards hold uint16 tokens (magic 20240520) while the vocabulary fits, and
+uint32 tokens (magic 20240801, version 7) past 65536 ids, as llm.c does.
 
 Split: the first --val-fraction of the documents (at least one) go to
 NAME_val_000000.bin, ..., the rest to NAME_train_000001.bin, ... (the llm.c
@@ -56,6 +66,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -134,6 +145,32 @@ class Gpt2Tokenizer:
         return [self.enc.decode_single_token_bytes(i) for i in range(self.vocab_size)]
 
 
+class JsonTokenizer:
+    """A Hugging Face tokenizer.json through the `tokenizers` package."""
+
+    def __init__(self, path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            fail("--tokenizer FILE.json needs the 'tokenizers' Python package, which is not installed.\n"
+                 "  Install it (pip install tokenizers) or run with build/hfenv/bin/python (scripts/setup.sh).")
+        try:
+            self.tok = Tokenizer.from_file(path)
+        except Exception as e:  # the package raises its own exception types
+            fail(f"--tokenizer {path}: not a tokenizer.json ({e})")
+        self.path, self.name = path, os.path.basename(path)
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1
+        self.eot = next((vocab[t] for t in ("<|endoftext|>", "<|begin_of_text|>", "<s>") if t in vocab), None)
+        if self.eot is None:
+            fail(f"--tokenizer {path}: none of <|endoftext|>, <|begin_of_text|>, <s> is a token "
+                 "(a document separator is needed)")
+
+    def encode(self, doc):
+        ids = self.tok.encode(doc.decode("utf-8", errors="replace"), add_special_tokens=False).ids
+        return np.asarray(ids, dtype=np.uint32)
+
+
 def write_tokenizer(path, tokens, eot):
     """The llm.c tokenizer file: header, then per token a uint8 length and its bytes."""
     header = np.zeros(256, dtype="<i4")
@@ -186,7 +223,7 @@ def main():
     ap.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files (or JSONL with --jsonl)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     ap.add_argument("--name", required=True, help="shard name prefix: NAME_train_000001.bin, NAME_val_000000.bin")
-    ap.add_argument("--tokenizer", choices=["bytes", "gpt2"], default="bytes")
+    ap.add_argument("--tokenizer", default="bytes", help="bytes, gpt2, or a Hugging Face tokenizer.json")
     ap.add_argument("--val-fraction", type=float, default=0.01)
     ap.add_argument("--shard-tokens", type=int, default=100_000_000)
     mode = ap.add_mutually_exclusive_group()
@@ -206,7 +243,14 @@ def main():
         if not os.path.isfile(path):
             fail(f"input '{path}' is not a readable file")
 
-    tok = Gpt2Tokenizer() if args.tokenizer == "gpt2" else ByteTokenizer()
+    if args.tokenizer == "gpt2":
+        tok = Gpt2Tokenizer()
+    elif args.tokenizer == "bytes":
+        tok = ByteTokenizer()
+    elif args.tokenizer.endswith(".json") and os.path.isfile(args.tokenizer):
+        tok = JsonTokenizer(args.tokenizer)
+    else:
+        fail(f"--tokenizer '{args.tokenizer}': bytes, gpt2, or an existing tokenizer.json file")
     os.makedirs(args.out, exist_ok=True)
 
     # Old shards of the same name would join the new ones in a glob.
@@ -247,8 +291,13 @@ def main():
     val.flush()
     train.flush()
 
-    tok_path = os.path.join(args.out, "tokenizer.bin")
-    write_tokenizer(tok_path, tok.token_bytes(), tok.eot)
+    if isinstance(tok, JsonTokenizer):
+        tok_path = os.path.join(args.out, "tokenizer.json")
+        if os.path.abspath(tok_path) != os.path.abspath(tok.path):
+            shutil.copyfile(tok.path, tok_path)
+    else:
+        tok_path = os.path.join(args.out, "tokenizer.bin")
+        write_tokenizer(tok_path, tok.token_bytes(), tok.eot)
 
     print(f"prepare_data: train {train.total} tokens in {len(train.paths)} shard(s), "
           f"val {val.total} tokens in {len(val.paths)} shard(s) ({val_docs} document(s)), vocab {tok.vocab_size}")

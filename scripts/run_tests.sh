@@ -5,7 +5,11 @@
 # non-zero without a count counts as one failure.
 #   1. the PyTorch reference against independent math (scripts/test_reference.py)
 #   2. test_gpt against the reference: round and odd models, CPU fp64 and fp32
-#      (and the CUDA backend in bf16 and fp32 when a GPU is present)
+#      (and the CUDA backend in bf16 and fp32 when a GPU is present); and
+#      against transformers (scripts/reference_hf.py in build/hfenv, made by
+#      scripts/setup.sh): GPT2LMHeadModel and LlamaForCausalLM checkpoints in
+#      fp64, and
+#      tests/test_hf.py (export round trip, tensor maps, tokenizer.json)
 #   3. unit tests of the library (tests/test_*.cpp) and the data pipeline
 #   4. the trainer end to end: determinism, resume, learning, errors
 #   5. the distributed runtime under mpirun (communicators; data parallel
@@ -75,6 +79,22 @@ reference() {
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAVE_GPU=1; fi
 
+# The Hugging Face reference's python (scripts/setup.sh makes it). Its tests
+# are named hf_* so that gpu_check's filter (ref_, test_gpt) leaves them out:
+# the GPU image has no transformers.
+HFPY=build/hfenv/bin/python
+hf_ready() { "$HFPY" -c "import transformers, tokenizers, safetensors" 2>/dev/null; }
+# reference_hf NAME SPEC B T EXTRA...: a random Hugging Face model and its
+# fp64 debug state (transformers), then test_gpt loading the directory.
+reference_hf() {
+    local name=$1 spec=$2 B=$3 T=$4
+    shift 4
+    rm -rf "$REF/$name.hf"
+    run "hf_ref_$name" "$HFPY" scripts/reference_hf.py --spec "$spec" --B "$B" --T "$T" \
+        --save-dir "$REF/$name.hf" --write-state "$REF/$name.state.bin" "$@"
+    run "hf_gpt_$name" ./test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" --device cpu --dtype fp64
+}
+
 run reference_selfcheck "$PY" scripts/test_reference.py
 ROUND="L=2,C=64,NH=4,V=128,T=32"
 ODD="L=3,C=48,NH=3,V=97,T=24"
@@ -85,6 +105,23 @@ reference odd_fp32 fp32 "$ODD" 3 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip
 # the embedded data and a bf16 (version 5) model file
 reference tiny_v5_fp64 fp64 "L=2,C=64,NH=2,V=257,T=64" 2 64 --data data/tiny/tiny_val_000000.bin \
     --model-version 5 --lr 3e-3
+
+if hf_ready; then
+    run hf_reference_selfcheck "$HFPY" scripts/reference_hf.py --selfcheck
+    # GPT-2: odd sizes; bf16 weights in shards (read through the index).
+    reference_hf gpt2_odd "L=3,C=48,NH=3,V=97,T=24" 3 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+    reference_hf gpt2_bf16_sharded "L=2,C=64,NH=4,V=131,T=32" 2 32 --save-dtype bf16 --shard-size 40KB \
+        --warmup 3 --final-frac 0.1
+    # Llama: GQA 2:1 untied and 4:1 tied, F not 4C, V prime (no tp
+    # divides it).
+    reference_hf llama_gqa2 "arch=llama,L=3,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 19 \
+        --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+    reference_hf llama_gqa4_tied "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1,eps=1e-6" 2 16 \
+        --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
+    run hf_roundtrip "$HFPY" tests/test_hf.py
+else
+    run hf_reference_missing sh -c "echo 'build/hfenv does not import transformers: run scripts/setup.sh'; exit 1"
+fi
 
 for prog in build/test_*; do
     [[ -x $prog && ! -d $prog ]] || continue

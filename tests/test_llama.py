@@ -27,7 +27,7 @@ from testlib import Checks, equivalence, llama_param_count, resume_check, run_su
 
 L, C, NH, NKV, F, V = 4, 64, 4, 2, 96, 97
 UNTIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64,tied=0"
-TIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64"
+TIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64,tied=1"
 # grouped-query attention 4:1, with the rotary base and epsilon given
 GQA4 = f"arch=llama,L={L},C={C},NH=8,NKV=2,F=80,V={V},T=64,theta=500000,eps=1e-6,tied=0"
 check = Checks()

@@ -5,9 +5,11 @@
 #     prints when it starts with the same flags, byte for byte, for the
 #     layouts of the distributed tests (dp x ZeRO 0-3, tp, tp + sp, cp,
 #     cp x tp x sp, pp, pp with vpp, pp x dp x tp, the recompute modes), GPT-2 and Llama;
-#   - time on this CPU: after --calibrate (2 ranks, one thread each), the
-#     predicted step time of one process and of the 2-rank layouts (dp2 ZeRO
-#     0-3, tp2, tp2 sp, cp2, pp2) is within 25% of the measured median, and
+#   - time on this CPU: after --calibrate (2 ranks, one thread each; again
+#     before each of up to three rounds, as this shared machine's speed
+#     drifts), the predicted step time of one process and of the 2-rank
+#     layouts (dp2 ZeRO 0-3, tp2, tp2 sp, cp2, pp2) is within 25% of the
+#     measured median, and
 #     layouts whose measured times differ by more than 15% (more than the
 #     run-to-run noise of 2 ranks on 2 shared cores) are in the same order;
 #   - against published measurements, with the A100 profile: the per-GPU
@@ -90,52 +92,71 @@ def memory_equal(spec, layouts):
     print(f"  --plan eval equals the trainer's memory lines, every rank, {len(layouts)} layouts of {spec}")
 
 
-def test_time(tmp):
-    model = ["-e", "L=4,C=128,NH=4,V=97,Vp=97,T=64", "-t", "64", "-d", str(16 * 64), "--device", "cpu", "--dtype",
-             "fp32"]
-    profile = os.path.join(tmp, "cpu.json")
+def time_round(tmp, r, model, layouts):
+    """One round: --calibrate, then each layout's predicted and measured
+    (median) step time. Returns (problems, results, profile) where problems
+    lists what failed; results holds (name, measured, predicted)."""
+    profile = os.path.join(tmp, f"cpu{r}.json")
     rc, out, err = train(2, model + ["-b", "8", "--calibrate", profile])
-    if not check(rc == 0 and os.path.exists(profile), f"--calibrate: {err[-300:]}"):
-        return
+    if rc != 0 or not os.path.exists(profile):
+        return [f"--calibrate: {err[-300:]}"], [], None
     with open(profile) as f:
         hw = json.load(f)
-    check(hw["device"] == "cpu" and hw["threads"] == 1 and hw["matmul_flops"] > 0 and hw["intra_bw"] > 0,
-          f"calibrated profile {hw}")
+    problems, results = [], []
+    if not (hw["device"] == "cpu" and hw["threads"] == 1 and hw["matmul_flops"] > 0 and hw["intra_bw"] > 0):
+        problems.append(f"calibrated profile {hw}")
+    for np_, extra, name in layouts:
+        jp = os.path.join(tmp, f"plan{r}_" + name.replace(" ", "_") + ".jsonl")
+        rc, pout, perr = plan(["eval", "--hardware", profile, "--world", str(max(1, np_)), "--plan-json", jp] + model +
+                              extra)
+        if rc != 0:
+            problems.append(f"plan {name}: {perr[-300:]}")
+            continue
+        with open(jp) as f:
+            predicted = json.loads(f.readline())["step_ms"]
+        d = os.path.join(tmp, f"time{r}_" + name.replace(" ", "_"))
+        rc, out, err = train(np_, model + extra + ["-i", DATA, "-j", "", "-x", "10", "-v", "0", "-s", "0", "-o", d])
+        if rc != 0:
+            problems.append(f"{name}: {err[-300:]}")
+            continue
+        measured = statistics.median(m["ms"] for m in metrics(d)[2:])
+        results.append((name, measured, predicted))
+        print(f"  round {r + 1}: {name:12s} measured {measured:7.1f} ms, predicted {predicted:7.1f} ms "
+              f"({predicted / measured:.2f}x)")
+        if abs(predicted / measured - 1) > 0.25:
+            problems.append(f"{name}: predicted {predicted:.1f} ms, measured {measured:.1f} ms")
+    wrong = [(a[0], b[0]) for a in results for b in results if a[1] > 1.15 * b[1] and not a[2] > b[2]]
+    if wrong:
+        problems.append(f"order differs from the measured one for {wrong}")
+    return problems, results, hw
+
+
+def test_time(tmp):
+    # The speed of this shared machine drifts over minutes (the same run
+    # measured 160 ms and 240 ms an hour apart), so a calibration holds only
+    # for the runs made just after it. A round is a calibration followed by
+    # every layout's run; the checks hold when one round passes them all (up
+    # to three rounds; the last round's problems are reported otherwise).
+    model = ["-e", "L=4,C=128,NH=4,V=97,Vp=97,T=64", "-t", "64", "-d", str(16 * 64), "--device", "cpu", "--dtype",
+             "fp32"]
     layouts = [(0, ["-b", "8"], "one process"), (2, ["-b", "8", "-z", "0"], "dp2 z0"), (2, ["-b", "8", "-z", "1"], "dp2 z1"),
                (2, ["-b", "8", "-z", "2"], "dp2 z2"), (2, ["-b", "8", "-z", "3"], "dp2 z3"),
                (2, ["-b", "8", "--tp", "2"], "tp2"), (2, ["-b", "8", "--tp", "2", "--sp", "1"], "tp2 sp"),
                (2, ["-b", "8", "--cp", "2"], "cp2"), (2, ["-b", "4", "--pp", "2"], "pp2")]
-    results = []
-    # Other work on the machine (CI runs suites side by side) only slows a
-    # run down, so a layout whose median misses is measured again, up to
-    # three runs, and the fastest median counts.
-    for np_, extra, name in layouts:
-        jp = os.path.join(tmp, "plan_" + name.replace(" ", "_") + ".jsonl")
-        rc, pout, perr = plan(["eval", "--hardware", profile, "--world", str(max(1, np_)), "--plan-json", jp] + model +
-                              extra)
-        if not check(rc == 0, f"plan {name}: {perr[-300:]}"):
-            continue
-        with open(jp) as f:
-            predicted = json.loads(f.readline())["step_ms"]
-        medians = []
-        for attempt in range(3):
-            d = os.path.join(tmp, f"time{attempt}_" + name.replace(" ", "_"))
-            rc, out, err = train(np_, model + extra + ["-i", DATA, "-j", "", "-x", "10", "-v", "0", "-s", "0", "-o", d])
-            if not check(rc == 0, f"{name}: {err[-300:]}"):
-                break
-            medians.append(statistics.median(m["ms"] for m in metrics(d)[2:]))
-            if abs(predicted / min(medians) - 1) <= 0.25:
-                break
-        if not medians:
-            continue
-        measured = min(medians)
-        results.append((name, measured, predicted))
-        print(f"  {name:12s} measured {measured:7.1f} ms, predicted {predicted:7.1f} ms ({predicted / measured:.2f}x)"
-              + (f" (fastest of {len(medians)} runs)" if len(medians) > 1 else ""))
+    for r in range(3):
+        problems, results, hw = time_round(tmp, r, model, layouts)
+        for p in problems:
+            print(f"  round {r + 1}: {p}")
+        if not problems:
+            break
+    check(hw is not None and hw["device"] == "cpu" and hw["threads"] == 1 and hw["matmul_flops"] > 0
+          and hw["intra_bw"] > 0, f"calibrated profile {hw}")
+    check(len(results) == len(layouts), f"{len(results)} of {len(layouts)} layouts measured")
+    for name, measured, predicted in results:
         check(abs(predicted / measured - 1) <= 0.25, f"{name}: predicted {predicted:.1f} ms, measured {measured:.1f} ms")
-    wrong = [(a[0], b[0]) for a in results for b in results
-             if a[1] > 1.15 * b[1] and not a[2] > b[2]]
+    wrong = [(a[0], b[0]) for a in results for b in results if a[1] > 1.15 * b[1] and not a[2] > b[2]]
     check(not wrong, f"order differs from the measured one for {wrong}")
+    print(f"  step times checked in round {r + 1} of at most 3")
 
 
 def test_published(tmp):

@@ -121,7 +121,7 @@ void check_grads(Checker& ck, const std::string& prefix, const GPTConfig& c, con
                  const std::vector<double>& ref, double tol) {
     TensorTable table(c);
     for (int k = 0; k < (int)Param::count; k++) {
-        if (!kind_in_model(c, (Param)k)) continue;
+        if (!kind_in_model(c, (Param)k)) continue;  // another architecture's kind
         const TensorEntry& first = table.get((Param)k, 0);
         const size_t n = first.numel * (param_kind((Param)k).per_layer ? c.num_layers : 1);
         RelErr e;

@@ -52,6 +52,15 @@ static void test_config_and_table() {
     CHECK(t12.total == 124475904ull && t12.total == gpt2_param_count(c), "d12 params %zu", t12.total);
     CHECK(parse_model_spec("d24", &c, &err) && c.channels == 1536 && c.num_heads == 24, "d24");
     CHECK(parse_model_spec("L=3,C=48,NH=3,V=97,T=24", &c, &err) && c.padded_vocab_size == 128, "odd spec");
+    {   // Heads: GPT-2 tied; Llama untied unless tied=1 (transformers' LlamaConfig default).
+        GPTConfig g, l, lt;
+        CHECK(parse_model_spec("L=3,C=48,NH=3,V=97,T=24", &g, &err) && g.tied, "gpt-2 spec tied");
+        CHECK(parse_model_spec("arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16", &l, &err) && !l.tied &&
+                  l.num_kv_heads == 2 && l.ffn == 72 && l.padded_vocab_size == 101,
+              "llama spec: untied by default, NKV, F, Vp = V");
+        CHECK(parse_model_spec("tied=1,arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16", &lt, &err) && lt.tied,
+              "llama spec tied=1 before arch");
+    }
     TensorTable t(c);
     CHECK(t.total == gpt2_param_count(c), "odd params %zu vs %zu", t.total, gpt2_param_count(c));
     // Memory offsets tile the buffer; file offsets are a permutation of it.
