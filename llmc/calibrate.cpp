@@ -17,19 +17,26 @@ double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Seconds per call of fn, after two calls to warm up; the slowest rank's
-// time when the ranks run it together (they start after a barrier).
+// Seconds per call of fn: the median over 7 rounds of `reps` calls each,
+// after two calls to warm up; each round's time is the slowest rank's when
+// the ranks run it together (they start after a barrier). One round is as
+// noisy as the machine: on a shared host a single round's figure moved by
+// 15-50% from run to run, the median of 7 by a few percent.
 template <typename Fn>
 double time_op(Backend& be, Comm& world, int reps, Fn fn) {
     fn();
     fn();
     be.synchronize();
-    world.host_all_reduce(0.0, ReduceOp::Sum);
-    const double t0 = now_s();
-    for (int i = 0; i < reps; i++) fn();
-    be.synchronize();
-    const double t = (now_s() - t0) / reps;
-    return world.host_all_reduce(t, ReduceOp::Max);
+    std::vector<double> rounds;
+    for (int r = 0; r < 7; r++) {
+        world.host_all_reduce(0.0, ReduceOp::Sum);
+        const double t0 = now_s();
+        for (int i = 0; i < reps; i++) fn();
+        be.synchronize();
+        rounds.push_back(world.host_all_reduce((now_s() - t0) / reps, ReduceOp::Max));
+    }
+    std::sort(rounds.begin(), rounds.end());
+    return rounds[rounds.size() / 2];
 }
 
 // Least-squares line t = a + b·n through the points.
