@@ -11,7 +11,8 @@
 #   test      the test suite's CUDA-relevant part (test_gpt on CUDA fp32 and
 #             bf16 against the PyTorch reference, test_real_shapes at small
 #             shapes; TEST_FILTER='' for the whole suite)
-#   shapes    build/test_real_shapes: d12's shapes, HS=128, N*Vp > 2^31
+#   shapes    build/test_real_shapes: d12's shapes, HS=128, N*Vp > 2^31, and a
+#             Llama (GQA 4:1, heads of 128, SwiGLU, RoPE, untied head)
 #   sanitize  compute-sanitizer memcheck, racecheck, initcheck, synccheck over
 #             test_gpt (CUDA fp32, bf16) and the attention / ring attention lab
 #             (validation only); SANITIZE_TOOLS picks tools
@@ -201,10 +202,13 @@ phase_shapes() {
     run_prog make 400 bash scripts/gpu_check.sh __build
     run_prog real_shapes_d12_big 420 build/test_real_shapes --cases d12,big
     run_prog real_shapes_hs128 240 build/test_real_shapes --cases hs128
+    run_prog real_shapes_llama 240 build/test_real_shapes --cases llama
     summarise_shapes "$W/real_shapes_d12_big.log"
     summarise_shapes "$W/real_shapes_hs128.log"
+    summarise_shapes "$W/real_shapes_llama.log"
     figures "$W/real_shapes_d12_big.log" shapes_ "build/test_real_shapes --cases d12,big"
     figures "$W/real_shapes_hs128.log" shapes_ "build/test_real_shapes --cases hs128"
+    figures "$W/real_shapes_llama.log" shapes_ "build/test_real_shapes --cases llama"
     end_phase
 }
 

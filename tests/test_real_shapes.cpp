@@ -5,6 +5,10 @@
 //   d12    B=--rows rows: logits (every row), loss and every gradient tensor
 //          of CUDA fp32 and CUDA bf16 against CPU fp64;
 //   hs128  the same with NH=6, so heads of 128;
+//   llama  a Llama of about the same cost: L=2, C=1024, NH=8, NKV=2 (GQA
+//          4:1, heads of 128), F=2816, V=Vp=32000, T=1024, rotary base
+//          500000, untied head: RMSNorm, RoPE, SwiGLU and GQA attention
+//          kernels, same checks (small stand-in: C=64, NH=4, NKV=2, F=176);
 //   big    B=48 rows, so N*Vp = 49152*50304 = 2.47e9 > 2^31 classifier
 //          elements. The fp64 truth at that size would cost ~20 GB and an
 //          hour of CPU, so two checks stand in for it:
@@ -16,7 +20,8 @@
 //              backward against the same rows run through a --rows model in
 //              48/rows accumulated micro-batches (the path (a) and the d12
 //              case check against fp64): logits of every row, loss, gradients.
-// The weights are GPT-2's initialisation with wte and qkvw scaled by 2, so
+// The weights are the model's initialisation with wte, qkvw (and an untied
+// lm_head) scaled by 2, so
 // the softmaxes (vocabulary and attention) are far from uniform as in a
 // trained model (loss 11.4 on random targets, against ln V = 10.8); at 4x
 // the problem is so ill-conditioned that the CPU fp32 backend itself is off
@@ -32,7 +37,7 @@
 // Each measured error is also printed as "figure NAME VALUE rel" for
 // scripts/gpu_check.sh. Last line: "N passed, N failed".
 //
-// usage: test_real_shapes [--device auto|cuda|cpu] [--cases d12,hs128,big]
+// usage: test_real_shapes [--device auto|cuda|cpu] [--cases d12,hs128,big,llama]
 //                         [--shape auto|real|small] [--rows 4] [--big-rows 48]
 //                         [--bf16-tol 2e-2,1e-1]
 #include <chrono>
@@ -213,7 +218,8 @@ std::vector<double> make_weights(const GPTConfig& c, uint64_t seed) {
     std::vector<double> w(m.table().file_params);
     m.get_file_order(w.data(), DType::F64, m.weights(), false, m.weights_dtype());
     TensorTable table(c);
-    for (Param p : {Param::wte, Param::qkvw}) {
+    for (Param p : {Param::wte, Param::qkvw, Param::lm_head}) {
+        if (!kind_in_model(c, p)) continue;
         const TensorEntry& e = table.get(p, 0);
         const size_t n = e.file_rows * e.file_cols * (param_kind(p).per_layer ? c.num_layers : 1);
         for (size_t i = 0; i < n; i++) w[e.file_offset + i] *= 2.0;
@@ -240,14 +246,14 @@ bool has(const std::string& list, const std::string& item) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string device = "auto", cases = "d12,hs128,big", bf16_tol = "2e-2,1e-1", shape = "auto";
+    std::string device = "auto", cases = "d12,hs128,big,llama", bf16_tol = "2e-2,1e-1", shape = "auto";
     int rows = 4, big_rows = 48;
     ArgParser p("test_real_shapes", "The CUDA backend at d12's real shapes against the CPU backend in fp64.");
     p.add({0, "device", Option::String, &device, "device under test (cpu: small shapes, CPU fp32)", 0, 0,
            {"auto", "cuda", "cpu"}});
     p.add({0, "shape", Option::String, &shape, "real (d12) or small shapes (auto: real on a GPU)", 0, 0,
            {"auto", "real", "small"}});
-    p.add({0, "cases", Option::String, &cases, "comma-separated: d12, hs128, big, or all"});
+    p.add({0, "cases", Option::String, &cases, "comma-separated: d12, hs128, big, llama, or all"});
     p.add({0, "rows", Option::Int, &rows, "rows of the fp64-checked batches", 1, 64});
     p.add({0, "big-rows", Option::Int, &big_rows, "rows of the big batch (a multiple of --rows)", 1, 1024});
     p.add({0, "bf16-tol", Option::String, &bf16_tol, "bf16 tolerances: forward,gradients (provisional)"});
@@ -290,14 +296,18 @@ int main(int argc, char** argv) {
     if (!parse_model_spec(spec, &d12, &err)) return std::fprintf(stderr, "%s\n", err.c_str()), 1;
     GPTConfig hs128 = d12;
     hs128.num_heads = real ? 6 : 2;
+    GPTConfig llama;
+    const std::string lspec = real ? "arch=llama,L=2,C=1024,NH=8,NKV=2,F=2816,V=32000,T=1024,theta=500000"
+                                   : "arch=llama,L=2,C=64,NH=4,NKV=2,F=176,V=500,T=64,theta=500000";
+    if (!parse_model_spec(lspec, &llama, &err)) return std::fprintf(stderr, "%s\n", err.c_str()), 1;
     const int T = d12.max_seq_len;
     if (!real && big_rows == 48) big_rows = 3 * rows;
     Checker ck;
     auto tol_fwd = [&](const std::string& d) { return d == "cuda_bf16" ? tol_bf16_fwd : 1e-5; };
     auto tol_grad = [&](const std::string& d) { return d == "cuda_bf16" ? tol_bf16_grad : 1e-5; };
 
-    for (const GPTConfig* c : {&d12, &hs128}) {
-        const std::string name = c == &d12 ? "d12" : "hs128";
+    for (const GPTConfig* c : {&d12, &hs128, &llama}) {
+        const std::string name = c == &d12 ? "d12" : c == &hs128 ? "hs128" : "llama";
         const bool want_big = c == &d12 && has(cases, "big");
         if (!has(cases, name) && !want_big) continue;
         std::printf("== %s: %s, B=%d T=%d, head size %d\n", name.c_str(), config_string(*c).c_str(), rows, T,
