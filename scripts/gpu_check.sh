@@ -17,7 +17,8 @@
 #             test_gpt (CUDA fp32, bf16) and the attention / ring attention lab
 #             (validation only); SANITIZE_TOOLS picks tools
 #   ranks     ranks sharing the GPU over --comm mpi against one process
-#             (scripts/gpu_ranks.py)
+#             (scripts/gpu_ranks.py), GPT-2 in every layout, then a Llama in
+#             four
 #   curve     d12-shaped model on data/tiny: 300 CUDA bf16 steps, 20 CPU fp32
 #             and CUDA fp32 steps, the plot (scripts/gpu_curve.py)
 #   bench     d12 tokens/s and MFU at T=1024 for a few B, then llm.c next to
@@ -251,8 +252,16 @@ phase_ranks() {
     else
         mpirun --version 2>&1 | head -n 1 | tee -a "$SUMMARY"
         run_prog gpu_ranks 520 "$PY" scripts/gpu_ranks.py --out "$W/runs"
-        grep -E '^(one process|  (fp32|bf16) )|^FAIL' "$W/gpu_ranks.log" | tee -a "$SUMMARY"
-        figures "$W/gpu_ranks.log" ranks_ "scripts/gpu_ranks.py (mpirun -np N train_gpt --device cuda --comm mpi)"
+        # A Llama (GQA, SwiGLU, RoPE, untied head) under four of the layouts.
+        run_prog gpu_ranks_llama 200 "$PY" scripts/gpu_ranks.py --model llama --out "$W/runs_llama" \
+            --layouts tp2_sp,cp2,dp2_z3,pp2_tp2_sp_z1
+        for prog in gpu_ranks gpu_ranks_llama; do
+            [[ -f $W/$prog.log ]] || continue
+            grep -E '^([a-z0-9]+, one process|  (fp32|bf16) )|^FAIL' "$W/$prog.log" | tee -a "$SUMMARY"
+            local how="scripts/gpu_ranks.py"
+            [[ $prog == gpu_ranks_llama ]] && how+=" --model llama"
+            figures "$W/$prog.log" ranks_ "$how (mpirun -np N train_gpt --device cuda --comm mpi)"
+        done
     fi
     end_phase
 }

@@ -11,10 +11,12 @@
 #   bf16: printed, checked against a provisional tolerance (--bf16-tol)
 #         until measured (docs/gpu-results.md).
 # The model (L=2, C=128, NH=4, byte-level V=257, T=256, data/tiny) is small
-# so 20 runs fit a few minutes. Prints "figure" lines (relative errors) and
+# so 20 runs fit a few minutes; --model llama runs a Llama of that size
+# (NKV=2, F=344, untied head) instead, its figures named llama_*. Prints "figure" lines (relative errors) and
 # ends with "N passed, N failed".
 #   usage: gpu_ranks.py [--dtypes fp32,bf16] [--out DIR] [--bf16-tol 5e-2]
 #                       [--layouts all|NAME,...] [--timeout 240] [--device cuda]
+#                       [--model gpt2|llama]
 # (--device cpu --dtypes fp32 runs the same comparisons on the CPU: a check
 # of this script where there is no GPU.)
 import argparse
@@ -26,7 +28,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from testlib import ROOT, Checks, metrics, read_checkpoint, rel, train  # noqa: E402
 
-MODEL = "L=2,C=128,NH=4,V=257,T=256"
+MODELS = {"gpt2": "L=2,C=128,NH=4,V=257,T=256", "llama": "arch=llama,L=2,C=128,NH=4,NKV=2,F=344,V=257,T=256"}
 ROWS = 16  # rows of T tokens per step (-d = ROWS * T)
 T = 256
 # name: (ranks, flags); B = ROWS / dp so there is no gradient accumulation.
@@ -59,13 +61,15 @@ def main():
     ap.add_argument("--layouts", default="all")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--model", default="gpt2", choices=list(MODELS))
     a = ap.parse_args()
     names = list(LAYOUTS) if a.layouts == "all" else a.layouts.split(",")
     tmp = a.out or tempfile.mkdtemp(prefix="llmc_gpu_ranks_")
     os.makedirs(tmp, exist_ok=True)
     check = Checks()
     data = os.path.join(ROOT, "data", "tiny", "tiny_train_000001.bin")
-    base = ["-e", MODEL, "-i", data, "-j", "", "-t", str(T), "-d", str(ROWS * T), "-x", "10", "-n", "10",
+    fig = "" if a.model == "gpt2" else a.model + "_"
+    base = ["-e", MODELS[a.model], "-i", data, "-j", "", "-t", str(T), "-d", str(ROWS * T), "-x", "10", "-n", "10",
             "-s", "0", "-v", "0", "-l", "1e-3", "-u", "3", "-q", "0.2", "-c", "0.1", "--device", a.device]
     try:
         for dtype in a.dtypes.split(","):
@@ -75,7 +79,7 @@ def main():
             if not check(rc == 0, f"one process {dtype}: rc={rc} {err[-400:]}"):
                 continue
             ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_checkpoint(ref, 10)[0]
-            print(f"one process {dtype}: losses {ref_l[0]:.4f} -> {ref_l[-1]:.4f}", flush=True)
+            print(f"{a.model}, one process {dtype}: losses {ref_l[0]:.4f} -> {ref_l[-1]:.4f}", flush=True)
             for name in names:
                 np_, flags = LAYOUTS[name]
                 d = os.path.join(tmp, f"{dtype}_{name}")
@@ -92,8 +96,8 @@ def main():
                 lr = rel(got_l, ref_l) if len(got_l) == len(ref_l) else float("inf")
                 wr = rel(read_checkpoint(d, 10)[0], ref_w)
                 print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e} (tol {tol:.0e})", flush=True)
-                print(f"figure {dtype}_{name}_losses_rel {lr:.6e} rel")
-                print(f"figure {dtype}_{name}_weights_rel {wr:.6e} rel")
+                print(f"figure {fig}{dtype}_{name}_losses_rel {lr:.6e} rel")
+                print(f"figure {fig}{dtype}_{name}_weights_rel {wr:.6e} rel")
                 check(lr <= tol, f"{what}: losses rel err {lr:.3e} > {tol:.0e}")
                 check(wr <= tol, f"{what}: final weights rel err {wr:.3e} > {tol:.0e}")
     finally:
