@@ -95,9 +95,9 @@ $(DATA) &: $(BUILD)/make_tiny
 
 # Test programs: tests/*.cpp, each linked with the library.
 TEST_PROGS := $(patsubst tests/%.cpp,$(BUILD)/%,$(wildcard tests/*.cpp))
-$(BUILD)/test_%: tests/test_%.cpp $(LIB_OBJS) $(CUDA_OBJS)
+$(BUILD)/test_%: tests/test_%.cpp $(wildcard tests/*.h) $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $(CXXFLAGS) $< $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
-$(BUILD)/%: tests/%.cpp $(LIB_OBJS) $(CUDA_OBJS)
+$(BUILD)/%: tests/%.cpp $(wildcard tests/*.h) $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $(CXXFLAGS) $< $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
 
 tests: $(TEST_PROGS)

@@ -627,16 +627,8 @@ bool export_model(const std::string& path, GPT& model, const CheckpointOwner& ow
     AtomicWriter f;
     bool ok = true;
     if (rank == 0) {
-        int h[kHeaderInts] = {0};
-        h[0] = kModelMagic;
-        h[1] = version;
-        h[2] = c.max_seq_len;
-        h[3] = c.vocab_size;
-        h[4] = c.num_layers;
-        h[5] = c.num_heads;
-        h[6] = c.channels;
-        h[7] = c.padded_vocab_size;
-        ok = f.open(path, err) && f.write(h, sizeof(h));
+        const std::vector<int> h = model_file_header(c, version);
+        ok = f.open(path, err) && f.write(h.data(), h.size() * sizeof(int));
     }
     if (!agree(ok, err)) return false;
     // The whole model's tensors in file order, one at a time: every rank

@@ -108,9 +108,8 @@ bool load_model(const std::string& path, GPT& model, std::string* err) {
     return true;
 }
 
-bool write_model_file(const std::string& path, const GPTConfig& c, const void* host, DType t, int version,
-                      std::string* err) {
-    int h[kHeaderInts] = {0};
+std::vector<int> model_file_header(const GPTConfig& c, int version) {
+    std::vector<int> h(kHeaderInts, 0);
     h[0] = kModelMagic;
     h[1] = version;
     h[2] = c.max_seq_len;
@@ -119,13 +118,19 @@ bool write_model_file(const std::string& path, const GPTConfig& c, const void* h
     h[5] = c.num_heads;
     h[6] = c.channels;
     h[7] = c.padded_vocab_size;
+    return h;
+}
+
+bool write_model_file(const std::string& path, const GPTConfig& c, const void* host, DType t, int version,
+                      std::string* err) {
+    const std::vector<int> h = model_file_header(c, version);
     DType ft = version == 5 ? DType::BF16 : DType::F32;
     size_t P = model_param_count(c);
     std::vector<char> buf(P * dtype_size(ft));
     convert_host(buf.data(), ft, host, t, P);
     AtomicWriter w;
     if (!w.open(path, err)) return false;
-    w.write(h, sizeof(h));
+    w.write(h.data(), h.size() * sizeof(int));
     w.write(buf.data(), buf.size());
     return w.commit(err);
 }

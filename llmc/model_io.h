@@ -3,6 +3,7 @@
 // maxT, V, L, NH, C, Vp) then every parameter in model-file order.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "config.h"
 #include "gpt.h"
@@ -15,6 +16,9 @@ bool read_model_header(const std::string& path, GPTConfig* cfg, int* version, st
 
 // Loads weights into the model; the file's shape must equal the model's.
 bool load_model(const std::string& path, GPT& model, std::string* err);
+
+// The 256-int32 header of a model file of this shape and version.
+std::vector<int> model_file_header(const GPTConfig& cfg, int version);
 
 // Writes a model file atomically from host weights in model-file order
 // (P = model_param_count(cfg) elements of type t), as version 3 (fp32) or 5

@@ -24,19 +24,7 @@
 #include "llmc/hf.h"
 #include "llmc/safetensors.h"
 #include "llmc/tokenizer.h"
-
-static int g_pass = 0, g_fail = 0;
-#define CHECK(cond, ...)                                     \
-    do {                                                     \
-        if (cond) {                                          \
-            g_pass++;                                        \
-        } else {                                             \
-            g_fail++;                                        \
-            std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            std::printf(__VA_ARGS__);                        \
-            std::printf("\n");                               \
-        }                                                    \
-    } while (0)
+#include "tests/check.h"
 
 static std::string g_dir;
 
@@ -479,6 +467,5 @@ int main(int argc, char** argv) {
     test_tokenizer();
     std::string cmd = "rm -rf '" + g_dir + "'";
     if (std::system(cmd.c_str()) != 0) std::printf("(could not remove %s)\n", g_dir.c_str());
-    std::printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_summary();
 }

@@ -24,21 +24,9 @@
 #include "llmc/cuda/index.h"
 #include "llmc/optimizer.h"
 #include "llmc/tensors.h"
+#include "tests/check.h"
 
 using namespace llmc_idx;
-
-static int g_pass = 0, g_fail = 0;
-#define CHECK(cond, ...)                                     \
-    do {                                                     \
-        if (cond) {                                          \
-            g_pass++;                                        \
-        } else {                                             \
-            g_fail++;                                        \
-            std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            std::printf(__VA_ARGS__);                        \
-            std::printf("\n");                               \
-        }                                                    \
-    } while (0)
 
 static double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
     double d = 0, r = 0;
@@ -536,6 +524,5 @@ int main() {
     test_encoder_backward();
     test_adam_layout();
     test_adamw_spans_cpu();
-    std::printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_summary();
 }

@@ -24,19 +24,7 @@
 #include "llmc/optimizer.h"
 #include "llmc/tensors.h"
 #include "llmc/train_config.h"
-
-static int g_pass = 0, g_fail = 0;
-#define CHECK(cond, ...)                                   \
-    do {                                                   \
-        if (cond) {                                        \
-            g_pass++;                                      \
-        } else {                                           \
-            g_fail++;                                      \
-            std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            std::printf(__VA_ARGS__);                      \
-            std::printf("\n");                             \
-        }                                                  \
-    } while (0)
+#include "tests/check.h"
 
 static bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
@@ -319,6 +307,5 @@ int main() {
     test_schedule();
     test_init();
     test_model_io_and_checkpoint();
-    std::printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_summary();
 }

@@ -96,14 +96,8 @@ void check(int version, const Case& c, const char* label, double tol) {
 }
 
 int main(int argc, char** argv) {
-    // --no-timing: validation only; --quick: validation without the T=1024
-    // cases (for compute-sanitizer runs).
-    bool timing = true, quick = false;
-    for (int i = 1; i < argc; i++) {
-        const std::string a = argv[i];
-        if (a == "--no-timing") timing = false;
-        if (a == "--quick") timing = false, quick = true;
-    }
+    const lab::RunFlags flags = lab::parse_flags(argc, argv);
+    const bool timing = flags.timing, quick = flags.quick;
     if (!lab::have_gpu()) return lab::finish();
     const std::vector<Case> cases = attention_cases();
     std::printf("validation\n");

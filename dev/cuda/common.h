@@ -207,6 +207,20 @@ inline bool check_only() {
     return e && *e && std::strcmp(e, "0") != 0;
 }
 
+// The attention programs' flags: --no-timing, validation only; --quick,
+// validation without the T=1024 cases (for compute-sanitizer runs).
+struct RunFlags {
+    bool timing = true, quick = false;
+};
+inline RunFlags parse_flags(int argc, char** argv) {
+    RunFlags f;
+    for (int i = 1; i < argc; i++) {
+        if (std::strcmp(argv[i], "--no-timing") == 0) f.timing = false;
+        if (std::strcmp(argv[i], "--quick") == 0) f.timing = false, f.quick = true;
+    }
+    return f;
+}
+
 // "v2 production bf16" -> "v2_production_bf16": a figure name.
 inline std::string slug(const char* what) {
     std::string s;

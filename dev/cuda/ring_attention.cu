@@ -283,14 +283,8 @@ void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* labe
 }
 
 int main(int argc, char** argv) {
-    // --no-timing: validation only; --quick: validation without the T=1024
-    // cases (for compute-sanitizer runs).
-    bool timing = true, quick = false;
-    for (int i = 1; i < argc; i++) {
-        const std::string a = argv[i];
-        if (a == "--no-timing") timing = false;
-        if (a == "--quick") timing = false, quick = true;
-    }
+    const lab::RunFlags flags = lab::parse_flags(argc, argv);
+    const bool timing = flags.timing, quick = flags.quick;
     if (!lab::have_gpu()) return lab::finish();
     const Setup setups[] = {
         {"R=1 HS=64 T=128", 2, 4, 64, 1, 64},    // two halves
