@@ -30,12 +30,13 @@ $(info building without OpenBLAS (plain-loop matrix products on the CPU))
 endif
 BUILD    := build
 
-LIB_SRCS := $(wildcard llmc/*.cpp)
-LIB_OBJS := $(patsubst llmc/%.cpp,$(BUILD)/%.o,$(LIB_SRCS))
+# The library: every llmc/LAYER/*.cpp, one object each under build/llmc/.
+LIB_SRCS := $(wildcard llmc/*/*.cpp)
+LIB_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(LIB_SRCS))
 
 ifeq ($(NO_CUDA),)
 ifneq ($(NVCC),)
-ifneq ($(wildcard llmc/backend_cuda.cu),)
+ifneq ($(wildcard llmc/backend/backend_cuda.cu),)
 USE_CUDA := 1
 endif
 endif
@@ -47,13 +48,13 @@ CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=
 NVCCFLAGS  ?= -O3
 NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall $(MPI_DEF)
 CXXFLAGS   += -DLLMC_CUDA
-CUDA_OBJS  := $(BUILD)/backend_cuda.o
+CUDA_OBJS  := $(BUILD)/llmc/backend/backend_cuda.o
 LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
 ifneq ($(MPICXX),)
 # NCCL and the host-staged MPI communicator for device buffers.
 # (Open MPI 5's wrapper adds -pthread, which nvcc passes on only via -Xcompiler.)
 NVCCFLAGS  += $(patsubst -pthread,-Xcompiler=-pthread,$(shell $(MPICXX) --showme:compile))
-CUDA_OBJS  += $(BUILD)/comm_nccl.o $(BUILD)/comm_staged.o
+CUDA_OBJS  += $(BUILD)/llmc/comm/comm_nccl.o $(BUILD)/llmc/comm/comm_staged.o
 LDLIBS     += -lnccl
 endif
 $(info building with the CUDA backend ($(NVCC)))
@@ -67,17 +68,19 @@ DATA := data/tiny/tiny_train_000001.bin data/tiny/tiny_val_000000.bin data/tiny/
 all: train_gpt test_gpt $(DATA)
 
 # The object files depend on every header: simple and always right.
-HEADERS := $(wildcard llmc/*.h llmc/cuda/*.cuh llmc/cuda/*.h) Makefile
+HEADERS := $(wildcard llmc/*/*.h llmc/backend/cuda/*.cuh llmc/backend/cuda/*.h) Makefile
 # Remember whether the last build had CUDA, so switching rebuilds.
 $(BUILD)/.flags: FORCE
 	@mkdir -p $(BUILD)
 	@echo '$(CXXFLAGS) $(USE_CUDA)' | cmp -s - $@ || echo '$(CXXFLAGS) $(USE_CUDA)' > $@
 FORCE:
 
-$(BUILD)/%.o: llmc/%.cpp $(HEADERS) $(BUILD)/.flags
+$(BUILD)/llmc/%.o: llmc/%.cpp $(HEADERS) $(BUILD)/.flags
+	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: llmc/%.cu $(HEADERS) $(BUILD)/.flags
+$(BUILD)/llmc/%.o: llmc/%.cu $(HEADERS) $(BUILD)/.flags
+	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 train_gpt: train_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)
@@ -87,7 +90,7 @@ test_gpt: test_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $(CXXFLAGS) -x c++ $< -x none $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
 
 # The embedded dataset, made by the project's own generator.
-$(BUILD)/make_tiny: data/make_tiny.cpp $(BUILD)/tokenizer.o $(BUILD)/fileio.o
+$(BUILD)/make_tiny: data/make_tiny.cpp $(BUILD)/llmc/io/tokenizer.o $(BUILD)/llmc/base/fileio.o
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
 $(DATA) &: $(BUILD)/make_tiny

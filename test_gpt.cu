@@ -30,15 +30,15 @@
 #include <string>
 #include <vector>
 
-#include "llmc/args.h"
-#include "llmc/backends.h"
-#include "llmc/checkpoint.h"
-#include "llmc/fileio.h"
-#include "llmc/gpt.h"
-#include "llmc/hf.h"
-#include "llmc/model_io.h"
-#include "llmc/optimizer.h"
-#include "llmc/rng.h"
+#include "llmc/base/args.h"
+#include "llmc/backend/backends.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/base/fileio.h"
+#include "llmc/model/gpt.h"
+#include "llmc/io/hf.h"
+#include "llmc/io/model_io.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/base/rng.h"
 
 constexpr int kDebugStateMagic = 20240327;
 

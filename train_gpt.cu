@@ -26,31 +26,32 @@
 #include <string>
 #include <vector>
 
-#include "llmc/args.h"
-#include "llmc/calibrate.h"
-#include "llmc/backend_measure.h"
-#include "llmc/backends.h"
-#include "llmc/checkpoint.h"
-#include "llmc/config.h"
-#include "llmc/context_parallel.h"
-#include "llmc/data_parallel.h"
-#include "llmc/dataloader.h"
-#include "llmc/fileio.h"
-#include "llmc/gpt.h"
-#include "llmc/hf.h"
-#include "llmc/layout.h"
-#include "llmc/metrics.h"
-#include "llmc/model_io.h"
-#include "llmc/optimizer.h"
-#include "llmc/pipeline_parallel.h"
-#include "llmc/planner.h"
-#include "llmc/process_grid.h"
-#include "llmc/report.h"
-#include "llmc/rng.h"
-#include "llmc/tensor_parallel.h"
-#include "llmc/tokenizer.h"
-#include "llmc/trace.h"
-#include "llmc/train_config.h"
+#include "llmc/base/args.h"
+#include "llmc/plan/calibrate.h"
+#include "llmc/backend/backend_measure.h"
+#include "llmc/backend/backends.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/model/config.h"
+#include "llmc/model/context_parallel.h"
+#include "llmc/parallel/data_parallel.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/base/fileio.h"
+#include "llmc/model/gpt.h"
+#include "llmc/io/hf.h"
+#include "llmc/parallel/layout.h"
+#include "llmc/run/metrics.h"
+#include "llmc/io/model_io.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/parallel/pipeline_parallel.h"
+#include "llmc/plan/planner.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/run/report.h"
+#include "llmc/base/rng.h"
+#include "llmc/model/tensor_parallel.h"
+#include "llmc/io/tokenizer.h"
+#include "llmc/base/trace.h"
+#include "llmc/run/trace_file.h"
+#include "llmc/run/train_config.h"
 
 // Setup errors: every rank reaches the same check, so the ranks agree on the
 // outcome, rank 0 prints the first failing rank's message, and all exit 1.
@@ -324,7 +325,7 @@ void Trainer::setup(const ArgParser& parser) {
     targets.resize(BT);
 }
 
-// The model and its parallel modes on backend b (llmc/layout.h).
+// The model and its parallel modes on backend b (llmc/parallel/layout.h).
 void Trainer::build(Backend& b, ModelStack* stack) {
     RankGroups g{grid.tp_group.get(), grid.cp_group.get(), grid.dpcp_group.get(), grid.pp_group.get(),
                  grid.embed_group.get(), grid.cp_rank};
@@ -383,7 +384,7 @@ StepMetrics Trainer::train_step(int step) {
         *in = inputs.data();
         *tg = targets.data();
     };
-    double loss = s.pipe->train_step(*s.model, *s.dp, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
+    double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
     // The mean over the global batch: the last stage's sum over the dp x cp
     // ranks (each a mean over its tokens), then to every stage.
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
@@ -391,7 +392,7 @@ StepMetrics Trainer::train_step(int step) {
     double norm;
     {
         trace::Scope span("optimizer", "optimizer");
-        norm = s.dp->step(oc, step);
+        norm = s.step(oc, step);
     }
     be->synchronize();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -587,7 +588,7 @@ static bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err
 }
 
 // --plan: the layouts of this model on a planned world, without training
-// (rank 0 alone; llmc/planner.h).
+// (rank 0 alone; llmc/plan/planner.h).
 static int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
     std::string err;
     PlanRequest r;

@@ -23,14 +23,14 @@
 // Every document starts with EOT, as in llm.c's GPT-2 shards. Files are
 // written under a temporary name and renamed into place.
 //
-// Build: g++ -std=c++17 -O2 -I. data/make_tiny.cpp llmc/tokenizer.cpp llmc/fileio.cpp -o make_tiny
+// Build: g++ -std=c++17 -O2 -I. data/make_tiny.cpp llmc/io/tokenizer.cpp llmc/base/fileio.cpp -o make_tiny
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "llmc/fileio.h"
-#include "llmc/tokenizer.h"
+#include "llmc/base/fileio.h"
+#include "llmc/io/tokenizer.h"
 
 namespace {
 

@@ -93,7 +93,7 @@ PYEOF
 ptxas)
     # One line per tensor-core kernel: architecture, kernel<template args>, registers, spills.
     for arch in 80 90; do
-        nvcc -O3 -std=c++17 -gencode "arch=compute_$arch,code=sm_$arch" -I. -Xptxas -v -c llmc/backend_cuda.cu \
+        nvcc -O3 -std=c++17 -gencode "arch=compute_$arch,code=sm_$arch" -I. -Xptxas -v -c llmc/backend/backend_cuda.cu \
             -o /dev/null 2>&1 | grep -E "registers|spill|Compiling entry" | paste - - - | grep attn_tc_dev |
             sed -E "s/.*Compiling entry function '([^']*)'.* ([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads.*Used ([0-9]+) registers.*/\1 regs=\4 spill_stores=\2 spill_loads=\3/" |
             while read -r name rest; do

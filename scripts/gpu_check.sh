@@ -116,7 +116,7 @@ end_phase() {
 # make rebuild all). On a fresh machine, binaries prebuilt for sm_90 by
 # scripts/gpu_bundle.sh --prebuilt are used when they match the sources and
 # every library they need resolves; otherwise it builds.
-SRC_HASH=$(for f in Makefile dev/cuda/Makefile ./*.cu llmc/* llmc/cuda/* tests/*.cpp dev/cuda/*.cu dev/cuda/*.h \
+SRC_HASH=$(for f in Makefile dev/cuda/Makefile ./*.cu llmc/*/* llmc/backend/cuda/* tests/*.cpp dev/cuda/*.cu dev/cuda/*.h \
     data/*.cpp; do [[ -f $f ]] && echo "$f"; done | LC_ALL=C sort | xargs cat | md5sum | cut -c1-32)
 built_ok() {
     [[ -x train_gpt && -f $WORK/.built && $(cat "$WORK/.built") == "$SRC_HASH ${CUDA_ARCH:-}" ]] || return 1
@@ -289,7 +289,7 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8_00
         grep '^benchmark:' "$W/d12_b$B.log" | cut -c1-160 | tee -a "$SUMMARY"
         figures "$W/d12_b$B.log" "d12_b${B}_t1024_" "scripts/benchmark.py --steps 30 --warmup 5 -- $args"
     done
-    # The planner on this GPU (llmc/planner.h): calibrate the device at d12's
+    # The planner on this GPU (llmc/plan/planner.h): calibrate the device at d12's
     # shapes, predict the B=16 run, and compare with the benchmark's tokens/s.
     local prof=$W/gpu_profile.json
     run_prog calibrate 120 ./train_gpt --calibrate "$prof" -e d12 -b 16 -t 1024 --device cuda

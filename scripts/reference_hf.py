@@ -12,7 +12,7 @@
 #       (safetensors; --save-dtype, --shard-size for sharded files) and
 #       writes the debug state test_gpt reads (the format of
 #       scripts/reference_gpt.py write_state): inputs, targets, logits, loss,
-#       every gradient in the trainer's model file order (llmc/tensors.h,
+#       every gradient in the trainer's model file order (llmc/model/tensors.h,
 #       /work/notes/llama_spec.md), and the losses of --steps AdamW steps
 #       with the project's semantics (shared/reference.md section 2: clipped
 #       global norm, warmup + cosine, weight decay on 2-D tensors only),
@@ -23,7 +23,7 @@
 #       last line "N passed, N failed".
 #   --check-weights DIR --weights FILE [--exported DIR2]
 #       the trainer's tensor maps against transformers' own tensors: FILE
-#       (test_gpt --write-weights: DIR loaded by llmc/hf.cpp, in model file
+#       (test_gpt --write-weights: DIR loaded by llmc/io/hf.cpp, in model file
 #       order, fp64) must equal DIR's parameters put in file order here; and
 #       DIR2 (test_gpt --export-hf of that model) must load in transformers
 #       with every parameter equal to DIR's. Last line "N passed, N failed".
@@ -386,7 +386,7 @@ def check_weights(args):
                     where = f" (first at {name}, element {i - off})"
                     break
                 off += n
-        ck(bad.numel() == 0, f"weights loaded by llmc/hf.cpp equal transformers' in file order: "
+        ck(bad.numel() == 0, f"weights loaded by llmc/io/hf.cpp equal transformers' in file order: "
                              f"{bad.numel()} differ{where}")
     if args.exported:
         exp = load_fp64(args.exported)

@@ -161,7 +161,7 @@ NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 if [[ -n $NVCC ]]; then
     # The trainer itself was built with its CUDA backend by `make` above;
     # check that it was, then build every kernel lab program.
-    run cuda_backend_built test -f build/backend_cuda.o
+    run cuda_backend_built test -f build/llmc/backend/backend_cuda.o
     run cuda_kernel_lab make -C dev/cuda -j2
 else
     echo "(nvcc not found: CUDA compile checks skipped)"

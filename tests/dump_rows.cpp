@@ -11,15 +11,15 @@
 //   vocab V / eot E / token I HEX        (--tokenizer; HEX = the token's bytes)
 // On an error: "error: MESSAGE" on stdout, exit code 1.
 //
-// Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/dump_rows.cpp llmc/dataloader.cpp llmc/tokenizer.cpp
-//          llmc/fileio.cpp -o dump_rows
+// Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/dump_rows.cpp llmc/io/dataloader.cpp llmc/io/tokenizer.cpp
+//          llmc/base/fileio.cpp -o dump_rows
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "llmc/dataloader.h"
-#include "llmc/tokenizer.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/tokenizer.h"
 
 namespace {
 

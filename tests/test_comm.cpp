@@ -1,5 +1,5 @@
-// tests/test_comm.cpp: the communication layer (llmc/comm.h,
-// llmc/process_grid.h) on the CPU backend, under `mpirun -np N` (N = 1, 2,
+// tests/test_comm.cpp: the communication layer (llmc/comm/comm.h,
+// llmc/parallel/process_grid.h) on the CPU backend, under `mpirun -np N` (N = 1, 2,
 // 4, ...) or started alone. Every rank fills its buffers with known functions
 // of (group rank, index), so every expected result is computed locally by
 // formula: all-reduce (sum, max), reduce-scatter and all-gather (out of place
@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "llmc/backend_cpu.h"
-#include "llmc/comm.h"
-#include "llmc/process_grid.h"
+#include "llmc/backend/backend_cpu.h"
+#include "llmc/comm/comm.h"
+#include "llmc/parallel/process_grid.h"
 #ifdef LLMC_MPI
-#include "llmc/comm_mpi.h"  // and MPI itself
+#include "llmc/comm/comm_mpi.h"  // and MPI itself
 #endif
 
 namespace {

@@ -9,8 +9,8 @@
 // positions modulo the stream length. Last line: "N passed, M failed"; the
 // exit code is non-zero when anything failed.
 //
-// Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/test_data.cpp llmc/dataloader.cpp llmc/tokenizer.cpp
-//          llmc/fileio.cpp -o test_data
+// Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/test_data.cpp llmc/io/dataloader.cpp llmc/io/tokenizer.cpp
+//          llmc/base/fileio.cpp -o test_data
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/dataloader.h"
-#include "llmc/tokenizer.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/tokenizer.h"
 
 namespace fs = std::filesystem;
 

@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "llmc/backends.h"
-#include "llmc/fileio.h"
-#include "llmc/gpt.h"
-#include "llmc/hf.h"
-#include "llmc/safetensors.h"
-#include "llmc/tokenizer.h"
+#include "llmc/backend/backends.h"
+#include "llmc/base/fileio.h"
+#include "llmc/model/gpt.h"
+#include "llmc/io/hf.h"
+#include "llmc/io/safetensors.h"
+#include "llmc/io/tokenizer.h"
 #include "tests/check.h"
 
 static std::string g_dir;

@@ -11,7 +11,7 @@
 #     and the export carries it; the same for a LlamaForCausalLM (GQA 2:1,
 #     untied);
 #   - Llama tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
-#     untied fp32, GQA 4:1 tied bf16 in shards) loaded by llmc/hf.cpp equal
+#     untied fp32, GQA 4:1 tied bf16 in shards) loaded by llmc/io/hf.cpp equal
 #     transformers' tensors in model file order, and their export loads in
 #     transformers with every tensor equal (scripts/reference_hf.py
 #     --check-weights);

@@ -1,12 +1,12 @@
 // tests/test_kernel_index.cpp: the CUDA kernels' index arithmetic, run on
-// the host (no GPU needed). llmc/cuda/index.h holds every "which thread
+// the host (no GPU needed). llmc/backend/cuda/index.h holds every "which thread
 // takes which element, in which order are partial sums added" decision of
 // the memory-bound kernels; this test runs those same functions over every
 // thread of a grid and checks that each element is visited exactly once,
 // then replays the reductions in the kernels' order (LayerNorm and bias
 // gradients, encoder backward buckets, multi-tensor AdamW, RMSNorm
 // backward, RoPE's thread ownership and angle arithmetic) and compares
-// them with the CPU backend's ops (llmc/cpu_ops.h), the independent truth.
+// them with the CPU backend's ops (llmc/backend/cpu_ops.h), the independent truth.
 // It also checks that adamw_spans (one multi-tensor backend call) gives the
 // same bits as adamw_span per unit on the CPU backend.
 // Last line: "N passed, N failed".
@@ -19,11 +19,11 @@
 #include <random>
 #include <vector>
 
-#include "llmc/backend_cpu.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/index.h"
-#include "llmc/optimizer.h"
-#include "llmc/tensors.h"
+#include "llmc/backend/backend_cpu.h"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/index.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/model/tensors.h"
 #include "tests/check.h"
 
 using namespace llmc_idx;

@@ -1,5 +1,5 @@
 // tests/test_mma_layout.cpp: CPU check of the tensor-core attention kernels'
-// index logic (llmc/cuda/mma_layout.h, llmc/cuda/attention_tc_kernels.h),
+// index logic (llmc/backend/cuda/mma_layout.h, llmc/backend/cuda/attention_tc_kernels.h),
 // compiled by g++ without CUDA, for a build machine that has no GPU.
 //
 // The PTX instructions are emulated from their definitions in the PTX ISA
@@ -32,7 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/cuda/attention_tc_kernels.h"
+#include "llmc/backend/cuda/attention_tc_kernels.h"
 
 using namespace mma_layout;
 using attn_tc::TcParams;

@@ -1,5 +1,5 @@
 // tests/test_pipeline_schedule.cpp: the pipeline schedules of
-// llmc/pipeline_parallel.h, checked without running a model, for pp in
+// llmc/parallel/pipeline_parallel.h, checked without running a model, for pp in
 // 1..8, vpp in 1..4 and several micro-batch counts:
 //   - every (micro-batch, virtual stage) is run forward once and backward
 //     once, on the stage that owns it, forward first, in the 1F1B (or
@@ -25,7 +25,7 @@
 #include <string>
 #include <tuple>
 
-#include "llmc/pipeline_parallel.h"
+#include "llmc/parallel/pipeline_parallel.h"
 
 static int g_pass = 0, g_fail = 0;
 static bool check(bool ok, const std::string& what) {

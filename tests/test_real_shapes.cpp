@@ -48,10 +48,10 @@
 #include <string>
 #include <vector>
 
-#include "llmc/args.h"
-#include "llmc/backends.h"
-#include "llmc/gpt.h"
-#include "llmc/rng.h"
+#include "llmc/base/args.h"
+#include "llmc/backend/backends.h"
+#include "llmc/model/gpt.h"
+#include "llmc/base/rng.h"
 
 namespace {
 

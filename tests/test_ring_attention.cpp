@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "llmc/backend_cpu.h"
-#include "llmc/context_parallel.h"
-#include "llmc/process_grid.h"
-#include "llmc/rng.h"
+#include "llmc/backend/backend_cpu.h"
+#include "llmc/model/context_parallel.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/base/rng.h"
 
 static int g_pass = 0, g_fail = 0;
 static void check(bool ok, const std::string& what) {

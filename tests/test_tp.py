@@ -62,7 +62,7 @@ MEM = re.compile(r"memory\[(\d+)\] start: .* layer_activations=(\d+)")
 
 
 def ring(n, g, kind):
-    """Bytes a rank sends for n elements of the full buffer (llmc/comm.h)."""
+    """Bytes a rank sends for n elements of the full buffer (llmc/comm/comm.h)."""
     return 2 * n * (g - 1) // g if kind == "all-reduce" else n * (g - 1) // g
 
 

@@ -14,16 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "llmc/args.h"
-#include "llmc/backend_cpu.h"
-#include "llmc/checkpoint.h"
-#include "llmc/config.h"
-#include "llmc/fileio.h"
-#include "llmc/gpt.h"
-#include "llmc/model_io.h"
-#include "llmc/optimizer.h"
-#include "llmc/tensors.h"
-#include "llmc/train_config.h"
+#include "llmc/base/args.h"
+#include "llmc/backend/backend_cpu.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/model/config.h"
+#include "llmc/base/fileio.h"
+#include "llmc/model/gpt.h"
+#include "llmc/io/model_io.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/model/tensors.h"
+#include "llmc/run/train_config.h"
 #include "tests/check.h"
 
 static bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }

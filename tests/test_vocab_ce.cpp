@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
-#include "llmc/backend_cpu.h"
-#include "llmc/rng.h"
+#include "llmc/backend/backend_cpu.h"
+#include "llmc/base/rng.h"
 
 static int g_pass = 0, g_fail = 0;
 static void check(bool ok, const char* what, double err) {

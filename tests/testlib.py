@@ -88,7 +88,7 @@ def read_checkpoint(d, step):
     """weights, m, v of the checkpoint of `step` in output directory d as
     float64 arrays in model-file order, and (L, C, Vp, maxT). Assembled here
     from the shard files by their piece tables (an independent reader of the
-    format in llmc/checkpoint.h); every element must come from exactly one
+    format in llmc/io/checkpoint.h); every element must come from exactly one
     shard."""
     cdir = os.path.join(d, f"ckpt_{step:08d}")
     if not os.path.isdir(cdir):

@@ -3,9 +3,9 @@
 //   version 1: one thread per element, no grid-stride loop (naive)
 //   version 2: the previous production kernel (dev/cuda/previous.h:
 //              grid-stride, 4-byte and 2-byte accesses), one launch per span
-//   version 3: llmc/cuda/adamw.cuh adamw_update (production single span:
+//   version 3: llmc/backend/cuda/adamw.cuh adamw_update (production single span:
 //              items of 8 elements with 16-byte accesses, scalar head/tail)
-//   version 4: llmc/cuda/adamw.cuh AdamMultiTable (production multi-tensor:
+//   version 4: llmc/backend/cuda/adamw.cuh AdamMultiTable (production multi-tensor:
 //              every span in one launch, weight decay per span from a device
 //              table; what Backend::adamw_update_multi runs)
 // fp32: params updated in place (no master). bf16: fp32 master updated, bf16
@@ -18,8 +18,8 @@
 #include <type_traits>
 
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/adamw.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/adamw.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;
@@ -135,7 +135,7 @@ void check(int version, const char* label, const std::vector<Span>& spans, size_
     lab::dev_free(dp0), lab::dev_free(dmaster), lab::dev_free(dg), lab::dev_free(dm), lab::dev_free(dv);
 }
 
-// GPT-2 tensors in memory order (unit-major, as llmc/tensors.h lays them
+// GPT-2 tensors in memory order (unit-major, as llmc/model/tensors.h lays them
 // out), decay on the 2-D ones.
 std::vector<Span> gpt2_spans(int L, int C, int Vp, int maxT, size_t* total) {
     std::vector<Span> s;

@@ -2,10 +2,10 @@
 // (dq, dk, dv overwritten; P recomputed from q, k and the forward's lse).
 //   version 1: one thread per query row, atomicAdd into dk, dv (naive; fp32
 //              only: bf16 atomics would round at every add)
-//   version 2: llmc/cuda/attention.cuh (production for fp32 and odd head
+//   version 2: llmc/backend/cuda/attention.cuh (production for fp32 and odd head
 //              sizes: a dq kernel per query tile and a dk/dv kernel per key
 //              tile on CUDA cores, no atomics)
-//   version 3: llmc/cuda/attention_tc.cuh (production for bf16 with HS 64 or
+//   version 3: llmc/backend/cuda/attention_tc.cuh (production for bf16 with HS 64 or
 //              128: the same two-kernel split on tensor cores, mma.sync)
 // Same cases as attention_forward.cu (and attention_tc_cases() for version
 // 3), grouped-query attention included (dk, dv sum over each group's query
@@ -18,9 +18,9 @@
 // tensor cores' real rate.
 #include "attention_cases.h"
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/attention.cuh"
-#include "llmc/cuda/attention_tc.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/attention.cuh"
+#include "llmc/backend/cuda/attention_tc.cuh"
 
 #include <type_traits>
 

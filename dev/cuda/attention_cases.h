@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "llmc/backend.h"
+#include "llmc/backend/backend.h"
 
 // Buffers for one case: Q lives in qbuf at offset 0; K and V in kvbuf at
 // koff, voff (for the packed layout qbuf == kvbuf: qkv).

@@ -2,10 +2,10 @@
 // (out and lse), over the strided layouts AttnShape allows.
 //   version 1: one thread per query row, three passes over the keys, output
 //              accumulated in a per-thread array (naive)
-//   version 2: llmc/cuda/attention.cuh (production for fp32, odd head sizes
+//   version 2: llmc/backend/cuda/attention.cuh (production for fp32, odd head sizes
 //              and unaligned rows: flash-attention style on CUDA cores, 32x32
 //              tiles in shared memory, online softmax)
-//   version 3: llmc/cuda/attention_tc.cuh (production for bf16 with HS 64 or
+//   version 3: llmc/backend/cuda/attention_tc.cuh (production for bf16 with HS 64 or
 //              128: tensor cores, mma.sync m16n8k16, FlashAttention-2 style)
 // Cases: GPT-2's packed qkv layout (causal), the odd head sizes of the test
 // models (16, 8), HS=128 and HS=200, T not a multiple of the tile, and
@@ -17,9 +17,9 @@
 // device's dense bf16 peak; FLOPs 4·B·NH·Tq·Tk·HS, halved when causal.
 #include "attention_cases.h"
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/attention.cuh"
-#include "llmc/cuda/attention_tc.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/attention.cuh"
+#include "llmc/backend/cuda/attention_tc.cuh"
 
 #include <type_traits>
 

@@ -1,5 +1,5 @@
 // dev/cuda/bias.cu: kernel lab for the two bias kernels of
-// llmc/cuda/matmul.cuh: the bias gradient dbias (+=) = column sums of
+// llmc/backend/cuda/matmul.cuh: the bias gradient dbias (+=) = column sums of
 // dout[N, OC], and add_bias out[n, :] += bias.
 //   version 1: one thread per column over all rows / one thread per element
 //              (naive)
@@ -13,8 +13,8 @@
 // one-column input so the weight gradient costs nothing), and version 3 for
 // bit-identical results over two runs.
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/matmul.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/matmul.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

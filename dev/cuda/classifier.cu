@@ -5,13 +5,13 @@
 //   version 2: the previous production kernel (dev/cuda/previous.h: block
 //              per row, online softmax in one read, then the gradient pass;
 //              2-byte accesses)
-//   version 3: llmc/cuda/classifier.cuh (production: the same passes with
+//   version 3: llmc/backend/cuda/classifier.cuh (production: the same passes with
 //              16-byte packs when Vp is a multiple of the pack, the valid
 //              columns masked per element; element by element otherwise)
 // The padding is filled with large values, which must not leak into the loss.
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/classifier.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/classifier.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

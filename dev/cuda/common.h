@@ -8,8 +8,8 @@
 // timings (compute-sanitizer runs only the validation cases).
 //
 // Every lab program: makes random inputs, runs the CPU backend's op
-// (llmc/cpu_ops.h) as the reference, runs version 1 (a naive kernel written
-// in the lab file) and the production kernel (llmc/cuda/*.cuh) in fp32 and
+// (llmc/backend/cpu_ops.h) as the reference, runs version 1 (a naive kernel written
+// in the lab file) and the production kernel (llmc/backend/cuda/*.cuh) in fp32 and
 // validates each, validates the production kernel in bf16 with a looser
 // tolerance, then times the versions at GPT-2 d12 sizes. Inputs are rounded
 // to bf16-representable values once, so the fp32 and bf16 runs and the
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/cuda/common.cuh"
+#include "llmc/backend/cuda/common.cuh"
 
 namespace lab {
 

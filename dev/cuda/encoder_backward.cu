@@ -5,7 +5,7 @@
 //   version 2: the previous production kernel (dev/cuda/previous.h: ids
 //              downloaded and bucketed on the host, one stream
 //              synchronisation per call; one fp32 sum per parameter row)
-//   version 3: llmc/cuda/encoder.cuh (production: keys sorted on the device
+//   version 3: llmc/backend/cuda/encoder.cuh (production: keys sorted on the device
 //              by CUB's stable radix sort, one block per bucket with 16-byte
 //              loads; no synchronisation, deterministic)
 // Tokens are drawn half from a small "hot" set so rows collect many rows.
@@ -14,8 +14,8 @@
 // host inside it would make the capture fail (the program then stops with
 // the CUDA error).
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/encoder.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/encoder.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

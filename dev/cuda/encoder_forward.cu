@@ -3,14 +3,14 @@
 //   version 1: one thread per output element, no grid-stride loop (naive)
 //   version 2: the previous production kernel (dev/cuda/previous.h:
 //              grid-stride, one element per access)
-//   version 3: llmc/cuda/encoder.cuh (production: 16-byte packs of a row;
+//   version 3: llmc/backend/cuda/encoder.cuh (production: 16-byte packs of a row;
 //              element by element when C is not a multiple of the pack)
 // Validated on the whole vocabulary and on a tensor-parallel vocabulary slice
 // (ids outside it contribute zero), with permuted positions, and on an odd C
 // (the scalar path).
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/encoder.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/encoder.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

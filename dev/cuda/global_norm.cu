@@ -1,11 +1,11 @@
 // dev/cuda/global_norm.cu: kernel lab for the sum of squares of a gradient
 // buffer (global norm for clipping), returned to the host as a double.
 //   version 1: a single block with a grid-stride loop (naive: one SM)
-//   version 2: llmc/cuda/norm.cuh (production: fixed grid, double partials,
+//   version 2: llmc/backend/cuda/norm.cuh (production: fixed grid, double partials,
 //              summed on the host in block order)
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/norm.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/norm.cuh"
 
 using namespace llmc_cuda;
 

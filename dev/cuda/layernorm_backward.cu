@@ -5,7 +5,7 @@
 //   version 2: the previous production kernel (dev/cuda/previous.h: warp
 //              per row, 2-byte accesses, dw/db through shared-memory atomics,
 //              so the last bits vary run to run)
-//   version 3: llmc/cuda/layernorm.cuh (production: warp per row, 16-byte
+//   version 3: llmc/backend/cuda/layernorm.cuh (production: warp per row, 16-byte
 //              accesses, dw/db summed per warp in registers, warps added in
 //              warp order, blocks by a fixed-order column sum: no atomics,
 //              the same bits every run)
@@ -14,8 +14,8 @@
 #include <cstring>
 
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/layernorm.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/layernorm.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

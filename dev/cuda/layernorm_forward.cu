@@ -3,14 +3,14 @@
 //   version 1: one thread per row, three passes (naive)
 //   version 2: the previous production kernel (dev/cuda/previous.h: one
 //              warp per row, the row read three times, 2-byte accesses)
-//   version 3: llmc/cuda/layernorm.cuh (production: one warp per row, the row
+//   version 3: llmc/backend/cuda/layernorm.cuh (production: one warp per row, the row
 //              read once with 16-byte loads into registers, mean and variance
 //              from the registers; scalar kernel for other shapes)
 // Also checked: C = 1600 (d48, 7 packs per lane), weights at an unaligned
 // offset (element-wise weight loads), an odd C (the scalar kernel).
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/layernorm.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/layernorm.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

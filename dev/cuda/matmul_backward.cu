@@ -2,12 +2,12 @@
 // dinp = dout · W (overwrite, optional), dweight (+=) = dout^T · inp,
 // dbias (+=) = column sums of dout.
 //   version 1: one thread per output element for each of the three (naive)
-//   version 2: llmc/cuda/matmul.cuh (production: cuBLASLt with beta = 1 for
+//   version 2: llmc/backend/cuda/matmul.cuh (production: cuBLASLt with beta = 1 for
 //              dweight, the 16-byte column-sum kernel for dbias, whose
 //              old and new versions dev/cuda/bias.cu compares)
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/matmul.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/matmul.cuh"
 
 using namespace llmc_cuda;
 

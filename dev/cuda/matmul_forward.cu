@@ -1,14 +1,14 @@
 // dev/cuda/matmul_forward.cu: kernel lab for the Linear forward,
 // out[N,OC] = inp[N,IC] · W[OC,IC]^T + bias[OC] (bias optional).
 //   version 1: one thread per output element, fp32 dot product (naive)
-//   version 2: llmc/cuda/matmul.cuh (production: cuBLASLt, bias in the
+//   version 2: llmc/backend/cuda/matmul.cuh (production: cuBLASLt, bias in the
 //              epilogue, alignment-aware algorithm choice)
 // Cases include GPT-2's shapes, the LM head (no bias), odd sizes, and
 // pointers only 4-byte (fp32) / 2-byte (bf16) aligned, as tensors at odd
 // offsets of the flat parameter buffer are.
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/matmul.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/matmul.cuh"
 
 using namespace llmc_cuda;
 

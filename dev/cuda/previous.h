@@ -4,19 +4,19 @@
 // next to the new one on the same inputs and print both bandwidths. Not
 // used by the trainer. Only the namespace and the include paths differ from
 // the old headers; the helpers they used (to_float, warp_sum, grid_for, ...)
-// come from llmc/cuda/common.cuh.
+// come from llmc/backend/cuda/common.cuh.
 #pragma once
 #include <algorithm>
 #include <vector>
 
-#include "llmc/backend.h"
-#include "llmc/cuda/common.cuh"
+#include "llmc/backend/backend.h"
+#include "llmc/backend/cuda/common.cuh"
 
 namespace llmc_prev {
 
 using namespace llmc_cuda;
 
-// ==== from llmc/cuda/gelu.cuh ====
+// ==== from llmc/backend/cuda/gelu.cuh ====
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCube = 0.044715f;
 
@@ -79,7 +79,7 @@ void residual_forward(E* out, const E* a, const E* b, size_t n, cudaStream_t str
     CUDA_CHECK_LAUNCH();
 }
 
-// ==== from llmc/cuda/encoder.cuh ====
+// ==== from llmc/backend/cuda/encoder.cuh ====
 template <typename E>
 __global__ void encoder_forward_kernel(E* out, const int* tokens, const int* pos, const E* wte, const E* wpe, int B,
                                        int T, int C, int v_begin, int v_end) {
@@ -214,7 +214,7 @@ void encoder_backward(E* dwte, E* dwpe, const E* dout, const int* tokens, const 
     }
 }
 
-// ==== from llmc/cuda/layernorm.cuh ====
+// ==== from llmc/backend/cuda/layernorm.cuh ====
 constexpr float kLayerNormEps = 1e-5f;
 
 // Normalise the row x (already in memory, possibly just written by this same
@@ -364,7 +364,7 @@ void layernorm_backward(E* dinp, E* dw, E* db, const E* dout, const E* inp, cons
     CUDA_CHECK_LAUNCH();
 }
 
-// ==== from llmc/cuda/classifier.cuh ====
+// ==== from llmc/backend/cuda/classifier.cuh ====
 template <typename E>
 __global__ void softmax_crossentropy_kernel(E* logits, float* losses, const int* targets, float dloss, int V, int Vp,
                                             bool write_grad) {
@@ -516,7 +516,7 @@ void crossentropy_finish(E* logits, float* losses, const int* targets, const flo
     CUDA_CHECK_LAUNCH();
 }
 
-// ==== from llmc/cuda/adamw.cuh ====
+// ==== from llmc/backend/cuda/adamw.cuh ====
 struct AdamF {
     float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
 };
@@ -551,7 +551,7 @@ void adamw_update(P* param, float* master, const G* grad, float* m, float* v, si
     CUDA_CHECK_LAUNCH();
 }
 
-// ==== from llmc/cuda/matmul.cuh (bias add and bias gradient) ====
+// ==== from llmc/backend/cuda/matmul.cuh (bias add and bias gradient) ====
 // out[n, o] += bias[o]: the fallback when cuBLASLt rejects the bias epilogue,
 // and Backend::add_bias (row-parallel layers add their bias after the
 // tensor-parallel reduction). fp32 add, one rounding to E.

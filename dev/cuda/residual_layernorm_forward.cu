@@ -4,14 +4,14 @@
 //              the unfused composition)
 //   version 2: the previous production kernel (dev/cuda/previous.h: fused,
 //              2-byte accesses, the residual row read back three times)
-//   version 3: llmc/cuda/layernorm.cuh residual_layernorm_forward
+//   version 3: llmc/backend/cuda/layernorm.cuh residual_layernorm_forward
 //              (production: a and b read once with 16-byte loads, the
 //              rounded residual kept in registers for the statistics)
 // Also checks the aliasing the contract allows (residual == a, residual == b).
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/gelu.cuh"
-#include "llmc/cuda/layernorm.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/layernorm.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

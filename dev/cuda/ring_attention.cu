@@ -18,9 +18,9 @@
 //   strided plain: the production attention_forward/backward (E outputs,
 //                  overwrite) on one chunk pair addressed in place, against
 //                  the cpu ops on the same views.
-// Each runs on the CUDA-core kernels (llmc/cuda/attention.cuh) in fp32 and
+// Each runs on the CUDA-core kernels (llmc/backend/cuda/attention.cuh) in fp32 and
 // bf16, and, for head sizes 64 and 128, on the tensor-core kernels
-// (llmc/cuda/attention_tc.cuh, "tc" lines) in bf16, which is what the CUDA
+// (llmc/backend/cuda/attention_tc.cuh, "tc" lines) in bf16, which is what the CUDA
 // backend dispatches to in its default bf16 mode.
 // q comes from a packed qkv buffer (q_stride 3C; C + 2·NKV·HS with
 // grouped-query attention, Llama's [Q | K | V] rows); k and v from a K|V
@@ -30,9 +30,9 @@
 // bf16 runs differ from fp32 only by the inputs' type (the block outputs and
 // gradients are fp32), except strided plain, whose outputs are bf16.
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/attention.cuh"
-#include "llmc/cuda/attention_tc.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/attention.cuh"
+#include "llmc/backend/cuda/attention_tc.cuh"
 
 #include <type_traits>
 

@@ -3,13 +3,13 @@
 // and the backward (dinp +=, dw +=) from dout, inp, w and the forward's rstd.
 //   version 1: one thread per row (forward, dinp), one thread per channel
 //              for dw (naive)
-//   version 2: llmc/cuda/rmsnorm.cuh (production: warp per row, 16-byte
+//   version 2: llmc/backend/cuda/rmsnorm.cuh (production: warp per row, 16-byte
 //              accesses, the row held in registers up to 32·8·pack channels
 //              and a looped 16-byte kernel beyond (C = 4096 in bf16), an
 //              element-wise loop for odd C or unaligned rows; dw summed per
 //              warp, warps in warp order, blocks by a fixed-order column
 //              sum: no atomics, the same bits every run)
-// Checked against the CPU op (llmc/cpu_ops.h) on odd shapes (C = 45: the
+// Checked against the CPU op (llmc/backend/cpu_ops.h) on odd shapes (C = 45: the
 // element-wise loop; unaligned w), GPT-2 d12 (C = 768) and Llama-like rows
 // (C = 2048 in registers, C = 4096 on the looped vector path, fp32 C = 2048
 // looped), in place (residual over a) and for bit-identical backward runs.
@@ -18,8 +18,8 @@
 #include <cstring>
 
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/rmsnorm.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/rmsnorm.cuh"
 
 using namespace llmc_cuda;
 

@@ -3,13 +3,13 @@
 // the start of strided rows (the fused QKV rows), forward and inverse.
 //   version 1: one thread per (row, head, channel pair), the angle and its
 //              sin/cos in double (naive, slow, accurate)
-//   version 2: llmc/cuda/rope.cuh (production: a thread owns one pack of a
+//   version 2: llmc/backend/cuda/rope.cuh (production: a thread owns one pack of a
 //              head's first half and the matching pack of its second half,
 //              for up to 8 heads of a row, computing the pack's angles once;
 //              16-byte accesses when the half head and the row stride allow,
 //              element-wise otherwise; angle in double reduced mod 2pi, then
 //              fp32 sin/cos)
-// Checked against cpu::rope (llmc/cpu_ops.h) over the whole buffer (so the
+// Checked against cpu::rope (llmc/backend/cpu_ops.h) over the whole buffer (so the
 // V heads and padding, which rope must not touch, are compared too) on: an
 // odd head size (HS = 10, element-wise path) with padded rows, GPT-2 d12's
 // packed QKV rows (HS = 64), and Llama-like GQA rows (NH = 32, NKV = 8,
@@ -19,8 +19,8 @@
 // T = 2048) and of d12, GB/s with bytes = the rotated elements read and
 // written once.
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/rope.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/rope.cuh"
 
 using namespace llmc_cuda;
 

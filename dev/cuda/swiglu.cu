@@ -3,11 +3,11 @@
 // [gate (H) | up (H)]; out[n, i] = silu(gate)·up; the backward writes
 // dgu [N, 2H] (dgate | dup) from dout [N, H] and gu.
 //   version 1: one thread per output element (naive)
-//   version 2: llmc/cuda/swiglu.cuh (production: grid-stride packs of 8
+//   version 2: llmc/backend/cuda/swiglu.cuh (production: grid-stride packs of 8
 //              bf16 / 4 fp32 outputs, 16-byte accesses to gate, up, out and
 //              their gradients when H is a multiple of the pack and the
 //              buffers are aligned, element by element otherwise)
-// Checked against the CPU ops (llmc/cpu_ops.h) on an odd H (element-wise
+// Checked against the CPU ops (llmc/backend/cpu_ops.h) on an odd H (element-wise
 // path), unaligned buffers, GPT-2-d12-like sizes (H = 4·768) and Llama-like
 // ones (H = 8192, 14336 / 4 = 3584 as a tensor-parallel slice), and with
 // dgu written over gu (the backward allows it). Inputs span [-12, 12] so
@@ -15,8 +15,8 @@
 // H = 3072 and H = 8192, GB/s with bytes = each operand read once and each
 // output written once (forward 3·N·H elements, backward 5·N·H).
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/swiglu.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/swiglu.cuh"
 
 using namespace llmc_cuda;
 

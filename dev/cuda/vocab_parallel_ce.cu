@@ -1,6 +1,6 @@
 // dev/cuda/vocab_parallel_ce.cu: kernel lab for the vocab-parallel (tensor
-// parallel) cross-entropy of llmc/cuda/classifier.cuh and for add_bias of
-// llmc/cuda/matmul.cuh.
+// parallel) cross-entropy of llmc/backend/cuda/classifier.cuh and for add_bias of
+// llmc/backend/cuda/matmul.cuh.
 //
 // The logits [N, Vp] are cut into P vocabulary slices of Vl = Vp / P columns
 // (V not divisible by P; the last slice, sometimes the last two, hold padding
@@ -14,15 +14,15 @@
 // before the combine). add_bias is checked against cpu::add_bias.
 //   version 2: the previous production kernels (dev/cuda/previous.h: 2-byte
 //              accesses)
-//   version 3: llmc/cuda/classifier.cuh (production: 16-byte packs when the
+//   version 3: llmc/backend/cuda/classifier.cuh (production: 16-byte packs when the
 //              slice width is a multiple of the pack; element by element
 //              otherwise, e.g. the bf16 slices of 20 columns below)
 #include <algorithm>
 
 #include "common.h"
-#include "llmc/cpu_ops.h"
-#include "llmc/cuda/classifier.cuh"
-#include "llmc/cuda/matmul.cuh"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/classifier.cuh"
+#include "llmc/backend/cuda/matmul.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

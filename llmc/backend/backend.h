@@ -1,0 +1,281 @@
+// llmc/backend/backend.h: the operations the model is written in.
+//
+// The forward and backward passes (llmc/model/gpt.cpp), the optimizer and the
+// trainer call only these. A backend owns its memory and its element types:
+// the CPU backend runs fp32 or fp64 everywhere; the CUDA backend keeps bf16
+// parameters, gradients and activations with fp32 master weights and Adam
+// state. Every pointer passed to an op is backend memory ("device" memory,
+// even on the CPU); sizes are in elements, offsets are size_t.
+//
+// Conventions every backend honours (the model code relies on them):
+//   - activations and their gradients have type precision().act; per-row
+//     statistics (LayerNorm mean/rstd, attention lse, per-token losses) have
+//     type precision().stat;
+//   - ops marked (+=) accumulate into their output, all others overwrite;
+//   - matrices are row-major; a Linear weight is (out, in) as in PyTorch;
+//   - token and position arrays are int32 in backend memory.
+#pragma once
+#include <cstddef>
+
+#include "llmc/base/dtype.h"
+
+struct Precision {
+    DType param;      // parameters used by forward/backward
+    DType grad;       // gradients
+    DType master;     // master weights for the update (== param when !has_master)
+    bool has_master;  // separate master copy (mixed precision)
+    DType opt;        // Adam m and v
+    DType act;        // activations and activation gradients
+    DType stat;       // per-row statistics and losses
+};
+
+// Shape of one attention call over a block of queries and a block of keys.
+// Element (b, t, h, d) of q lives at q[b*qb() + t*q_stride + h*HS + d];
+// likewise k, v with kb(), kv_stride and Tk (over kv_heads() heads); out
+// and dout with ob() and o_stride. lse (type stat) holds the log-sum-exp of each query row's scaled
+// scores at lse[b*lb() + h*lh() + t]. The batch strides default to dense
+// blocks (Tq*q_stride, ...; lse [B, NH, Tq]); ring attention sets them to
+// address half of a sequence's rows in place.
+struct AttnShape {
+    int B, NH, HS;
+    int Tq, Tk;
+    size_t q_stride, kv_stride, o_stride;
+    bool causal;   // key j visible to query i only when j <= i (Tq == Tk)
+    double scale;  // usually 1/sqrt(HS); double so fp64 runs are exact
+    size_t q_bstride = 0, kv_bstride = 0, o_bstride = 0, lse_bstride = 0, lse_hstride = 0;  // 0: dense
+    // Grouped-query attention: k and v hold NKV heads (0: NH), and query
+    // head h reads key/value head h / (NH / NKV); dk and dv sum over the
+    // query heads of their group.
+    int NKV = 0;
+    int kv_heads() const { return NKV ? NKV : NH; }
+    int kv_head(int h) const { return NKV ? h / (NH / NKV) : h; }
+    size_t qb() const { return q_bstride ? q_bstride : (size_t)Tq * q_stride; }
+    size_t kb() const { return kv_bstride ? kv_bstride : (size_t)Tk * kv_stride; }
+    size_t ob() const { return o_bstride ? o_bstride : (size_t)Tq * o_stride; }
+    size_t lh() const { return lse_hstride ? lse_hstride : (size_t)Tq; }
+    size_t lb() const { return lse_bstride ? lse_bstride : (size_t)NH * lh(); }
+};
+
+// One AdamW step on a contiguous range (reference.md section 2). bias_corr1
+// and bias_corr2 are 1-β1^t and 1-β2^t; grad_scale multiplies every gradient
+// first (gradient clipping folds in here).
+// Doubles, so that fp64 runs see exactly the hyperparameters the user gave
+// (float(0.95) is off by 1e-8); a backend narrows them to its compute type.
+struct AdamArgs {
+    double lr, beta1, beta2, eps, weight_decay;
+    double grad_scale;
+    double bias_corr1, bias_corr2;
+};
+
+// One contiguous run for adamw_update_multi: pointers to its first element
+// in each buffer (master null without a master copy; types as for
+// adamw_update), its length, and whether weight decay applies to it.
+struct AdamSpan {
+    void* param;
+    void* master;
+    const void* grad;
+    void* m;
+    void* v;
+    size_t n;
+    bool decay;
+};
+
+class Backend {
+  public:
+    virtual ~Backend() {}
+    virtual const char* name() const = 0;  // "cpu" or "cuda"
+    virtual Precision precision() const = 0;
+    virtual bool deterministic() const = 0;  // same inputs, same bits
+
+    // ---- memory --------------------------------------------------------
+    virtual void* alloc(size_t bytes) = 0;  // zero-filled; throws std::bad_alloc
+    virtual void release(void* p) = 0;
+    virtual void zero(void* p, size_t bytes) = 0;
+    virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within the backend
+    // Host <-> backend with element conversion (any float type to any float
+    // type; I32 to I32 only).
+    virtual void upload(void* dst, DType dt, const void* host_src, DType st, size_t n) = 0;
+    virtual void download(void* host_dst, DType dt, const void* src, DType st, size_t n) = 0;
+    // Conversion inside the backend (master weights -> parameters).
+    virtual void convert(void* dst, DType dt, const void* src, DType st, size_t n) = 0;
+    virtual void synchronize() = 0;
+    // The backend's compute stream (a cudaStream_t on CUDA; null on the CPU),
+    // for communicators that must order their work after the compute.
+    virtual void* native_stream() { return nullptr; }
+    // An optional cap on the bytes alloc() may hold (0: none): allocations
+    // past it throw std::bad_alloc, as a device that is full would.
+    void set_memory_budget(size_t bytes) { budget_ = bytes; }
+    size_t memory_budget() const { return budget_; }
+    // Bytes the backend holds right now and at most so far (memory report).
+    virtual size_t bytes_in_use() const = 0;
+    virtual size_t bytes_peak() const = 0;
+    // Bytes an allocation of `bytes` takes in bytes_in_use() (the backend's
+    // rounding), so that a count made without allocating matches it.
+    virtual size_t alloc_size(size_t bytes) const { return bytes; }
+    // Bytes this rank may still allocate, its share of the device when
+    // `local_ranks` processes share the node (0: unknown).
+    virtual size_t free_memory(int local_ranks) const {
+        (void)local_ranks;
+        return 0;
+    }
+
+    // ---- model ops -----------------------------------------------------
+    // out[b,t,:] = wte[tokens[b,t] - v_begin, :] + wpe[pos[t], :]
+    // wte holds rows for global ids [v_begin, v_end) (the whole vocabulary
+    // unless tensor parallel); ids outside contribute zero. wpe may be null
+    // (then positions are not added).
+    virtual void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte,
+                                 const void* wpe, int B, int T, int C, int v_begin, int v_end) = 0;
+    // dwte (+=), dwpe (+=, may be null)
+    virtual void encoder_backward(void* dwte, void* dwpe, const void* dout, const int* tokens, const int* pos,
+                                  int B, int T, int C, int v_begin, int v_end) = 0;
+
+    // out = LayerNorm(inp) * w + b over the last dim C, N rows; eps 1e-5.
+    virtual void layernorm_forward(void* out, void* mean, void* rstd, const void* inp, const void* w,
+                                   const void* b, int N, int C) = 0;
+    // residual = a + b; out = LayerNorm(residual) (fused on the GPU).
+    virtual void residual_layernorm_forward(void* residual, void* out, void* mean, void* rstd, const void* a,
+                                            const void* b, const void* w, const void* bias, int N, int C) = 0;
+    // dinp (+=), dw (+=), db (+=)
+    virtual void layernorm_backward(void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                                    const void* w, const void* mean, const void* rstd, int N, int C) = 0;
+
+    // out[N,OC] = inp[N,IC] · weight[OC,IC]^T + bias[OC] (bias may be null).
+    virtual void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                                int OC) = 0;
+    // dinp = dout · weight (overwrite; may be null to skip),
+    // dweight (+=) = dout^T · inp, dbias (+=, may be null) = column sums of dout.
+    virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                                 const void* weight, int N, int IC, int OC) = 0;
+
+    // out[n, :] += bias (row-parallel layers add their bias once, after the
+    // tensor-parallel reduction).
+    virtual void add_bias(void* out, const void* bias, int N, int OC) = 0;
+
+    // GELU, tanh approximation. gelu_backward: dinp = gelu'(inp) * dout
+    // (overwrite; dinp may alias dout).
+    virtual void gelu_forward(void* out, const void* inp, size_t n) = 0;
+    virtual void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) = 0;
+
+    // out = a + b (out may alias a or b).
+    virtual void residual_forward(void* out, const void* a, const void* b, size_t n) = 0;
+    // dst += src, n elements of type precision().grad (gradient shards
+    // accumulating reduce-scattered micro-steps).
+    virtual void accumulate(void* dst, const void* src, size_t n) = 0;
+
+    // Softmax attention, see AttnShape. out, lse overwritten.
+    virtual void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
+                                   const AttnShape& s) = 0;
+    // dq, dk, dv overwritten (same strides as q, k, v); out and lse from forward.
+    virtual void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* q,
+                                    const void* k, const void* v, const void* out, const void* lse,
+                                    const AttnShape& s) = 0;
+
+    // ---- Llama (shared/reference.md section 9) -------------------------------
+    // These have defaults that refuse, so a backend without them still builds
+    // and GPT-2 runs on it; the model calls them only for Llama.
+    // out = inp / sqrt(mean(inp²) + eps) * w over the last dim C, N rows;
+    // rstd [N] (type stat) keeps 1/sqrt(mean + eps) for the backward.
+    virtual void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) {
+        (void)out, (void)rstd, (void)inp, (void)w, (void)N, (void)C, (void)eps;
+        refuse("rmsnorm_forward");
+    }
+    // residual = a + b; out = RMSNorm(residual) (fused on the GPU).
+    virtual void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b,
+                                          const void* w, int N, int C, double eps) {
+        (void)residual, (void)out, (void)rstd, (void)a, (void)b, (void)w, (void)N, (void)C, (void)eps;
+        refuse("residual_rmsnorm_forward");
+    }
+    // dinp (+=), dw (+=) from dout, the forward's input and its rstd.
+    virtual void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w,
+                                  const void* rstd, int N, int C) {
+        (void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)rstd, (void)N, (void)C;
+        refuse("rmsnorm_backward");
+    }
+    // Rotary position embeddings, in place, on `heads` heads of HS channels
+    // at the start of each of the B·T rows of x (row b·T + t at
+    // x + (b·T + t)·row_stride), token t at position pos[t] (int32, backend
+    // memory). Rotate-half convention of Hugging Face Llama: with half =
+    // HS/2, f_i = theta^(-2i/HS) and a = pos·f_i for i < half,
+    //   y_i = x_i cos a - x_{i+half} sin a;  y_{i+half} = x_{i+half} cos a + x_i sin a.
+    // inverse rotates by -a (the backward: the gradient of the input).
+    virtual void rope(void* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta,
+                      bool inverse) {
+        (void)x, (void)row_stride, (void)heads, (void)HS, (void)pos, (void)B, (void)T, (void)theta, (void)inverse;
+        refuse("rope");
+    }
+    // SwiGLU: gu holds N rows of [gate (H) | up (H)]; out[n, i] =
+    // silu(gate[n, i]) * up[n, i] with silu(x) = x / (1 + exp(-x)).
+    virtual void swiglu_forward(void* out, const void* gu, int N, int H) {
+        (void)out, (void)gu, (void)N, (void)H;
+        refuse("swiglu_forward");
+    }
+    // dgu [N, 2H] (overwrite) from dout [N, H] and the forward's gu.
+    virtual void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) {
+        (void)dgu, (void)gu, (void)dout, (void)N, (void)H;
+        refuse("swiglu_backward");
+    }
+
+    // Ring attention (context parallel, reference.md section 5): one block of
+    // queries against one block of keys and values.
+    // Forward: merges the block's result into running (out_acc, lse_acc), both
+    // of type stat (fp32 on CUDA), by log-sum-exp: lse' = lse + log(1 +
+    // exp(lse_b - lse)); out' = out·exp(lse - lse') + out_b·exp(lse_b - lse').
+    // With first, they are overwritten instead. out_acc uses o_stride/ob().
+    virtual void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
+                                         const AttnShape& s, bool first) = 0;
+    // Backward of one block, given the final (global) out and lse of the
+    // query rows: accumulates (+=) into dq (q's strides), dk and dv (k's
+    // strides), all of type stat.
+    virtual void attention_block_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                          const void* v, const void* out, const void* lse, const AttnShape& s) = 0;
+    // dst[r*dst_pitch + c] = src[r*src_pitch + c] for rows × cols elements of
+    // type t (packing K and V out of QKV rows, and back).
+    virtual void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t rows, size_t cols,
+                        DType t) = 0;
+
+    // Per row n of logits[N,Vp]: losses[n] = -log softmax(logits[n, :V])[targets[n]].
+    // Columns V..Vp-1 are padding and never enter the softmax. With
+    // write_grad, logits is overwritten by dloss * (softmax - onehot) in the
+    // first V columns and 0 in the padding (the fused classifier).
+    virtual void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V,
+                                      int Vp, bool write_grad) = 0;
+
+    // Vocab-parallel cross-entropy (tensor parallel, reference.md section 3),
+    // in three steps with the tensor-parallel all-reduces between them. Each
+    // rank holds logits[N, Vl] for global vocabulary ids v_begin..v_begin+Vl-1;
+    // ids >= V (padding) take no part. Outputs are [N] of type stat.
+    //  1: row_max = max over the rank's valid columns (-inf if none);
+    //     target_logit = logit of targets[n] if this rank holds it, else 0.
+    virtual void crossentropy_stats(const void* logits, const int* targets, void* row_max, void* target_logit, int N,
+                                    int Vl, int v_begin, int V) = 0;
+    //  2: sumexp = sum over valid columns of exp(logit - row_max) (row_max global).
+    virtual void crossentropy_sumexp(const void* logits, const void* row_max, void* sumexp, int N, int Vl, int v_begin,
+                                     int V) = 0;
+    //  3: losses = log(sumexp) + row_max - target_logit (all global); with
+    //     write_grad, logits becomes dloss * (softmax - onehot) on valid
+    //     columns and 0 on padding.
+    virtual void crossentropy_finish(void* logits, void* losses, const int* targets, const void* row_max,
+                                     const void* sumexp, const void* target_logit, double dloss, int N, int Vl,
+                                     int v_begin, int V, bool write_grad) = 0;
+
+    // ---- optimizer -----------------------------------------------------
+    // AdamW on n elements. param has type precision().param; master (null
+    // when !has_master) precision().master; grad precision().grad; m, v
+    // precision().opt. With a master copy the update runs on master and
+    // param receives its rounded value.
+    virtual void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
+                              const AdamArgs& a) = 0;
+    // AdamW on many runs at once (one launch on a GPU): run i is updated
+    // exactly as adamw_update would update it with weight_decay =
+    // spans[i].decay ? a.weight_decay : 0. Runs must not overlap.
+    virtual void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) = 0;
+    // Sum of squares of n elements of type t, to the host (deterministic on
+    // the CPU: a fixed order whatever the thread count).
+    virtual double sum_squares(const void* x, DType t, size_t n) = 0;
+
+  protected:
+    bool over_budget(size_t more) const { return budget_ && bytes_in_use() + more > budget_; }
+    [[noreturn]] void refuse(const char* op) const;
+    size_t budget_ = 0;
+};

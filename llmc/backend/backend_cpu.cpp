@@ -1,0 +1,207 @@
+// llmc/backend/backend_cpu.cpp: Backend on the CPU. Memory is host memory; each op
+// forwards to the typed template in cpu_ops.h.
+#include "llmc/backend/backend_cpu.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "llmc/backend/cpu_ops.h"
+
+namespace {
+
+template <typename F>
+class CpuBackend : public Backend {
+    using P = F*;
+    using CP = const F*;
+    static P f(void* p) { return static_cast<P>(p); }
+    static CP f(const void* p) { return static_cast<CP>(p); }
+    static constexpr DType kType = sizeof(F) == 8 ? DType::F64 : DType::F32;
+
+    std::unordered_map<void*, size_t> sizes_;
+    size_t in_use_ = 0, peak_ = 0;
+
+  public:
+    const char* name() const override { return "cpu"; }
+    Precision precision() const override { return {kType, kType, kType, false, kType, kType, kType}; }
+    bool deterministic() const override { return true; }
+
+    size_t alloc_size(size_t bytes) const override { return bytes ? ((bytes + 63) / 64) * 64 : 0; }
+    // The node's available memory (MemAvailable), shared by its ranks.
+    size_t free_memory(int local_ranks) const override {
+        FILE* f = std::fopen("/proc/meminfo", "r");
+        if (!f) return 0;
+        char line[256];
+        unsigned long long kib = 0;
+        while (std::fgets(line, sizeof(line), f))
+            if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+        std::fclose(f);
+        return (size_t)(kib * 1024ull / (unsigned long long)(local_ranks > 0 ? local_ranks : 1));
+    }
+
+    void* alloc(size_t bytes) override {
+        size_t rounded = ((bytes + 63) / 64) * 64;
+        if (over_budget(rounded)) throw std::bad_alloc();
+        void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+        if (!p) throw std::bad_alloc();
+        std::memset(p, 0, rounded);
+        sizes_[p] = rounded;
+        in_use_ += rounded;
+        if (in_use_ > peak_) peak_ = in_use_;
+        return p;
+    }
+    void release(void* p) override {
+        if (!p) return;
+        auto it = sizes_.find(p);
+        if (it != sizes_.end()) {
+            in_use_ -= it->second;
+            sizes_.erase(it);
+        }
+        std::free(p);
+    }
+    ~CpuBackend() override {
+        for (auto& kv : sizes_) std::free(kv.first);
+    }
+    void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+    void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
+    void upload(void* dst, DType dt, const void* src, DType st, size_t n) override { convert_host(dst, dt, src, st, n); }
+    void download(void* dst, DType dt, const void* src, DType st, size_t n) override {
+        convert_host(dst, dt, src, st, n);
+    }
+    void convert(void* dst, DType dt, const void* src, DType st, size_t n) override {
+        convert_host(dst, dt, src, st, n);
+    }
+    void synchronize() override {}
+    size_t bytes_in_use() const override { return in_use_; }
+    size_t bytes_peak() const override { return peak_; }
+
+    void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte, const void* wpe, int B,
+                         int T, int C, int v_begin, int v_end) override {
+        cpu::encoder_forward(f(out), tokens, pos, f(wte), f(wpe), B, T, C, v_begin, v_end);
+    }
+    void encoder_backward(void* dwte, void* dwpe, const void* dout, const int* tokens, const int* pos, int B, int T,
+                          int C, int v_begin, int v_end) override {
+        cpu::encoder_backward(f(dwte), f(dwpe), f(dout), tokens, pos, B, T, C, v_begin, v_end);
+    }
+    void layernorm_forward(void* out, void* mean, void* rstd, const void* inp, const void* w, const void* b, int N,
+                           int C) override {
+        cpu::layernorm_forward(f(out), f(mean), f(rstd), f(inp), f(w), f(b), N, C);
+    }
+    void residual_layernorm_forward(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                                    const void* w, const void* bias, int N, int C) override {
+        cpu::residual_layernorm_forward(f(residual), f(out), f(mean), f(rstd), f(a), f(b), f(w), f(bias), N, C);
+    }
+    void layernorm_backward(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                            const void* mean, const void* rstd, int N, int C) override {
+        cpu::layernorm_backward(f(dinp), f(dw), f(db), f(dout), f(inp), f(w), f(mean), f(rstd), N, C);
+    }
+    void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) override {
+        cpu::rmsnorm_forward(f(out), f(rstd), f(inp), f(w), N, C, eps);
+    }
+    void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b, const void* w,
+                                  int N, int C, double eps) override {
+        cpu::residual_rmsnorm_forward(f(residual), f(out), f(rstd), f(a), f(b), f(w), N, C, eps);
+    }
+    void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w, const void* rstd,
+                          int N, int C) override {
+        cpu::rmsnorm_backward(f(dinp), f(dw), f(dout), f(inp), f(w), f(rstd), N, C);
+    }
+    void rope(void* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta,
+              bool inverse) override {
+        cpu::rope(f(x), row_stride, heads, HS, pos, B, T, theta, inverse);
+    }
+    void swiglu_forward(void* out, const void* gu, int N, int H) override { cpu::swiglu_forward(f(out), f(gu), N, H); }
+    void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) override {
+        cpu::swiglu_backward(f(dgu), f(gu), f(dout), N, H);
+    }
+    void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                        int OC) override {
+        cpu::matmul_forward(f(out), f(inp), f(weight), f(bias), N, IC, OC);
+    }
+    void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                         const void* weight, int N, int IC, int OC) override {
+        cpu::matmul_backward(f(dinp), f(dweight), f(dbias), f(dout), f(inp), f(weight), N, IC, OC);
+    }
+    void add_bias(void* out, const void* bias, int N, int OC) override { cpu::add_bias(f(out), f(bias), N, OC); }
+    void crossentropy_stats(const void* logits, const int* targets, void* row_max, void* target_logit, int N, int Vl,
+                            int v_begin, int V) override {
+        cpu::crossentropy_stats(f(logits), targets, f(row_max), f(target_logit), N, Vl, v_begin, V);
+    }
+    void crossentropy_sumexp(const void* logits, const void* row_max, void* sumexp, int N, int Vl, int v_begin,
+                             int V) override {
+        cpu::crossentropy_sumexp(f(logits), f(row_max), f(sumexp), N, Vl, v_begin, V);
+    }
+    void crossentropy_finish(void* logits, void* losses, const int* targets, const void* row_max, const void* sumexp,
+                             const void* target_logit, double dloss, int N, int Vl, int v_begin, int V,
+                             bool write_grad) override {
+        cpu::crossentropy_finish(f(logits), f(losses), targets, f(row_max), f(sumexp), f(target_logit), dloss, N, Vl,
+                                 v_begin, V, write_grad);
+    }
+    void gelu_forward(void* out, const void* inp, size_t n) override { cpu::gelu_forward(f(out), f(inp), n); }
+    void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
+        cpu::gelu_backward(f(dinp), f(inp), f(dout), n);
+    }
+    void residual_forward(void* out, const void* a, const void* b, size_t n) override {
+        cpu::residual_forward(f(out), f(a), f(b), n);
+    }
+    void accumulate(void* dst, const void* src, size_t n) override {
+        cpu::residual_forward(f(dst), f(dst), f(src), n);
+    }
+    void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
+                           const AttnShape& s) override {
+        cpu::attention_forward(f(out), f(lse), f(q), f(k), f(v), s);
+    }
+    void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                            const void* v, const void* out, const void* lse, const AttnShape& s) override {
+        cpu::attention_backward(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), f(lse), s);
+    }
+    void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
+                                 const AttnShape& s, bool first) override {
+        cpu::attention_block_forward(f(out_acc), f(lse_acc), f(q), f(k), f(v), s, first);
+    }
+    void attention_block_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                  const void* v, const void* out, const void* lse, const AttnShape& s) override {
+        cpu::attention_block_backward(f(dq), f(dk), f(dv), f(dout), f(q), f(k), f(v), f(out), f(lse), s);
+    }
+    void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t rows, size_t cols,
+                DType t) override {
+        if (t == DType::F64) cpu::copy2d((double*)dst, dst_pitch, (const double*)src, src_pitch, rows, cols);
+        else if (t == DType::F32 || t == DType::I32) cpu::copy2d((float*)dst, dst_pitch, (const float*)src, src_pitch, rows, cols);
+        else cpu::copy2d((uint16_t*)dst, dst_pitch, (const uint16_t*)src, src_pitch, rows, cols);
+    }
+    void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V, int Vp,
+                              bool write_grad) override {
+        cpu::softmax_crossentropy(f(logits), f(losses), targets, dloss, N, V, Vp, write_grad);
+    }
+    void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
+                      const AdamArgs& a) override {
+        cpu::adamw_update(f(param), f(master), f(grad), f(m), f(v), n, a);
+    }
+    // The multi-tensor update is the per-run update in order: on the CPU
+    // there is no launch to save, and the results stay bit for bit those of
+    // adamw_update.
+    void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
+        AdamArgs ai = a;
+        for (int i = 0; i < count; i++) {
+            const AdamSpan& s = spans[i];
+            ai.weight_decay = s.decay ? a.weight_decay : 0.0;
+            adamw_update(s.param, s.master, s.grad, s.m, s.v, s.n, ai);
+        }
+    }
+    double sum_squares(const void* x, DType t, size_t n) override {
+        if (t == DType::F64) return cpu::sum_squares(static_cast<const double*>(x), n);
+        if (t == DType::F32) return cpu::sum_squares(static_cast<const float*>(x), n);
+        throw std::invalid_argument("cpu sum_squares: unsupported type");
+    }
+};
+
+}  // namespace
+
+Backend* make_cpu_backend(DType dtype) {
+    if (dtype == DType::F32) return new CpuBackend<float>();
+    if (dtype == DType::F64) return new CpuBackend<double>();
+    throw std::invalid_argument(std::string("cpu backend: unsupported dtype ") + dtype_name(dtype));
+}

@@ -1,0 +1,614 @@
+// llmc/backend/backend_cuda.cu: the Backend on one CUDA device.
+//
+// Precision (backend.h): the default build keeps parameters, gradients and
+// activations in bf16, master weights, Adam m/v and per-row statistics in
+// fp32; the fp32 build keeps everything in fp32 (no master copy) so kernels
+// can be checked tightly against the CPU backend. Every op dispatches to the
+// kernel templates of llmc/backend/cuda/*.cuh with E = bf16 or float.
+//
+// All work goes to one stream owned by the backend (cuBLASLt included), so
+// ops run in call order; transfers to and from the host synchronise that
+// stream before they return. Host <-> device conversion runs on the device
+// through a bounded staging buffer: the host never holds a converted copy of
+// a whole buffer. Temporary device memory the kernels need (partial sums,
+// attention's D vector, encoder sort keys) lives in grow-only scratch buffers
+// that are not counted in bytes_in_use(): that figure is the model's own
+// buffers, as the memory report expects.
+#include "llmc/backend/backend_cuda.h"
+
+#include <algorithm>
+#include <new>
+#include <stdexcept>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "llmc/backend/cuda/adamw.cuh"
+#include "llmc/backend/cuda/attention.cuh"
+#include "llmc/backend/cuda/attention_tc.cuh"
+#include "llmc/backend/cuda/classifier.cuh"
+#include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/cuda/encoder.cuh"
+#include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/layernorm.cuh"
+#include "llmc/backend/cuda/matmul.cuh"
+#include "llmc/backend/cuda/norm.cuh"
+#include "llmc/backend/cuda/rmsnorm.cuh"
+#include "llmc/backend/cuda/rope.cuh"
+#include "llmc/backend/cuda/swiglu.cuh"
+
+using llmc_cuda::bf16;
+
+namespace {
+
+// ---- element conversion on the device ---------------------------------------------
+// Every float conversion goes through fp32, as convert_host does (a double
+// destined for bf16 rounds to fp32 first), except double -> double (a copy).
+template <typename D, typename S>
+__global__ void convert_kernel(D* dst, const S* src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = llmc_cuda::from_float<D>(llmc_cuda::to_float(src[i]));
+}
+
+template <typename D, typename S>
+void launch_convert(void* dst, const void* src, size_t n, cudaStream_t stream) {
+    const int block = 256;
+    convert_kernel<D, S><<<llmc_cuda::grid_for(n, block), block, 0, stream>>>(static_cast<D*>(dst),
+                                                                                static_cast<const S*>(src), n);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename D>
+void convert_to(void* dst, const void* src, DType st, size_t n, cudaStream_t stream) {
+    switch (st) {
+        case DType::F32: launch_convert<D, float>(dst, src, n, stream); return;
+        case DType::F64: launch_convert<D, double>(dst, src, n, stream); return;
+        case DType::BF16: launch_convert<D, bf16>(dst, src, n, stream); return;
+        default: throw std::logic_error("cuda convert: int32 converts only to int32");
+    }
+}
+
+void device_convert(void* dst, DType dt, const void* src, DType st, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    if (dt == st) {
+        if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
+        return;
+    }
+    switch (dt) {
+        case DType::F32: convert_to<float>(dst, src, st, n, stream); return;
+        case DType::F64: convert_to<double>(dst, src, st, n, stream); return;
+        case DType::BF16: convert_to<bf16>(dst, src, st, n, stream); return;
+        default: throw std::logic_error("cuda convert: int32 converts only to int32");
+    }
+}
+
+// Device memory that only grows. Before freeing the old block, wait for the
+// stream: a kernel launched earlier may still be reading it.
+class GrowBuffer {
+  public:
+    void* get(size_t bytes, cudaStream_t stream) {
+        if (bytes > cap_) {
+            if (p_) {
+                CUDA_CHECK(cudaStreamSynchronize(stream));
+                CUDA_CHECK(cudaFree(p_));
+                p_ = nullptr;
+            }
+            cap_ = std::max(bytes, cap_ + cap_ / 2);
+            CUDA_CHECK(cudaMalloc(&p_, cap_));
+        }
+        return p_;
+    }
+    void release() {
+        if (p_) cudaFree(p_);
+        p_ = nullptr;
+        cap_ = 0;
+    }
+
+  private:
+    void* p_ = nullptr;
+    size_t cap_ = 0;
+};
+
+class CudaBackend final : public Backend {
+  public:
+    CudaBackend(int device, bool fp32) : device_(device), fp32_(fp32) {
+        CUDA_CHECK(cudaSetDevice(device_));
+        // A blocking stream: work other code queues on the legacy default
+        // stream (a communicator's copies, say) stays ordered with ours.
+        CUDA_CHECK(cudaStreamCreate(&stream_));
+        mm_.init(stream_);
+    }
+    ~CudaBackend() override {
+        cudaSetDevice(device_);
+        cudaStreamSynchronize(stream_);
+        for (auto& kv : sizes_) cudaFree(kv.first);
+        scratch_.release();
+        staging_.release();
+        enc_.release();
+        adam_table_.release();
+        mm_.destroy();
+        cudaStreamDestroy(stream_);
+    }
+
+    const char* name() const override { return "cuda"; }
+    Precision precision() const override {
+        if (fp32_) return {DType::F32, DType::F32, DType::F32, false, DType::F32, DType::F32, DType::F32};
+        return {DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
+    }
+    // LayerNorm, RMSNorm and bias gradients, attention's dk/dv (summed over
+    // a GQA group in a fixed head order), encoder backward and the norm sum in
+    // an order that depends only on the shapes (no floating-point atomics),
+    // but cuBLASLt's algorithm choice is not promised to give the same bits
+    // on every run, so the backend does not claim determinism.
+    bool deterministic() const override { return false; }
+
+    // ---- memory ---------------------------------------------------------------------
+    // The GPU's free memory, shared by the ranks that run on it (local ranks
+    // are dealt to the node's GPUs in turn).
+    size_t free_memory(int local_ranks) const override {
+        activate();
+        size_t free = 0, total = 0;
+        int gpus = 1;
+        if (cudaMemGetInfo(&free, &total) != cudaSuccess || cudaGetDeviceCount(&gpus) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        const int sharing = std::max(1, (local_ranks + gpus - 1) / std::max(1, gpus));
+        return free / (size_t)sharing;
+    }
+    void* alloc(size_t bytes) override {
+        activate();
+        if (over_budget(bytes)) throw std::bad_alloc();
+        void* p = nullptr;
+        if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+            (void)cudaGetLastError();  // out of memory is not sticky: clear it and report it the C++ way
+            throw std::bad_alloc();
+        }
+        if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+        sizes_[p] = bytes;
+        in_use_ += bytes;
+        peak_ = std::max(peak_, in_use_);
+        return p;
+    }
+    void release(void* p) override {
+        if (!p) return;
+        activate();
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use p
+        auto it = sizes_.find(p);
+        if (it != sizes_.end()) {
+            in_use_ -= it->second;
+            sizes_.erase(it);
+        }
+        CUDA_CHECK(cudaFree(p));
+    }
+    void zero(void* p, size_t bytes) override {
+        activate();
+        if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+    }
+    void copy(void* dst, const void* src, size_t bytes) override {
+        activate();
+        if (bytes && dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+    void upload(void* dst, DType dt, const void* host_src, DType st, size_t n) override {
+        activate();
+        if (n == 0) return;
+        if (dt == st) {
+            CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * dtype_size(st), cudaMemcpyHostToDevice, stream_));
+        } else {
+            check_float_pair(dt, st);
+            for (size_t i0 = 0; i0 < n; i0 += kStagingElems) {
+                const size_t c = std::min(kStagingElems, n - i0);
+                void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_);
+                CUDA_CHECK(cudaMemcpyAsync(stg, elem_ptr(host_src, st, i0), c * dtype_size(st),
+                                           cudaMemcpyHostToDevice, stream_));
+                device_convert(elem_ptr(dst, dt, i0), dt, stg, st, c, stream_);
+            }
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may free or reuse host_src
+    }
+    void download(void* host_dst, DType dt, const void* src, DType st, size_t n) override {
+        activate();
+        if (n == 0) return;
+        if (dt == st) {
+            CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * dtype_size(st), cudaMemcpyDeviceToHost, stream_));
+        } else {
+            check_float_pair(dt, st);
+            for (size_t i0 = 0; i0 < n; i0 += kStagingElems) {
+                const size_t c = std::min(kStagingElems, n - i0);
+                void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_);
+                device_convert(stg, dt, elem_ptr(src, st, i0), st, c, stream_);
+                CUDA_CHECK(cudaMemcpyAsync(elem_ptr(host_dst, dt, i0), stg, c * dtype_size(dt),
+                                           cudaMemcpyDeviceToHost, stream_));
+            }
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void convert(void* dst, DType dt, const void* src, DType st, size_t n) override {
+        activate();
+        if (dt != st) check_float_pair(dt, st);
+        device_convert(dst, dt, src, st, n, stream_);
+    }
+    void synchronize() override {
+        activate();
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaGetLastError());
+    }
+    size_t bytes_in_use() const override { return in_use_; }
+    size_t bytes_peak() const override { return peak_; }
+
+    // ---- model ops --------------------------------------------------------------------
+    void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte, const void* wpe, int B,
+                         int T, int C, int v_begin, int v_end) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::encoder_forward<E>(ptr<E>(out), tokens, pos, cptr<E>(wte), cptr<E>(wpe), B, T, C, v_begin,
+                                          v_end, stream_);
+        });
+    }
+    void encoder_backward(void* dwte, void* dwpe, const void* dout, const int* tokens, const int* pos, int B, int T,
+                          int C, int v_begin, int v_end) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::encoder_backward<E>(ptr<E>(dwte), ptr<E>(dwpe), cptr<E>(dout), tokens, pos, B, T, C, v_begin,
+                                           v_end, enc_, stream_);
+        });
+    }
+    void layernorm_forward(void* out, void* mean, void* rstd, const void* inp, const void* w, const void* b, int N,
+                           int C) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::layernorm_forward<E>(ptr<E>(out), ptr<float>(mean), ptr<float>(rstd), cptr<E>(inp), cptr<E>(w),
+                                            cptr<E>(b), N, C, stream_);
+        });
+    }
+    void residual_layernorm_forward(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                                    const void* w, const void* bias, int N, int C) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::residual_layernorm_forward<E>(ptr<E>(residual), ptr<E>(out), ptr<float>(mean), ptr<float>(rstd),
+                                                     cptr<E>(a), cptr<E>(b), cptr<E>(w), cptr<E>(bias), N, C, stream_);
+        });
+    }
+    void layernorm_backward(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                            const void* mean, const void* rstd, int N, int C) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch = scratch_floats(llmc_cuda::layernorm_backward_scratch_floats(N, C));
+            llmc_cuda::layernorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), ptr<E>(db), cptr<E>(dout), cptr<E>(inp),
+                                             cptr<E>(w), cptr<float>(mean), cptr<float>(rstd), N, C, scratch, stream_);
+        });
+    }
+    // ---- Llama ops (cuda/rmsnorm.cuh, rope.cuh, swiglu.cuh); rstd is fp32 (stat).
+    void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::rmsnorm_forward<E>(ptr<E>(out), ptr<float>(rstd), cptr<E>(inp), cptr<E>(w), N, C, eps, stream_);
+        });
+    }
+    void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b, const void* w,
+                                  int N, int C, double eps) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::residual_rmsnorm_forward<E>(ptr<E>(residual), ptr<E>(out), ptr<float>(rstd), cptr<E>(a),
+                                                   cptr<E>(b), cptr<E>(w), N, C, eps, stream_);
+        });
+    }
+    void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w, const void* rstd,
+                          int N, int C) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch = scratch_floats(llmc_cuda::rmsnorm_backward_scratch_floats(N, C));
+            llmc_cuda::rmsnorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), cptr<E>(dout), cptr<E>(inp), cptr<E>(w),
+                                           cptr<float>(rstd), N, C, scratch, stream_);
+        });
+    }
+    void rope(void* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta,
+              bool inverse) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::rope<E>(ptr<E>(x), row_stride, heads, HS, pos, B, T, theta, inverse, stream_);
+        });
+    }
+    void swiglu_forward(void* out, const void* gu, int N, int H) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::swiglu_forward<E>(ptr<E>(out), cptr<E>(gu), N, H, stream_);
+        });
+    }
+    void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::swiglu_backward<E>(ptr<E>(dgu), cptr<E>(gu), cptr<E>(dout), N, H, stream_);
+        });
+    }
+    void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                        int OC) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::matmul_forward<E>(mm_, ptr<E>(out), cptr<E>(inp), cptr<E>(weight), cptr<E>(bias), N, IC, OC);
+        });
+    }
+    void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                         const void* weight, int N, int IC, int OC) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch = dbias ? scratch_floats(llmc_cuda::matmul_backward_scratch_floats(N, OC)) : nullptr;
+            llmc_cuda::matmul_backward<E>(mm_, ptr<E>(dinp), ptr<E>(dweight), ptr<E>(dbias), cptr<E>(dout),
+                                          cptr<E>(inp), cptr<E>(weight), N, IC, OC, scratch);
+        });
+    }
+    void add_bias(void* out, const void* bias, int N, int OC) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::add_bias<E>(ptr<E>(out), cptr<E>(bias), N, OC, stream_);
+        });
+    }
+    void gelu_forward(void* out, const void* inp, size_t n) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::gelu_forward<E>(ptr<E>(out), cptr<E>(inp), n, stream_);
+        });
+    }
+    void gelu_backward(void* dinp, const void* inp, const void* dout, size_t n) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::gelu_backward<E>(ptr<E>(dinp), cptr<E>(inp), cptr<E>(dout), n, stream_);
+        });
+    }
+    void residual_forward(void* out, const void* a, const void* b, size_t n) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::residual_forward<E>(ptr<E>(out), cptr<E>(a), cptr<E>(b), n, stream_);
+        });
+    }
+    // Gradients have the activation type in both precisions (bf16 or fp32).
+    void accumulate(void* dst, const void* src, size_t n) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::residual_forward<E>(ptr<E>(dst), cptr<E>(dst), cptr<E>(src), n, stream_);
+        });
+    }
+    void* native_stream() override { return stream_; }
+    // Attention: bf16 activations with head size 64 or 128 (and 16-byte
+    // aligned rows) run on tensor cores (cuda/attention_tc.cuh); fp32 mode,
+    // other head sizes and odd layouts on the CUDA-core kernels
+    // (cuda/attention.cuh). LLMC_ATTN_TC=0 forces the latter.
+    static bool use_tc(const AttnShape& s, std::initializer_list<const void*> ptrs) {
+        return llmc_cuda::attention_tc_enabled() && llmc_cuda::attention_tc_supported(s, ptrs);
+    }
+    void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
+                           const AttnShape& s) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {out, q, k, v})) {
+                    llmc_cuda::attention_forward_tc(ptr<E>(out), ptr<float>(lse), cptr<E>(q), cptr<E>(k), cptr<E>(v),
+                                                    s, stream_);
+                    return;
+                }
+            }
+            llmc_cuda::attention_forward<E>(ptr<E>(out), ptr<float>(lse), cptr<E>(q), cptr<E>(k), cptr<E>(v), s,
+                                            stream_);
+        });
+    }
+    void attention_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                            const void* v, const void* out, const void* lse, const AttnShape& s) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s));
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {dq, dk, dv, dout, q, k, v, out})) {
+                    llmc_cuda::attention_backward_tc(ptr<E>(dq), ptr<E>(dk), ptr<E>(dv), cptr<E>(dout), cptr<E>(q),
+                                                     cptr<E>(k), cptr<E>(v), cptr<E>(out), cptr<float>(lse), s,
+                                                     scratch, stream_);
+                    return;
+                }
+            }
+            llmc_cuda::attention_backward<E>(ptr<E>(dq), ptr<E>(dk), ptr<E>(dv), cptr<E>(dout), cptr<E>(q),
+                                             cptr<E>(k), cptr<E>(v), cptr<E>(out), cptr<float>(lse), s, scratch,
+                                             stream_);
+        });
+    }
+    // Ring attention: the running out/lse and the block gradients are fp32
+    // (the stat type); q, k, v, dout and the final out are the activation type.
+    void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
+                                 const AttnShape& s, bool first) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {out_acc, q, k, v})) {
+                    llmc_cuda::attention_block_forward_tc(ptr<float>(out_acc), ptr<float>(lse_acc), cptr<E>(q),
+                                                          cptr<E>(k), cptr<E>(v), s, first, stream_);
+                    return;
+                }
+            }
+            llmc_cuda::attention_block_forward<E>(ptr<float>(out_acc), ptr<float>(lse_acc), cptr<E>(q), cptr<E>(k),
+                                                  cptr<E>(v), s, first, stream_);
+        });
+    }
+    void attention_block_backward(void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
+                                  const void* v, const void* out, const void* lse, const AttnShape& s) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s));
+            if constexpr (std::is_same<E, bf16>::value) {
+                if (use_tc(s, {dq, dk, dv, dout, q, k, v, out})) {
+                    llmc_cuda::attention_block_backward_tc(ptr<float>(dq), ptr<float>(dk), ptr<float>(dv),
+                                                           cptr<E>(dout), cptr<E>(q), cptr<E>(k), cptr<E>(v),
+                                                           cptr<E>(out), cptr<float>(lse), s, scratch, stream_);
+                    return;
+                }
+            }
+            llmc_cuda::attention_block_backward<E>(ptr<float>(dq), ptr<float>(dk), ptr<float>(dv), cptr<E>(dout),
+                                                   cptr<E>(q), cptr<E>(k), cptr<E>(v), cptr<E>(out),
+                                                   cptr<float>(lse), s, scratch, stream_);
+        });
+    }
+    // Pitches and widths in elements of t; one strided copy on the stream.
+    void copy2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t rows, size_t cols,
+                DType t) override {
+        activate();
+        if (rows == 0 || cols == 0) return;
+        const size_t es = dtype_size(t);
+        if (rows == 1) {  // pitches then do not matter (cudaMemcpy2D would insist they be >= the width)
+            if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, cols * es, cudaMemcpyDeviceToDevice, stream_));
+            return;
+        }
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch * es, src, src_pitch * es, cols * es, rows,
+                                     cudaMemcpyDeviceToDevice, stream_));
+    }
+    void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V, int Vp,
+                              bool write_grad) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::softmax_crossentropy<E>(ptr<E>(logits), ptr<float>(losses), targets, (float)dloss, N, V, Vp,
+                                               write_grad, stream_);
+        });
+    }
+    // Vocab-parallel cross-entropy: logits in the activation type, row_max,
+    // target_logit, sumexp and losses fp32 (the stat type).
+    void crossentropy_stats(const void* logits, const int* targets, void* row_max, void* target_logit, int N, int Vl,
+                            int v_begin, int V) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::crossentropy_stats<E>(cptr<E>(logits), targets, ptr<float>(row_max), ptr<float>(target_logit),
+                                             N, Vl, v_begin, V, stream_);
+        });
+    }
+    void crossentropy_sumexp(const void* logits, const void* row_max, void* sumexp, int N, int Vl, int v_begin,
+                             int V) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::crossentropy_sumexp<E>(cptr<E>(logits), cptr<float>(row_max), ptr<float>(sumexp), N, Vl,
+                                              v_begin, V, stream_);
+        });
+    }
+    void crossentropy_finish(void* logits, void* losses, const int* targets, const void* row_max, const void* sumexp,
+                             const void* target_logit, double dloss, int N, int Vl, int v_begin, int V,
+                             bool write_grad) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::crossentropy_finish<E>(ptr<E>(logits), ptr<float>(losses), targets, cptr<float>(row_max),
+                                              cptr<float>(sumexp), cptr<float>(target_logit), (float)dloss, N, Vl,
+                                              v_begin, V, write_grad, stream_);
+        });
+    }
+
+    // ---- optimizer ---------------------------------------------------------------------
+    void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
+                      const AdamArgs& a) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::adamw_update<E, E>(ptr<E>(param), ptr<float>(master), cptr<E>(grad), ptr<float>(m),
+                                          ptr<float>(v), n, a, stream_);
+        });
+    }
+    // One launch for every run (llmc/backend/cuda/adamw.cuh); the piece table stays
+    // on the device while the runs are the same as last time.
+    void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            pieces_.clear();
+            for (int i = 0; i < count; i++) {
+                const AdamSpan& s = spans[i];
+                if (s.n == 0) continue;
+                pieces_.push_back(llmc_cuda::adam_make_piece<E, E>(s.param, ptr<float>(s.master), s.grad,
+                                                                   ptr<float>(s.m), ptr<float>(s.v), s.n, s.decay));
+            }
+            adam_table_.update<E, E>(pieces_, a, stream_);
+        });
+    }
+    double sum_squares(const void* x, DType t, size_t n) override {
+        activate();
+        double* scratch =
+            static_cast<double*>(scratch_.get(llmc_cuda::sum_squares_scratch_doubles(n) * sizeof(double), stream_));
+        switch (t) {
+            case DType::F32: return llmc_cuda::sum_squares(cptr<float>(x), n, scratch, stream_);
+            case DType::BF16: return llmc_cuda::sum_squares(cptr<bf16>(x), n, scratch, stream_);
+            case DType::F64: return llmc_cuda::sum_squares(cptr<double>(x), n, scratch, stream_);
+            default: throw std::invalid_argument("cuda sum_squares: unsupported type");
+        }
+    }
+
+  private:
+    static constexpr size_t kStagingElems = (size_t)8 << 20;  // per transfer chunk (64 MiB of fp64)
+
+    template <typename E>
+    static E* ptr(void* p) { return static_cast<E*>(p); }
+    template <typename E>
+    static const E* cptr(const void* p) { return static_cast<const E*>(p); }
+
+    // Several backends (one per device) may live in one process.
+    void activate() const { CUDA_CHECK(cudaSetDevice(device_)); }
+
+    // Call fn with a value of the element type of this build.
+    template <typename Fn>
+    void dispatch(Fn&& fn) {
+        activate();
+        if (fp32_)
+            fn(float{});
+        else
+            fn(bf16{});
+    }
+
+    float* scratch_floats(size_t n) { return static_cast<float*>(scratch_.get(n * sizeof(float), stream_)); }
+
+    static void check_float_pair(DType dt, DType st) {
+        if (dt == DType::I32 || st == DType::I32)
+            throw std::logic_error(std::string("cuda transfer: cannot convert ") + dtype_name(st) + " to " +
+                                   dtype_name(dt));
+    }
+
+    int device_;
+    bool fp32_;
+    cudaStream_t stream_ = nullptr;
+    llmc_cuda::MatmulContext mm_;
+    llmc_cuda::EncoderBackwardScratch enc_;
+    llmc_cuda::AdamMultiTable adam_table_;
+    std::vector<llmc_cuda::AdamPiece> pieces_;  // reused host array of adamw_update_multi
+    GrowBuffer scratch_, staging_;
+    std::unordered_map<void*, size_t> sizes_;
+    size_t in_use_ = 0, peak_ = 0;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();  // no driver / no device: not an error for the caller
+        return 0;
+    }
+    return n;
+}
+
+double cuda_peak_bf16_flops(int device_index) {
+    if (device_index < 0 || device_index >= cuda_device_count()) return 0.0;
+    int major = 0, minor = 0, sms = 0, khz = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_index) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0.0;
+    }
+    // Dense bf16 FLOPs per SM per clock with fp32 accumulation:
+    // A100 312 TF = 108 SMs x 1.41 GHz x 2048; H100 SXM 989 TF = 132 x 1.83 GHz
+    // x 4096; the sm_86/89 parts (A10, L40S: 1024); B200 (sm_100): 8192.
+    double per_sm_clk = 0;
+    if (major == 8 && minor == 0) per_sm_clk = 2048;
+    else if (major == 8) per_sm_clk = 1024;
+    else if (major == 9) per_sm_clk = 4096;
+    else if (major == 10) per_sm_clk = 8192;
+    return per_sm_clk * sms * (khz * 1e3);
+}
+
+Backend* make_cuda_backend(int device_index, bool fp32) {
+    const int n = cuda_device_count();
+    if (device_index < 0 || device_index >= n)
+        throw std::runtime_error("cuda backend: device " + std::to_string(device_index) + " not available (" +
+                                 std::to_string(n) + " CUDA device(s) found)");
+    return new CudaBackend(device_index, fp32);
+}

@@ -1,0 +1,54 @@
+// llmc/backend/backends.cpp: see backends.h.
+#include "llmc/backend/backends.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "llmc/backend/backend_cpu.h"
+#ifdef LLMC_CUDA
+#include "llmc/backend/backend_cuda.h"
+#endif
+
+Backend* make_backend(const std::string& device, const std::string& dtype, int local_rank, std::string* err) {
+    std::string dev = device;
+    (void)local_rank;  // only CUDA picks a device by it
+#ifdef LLMC_CUDA
+    if (dev == "auto") dev = cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+    if (dev == "auto") dev = "cpu";
+    if (dev == "cuda") {
+        *err = "flag --device: cuda, but this binary was built without CUDA (nvcc was not found at build time)";
+        return nullptr;
+    }
+#endif
+    if (dev == "cpu") {
+        if (dtype == "auto" || dtype == "fp32") return make_cpu_backend(DType::F32);
+        if (dtype == "fp64") return make_cpu_backend(DType::F64);
+        *err = "flag --dtype: " + dtype + " is not available on the cpu (fp32 or fp64)";
+        return nullptr;
+    }
+#ifdef LLMC_CUDA
+    if (cuda_device_count() <= 0) {
+        *err = "flag --device: cuda, but no CUDA device is available";
+        return nullptr;
+    }
+    const int gpu = local_rank % cuda_device_count();
+    if (dtype == "auto" || dtype == "bf16") return make_cuda_backend(gpu, false);
+    if (dtype == "fp32") return make_cuda_backend(gpu, true);
+    *err = "flag --dtype: " + dtype + " is not available on cuda (bf16 or fp32)";
+#endif
+    return nullptr;
+}
+
+double backend_peak_flops(Backend& be) {
+#ifdef LLMC_CUDA
+    if (std::strcmp(be.name(), "cuda") == 0) return cuda_peak_bf16_flops();
+#endif
+    (void)be;
+    return 0.0;
+}
+
+void Backend::refuse(const char* op) const {
+    throw std::logic_error(std::string(op) + ": not implemented by the " + name() + " backend");
+}

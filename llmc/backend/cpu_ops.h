@@ -1,0 +1,609 @@
+// llmc/backend/cpu_ops.h: the model's operations on the CPU, one template function
+// per Backend op (same name, same argument order, typed pointers), for
+// F = float or double. The CPU backend (backend_cpu.cpp) wraps them, and the
+// CUDA kernel lab (dev/cuda) uses them as the reference its kernels are
+// checked against.
+//
+// Determinism: every output element is produced by one thread in a fixed
+// order (OpenMP static schedules; reductions over rows run per column, not
+// per thread), and BLAS gemm does not split the inner dimension, so the same
+// inputs give the same bits run to run.
+#pragma once
+#ifndef LLMC_NO_BLAS
+#include <cblas.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "llmc/backend/backend.h"
+
+namespace cpu {
+
+// ---- BLAS dispatch (row-major) ---------------------------------------------
+#ifndef LLMC_NO_BLAS
+inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                 int ldb, float beta, float* C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                lda, B, ldb, beta, C, ldc);
+}
+inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
+                 int ldb, double beta, double* C, int ldc) {
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                lda, B, ldb, beta, C, ldc);
+}
+#else
+// Without a BLAS (e.g. on a GPU machine whose image has none, where the CPU
+// backend serves tests and references at real sizes): a blocked product.
+// Each tile of C is owned by one thread; per block of KC inner elements the
+// rows of op(A) and the columns of op(B) it needs are copied into contiguous
+// panels, so the inner loop is a dot product over contiguous memory, four at
+// a time (2x2 outputs share their loads). Every C element is summed in the
+// same order whatever the thread count: deterministic, like the BLAS path.
+template <typename F>
+void gemm(bool ta, bool tb, int M, int N, int K, F alpha, const F* A, int lda, const F* B, int ldb, F beta, F* C,
+          int ldc) {
+    constexpr int MC = 64, NC = 64, KC = 256;
+    const int mt = (M + MC - 1) / MC, nt = (N + NC - 1) / NC;
+#pragma omp parallel
+    {
+        std::vector<F> ap((size_t)MC * KC), bp((size_t)NC * KC), acc((size_t)MC * NC);
+#pragma omp for schedule(static) collapse(2)
+        for (int ib = 0; ib < mt; ib++)
+            for (int jb = 0; jb < nt; jb++) {
+                const int i0 = ib * MC, j0 = jb * NC, mi = std::min(MC, M - i0), nj = std::min(NC, N - j0);
+                std::fill(acc.begin(), acc.end(), F(0));
+                for (int k0 = 0; k0 < K; k0 += KC) {
+                    const int kk = std::min(KC, K - k0);
+                    // ap[i][k] = op(A)[i0+i][k0+k], bp[j][k] = op(B)[k0+k][j0+j]
+                    if (ta) {
+                        for (int k = 0; k < kk; k++)
+                            for (int i = 0; i < mi; i++) ap[(size_t)i * kk + k] = A[(size_t)(k0 + k) * lda + i0 + i];
+                    } else {
+                        for (int i = 0; i < mi; i++)
+                            for (int k = 0; k < kk; k++) ap[(size_t)i * kk + k] = A[(size_t)(i0 + i) * lda + k0 + k];
+                    }
+                    if (tb) {
+                        for (int j = 0; j < nj; j++)
+                            for (int k = 0; k < kk; k++) bp[(size_t)j * kk + k] = B[(size_t)(j0 + j) * ldb + k0 + k];
+                    } else {
+                        for (int k = 0; k < kk; k++)
+                            for (int j = 0; j < nj; j++) bp[(size_t)j * kk + k] = B[(size_t)(k0 + k) * ldb + j0 + j];
+                    }
+                    for (int i = 0; i < mi; i += 2)
+                        for (int j = 0; j < nj; j += 2) {
+                            // A last odd row or column repeats its neighbour; its sums are dropped.
+                            const F* a0 = &ap[(size_t)i * kk];
+                            const F* a1 = i + 1 < mi ? a0 + kk : a0;
+                            const F* b0 = &bp[(size_t)j * kk];
+                            const F* b1 = j + 1 < nj ? b0 + kk : b0;
+                            F s00 = 0, s01 = 0, s10 = 0, s11 = 0;
+#pragma omp simd reduction(+ : s00, s01, s10, s11)
+                            for (int k = 0; k < kk; k++) {
+                                s00 += a0[k] * b0[k];
+                                s01 += a0[k] * b1[k];
+                                s10 += a1[k] * b0[k];
+                                s11 += a1[k] * b1[k];
+                            }
+                            F* r0 = &acc[(size_t)i * NC + j];
+                            r0[0] += s00;
+                            if (j + 1 < nj) r0[1] += s01;
+                            if (i + 1 < mi) {
+                                r0[NC] += s10;
+                                if (j + 1 < nj) r0[NC + 1] += s11;
+                            }
+                        }
+                }
+                for (int i = 0; i < mi; i++)
+                    for (int j = 0; j < nj; j++) {
+                        F& c = C[(size_t)(i0 + i) * ldc + j0 + j];
+                        c = alpha * acc[(size_t)i * NC + j] + (beta == F(0) ? F(0) : beta * c);
+                    }
+            }
+    }
+}
+#endif
+
+// ---- embeddings --------------------------------------------------------------
+template <typename F>
+void encoder_forward(F* out, const int* tokens, const int* pos, const F* wte, const F* wpe, int B, int T, int C,
+                     int v_begin, int v_end) {
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < (long)B * T; n++) {
+        F* o = out + (size_t)n * C;
+        int id = tokens[n];
+        const F* we = (id >= v_begin && id < v_end) ? wte + (size_t)(id - v_begin) * C : nullptr;
+        const F* pe = wpe ? wpe + (size_t)pos[n % T] * C : nullptr;
+        for (int c = 0; c < C; c++) o[c] = (we ? we[c] : F(0)) + (pe ? pe[c] : F(0));
+    }
+}
+
+// Gradient rows are gathered per parameter row (parallel over channels), so
+// each row's sum runs over tokens in a fixed order.
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int* tokens, const int* pos, int B, int T, int C,
+                      int v_begin, int v_end) {
+    const long N = (long)B * T;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        for (long n = 0; n < N; n++) {
+            int id = tokens[n];
+            F g = dout[(size_t)n * C + c];
+            if (id >= v_begin && id < v_end) dwte[(size_t)(id - v_begin) * C + c] += g;
+            if (dwpe) dwpe[(size_t)pos[n % T] * C + c] += g;
+        }
+    }
+}
+
+// ---- LayerNorm ----------------------------------------------------------------
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* w, const F* b, int N, int C) {
+    const F eps = F(1e-5);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        F m = 0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        F var = 0;
+        for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+        var /= C;
+        F s = F(1) / std::sqrt(var + eps);
+        F* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) out[i] = a[i] + b[i];
+}
+
+template <typename F>
+void residual_layernorm_forward(F* residual, F* out, F* mean, F* rstd, const F* a, const F* b, const F* w,
+                                const F* bias, int N, int C) {
+    residual_forward(residual, a, b, (size_t)N * C);
+    layernorm_forward(out, mean, rstd, residual, w, bias, N, C);
+}
+
+template <typename F>
+void layernorm_backward(F* dinp, F* dw, F* db, const F* dout, const F* inp, const F* w, const F* mean,
+                        const F* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        const F* dy = dout + (size_t)n * C;
+        F m = mean[n], s = rstd[n];
+        F dnorm_mean = 0, dnorm_norm_mean = 0;
+        for (int c = 0; c < C; c++) {
+            F norm = (x[c] - m) * s;
+            F dnorm = w[c] * dy[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        F* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            F norm = (x[c] - m) * s;
+            F dnorm = w[c] * dy[c];
+            dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        F gw = 0, gb = 0;
+        for (int n = 0; n < N; n++) {
+            F dy = dout[(size_t)n * C + c];
+            gw += (inp[(size_t)n * C + c] - mean[n]) * rstd[n] * dy;
+            gb += dy;
+        }
+        dw[c] += gw;
+        db[c] += gb;
+    }
+}
+
+// ---- Llama: RMSNorm, rotary embeddings, SwiGLU ---------------------------------
+template <typename F>
+void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* w, int N, int C, double eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        F ss = 0;
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        F s = F(1) / std::sqrt(ss / C + F(eps));
+        F* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] * s * w[c];
+        rstd[n] = s;
+    }
+}
+
+template <typename F>
+void residual_rmsnorm_forward(F* residual, F* out, F* rstd, const F* a, const F* b, const F* w, int N, int C,
+                              double eps) {
+    residual_forward(residual, a, b, (size_t)N * C);
+    rmsnorm_forward(out, rstd, residual, w, N, C, eps);
+}
+
+// y = x·s·w with s = 1/sqrt(mean(x²) + eps): dx = s·(w∘dy) - x·s³·mean(x∘w∘dy).
+template <typename F>
+void rmsnorm_backward(F* dinp, F* dw, const F* dout, const F* inp, const F* w, const F* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* x = inp + (size_t)n * C;
+        const F* dy = dout + (size_t)n * C;
+        F s = rstd[n], dot = 0;
+        for (int c = 0; c < C; c++) dot += x[c] * w[c] * dy[c];
+        dot /= C;
+        F* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) dx[c] += s * w[c] * dy[c] - x[c] * s * s * s * dot;
+    }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        F gw = 0;
+        for (int n = 0; n < N; n++) gw += inp[(size_t)n * C + c] * rstd[n] * dout[(size_t)n * C + c];
+        dw[c] += gw;
+    }
+}
+
+// Rotate-half rotary embeddings (backend.h rope), in place; the angle is
+// computed in double whatever F, as the reference does for fp64.
+template <typename F>
+void rope(F* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta, bool inverse) {
+    const int half = HS / 2;
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            F* row = x + ((size_t)b * T + t) * row_stride;
+            for (int i = 0; i < half; i++) {
+                const double a = pos[t] * std::pow(theta, -2.0 * i / HS);
+                const F c = F(std::cos(a)), sn = F(inverse ? -std::sin(a) : std::sin(a));
+                for (int h = 0; h < heads; h++) {
+                    F* v = row + (size_t)h * HS;
+                    const F x0 = v[i], x1 = v[i + half];
+                    v[i] = x0 * c - x1 * sn;
+                    v[i + half] = x1 * c + x0 * sn;
+                }
+            }
+        }
+}
+
+template <typename F>
+void swiglu_forward(F* out, const F* gu, int N, int H) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* g = gu + (size_t)n * 2 * H;
+        const F* u = g + H;
+        F* o = out + (size_t)n * H;
+        for (int i = 0; i < H; i++) o[i] = g[i] / (F(1) + std::exp(-g[i])) * u[i];
+    }
+}
+
+// d/dg [g·σ(g)·u] = u·σ(g)·(1 + g·(1 - σ(g))); d/du = g·σ(g).
+template <typename F>
+void swiglu_backward(F* dgu, const F* gu, const F* dout, int N, int H) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* g = gu + (size_t)n * 2 * H;
+        const F* u = g + H;
+        const F* dy = dout + (size_t)n * H;
+        F* dg = dgu + (size_t)n * 2 * H;
+        F* du = dg + H;
+        for (int i = 0; i < H; i++) {
+            const F sg = F(1) / (F(1) + std::exp(-g[i]));
+            dg[i] = dy[i] * u[i] * sg * (F(1) + g[i] * (F(1) - sg));
+            du[i] = dy[i] * g[i] * sg;
+        }
+    }
+}
+
+// ---- Linear layers --------------------------------------------------------------
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int IC, int OC) {
+    gemm(false, true, N, OC, IC, F(1), inp, IC, weight, IC, F(0), out, OC);
+    if (!bias) return;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int N, int IC,
+                     int OC) {
+    if (dinp) gemm(false, false, N, IC, OC, F(1), dout, OC, weight, IC, F(0), dinp, IC);
+    gemm(true, false, OC, IC, N, F(1), dout, OC, inp, IC, F(1), dweight, IC);
+    if (!dbias) return;
+    // Column sums in blocks of 64 columns: contiguous reads, one owner per column.
+    const int blk = 64;
+#pragma omp parallel for schedule(static)
+    for (int o0 = 0; o0 < OC; o0 += blk) {
+        int o1 = std::min(OC, o0 + blk);
+        F acc[blk] = {};
+        for (int n = 0; n < N; n++) {
+            const F* row = dout + (size_t)n * OC;
+            for (int o = o0; o < o1; o++) acc[o - o0] += row[o];
+        }
+        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+    }
+}
+
+template <typename F>
+void add_bias(F* out, const F* bias, int N, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
+// ---- GELU (tanh approximation) ------------------------------------------------------
+template <typename F>
+void gelu_forward(F* out, const F* inp, size_t n) {
+    const F k = std::sqrt(F(2) / F(M_PI));
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) {
+        F x = inp[i];
+        out[i] = F(0.5) * x * (F(1) + std::tanh(k * (x + F(0.044715) * x * x * x)));
+    }
+}
+
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
+    const F k = std::sqrt(F(2) / F(M_PI));
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) {
+        F x = inp[i];
+        F u = k * (x + F(0.044715) * x * x * x);
+        F t = std::tanh(u);
+        F sech2 = F(1) - t * t;
+        F grad = F(0.5) * (F(1) + t) + F(0.5) * x * sech2 * k * (F(1) + F(3) * F(0.044715) * x * x);
+        dinp[i] = grad * dout[i];
+    }
+}
+
+// ---- attention ------------------------------------------------------------------------
+// Visible keys for query i: all, or 0..i when causal.
+inline int attn_keys(const AttnShape& s, int i) { return s.causal ? i + 1 : s.Tk; }
+
+// Scores, softmax and weighted sum of one query row over its visible keys:
+// writes the row's output (normalised) and returns its log-sum-exp.
+template <typename F>
+F attention_row(F* o, const F* qi, const F* k, const F* v, const AttnShape& s, int b, int h, int i, std::vector<F>& p) {
+    int nk = attn_keys(s, i);
+    const size_t kh = (size_t)s.kv_head(h) * s.HS;
+    F mx = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+        const F* kj = k + b * s.kb() + (size_t)j * s.kv_stride + kh;
+        F dot = 0;
+        for (int d = 0; d < s.HS; d++) dot += qi[d] * kj[d];
+        p[j] = dot * F(s.scale);
+        mx = std::max(mx, p[j]);
+    }
+    F sum = 0;
+    for (int j = 0; j < nk; j++) {
+        p[j] = std::exp(p[j] - mx);
+        sum += p[j];
+    }
+    for (int d = 0; d < s.HS; d++) o[d] = 0;
+    for (int j = 0; j < nk; j++) {
+        const F* vj = v + b * s.kb() + (size_t)j * s.kv_stride + kh;
+        F pj = p[j] / sum;
+        for (int d = 0; d < s.HS; d++) o[d] += pj * vj[d];
+    }
+    return mx + std::log(sum);
+}
+
+// Ring-attention block forward: the block's rows merged into (out, lse) by
+// log-sum-exp (stable form of reference.md section 5's formula).
+template <typename F>
+void attention_block_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s, bool first) {
+#pragma omp parallel
+    {
+        std::vector<F> p(s.Tk), ob(s.HS);
+#pragma omp for schedule(static) collapse(2)
+        for (int b = 0; b < s.B; b++)
+            for (int h = 0; h < s.NH; h++)
+                for (int i = 0; i < s.Tq; i++) {
+                    const F* qi = q + b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
+                    F* oi = out + b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
+                    F& L = lse[b * s.lb() + h * s.lh() + i];
+                    F lb = attention_row(ob.data(), qi, k, v, s, b, h, i, p);
+                    if (first) {
+                        for (int d = 0; d < s.HS; d++) oi[d] = ob[d];
+                        L = lb;
+                        continue;
+                    }
+                    F mx = std::max(L, lb);
+                    F ln = mx + std::log(std::exp(L - mx) + std::exp(lb - mx));
+                    F wa = std::exp(L - ln), wb = std::exp(lb - ln);
+                    for (int d = 0; d < s.HS; d++) oi[d] = oi[d] * wa + ob[d] * wb;
+                    L = ln;
+                }
+    }
+}
+
+// Full attention forward: one block, written rather than merged.
+template <typename F>
+void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s) {
+    attention_block_forward(out, lse, q, k, v, s, true);
+}
+
+// Gradients of one block (dq with q's strides, dk/dv with k's), accumulated.
+// Each (b, kv head) owns its slices of dk and dv, and the query heads of its
+// group run one after the other inside it, so there are no races and every
+// sum runs in a fixed order.
+template <typename F>
+void attention_block_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
+                              const F* lse, const AttnShape& s) {
+    const int G = s.kv_heads(), per = s.NH / G;
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < s.B; b++)
+        for (int g = 0; g < G; g++)
+            for (int h = g * per; h < (g + 1) * per; h++)
+                for (int i = 0; i < s.Tq; i++) {
+                    size_t qo = b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
+                    size_t oo = b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
+                    const F* qi = q + qo;
+                    const F* oi = out + oo;
+                    const F* doi = dout + oo;
+                    F* dqi = dq + qo;
+                    F L = lse[b * s.lb() + h * s.lh() + i];
+                    F D = 0;
+                    for (int d = 0; d < s.HS; d++) D += doi[d] * oi[d];
+                    int nk = attn_keys(s, i);
+                    for (int j = 0; j < nk; j++) {
+                        size_t kvo = b * s.kb() + (size_t)j * s.kv_stride + (size_t)g * s.HS;
+                        const F* kj = k + kvo;
+                        const F* vj = v + kvo;
+                        F dot = 0, dp = 0;
+                        for (int d = 0; d < s.HS; d++) {
+                            dot += qi[d] * kj[d];
+                            dp += doi[d] * vj[d];
+                        }
+                        F p = std::exp(dot * F(s.scale) - L);
+                        F ds = p * (dp - D) * F(s.scale);
+                        for (int d = 0; d < s.HS; d++) {
+                            dqi[d] += ds * kj[d];
+                            dk[kvo + d] += ds * qi[d];
+                            dv[kvo + d] += p * doi[d];
+                        }
+                    }
+                }
+}
+
+// Full attention backward: zero the gradients, then one block.
+template <typename F>
+void attention_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
+                        const F* lse, const AttnShape& s) {
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++)
+            for (int i = 0; i < s.Tq; i++)
+                for (int d = 0; d < s.HS; d++) dq[b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS + d] = 0;
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int b = 0; b < s.B; b++)
+        for (int g = 0; g < s.kv_heads(); g++)
+            for (int j = 0; j < s.Tk; j++)
+                for (int d = 0; d < s.HS; d++) {
+                    size_t o = b * s.kb() + (size_t)j * s.kv_stride + (size_t)g * s.HS + d;
+                    dk[o] = 0;
+                    dv[o] = 0;
+                }
+    attention_block_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+
+template <typename F>
+void copy2d(F* dst, size_t dst_pitch, const F* src, size_t src_pitch, size_t rows, size_t cols) {
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)rows; r++)
+        for (size_t c = 0; c < cols; c++) dst[r * dst_pitch + c] = src[r * src_pitch + c];
+}
+
+// ---- fused softmax + cross-entropy --------------------------------------------------------
+template <typename F>
+void softmax_crossentropy(F* logits, F* losses, const int* targets, double dloss, int N, int V, int Vp,
+                          bool write_grad) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        F* row = logits + (size_t)n * Vp;
+        F mx = -INFINITY;
+        for (int i = 0; i < V; i++) mx = std::max(mx, row[i]);
+        F sum = 0;
+        for (int i = 0; i < V; i++) sum += std::exp(row[i] - mx);
+        int t = targets[n];
+        losses[n] = std::log(sum) + mx - row[t];
+        if (!write_grad) continue;
+        for (int i = 0; i < V; i++) row[i] = (std::exp(row[i] - mx) / sum - (i == t ? F(1) : F(0))) * F(dloss);
+        for (int i = V; i < Vp; i++) row[i] = 0;
+    }
+}
+
+// ---- vocab-parallel cross-entropy ---------------------------------------------------------
+// Local column j holds global id v_begin + j; ids >= V are padding.
+inline int ce_valid_cols(int Vl, int v_begin, int V) { return std::max(0, std::min(Vl, V - v_begin)); }
+
+template <typename F>
+void crossentropy_stats(const F* logits, const int* targets, F* row_max, F* target_logit, int N, int Vl, int v_begin,
+                        int V) {
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* row = logits + (size_t)n * Vl;
+        F mx = -INFINITY;
+        for (int j = 0; j < nv; j++) mx = std::max(mx, row[j]);
+        row_max[n] = mx;
+        int t = targets[n] - v_begin;
+        target_logit[n] = (t >= 0 && t < nv) ? row[t] : F(0);
+    }
+}
+
+template <typename F>
+void crossentropy_sumexp(const F* logits, const F* row_max, F* sumexp, int N, int Vl, int v_begin, int V) {
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const F* row = logits + (size_t)n * Vl;
+        F s = 0;
+        for (int j = 0; j < nv; j++) s += std::exp(row[j] - row_max[n]);
+        sumexp[n] = s;
+    }
+}
+
+template <typename F>
+void crossentropy_finish(F* logits, F* losses, const int* targets, const F* row_max, const F* sumexp,
+                         const F* target_logit, double dloss, int N, int Vl, int v_begin, int V, bool write_grad) {
+    const int nv = ce_valid_cols(Vl, v_begin, V);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        losses[n] = std::log(sumexp[n]) + row_max[n] - target_logit[n];
+        if (!write_grad) continue;
+        F* row = logits + (size_t)n * Vl;
+        int t = targets[n] - v_begin;
+        for (int j = 0; j < nv; j++)
+            row[j] = (std::exp(row[j] - row_max[n]) / sumexp[n] - (j == t ? F(1) : F(0))) * F(dloss);
+        for (int j = nv; j < Vl; j++) row[j] = 0;
+    }
+}
+
+// ---- optimizer ----------------------------------------------------------------------------------
+template <typename F>
+void adamw_update(F* param, F* master, const F* grad, F* m, F* v, size_t n, const AdamArgs& a) {
+    const F b1 = a.beta1, b2 = a.beta2, lr = a.lr, eps = a.eps, wd = a.weight_decay, gs = a.grad_scale;
+    const F bc1 = F(a.bias_corr1), bc2 = F(a.bias_corr2);
+    F* p = master ? master : param;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)n; i++) {
+        F g = grad[i] * gs;
+        F mi = b1 * m[i] + (F(1) - b1) * g;
+        F vi = b2 * v[i] + (F(1) - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        F mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
+        if (master) param[i] = p[i];
+    }
+}
+
+// Partial sums over fixed chunks, added in chunk order: the result does not
+// depend on the number of threads.
+template <typename F>
+double sum_squares(const F* x, size_t n) {
+    const size_t chunk = 1 << 16;
+    size_t nchunks = (n + chunk - 1) / chunk;
+    std::vector<double> part(nchunks, 0.0);
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < (long)nchunks; c++) {
+        size_t lo = c * chunk, hi = std::min(n, lo + chunk);
+        double acc = 0;
+        for (size_t i = lo; i < hi; i++) acc += (double)x[i] * (double)x[i];
+        part[c] = acc;
+    }
+    double total = 0;
+    for (double p : part) total += p;
+    return total;
+}
+
+}  // namespace cpu

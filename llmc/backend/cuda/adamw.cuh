@@ -1,0 +1,216 @@
+// llmc/backend/cuda/adamw.cuh: the AdamW update (reference.md section 2, PyTorch
+// semantics: decoupled weight decay applied to the pre-update weight), on
+// one span or on many spans in one launch (multi-tensor).
+//
+// m, v and the master weights are fp32. With a master copy (the bf16 build)
+// the update runs on master and param receives its round-to-nearest bf16
+// value; without one (the fp32 build) it runs on param directly. Gradients of
+// type G are widened to fp32 and multiplied by grad_scale first (gradient
+// clipping folds in there). The double hyperparameters of AdamArgs are
+// narrowed to fp32 once on the host. The per-element math is the same in
+// every path (adamw_element).
+//
+// Work is cut into "pieces" (a contiguous run with one weight decay) and
+// each piece into items of 8 elements, one item per thread (llmc_idx's
+// AdamW layout, index.h): an item whose pointers are all 16-byte aligned is
+// read and written with 16-byte accesses (grad and bf16 param: one each;
+// fp32 master, m, v: two each), the few elements before the first aligned
+// item and after the last whole one are done one at a time, and a piece
+// whose buffers can never be aligned together runs element by element.
+// The multi-tensor launch reads the pieces from a small device table; each
+// block finds its piece by binary search over the pieces' first blocks.
+#pragma once
+#include <cstring>
+#include <vector>
+
+#include "llmc/backend/backend.h"
+#include "llmc/backend/cuda/common.cuh"
+
+namespace llmc_cuda {
+
+struct AdamF {
+    float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
+};
+
+inline AdamF adam_narrow(const AdamArgs& a) {
+    return {(float)a.lr,         (float)a.beta1,      (float)a.beta2,      (float)a.eps,
+            (float)a.weight_decay, (float)a.grad_scale, (float)a.bias_corr1, (float)a.bias_corr2};
+}
+
+// One piece as the kernels see it. first_block: the piece's first block in a
+// multi-tensor grid (0 for a single-span launch).
+struct AdamPiece {
+    void* param;
+    float* master;  // null without a master copy
+    const void* grad;
+    float* m;
+    float* v;
+    size_t n;
+    size_t first_block;
+    int head;    // llmc_idx::adam_head of the piece's pointers (vector pieces)
+    int vec;     // 1: items of 8 with 16-byte accesses; 0: element by element
+    int decay;   // 1: weight decay applies
+    int pad_;
+};
+
+// The update of one element (in registers): g, m, v, p in and out.
+__device__ __forceinline__ void adamw_element(float g_raw, float& m, float& v, float& p, float wd, const AdamF& a) {
+    const float g = g_raw * a.grad_scale;
+    const float mi = a.beta1 * m + (1.f - a.beta1) * g;
+    const float vi = a.beta2 * v + (1.f - a.beta2) * g * g;
+    m = mi;
+    v = vi;
+    const float mhat = mi / a.bc1, vhat = vi / a.bc2;
+    p -= a.lr * (mhat / (sqrtf(vhat) + a.eps) + wd * p);
+}
+
+// Block j of piece d: every thread updates its item (and block 0 the
+// leftover elements), see llmc_idx::adam_visit.
+template <typename P, typename G>
+__device__ __forceinline__ void adamw_piece_block(const AdamPiece& d, size_t j, const AdamF& a) {
+    P* param = static_cast<P*>(d.param);
+    const G* grad = static_cast<const G*>(d.grad);
+    float* master = d.master;
+    const float wd = d.decay ? a.wd : 0.f;
+    llmc_idx::adam_visit(d.n, d.vec != 0, d.head, j, threadIdx.x, [&](size_t e, int count, bool vector) {
+        constexpr int I = llmc_idx::kAdamItem;
+        if (vector) {
+            float g[I], m[I], v[I], p[I];
+            load_floats<G, I>(g, grad + e);
+            load_floats<float, I>(m, d.m + e);
+            load_floats<float, I>(v, d.v + e);
+            if (master)
+                load_floats<float, I>(p, master + e);
+            else
+                load_floats<P, I>(p, param + e);
+#pragma unroll
+            for (int k = 0; k < I; k++) adamw_element(g[k], m[k], v[k], p[k], wd, a);
+            store_floats<float, I>(d.m + e, m);
+            store_floats<float, I>(d.v + e, v);
+            if (master) store_floats<float, I>(master + e, p);
+            store_floats<P, I>(param + e, p);
+        } else {
+            for (int k = 0; k < count; k++) {
+                const size_t i = e + k;
+                float m = d.m[i], v = d.v[i];
+                float p = master ? master[i] : to_float(param[i]);
+                adamw_element(to_float(grad[i]), m, v, p, wd, a);
+                d.m[i] = m;
+                d.v[i] = v;
+                if (master) master[i] = p;
+                param[i] = from_float<P>(p);
+            }
+        }
+    });
+}
+
+// One piece, passed by value (adamw_update: no table to upload).
+template <typename P, typename G>
+__global__ void __launch_bounds__(llmc_idx::kAdamItemsPerBlock) adamw_piece_kernel(AdamPiece d, AdamF a) {
+    adamw_piece_block<P, G>(d, blockIdx.x, a);
+}
+
+// Many pieces: block b works on piece find_piece(b), its block b - first_block.
+template <typename P, typename G>
+__global__ void __launch_bounds__(llmc_idx::kAdamItemsPerBlock) adamw_multi_kernel(const AdamPiece* pieces,
+                                                                                   const size_t* first_blocks,
+                                                                                   int npieces, AdamF a) {
+    const int i = llmc_idx::find_piece(first_blocks, npieces, blockIdx.x);
+    const AdamPiece d = pieces[i];
+    adamw_piece_block<P, G>(d, blockIdx.x - d.first_block, a);
+}
+
+// Host: describe a run of n elements (pointers to its first element).
+template <typename P, typename G>
+inline AdamPiece adam_make_piece(void* param, float* master, const void* grad, float* m, float* v, size_t n,
+                                 bool decay) {
+    AdamPiece d{param, master, grad, m, v, n, 0, 0, 0, decay ? 1 : 0, 0};
+    uintptr_t addr[5] = {(uintptr_t)param, (uintptr_t)grad, (uintptr_t)m, (uintptr_t)v, (uintptr_t)master};
+    const int esize[5] = {(int)sizeof(P), (int)sizeof(G), 4, 4, 4};
+    const int h = llmc_idx::adam_head(addr, esize, master ? 5 : 4);
+    if (h >= 0 && n >= (size_t)h + llmc_idx::kAdamItem) {
+        d.vec = 1;
+        d.head = h;
+    }
+    return d;
+}
+inline size_t adam_blocks(const AdamPiece& d) { return llmc_idx::adam_piece_blocks(d.n, d.vec != 0, d.head); }
+
+template <typename P, typename G>
+void adamw_update(P* param, float* master, const G* grad, float* m, float* v, size_t n, const AdamArgs& args,
+                  cudaStream_t stream) {
+    if (n == 0) return;
+    const AdamPiece d = adam_make_piece<P, G>(param, master, grad, m, v, n, true);
+    // args.weight_decay is this span's decay (0 when it has none): decay = 1.
+    adamw_piece_kernel<P, G><<<(unsigned)adam_blocks(d), llmc_idx::kAdamItemsPerBlock, 0, stream>>>(d,
+                                                                                                     adam_narrow(args));
+    CUDA_CHECK_LAUNCH();
+}
+
+// The device table of a multi-tensor launch: pieces then first blocks. The
+// table is uploaded only when the pieces change (the trainer passes the same
+// spans every step), so a steady-state step queues one kernel and nothing
+// else. Uploading waits for the copy (a synchronisation on the first step and
+// whenever the spans change), so the host array can be reused at once.
+class AdamMultiTable {
+  public:
+    template <typename P, typename G>
+    void update(const std::vector<AdamPiece>& pieces_in, const AdamArgs& args, cudaStream_t stream) {
+        if (pieces_in.empty()) return;
+        if (!same(pieces_in)) upload(pieces_in, stream);
+        adamw_multi_kernel<P, G><<<(unsigned)total_blocks_, llmc_idx::kAdamItemsPerBlock, 0, stream>>>(
+            dev_pieces_, dev_first_, (int)host_.size(), adam_narrow(args));
+        CUDA_CHECK_LAUNCH();
+    }
+    void release() {
+        if (dev_) cudaFree(dev_);
+        dev_ = nullptr;
+        cap_ = 0;
+        host_.clear();
+    }
+
+  private:
+    bool same(const std::vector<AdamPiece>& p) const {
+        if (p.size() != host_.size()) return false;
+        for (size_t i = 0; i < p.size(); i++) {
+            const AdamPiece &a = p[i], &b = host_[i];
+            if (a.param != b.param || a.master != b.master || a.grad != b.grad || a.m != b.m || a.v != b.v ||
+                a.n != b.n || a.decay != b.decay || a.vec != b.vec || a.head != b.head)
+                return false;
+        }
+        return true;
+    }
+    void upload(const std::vector<AdamPiece>& p, cudaStream_t stream) {
+        host_ = p;
+        std::vector<size_t> first(p.size());
+        size_t blocks = 0;
+        for (size_t i = 0; i < p.size(); i++) {
+            host_[i].first_block = first[i] = blocks;
+            blocks += adam_blocks(p[i]);
+        }
+        total_blocks_ = blocks;
+        const size_t pb = p.size() * sizeof(AdamPiece), fb = p.size() * sizeof(size_t);
+        if (pb + fb > cap_) {
+            if (dev_) {
+                CUDA_CHECK(cudaStreamSynchronize(stream));  // a queued launch may still read the old table
+                CUDA_CHECK(cudaFree(dev_));
+            }
+            cap_ = pb + fb;
+            CUDA_CHECK(cudaMalloc(&dev_, cap_));
+        }
+        dev_pieces_ = static_cast<AdamPiece*>(dev_);
+        dev_first_ = reinterpret_cast<size_t*>(static_cast<char*>(dev_) + pb);  // pb is a multiple of 8
+        CUDA_CHECK(cudaMemcpyAsync(dev_pieces_, host_.data(), pb, cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaMemcpyAsync(dev_first_, first.data(), fb, cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // `first` is a local; host_ may change next call
+    }
+
+    std::vector<AdamPiece> host_;
+    void* dev_ = nullptr;
+    size_t cap_ = 0;
+    AdamPiece* dev_pieces_ = nullptr;
+    size_t* dev_first_ = nullptr;
+    size_t total_blocks_ = 0;
+};
+
+}  // namespace llmc_cuda

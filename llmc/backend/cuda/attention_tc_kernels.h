@@ -1,0 +1,697 @@
+// llmc/backend/cuda/attention_tc_kernels.h: the bodies of the tensor-core attention
+// kernels (forward, backward dq, backward dk/dv), written once for two
+// executors. attention_tc.cuh runs them as CUDA kernels through a context
+// whose operations are PTX (ldmatrix, mma.sync, cp.async, shuffles);
+// tests/test_mma_layout.cpp runs the very same code on the CPU, one host
+// thread per CUDA thread, through a context that emulates those
+// instructions from their PTX ISA definitions. The design (tiling, fragment
+// layouts, online softmax) is explained at the top of attention_tc.cuh.
+//
+// A context Ctx provides, per thread:
+//   tid(), bx(), by()            threadIdx.x, blockIdx.x, blockIdx.y (128 threads)
+//   smem()                       the block's dynamic shared memory (16-byte aligned)
+//   sync()                       __syncthreads()
+//   cp_async16(s, g, ok)         16 bytes global -> shared, asynchronously; zeros when !ok
+//   cp_commit(), cp_wait_all()   cp.async.commit_group / cp.async.wait_group 0
+//   ldsm_x4(r, p), ldsm_x4_t(r, p)   ldmatrix .m8n8 .x4 (.trans) .b16, p = this lane's row
+//   mma(d, a, b0, b1)            d += A·B, mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32
+//   shfl_xor(x, m), shfl(x, src) warp shuffles of a float
+// Every collective (ldmatrix, mma, shuffles) is reached by all 32 lanes of a
+// warp: branches around them are warp-uniform.
+//
+// bf16 data is handled as raw uint16_t bits here (the CUDA wrappers cast
+// __nv_bfloat16 pointers), so the code compiles without CUDA headers.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "llmc/backend/backend.h"
+#include "llmc/backend/cuda/mma_layout.h"
+
+#if defined(__CUDACC__)
+#define TC_BODY __device__ __forceinline__
+#define TC_UNROLL _Pragma("unroll")
+#else
+#define TC_BODY inline
+#define TC_UNROLL
+#endif
+
+namespace attn_tc {
+
+using namespace mma_layout;
+
+constexpr int kThreads = 128;  // 4 warps per block
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The shape, resolved on the host (strides in elements; batch strides and
+// lse strides as AttnShape's accessors give them).
+struct TcParams {
+    int B, NH, Tq, Tk;
+    size_t q_stride, kv_stride, o_stride;
+    size_t qb, kb, ob, lb, lh;
+    bool causal;
+    float scale;  // softmax scale
+    float sl2;    // scale * log2(e): scores go to the log2 domain in one multiply
+    int group;    // grouped-query attention: query head h reads kv head h / group (1 without GQA)
+    int KVH;      // key/value heads (NH / group)
+};
+inline TcParams tc_params(const AttnShape& s) {
+    TcParams p;
+    p.B = s.B, p.NH = s.NH, p.Tq = s.Tq, p.Tk = s.Tk;
+    p.q_stride = s.q_stride, p.kv_stride = s.kv_stride, p.o_stride = s.o_stride;
+    p.qb = s.qb(), p.kb = s.kb(), p.ob = s.ob(), p.lb = s.lb(), p.lh = s.lh();
+    p.causal = s.causal;
+    p.scale = (float)s.scale;
+    p.sl2 = (float)(s.scale * 1.4426950408889634);
+    p.KVH = s.kv_heads();
+    p.group = s.NH / p.KVH;
+    return p;
+}
+
+TC_BODY int imin(int a, int b) { return a < b ? a : b; }
+TC_BODY float fexp2(float x) {
+#if defined(__CUDA_ARCH__)
+    return exp2f(x);
+#else
+    return std::exp2(x);
+#endif
+}
+TC_BODY float flog2(float x) {
+#if defined(__CUDA_ARCH__)
+    return log2f(x);
+#else
+    return std::log2(x);
+#endif
+}
+TC_BODY float fexp(float x) {
+#if defined(__CUDA_ARCH__)
+    return expf(x);
+#else
+    return std::exp(x);
+#endif
+}
+TC_BODY float flog1p(float x) {
+#if defined(__CUDA_ARCH__)
+    return log1pf(x);
+#else
+    return std::log1p(x);
+#endif
+}
+
+// Two adjacent output elements: bf16 (one 4-byte store) or fp32.
+TC_BODY void store_pair(uint16_t* p, float a, float b) {
+    const uint32_t v = pack_bf16x2(a, b);
+#if defined(__CUDA_ARCH__)
+    *reinterpret_cast<uint32_t*>(p) = v;
+#else
+    std::memcpy(p, &v, 4);
+#endif
+}
+TC_BODY void store_pair(float* p, float a, float b) {
+    p[0] = a;
+    p[1] = b;
+}
+
+// Rows row0.. of a [rows, stride] bf16 slab (those below nrows; zeros for
+// the others) into a shared tile of R rows and pitch D + kSmemPad, 16 bytes
+// per cp.async. Needs 16-byte aligned rows (checked by the dispatcher).
+template <class Ctx, int R, int D>
+TC_BODY void load_rows(Ctx& cx, uint16_t* sm, const uint16_t* g, size_t stride, int row0, int nrows) {
+    constexpr int kCpr = D / 8, kN = R * kCpr, kLd = D + kSmemPad;
+    static_assert(kN % kThreads == 0, "tile chunks must split evenly over the block");
+    TC_UNROLL
+    for (int it = 0; it < kN / kThreads; it++) {
+        const int c = it * kThreads + cx.tid();
+        const int r = c / kCpr, col = (c % kCpr) * 8;
+        const int row = row0 + r;
+        const bool ok = row < nrows;
+        cx.cp_async16(sm + smem_off(r, col, kLd), ok ? g + (size_t)row * stride + col : g, ok);
+    }
+}
+
+// Tile configuration per head size, shared by the CUDA launchers and the CPU
+// test. Register budgets (ptxas -v, docs/attention.md) decided these; the
+// macros let a GPU session try others without editing (e.g. -DTC_FWD64_BN=32:
+// fewer registers, 207 instead of 255, twice the tiles).
+#ifndef TC_FWD64_BN
+#define TC_FWD64_BN 64
+#endif
+template <int D>
+struct TcConfig;
+template <>
+struct TcConfig<64> {
+    static constexpr int kFwdMT = 2, kFwdBN = TC_FWD64_BN;  // 128 query rows per block, 64-key tiles
+    static constexpr int kDqBN = 64;                        // 64 query rows per block, 64-key tiles
+    static constexpr int kDkvBQ = 64;                       // 64 keys per block, 64-query tiles
+    static constexpr bool kDqARegs = true, kDkvARegs = true;  // Q, dO (dq) / K, V (dk/dv) stay in registers
+};
+template <>
+struct TcConfig<128> {
+    static constexpr int kFwdMT = 1, kFwdBN = 64;  // 64 query rows per block: O alone is 64 registers
+    static constexpr int kDqBN = 64;
+    static constexpr int kDkvBQ = 32;  // 64 would need more than 255 registers (dk, dv alone are 128)
+    static constexpr bool kDqARegs = false, kDkvARegs = false;  // A operands re-read from shared memory
+};
+
+// ==== forward ======================================================================
+// A block: 4 warps x MT m-tiles of 16 query rows = BM rows; key tiles of BN.
+template <int D, int MT, int BN>
+struct FwdCfg {
+    static constexpr int BM = 4 * 16 * MT, LD = D + kSmemPad;
+    static constexpr int KD = D / 16;  // k-steps of S = Q K^T
+    static constexpr int NT = BN / 8;  // 8-column tiles of S
+    static constexpr int DT = D / 8;   // 8-column tiles of O
+    static constexpr size_t smem_bytes = (size_t)(BM + 4 * BN) * LD * sizeof(uint16_t);
+    static_assert(D % 16 == 0 && BN % 16 == 0, "tile sizes");
+};
+
+// out (type O: bf16 bits or fp32) and lse. kMerge: merge into the running
+// (out, lse) by log-sum-exp instead of overwriting (ring attention).
+template <class Ctx, int D, int MT, int BN, typename O, bool kMerge>
+TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                      const TcParams& p) {
+    using C = FwdCfg<D, MT, BN>;
+    static_assert(!kMerge || std::is_same<O, float>::value, "the running output of a merge is fp32");
+    constexpr int LD = C::LD;
+    uint16_t* Qs = static_cast<uint16_t*>(cx.smem());
+    uint16_t* Ks = Qs + C::BM * LD;  // two buffers of BN rows
+    uint16_t* Vs = Ks + 2 * BN * LD;
+    const int tid = cx.tid(), warp = tid >> 5, lane = tid & 31;
+    const int b = cx.by() / p.NH, h = cx.by() % p.NH;
+    const int ntq = (p.Tq + C::BM - 1) / C::BM;
+    const int q0 = (ntq - 1 - cx.bx()) * C::BM;  // causal: the longest rows start first
+    const int kvh = h / p.group;                 // GQA: this query head's key/value head
+    const uint16_t* qg = q + (size_t)b * p.qb + (size_t)h * D;
+    const uint16_t* kg = k + (size_t)b * p.kb + (size_t)kvh * D;
+    const uint16_t* vg = v + (size_t)b * p.kb + (size_t)kvh * D;
+    const int kend = p.causal ? imin(p.Tk, q0 + C::BM) : p.Tk;
+    const int nkt = (kend + BN - 1) / BN;
+
+    load_rows<Ctx, C::BM, D>(cx, Qs, qg, p.q_stride, q0, p.Tq);
+    if (nkt > 0) {
+        load_rows<Ctx, BN, D>(cx, Ks, kg, p.kv_stride, 0, p.Tk);
+        load_rows<Ctx, BN, D>(cx, Vs, vg, p.kv_stride, 0, p.Tk);
+    }
+    cx.cp_commit();
+
+    const int wrow0 = q0 + warp * 16 * MT;  // this warp's first query row
+    float o[MT][C::DT][4], m[MT][2], l[MT][2];
+    TC_UNROLL
+    for (int mt = 0; mt < MT; mt++) {
+        TC_UNROLL
+        for (int dt = 0; dt < C::DT; dt++)
+            TC_UNROLL
+            for (int e = 0; e < 4; e++) o[mt][dt][e] = 0.f;
+        TC_UNROLL
+        for (int hh = 0; hh < 2; hh++) m[mt][hh] = -INFINITY, l[mt][hh] = 0.f;
+    }
+    uint32_t qf[MT][C::KD][4];  // the warp's Q rows as A fragments, loaded once
+
+    for (int kt = 0; kt < nkt; kt++) {
+        cx.cp_wait_all();
+        cx.sync();  // tile kt (and Q) landed for everyone; everyone is done with tile kt-1
+        if (kt == 0) {
+            const RC rc = ldsm_a_rc(lane);
+            TC_UNROLL
+            for (int mt = 0; mt < MT; mt++)
+                TC_UNROLL
+                for (int kk = 0; kk < C::KD; kk++)
+                    cx.ldsm_x4(qf[mt][kk], Qs + smem_off(warp * 16 * MT + mt * 16 + rc.row, kk * 16 + rc.col, LD));
+        }
+        if (kt + 1 < nkt) {  // prefetch tile kt+1 into the buffer tile kt-1 used
+            const int nb = (kt + 1) & 1;
+            load_rows<Ctx, BN, D>(cx, Ks + nb * BN * LD, kg, p.kv_stride, (kt + 1) * BN, p.Tk);
+            load_rows<Ctx, BN, D>(cx, Vs + nb * BN * LD, vg, p.kv_stride, (kt + 1) * BN, p.Tk);
+            cx.cp_commit();
+        }
+        const int k0 = kt * BN;
+        if (p.causal && k0 > wrow0 + 16 * MT - 1) continue;  // every key after every row of this warp
+        const uint16_t* Kb = Ks + (kt & 1) * BN * LD;
+        const uint16_t* Vb = Vs + (kt & 1) * BN * LD;
+
+        // S = Q K^T (fp32), two 8-key tiles per ldmatrix.
+        float sc[MT][C::NT][4];
+        TC_UNROLL
+        for (int mt = 0; mt < MT; mt++)
+            TC_UNROLL
+            for (int nt = 0; nt < C::NT; nt++)
+                TC_UNROLL
+                for (int e = 0; e < 4; e++) sc[mt][nt][e] = 0.f;
+        {
+            const RC rc = ldsm_b_nk_rc(lane);
+            TC_UNROLL
+            for (int kk = 0; kk < C::KD; kk++)
+                TC_UNROLL
+                for (int np = 0; np < C::NT / 2; np++) {
+                    uint32_t bk[4];
+                    cx.ldsm_x4(bk, Kb + smem_off(np * 16 + rc.row, kk * 16 + rc.col, LD));
+                    TC_UNROLL
+                    for (int mt = 0; mt < MT; mt++) {
+                        cx.mma(sc[mt][2 * np], qf[mt][kk], bk[0], bk[1]);
+                        cx.mma(sc[mt][2 * np + 1], qf[mt][kk], bk[2], bk[3]);
+                    }
+                }
+        }
+
+        // Online softmax in the log2 domain. A lane holds rows g and g+8 of
+        // each m-tile (c0,c1 and c2,c3); the other 3 lanes of its quad hold
+        // the rest of those rows, hence the xor-1/xor-2 shuffles.
+        const bool masked = (k0 + BN > p.Tk) || (p.causal && k0 + BN - 1 > wrow0);
+        TC_UNROLL
+        for (int mt = 0; mt < MT; mt++)
+            TC_UNROLL
+            for (int hh = 0; hh < 2; hh++) {
+                float mx = -INFINITY;
+                TC_UNROLL
+                for (int nt = 0; nt < C::NT; nt++)
+                    TC_UNROLL
+                    for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                        const RC rc = c_elem(lane, e);
+                        const int i = wrow0 + mt * 16 + rc.row, j = k0 + nt * 8 + rc.col;
+                        float x = sc[mt][nt][e] * p.sl2;
+                        if (masked && (j >= p.Tk || (p.causal && j > i))) x = -INFINITY;
+                        sc[mt][nt][e] = x;
+                        mx = fmaxf(mx, x);
+                    }
+                mx = fmaxf(mx, cx.shfl_xor(mx, 1));
+                mx = fmaxf(mx, cx.shfl_xor(mx, 2));
+                const float mnew = fmaxf(m[mt][hh], mx);
+                const float msub = mnew == -INFINITY ? 0.f : mnew;  // no key seen yet: keep exp2 finite
+                const float corr = fexp2(m[mt][hh] - msub);         // 0 when m was -inf
+                m[mt][hh] = mnew;
+                float ls = l[mt][hh] * corr;
+                TC_UNROLL
+                for (int dt = 0; dt < C::DT; dt++) o[mt][dt][2 * hh] *= corr, o[mt][dt][2 * hh + 1] *= corr;
+                TC_UNROLL
+                for (int nt = 0; nt < C::NT; nt++)
+                    TC_UNROLL
+                    for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                        const float pe = fexp2(sc[mt][nt][e] - msub);
+                        sc[mt][nt][e] = pe;
+                        ls += pe;  // this lane's part of the row sum; the quad adds up at the end
+                    }
+                l[mt][hh] = ls;
+            }
+
+        // O += P V: P's accumulators are the A operand (c_to_a); V via ldmatrix.trans.
+        {
+            const RC rc = ldsm_b_kn_rc(lane);
+            TC_UNROLL
+            for (int kk = 0; kk < BN / 16; kk++) {
+                uint32_t pa[MT][4];
+                TC_UNROLL
+                for (int mt = 0; mt < MT; mt++) c_to_a(pa[mt], sc[mt][2 * kk], sc[mt][2 * kk + 1]);
+                TC_UNROLL
+                for (int dp = 0; dp < C::DT / 2; dp++) {
+                    uint32_t bv[4];
+                    cx.ldsm_x4_t(bv, Vb + smem_off(kk * 16 + rc.row, dp * 16 + rc.col, LD));
+                    TC_UNROLL
+                    for (int mt = 0; mt < MT; mt++) {
+                        cx.mma(o[mt][2 * dp], pa[mt], bv[0], bv[1]);
+                        cx.mma(o[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+                    }
+                }
+            }
+        }
+    }
+
+    cx.cp_wait_all();  // no copy left in flight (Tk = 0 issues Q's and never waits in the loop)
+
+    // Epilogue: normalise by the row sum, write out and lse (natural log), or
+    // merge them into the running pair. Shuffles first, stores guarded after.
+    float* lse_bh = lse + (size_t)b * p.lb + (size_t)h * p.lh;
+    O* ob = out + (size_t)b * p.ob + (size_t)h * D;
+    TC_UNROLL
+    for (int mt = 0; mt < MT; mt++)
+        TC_UNROLL
+        for (int hh = 0; hh < 2; hh++) {
+            float L = l[mt][hh];
+            L += cx.shfl_xor(L, 1);
+            L += cx.shfl_xor(L, 2);
+            const RC rc0 = c_elem(lane, 2 * hh);
+            const int i = wrow0 + mt * 16 + rc0.row;
+            const bool valid = i < p.Tq;
+            const bool lead = thread_in_group(lane) == 0;
+            const float lse_b = L > 0.f ? (m[mt][hh] + flog2(L)) * kLn2 : -INFINITY;
+            O* orow = ob + (size_t)(valid ? i : 0) * p.o_stride;
+            if constexpr (!kMerge) {
+                const float inv = L > 0.f ? 1.f / L : 0.f;
+                if (valid) {
+                    TC_UNROLL
+                    for (int dt = 0; dt < C::DT; dt++)
+                        store_pair(orow + dt * 8 + rc0.col, o[mt][dt][2 * hh] * inv, o[mt][dt][2 * hh + 1] * inv);
+                    if (lead) lse_bh[i] = lse_b;
+                }
+            } else {
+                // lse' = max + log(1 + exp(min - max)) of (lse, lse_b); out' =
+                // out·exp(lse - lse') + out_b·exp(lse_b - lse'). The quad's
+                // leader reads the running lse and alone writes it back.
+                float la = (valid && lead) ? lse_bh[i] : 0.f;
+                la = cx.shfl(la, lane & ~3);
+                const float mx = fmaxf(la, lse_b);
+                float lse_n = -INFINITY, wa = 0.f, wb = 0.f;
+                if (mx > -INFINITY) {
+                    lse_n = mx + flog1p(fexp(fminf(la, lse_b) - mx));
+                    wa = fexp(la - lse_n);
+                    wb = L > 0.f ? fexp(lse_b - lse_n) / L : 0.f;  // folds out_b = o / L
+                }
+                if (valid) {
+                    TC_UNROLL
+                    for (int dt = 0; dt < C::DT; dt++) {
+                        O* po = orow + dt * 8 + rc0.col;
+                        store_pair(po, po[0] * wa + o[mt][dt][2 * hh] * wb, po[1] * wa + o[mt][dt][2 * hh + 1] * wb);
+                    }
+                    if (lead) lse_bh[i] = lse_n;
+                }
+            }
+        }
+}
+
+// ==== backward: dq =================================================================
+// A block: 4 warps x 16 query rows = 64 rows; key tiles of BN. kARegs keeps
+// the warp's Q and dO rows in registers as A fragments (D = 64); otherwise
+// they are re-read from shared memory at every k-step (D = 128, registers).
+template <int D, int BN>
+struct DqCfg {
+    static constexpr int BM = 64, LD = D + kSmemPad, KD = D / 16, NT = BN / 8, DT = D / 8;
+    static constexpr size_t smem_bytes = (size_t)(2 * BM + 4 * BN) * LD * sizeof(uint16_t);
+};
+
+// dq (type G) = scale · Σ_j dS_ij k_j with dS = P ∘ (dP − D), P = exp(S − lse),
+// dP = dout · v^T. kAcc adds to dq (fp32, ring attention) instead of overwriting.
+template <class Ctx, int D, int BN, bool kARegs, typename G, bool kAcc>
+TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                     const float* lse, const float* Dvec, const TcParams& p) {
+    using C = DqCfg<D, BN>;
+    static_assert(!kAcc || std::is_same<G, float>::value, "accumulated gradients are fp32");
+    constexpr int LD = C::LD, BM = C::BM;
+    uint16_t* Qs = static_cast<uint16_t*>(cx.smem());
+    uint16_t* dOs = Qs + BM * LD;
+    uint16_t* Ks = dOs + BM * LD;  // two buffers
+    uint16_t* Vs = Ks + 2 * BN * LD;
+    const int tid = cx.tid(), warp = tid >> 5, lane = tid & 31;
+    const int b = cx.by() / p.NH, h = cx.by() % p.NH;
+    const int ntq = (p.Tq + BM - 1) / BM;
+    const int q0 = (ntq - 1 - cx.bx()) * BM;
+    const int kvh = h / p.group;  // GQA: this query head's key/value head
+    const uint16_t* kg = k + (size_t)b * p.kb + (size_t)kvh * D;
+    const uint16_t* vg = v + (size_t)b * p.kb + (size_t)kvh * D;
+    const int kend = p.causal ? imin(p.Tk, q0 + BM) : p.Tk;
+    const int nkt = (kend + BN - 1) / BN;
+    load_rows<Ctx, BM, D>(cx, Qs, q + (size_t)b * p.qb + (size_t)h * D, p.q_stride, q0, p.Tq);
+    load_rows<Ctx, BM, D>(cx, dOs, dout + (size_t)b * p.ob + (size_t)h * D, p.o_stride, q0, p.Tq);
+    if (nkt > 0) {
+        load_rows<Ctx, BN, D>(cx, Ks, kg, p.kv_stride, 0, p.Tk);
+        load_rows<Ctx, BN, D>(cx, Vs, vg, p.kv_stride, 0, p.Tk);
+    }
+    cx.cp_commit();
+
+    const int wrow0 = q0 + warp * 16;
+    const float* lse_bh = lse + (size_t)b * p.lb + (size_t)h * p.lh;
+    const float* D_bh = Dvec + ((size_t)b * p.NH + h) * p.Tq;
+    float lse2[2], Dr[2];  // rows g and g+8: lse in the log2 domain (+inf: no such row, P = 0), D
+    TC_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        const int i = wrow0 + c_elem(lane, 2 * hh).row;
+        const float L = i < p.Tq ? lse_bh[i] : -INFINITY;
+        lse2[hh] = L > -INFINITY ? L * kLog2e : INFINITY;
+        Dr[hh] = i < p.Tq ? D_bh[i] : 0.f;
+    }
+    float acc[C::DT][4];
+    TC_UNROLL
+    for (int dt = 0; dt < C::DT; dt++)
+        TC_UNROLL
+        for (int e = 0; e < 4; e++) acc[dt][e] = 0.f;
+    constexpr int KR = kARegs ? C::KD : 1;
+    uint32_t qf[KR][4], df[KR][4];
+    const RC rca = ldsm_a_rc(lane), rcn = ldsm_b_nk_rc(lane), rck = ldsm_b_kn_rc(lane);
+
+    for (int kt = 0; kt < nkt; kt++) {
+        cx.cp_wait_all();
+        cx.sync();
+        if (kARegs && kt == 0) {
+            TC_UNROLL
+            for (int kk = 0; kk < KR; kk++) {
+                cx.ldsm_x4(qf[kk], Qs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+                cx.ldsm_x4(df[kk], dOs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+            }
+        }
+        if (kt + 1 < nkt) {
+            const int nb = (kt + 1) & 1;
+            load_rows<Ctx, BN, D>(cx, Ks + nb * BN * LD, kg, p.kv_stride, (kt + 1) * BN, p.Tk);
+            load_rows<Ctx, BN, D>(cx, Vs + nb * BN * LD, vg, p.kv_stride, (kt + 1) * BN, p.Tk);
+            cx.cp_commit();
+        }
+        const int k0 = kt * BN;
+        if (p.causal && k0 > wrow0 + 15) continue;
+        const uint16_t* Kb = Ks + (kt & 1) * BN * LD;
+        const uint16_t* Vb = Vs + (kt & 1) * BN * LD;
+
+        float sc[C::NT][4], dp[C::NT][4];  // S, then dS; dP
+        TC_UNROLL
+        for (int nt = 0; nt < C::NT; nt++)
+            TC_UNROLL
+            for (int e = 0; e < 4; e++) sc[nt][e] = 0.f, dp[nt][e] = 0.f;
+        TC_UNROLL
+        for (int kk = 0; kk < C::KD; kk++) {
+            uint32_t aq[4], ad[4];
+            if constexpr (kARegs) {
+                TC_UNROLL
+                for (int x = 0; x < 4; x++) aq[x] = qf[kk][x], ad[x] = df[kk][x];
+            } else {
+                cx.ldsm_x4(aq, Qs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+                cx.ldsm_x4(ad, dOs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+            }
+            TC_UNROLL
+            for (int np = 0; np < C::NT / 2; np++) {
+                uint32_t bk[4], bv[4];
+                cx.ldsm_x4(bk, Kb + smem_off(np * 16 + rcn.row, kk * 16 + rcn.col, LD));
+                cx.mma(sc[2 * np], aq, bk[0], bk[1]);
+                cx.mma(sc[2 * np + 1], aq, bk[2], bk[3]);
+                cx.ldsm_x4(bv, Vb + smem_off(np * 16 + rcn.row, kk * 16 + rcn.col, LD));
+                cx.mma(dp[2 * np], ad, bv[0], bv[1]);
+                cx.mma(dp[2 * np + 1], ad, bv[2], bv[3]);
+            }
+        }
+        const bool masked = (k0 + BN > p.Tk) || (p.causal && k0 + BN - 1 > wrow0);
+        TC_UNROLL
+        for (int nt = 0; nt < C::NT; nt++)
+            TC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const RC rc = c_elem(lane, e);
+                const int i = wrow0 + rc.row, j = k0 + nt * 8 + rc.col, hh = e >> 1;
+                float pe = fexp2(sc[nt][e] * p.sl2 - lse2[hh]);
+                if (masked && (j >= p.Tk || (p.causal && j > i))) pe = 0.f;
+                sc[nt][e] = pe * (dp[nt][e] - Dr[hh]);
+            }
+        // dq += dS K: dS's accumulators are the A operand; K via ldmatrix.trans.
+        TC_UNROLL
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4];
+            c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+            TC_UNROLL
+            for (int dpp = 0; dpp < C::DT / 2; dpp++) {
+                uint32_t bk[4];
+                cx.ldsm_x4_t(bk, Kb + smem_off(kk * 16 + rck.row, dpp * 16 + rck.col, LD));
+                cx.mma(acc[2 * dpp], a, bk[0], bk[1]);
+                cx.mma(acc[2 * dpp + 1], a, bk[2], bk[3]);
+            }
+        }
+    }
+    cx.cp_wait_all();
+    G* dqb = dq + (size_t)b * p.qb + (size_t)h * D;
+    TC_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        const RC rc0 = c_elem(lane, 2 * hh);
+        const int i = wrow0 + rc0.row;
+        if (i >= p.Tq) continue;
+        G* row = dqb + (size_t)i * p.q_stride;
+        TC_UNROLL
+        for (int dt = 0; dt < C::DT; dt++) {
+            G* pp = row + dt * 8 + rc0.col;
+            const float x0 = acc[dt][2 * hh] * p.scale, x1 = acc[dt][2 * hh + 1] * p.scale;
+            if constexpr (kAcc)
+                store_pair(pp, pp[0] + x0, pp[1] + x1);
+            else
+                store_pair(pp, x0, x1);
+        }
+    }
+}
+
+// ==== backward: dk, dv =============================================================
+// A block: 4 warps x 16 key rows = 64 keys; query tiles of BQ (with their lse
+// and D values staged in shared memory next to them).
+template <int D, int BQ>
+struct DkvCfg {
+    static constexpr int BN = 64, LD = D + kSmemPad, KD = D / 16, NQ = BQ / 8, DT = D / 8;
+    static constexpr size_t smem_bytes =
+        (size_t)(2 * BN + 4 * BQ) * LD * sizeof(uint16_t) + (size_t)4 * BQ * sizeof(float);
+};
+
+// dv_j = Σ_i P_ij dout_i, dk_j = scale · Σ_i dS_ij q_i, computed transposed:
+// S^T = K Q^T and dP^T = V dout^T give P^T and dS^T with the warp's keys as
+// rows, which are the A operands of dv += P^T dout and dk += dS^T Q.
+template <class Ctx, int D, int BQ, bool kARegs, typename G, bool kAcc>
+TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16_t* q, const uint16_t* k,
+                       const uint16_t* v, const float* lse, const float* Dvec, const TcParams& p) {
+    using C = DkvCfg<D, BQ>;
+    static_assert(!kAcc || std::is_same<G, float>::value, "accumulated gradients are fp32");
+    constexpr int LD = C::LD, BN = C::BN;
+    uint16_t* Ks = static_cast<uint16_t*>(cx.smem());
+    uint16_t* Vs = Ks + BN * LD;
+    uint16_t* Qs = Vs + BN * LD;    // two buffers of BQ rows
+    uint16_t* dOs = Qs + 2 * BQ * LD;  // two buffers
+    float* Ls = reinterpret_cast<float*>(dOs + 2 * BQ * LD);  // [2][BQ] lse·log2(e) (+inf: no row)
+    float* Ds = Ls + 2 * BQ;                                   // [2][BQ] D
+    const int tid = cx.tid(), warp = tid >> 5, lane = tid & 31;
+    // by() = b * KVH + g over the key/value heads (GQA; KVH = NH, g = h
+    // without it). The block's iterations run over (query head of g's group,
+    // query tile) pairs, heads outer, flattened into one sequence so the
+    // double buffering carries on from one head to the next: iteration it
+    // is head g*group + it / nqt, tile it % nqt, and dk, dv sum over the
+    // group in registers in that fixed order.
+    const int b = cx.by() / p.KVH, g = cx.by() % p.KVH;
+    const int k0 = cx.bx() * BN;  // causal: the first key tiles see the most queries, and start first
+    const int qstart = p.causal ? (k0 / BQ) * BQ : 0;
+    const int nqt = p.Tq > qstart ? (p.Tq - qstart + BQ - 1) / BQ : 0;
+    const int nit = p.group * nqt;
+    const size_t kvoff = (size_t)b * p.kb + (size_t)g * D;
+    auto qhead = [&](int it) { return g * p.group + it / nqt; };
+    auto qtile0 = [&](int it) { return qstart + (it % nqt) * BQ; };
+    // Q and dout rows of iteration it's tile into buffer buf, and their lse
+    // and D (plain loads; visible after the next barrier).
+    auto load_iter = [&](int buf, int it) {
+        const int h = qhead(it), q0 = qtile0(it);
+        load_rows<Ctx, BQ, D>(cx, Qs + buf * BQ * LD, q + (size_t)b * p.qb + (size_t)h * D, p.q_stride, q0, p.Tq);
+        load_rows<Ctx, BQ, D>(cx, dOs + buf * BQ * LD, dout + (size_t)b * p.ob + (size_t)h * D, p.o_stride, q0,
+                              p.Tq);
+        if (tid < BQ) {
+            const float* lse_bh = lse + (size_t)b * p.lb + (size_t)h * p.lh;
+            const float* D_bh = Dvec + ((size_t)b * p.NH + h) * p.Tq;
+            const int i = q0 + tid;
+            const float L = i < p.Tq ? lse_bh[i] : -INFINITY;
+            Ls[buf * BQ + tid] = L > -INFINITY ? L * kLog2e : INFINITY;
+            Ds[buf * BQ + tid] = i < p.Tq ? D_bh[i] : 0.f;
+        }
+    };
+    load_rows<Ctx, BN, D>(cx, Ks, k + kvoff, p.kv_stride, k0, p.Tk);
+    load_rows<Ctx, BN, D>(cx, Vs, v + kvoff, p.kv_stride, k0, p.Tk);
+    if (nit > 0) load_iter(0, 0);
+    cx.cp_commit();
+
+    const int wrow0 = k0 + warp * 16;  // this warp's first key
+    float dka[C::DT][4], dva[C::DT][4];
+    TC_UNROLL
+    for (int dt = 0; dt < C::DT; dt++)
+        TC_UNROLL
+        for (int e = 0; e < 4; e++) dka[dt][e] = 0.f, dva[dt][e] = 0.f;
+    constexpr int KR = kARegs ? C::KD : 1;
+    uint32_t kf[KR][4], vf[KR][4];
+    const RC rca = ldsm_a_rc(lane), rcn = ldsm_b_nk_rc(lane), rck = ldsm_b_kn_rc(lane);
+
+    for (int it = 0; it < nit; it++) {
+        const int q0 = qtile0(it), buf = it & 1;
+        cx.cp_wait_all();
+        cx.sync();  // iteration it's tile landed for everyone; everyone is done with it-1's buffer
+        if (kARegs && it == 0) {
+            TC_UNROLL
+            for (int kk = 0; kk < KR; kk++) {
+                cx.ldsm_x4(kf[kk], Ks + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+                cx.ldsm_x4(vf[kk], Vs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+            }
+        }
+        if (it + 1 < nit) {  // prefetch the next (head, tile) into the buffer it-1 used
+            load_iter(buf ^ 1, it + 1);
+            cx.cp_commit();
+        }
+        if (p.causal && q0 + BQ - 1 < wrow0) continue;  // every query before every key of this warp
+        const uint16_t* Qb = Qs + buf * BQ * LD;
+        const uint16_t* dOb = dOs + buf * BQ * LD;
+        const float* Lb = Ls + buf * BQ;
+        const float* Db = Ds + buf * BQ;
+
+        float sc[C::NQ][4], dp[C::NQ][4];  // S^T then P^T; dP^T then dS^T
+        TC_UNROLL
+        for (int nq = 0; nq < C::NQ; nq++)
+            TC_UNROLL
+            for (int e = 0; e < 4; e++) sc[nq][e] = 0.f, dp[nq][e] = 0.f;
+        TC_UNROLL
+        for (int kk = 0; kk < C::KD; kk++) {
+            uint32_t ak[4], av[4];
+            if constexpr (kARegs) {
+                TC_UNROLL
+                for (int x = 0; x < 4; x++) ak[x] = kf[kk][x], av[x] = vf[kk][x];
+            } else {
+                cx.ldsm_x4(ak, Ks + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+                cx.ldsm_x4(av, Vs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
+            }
+            TC_UNROLL
+            for (int np = 0; np < C::NQ / 2; np++) {
+                uint32_t bq[4], bo[4];
+                cx.ldsm_x4(bq, Qb + smem_off(np * 16 + rcn.row, kk * 16 + rcn.col, LD));
+                cx.mma(sc[2 * np], ak, bq[0], bq[1]);
+                cx.mma(sc[2 * np + 1], ak, bq[2], bq[3]);
+                cx.ldsm_x4(bo, dOb + smem_off(np * 16 + rcn.row, kk * 16 + rcn.col, LD));
+                cx.mma(dp[2 * np], av, bo[0], bo[1]);
+                cx.mma(dp[2 * np + 1], av, bo[2], bo[3]);
+            }
+        }
+        const bool masked = p.causal && q0 < wrow0 + 15;  // some query of the tile precedes some key
+        TC_UNROLL
+        for (int nq = 0; nq < C::NQ; nq++)
+            TC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const RC rc = c_elem(lane, e);
+                const int j = wrow0 + rc.row, ci = nq * 8 + rc.col, i = q0 + ci;
+                float pe = fexp2(sc[nq][e] * p.sl2 - Lb[ci]);
+                if (masked && j > i) pe = 0.f;
+                sc[nq][e] = pe;
+                dp[nq][e] = pe * (dp[nq][e] - Db[ci]);
+            }
+        // dv += P^T dout, dk += dS^T q: the B operands via ldmatrix.trans.
+        TC_UNROLL
+        for (int kk = 0; kk < BQ / 16; kk++) {
+            uint32_t ap[4], as[4];
+            c_to_a(ap, sc[2 * kk], sc[2 * kk + 1]);
+            c_to_a(as, dp[2 * kk], dp[2 * kk + 1]);
+            TC_UNROLL
+            for (int dpp = 0; dpp < C::DT / 2; dpp++) {
+                uint32_t bo[4], bq[4];
+                cx.ldsm_x4_t(bo, dOb + smem_off(kk * 16 + rck.row, dpp * 16 + rck.col, LD));
+                cx.mma(dva[2 * dpp], ap, bo[0], bo[1]);
+                cx.mma(dva[2 * dpp + 1], ap, bo[2], bo[3]);
+                cx.ldsm_x4_t(bq, Qb + smem_off(kk * 16 + rck.row, dpp * 16 + rck.col, LD));
+                cx.mma(dka[2 * dpp], as, bq[0], bq[1]);
+                cx.mma(dka[2 * dpp + 1], as, bq[2], bq[3]);
+            }
+        }
+    }
+    cx.cp_wait_all();
+    TC_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        const RC rc0 = c_elem(lane, 2 * hh);
+        const int j = wrow0 + rc0.row;
+        if (j >= p.Tk) continue;
+        G* krow = dk + kvoff + (size_t)j * p.kv_stride;
+        G* vrow = dv + kvoff + (size_t)j * p.kv_stride;
+        TC_UNROLL
+        for (int dt = 0; dt < C::DT; dt++) {
+            const int c = dt * 8 + rc0.col;
+            const float k0v = dka[dt][2 * hh] * p.scale, k1v = dka[dt][2 * hh + 1] * p.scale;
+            const float v0v = dva[dt][2 * hh], v1v = dva[dt][2 * hh + 1];
+            if constexpr (kAcc) {
+                store_pair(krow + c, krow[c] + k0v, krow[c + 1] + k1v);
+                store_pair(vrow + c, vrow[c] + v0v, vrow[c + 1] + v1v);
+            } else {
+                store_pair(krow + c, k0v, k1v);
+                store_pair(vrow + c, v0v, v1v);
+            }
+        }
+    }
+}
+
+}  // namespace attn_tc

@@ -1,0 +1,137 @@
+// llmc/base/args.cpp: see args.h.
+#include "llmc/base/args.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+std::string option_value_string(const Option& o) {
+    std::ostringstream s;
+    switch (o.kind) {
+        case Option::Int: s << *static_cast<int*>(o.target); break;
+        case Option::Long: s << *static_cast<long long*>(o.target); break;
+        case Option::Double: s << *static_cast<double*>(o.target); break;
+        case Option::String: {
+            const std::string& v = *static_cast<std::string*>(o.target);
+            s << (v.empty() ? "\"\"" : v);
+            break;
+        }
+    }
+    return s.str();
+}
+
+bool ArgParser::set(const Option& o, const std::string& flag, const std::string& value, std::string* err) {
+    auto bad = [&](const std::string& why) {
+        *err = "flag " + flag + ": " + why;
+        return false;
+    };
+    if (o.kind == Option::String) {
+        if (!o.choices.empty()) {
+            bool found = false;
+            std::string list;
+            for (const std::string& c : o.choices) {
+                found |= c == value;
+                list += (list.empty() ? "" : "|") + c;
+            }
+            if (!found) return bad("'" + value + "' is not one of " + list);
+        }
+        *static_cast<std::string*>(o.target) = value;
+        return true;
+    }
+    if (value.empty()) return bad("missing value");
+    char* end = nullptr;
+    errno = 0;
+    double d = 0;
+    long long i = 0;
+    if (o.kind == Option::Double) {
+        d = std::strtod(value.c_str(), &end);
+        if (*end != '\0' || errno == ERANGE || !std::isfinite(d)) return bad("'" + value + "' is not a number");
+    } else {
+        i = std::strtoll(value.c_str(), &end, 10);
+        if (*end != '\0' || errno == ERANGE) return bad("'" + value + "' is not an integer");
+        if (o.kind == Option::Int && (i < -2147483647LL || i > 2147483647LL)) return bad("'" + value + "' is out of range");
+        d = (double)i;
+    }
+    if (d < o.min || d > o.max) {
+        std::ostringstream r;
+        r << "'" << value << "' is outside [" << o.min << ", " << o.max << "]";
+        return bad(r.str());
+    }
+    if (o.kind == Option::Double) *static_cast<double*>(o.target) = d;
+    else if (o.kind == Option::Int) *static_cast<int*>(o.target) = (int)i;
+    else *static_cast<long long*>(o.target) = i;
+    return true;
+}
+
+bool ArgParser::parse(int argc, char** argv, bool* help, std::string* err) {
+    *help = false;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "-h" || a == "--help") {
+            *help = true;
+            return true;
+        }
+        const Option* opt = nullptr;
+        std::string value;
+        bool has_value = false;
+        if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
+            std::string name = a.substr(2);
+            size_t eq = name.find('=');
+            if (eq != std::string::npos) {
+                value = name.substr(eq + 1);
+                name = name.substr(0, eq);
+                has_value = true;
+            }
+            for (const Option& o : options_)
+                if (name == o.name) opt = &o;
+        } else if (a.size() == 2 && a[0] == '-') {
+            for (const Option& o : options_)
+                if (o.letter && a[1] == o.letter) opt = &o;
+        }
+        if (!opt) {
+            *err = "unknown flag '" + a + "' (see --help)";
+            return false;
+        }
+        if (!has_value) {
+            // An on/off flag alone: the next word is another flag, or none.
+            const bool next_is_flag = i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] != '\0');
+            if (opt->bare && next_is_flag) {
+                value = opt->bare;
+            } else if (i + 1 >= argc) {
+                *err = "flag " + a + ": missing value";
+                return false;
+            } else {
+                value = argv[++i];
+            }
+        }
+        if (!set(*opt, a, value, err)) return false;
+        given_.push_back(opt->name);
+    }
+    return true;
+}
+
+bool ArgParser::given(const std::string& name) const {
+    for (const std::string& g : given_)
+        if (g == name) return true;
+    return false;
+}
+
+std::string ArgParser::usage() const {
+    std::ostringstream s;
+    s << "usage: " << program_ << " [options]\n" << summary_ << "\n\noptions (default in brackets):\n";
+    for (const Option& o : options_) {
+        std::string flags = o.letter ? std::string("-") + o.letter + ", " : "    ";
+        flags += std::string("--") + o.name;
+        s << "  " << flags;
+        for (size_t pad = flags.size(); pad < 24; pad++) s << ' ';
+        s << ' ' << o.help << " [" << option_value_string(o) << "]";
+        if (!o.choices.empty()) {
+            s << " {";
+            for (size_t k = 0; k < o.choices.size(); k++) s << (k ? "|" : "") << o.choices[k];
+            s << "}";
+        }
+        s << "\n";
+    }
+    return s.str();
+}

@@ -1,0 +1,73 @@
+// llmc/comm/comm_mpi.h: MpiComm, the communicator of the CPU backend: MPI
+// collectives on host buffers, non-blocking where comm.h has a start_ form.
+// bf16 buffers (uint16 in memory) are reduced by user-defined MPI operations
+// that add (or compare) in fp32 and round to nearest even, as NCCL does.
+// StagedComm (comm_staged.h) runs its host side through one of these.
+// Exists only in builds with MPI (LLMC_MPI).
+#pragma once
+#ifdef LLMC_MPI
+// MPI's C++ bindings (deprecated, unused here) warn under -Wextra: skip them.
+// Other files include MPI through this header so the choice holds everywhere.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <climits>
+#include <cstddef>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "llmc/comm/comm.h"
+
+class MpiComm : public Comm {
+  public:
+    // Collective over comm: every rank of it constructs one. comm is
+    // duplicated (the caller keeps and frees its own), so our traffic never
+    // matches messages of other code on the same ranks.
+    // max_count: the most elements handed to one MPI call (MPI counts are
+    // int); longer buffers go in pieces. Tests lower it to reach those paths.
+    MpiComm(MPI_Comm comm, const std::string& name, size_t max_count = (size_t)INT_MAX);
+    ~MpiComm() override;
+    MpiComm(const MpiComm&) = delete;
+    MpiComm& operator=(const MpiComm&) = delete;
+
+    double host_all_reduce(double x, ReduceOp op) override;
+
+    MPI_Comm mpi_comm() const { return comm_; }
+
+  protected:
+    CommHandle do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) override;
+    CommHandle do_reduce_scatter(const void* send, void* recv, size_t recv_n, DType t) override;
+    CommHandle do_all_gather(const void* send, void* recv, size_t send_n, DType t) override;
+    void do_broadcast(void* buf, size_t n, DType t, int root) override;
+    CommHandle do_send_recv(const void* send, int dst, void* recv, int src, size_t n, DType t) override;
+    void do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) override;
+    void do_wait(CommHandle h) override;
+
+  private:
+    // A call in flight: its requests and, for an in-place reduce-scatter, the
+    // block received aside (MPI forbids send and receive buffers that
+    // overlap) that wait() copies to its place.
+    struct Pending {
+        std::vector<MPI_Request> reqs;
+        std::vector<char> tmp;
+        void* copy_to = nullptr;
+    };
+    Pending& add_pending(CommHandle* h);
+    MPI_Datatype mpi_type(DType t) const;
+    MPI_Op mpi_op(DType t, ReduceOp op) const;
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
+    size_t max_count_;
+    CommHandle next_ = 1;
+    // unordered_map: references to entries stay valid while others are added,
+    // and MPI holds pointers into an entry's tmp until wait().
+    std::unordered_map<CommHandle, Pending> pending_;
+};
+#endif  // LLMC_MPI

@@ -1,0 +1,658 @@
+// llmc/io/checkpoint.cpp: sharded checkpoints and the model export (see
+// checkpoint.h). The index is JSON, read and written with nlohmann-json.
+#include "llmc/io/checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <vector>
+
+#include "llmc/base/fileio.h"
+#include "llmc/io/model_io.h"
+#include "llmc/comm/dist.h"
+
+using json = nlohmann::json;
+
+std::string checkpoint_dir(const std::string& dir, int step) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "ckpt_%08d", step);
+    return dir + "/" + name;
+}
+
+std::string done_path(const std::string& dir, int step) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "DONE_%08d", step);
+    return dir + "/" + name;
+}
+
+static std::string state_path(const std::string& dir, int step) {  // the earlier format
+    char name[32];
+    std::snprintf(name, sizeof(name), "state_%08d.bin", step);
+    return dir + "/" + name;
+}
+
+static std::string shard_name(int rank) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "shard_%05d.bin", rank);
+    return name;
+}
+
+std::string RunInfo::layout() const {
+    return "world " + std::to_string(world) + " = pp " + std::to_string(pp) + (vpp > 1 ? "(x" + std::to_string(vpp) + ")" : "") +
+           " x dp " + std::to_string(dp) + " x cp " + std::to_string(cp) + " x tp " + std::to_string(tp) +
+           (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
+           ", recompute " + recompute;
+}
+
+static void put_u64(int* h, int at, uint64_t x) {
+    h[at] = (int)(uint32_t)(x & 0xffffffffu);
+    h[at + 1] = (int)(uint32_t)(x >> 32);
+}
+static uint64_t get_u64(const int* h, int at) { return (uint64_t)(uint32_t)h[at] | ((uint64_t)(uint32_t)h[at + 1] << 32); }
+
+// Every rank's verdict, the same on all (the lowest failing rank's message).
+static bool agree(bool ok, std::string* err) {
+    std::string msg = ok ? std::string() : *err;
+    return dist_all_ok(ok, msg, err);
+}
+
+// ---- pieces: runs of model-file elements ------------------------------------------------------
+
+// `count` runs of `len` elements starting at file offset `off`, `stride`
+// apart. Runs a rank owns come one per row for column slices (tp), so
+// consecutive runs of the same length at a fixed distance coalesce.
+struct Piece {
+    uint64_t off, len, stride, count;
+};
+
+struct OwnedRuns {
+    std::vector<Piece> pieces;
+    std::vector<std::pair<size_t, size_t>> runs;  // (buffer offset, n) in payload order
+    size_t elems = 0;
+};
+
+static OwnedRuns owned_runs(const GPT& model, bool sharded, const CheckpointOwner& own) {
+    OwnedRuns r;
+    model.for_each_owned(sharded, own.whole_owner, own.replicated_owner, [&](size_t f, size_t o, size_t n) {
+        r.runs.push_back({o, n});
+        r.elems += n;
+        if (!r.pieces.empty()) {
+            Piece& p = r.pieces.back();
+            if (p.len == n && p.count == 1 && f > p.off) {
+                p.stride = f - p.off;
+                p.count = 2;
+                return;
+            }
+            if (p.len == n && p.count > 1 && f == p.off + p.count * p.stride) {
+                p.count++;
+                return;
+            }
+        }
+        r.pieces.push_back({f, n, n, 1});
+    });
+    return r;
+}
+
+// ---- writing ---------------------------------------------------------------------------------
+
+static bool write_shard(const std::string& path, GPT& model, const CheckpointOwner& own, int rank, int world,
+                        std::string* err) {
+    const Precision& p = model.precision();
+    const DType wt = model.weights_dtype(), ot = p.opt;
+    const OwnedRuns w = owned_runs(model, model.weights_sharded(), own);
+    const OwnedRuns o = owned_runs(model, model.sharding().optimizer, own);
+    int h[kHeaderInts] = {0};
+    h[0] = kShardMagic;
+    h[1] = 1;
+    h[2] = rank;
+    h[3] = world;
+    h[4] = (int)wt;
+    h[5] = (int)ot;
+    put_u64(h, 6, w.pieces.size());
+    put_u64(h, 8, o.pieces.size());
+    AtomicWriter f;
+    if (!f.open(path, err)) return false;
+    f.write(h, sizeof(h));
+    for (const OwnedRuns* r : {&w, &o})
+        for (const Piece& pc : r->pieces) {
+            uint64_t q[4] = {pc.off, pc.len, pc.stride, pc.count};
+            f.write(q, sizeof(q));
+        }
+    // The payload, run by run: this rank's own part, never more.
+    std::vector<char> host;
+    auto put = [&](const OwnedRuns& r, const void* buf, DType t) {
+        for (const auto& run : r.runs) {
+            host.resize(run.second * dtype_size(t));
+            model.backend().download(host.data(), t, elem_ptr(buf, t, run.first), t, run.second);
+            f.write(host.data(), host.size());
+        }
+    };
+    put(w, model.weights(), wt);
+    put(o, model.adam_m(), ot);
+    put(o, model.adam_v(), ot);
+    return f.commit(err);
+}
+
+bool save_checkpoint(const std::string& dir, GPT& model, const CheckpointOwner& own, const TrainState& st,
+                     const RunInfo& run, std::string* err) {
+    const int rank = own.world ? own.world->rank() : 0, world = own.world ? own.world->size() : 1;
+    const std::string cdir = checkpoint_dir(dir, st.step);
+    bool ok = rank != 0 || make_dirs(cdir, err);
+    if (!agree(ok, err)) return false;
+    ok = write_shard(cdir + "/" + shard_name(rank), model, own, rank, world, err);
+    if (!agree(ok, err)) return false;
+    if (rank == 0) {
+        const GPTConfig& c = model.config();
+        const Precision& p = model.precision();
+        json j;
+        j["format"] = "llmc-checkpoint";
+        j["version"] = 1;
+        j["step"] = st.step;
+        j["model"] = {{"maxT", c.max_seq_len}, {"V", c.vocab_size}, {"Vp", c.padded_vocab_size},
+                      {"L", c.num_layers}, {"NH", c.num_heads}, {"C", c.channels}};
+        if (c.llama()) {
+            j["model"]["arch"] = "llama";
+            j["model"]["NKV"] = c.kv_heads();
+            j["model"]["F"] = c.hidden();
+            j["model"]["theta"] = c.rope_theta;
+            j["model"]["eps"] = c.norm_eps;
+            j["model"]["tied"] = c.tied;
+        }
+        j["params"] = model.table().file_params;
+        j["weights_dtype"] = dtype_name(model.weights_dtype());
+        j["adam_dtype"] = dtype_name(p.opt);
+        j["rng_state"] = st.rng_state;
+        j["rows_consumed"] = st.rows_consumed;
+        j["run"] = {{"max_steps", run.max_steps}, {"total_batch", run.total_batch}, {"B", run.B}, {"T", run.T},
+                    {"world", run.world}, {"pp", run.pp}, {"vpp", run.vpp}, {"dp", run.dp}, {"cp", run.cp},
+                    {"tp", run.tp}, {"sp", run.sp}, {"zero", run.zero}, {"recompute", run.recompute}};
+        json shards = json::array();
+        for (int r = 0; r < world; r++) shards.push_back(shard_name(r));
+        j["shards"] = shards;
+        const std::string text = j.dump(2) + "\n";
+        AtomicWriter f;
+        ok = f.open(cdir + "/index.json", err) && f.write(text.data(), text.size()) && f.commit(err);
+        if (ok && !f.open(done_path(dir, st.step), err)) ok = false;
+        if (ok) ok = f.commit(err);
+    }
+    return agree(ok, err);
+}
+
+// ---- finding and cleaning --------------------------------------------------------------------
+
+static std::vector<std::string> list_dir(const std::string& dir) {
+    std::vector<std::string> names;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d))
+            if (std::strcmp(e->d_name, ".") && std::strcmp(e->d_name, "..")) names.push_back(e->d_name);
+        closedir(d);
+    }
+    return names;
+}
+
+int latest_checkpoint(const std::string& dir) {
+    int best = -1;
+    for (const std::string& n : list_dir(dir)) {
+        int s = -1;
+        char tail = 0;
+        if (std::sscanf(n.c_str(), "DONE_%d%c", &s, &tail) == 1 && s > best) best = s;
+    }
+    return best;
+}
+
+static bool is_dir(const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Removes a checkpoint directory and its files (one level deep).
+static void remove_tree(const std::string& p) {
+    for (const std::string& n : list_dir(p)) std::remove((p + "/" + n).c_str());
+    rmdir(p.c_str());
+}
+
+int clean_checkpoints(const std::string& dir, int keep) {
+    int removed = 0;
+    std::vector<int> complete;
+    for (const std::string& n : list_dir(dir)) {
+        const std::string p = dir + "/" + n;
+        int s = -1;
+        char tail = 0;
+        if (n.find(".tmp.") != std::string::npos) {  // a file being written when the run died
+            removed += std::remove(p.c_str()) == 0;
+        } else if (std::sscanf(n.c_str(), "ckpt_%d%c", &s, &tail) == 1 && is_dir(p)) {
+            if (file_size(done_path(dir, s)) < 0) {  // torn: never finished
+                remove_tree(p);
+                removed++;
+            } else {
+                complete.push_back(s);
+            }
+        } else if (std::sscanf(n.c_str(), "DONE_%d%c", &s, &tail) == 1 && file_size(state_path(dir, s)) >= 0) {
+            complete.push_back(s);  // the earlier format
+        }
+    }
+    if (keep <= 0) return removed;
+    std::sort(complete.begin(), complete.end());
+    for (size_t i = 0; i + keep < complete.size(); i++) {
+        const int s = complete[i];
+        // DONE first: a crash half-way leaves a torn checkpoint, cleaned next time.
+        std::remove(done_path(dir, s).c_str());
+        if (is_dir(checkpoint_dir(dir, s))) remove_tree(checkpoint_dir(dir, s));
+        std::remove(state_path(dir, s).c_str());
+        char name[32];
+        std::snprintf(name, sizeof(name), "/model_%08d.bin", s);
+        std::remove((dir + name).c_str());
+        removed++;
+    }
+    return removed;
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+namespace {
+
+struct Index {
+    GPTConfig cfg;
+    int step = 0;
+    DType wt = DType::F32, ot = DType::F32;
+    TrainState st;
+    RunInfo run;
+    std::vector<std::string> shards;
+};
+
+bool dtype_from_name(const std::string& n, DType* t) {
+    for (DType c : {DType::F32, DType::F64, DType::BF16})
+        if (n == dtype_name(c)) {
+            *t = c;
+            return true;
+        }
+    return false;
+}
+
+bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
+    const std::string path = checkpoint_dir(dir, step) + "/index.json";
+    std::ifstream in(path);
+    if (!in) {
+        *err = "checkpoint " + path + ": cannot open";
+        return false;
+    }
+    try {
+        json j = json::parse(in);
+        if (j.at("format") != "llmc-checkpoint" || j.at("version") != 1)
+            throw std::runtime_error("not an llmc checkpoint index of version 1");
+        const json& m = j.at("model");
+        ix->cfg.max_seq_len = m.at("maxT");
+        ix->cfg.vocab_size = m.at("V");
+        ix->cfg.padded_vocab_size = m.at("Vp");
+        ix->cfg.num_layers = m.at("L");
+        ix->cfg.num_heads = m.at("NH");
+        ix->cfg.channels = m.at("C");
+        if (m.value("arch", std::string("gpt2")) == "llama") {  // absent: GPT-2 (indexes before Llama)
+            ix->cfg.arch = Arch::llama;
+            ix->cfg.num_kv_heads = m.at("NKV");
+            ix->cfg.ffn = m.at("F");
+            ix->cfg.rope_theta = m.at("theta");
+            ix->cfg.norm_eps = m.at("eps");
+            ix->cfg.tied = m.at("tied");
+        } else if (m.value("arch", std::string("gpt2")) != "gpt2") {
+            throw std::runtime_error("unknown model arch " + m.at("arch").get<std::string>());
+        }
+        ix->step = j.at("step");
+        if (!dtype_from_name(j.at("weights_dtype"), &ix->wt) || !dtype_from_name(j.at("adam_dtype"), &ix->ot))
+            throw std::runtime_error("unknown dtype");
+        ix->st.step = ix->step;
+        ix->st.rng_state = j.at("rng_state");
+        ix->st.rows_consumed = j.at("rows_consumed");
+        const json& r = j.at("run");
+        RunInfo& ri = ix->run;
+        ri.max_steps = r.at("max_steps");
+        ri.total_batch = r.at("total_batch");
+        ri.B = r.at("B");
+        ri.T = r.at("T");
+        ri.world = r.at("world");
+        ri.pp = r.at("pp");
+        ri.vpp = r.at("vpp");
+        ri.dp = r.at("dp");
+        ri.cp = r.at("cp");
+        ri.tp = r.at("tp");
+        ri.sp = r.at("sp");
+        ri.zero = r.at("zero");
+        ri.recompute = r.at("recompute");
+        for (const json& s : j.at("shards")) ix->shards.push_back(s.get<std::string>());
+        if (ix->step != step) throw std::runtime_error("step " + std::to_string(ix->step) + " in the index");
+        std::string why;
+        if (!validate_config(ix->cfg, &why)) throw std::runtime_error("bad model shape: " + why);
+    } catch (const std::exception& e) {
+        *err = "checkpoint " + path + ": " + e.what();
+        return false;
+    }
+    return true;
+}
+
+// One shard's header and piece tables; the file stays open for reading.
+struct Shard {
+    std::string path;
+    std::unique_ptr<FILE, int (*)(FILE*)> f{nullptr, &std::fclose};
+    std::vector<Piece> w, o;
+    long long w_at = 0, o_at = 0;  // payload starts: weights, then m (v follows m)
+    uint64_t o_elems = 0;
+};
+
+bool open_shard(const std::string& path, const Index& ix, Shard* sh, std::string* err) {
+    sh->path = path;
+    sh->f.reset(std::fopen(path.c_str(), "rb"));
+    int h[kHeaderInts];
+    if (!sh->f || std::fread(h, 4, kHeaderInts, sh->f.get()) != (size_t)kHeaderInts) {
+        *err = "checkpoint shard " + path + ": cannot read its header";
+        return false;
+    }
+    if (h[0] != kShardMagic || h[1] != 1 || h[4] != (int)ix.wt || h[5] != (int)ix.ot) {
+        *err = "checkpoint shard " + path + ": bad magic, version or dtypes";
+        return false;
+    }
+    const uint64_t nw = get_u64(h, 6), no = get_u64(h, 8);
+    const long long size = file_size(path);
+    if (nw + no > (uint64_t)size / 32) {
+        *err = "checkpoint shard " + path + ": piece counts past the end of the file";
+        return false;
+    }
+    uint64_t elems[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        std::vector<Piece>& v = k == 0 ? sh->w : sh->o;
+        v.resize(k == 0 ? nw : no);
+        for (Piece& p : v) {
+            uint64_t q[4];
+            if (std::fread(q, 8, 4, sh->f.get()) != 4) {
+                *err = "checkpoint shard " + path + ": truncated piece table";
+                return false;
+            }
+            p = {q[0], q[1], q[2], q[3]};
+            const size_t P = model_param_count(ix.cfg);
+            if (p.len == 0 || p.count == 0 || p.off + (p.count - 1) * p.stride + p.len > P) {
+                *err = "checkpoint shard " + path + ": a piece past the model's " + std::to_string(P) + " parameters";
+                return false;
+            }
+            elems[k] += p.len * p.count;
+        }
+    }
+    sh->w_at = kHeaderInts * 4LL + 32LL * (long long)(nw + no);
+    sh->o_at = sh->w_at + (long long)(elems[0] * dtype_size(ix.wt));
+    sh->o_elems = elems[1];
+    const long long want = sh->o_at + (long long)(2 * elems[1] * dtype_size(ix.ot));
+    if (size != want) {
+        *err = "checkpoint shard " + path + ": size " + std::to_string(size) + " bytes, its tables promise " +
+               std::to_string(want) + " (truncated or corrupt)";
+        return false;
+    }
+    return true;
+}
+
+// Copies the elements of [fo, fo + n) that the pieces hold from the payload
+// starting at byte `at` (elements of size es) into dst; counts them.
+bool read_range(Shard& sh, const std::vector<Piece>& pieces, long long at, size_t es, uint64_t fo, uint64_t n,
+                char* dst, uint64_t* filled) {
+    uint64_t base = 0;  // payload element of the current piece's first row
+    for (const Piece& p : pieces) {
+        const uint64_t end = p.off + (p.count - 1) * p.stride + p.len;
+        if (p.off < fo + n && end > fo) {
+            for (uint64_t i = 0; i < p.count; i++) {
+                const uint64_t r0 = p.off + i * p.stride, b = std::max(r0, fo), e = std::min(r0 + p.len, fo + n);
+                if (b >= e) continue;
+                const long long pos = at + (long long)((base + i * p.len + (b - r0)) * es);
+                if (std::fseek(sh.f.get(), pos, SEEK_SET) != 0 ||
+                    std::fread(dst + (b - fo) * es, es, e - b, sh.f.get()) != e - b)
+                    return false;
+                *filled += e - b;
+            }
+        }
+        base += p.len * p.count;
+    }
+    return true;
+}
+
+bool all_finite(const void* p, DType t, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const double x = t == DType::F64 ? static_cast<const double*>(p)[i]
+                         : t == DType::F32 ? static_cast<const float*>(p)[i]
+                                           : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+        if (!std::isfinite(x)) return false;
+    }
+    return true;
+}
+
+// ---- the earlier one-file format -----------------------------------------------------------
+
+bool read_state_header(const std::string& path, int* h, std::string* err) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) {
+        *err = "checkpoint " + path + ": cannot open";
+        return false;
+    }
+    bool ok = std::fread(h, 4, kHeaderInts, f) == (size_t)kHeaderInts;
+    std::fclose(f);
+    if (!ok) {
+        *err = "checkpoint " + path + ": truncated header";
+        return false;
+    }
+    if (h[0] != kStateMagic || h[1] != 1) {
+        *err = "checkpoint " + path + ": bad magic/version " + std::to_string(h[0]) + "/" + std::to_string(h[1]);
+        return false;
+    }
+    return true;
+}
+
+GPTConfig header_config(const int* h) {
+    GPTConfig c;
+    c.max_seq_len = h[5];
+    c.vocab_size = h[6];
+    c.num_layers = h[7];
+    c.num_heads = h[8];
+    c.channels = h[9];
+    c.padded_vocab_size = h[10];
+    return c;
+}
+
+bool float_dtype(int t) { return t == (int)DType::F32 || t == (int)DType::F64 || t == (int)DType::BF16; }
+
+bool load_state_file(const std::string& path, GPT& model, TrainState* st, std::string* err) {
+    int h[kHeaderInts];
+    if (!read_state_header(path, h, err)) return false;
+    if (header_config(h) != model.config()) {
+        *err = "checkpoint " + path + ": shape " + config_string(header_config(h)) + " does not match the model " +
+               config_string(model.config());
+        return false;
+    }
+    if (!float_dtype(h[3]) || !float_dtype(h[4])) {
+        *err = "checkpoint " + path + ": bad dtype fields";
+        return false;
+    }
+    DType wt = (DType)h[3], ot = (DType)h[4];
+    size_t P = model.table().file_params;
+    long long expect = kHeaderInts * 4LL + (long long)(P * (dtype_size(wt) + 2 * dtype_size(ot)));
+    if (file_size(path) != expect) {
+        *err = "checkpoint " + path + ": size " + std::to_string(file_size(path)) + " bytes, expected " +
+               std::to_string(expect) + " (truncated or corrupt)";
+        return false;
+    }
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    if (!f || std::fseek(f.get(), kHeaderInts * 4, SEEK_SET) != 0) {
+        *err = "checkpoint " + path + ": cannot read";
+        return false;
+    }
+    std::vector<char> buf(P * dtype_size(wt));
+    bool ok = std::fread(buf.data(), 1, buf.size(), f.get()) == buf.size();
+    if (ok) model.set_weights_file_order(buf.data(), wt);
+    buf.resize(P * dtype_size(ot));
+    const Precision& p = model.precision();
+    ok = ok && std::fread(buf.data(), 1, buf.size(), f.get()) == buf.size();
+    if (ok) model.set_file_order(model.adam_m(), model.sharding().optimizer, p.opt, buf.data(), ot);
+    ok = ok && std::fread(buf.data(), 1, buf.size(), f.get()) == buf.size();
+    if (ok) model.set_file_order(model.adam_v(), model.sharding().optimizer, p.opt, buf.data(), ot);
+    if (!ok) {
+        *err = "checkpoint " + path + ": cannot read payload";
+        return false;
+    }
+    st->step = h[2];
+    st->rng_state = get_u64(h, 11);
+    st->rows_consumed = get_u64(h, 13);
+    return true;
+}
+
+}  // namespace
+
+bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, std::string* err) {
+    if (!is_dir(checkpoint_dir(dir, step)) && file_size(state_path(dir, step)) >= 0) {
+        int h[kHeaderInts];
+        if (!read_state_header(state_path(dir, step), h, err)) return false;
+        GPTConfig c = header_config(h);
+        std::string why;
+        if (!validate_config(c, &why)) {
+            *err = "checkpoint " + state_path(dir, step) + ": bad shape: " + why;
+            return false;
+        }
+        *cfg = c;
+        return true;
+    }
+    Index ix;
+    if (!read_index(dir, step, &ix, err)) return false;
+    *cfg = ix.cfg;
+    return true;
+}
+
+bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* st, RunInfo* run, std::string* err) {
+    if (!is_dir(checkpoint_dir(dir, step)) && file_size(state_path(dir, step)) >= 0) {
+        *run = RunInfo();
+        run->world = 0;  // unknown
+        return load_state_file(state_path(dir, step), model, st, err);
+    }
+    Index ix;
+    if (!read_index(dir, step, &ix, err)) return false;
+    const std::string cdir = checkpoint_dir(dir, step);
+    if (ix.cfg != model.config()) {
+        *err = "checkpoint " + cdir + ": shape " + config_string(ix.cfg) + " does not match the model " +
+               config_string(model.config());
+        return false;
+    }
+    std::vector<Shard> shards(ix.shards.size());
+    for (size_t i = 0; i < shards.size(); i++)
+        if (!open_shard(cdir + "/" + ix.shards[i], ix, &shards[i], err)) return false;
+    // Tensor by tensor: each tensor this rank holds any part of, whole, from
+    // the shards that hold its pieces, then this rank's part into its buffers.
+    const Precision& p = model.precision();
+    const size_t ws = dtype_size(ix.wt), os = dtype_size(ix.ot);
+    std::vector<char> w, m, v;
+    std::vector<uint64_t> seen;
+    for (const TensorEntry& e : model.table().entries) {
+        const uint64_t fo = e.file_offset, n = e.file_rows * e.file_cols;
+        if (std::find(seen.begin(), seen.end(), fo) != seen.end()) continue;
+        seen.push_back(fo);
+        w.assign(n * ws, 0);
+        m.assign(n * os, 0);
+        v.assign(n * os, 0);
+        uint64_t got_w = 0, got_m = 0, got_v = 0;
+        for (Shard& sh : shards) {
+            const bool ok = read_range(sh, sh.w, sh.w_at, ws, fo, n, w.data(), &got_w) &&
+                            read_range(sh, sh.o, sh.o_at, os, fo, n, m.data(), &got_m) &&
+                            read_range(sh, sh.o, sh.o_at + (long long)(sh.o_elems * os), os, fo, n, v.data(), &got_v);
+            if (!ok) {
+                *err = "checkpoint shard " + sh.path + ": cannot read tensor " + e.name();
+                return false;
+            }
+        }
+        const std::string tensor = e.name();
+        if (got_w != n || got_m != n || got_v != n) {
+            *err = "checkpoint " + cdir + ": tensor " + tensor + " has " + std::to_string(got_w) + " of its " +
+                   std::to_string(n) + " weights in the shards (missing or overlapping pieces)";
+            return false;
+        }
+        if (!all_finite(w.data(), ix.wt, n)) {
+            *err = "checkpoint " + cdir + ": tensor " + tensor + " holds NaN or infinite weights";
+            return false;
+        }
+        model.set_weights_file_range(w.data(), ix.wt, fo, fo + n);
+        model.set_file_range(model.adam_m(), model.sharding().optimizer, p.opt, m.data(), ix.ot, fo, fo + n);
+        model.set_file_range(model.adam_v(), model.sharding().optimizer, p.opt, v.data(), ix.ot, fo, fo + n);
+    }
+    *st = ix.st;
+    *run = ix.run;
+    return true;
+}
+
+// ---- the model export --------------------------------------------------------------------------
+
+WeightGather::~WeightGather() {
+    if (tmp_) model_.backend().release(tmp_);
+}
+
+const std::vector<char>& WeightGather::gather(size_t fo, size_t n) {
+    Backend& be = model_.backend();
+    const DType wt = model_.weights_dtype();
+    const size_t ws = dtype_size(wt);
+    host_.assign(n * ws, 0);
+    model_.for_each_owned(model_.weights_sharded(), own_.whole_owner, own_.replicated_owner,
+                          [&](size_t fr, size_t o, size_t k) {
+                              const size_t b = std::max(fr, fo), en = std::min(fr + k, fo + n);
+                              if (b < en)
+                                  be.download(host_.data() + (b - fo) * ws, wt,
+                                              elem_ptr(model_.weights(), wt, o + (b - fr)), wt, en - b);
+                          });
+    if (own_.world && own_.world->size() > 1) {
+        if (n > tmp_elems_) {
+            if (tmp_) be.release(tmp_);
+            tmp_ = be.alloc(n * ws);
+            tmp_elems_ = n;
+        }
+        CommCounts saved = own_.world->counts();  // export traffic is not step traffic
+        be.upload(tmp_, wt, host_.data(), wt, n);
+        own_.world->all_reduce(tmp_, n, wt, ReduceOp::Sum);
+        be.download(host_.data(), wt, tmp_, wt, n);
+        own_.world->counts() = saved;
+    }
+    return host_;
+}
+
+bool export_model(const std::string& path, GPT& model, const CheckpointOwner& own, int version, std::string* err) {
+    const int rank = own.world ? own.world->rank() : 0;
+    const GPTConfig& c = model.config();
+    const DType wt = model.weights_dtype(), ft = version == 5 ? DType::BF16 : DType::F32;
+    AtomicWriter f;
+    bool ok = true;
+    if (rank == 0) {
+        const std::vector<int> h = model_file_header(c, version);
+        ok = f.open(path, err) && f.write(h.data(), h.size() * sizeof(int));
+    }
+    if (!agree(ok, err)) return false;
+    // The whole model's tensors in file order, one at a time: every rank
+    // writes what it owns of the tensor into a zeroed buffer, a sum over the
+    // world assembles it (each element has one owner), rank 0 appends it.
+    const TensorTable whole(c);
+    std::vector<const TensorEntry*> order;
+    for (const TensorEntry& e : whole.entries) order.push_back(&e);
+    std::sort(order.begin(), order.end(),
+              [](const TensorEntry* x, const TensorEntry* y) { return x->file_offset < y->file_offset; });
+    std::vector<char> out;
+    WeightGather gather(model, own);
+    for (const TensorEntry* e : order) {
+        const size_t n = e->file_rows * e->file_cols;
+        const std::vector<char>& host = gather.gather(e->file_offset, n);
+        if (rank == 0 && ok) {
+            out.resize(n * dtype_size(ft));
+            convert_host(out.data(), ft, host.data(), wt, n);
+            ok = f.write(out.data(), out.size());
+        }
+    }
+    if (rank == 0) {
+        if (!ok && err->empty()) *err = "cannot write " + path;
+        ok = ok ? f.commit(err) : false;
+    }
+    return agree(ok, err);
+}

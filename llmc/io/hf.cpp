@@ -1,0 +1,519 @@
+// llmc/io/hf.cpp: Hugging Face checkpoints (see hf.h). config.json and the
+// shard index are read and written with nlohmann-json.
+#include "llmc/io/hf.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "llmc/base/fileio.h"
+#include "llmc/comm/dist.h"
+#include "llmc/io/safetensors.h"
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+bool is_hf_dir(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string hf_tokenizer_path(const std::string& dir) {
+    const std::string p = dir + "/tokenizer.json";
+    return file_size(p) >= 0 ? p : std::string();
+}
+
+static bool read_json_file(const std::string& path, json* out, std::string* err) {
+    std::ifstream in(path);
+    if (!in) {
+        *err = path + ": cannot open";
+        return false;
+    }
+    try {
+        *out = json::parse(in);
+    } catch (const json::exception& e) {
+        std::string m = e.what();
+        std::replace(m.begin(), m.end(), '\n', ' ');
+        *err = path + ": not valid JSON (" + m + ")";
+        return false;
+    }
+    if (!out->is_object()) {
+        *err = path + ": not a JSON object";
+        return false;
+    }
+    return true;
+}
+
+// ---- config.json --------------------------------------------------------------------------------
+
+namespace {
+// Fields of config.json with transformers' defaults when absent.
+struct ConfigReader {
+    const json& j;
+    std::string path;
+    std::string* err;
+    bool ok = true;
+    bool fail(const std::string& m) {
+        if (ok) *err = path + ": " + m;
+        ok = false;
+        return false;
+    }
+    int integer(const char* key, long long def = -1) {
+        if (!j.contains(key) || j[key].is_null()) {
+            if (def < 0) fail(std::string("missing ") + key);
+            return (int)def;
+        }
+        const json& v = j[key];
+        if (!v.is_number_integer() || v.get<long long>() <= 0 || v.get<long long>() > (1LL << 30)) {
+            fail(std::string(key) + " is " + v.dump() + ", not a positive integer");
+            return 0;
+        }
+        return (int)v.get<long long>();
+    }
+    double real(const char* key, double def) {
+        if (!j.contains(key) || j[key].is_null()) return def;
+        const json& v = j[key];
+        if (!v.is_number() || !(v.get<double>() > 0)) {
+            fail(std::string(key) + " is " + v.dump() + ", not a positive number");
+            return def;
+        }
+        return v.get<double>();
+    }
+    bool boolean(const char* key, bool def) {
+        if (!j.contains(key) || j[key].is_null()) return def;
+        if (!j[key].is_boolean()) {
+            fail(std::string(key) + " is " + j[key].dump() + ", not true or false");
+            return def;
+        }
+        return j[key].get<bool>();
+    }
+    std::string str(const char* key, const std::string& def) {
+        if (!j.contains(key) || j[key].is_null()) return def;
+        if (!j[key].is_string()) {
+            fail(std::string(key) + " is " + j[key].dump() + ", not a string");
+            return def;
+        }
+        return j[key].get<std::string>();
+    }
+};
+}  // namespace
+
+bool read_hf_config(const std::string& dir, GPTConfig* cfg, std::string* err) {
+    const std::string path = dir + "/config.json";
+    json j;
+    if (!read_json_file(path, &j, err)) return false;
+    ConfigReader r{j, path, err};
+    std::string arch;
+    if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+        j["architectures"][0].is_string())
+        arch = j["architectures"][0].get<std::string>();
+    const std::string type = r.str("model_type", "");
+    if (!arch.empty() && arch != "LlamaForCausalLM" && arch != "GPT2LMHeadModel")
+        return r.fail("architecture " + arch + " is not supported (LlamaForCausalLM or GPT2LMHeadModel)");
+    const bool llama = arch == "LlamaForCausalLM" || (arch.empty() && type == "llama");
+    const bool gpt2 = arch == "GPT2LMHeadModel" || (arch.empty() && type == "gpt2");
+    if (!llama && !gpt2)
+        return r.fail("model_type '" + type + "' is not supported (llama or gpt2, or architectures " +
+                      "LlamaForCausalLM or GPT2LMHeadModel)");
+    GPTConfig c;
+    if (llama) {
+        c.arch = Arch::llama;
+        c.channels = r.integer("hidden_size");
+        c.num_heads = r.integer("num_attention_heads");
+        c.num_kv_heads = r.integer("num_key_value_heads", c.num_heads > 0 ? c.num_heads : 1);
+        c.ffn = r.integer("intermediate_size");
+        c.num_layers = r.integer("num_hidden_layers");
+        c.vocab_size = r.integer("vocab_size");
+        c.max_seq_len = r.integer("max_position_embeddings", 2048);
+        c.rope_theta = r.real("rope_theta", 10000.0);
+        c.norm_eps = r.real("rms_norm_eps", 1e-6);
+        c.tied = r.boolean("tie_word_embeddings", false);
+        if (!r.ok) return false;
+        if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+            return r.fail("rope_scaling " + j["rope_scaling"].dump() + " is not supported (plain RoPE only)");
+        if (r.boolean("attention_bias", false)) return r.fail("attention_bias true is not supported (Llama without biases)");
+        if (r.boolean("mlp_bias", false)) return r.fail("mlp_bias true is not supported (Llama without biases)");
+        const std::string act = r.str("hidden_act", "silu");
+        if (act != "silu") return r.fail("hidden_act '" + act + "' is not supported (silu)");
+        if (j.contains("head_dim") && !j["head_dim"].is_null() && c.num_heads > 0 &&
+            r.integer("head_dim") != c.channels / c.num_heads)
+            return r.fail("head_dim " + j["head_dim"].dump() + " is not hidden_size / num_attention_heads = " +
+                          std::to_string(c.channels / c.num_heads) + " (not supported)");
+    } else {
+        c.arch = Arch::gpt2;
+        c.channels = r.integer("n_embd", 768);
+        c.num_heads = r.integer("n_head", 12);
+        c.num_layers = r.integer("n_layer", 12);
+        c.vocab_size = r.integer("vocab_size", 50257);
+        c.max_seq_len = r.integer("n_positions", 1024);
+        const double eps = r.real("layer_norm_epsilon", 1e-5);
+        if (!r.ok) return false;
+        // The LayerNorm here uses 1e-5 (shared/reference.md section 2).
+        if (std::fabs(eps - 1e-5) > 1e-12) return r.fail("layer_norm_epsilon " + j["layer_norm_epsilon"].dump() +
+                                                      " is not supported (GPT-2's LayerNorm here uses 1e-5)");
+        c.norm_eps = 1e-5;
+        const std::string act = r.str("activation_function", "gelu_new");
+        if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")
+            return r.fail("activation_function '" + act + "' is not supported (the tanh GELU: gelu_new)");
+        if (j.contains("n_inner") && !j["n_inner"].is_null() && r.integer("n_inner") != 4 * c.channels)
+            return r.fail("n_inner " + j["n_inner"].dump() + " is not supported (GPT-2's MLP is 4 x n_embd)");
+        if (!r.boolean("scale_attn_weights", true)) return r.fail("scale_attn_weights false is not supported");
+        if (r.boolean("scale_attn_by_inverse_layer_idx", false))
+            return r.fail("scale_attn_by_inverse_layer_idx true is not supported");
+        if (r.boolean("add_cross_attention", false)) return r.fail("add_cross_attention true is not supported");
+        if (!r.boolean("tie_word_embeddings", true))
+            return r.fail("tie_word_embeddings false is not supported for GPT-2 (its LM head is wte)");
+    }
+    if (!r.ok) return false;
+    c.padded_vocab_size = c.vocab_size;  // Hugging Face models have no padding rows
+    std::string why;
+    if (!validate_config(c, &why)) return r.fail(why);
+    *cfg = c;
+    return true;
+}
+
+// ---- the tensor map -------------------------------------------------------------------------------
+
+namespace {
+struct HfTensor {
+    std::string name;              // Hugging Face's name
+    std::vector<uint64_t> shape;   // as stored there
+    size_t file_begin;             // first element in our model file order
+    bool transpose;                // stored (in, out) (GPT-2's Conv1D): ours is its transpose
+    uint64_t numel() const {
+        uint64_t n = 1;
+        for (uint64_t d : shape) n *= d;
+        return n;
+    }
+};
+
+// Every tensor of the Hugging Face model of shape c, in our file order.
+// prefix: "transformer." or "" for GPT-2 (checkpoints come both ways).
+std::vector<HfTensor> hf_tensors(const GPTConfig& c, const std::string& prefix) {
+    const TensorTable t(c);
+    const uint64_t C = c.channels, V = c.vocab_size, HS = c.head_size();
+    const uint64_t Q = c.num_heads * HS, KV = c.kv_heads() * HS, F = c.hidden(), L = c.num_layers;
+    auto at = [&](Param p, int l = 0) { return t.get(p, l).file_offset; };
+    std::vector<HfTensor> v;
+    if (c.llama()) {
+        v.push_back({"model.embed_tokens.weight", {V, C}, at(Param::wte), false});
+        for (uint64_t l = 0; l < L; l++) {
+            const std::string p = "model.layers." + std::to_string(l) + ".";
+            const int li = (int)l;
+            v.push_back({p + "input_layernorm.weight", {C}, at(Param::ln1w, li), false});
+            v.push_back({p + "self_attn.q_proj.weight", {Q, C}, at(Param::qkvw, li), false});
+            v.push_back({p + "self_attn.k_proj.weight", {KV, C}, at(Param::qkvw, li) + Q * C, false});
+            v.push_back({p + "self_attn.v_proj.weight", {KV, C}, at(Param::qkvw, li) + (Q + KV) * C, false});
+            v.push_back({p + "self_attn.o_proj.weight", {C, Q}, at(Param::attprojw, li), false});
+            v.push_back({p + "post_attention_layernorm.weight", {C}, at(Param::ln2w, li), false});
+            v.push_back({p + "mlp.gate_proj.weight", {F, C}, at(Param::fcw, li), false});
+            v.push_back({p + "mlp.up_proj.weight", {F, C}, at(Param::fcw, li) + F * C, false});
+            v.push_back({p + "mlp.down_proj.weight", {C, F}, at(Param::fcprojw, li), false});
+        }
+        v.push_back({"model.norm.weight", {C}, at(Param::lnfw), false});
+        if (!c.tied) v.push_back({"lm_head.weight", {V, C}, at(Param::lm_head), false});
+    } else {
+        const uint64_t T = c.max_seq_len;
+        v.push_back({prefix + "wte.weight", {V, C}, at(Param::wte), false});
+        v.push_back({prefix + "wpe.weight", {T, C}, at(Param::wpe), false});
+        for (uint64_t l = 0; l < L; l++) {
+            const std::string p = prefix + "h." + std::to_string(l) + ".";
+            const int li = (int)l;
+            v.push_back({p + "ln_1.weight", {C}, at(Param::ln1w, li), false});
+            v.push_back({p + "ln_1.bias", {C}, at(Param::ln1b, li), false});
+            v.push_back({p + "attn.c_attn.weight", {C, 3 * C}, at(Param::qkvw, li), true});
+            v.push_back({p + "attn.c_attn.bias", {3 * C}, at(Param::qkvb, li), false});
+            v.push_back({p + "attn.c_proj.weight", {C, C}, at(Param::attprojw, li), true});
+            v.push_back({p + "attn.c_proj.bias", {C}, at(Param::attprojb, li), false});
+            v.push_back({p + "ln_2.weight", {C}, at(Param::ln2w, li), false});
+            v.push_back({p + "ln_2.bias", {C}, at(Param::ln2b, li), false});
+            v.push_back({p + "mlp.c_fc.weight", {C, 4 * C}, at(Param::fcw, li), true});
+            v.push_back({p + "mlp.c_fc.bias", {4 * C}, at(Param::fcb, li), false});
+            v.push_back({p + "mlp.c_proj.weight", {4 * C, C}, at(Param::fcprojw, li), true});
+            v.push_back({p + "mlp.c_proj.bias", {C}, at(Param::fcprojb, li), false});
+        }
+        v.push_back({prefix + "ln_f.weight", {C}, at(Param::lnfw), false});
+        v.push_back({prefix + "ln_f.bias", {C}, at(Param::lnfb), false});
+    }
+    return v;
+}
+
+// Names a checkpoint may hold that are not weights of ours: buffers older
+// transformers saved (GPT-2's causal mask, Llama's inverse frequencies), and
+// the tied LM head when a writer kept it.
+bool ignorable(const GPTConfig& c, const std::string& name) {
+    auto ends = [&](const std::string& s) {
+        return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    if (c.llama()) return ends("rotary_emb.inv_freq") || (c.tied && name == "lm_head.weight");
+    return ends(".attn.bias") || ends(".attn.masked_bias") || name == "lm_head.weight";
+}
+
+std::string shape_text(const std::vector<uint64_t>& s) {
+    std::string t = "[";
+    for (size_t i = 0; i < s.size(); i++) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
+}
+
+// out (cols x rows) = transpose of in (rows x cols), elements of es bytes.
+void transpose_bytes(void* out, const void* in, size_t rows, size_t cols, size_t es) {
+    const char* s = static_cast<const char*>(in);
+    char* d = static_cast<char*>(out);
+    const size_t blk = 32;  // blocks keep both sides in cache
+    for (size_t i0 = 0; i0 < rows; i0 += blk)
+        for (size_t j0 = 0; j0 < cols; j0 += blk)
+            for (size_t i = i0; i < std::min(rows, i0 + blk); i++)
+                for (size_t j = j0; j < std::min(cols, j0 + blk); j++)
+                    std::memcpy(d + (j * rows + i) * es, s + (i * cols + j) * es, es);
+}
+
+const char* arch_name(const GPTConfig& c) { return c.llama() ? "LlamaForCausalLM" : "GPT2LMHeadModel"; }
+}  // namespace
+
+// ---- load -------------------------------------------------------------------------------------------
+
+bool load_hf(const std::string& dir, GPT& model, std::string* err) {
+    GPTConfig c;
+    if (!read_hf_config(dir, &c, err)) return false;
+    if (c != model.config()) {
+        *err = dir + ": config.json describes " + config_string(c) + ", not the model " +
+               config_string(model.config());
+        return false;
+    }
+    // The files: one, or the shards the index lists.
+    std::vector<SafetensorsFile> files;
+    std::map<std::string, std::pair<size_t, const StTensor*>> where;  // name -> (file, tensor)
+    const std::string index_path = dir + "/model.safetensors.index.json", single = dir + "/model.safetensors";
+    std::map<std::string, std::string> weight_map;
+    if (file_size(index_path) >= 0) {
+        json j;
+        if (!read_json_file(index_path, &j, err)) return false;
+        if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+            *err = index_path + ": no weight_map object";
+            return false;
+        }
+        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+            if (!it.value().is_string() || it.value().get<std::string>().find('/') != std::string::npos) {
+                *err = index_path + ": tensor " + it.key() + ": file " + it.value().dump() + " is not a file name";
+                return false;
+            }
+            weight_map[it.key()] = it.value().get<std::string>();
+        }
+    } else if (file_size(single) < 0) {
+        *err = dir + ": no model.safetensors or model.safetensors.index.json (only safetensors checkpoints are read)";
+        return false;
+    }
+    std::vector<std::string> names;  // the files, in a fixed order
+    if (weight_map.empty()) names.push_back("model.safetensors");
+    for (const auto& kv : weight_map)
+        if (std::find(names.begin(), names.end(), kv.second) == names.end()) names.push_back(kv.second);
+    files.resize(names.size());
+    for (size_t i = 0; i < names.size(); i++)
+        if (!files[i].open(dir + "/" + names[i], err)) return false;
+    if (weight_map.empty()) {
+        for (const StTensor& t : files[0].tensors()) where[t.name] = {0, &t};
+    } else {
+        for (const auto& kv : weight_map) {
+            const size_t fi = std::find(names.begin(), names.end(), kv.second) - names.begin();
+            const StTensor* t = files[fi].find(kv.first);
+            if (!t) {
+                *err = files[fi].path() + ": tensor " + kv.first + ": listed in model.safetensors.index.json but not in the file";
+                return false;
+            }
+            where[kv.first] = {fi, t};
+        }
+    }
+    // GPT-2 checkpoints name tensors with or without "transformer.".
+    const std::string prefix = !c.llama() && where.count("transformer.wte.weight") ? "transformer." : "";
+    const std::vector<HfTensor> expect = hf_tensors(c, prefix);
+    const std::string files_text = weight_map.empty() ? single : dir + "/model-*.safetensors";
+    std::set<std::string> expected;
+    for (const HfTensor& h : expect) {
+        expected.insert(h.name);
+        auto it = where.find(h.name);
+        if (it == where.end()) {
+            *err = files_text + ": tensor " + h.name + " is missing (" + arch_name(c) + ", " + config_string(c) + ")";
+            return false;
+        }
+        const StTensor& t = *it->second.second;
+        const std::string tw = files[it->second.first].path() + ": tensor " + h.name + ": ";
+        if (t.shape != h.shape) {
+            *err = tw + "shape " + shape_text(t.shape) + ", expected " + shape_text(h.shape) + " for config.json's " +
+                   config_string(c);
+            return false;
+        }
+        if (!st_dtype_readable(t.dtype)) {
+            *err = tw + "dtype " + t.dtype + " (weights must be F32, BF16, F16 or F64)";
+            return false;
+        }
+    }
+    for (const auto& kv : where) {
+        if (!expected.count(kv.first) && !ignorable(c, kv.first)) {
+            *err = files[kv.second.first].path() + ": tensor " + kv.first + ": unexpected (not a weight of " +
+                   arch_name(c) + " as config.json describes it)";
+            return false;
+        }
+    }
+    // One tensor at a time, in the host type that loses nothing for the model.
+    const DType ht = model.weights_dtype() == DType::F64 ? DType::F64 : DType::F32;
+    const size_t es = dtype_size(ht);
+    std::vector<char> host, tr;
+    for (const HfTensor& h : expect) {
+        const auto& loc = where[h.name];
+        const size_t n = (size_t)h.numel();
+        // A pipeline stage reads only the tensors it holds.
+        bool held = false;
+        for (const TensorEntry& e : model.table().entries)
+            held = held || (e.file_offset < h.file_begin + n && h.file_begin < e.file_offset + e.file_rows * e.file_cols);
+        if (!held) continue;
+        host.resize(n * es);
+        if (!files[loc.first].read(*loc.second, host.data(), ht, err)) return false;
+        for (size_t i = 0; i < n; i++) {
+            const double x = ht == DType::F64 ? reinterpret_cast<const double*>(host.data())[i]
+                                              : reinterpret_cast<const float*>(host.data())[i];
+            if (!std::isfinite(x)) {
+                *err = files[loc.first].path() + ": tensor " + h.name + ": element " + std::to_string(i) + " is " +
+                       (std::isnan(x) ? "NaN" : "infinite");
+                return false;
+            }
+        }
+        const void* src = host.data();
+        if (h.transpose) {
+            tr.resize(n * es);
+            transpose_bytes(tr.data(), host.data(), h.shape[0], h.shape[1], es);
+            src = tr.data();
+        }
+        model.set_weights_file_range(src, ht, h.file_begin, h.file_begin + n);
+    }
+    return true;
+}
+
+// ---- export -----------------------------------------------------------------------------------------
+
+static ojson hf_config_json(const GPTConfig& c, const char* torch_dtype) {
+    ojson j;
+    j["architectures"] = {arch_name(c)};
+    if (c.llama()) {
+        j["model_type"] = "llama";
+        j["hidden_size"] = c.channels;
+        j["intermediate_size"] = c.hidden();
+        j["num_attention_heads"] = c.num_heads;
+        j["num_key_value_heads"] = c.kv_heads();
+        j["head_dim"] = c.head_size();
+        j["num_hidden_layers"] = c.num_layers;
+        j["vocab_size"] = c.vocab_size;
+        j["max_position_embeddings"] = c.max_seq_len;
+        j["rope_theta"] = c.rope_theta;
+        j["rope_scaling"] = nullptr;
+        j["rms_norm_eps"] = c.norm_eps;
+        j["tie_word_embeddings"] = c.tied;
+        j["hidden_act"] = "silu";
+        j["attention_bias"] = false;
+        j["mlp_bias"] = false;
+        j["attention_dropout"] = 0.0;
+        j["pretraining_tp"] = 1;
+        j["initializer_range"] = 0.02;
+    } else {
+        j["model_type"] = "gpt2";
+        j["n_embd"] = c.channels;
+        j["n_head"] = c.num_heads;
+        j["n_layer"] = c.num_layers;
+        j["n_positions"] = c.max_seq_len;
+        j["n_ctx"] = c.max_seq_len;
+        j["n_inner"] = nullptr;
+        j["vocab_size"] = c.vocab_size;
+        j["layer_norm_epsilon"] = 1e-5;
+        j["activation_function"] = "gelu_new";
+        // No dropout: the weights were trained without it.
+        j["resid_pdrop"] = 0.0;
+        j["embd_pdrop"] = 0.0;
+        j["attn_pdrop"] = 0.0;
+        j["scale_attn_weights"] = true;
+        j["scale_attn_by_inverse_layer_idx"] = false;
+        j["reorder_and_upcast_attn"] = false;
+        j["tie_word_embeddings"] = true;
+        j["initializer_range"] = 0.02;
+    }
+    j["use_cache"] = true;
+    j["torch_dtype"] = torch_dtype;
+    j["transformers_version"] = "4.40.2";
+    return j;
+}
+
+static bool copy_file(const std::string& from, const std::string& to, std::string* err) {
+    std::ifstream in(from, std::ios::binary);
+    if (!in) {
+        *err = from + ": cannot open";
+        return false;
+    }
+    std::ostringstream s;
+    s << in.rdbuf();
+    const std::string data = s.str();
+    AtomicWriter w;
+    if (!w.open(to, err)) return false;
+    w.write(data.data(), data.size());  // a failed write makes commit fail
+    return w.commit(err);
+}
+
+// Every rank's verdict, the same on all (the lowest failing rank's message).
+static bool agree(bool ok, std::string* err) {
+    std::string msg = ok ? std::string() : *err;
+    return dist_all_ok(ok, msg, err);
+}
+
+bool export_hf(const std::string& dir, GPT& model, const CheckpointOwner& own, std::string* err,
+               const std::string& tokenizer_json) {
+    const int rank = own.world ? own.world->rank() : 0;
+    const GPTConfig& c = model.config();
+    const DType wt = model.weights_dtype();
+    // The file's type: the parameters' own precision (bf16), or the weights' (fp32, fp64).
+    const DType ft = model.precision().param == DType::BF16 ? DType::BF16 : wt == DType::F64 ? DType::F64 : DType::F32;
+    const char* torch_dtype = ft == DType::BF16 ? "bfloat16" : ft == DType::F64 ? "float64" : "float32";
+    const std::vector<HfTensor> tensors = hf_tensors(c, "transformer.");
+    SafetensorsWriter w;
+    bool ok = true;
+    if (rank == 0) {
+        std::vector<SafetensorsWriter::Entry> entries;
+        for (const HfTensor& h : tensors) entries.push_back({h.name, st_dtype_name(ft), h.shape});
+        AtomicWriter cj;
+        const std::string text = hf_config_json(c, torch_dtype).dump(2) + "\n";
+        ok = make_dirs(dir, err) && cj.open(dir + "/config.json", err) && cj.write(text.data(), text.size()) &&
+             cj.commit(err) && w.open(dir + "/model.safetensors", entries, {{"format", "pt"}}, err);
+        if (!ok && err->empty()) *err = "cannot write " + dir + "/config.json";
+    }
+    if (!agree(ok, err)) return false;
+    // Each tensor: every rank writes what it owns of the range into a zeroed
+    // buffer, a sum over the world assembles it (each element has one
+    // owner), rank 0 transposes, converts and appends it.
+    std::vector<char> tr, out;
+    WeightGather gather(model, own);
+    const size_t ws = dtype_size(wt);
+    for (const HfTensor& h : tensors) {
+        const size_t n = (size_t)h.numel();
+        const std::vector<char>& host = gather.gather(h.file_begin, n);
+        if (rank == 0 && ok) {
+            const char* src = host.data();
+            if (h.transpose) {  // ours is (out, in); Conv1D stores (in, out) = shape
+                tr.resize(n * ws);
+                transpose_bytes(tr.data(), host.data(), h.shape[1], h.shape[0], ws);
+                src = tr.data();
+            }
+            out.resize(n * dtype_size(ft));
+            convert_host(out.data(), ft, src, wt, n);
+            ok = w.write(out.data(), out.size(), err);
+        }
+    }
+    if (rank == 0 && ok) {
+        ok = w.commit(err);
+        if (ok && !tokenizer_json.empty()) ok = copy_file(tokenizer_json, dir + "/tokenizer.json", err);
+    }
+    return agree(ok, err);
+}

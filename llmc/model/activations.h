@@ -1,0 +1,52 @@
+// llmc/model/activations.h: the model's activation and scratch buffers and
+// one block's slices of them. Private to the model's own sources: gpt.cpp
+// allocates them, forward.cpp and backward.cpp compute in them.
+#pragma once
+#include "llmc/model/gpt.h"
+
+// Activations. N = B·T tokens; Ns = tokens of the residual stream held here
+// (N/tp under sequence parallelism, else N); Cl = C/tp attention channels,
+// Hl = 4C/tp MLP channels and Vl vocabulary rows of this tensor-parallel rank.
+// Kept per micro-batch slot: per-layer buffers hold one slice per
+// layer-slot (a block of a chunk for one slot, layer_acts()), chunk inputs
+// one per chunk-slot, the embedding and head buffers one per slot of the
+// chunk that has them.
+struct GPT::Acts {
+    int* inputs = nullptr;  // [slots, N] token ids (embedding chunk)
+    int* targets = nullptr;  // [slots, N] (head chunk)
+    int* pos = nullptr;  // [T] positions 0..T-1
+    void* encoded = nullptr;  // [chunk-slots, Ns,C] the residual stream entering each chunk
+    void* emb = nullptr;      // [N,C] partial embeddings (SP: before the reduce-scatter)
+    // per layer-slot, [L·slots, ...], or one block's scratch when the
+    // recompute mode does not keep them (keep_*)
+    bool keep_block = true, keep_attn = true, keep_gelu = true;
+    void *ln1, *ln1_mean, *ln1_rstd;            // [Ns,C], [Ns], [Ns]
+    void *qkv, *atty, *lse;                     // [N,3Cl], [N,Cl], [NHl,N]
+    void *residual2, *ln2, *ln2_mean, *ln2_rstd;  // [Ns,C], ...
+    void *fch, *fch_gelu;                       // [N,Hl]
+    void* residual3;                            // [Ns,C]
+    // per slot of the head chunk
+    void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
+    void* logits;                               // [N,Vl]
+    void* losses;                               // [N]
+    void *ce_max = nullptr, *ce_target = nullptr, *ce_sumexp = nullptr;  // [N], tp > 1
+    void* logit_row = nullptr;                  // [V], tp > 1: one gathered row
+    // scratch, reused by every layer
+    void* ln_full = nullptr;  // [N,C] SP: a LayerNorm output gathered over the tp group
+    void* proj;               // [N,C] row-parallel output (partial under tp)
+    void* proj_s = nullptr;   // [Ns,C] SP: its reduce-scattered rows
+    void* dresidual;          // [Ns,C]
+    void* dfull = nullptr;    // [N,C] SP: residual gradient gathered
+    void* dln;                // [N,C] gradient of a column-parallel layer's input
+    void* dln_s = nullptr;    // [Ns,C] SP: its reduce-scattered rows
+    void* datt;               // [N,Cl]
+    void* dh;                 // [N,Hl] gradient of the MLP's activation output
+    void* dfch;               // [N,Fl] gradient of fch (GPT-2: the same buffer as dh)
+    void* dqkv;               // [N,3Cl]
+};
+
+// Block l's slices of the activations, for N tokens (Ns in the residual
+// stream). Buffers the recompute mode does not keep are the block scratch.
+struct GPT::LayerActs {
+    void *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *x2, *ln2, *ln2_mean, *ln2_rstd, *fch, *h, *x3;
+};

@@ -1,0 +1,136 @@
+// llmc/model/backward.cpp: the backward of a model chunk: the forward's
+// steps in reverse (llmc/model/forward.cpp), with one residual-gradient
+// buffer that each norm's backward accumulates into, recomputing first what
+// the recompute mode did not keep; and the sum of sequence-parallel partial
+// gradients.
+#include <cmath>
+#include <stdexcept>
+
+#include "llmc/model/activations.h"
+#include "llmc/model/gpt.h"
+
+void GPT::norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
+                        int layer, int N) {
+    const int C = cfg_.channels;
+    if (cfg_.llama()) be_->rmsnorm_backward(dinp, G(w, layer), dout, inp, P(w, layer), rstd, N, C);
+    else
+        be_->layernorm_backward(dinp, G(w, layer), G(bias_of(w), layer), dout, inp, P(w, layer), mean, rstd,
+                                N, C);
+}
+
+void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) {
+    const ModelChunk& ch = chunks_.at(c);
+    if (slot < 0 || slot >= ch.slots) throw std::logic_error("backward: no such activation slot");
+    if (ch.head && !grad_ready_[slot]) throw std::logic_error("backward: the last forward computed no loss gradient");
+    Acts& a = *a_;
+    const bool sp = tp_ && tp_->sp();
+    const int L = cfg_.num_layers, C = cfg_.channels, HS = cfg_.head_size();
+    const int B = last_B_, T = last_T_, N = B * T, Ns = sp ? N / tp_size_ : N;
+    const int NHl = table_.heads, Cl = NHl * HS, Ckv = table_.kv_heads * HS, Hl = table_.hidden;
+    const int Vl = table_.vocab_rows;
+    const int final_unit = L + 1, first = ch.first_layer, end = ch.first_layer + ch.layers;
+    const DType act = prec_.act;
+    const size_t W = qkv_width();
+    AttnShape shape{B, NHl, HS, T, T, W, W, (size_t)Cl, true, 1.0 / std::sqrt((double)HS)};
+    shape.NKV = table_.kv_heads;
+    // Gradient buffers are handed out afresh for each backward (ZeRO-2/3).
+    if (ch.embed || (ch.head && cfg_.tied)) unit_grads_[0] = nullptr;
+    if (ch.head) unit_grads_[final_unit] = nullptr;
+    for (int l = first; l < end; l++) unit_grads_[block_unit(l)] = nullptr;
+    // The conjugates' backward (identities without tp). Under SP a LayerNorm
+    // output is gathered again rather than kept whole (activation memory).
+    auto f_input = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
+    auto f_bwd = [&]() -> void* { return tp_ ? tp_->f_backward(a.dln, a.dln_s, C, N, act) : a.dln; };
+    auto g_bwd = [&]() -> const void* { return tp_ ? tp_->g_backward(a.dresidual, a.dfull, C, N, act) : a.dresidual; };
+
+    if (ch.head) {
+        // LM head and final norm: logits now hold dlogits. Tied, the head is
+        // wte of the embedding unit, which stays acquired until the encoder's
+        // backward when the chunk also starts the model; untied, it is
+        // lm_head of the final unit.
+        void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
+        void* lnf = elem_ptr(a.lnf, act, (size_t)slot * Ns * C);
+        if (cfg_.tied) acquire(0);
+        acquire(final_unit);
+        if (ch.layers > 0) provider_->prefetch(block_unit(end - 1));
+        const Param head = cfg_.tied ? Param::wte : Param::lm_head;
+        be_->matmul_backward(a.dln, G(head), nullptr, logits, f_input(lnf), P(head), N, C, Vl);
+        if (cfg_.tied && !ch.embed) {  // the last stage's copy of the embedding unit is done
+            provider_->grads_done(0, last_micro_step);
+            release(0);
+        }
+        be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
+        const void* lnf_in = ch.layers > 0 ? layer_acts(end - 1, slot, N, Ns).x3 : chunk_in(c, slot);
+        norm_backward(a.dresidual, f_bwd(), lnf_in, a.lnf_mean ? elem_ptr(a.lnf_mean, prec_.stat, (size_t)slot * Ns) : nullptr,
+                      elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Param::lnfw, 0, Ns);
+        provider_->grads_done(final_unit, last_micro_step);
+        release(final_unit);
+        grad_ready_[slot] = 0;
+    } else {
+        // The next chunk's gradient of our output is the residual gradient.
+        be_->copy(a.dresidual, dy, (size_t)Ns * C * dtype_size(act));
+    }
+
+    for (int l = end - 1; l >= first; l--) {
+        const int u = block_unit(l);
+        acquire(u);
+        if (l > first) provider_->prefetch(block_unit(l - 1));
+        const LayerActs la = layer_acts(l, slot, N, Ns);
+        // What the recompute mode did not keep, from what it kept.
+        if (!a.keep_block) {
+            block_forward(l, la, B, T, true);
+        } else {
+            if (!a.keep_attn) attention_core(la, B, T);
+            if (!a.keep_gelu) activation(la.h, la.fch, N);
+        }
+        // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
+        // The row-parallel bias gradient sums the whole (gathered) output gradient.
+        be_->matmul_backward(a.dh, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h, P(Param::fcprojw, l),
+                             N, Hl, C);
+        if (cfg_.llama()) be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
+        else be_->gelu_backward(a.dfch, la.fch, a.dh, (size_t)N * Hl);
+        be_->matmul_backward(a.dln, G(Param::fcw, l), Gb(Param::fcb, l), a.dfch, f_input(la.ln2), P(Param::fcw, l), N,
+                             C, (int)fch_width());
+        norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);
+        // dresidual holds d(x2); attention path.
+        be_->matmul_backward(a.datt, G(Param::attprojw, l), Gb(Param::attprojb, l), g_bwd(), la.atty,
+                             P(Param::attprojw, l), N, Cl, C);
+        if (cp_)
+            cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale);
+        else
+            be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, Cl), elem_ptr(a.dqkv, act, (size_t)Cl + Ckv), a.datt,
+                                    la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, (size_t)Cl + Ckv), la.atty,
+                                    la.lse, shape);
+        rotate(a.dqkv, B, T, true);  // back through the rotary embeddings (Llama)
+        be_->matmul_backward(a.dln, G(Param::qkvw, l), Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), P(Param::qkvw, l),
+                             N, C, (int)W);
+        norm_backward(a.dresidual, f_bwd(), la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w, l, Ns);
+        provider_->grads_done(u, last_micro_step);
+        release(u);
+    }
+    if (!ch.embed) return;  // dresidual holds the gradient of the chunk's input
+    // Embeddings: every tp rank computes wpe's gradient from the whole
+    // output gradient (so the replicas agree) and its vocabulary rows' of wte.
+    be_->encoder_backward(G(Param::wte), Gb(Param::wpe), g_bwd(), a.inputs + (size_t)slot * N, a.pos, B, T, C,
+                          table_.vocab_begin, table_.vocab_begin + Vl);
+    provider_->grads_done(0, last_micro_step);
+    if (ch.head && cfg_.tied) release(0);
+}
+
+// Under sequence parallelism the LayerNorm parameters see only this rank's
+// tokens, so their gradients are partial: sum them over the tp group. The
+// parallel mode calls this just before it reduces the unit's gradients
+// (once per accumulation when they accumulate in place, every micro-step
+// when each micro-step has a fresh buffer), so nothing is summed twice.
+void GPT::sum_partial_grads(int unit, void* unit_grads) {
+    if (!tp_ || !tp_->sp()) return;
+    for (const TensorEntry& e : table_.entries) {
+        if (e.unit != unit) continue;
+        switch (e.kind) {
+            case Param::ln1w: case Param::ln1b: case Param::ln2w: case Param::ln2b: case Param::lnfw: case Param::lnfb:
+                tp_->sum(elem_ptr(unit_grads, prec_.grad, e.offset - table_.unit_begin[unit]), e.numel, prec_.grad);
+                break;
+            default: break;
+        }
+    }
+}

@@ -1,0 +1,77 @@
+// llmc/model/context_parallel.h: context parallelism, ring attention with
+// load-balanced (zigzag) causal chunks over the cp group (shared/reference.md
+// section 5). This file holds every collective the cp group issues and the
+// rule that splits a sequence over its ranks.
+//
+// Sharding: each sequence of T tokens is cut into 2c chunks of T/(2c); rank
+// i holds chunks i and 2c-1-i, in that order, as its local sequence of
+// T/c tokens. Inputs and targets (already shifted on the full sequence) are
+// sharded with the same permutation; position embeddings use the global
+// positions. Everything but attention runs on the local tokens with no
+// communication; gradients are reduced over dp × cp by the data-parallel
+// mode (wpe's are partial per rank until then).
+//
+// Ring attention, forward: c steps; at step s the rank holds the K,V block
+// of rank j = i - s (mod c), sends it on to i+1 and receives the next from
+// i-1 while it computes. Zigzag makes every step half a block of work:
+//   s = 0        local causal attention (local order is global order);
+//   j < i        all local queries against the first half of the block;
+//   j > i        the second half of the local queries against the whole block.
+// Partial results merge by log-sum-exp into fp32 accumulators.
+// Backward: the ring again with the final output and global lse; dQ
+// accumulates locally, dK/dV accumulators (fp32) travel with their block and
+// reach their owner after c hops.
+#pragma once
+#include <vector>
+
+#include "llmc/backend/backend.h"
+#include "llmc/comm/comm.h"
+
+class ContextParallel {
+  public:
+    // B rows of T_local = T/c tokens; Cl attention channels (NHl heads of HS)
+    // held by this rank (after tensor parallelism), and NKVl key/value heads
+    // (grouped-query attention; 0: NHl). The model's QKV rows are [Q (NHl
+    // heads) | K (NKVl) | V (NKVl)]; the travelling blocks carry K and V.
+    ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl = 0);
+    ~ContextParallel();
+    int size() const { return comm_.size(); }
+    int rank() const { return comm_.rank(); }
+    Comm& comm() { return comm_; }
+    size_t buffer_bytes() const { return bytes_; }
+
+    // The global positions of this rank's T/c tokens, for a sequence of T.
+    static std::vector<int> positions(int T, int c, int rank);
+    // This rank's tokens of nrows full rows of T (host int32, [nrows, T] ->
+    // [nrows, T/c]).
+    void shard_rows(const int* full, int nrows, int T, int* local) const;
+
+    // Ring attention on the local tokens of B rows: qkv [B·Tl, Cl + 2·Ckv] (Q,
+    // K, V heads as the model lays them out), out [B·Tl, Cl], lse [B, NHl, Tl].
+    void attention_forward(void* out, void* lse, const void* qkv, int B, double scale);
+    // dqkv (overwritten) from dout, with qkv, out and lse of the forward.
+    void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const void* lse, int B,
+                            double scale);
+
+  private:
+    // The shape of step s's block (see the header comment), with pointers
+    // advanced to the rows it covers.
+    struct Block {
+        AttnShape shape;
+        size_t q_off, kv_off, o_off, lse_off;  // element offsets of the first row
+    };
+    Block block(int s, int B, double scale) const;
+    void* alloc(size_t bytes);
+
+    Comm& comm_;
+    Backend& be_;
+    Precision prec_;
+    int B_, Tl_, NHl_, HS_, Cl_;
+    int NKVl_, Ckv_, W_;  // key/value heads, their channels, a QKV row's width
+    void* kv_[2];        // K,V blocks [B·Tl, 2·Ckv] (act): held and arriving
+    void* dkv_[2];       // their dK,dV accumulators (stat)
+    void* out_acc_;      // [B·Tl, Cl] (stat)
+    void* dqkv_acc_;     // [B·Tl, W] (stat)
+    std::vector<void*> owned_;
+    size_t bytes_ = 0;
+};

@@ -1,0 +1,236 @@
+// llmc/model/forward.cpp: the forward of a model chunk, and the pieces
+// that differ between GPT-2 and Llama.
+//
+// Forward of block l (N = B·T tokens, residual stream x):
+//   ln1 = LN(x); qkv = ln1·qkvw^T + qkvb; atty = attention(qkv)
+//   x2 = x + atty·attprojw^T + attprojb;  ln2 = LN(x2)
+//   fch = ln2·fcw^T + fcb; h = gelu(fch); x3 = x2 + h·fcprojw^T + fcprojb
+// then lnf = LN(x_L); logits = lnf·wte^T; loss = cross-entropy on columns < V.
+// Llama (shared/reference.md section 9) is the same code with RMSNorm for LN,
+// no biases and no position embeddings, RoPE on Q and K after the QKV
+// product (and its inverse on their gradients), grouped-query attention,
+// fch = [gate | up] and h = silu(gate)·up, and lm_head for wte when untied.
+// Backward runs the same steps in reverse with one residual-gradient buffer
+// that LayerNorm backward accumulates into.
+//
+// The model is run in chunks of consecutive blocks (one chunk for the whole
+// model unless pipeline parallel splits it, see ModelChunk): a chunk's
+// forward starts from the embeddings or from the residual stream the
+// previous chunk produced, and ends at the LM head or with the residual
+// stream the next chunk needs; its backward runs the other way. Each chunk
+// keeps the activations of up to `slots` micro-batches (those in flight in
+// the pipeline schedule) side by side.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "llmc/model/activations.h"
+#include "llmc/model/gpt.h"
+
+// f and g around a column-parallel / row-parallel pair (identities without tp).
+void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_input) {
+    Acts& a = *a_;
+    const bool sp = tp_ && tp_->sp();
+    const int C = cfg_.channels, N = B * T, Ns = sp ? N / tp_size_ : N, Cl = table_.heads * cfg_.head_size();
+    const int Hl = table_.hidden;
+    const bool bias_in_matmul = !tp_;  // row-parallel biases wait for the reduction
+    const DType act = prec_.act;
+    auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
+    auto g_fwd = [&](const void* bias) -> void* {
+        if (!tp_) return a.proj;
+        void* out = tp_->g_forward(a.proj, a.proj_s, C, N, act);
+        if (bias) be_->add_bias(out, bias, Ns, C);
+        return out;
+    };
+    if (norm_input) norm(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, Param::ln1w, l, Ns);
+    // attention: QKV column-parallel by heads, attproj row-parallel
+    be_->matmul_forward(la.qkv, f_fwd(la.ln1), P(Param::qkvw, l), Pb(Param::qkvb, l), N, C, qkv_width());
+    rotate(la.qkv, B, T, false);
+    attention_core(la, B, T);
+    be_->matmul_forward(a.proj, la.atty, P(Param::attprojw, l), bias_in_matmul ? Pb(Param::attprojb, l) : nullptr, N,
+                        Cl, C);
+    void* attn_out = g_fwd(Pb(Param::attprojb, l));
+    residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns);
+    // MLP: fc column-parallel, fcproj row-parallel
+    be_->matmul_forward(la.fch, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
+    activation(la.h, la.fch, N);
+    be_->matmul_forward(a.proj, la.h, P(Param::fcprojw, l), bias_in_matmul ? Pb(Param::fcprojb, l) : nullptr, N, Hl,
+                        C);
+    return g_fwd(Pb(Param::fcprojb, l));
+}
+
+void GPT::attention_core(const LayerActs& la, int B, int T) {
+    const int HS = cfg_.head_size(), Cl = table_.heads * HS, Ckv = table_.kv_heads * HS;
+    const double scale = 1.0 / std::sqrt((double)HS);
+    const DType act = prec_.act;
+    if (cp_) {
+        cp_->attention_forward(la.atty, la.lse, la.qkv, B, scale);  // ring over the cp group
+        return;
+    }
+    const size_t W = qkv_width();
+    AttnShape shape{B, table_.heads, HS, T, T, W, W, (size_t)Cl, true, scale};
+    shape.NKV = table_.kv_heads;
+    be_->attention_forward(la.atty, la.lse, la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, (size_t)Cl + Ckv),
+                           shape);
+}
+
+// LayerNorm with weight w and its bias (GPT-2), or RMSNorm with weight w.
+void GPT::norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N) {
+    const int C = cfg_.channels;
+    if (cfg_.llama()) be_->rmsnorm_forward(out, rstd, inp, P(w, layer), N, C, cfg_.norm_eps);
+    else be_->layernorm_forward(out, mean, rstd, inp, P(w, layer), P(bias_of(w), layer), N, C);
+}
+
+void GPT::residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
+                        int layer, int N) {
+    const int C = cfg_.channels;
+    if (cfg_.llama()) be_->residual_rmsnorm_forward(residual, out, rstd, a, b, P(w, layer), N, C, cfg_.norm_eps);
+    else
+        be_->residual_layernorm_forward(residual, out, mean, rstd, a, b, P(w, layer), P(bias_of(w), layer), N,
+                                        C);
+}
+
+// Llama: rotary embeddings on the Q and K heads of each QKV row, at the
+// tokens' global positions (the inverse on their gradients).
+void GPT::rotate(void* qkv, int B, int T, bool inverse) {
+    if (!cfg_.llama()) return;
+    const int HS = cfg_.head_size();
+    const size_t W = qkv_width();
+    be_->rope(qkv, W, table_.heads, HS, a_->pos, B, T, cfg_.rope_theta, inverse);
+    be_->rope(elem_ptr(qkv, prec_.act, (size_t)table_.heads * HS), W, table_.kv_heads, HS, a_->pos, B, T,
+              cfg_.rope_theta, inverse);
+}
+
+// The MLP's activation: GELU of fch (GPT-2), or SwiGLU of its gate and up halves.
+void GPT::activation(void* h, const void* fch, int N) {
+    if (cfg_.llama()) be_->swiglu_forward(h, fch, N, table_.hidden);
+    else be_->gelu_forward(h, fch, (size_t)N * table_.hidden);
+}
+
+double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
+                          double dloss) {
+    if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
+    if (cp_ && T != T_) throw std::invalid_argument("forward: context parallel runs whole local sequences");
+    const ModelChunk& ch = chunks_.at(c);
+    if (slot < 0 || slot >= ch.slots) throw std::logic_error("forward: no such activation slot");
+    const bool sp = tp_ && tp_->sp();
+    if (sp && T % tp_size_ != 0) throw std::invalid_argument("forward: sequence parallel needs T divisible by tp");
+    Acts& a = *a_;
+    const int L = cfg_.num_layers, C = cfg_.channels, V = cfg_.vocab_size, N = B * T, Ns = sp ? N / tp_size_ : N;
+    const int Vl = table_.vocab_rows;
+    const int final_unit = L + 1, first = ch.first_layer, end = ch.first_layer + ch.layers;
+    const DType act = prec_.act, st = prec_.stat;
+    last_B_ = B;
+    last_T_ = T;
+    void* x0 = chunk_in(c, slot);
+    if (ch.head) grad_ready_[slot] = 0;
+    int* tok = ch.embed ? a.inputs + (size_t)slot * N : nullptr;
+    int* tgt = ch.head ? a.targets + (size_t)slot * N : nullptr;
+    if (ch.embed) be_->upload(tok, DType::I32, inputs, DType::I32, N);
+    else be_->copy(x0, x_in, (size_t)Ns * C * dtype_size(act));
+    if (ch.head && targets) be_->upload(tgt, DType::I32, targets, DType::I32, N);
+
+    // Embeddings: this rank's vocabulary rows (positions added by tp rank 0
+    // only), summed over the tp group by g. When the chunk also ends the
+    // model, the embedding unit stays acquired until the LM head (tied wte).
+    if (ch.embed) {
+        acquire(0);
+        if (ch.layers > 0) provider_->prefetch(block_unit(first));
+        const bool add_pos = !tp_ || tp_->rank() == 0;
+        void* emb = sp ? a.emb : x0;
+        be_->encoder_forward(emb, tok, a.pos, P(Param::wte), add_pos ? Pb(Param::wpe) : nullptr, B, T, C,
+                             table_.vocab_begin, table_.vocab_begin + Vl);
+        if (tp_) tp_->g_forward(emb, x0, C, N, act);
+        if (!ch.head || !cfg_.tied) release(0);
+    }
+    auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
+    void* lnf = ch.head ? elem_ptr(a.lnf, act, (size_t)slot * Ns * C) : nullptr;
+    void* lnf_mean = ch.head ? elem_ptr(a.lnf_mean, st, (size_t)slot * Ns) : nullptr;
+    void* lnf_rstd = ch.head ? elem_ptr(a.lnf_rstd, st, (size_t)slot * Ns) : nullptr;
+    if (ch.layers > 0) acquire(block_unit(first));
+    for (int l = first; l < end; l++) {
+        // The unit after this block: the next block of the chunk, the final
+        // LayerNorm when the chunk ends the model, else none (next stage's).
+        const int next = l + 1 < end ? block_unit(l + 1) : ch.head ? final_unit : -1;
+        if (next >= 0) provider_->prefetch(next);
+        const LayerActs la = layer_acts(l, slot, N, Ns);
+        // For later blocks, ln1 was produced by the previous block's fused
+        // residual + LayerNorm; the chunk's first block normalises its input.
+        void* mlp_out = block_forward(l, la, B, T, l == first);
+        void *x2 = la.x2, *x3 = la.x3;
+        // Residual add fused with the next LayerNorm (next block's ln1, or
+        // lnf), whose parameters belong to the next unit; at the end of a
+        // chunk that does not end the model, the residual add alone.
+        if (next >= 0) acquire(next);
+        if (l + 1 < end) {
+            const LayerActs nx = layer_acts(l + 1, slot, N, Ns);
+            residual_norm(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, Param::ln1w, l + 1, Ns);
+        } else if (ch.head) {
+            residual_norm(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, Param::lnfw, 0, Ns);
+        } else {
+            be_->residual_forward(x3, x2, mlp_out, (size_t)Ns * C);
+        }
+        release(block_unit(l));
+    }
+    if (!ch.head) return 0.0;
+    if (ch.layers == 0) {  // a head chunk without blocks normalises its input
+        acquire(final_unit);
+        norm(lnf, lnf_mean, lnf_rstd, x0, Param::lnfw, 0, Ns);
+    }
+    // LM head: vocabulary-parallel, column-parallel over the rows of wte
+    // (tied) or of lm_head, which lives in the final unit (untied) (f).
+    void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
+    if (cfg_.tied) {
+        release(final_unit);
+        if (!ch.embed) acquire(0);
+        be_->matmul_forward(logits, f_fwd(lnf), P(Param::wte), nullptr, N, C, Vl);
+        release(0);
+    } else {
+        be_->matmul_forward(logits, f_fwd(lnf), P(Param::lm_head), nullptr, N, C, Vl);
+        release(final_unit);
+    }
+    if (!targets) return 0.0;
+    if (!tp_) {
+        be_->softmax_crossentropy(logits, a.losses, tgt, dloss, N, V, Vl, dloss != 0.0);
+    } else {
+        // Vocab-parallel cross-entropy: the logits are never gathered.
+        const int vb = table_.vocab_begin;
+        be_->crossentropy_stats(logits, tgt, a.ce_max, a.ce_target, N, Vl, vb, V);
+        tp_->max(a.ce_max, N, st);
+        tp_->sum(a.ce_target, N, st);
+        be_->crossentropy_sumexp(logits, a.ce_max, a.ce_sumexp, N, Vl, vb, V);
+        tp_->sum(a.ce_sumexp, N, st);
+        be_->crossentropy_finish(logits, a.losses, tgt, a.ce_max, a.ce_sumexp, a.ce_target, dloss, N, Vl, vb,
+                                 V, dloss != 0.0);
+    }
+    grad_ready_[slot] = dloss != 0.0;
+    std::vector<double> losses(N);
+    be_->download(losses.data(), DType::F64, a.losses, st, N);
+    double sum = 0;
+    for (double v : losses) sum += v;
+    return sum / N;
+}
+
+void GPT::logits_row(int b, int pos, void* out, DType dt) {
+    // The local token at global position pos, if this rank holds it.
+    int t = -1;
+    for (int i = 0; i < last_T_; i++)
+        if (pos_host_[i] == pos) t = i;
+    const size_t Vl = table_.vocab_rows, V = cfg_.vocab_size;
+    if (!a_->logits) throw std::logic_error("logits_row: this pipeline stage has no LM head");
+    // Slot 0 of the head chunk: the forward-only passes (samples) use it.
+    const void* src = t >= 0 ? elem_ptr(a_->logits, prec_.act, ((size_t)b * last_T_ + t) * Vl) : nullptr;
+    if (!tp_ && !cp_) {
+        if (!src) throw std::invalid_argument("logits_row: position not in the last forward");
+        be_->download(out, dt, src, prec_.act, V);
+        return;
+    }
+    // Each rank contributes the part of the row it holds (a vocabulary slice
+    // under tp, nothing when cp puts the position elsewhere); sums assemble it.
+    const size_t vb = table_.vocab_begin, held = vb < V ? std::min(Vl, V - vb) : 0;
+    be_->zero(a_->logit_row, V * dtype_size(prec_.act));
+    if (src && held) be_->copy(elem_ptr(a_->logit_row, prec_.act, vb), src, held * dtype_size(prec_.act));
+    if (tp_) tp_->sum(a_->logit_row, V, prec_.act);
+    if (cp_) cp_->comm().all_reduce(a_->logit_row, V, prec_.act, ReduceOp::Sum);
+    be_->download(out, dt, a_->logit_row, prec_.act, V);
+}

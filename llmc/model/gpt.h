@@ -1,0 +1,292 @@
+// llmc/model/gpt.h: the GPT-2 model: its flat buffers (parameters, gradients,
+// master weights, Adam m and v, all laid out by the tensor table), its
+// activations, and a forward and backward pass written once against the
+// Backend interface, so the same code runs on the CPU and on CUDA.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llmc/backend/backend.h"
+#include "llmc/model/config.h"
+#include "llmc/model/context_parallel.h"
+#include "llmc/model/tensor_parallel.h"
+#include "llmc/model/tensors.h"
+
+// Which flat buffers a rank holds only its shard of (ZeRO stage 1: the
+// optimizer state; 2: and gradients; 3: and parameters). Sharded buffers hold
+// TensorTable::shard_total elements, the others TensorTable::total.
+struct Sharding {
+    int shards = 1;  // data-parallel ranks the units are split over
+    int rank = 0;    // this rank's slice
+    bool params = false, grads = false, optimizer = false;
+    static Sharding for_zero(int stage, int shards, int rank) {
+        return {shards, rank, stage >= 3, stage >= 2, stage >= 1};
+    }
+};
+
+// Where the model finds a unit's parameters and puts its gradients, and
+// when. The model calls these around every unit it computes (units: 0
+// embeddings, 1..L blocks, L+1 final LayerNorm; see tensors.h), so a
+// parallel mode can gather parameters just in time (ZeRO-3) and reduce each
+// unit's gradients as soon as its backward is done, overlapped with the
+// backward of the units below. Pointers are to the unit's first element,
+// laid out as in the table (element i of the unit at unit_begin[u] + i).
+class UnitProvider {
+  public:
+    virtual ~UnitProvider() {}
+    virtual void prefetch(int unit) { (void)unit; }  // a hint: acquire(unit) comes soon
+    virtual const void* acquire(int unit) = 0;       // parameters, ready for compute
+    virtual void release(int unit) = 0;
+    virtual void* grads(int unit) = 0;  // gradients of this micro-step accumulate here
+    // The unit's gradients of this micro-step are complete; last_micro_step:
+    // this was the last micro-step of the optimizer step (the unit's
+    // gradients of the whole step are complete too).
+    virtual void grads_done(int unit, bool last_micro_step) = 0;
+};
+
+// What a block keeps from its forward for its backward (--recompute):
+//   none       everything the backward reads;
+//   gelu       all but the GELU output, recomputed from its input (llm.c -r 1);
+//   selective  also not the attention core's output and log-sum-exp,
+//              recomputed from Q, K, V (Megatron's selective recompute; the
+//              T x T scores it drops are never stored here, so its analogue
+//              is the core's output);
+//   full       only the block's input; the whole block runs forward again in
+//              its backward, into one block's working set.
+// In elements of B·T·C per block (activations, statistics aside): 16, 12,
+// 11 and 1.
+enum class Recompute { none, gelu, selective, full };
+// "none", "gelu", "selective", "full" (and "0" = none, "1" = gelu).
+bool parse_recompute(const std::string& s, Recompute* r);
+const char* recompute_name(Recompute r);
+
+// The part of the model a pipeline stage runs (llmc/parallel/pipeline_parallel.h
+// plans it): model chunks of consecutive blocks; the chunk that starts the
+// model begins with the embeddings, the one that ends it finishes with the
+// final LayerNorm and the LM head. Each chunk keeps the activations of up to
+// `slots` micro-batches at once (those in flight in the schedule). The
+// default is the whole model as one chunk of one slot.
+struct ModelChunk {
+    int first_layer = 0, layers = 0;
+    bool embed = false, head = false;
+    int slots = 1;
+};
+
+// A named backend allocation, for the memory report.
+struct BufferInfo {
+    std::string group;  // "params", "grads", "master", "optimizer", "activations", "scratch"
+    std::string name;
+    size_t bytes;
+    bool per_layer;     // one slice per transformer block (kept from forward to backward)
+};
+
+class GPT {
+  public:
+    // Allocates every buffer for micro-batches of up to B rows of T tokens.
+    // recompute: what each block keeps for its backward (see Recompute).
+    // sharding: which flat buffers hold only this rank's shard (default: none).
+    // tp: tensor (and sequence) parallelism; null for none. Under sequence
+    // parallelism B·T must divide by the tp degree.
+    // cp: context parallelism (ring attention); T is then the local sequence
+    // length T/c and set_positions() gives the global positions.
+    // chunks: what this pipeline stage runs (empty: the whole model).
+    GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute = Recompute::none,
+        const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
+        const std::vector<ModelChunk>& chunks = {});
+    ~GPT();
+    GPT(const GPT&) = delete;
+    GPT& operator=(const GPT&) = delete;
+
+    const GPTConfig& config() const { return cfg_; }
+    const TensorTable& table() const { return table_; }
+    Backend& backend() { return *be_; }
+    const Precision& precision() const { return prec_; }
+    int max_B() const { return B_; }
+    int max_T() const { return T_; }
+
+    const Sharding& sharding() const { return sharding_; }
+    // Parallel modes install their provider; null restores the local one
+    // (whole buffers, nothing to wait for; only valid without sharding).
+    void set_provider(UnitProvider* p);
+
+    // Flat buffers (backend memory); master is null without mixed precision.
+    // Sharded buffers hold this rank's slices only (see Sharding).
+    void* params() { return params_; }
+    void* grads() { return grads_; }
+    void* master() { return master_; }
+    void* adam_m() { return m_; }
+    void* adam_v() { return v_; }
+    // The buffer that holds full-precision weights: master if any, else params.
+    void* weights() { return master_ ? master_ : params_; }
+    DType weights_dtype() const { return prec_.has_master ? prec_.master : prec_.param; }
+    // The parameters of a tensor in a whole (unsharded) params buffer.
+    void* param(Param p, int layer = 0);
+
+    // GPT-2 initialisation, deterministic for a seed and independent of the
+    // memory layout: values are drawn tensor by tensor in model-file order.
+    void init_random(uint64_t seed);
+    // Host arrays in model-file order <-> this rank's part of a flat buffer.
+    // `sharded` says whether buf is a shard buffer. get_file_order writes only
+    // the elements this rank holds and leaves the rest of host untouched.
+    // Which tensors a walk over the buffers visits: all, or only those split
+    // over (or only those replicated across) the tensor-parallel ranks.
+    enum class Tensors { all, split, replicated };
+    // `which` = split lets one rank of a tp group contribute the replicated
+    // tensors when gathering.
+    void get_file_order(void* host, DType dst_t, const void* buf, bool sharded, DType src_t,
+                        Tensors which = Tensors::all);
+    void set_file_order(void* buf, bool sharded, DType buf_t, const void* host, DType src_t);
+    // Sets every weight this rank holds (params, and master when present)
+    // from host values of type t in model-file order.
+    void set_weights_file_order(const void* host, DType t);
+    // The same for the file elements [file_begin, file_end) only (one
+    // tensor, say); host points at element file_begin.
+    void set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
+                        size_t file_end);
+    void set_weights_file_range(const void* host, DType t, size_t file_begin, size_t file_end);
+    // Calls fn(file_offset, buffer_offset, n) for every run of elements this
+    // rank owns of a flat buffer (sharded: its shard) when every element of
+    // the model has exactly one owner: shards belong to their rank; a whole
+    // buffer to the rank with whole_owner (dp x cp rank 0); tensors
+    // replicated over tp to the rank with replicated_owner (tp rank 0); the
+    // last pipeline stage's copy of the embeddings to nobody (the first
+    // stage owns them). Runs come in memory order.
+    void for_each_owned(bool sharded, bool whole_owner, bool replicated_owner,
+                        const std::function<void(size_t, size_t, size_t)>& fn) const;
+    bool weights_sharded() const { return prec_.has_master ? sharding_.optimizer : sharding_.params; }
+
+    // Forward over inputs (host int32 [B,T]); returns the mean loss over the
+    // B·T targets when targets is non-null. With dloss != 0 the fused
+    // classifier leaves dloss·(softmax - onehot) in the logits for backward
+    // (the caller passes 1/(tokens in the global batch)). Whole models only
+    // (one chunk holding the embeddings and the head).
+    double forward(const int* inputs, const int* targets, int B, int T, double dloss = 0.0);
+    // Backward of the last forward (which must have had dloss != 0);
+    // gradients accumulate (+=) into grads(). last_micro_step: whether this
+    // is the optimizer step's last micro-step (told to the unit provider).
+    void backward(bool last_micro_step = true);
+
+    // ---- model chunks (pipeline parallel) ----
+    const std::vector<ModelChunk>& chunks() const { return chunks_; }
+    // Elements of the activation that crosses a chunk boundary: the residual
+    // stream of B·T tokens (this rank's N/tp under sequence parallelism).
+    size_t boundary_elems() const;
+    // Forward of chunk c on the micro-batch kept in `slot`. A chunk with the
+    // embeddings reads token ids `inputs` (host); any other reads `x` (the
+    // previous chunk's output, backend memory, boundary_elems() elements),
+    // which is copied into the slot. The head chunk takes `targets` and
+    // returns the mean loss (0 for other chunks or without targets).
+    double forward_chunk(int c, int slot, const int* inputs, const void* x, const int* targets, int B, int T,
+                         double dloss = 0.0);
+    // The residual stream leaving chunk c for the micro-batch in `slot`
+    // (valid until that slot's next forward). Not for the head chunk.
+    const void* chunk_output(int c, int slot);
+    // Backward of chunk c for the micro-batch in `slot`: dy is the gradient
+    // of its output (null for the head chunk, which starts from its loss);
+    // last_micro_step as for backward().
+    void backward_chunk(int c, int slot, const void* dy, bool last_micro_step = true);
+    // The gradient of the input of the chunk whose backward ran last (not
+    // for the embedding chunk); valid until the next backward.
+    const void* input_grad() const;
+    void zero_grad();
+    // Sequence parallel: sums unit's partial LayerNorm gradients (in the
+    // unit's gradient buffer) over the tp group. Called by the parallel mode
+    // right before it reduces the unit's gradients; a no-op otherwise.
+    void sum_partial_grads(int unit, void* unit_grads);
+    // Global position of each of the T local tokens (default 0..T-1).
+    void set_positions(const std::vector<int>& pos);
+    // Logits of row b at global position pos of the last forward, first V
+    // columns, to host memory of type dt (before backward overwrote them
+    // with gradients). Under tensor or context parallelism every rank of the
+    // groups must call it (the row is assembled from the ranks that hold it).
+    void logits_row(int b, int pos, void* out, DType dt);
+    // Activation bytes held (activations and their gradient scratch).
+    size_t activation_bytes() const;
+    // Bytes one transformer block keeps from its forward for its backward
+    // (what shared/reference.md section 4 counts per layer).
+    size_t layer_activation_bytes() const;
+    // Sum of squares of the tensor-parallel-replicated parameters this rank
+    // holds: equal on every rank of a tp group while the replicas agree.
+    double replicated_checksum();
+    // Sum of squares of the parameters this rank holds of unit u (whole or
+    // its shard): equal on the first and last pipeline stage while their
+    // copies of the embedding unit agree.
+    double unit_checksum(int u);
+
+    const std::vector<BufferInfo>& buffers() const { return buffers_; }
+
+  private:
+    struct Acts;  // activation and scratch pointers, see gpt.cpp
+    struct LayerActs;  // one block's slices of them
+    LayerActs layer_acts(int l, int slot, int N, int Ns);
+    // Block l's forward from its input la.x up to the MLP's output (before
+    // the last residual add, which the caller fuses with the next
+    // LayerNorm); ln1 is computed here when norm_input, else it came fused
+    // from the previous block. Also the recompute of the backward.
+    void* block_forward(int l, const LayerActs& la, int B, int T, bool norm_input);
+    void attention_core(const LayerActs& la, int B, int T);  // atty, lse from qkv
+    // What differs between GPT-2 and Llama (gpt.cpp): widths of the QKV and
+    // fc outputs on this rank, optional tensors (biases: null for Llama),
+    // the norm, the rotary embeddings, the MLP's activation.
+    size_t qkv_width() const;
+    size_t fch_width() const;
+    const void* Pb(Param p, int layer = 0) const;
+    void* Gb(Param p, int layer = 0);
+    void norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N);
+    void residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
+                       int layer, int N);
+    void norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
+                       int layer, int N);
+    void rotate(void* qkv, int B, int T, bool inverse);
+    void activation(void* h, const void* fch, int N);
+    int chunk_of_layer(int l) const;
+    void* chunk_in(int c, int slot);  // the residual stream entering chunk c
+    class LocalUnits;
+    void* alloc_buffer(const char* group, const char* name, size_t count, DType t, bool per_layer = false);
+    void* act_layer(void* base, int l, size_t per_layer_count, DType t);
+    // Parameter / gradient of a tensor of an acquired unit.
+    const void* P(Param p, int layer = 0) const;
+    void* G(Param p, int layer = 0);
+    void acquire(int unit);
+    void release(int unit);
+    // Calls fn(file_offset, buffer_offset, n) for every run of elements of a
+    // (sharded or whole) flat buffer that holds real parameters.
+    // skip_copies: leave out the last stage's copy of the embeddings (so
+    // that gathering over the pipeline stages sees every tensor once).
+    // Only tensors that meet the file range [file_begin, file_end) are visited.
+    template <typename Fn>
+    void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all, bool skip_copies = false,
+                        size_t file_begin = 0, size_t file_end = SIZE_MAX) const;
+
+    Backend* be_;
+    GPTConfig cfg_;
+    TensorTable table_;
+    Precision prec_;
+    int B_, T_;
+    Recompute recompute_;
+    std::vector<ModelChunk> chunks_;
+    std::vector<size_t> layer_base_;  // per chunk: its first layer-slot (per-layer activations)
+    std::vector<size_t> slot_base_;   // per chunk: its first chunk-slot (chunk inputs)
+    size_t layer_slots_ = 0;          // layer-slots of per-layer activations held
+    int last_B_ = 0, last_T_ = 0;
+    TensorParallel* tp_ = nullptr;
+    int tp_size_ = 1;
+    ContextParallel* cp_ = nullptr;
+    std::vector<int> pos_host_;  // global position of each local token
+    std::vector<char> grad_ready_;  // per slot of the head chunk
+    Sharding sharding_;
+    UnitProvider* provider_ = nullptr;
+    LocalUnits* local_ = nullptr;
+    std::vector<const void*> unit_params_;  // acquired units' parameters, else null
+    std::vector<void*> unit_grads_;         // units' gradient buffers this backward
+    void* params_ = nullptr;
+    void* grads_ = nullptr;
+    void* master_ = nullptr;
+    void* m_ = nullptr;
+    void* v_ = nullptr;
+    Acts* a_;
+    std::vector<void*> owned_;
+    std::vector<BufferInfo> buffers_;
+};

@@ -1,0 +1,208 @@
+// llmc/model/tensors.cpp: builds the tensor table from a model config.
+#include "llmc/model/tensors.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+
+static constexpr Param kNone = Param::count;
+static const ParamKind kKinds[] = {
+    {Param::wte, "wte", false, true, kNone},
+    {Param::wpe, "wpe", false, true, kNone},
+    {Param::ln1w, "ln1w", true, false, Param::ln1b},
+    {Param::ln1b, "ln1b", true, false, kNone},
+    {Param::qkvw, "qkvw", true, true, Param::qkvb},
+    {Param::qkvb, "qkvb", true, false, kNone},
+    {Param::attprojw, "attprojw", true, true, Param::attprojb},
+    {Param::attprojb, "attprojb", true, false, kNone},
+    {Param::ln2w, "ln2w", true, false, Param::ln2b},
+    {Param::ln2b, "ln2b", true, false, kNone},
+    {Param::fcw, "fcw", true, true, Param::fcb},
+    {Param::fcb, "fcb", true, false, kNone},
+    {Param::fcprojw, "fcprojw", true, true, Param::fcprojb},
+    {Param::fcprojb, "fcprojb", true, false, kNone},
+    {Param::lnfw, "lnfw", false, false, Param::lnfb},
+    {Param::lnfb, "lnfb", false, false, kNone},
+    {Param::lm_head, "lm_head", false, true, kNone},
+};
+static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == (size_t)Param::count, "one ParamKind per Param");
+
+const ParamKind& param_kind(Param p) { return kKinds[(int)p]; }
+
+std::string TensorEntry::name() const {
+    const ParamKind& k = param_kind(kind);
+    if (!k.per_layer) return k.name;
+    return "h" + std::to_string(layer) + "." + k.name;
+}
+
+bool kind_in_model(const GPTConfig& c, Param p) {
+    if (!c.llama()) return p != Param::lm_head;
+    switch (p) {
+        case Param::wte: case Param::ln1w: case Param::qkvw: case Param::attprojw: case Param::ln2w:
+        case Param::fcw: case Param::fcprojw: case Param::lnfw:
+            return true;
+        case Param::lm_head: return !c.tied;
+        default: return false;  // positions, LayerNorm biases and Linear biases are GPT-2's
+    }
+}
+
+// Global shape of one tensor of a kind (per layer for block tensors).
+static void kind_shape(const GPTConfig& c, Param p, size_t* rows, size_t* cols) {
+    const size_t C = c.channels, Vp = c.padded_vocab_size, T = c.max_seq_len, HS = c.head_size();
+    const size_t qkv = (c.num_heads + 2 * (size_t)c.kv_heads()) * HS, H = c.hidden();
+    switch (p) {
+        case Param::wte: case Param::lm_head: *rows = Vp; *cols = C; return;
+        case Param::wpe: *rows = T; *cols = C; return;
+        case Param::qkvw: *rows = qkv; *cols = C; return;
+        case Param::qkvb: *rows = qkv; *cols = 1; return;
+        case Param::attprojw: *rows = C; *cols = c.num_heads * HS; return;
+        case Param::fcw: *rows = c.llama() ? 2 * H : H; *cols = C; return;
+        case Param::fcb: *rows = H; *cols = 1; return;
+        case Param::fcprojw: *rows = C; *cols = H; return;
+        default: *rows = C; *cols = 1; return;  // norms' weights and biases, C-sized biases
+    }
+}
+
+// How a kind is split over tensor-parallel ranks: whole rows of parts
+// (column-parallel: each part cut evenly, the rank keeping its piece of
+// each), input columns (row-parallel), vocabulary rows, or replicated.
+enum class Split { replicated, parts, columns, vocab };
+static Split kind_split(Param p) {
+    switch (p) {
+        case Param::wte: case Param::lm_head: return Split::vocab;
+        case Param::qkvw: case Param::qkvb: case Param::fcw: case Param::fcb: return Split::parts;
+        case Param::attprojw: case Param::fcprojw: return Split::columns;
+        default: return Split::replicated;
+    }
+}
+
+// The row parts of a column-parallel kind (tensors.h: Q, K, V heads; gate
+// and up; or one part).
+static std::vector<size_t> kind_parts(const GPTConfig& c, Param p) {
+    const size_t HS = c.head_size();
+    if (p == Param::qkvw || p == Param::qkvb) return {c.num_heads * HS, c.kv_heads() * HS, c.kv_heads() * HS};
+    if (p == Param::fcw && c.llama()) return {(size_t)c.hidden(), (size_t)c.hidden()};
+    return {(size_t)c.hidden()};
+}
+
+TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_)
+    : cfg(c), tp(tp_), tp_rank(tp_rank_), shards(nshards), stage(stage_) {
+    if (nshards < 1 || tp < 1 || tp_rank < 0 || tp_rank >= tp)
+        throw std::invalid_argument("tensor table: bad shard or tensor-parallel numbers");
+    if (!stage.held.empty() && (int)stage.held.size() != c.num_layers + 2)
+        throw std::invalid_argument("tensor table: one held flag per unit");
+    if (c.num_heads % tp != 0 || c.kv_heads() % tp != 0 || c.hidden() % tp != 0)
+        throw std::invalid_argument("tensor table: heads, key/value heads or MLP width do not divide by tp");
+    const int L = c.num_layers, K = (int)Param::count;
+    heads = c.num_heads / tp;
+    kv_heads = c.kv_heads() / tp;
+    hidden = c.hidden() / tp;
+    vocab_rows = (c.padded_vocab_size + tp - 1) / tp;
+    vocab_begin = tp_rank * vocab_rows;
+    file_params = model_param_count(c);
+    index_.assign((size_t)K * L, -1);
+    // File offsets: tensor-major, each per-layer kind stacked over L.
+    std::vector<size_t> kind_file_offset(K);
+    size_t foff = 0;
+    for (int k = 0; k < K; k++) {
+        if (!kind_in_model(c, (Param)k)) continue;
+        size_t r, cl;
+        kind_shape(c, (Param)k, &r, &cl);
+        kind_file_offset[k] = foff;
+        foff += r * cl * (kKinds[k].per_layer ? L : 1);
+    }
+    // Memory: unit-major, each unit padded to a multiple of the shard count.
+    auto close_unit = [&]() {
+        size_t begin = unit_begin.back();
+        unit_used.push_back(total - begin);
+        size_t padded = (total - begin + nshards - 1) / nshards * nshards;
+        shard_begin.push_back(shard_total);
+        shard_total += padded / nshards;
+        total = begin + padded;
+        unit_begin.push_back(total);
+    };
+    auto add = [&](Param p, int layer, int unit) {
+        if (!held(unit) || !kind_in_model(c, p)) return;  // another stage's, or another architecture's
+        TensorEntry e;
+        e.kind = p;
+        e.layer = layer;
+        e.unit = unit;
+        size_t grows, gcols;
+        kind_shape(c, p, &grows, &gcols);
+        e.file_rows = grows;
+        e.file_cols = gcols;
+        e.col_begin = 0;
+        e.rows = grows;
+        e.cols = gcols;
+        const size_t t = tp, r = tp_rank;
+        switch (kind_split(p)) {
+            case Split::replicated: e.runs = {{0, 0, grows}}; break;
+            case Split::parts: {  // this rank's piece of each part (heads of Q, K, V; gate and up)
+                e.rows = 0;
+                size_t start = 0;
+                for (size_t part : kind_parts(c, p)) {
+                    const size_t piece = part / t;
+                    e.runs.push_back({e.rows, start + r * piece, piece});
+                    e.rows += piece;
+                    start += part;
+                }
+                break;
+            }
+            case Split::columns: e.cols = gcols / t; e.col_begin = r * e.cols; e.runs = {{0, 0, grows}}; break;
+            case Split::vocab: {
+                e.rows = vocab_rows;
+                size_t first = r * e.rows, held = first < grows ? std::min(e.rows, grows - first) : 0;
+                e.runs = {{0, first, held}};
+                break;
+            }
+        }
+        e.split = tp > 1 && kind_split(p) != Split::replicated;
+        e.tied_copy = unit == 0 && stage.embedding_copy;
+        e.numel = e.rows * e.cols;
+        e.offset = total;
+        e.file_offset = kind_file_offset[(int)p] + (param_kind(p).per_layer ? (size_t)layer * grows * gcols : 0);
+        e.decay = param_kind(p).decay;
+        index_[(size_t)p * L + layer] = (int)entries.size();
+        entries.push_back(e);
+        total += e.numel;
+        params += e.numel;
+    };
+    unit_begin.push_back(0);
+    add(Param::wte, 0, 0);
+    add(Param::wpe, 0, 0);
+    close_unit();
+    for (int l = 0; l < L; l++) {
+        for (int k = (int)Param::ln1w; k <= (int)Param::fcprojb; k++) add((Param)k, l, l + 1);
+        close_unit();
+    }
+    add(Param::lnfw, 0, L + 1);
+    add(Param::lnfb, 0, L + 1);
+    add(Param::lm_head, 0, L + 1);
+    close_unit();
+    if (foff != file_params) throw std::logic_error("tensor table: file size differs from the formula");
+}
+
+const TensorEntry& TensorTable::get(Param p, int layer) const {
+    if (!has(p, layer)) throw std::out_of_range("tensor table: no such tensor on this stage");
+    return entries[index_[(size_t)p * cfg.num_layers + layer]];
+}
+
+bool TensorTable::has(Param p, int layer) const {
+    return layer >= 0 && layer < cfg.num_layers && index_[(size_t)p * cfg.num_layers + layer] >= 0;
+}
+
+size_t model_param_count(const GPTConfig& c) {
+    size_t n = 0;
+    for (int k = 0; k < (int)Param::count; k++) {
+        if (!kind_in_model(c, (Param)k)) continue;
+        size_t r, cl;
+        kind_shape(c, (Param)k, &r, &cl);
+        n += r * cl * (kKinds[k].per_layer ? c.num_layers : 1);
+    }
+    return n;
+}
+
+size_t gpt2_param_count(const GPTConfig& c) {
+    size_t L = c.num_layers, C = c.channels;
+    return 12 * L * C * C + 13 * L * C + ((size_t)c.padded_vocab_size + c.max_seq_len) * C + 2 * C;
+}

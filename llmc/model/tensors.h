@@ -1,0 +1,145 @@
+// llmc/model/tensors.h: the one table that describes every parameter tensor.
+//
+// Parameters, gradients, master weights and Adam m/v each live in one flat
+// buffer with the same layout; this table says where each tensor lives in
+// it (offset, shape, weight decay or not) and where it lives in an llm.c
+// model file. Everything that walks the parameters (I/O, init, optimizer,
+// and later the partitioning of ZeRO and tensor parallelism) iterates this
+// table; no code finds a tensor by a literal index.
+//
+// Memory order is unit-major: unit 0 holds the embeddings (wte, wpe), units
+// 1..L hold one transformer block each, unit L+1 the final LayerNorm. A unit
+// is one contiguous range, so a layer's parameters or gradients can move in
+// one collective. The model file keeps llm.c's tensor-major order
+// (wte, wpe, ln1w for all layers, ln1b for all layers, ...).
+//
+// Tensor parallel (degree tp, reference.md section 3): each rank's table holds
+// its local slice of every tensor. QKV is split by whole heads (the rank's
+// rows of Q, of K and of V), attproj and fcproj by input columns (row-
+// parallel), fc by output rows (column-parallel), wte by vocabulary rows
+// (Vp rounded up to a multiple of tp; rows past Vp are zero padding that the
+// model file does not hold). LayerNorms, wpe and the row-parallel biases are
+// replicated. An entry maps its local rows and columns to the file's.
+//
+// Sharding (ZeRO over `shards` data-parallel ranks): every unit is padded
+// with zeros to a multiple of `shards` elements and split into equal
+// contiguous slices, rank r owning slice r of every unit. A rank's shard
+// buffer is its slices of all units, one after another. Padding elements
+// exist in every flat buffer, are zero, and are never read by the model.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "llmc/model/config.h"
+
+// The kinds of parameter tensor, in the file's order. GPT-2 has all but
+// lm_head; Llama has wte, ln1w (RMSNorm), qkvw, attprojw (o_proj), ln2w,
+// fcw (gate and up, stacked), fcprojw (down), lnfw and, when untied,
+// lm_head. The canonical file order of a model (llm.c's for GPT-2; the same
+// rule for Llama) is its kinds in this order, each per-layer kind stacked
+// over the layers. Fused kinds stack their parts by rows:
+//   qkvw  [Q heads (NH·HS); K heads (NKV·HS); V heads (NKV·HS)] x C
+//   fcw   GPT-2 [4C] x C; Llama [gate (F); up (F)] x C
+enum class Param : int {
+    wte, wpe,
+    ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
+    ln2w, ln2b, fcw, fcb, fcprojw, fcprojb,
+    lnfw, lnfb,
+    lm_head,
+    count
+};
+
+// Static facts of a kind of tensor.
+struct ParamKind {
+    Param id;
+    const char* name;
+    bool per_layer;  // one tensor per block (file stores them stacked as (L, ...))
+    bool decay;      // weight decay applies (2-D tensors only)
+    Param bias;      // the bias that goes with this weight (a norm's shift, a linear's bias); Param::count: none
+};
+const ParamKind& param_kind(Param p);
+// The bias of a weight kind (ln1w -> ln1b, qkvw -> qkvb, ...), or
+// Param::count when the kind has none.
+inline Param bias_of(Param weight) { return param_kind(weight).bias; }
+
+// The unit of block l (units: 0 the embeddings, 1 + l block l, L + 1 the
+// final norm).
+inline int block_unit(int layer) { return layer + 1; }
+
+// Local rows [local, local + count) are the file tensor's rows
+// [global, global + count).
+struct RowRun {
+    size_t local, global, count;
+};
+
+// One tensor instance: a kind at a layer (layer 0 for non-layer kinds).
+struct TensorEntry {
+    Param kind;
+    int layer;
+    int unit;            // 0 embeddings, 1..L blocks, L+1 final LayerNorm
+    size_t rows, cols;   // local shape (out, in) for matrices; (n, 1) for vectors
+    size_t numel;        // rows * cols
+    size_t offset;       // element offset in the flat buffers
+    size_t file_offset;  // where the whole (global) tensor starts in the model file's payload
+    size_t file_rows, file_cols;  // shape of the global tensor
+    size_t col_begin;    // global column of local column 0
+    std::vector<RowRun> runs;  // local rows held in the file (vocabulary padding rows are not)
+    bool split;          // differs across tensor-parallel ranks (else replicated)
+    bool tied_copy;      // the last pipeline stage's copy of the embedding unit (owned by the first stage)
+    bool decay;
+    std::string name() const;  // e.g. "h3.qkvw" or "wte"
+};
+
+// Which units a pipeline stage holds (shared/reference.md section 7): its
+// blocks, the embedding unit when it runs the embeddings (first stage) or
+// the tied LM head (last stage: a copy, so both ends shard it alike and
+// their gradients can be summed slice by slice), and the final LayerNorm on
+// the last stage. Units not held take no room in the flat buffers (size 0);
+// the numbering of units stays the whole model's.
+struct StageUnits {
+    std::vector<bool> held;       // one per unit (L + 2); empty: every unit
+    bool embedding_copy = false;  // unit 0 here is a copy of the first stage's
+};
+
+struct TensorTable {
+    GPTConfig cfg;
+    int tp = 1, tp_rank = 0;            // tensor-parallel degree and this rank's index
+    int heads = 0;                      // attention heads on this rank (NH / tp)
+    int kv_heads = 0;                   // key/value heads on this rank (NKV / tp)
+    int hidden = 0;                     // MLP hidden width on this rank (4C or F, / tp)
+    int vocab_rows = 0;                 // wte rows on this rank: ceil(Vp / tp)
+    int vocab_begin = 0;                // global id of this rank's first wte row
+    size_t file_params = 0;             // parameters in a model file (the whole model)
+    int shards = 1;                     // units padded to a multiple of this
+    StageUnits stage;                   // units held by this pipeline stage
+    std::vector<TensorEntry> entries;   // in memory order
+    std::vector<size_t> unit_begin;     // unit u occupies [unit_begin[u], unit_begin[u+1]) (padded)
+    std::vector<size_t> unit_used;      // elements of unit u before its padding
+    std::vector<size_t> shard_begin;    // unit u's slice starts here in a shard buffer
+    size_t total = 0;                   // elements in a flat buffer (padding included)
+    size_t params = 0;                  // elements of this rank's tensors (no unit padding)
+    size_t shard_total = 0;             // elements in one rank's shard buffer
+
+    explicit TensorTable(const GPTConfig& c, int shards = 1, int tp = 1, int tp_rank = 0,
+                         const StageUnits& stage = StageUnits());
+    const TensorEntry& get(Param p, int layer = 0) const;
+    bool has(Param p, int layer = 0) const;  // whether this stage holds the tensor
+    bool held(int u) const { return stage.held.empty() || stage.held[u]; }
+    int num_units() const { return (int)unit_begin.size() - 1; }
+    size_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
+    size_t shard_size(int u) const { return unit_size(u) / shards; }
+    // First flat-buffer element of rank r's slice of unit u.
+    size_t slice_begin(int u, int r) const { return unit_begin[u] + (size_t)r * shard_size(u); }
+
+  private:
+    std::vector<int> index_;  // (kind, layer) -> entry
+};
+
+// 12·L·C² + 13·L·C + (Vp + maxT)·C + 2C, reference.md section 1.
+size_t gpt2_param_count(const GPTConfig& c);
+// The parameters of any model (the sum of its kinds' shapes): a model file's
+// or a checkpoint's element count.
+size_t model_param_count(const GPTConfig& c);
+// Whether a kind belongs to the model's architecture.
+bool kind_in_model(const GPTConfig& c, Param p);

@@ -1,0 +1,105 @@
+// llmc/parallel/layout.cpp: layouts, their checks, and a rank's model stack
+// (llmc/parallel/layout.h).
+#include "llmc/parallel/layout.h"
+
+#include <stdexcept>
+
+std::string Layout::describe() const {
+    std::string s = "pp " + std::to_string(pp) + (vpp > 1 ? "(x" + std::to_string(vpp) + ")" : "") + " x dp " +
+                    std::to_string(dp()) + " x cp " + std::to_string(cp) + " x tp " + std::to_string(tp) +
+                    (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
+                    ", recompute " + recompute_name(recompute);
+    return s;
+}
+
+bool check_world(const Layout& l, std::string* err) {
+    auto fail = [&](const std::string& m) {
+        *err = m;
+        return false;
+    };
+    const int world = l.world, ptc = l.tp * l.cp * l.pp;
+    if (l.pp > world)
+        return fail("flag --pp: " + std::to_string(l.pp) + " stages is larger than the world size " +
+                    std::to_string(world));
+    if (l.tp > world)
+        return fail("flag --tp: " + std::to_string(l.tp) + " is larger than the world size " + std::to_string(world));
+    if (ptc > world)
+        return fail("flag --cp: pp*tp*cp = " + std::to_string(ptc) + " is larger than the world size " +
+                    std::to_string(world));
+    if (world % ptc != 0)
+        return fail(std::string(l.cp > 1 ? "flag --cp" : l.tp > 1 ? "flag --tp" : "flag --pp") + ": world size " +
+                    std::to_string(world) + " is not a multiple of pp*tp*cp = " + std::to_string(ptc));
+    if (l.sp && l.tp == 1) return fail("flag --sp: sequence parallel needs --tp > 1");
+    if (l.vpp > 1 && l.pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
+    return true;
+}
+
+bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
+    Layout& l = *lp;
+    auto fail = [&](const std::string& m) {
+        *err = m;
+        return false;
+    };
+    if (!check_world(l, err)) return false;
+    if (l.T > c.max_seq_len)
+        return fail("flag -t: T=" + std::to_string(l.T) + " exceeds the model's maxT=" + std::to_string(c.max_seq_len));
+    if (c.num_heads % l.tp != 0)
+        return fail("flag --tp: " + std::to_string(l.tp) + " does not divide the " + std::to_string(c.num_heads) +
+                    " attention heads");
+    if (c.kv_heads() % l.tp != 0)
+        return fail("flag --tp: " + std::to_string(l.tp) + " does not divide the " + std::to_string(c.kv_heads()) +
+                    " key/value heads (grouped-query attention splits whole key/value heads)");
+    if (c.hidden() % l.tp != 0)
+        return fail("flag --tp: " + std::to_string(l.tp) + " does not divide the MLP's " + std::to_string(c.hidden()) +
+                    " hidden channels");
+    if (l.cp > 1 && l.T % (2 * l.cp) != 0)
+        return fail("flag --cp: the sequence length T=" + std::to_string(l.T) + " does not cut into 2*cp = " +
+                    std::to_string(2 * l.cp) + " chunks");
+    if (l.sp && l.T_local() % l.tp != 0)
+        return fail("flag --sp: the sequence length T/cp=" + std::to_string(l.T_local()) + " does not divide by --tp " +
+                    std::to_string(l.tp));
+    // Rows of the batch are split over the dp ranks; -d says how many per step.
+    const long long rows_per_micro = (long long)l.B * l.dp();
+    if (l.total_batch < 0) l.total_batch = rows_per_micro * l.T;
+    if (l.total_batch % (rows_per_micro * l.T) != 0)
+        return fail("flag -d: total batch " + std::to_string(l.total_batch) + " tokens is not a multiple of B*T*dp = " +
+                    std::to_string(rows_per_micro * l.T) + " (B=" + std::to_string(l.B) + ", T=" + std::to_string(l.T) +
+                    ", dp=" + std::to_string(l.dp()) + ")");
+    const long long micro = l.total_batch / (rows_per_micro * l.T);
+    if (micro > 1000000000LL)
+        return fail("flag -d: " + std::to_string(l.total_batch) + " tokens per step is " + std::to_string(micro) +
+                    " micro-steps of B*T*dp = " + std::to_string(rows_per_micro * l.T) + " tokens (at most 1e9)");
+    return pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err);
+}
+
+size_t ModelStack::comm_bytes() const {
+    return (dp ? dp->comm_buffer_bytes() : 0) + (cp ? cp->buffer_bytes() : 0) + (pipe ? pipe->buffer_bytes() : 0);
+}
+
+ModelStack::~ModelStack() {
+    dp.reset();
+    model.reset();
+    pipe.reset();
+    cp.reset();
+    tp.reset();
+}
+
+void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGroups& g, ModelStack* s) {
+    s->tp.reset(new TensorParallel(*g.tp, l.sp != 0));
+    // The pipeline says which chunks of blocks this stage runs (its
+    // micro-batches are the accumulation steps); the model allocates them.
+    s->pipe.reset(new PipelineParallel(*g.pp, *g.embed, mc.num_layers, l.vpp, l.micro_batches()));
+    s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.head_size(),
+                                    mc.kv_heads() / l.tp));
+    s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank()),
+                           s->tp.get(), s->cp.get(), s->pipe->chunks()));
+    s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));
+    s->pipe->attach(*s->model);
+    s->dp.reset(new DataParallel(*s->model, *g.dpcp, l.zero));
+    s->groups = {g.dpcp, g.tp, g.pp, g.embed};
+}
+
+double ModelStack::step(const OptimConfig& o, int step) {
+    dp->finish_reductions();
+    return optimizer_step(*model, groups, o, step);
+}

@@ -1,0 +1,35 @@
+// llmc/parallel/optimizer_step.h: the optimizer step of every layout, once
+// the step's gradients are reduced (DataParallel::finish_reductions). Every
+// collective of the step is issued here, over plain communicators:
+//
+//   1. tied embeddings (pipeline parallel, GPT-2's tied wte): the first and
+//      the last stage each hold the embedding unit; their gradients (this
+//      rank's part) are summed over the embedding group, so both copies take
+//      the same update and stay bitwise equal (docs/design.md section 7);
+//   2. the global gradient norm: each rank sums the squares of what it owns
+//      (all of it at ZeRO 0, its slices at 1-3, summed over the dp group;
+//      tensors split by tp summed over the tp group, replicated ones counted
+//      by tp rank 0; the stages' sums added over the pp group, the last
+//      stage's copy of the embeddings left out);
+//   3. clipping and AdamW on this rank's part of every unit, in one
+//      multi-tensor backend call (llmc/model/optimizer.h);
+//   4. ZeRO stages 1 and 2: every rank needs every updated parameter, so the
+//      updated slices are all-gathered over the dp group (stage 3 gathers
+//      them only when a unit is next used; stage 0 updated everything).
+#pragma once
+#include "llmc/comm/comm.h"
+#include "llmc/model/gpt.h"
+#include "llmc/model/optimizer.h"
+
+// The groups of a rank that the step reduces over; null (or a group of one)
+// where the layout has no such axis.
+struct StepGroups {
+    Comm* dp = nullptr;     // the dp × cp group the ZeRO shards are split over
+    Comm* tp = nullptr;     // tensor parallel
+    Comm* pp = nullptr;     // one rank per pipeline stage
+    Comm* embed = nullptr;  // the first and the last stage (tied embeddings)
+};
+
+// One optimizer step of `model` (built with the ZeRO sharding of g.dp):
+// the four parts above. Returns the global gradient norm before clipping.
+double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step);

@@ -1,0 +1,216 @@
+// llmc/parallel/pipeline_parallel.cpp: see pipeline_parallel.h. Every
+// collective of the pp group is issued in this file.
+#include "llmc/parallel/pipeline_parallel.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include "llmc/base/trace.h"
+
+PipelineParallel::PipelineParallel(Comm& pp_group, Comm& embed, int L, int vpp, int m)
+    : comm_(pp_group), embed_(embed), pp_(pp_group.size()), stage_(pp_group.rank()), vpp_(vpp), m_(m), L_(L) {
+    std::string why;
+    if (!pipe_layout_ok(L, pp_, vpp, m, &why)) throw std::invalid_argument(why);
+    sched_ = shared_pipe_schedule(pp_, vpp, m);
+}
+
+PipelineParallel::~PipelineParallel() {
+    for (Handle& h : handles_)
+        if (!h.waited) comm_.wait(h.h);
+    for (void* p : owned_) be_->release(p);
+}
+
+std::vector<ModelChunk> PipelineParallel::chunks() const {
+    const int per = L_ / (pp_ * vpp_), last = pp_ * vpp_ - 1;
+    std::vector<ModelChunk> out;
+    for (int k = 0; k < vpp_; k++) {
+        const int v = k * pp_ + stage_;
+        ModelChunk c;
+        c.first_layer = v * per;
+        c.layers = per;
+        c.embed = v == 0;
+        c.head = v == last;
+        c.slots = std::max(1, sched_->slots[stage_][k]);
+        out.push_back(c);
+    }
+    return out;
+}
+
+void* PipelineParallel::alloc(size_t bytes) {
+    void* p = be_->alloc(bytes);
+    owned_.push_back(p);
+    bytes_ += bytes;
+    return p;
+}
+
+void PipelineParallel::attach(GPT& model) {
+    be_ = &model.backend();
+    act_ = model.precision().act;
+    elems_ = model.boundary_elems();
+    if (pp_ == 1) return;  // no transfers
+    row_ = alloc(model.config().vocab_size * sizeof(float));
+    // Receive buffers as the schedule needs them at once, at least one for
+    // the forward-only passes; two gradient send buffers used in turn.
+    for (int i = 0; i < std::max(1, sched_->recv_bufs[stage_]); i++) recv_.push_back(alloc(elems_ * dtype_size(act_)));
+    recv_handle_.assign(recv_.size(), -1);
+    for (int i = 0; i < 2; i++) send_.push_back(alloc(elems_ * dtype_size(act_)));
+    send_handle_.assign(send_.size(), -1);
+}
+
+void PipelineParallel::wait(int i) {
+    if (i < 0 || handles_[i].waited) return;
+    comm_.wait(handles_[i].h);
+    handles_[i].waited = true;
+}
+
+// Message tags (MPI): unique among the messages of a step between two ranks.
+static int msg_tag(const PipeMsg& m, int nv) { return ((m.mb * nv + m.v) * 2 + (m.grad ? 1 : 0)) % 30000; }
+
+// Issues one exchange of the schedule. Each transfer gets its own handle, so
+// that a receive is waited for alone (right before its op), and a send only
+// when its buffer is needed again or at the end of the step.
+void PipelineParallel::exchange(GPT& model, const PipeAction& a, const std::vector<int>& send_buf_of_msg) {
+    const int nv = pp_ * vpp_;
+    std::vector<P2POp> ops;
+    std::vector<int> owner;  // per op: receive buffer (>= 0), gradient send buffer (-2 - sb), or -1
+    for (const PipeXfer& x : a.xfers) {
+        P2POp op{x.send, nullptr, x.peer, elems_, msg_tag(x.msg, nv)};
+        int who = -1;
+        if (x.send && !x.msg.grad) {
+            op.buf = const_cast<void*>(model.chunk_output(x.msg.v / pp_, x.buf));
+        } else if (x.send) {
+            const int sb = send_buf_of_msg[x.msg.mb * nv + x.msg.v];
+            op.buf = send_[sb];
+            who = -2 - sb;
+        } else {
+            wait(recv_handle_[x.buf]);  // (read already, in program order; a no-op)
+            op.buf = recv_[x.buf];
+            who = x.buf;
+        }
+        ops.push_back(op);
+        owner.push_back(who);
+    }
+    std::vector<CommHandle> hs;
+    comm_.start_p2p(ops, act_, &hs);
+    for (size_t i = 0; i < hs.size(); i++) {
+        handles_.push_back({hs[i], false});
+        const int h = (int)handles_.size() - 1;
+        if (owner[i] >= 0) recv_handle_[owner[i]] = h;
+        else if (owner[i] <= -2) send_handle_[-2 - owner[i]] = h;
+    }
+}
+
+// One transfer alone, waited for (the forward-only passes).
+void PipelineParallel::transfer(const P2POp& op) {
+    std::vector<CommHandle> hs;
+    comm_.start_p2p({op}, act_, &hs);
+    comm_.wait(hs[0]);
+}
+
+double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T, double dloss) {
+    const int nv = pp_ * vpp_;
+    const std::vector<ModelChunk>& chunks = model.chunks();
+    std::vector<int> send_buf_of_msg((size_t)m_ * nv, -1);
+    int next_send = 0;
+    double loss = 0;
+    handles_.clear();
+    std::fill(recv_handle_.begin(), recv_handle_.end(), -1);
+    std::fill(send_handle_.begin(), send_handle_.end(), -1);
+    for (const PipeAction& a : sched_->stages[stage_]) {
+        if (a.kind == PipeAction::Exchange) {
+            exchange(model, a, send_buf_of_msg);
+            continue;
+        }
+        const ModelChunk& ch = chunks[a.chunk];
+        const int v = a.chunk * pp_ + stage_;
+        const bool fwd = a.kind == PipeAction::Forward;
+        const void* in = nullptr;
+        if (a.in_buf >= 0) {
+            wait(recv_handle_[a.in_buf]);
+            in = recv_[a.in_buf];
+        }
+        trace::Scope span((fwd ? "F mb" : "B mb") + std::to_string(a.mb) + " v" + std::to_string(v),
+                          fwd ? "forward" : "backward");
+        if (fwd) {
+            const int *inputs = nullptr, *targets = nullptr;
+            load(a.mb, &inputs, &targets);
+            loss += model.forward_chunk(a.chunk, a.slot, inputs, in, ch.head ? targets : nullptr, B, T, dloss);
+        } else {
+            // Stages 0 and 1 of ZeRO reduce a unit's gradients when its last
+            // micro-batch's backward is done.
+            model.backward_chunk(a.chunk, a.slot, in, a.mb == m_ - 1);
+            if (!ch.embed) {  // the input's gradient goes back to the previous virtual stage
+                const int sb = next_send;
+                next_send = (next_send + 1) % (int)send_.size();
+                wait(send_handle_[sb]);
+                be_->copy(send_[sb], model.input_grad(), elems_ * dtype_size(act_));
+                send_buf_of_msg[a.mb * nv + v] = sb;
+            }
+        }
+    }
+    for (size_t i = 0; i < handles_.size(); i++) wait((int)i);
+    return loss;
+}
+
+double PipelineParallel::forward_only(GPT& model, const int* inputs, const int* targets, int B, int T) {
+    if (pp_ == 1) return model.forward(inputs, targets, B, T);
+    // One virtual stage after the other; each transfer alone in its group,
+    // issued in the same order on both ends.
+    const int nv = pp_ * vpp_;
+    double loss = 0;
+    for (int v = 0; v < nv; v++) {
+        const int k = v / pp_;
+        if (v % pp_ != stage_) continue;
+        if (v > 0) transfer({false, recv_[0], (v - 1) % pp_, elems_, msg_tag({0, v - 1, false}, nv)});
+        loss = model.forward_chunk(k, 0, inputs, recv_[0], v == nv - 1 ? targets : nullptr, B, T);
+        if (v < nv - 1)
+            transfer({true, const_cast<void*>(model.chunk_output(k, 0)), (v + 1) % pp_, elems_, msg_tag({0, v, false}, nv)});
+    }
+    return sum_over_stages(stage_ == pp_ - 1 ? loss : 0.0);
+}
+
+void PipelineParallel::logits_row(GPT& model, int b, int pos, float* out) {
+    const int V = model.config().vocab_size;
+    if (pp_ == 1) return model.logits_row(b, pos, out, DType::F32);
+    if (stage_ == pp_ - 1) {
+        model.logits_row(b, pos, out, DType::F32);
+        be_->upload(row_, DType::F32, out, DType::F32, V);
+    }
+    comm_.broadcast(row_, V, DType::F32, pp_ - 1);
+    be_->download(out, DType::F32, row_, DType::F32, V);
+}
+
+bool PipelineParallel::tied_embeddings_agree(GPT& model) {
+    if (pp_ == 1 || !model.config().tied) return true;
+    // The embedding group pairs ranks that hold the same slice of the unit.
+    double c = embed_.size() > 1 ? model.unit_checksum(0) : 0.0;
+    double hi = embed_.host_all_reduce(c, ReduceOp::Max), lo = -embed_.host_all_reduce(-c, ReduceOp::Max);
+    return comm_.host_all_reduce(hi == lo ? 0.0 : 1.0, ReduceOp::Max) == 0.0;
+}
+
+std::vector<double> PipelineParallel::measured_bubble() {
+    // Per step: this rank's busy time and its first start and last end.
+    std::map<int, double> busy, lo, hi;
+    for (const trace::Event& e : trace::events()) {
+        if (e.step < 1 || (e.cat != "forward" && e.cat != "backward")) continue;
+        busy[e.step] += e.t1 - e.t0;
+        lo[e.step] = lo.count(e.step) ? std::min(lo[e.step], e.t0) : e.t0;
+        hi[e.step] = hi.count(e.step) ? std::max(hi[e.step], e.t1) : e.t1;
+    }
+    // Every stage traced the same steps; the window is the whole pipeline's.
+    const double steps = comm_.host_all_reduce((double)busy.size(), ReduceOp::Max);
+    if (steps == 0) return {};
+    double total_busy = 0, total_window = 0;
+    for (auto& kv : busy) {
+        const double start = -comm_.host_all_reduce(-lo[kv.first], ReduceOp::Max);
+        const double end = comm_.host_all_reduce(hi[kv.first], ReduceOp::Max);
+        total_busy += kv.second;
+        total_window += end - start;
+    }
+    const double mine = total_busy > 0 ? (total_window - total_busy) / total_busy : 0;
+    std::vector<double> all(pp_);
+    for (int s = 0; s < pp_; s++) all[s] = comm_.host_all_reduce(s == stage_ ? mine : 0.0, ReduceOp::Sum);
+    return all;
+}

@@ -1,0 +1,219 @@
+// llmc/parallel/pipeline_schedule.cpp: the pipeline schedules
+// (llmc/parallel/pipeline_schedule.h).
+#include "llmc/parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <tuple>
+
+std::vector<PipeAction> pipe_compute_order(int pp, int V, int m, int s) {
+    std::vector<PipeAction> out;
+    auto op = [&](PipeAction::Kind kind, int mb, int chunk) {
+        PipeAction a;
+        a.kind = kind;
+        a.mb = mb;
+        a.chunk = chunk;
+        out.push_back(a);
+    };
+    if (V == 1) {  // 1F1B (PipeDream-Flush)
+        const int w = std::min(pp - s - 1, m);
+        for (int i = 0; i < w; i++) op(PipeAction::Forward, i, 0);
+        for (int i = 0; i < m - w; i++) {
+            op(PipeAction::Forward, w + i, 0);
+            op(PipeAction::Backward, i, 0);
+        }
+        for (int i = m - w; i < m; i++) op(PipeAction::Backward, i, 0);
+        return out;
+    }
+    // Interleaved: the k-th chunk-forward of a stage is micro-batch
+    // (k / (pp·V))·pp + k % pp of chunk (k / pp) % V; backwards take the
+    // chunks in reverse. Warm-up lets every stage fill its V chunks and the
+    // later stages catch up (two ticks per stage of distance to the last).
+    const int total = m * V;
+    const int w = std::min((pp - s - 1) * 2 + (V - 1) * pp, total);
+    auto mb_of = [&](int k) { return (k / (pp * V)) * pp + k % pp; };
+    auto fchunk = [&](int k) { return (k % (pp * V)) / pp; };
+    for (int k = 0; k < w; k++) op(PipeAction::Forward, mb_of(k), fchunk(k));
+    for (int k = 0; k < total - w; k++) {
+        op(PipeAction::Forward, mb_of(w + k), fchunk(w + k));
+        op(PipeAction::Backward, mb_of(k), V - 1 - fchunk(k));
+    }
+    for (int k = total - w; k < total; k++) op(PipeAction::Backward, mb_of(k), V - 1 - fchunk(k));
+    return out;
+}
+
+static bool schedule_ok(int pp, int V, int m, std::string* err) {
+    auto fail = [&](const std::string& s) {
+        *err = s;
+        return false;
+    };
+    if (pp < 1) return fail("flag --pp: " + std::to_string(pp) + " must be at least 1");
+    if (V < 1) return fail("flag --vpp: " + std::to_string(V) + " must be at least 1");
+    if (V > 1 && pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
+    if (m < pp)
+        return fail("flag -d: " + std::to_string(m) + " micro-batch(es) per step for " + std::to_string(pp) +
+                    " pipeline stages; the pipeline needs at least one per stage");
+    if (V > 1 && m % pp != 0)
+        return fail("flag -d: the interleaved schedule (--vpp " + std::to_string(V) + ") needs the " +
+                    std::to_string(m) + " micro-batches per step to be a multiple of --pp " + std::to_string(pp));
+    return true;
+}
+
+bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err) {
+    if (pp >= 1 && vpp >= 1 && L % (pp * vpp) != 0) {
+        *err = std::string(vpp > 1 ? "flag --vpp" : "flag --pp") + ": the " + std::to_string(L) +
+               " blocks do not split evenly into pp·vpp = " + std::to_string(pp * vpp) + " model chunks";
+        return false;
+    }
+    return schedule_ok(pp, vpp, m, err);
+}
+
+// Schedules are pure functions of (pp, vpp, m) and the planner asks for the
+// same ones many times (every rank of every layout it sizes): kept once made.
+static PipeSchedule make_schedule_uncached(int pp, int V, int m);
+
+std::shared_ptr<const PipeSchedule> shared_pipe_schedule(int pp, int V, int m) {
+    static std::map<std::tuple<int, int, int>, std::shared_ptr<const PipeSchedule>> cache;
+    std::string why;
+    if (!schedule_ok(pp, V, m, &why)) throw std::invalid_argument(why);
+    auto it = cache.find({pp, V, m});
+    if (it != cache.end()) return it->second;
+    if (cache.size() > 256) cache.clear();
+    auto sched = std::make_shared<const PipeSchedule>(make_schedule_uncached(pp, V, m));
+    cache[{pp, V, m}] = sched;
+    return sched;
+}
+
+PipeSchedule make_pipe_schedule(int pp, int V, int m) { return *shared_pipe_schedule(pp, V, m); }
+
+static PipeSchedule make_schedule_uncached(int pp, int V, int m) {
+    PipeSchedule S;
+    S.pp = pp;
+    S.vpp = V;
+    S.m = m;
+    S.stages.assign(pp, {});
+    S.slots.assign(pp, std::vector<int>(V, 0));
+    S.recv_bufs.assign(pp, 0);
+    const int nv = pp * V;
+    auto stage_of = [&](int v) { return v % pp; };
+    std::vector<std::vector<PipeAction>> order(pp);
+    for (int s = 0; s < pp; s++) order[s] = pipe_compute_order(pp, V, m, s);
+    // When each message was made (tick), and where its data sits.
+    std::map<std::tuple<int, int, bool>, int> made;       // (mb, v, grad) -> tick
+    std::map<std::tuple<int, int, bool>, int> recv_buf;   // -> receive buffer at its consumer
+    std::map<std::pair<int, int>, int> fwd_slot;          // (mb, v) -> activation slot of its forward
+    std::vector<std::vector<std::vector<int>>> free_slots(pp, std::vector<std::vector<int>>(V));
+    std::vector<std::vector<int>> used_slots(pp, std::vector<int>(V, 0));
+    std::vector<std::vector<int>> free_bufs(pp);
+    std::vector<size_t> next(pp, 0);
+    auto take = [](std::vector<int>& freelist, int& used) {
+        if (!freelist.empty()) {
+            int i = freelist.back();
+            freelist.pop_back();
+            return i;
+        }
+        return used++;
+    };
+    size_t left = 0;
+    for (auto& o : order) left += o.size();
+    for (int t = 0; left > 0; t++) {
+        std::vector<PipeMsg> sent;
+        for (int s = 0; s < pp; s++) {
+            if (next[s] == order[s].size()) continue;
+            PipeAction a = order[s][next[s]];
+            const int v = a.chunk * pp + s;
+            // Ready: its input message was made in an earlier tick.
+            bool fwd = a.kind == PipeAction::Forward;
+            std::tuple<int, int, bool> need = fwd ? std::make_tuple(a.mb, v - 1, false) : std::make_tuple(a.mb, v + 1, true);
+            bool needs = fwd ? v > 0 : v < nv - 1;
+            if (needs) {
+                auto it = made.find(need);
+                if (it == made.end() || it->second >= t) continue;
+                a.in_buf = recv_buf.at(need);
+                free_bufs[s].push_back(a.in_buf);  // free once the op has read it
+            }
+            a.tick = t;
+            if (fwd) {
+                a.slot = take(free_slots[s][a.chunk], used_slots[s][a.chunk]);
+                fwd_slot[{a.mb, v}] = a.slot;
+                if (v < nv - 1) sent.push_back({a.mb, v, false});
+            } else {
+                a.slot = fwd_slot.at({a.mb, v});
+                free_slots[s][a.chunk].push_back(a.slot);
+                if (v > 0) sent.push_back({a.mb, v, true});
+            }
+            S.stages[s].push_back(a);
+            next[s]++;
+            left--;
+        }
+        if (sent.empty() && left > 0) {
+            // Nothing ran and nothing is in flight: the order cannot finish.
+            bool any_ran = false;
+            for (int s = 0; s < pp; s++)
+                if (!S.stages[s].empty() && S.stages[s].back().tick == t && S.stages[s].back().kind != PipeAction::Exchange)
+                    any_ran = true;
+            if (!any_ran) throw std::logic_error("pipeline schedule deadlocks at tick " + std::to_string(t));
+        }
+        // The tick's exchange: one group per stage that sends or receives.
+        std::vector<PipeAction> ex(pp);
+        for (const PipeMsg& msg : sent) {
+            const int from = stage_of(msg.v), to = stage_of(msg.grad ? msg.v - 1 : msg.v + 1);
+            made[{msg.mb, msg.v, msg.grad}] = t;
+            const int rb = take(free_bufs[to], S.recv_bufs[to]);
+            recv_buf[{msg.mb, msg.v, msg.grad}] = rb;
+            ex[from].xfers.push_back({true, to, msg, msg.grad ? -1 : fwd_slot.at({msg.mb, msg.v})});
+            ex[to].xfers.push_back({false, from, msg, rb});
+        }
+        for (int s = 0; s < pp; s++) {
+            if (ex[s].xfers.empty()) continue;
+            ex[s].kind = PipeAction::Exchange;
+            ex[s].tick = t;
+            S.stages[s].push_back(ex[s]);
+        }
+        S.ticks = t + 1;
+    }
+    for (int s = 0; s < pp; s++) S.slots[s] = used_slots[s];
+    return S;
+}
+
+double simulate_pipe_time(const PipeSchedule& S, double tf, double tb, std::vector<double>* busy) {
+    const int pp = S.pp, nv = pp * S.vpp;
+    std::map<std::tuple<int, int, bool>, double> ready;  // message -> time available
+    std::vector<size_t> next(pp, 0);
+    std::vector<double> free_at(pp, 0.0);
+    busy->assign(pp, 0.0);
+    size_t left = 0;
+    std::vector<std::vector<const PipeAction*>> ops(pp);
+    for (int s = 0; s < pp; s++)
+        for (const PipeAction& a : S.stages[s])
+            if (a.kind != PipeAction::Exchange) ops[s].push_back(&a), left++;
+    double makespan = 0;
+    while (left > 0) {
+        bool progress = false;
+        for (int s = 0; s < pp; s++) {
+            while (next[s] < ops[s].size()) {
+                const PipeAction& a = *ops[s][next[s]];
+                const bool fwd = a.kind == PipeAction::Forward;
+                const int v = a.chunk * pp + s;
+                double start = free_at[s];
+                if (fwd ? v > 0 : v < nv - 1) {
+                    auto it = ready.find(fwd ? std::make_tuple(a.mb, v - 1, false) : std::make_tuple(a.mb, v + 1, true));
+                    if (it == ready.end()) break;
+                    start = std::max(start, it->second);
+                }
+                const double d = fwd ? tf : tb;
+                free_at[s] = start + d;
+                (*busy)[s] += d;
+                makespan = std::max(makespan, free_at[s]);
+                ready[std::make_tuple(a.mb, v, !fwd)] = free_at[s];
+                next[s]++;
+                left--;
+                progress = true;
+            }
+        }
+        if (!progress) throw std::logic_error("simulate_pipe_time: the schedule does not finish");
+    }
+    return makespan;
+}

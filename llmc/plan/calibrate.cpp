@@ -1,0 +1,193 @@
+// llmc/plan/calibrate.cpp: measuring a hardware profile (llmc/plan/calibrate.h).
+#include "llmc/plan/calibrate.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "llmc/backend/backends.h"
+#include "llmc/base/rng.h"
+
+namespace {
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Seconds per call of fn: the median over 7 rounds of `reps` calls each,
+// after two calls to warm up; each round's time is the slowest rank's when
+// the ranks run it together (they start after a barrier). One round is as
+// noisy as the machine: on a shared host a single round's figure moved by
+// 15-50% from run to run, the median of 7 by a few percent.
+template <typename Fn>
+double time_op(Backend& be, Comm& world, int reps, Fn fn) {
+    fn();
+    fn();
+    be.synchronize();
+    std::vector<double> rounds;
+    for (int r = 0; r < 7; r++) {
+        world.host_all_reduce(0.0, ReduceOp::Sum);
+        const double t0 = now_s();
+        for (int i = 0; i < reps; i++) fn();
+        be.synchronize();
+        rounds.push_back(world.host_all_reduce((now_s() - t0) / reps, ReduceOp::Max));
+    }
+    std::sort(rounds.begin(), rounds.end());
+    return rounds[rounds.size() / 2];
+}
+
+// Least-squares line t = a + b·n through the points.
+void fit_line(const std::vector<double>& n, const std::vector<double>& t, double* a, double* b) {
+    const double k = (double)n.size();
+    double sn = 0, st = 0, snn = 0, snt = 0;
+    for (size_t i = 0; i < n.size(); i++) sn += n[i], st += t[i], snn += n[i] * n[i], snt += n[i] * t[i];
+    *b = (k * snt - sn * st) / (k * snn - sn * sn);
+    *a = (st - *b * sn) / k;
+    if (*a < 0) *a = 0;
+}
+
+struct Buffers {
+    Backend& be;
+    std::vector<void*> owned;
+    explicit Buffers(Backend& b) : be(b) {}
+    ~Buffers() {
+        for (void* p : owned) be.release(p);
+    }
+    // n elements of type t, filled with small random values.
+    void* make(size_t n, DType t, Rng& rng) {
+        void* p = be.alloc(n * dtype_size(t));
+        owned.push_back(p);
+        std::vector<double> host(n);
+        for (double& x : host) x = 0.02 * rng.normal();
+        be.upload(p, t, host.data(), DType::F64, n);
+        return p;
+    }
+};
+
+}  // namespace
+
+bool calibrate(Backend& be, ProcessGrid& grid, const GPTConfig& mc, int B, int T, const std::string& name, Hardware* hw,
+               std::string* err) {
+    Comm& world = *grid.world;
+    const Precision p = be.precision();
+    const DType a = p.act, st = p.stat, pt = p.param, gt = p.grad;
+    const int C = mc.channels, NH = mc.num_heads, HS = C / NH, N = B * T, H = 4 * C;
+    if (T > mc.max_seq_len) {
+        *err = "flag -t: T=" + std::to_string(T) + " exceeds the model's maxT=" + std::to_string(mc.max_seq_len);
+        return false;
+    }
+    Rng rng(7);
+    Buffers buf(be);
+    const double ab = (double)dtype_size(a);
+
+    // The block's four matrix products, forward and backward (3 x 24·N·C² FLOPs).
+    void* x = buf.make((size_t)N * H, a, rng);
+    void* y = buf.make((size_t)N * H, a, rng);
+    void* dx = buf.make((size_t)N * H, a, rng);
+    void* w = buf.make((size_t)4 * C * C, pt, rng);
+    void* dw = buf.make((size_t)4 * C * C, gt, rng);
+    void* bias = buf.make(H, pt, rng);
+    void* dbias = buf.make(H, gt, rng);
+    const int shapes[4][2] = {{C, 3 * C}, {C, C}, {C, H}, {H, C}};  // (in, out): qkv, attproj, fc, fcproj
+    const double mm_s = time_op(be, world, 5, [&] {
+        for (const auto& s : shapes) be.matmul_forward(y, x, w, bias, N, s[0], s[1]);
+        for (const auto& s : shapes) be.matmul_backward(dx, dw, dbias, y, x, w, N, s[0], s[1]);
+    });
+    const double mm_flops = 3.0 * 24.0 * N * (double)C * C;
+
+    // Causal attention forward and backward (3.5 x 2·B·T²·C FLOPs).
+    void* qkv = buf.make((size_t)N * 3 * C, a, rng);
+    void* dqkv = buf.make((size_t)N * 3 * C, a, rng);
+    void* out = buf.make((size_t)N * C, a, rng);
+    void* dout = buf.make((size_t)N * C, a, rng);
+    void* lse = buf.make((size_t)N * NH, st, rng);
+    const AttnShape as{B, NH, HS, T, T, (size_t)3 * C, (size_t)3 * C, (size_t)C, true, 1.0 / std::sqrt((double)HS)};
+    auto at = [&](void* base, int k) { return elem_ptr(base, a, (size_t)k * C); };
+    const double attn_s = time_op(be, world, 3, [&] {
+        be.attention_forward(out, lse, qkv, at(qkv, 1), at(qkv, 2), as);
+        be.attention_backward(dqkv, at(dqkv, 1), at(dqkv, 2), dout, qkv, at(qkv, 1), at(qkv, 2), out, lse, as);
+    });
+    const double attn_flops = 3.5 * 2.0 * B * (double)T * T * C;
+
+    // The block's memory-bound kernels, forward and backward: the bytes the
+    // planner counts for them, a·(9·N·C + 2·N·H) and a·(8·N·C + 3·N·H).
+    void* r1 = buf.make((size_t)N * C, a, rng);
+    void* r2 = buf.make((size_t)N * C, a, rng);
+    void* ln = buf.make((size_t)N * C, a, rng);
+    void* mean = buf.make(N, st, rng);
+    void* rstd = buf.make(N, st, rng);
+    void* lw = buf.make(C, pt, rng);
+    void* lb = buf.make(C, pt, rng);
+    void* dlw = buf.make(C, gt, rng);
+    void* dlb = buf.make(C, gt, rng);
+    const double mem_s = time_op(be, world, 5, [&] {
+        be.layernorm_forward(ln, mean, rstd, r1, lw, lb, N, C);
+        be.residual_layernorm_forward(r2, ln, mean, rstd, r1, out, lw, lb, N, C);
+        be.gelu_forward(y, x, (size_t)N * H);
+        be.residual_layernorm_forward(r2, ln, mean, rstd, r1, out, lw, lb, N, C);
+        be.layernorm_backward(dout, dlw, dlb, ln, r1, lw, mean, rstd, N, C);
+        be.layernorm_backward(dout, dlw, dlb, ln, r1, lw, mean, rstd, N, C);
+        be.gelu_backward(dx, x, y, (size_t)N * H);
+    });
+    const double mem_bytes = ab * (9.0 * N * C + 2.0 * N * H) + ab * (8.0 * N * C + 3.0 * N * H);
+
+    // One kernel's fixed cost: an add of one element.
+    const double launch = time_op(be, world, 200, [&] { be.residual_forward(r1, r1, r2, 1); });
+
+    Hardware h;
+    h.name = name;
+    h.device = be.name();
+    h.dtype = dtype_name(p.param);
+    h.threads = std::string(be.name()) == "cpu" ? omp_get_max_threads() : 0;
+    h.peak_flops = backend_peak_flops(be);
+    h.matmul_flops = mm_flops / mm_s;
+    h.attn_flops = attn_flops / attn_s;
+    h.mem_bw = mem_bytes / mem_s;
+    h.launch_s = launch;
+    h.mem_bytes = (double)be.free_memory(dist_local_size());
+    h.gpus_per_node = std::max(1, dist_local_size());
+    // On the CPU, MPI moves data only inside its calls: nothing overlaps.
+    h.comm_overlap = std::string(be.name()) == "cpu" ? 0.0 : 1.0;
+
+    // Collectives over the ranks of the launch (one node here: intra = inter).
+    const int g = world.size();
+    if (g > 1) {
+        std::vector<double> ns, t_ar, t_p2p;
+        const size_t max_n = (size_t)1 << 21;  // elements of fp32: 8 MiB
+        void* cb = be.alloc(max_n * 4);
+        void* cr = be.alloc(max_n * 4);
+        for (size_t n : {(size_t)1 << 10, (size_t)1 << 14, (size_t)1 << 17, (size_t)1 << 19, max_n}) {
+            ns.push_back((double)n * 4);
+            t_ar.push_back(time_op(be, world, 10, [&] { world.all_reduce(cb, n, DType::F32); }));
+            const int r = world.rank();
+            t_p2p.push_back(time_op(be, world, 10, [&] { world.send_recv(cb, (r + 1) % g, cr, (r + g - 1) % g, n, DType::F32); }));
+        }
+        be.release(cb);
+        be.release(cr);
+        world.counts().reset();
+        double A, Bs;
+        fit_line(ns, t_ar, &A, &Bs);  // t = 2(g-1)·lat + 2n(g-1)/(g·bw)
+        h.intra_lat = A / (2.0 * (g - 1));
+        h.intra_bw = Bs > 0 ? 2.0 * (g - 1) / (g * Bs) : 1e12;
+        fit_line(ns, t_p2p, &A, &Bs);  // t = lat + n/bw
+        h.p2p_lat = A;
+        h.p2p_bw = Bs > 0 ? 1.0 / Bs : 1e12;
+    } else {
+        h.intra_bw = h.p2p_bw = 1e12;  // nothing to measure alone; a one-rank plan needs none
+    }
+    h.inter_bw = h.intra_bw;
+    h.inter_lat = h.intra_lat;
+    char src[512];
+    std::snprintf(src, sizeof(src),
+                  "measured by --calibrate on %d %s rank(s)%s at L=%d C=%d NH=%d, B=%d, T=%d: matmul %.3g FLOP/s, "
+                  "attention %.3g FLOP/s, memory-bound %.3g B/s, %.3g s per launch; all-reduce and send-recv "
+                  "fitted over 4 KiB-8 MiB",
+                  g, be.name(), h.threads ? (" (" + std::to_string(h.threads) + " thread(s) each)").c_str() : "",
+                  mc.num_layers, C, NH, B, T, h.matmul_flops, h.attn_flops, h.mem_bw, h.launch_s);
+    h.source = src;
+    *hw = h;
+    return true;
+}

@@ -1,0 +1,151 @@
+// llmc/plan/hardware.cpp: the built-in hardware profiles and their JSON form
+// (llmc/plan/hardware.h). Every number of a built-in profile carries its source;
+// the efficiencies that no datasheet gives are marked as assumptions, which
+// --calibrate replaces with measurements.
+#include "llmc/plan/hardware.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "llmc/base/fileio.h"
+
+using json = nlohmann::json;
+
+namespace {
+
+Hardware h100_sxm() {
+    Hardware h;
+    h.name = "h100-sxm";
+    h.source =
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB): 989 TFLOP/s dense bf16 (1979 with sparsity), "
+        "3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s total (450 each way); DGX H100: one 400 Gb/s ConnectX-7 port "
+        "per GPU (50 GB/s). Large bf16 matmul 790 TFLOP/s: measured on this project's H100/H200 machines "
+        "(shared/reference.md 10). Attention 35% of peak: FlashAttention-2 on H100 (Shah et al. 2024, "
+        "FlashAttention-3, sec. 1). Collectives at what NCCL reaches of the links: on 8 A100 over NVLink about "
+        "200 of 300 GB/s (nccl-tests issues 149 and 178), so 2/3 of NVLink here too (300 GB/s), and about 90% "
+        "of InfiniBand's line rate (nccl-tests issue 119: 85-96 of 100 GB/s), 45 GB/s. Assumed (no "
+        "datasheet; --calibrate measures them): memory-bound kernels at 80% of HBM, 5 us per kernel launch, "
+        "5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the CUDA context, NCCL "
+        "and allocator slack.";
+    h.peak_flops = 989e12;
+    h.matmul_flops = 790e12;
+    h.attn_flops = 0.35 * 989e12;
+    h.mem_bw = 0.8 * 3.35e12;
+    h.mem_bytes = 80e9;
+    h.reserve_bytes = 2.0 * 1024 * 1024 * 1024;
+    h.launch_s = 5e-6;
+    h.gpus_per_node = 8;
+    h.intra_bw = 300e9;
+    h.intra_lat = 5e-6;
+    h.inter_bw = 45e9;
+    h.inter_lat = 10e-6;
+    h.p2p_lat = 10e-6;
+    return h;
+}
+
+Hardware a100_sxm_80g() {
+    Hardware h;
+    h.name = "a100-sxm-80g";
+    h.source =
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): 312 TFLOP/s dense bf16, 2.0 TB/s HBM2e, 80 GB, "
+        "NVLink 600 GB/s total (300 each way); DGX A100: one 200 Gb/s HDR InfiniBand port per GPU (25 GB/s). "
+        "Attention 60% of peak: FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, abstract). "
+        "Collectives at what NCCL reaches: all-reduce bus bandwidth about 200 GB/s on 8 A100 over NVLink "
+        "(nccl-tests issues 149 and 178), about 90% of InfiniBand's line rate (nccl-tests issue 119: 85-96 "
+        "of 100 GB/s), 22.5 GB/s. Assumed (--calibrate measures them): large bf16 matmul at the 80% of peak "
+        "measured on H100 (790/989, shared/reference.md 10), memory-bound kernels at 80% of HBM, 5 us per "
+        "kernel launch, 5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the "
+        "runtime.";
+    h.peak_flops = 312e12;
+    h.matmul_flops = 0.8 * 312e12;
+    h.attn_flops = 0.6 * 312e12;
+    h.mem_bw = 0.8 * 2.0e12;
+    h.mem_bytes = 80e9;
+    h.reserve_bytes = 2.0 * 1024 * 1024 * 1024;
+    h.launch_s = 5e-6;
+    h.gpus_per_node = 8;
+    h.intra_bw = 200e9;
+    h.intra_lat = 5e-6;
+    h.inter_bw = 22.5e9;
+    h.inter_lat = 10e-6;
+    h.p2p_lat = 10e-6;
+    return h;
+}
+
+}  // namespace
+
+std::string hardware_names() { return "h100-sxm, a100-sxm-80g"; }
+
+bool load_hardware(const std::string& s, Hardware* hw, std::string* err) {
+    if (s == "h100-sxm" || s == "h100") {
+        *hw = h100_sxm();
+        return true;
+    }
+    if (s == "a100-sxm-80g" || s == "a100") {
+        *hw = a100_sxm_80g();
+        return true;
+    }
+    std::ifstream in(s);
+    if (!in) {
+        *err = "flag --hardware: '" + s + "' is neither a built-in profile (" + hardware_names() +
+               ") nor a readable file";
+        return false;
+    }
+    try {
+        json j = json::parse(in);
+        Hardware h;
+        h.name = j.value("name", s);
+        h.source = j.value("source", std::string("file ") + s);
+        h.peak_flops = j.value("peak_flops", 0.0);
+        h.matmul_flops = j.at("matmul_flops");
+        h.attn_flops = j.at("attn_flops");
+        h.mem_bw = j.at("mem_bw");
+        h.mem_bytes = j.value("mem_bytes", 0.0);
+        h.reserve_bytes = j.value("reserve_bytes", 0.0);
+        h.launch_s = j.value("launch_s", 0.0);
+        h.gpus_per_node = j.value("gpus_per_node", 1);
+        h.intra_bw = j.at("intra_bw");
+        h.intra_lat = j.at("intra_lat");
+        h.inter_bw = j.value("inter_bw", h.intra_bw);
+        h.inter_lat = j.value("inter_lat", h.intra_lat);
+        h.p2p_lat = j.value("p2p_lat", h.intra_lat);
+        h.p2p_bw = j.value("p2p_bw", 0.0);
+        h.comm_overlap = j.value("comm_overlap", 1.0);
+        h.device = j.value("device", std::string("cuda"));
+        h.dtype = j.value("dtype", std::string("bf16"));
+        h.threads = j.value("threads", 0);
+        if (h.matmul_flops <= 0 || h.attn_flops <= 0 || h.mem_bw <= 0 || h.intra_bw <= 0)
+            throw std::runtime_error("rates must be positive");
+        *hw = h;
+    } catch (const std::exception& e) {
+        *err = "flag --hardware: " + s + ": " + e.what();
+        return false;
+    }
+    return true;
+}
+
+bool save_hardware(const std::string& path, const Hardware& h, std::string* err) {
+    json j = {{"name", h.name},
+              {"source", h.source},
+              {"dtype", h.dtype},
+              {"peak_flops", h.peak_flops},
+              {"matmul_flops", h.matmul_flops},
+              {"attn_flops", h.attn_flops},
+              {"mem_bw", h.mem_bw},
+              {"mem_bytes", h.mem_bytes},
+              {"reserve_bytes", h.reserve_bytes},
+              {"launch_s", h.launch_s},
+              {"gpus_per_node", h.gpus_per_node},
+              {"intra_bw", h.intra_bw},
+              {"intra_lat", h.intra_lat},
+              {"inter_bw", h.inter_bw},
+              {"inter_lat", h.inter_lat},
+              {"p2p_lat", h.p2p_lat},
+              {"p2p_bw", h.p2p_bw},
+              {"comm_overlap", h.comm_overlap},
+              {"device", h.device},
+              {"threads", h.threads}};
+    const std::string text = j.dump(2) + "\n";
+    AtomicWriter w;
+    return w.open(path, err) && w.write(text.data(), text.size()) && w.commit(err);
+}

@@ -1,0 +1,57 @@
+// llmc/plan/planner.h: the layout planner (./train_gpt --plan search|eval). For
+// a model, a sequence length, a global batch, a world of devices and a
+// hardware profile (llmc/plan/hardware.h), it says which layouts fit and how fast
+// each would run, without running them.
+//
+// Memory is not a formula: every rank's model and parallel modes are built
+// (llmc/parallel/layout.h build_stack, the trainer's own code) on a backend that only
+// counts (llmc/backend/backend_measure.h), so the planner's bytes are the trainer's
+// memory line, byte for byte. The textbook figures are printed beside them.
+//
+// Time is a cost model (shared/reference.md section 10), per rank and step:
+//   compute   each op's FLOPs and bytes over the profile's rates: matrix
+//             products, attention, memory-bound kernels, launches; backward
+//             twice the forward's matrix FLOPs and 2.5 times the attention's;
+//             recompute adds what it recomputes (with --plan-attention
+//             standard, the T x T scores' passes through memory too);
+//   tp, cp    the exact collectives the runtime issues (f and g; the ring's
+//             K,V and dK,dV blocks) by the alpha-beta model, on NVLink when
+//             the group sits in a node (tp varies fastest, pp slowest),
+//             InfiniBand otherwise; tp is blocking, the ring overlaps its
+//             transfers with the block's attention;
+//   pp        the bubble of the schedule, (pp-1)/(m·vpp) of the stage's
+//             time, and the transfers on the pipeline's fill and drain;
+//   dp        the reduction of each ZeRO stage (and ZeRO-3's gathers),
+//             overlapped with the backward as the runtime does it, and the
+//             tied embeddings' all-reduce;
+//   optimizer AdamW over the rank's part, memory-bound.
+// With a profile whose collectives do not overlap compute (comm_overlap 0:
+// the CPU, where MPI progresses only inside its calls) every transfer counts.
+#pragma once
+#include <string>
+
+#include "llmc/model/config.h"
+#include "llmc/plan/hardware.h"
+#include "llmc/parallel/layout.h"
+
+struct PlanRequest {
+    std::string mode;    // "search" or "eval"
+    Layout base;         // world, T, total batch, and the fixed dimensions
+    // Which dimensions the user fixed (the rest are searched).
+    bool fix_pp = false, fix_vpp = false, fix_tp = false, fix_cp = false, fix_sp = false, fix_zero = false,
+         fix_B = false, fix_recompute = false;
+    Hardware hw;
+    std::string device = "cuda";  // whose precision and allocation rounding the memory uses
+    std::string dtype = "auto";
+    // The attention the time model assumes: "flash" (this trainer's: no
+    // T x T scores in memory, causal half computed) or "standard" (scores
+    // materialised, scaled, masked, softmaxed and dropped out in memory, the
+    // full square computed: Megatron-LM 2021, before FlashAttention).
+    std::string attention = "flash";
+    std::string json_path;        // one JSON object per layout
+    int top = 10;                 // layouts printed
+};
+
+// Runs the request and prints its report; false with *err (one line, naming
+// the flag) when nothing could be planned.
+bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err);

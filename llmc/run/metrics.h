@@ -1,0 +1,29 @@
+// llmc/run/metrics.h: metrics.jsonl, one JSON object per optimizer step.
+// On resume the file is rewritten keeping only the steps before the resume
+// point, so a resumed run's file reads like an uninterrupted one.
+#pragma once
+#include <cstdio>
+#include <string>
+
+struct StepMetrics {
+    int step;
+    double loss, lr, grad_norm, ms, tokens_per_s, mfu;
+    unsigned long long tokens;  // tokens trained on so far
+    double val_loss;            // < 0 when not measured this step
+    std::string comm_json;      // {"dp_all_reduce": {"calls": N, "bytes": N}, ...} or empty
+};
+
+class MetricsLog {
+  public:
+    // keep_before_step < 0: start a new file; else keep existing lines with
+    // "step" < keep_before_step.
+    bool open(const std::string& path, int keep_before_step, std::string* err);
+    // False (with *err naming the file and the reason) when the line could
+    // not be written, a full disk say.
+    bool write(const StepMetrics& m, std::string* err);
+    ~MetricsLog();
+
+  private:
+    FILE* f_ = nullptr;
+    std::string path_;
+};

@@ -1,0 +1,87 @@
+// llmc/run/report.cpp: the memory line and the traffic summary (llmc/run/report.h).
+#include "llmc/run/report.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+void print_whole_line(const std::string& line) {
+    std::fflush(stdout);
+    const std::string s = line + "\n";
+    size_t done = 0;
+    while (done < s.size()) {
+        const ssize_t n = write(STDOUT_FILENO, s.data() + done, s.size() - done);
+        if (n <= 0) break;
+        done += (size_t)n;
+    }
+}
+
+std::string human_bytes(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, u++;
+    char s[32];
+    std::snprintf(s, sizeof(s), "%.1f %s", b, units[u]);
+    return s;
+}
+
+std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages) {
+    size_t bytes[6] = {};  // params grads master optimizer activations comm
+    const char* names[6] = {"params", "grads", "master", "optimizer", "activations", "comm"};
+    size_t per_layer = 0;
+    for (const BufferInfo& b : model.buffers()) {
+        for (int k = 0; k < 5; k++)
+            if (b.group == names[k] || (k == 4 && b.group == "scratch")) bytes[k] += b.bytes;
+        if (b.per_layer) per_layer += b.bytes;
+    }
+    bytes[5] = comm_bytes;
+    std::string line = "memory[" + std::to_string(rank) + "] " + when + ":";
+    for (int k = 0; k < 6; k++) line += " " + std::string(names[k]) + "=" + std::to_string(bytes[k]);
+    line += " layer_activations=" + std::to_string(model.layer_activation_bytes());
+    int layers = 0;
+    std::string in_flight;
+    for (const ModelChunk& c : model.chunks()) {
+        layers += c.layers;
+        in_flight += (in_flight.empty() ? "" : ",") + std::to_string(c.slots);
+    }
+    line += " stage=" + std::to_string(stage) + "/" + std::to_string(stages) + " layers=" + std::to_string(layers) +
+            " in_flight=" + in_flight + " stage_activations=" + std::to_string(per_layer);
+    line += " bytes=" + std::to_string(model.backend().bytes_in_use());
+    line += " total=" + human_bytes((double)model.backend().bytes_in_use()) +
+            " peak=" + human_bytes((double)model.backend().bytes_peak());
+    return line;
+}
+
+// The groups whose traffic is reported, with their names in the report.
+static std::vector<std::pair<const char*, Comm*>> groups(ProcessGrid& g) {
+    return {{"dp", g.dpcp_group.get()}, {"tp", g.tp_group.get()}, {"cp", g.cp_group.get()},
+            {"pp", g.pp_group.get()}, {"embed", g.embed_group.get()}};
+}
+
+void reset_counts(ProcessGrid& g) {
+    g.world->counts().reset();
+    for (auto& gr : groups(g)) gr.second->counts().reset();
+}
+
+std::string comm_summary(ProcessGrid& g, std::string* json) {
+    std::string text;
+    *json = "{";
+    bool first = true;
+    for (auto& gr : groups(g)) {
+        CommCounts& c = gr.second->counts();
+        if (gr.second->size() <= 1) continue;
+        for (int k = 0; k < (int)CommKind::count; k++) {
+            if (!c.calls[k]) continue;
+            std::string key = std::string(gr.first) + "_" + comm_kind_name((CommKind)k);
+            *json += (first ? "" : ", ") + ("\"" + key + "\": {\"calls\": " + std::to_string(c.calls[k]) +
+                                           ", \"bytes\": " + std::to_string(c.bytes[k]) + "}");
+            text += " " + key + " " + human_bytes((double)c.bytes[k]);
+            first = false;
+        }
+        c.reset();
+    }
+    *json += "}";
+    return text;
+}

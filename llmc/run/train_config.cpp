@@ -1,0 +1,62 @@
+// llmc/run/train_config.cpp: the option table of train_gpt.
+#include "llmc/run/train_config.h"
+
+void add_train_options(ArgParser& p, TrainConfig& c) {
+    using O = Option;
+    p.add({'i', "train-data", O::String, &c.train_data, "training shards (path or glob)"});
+    p.add({'j', "val-data", O::String, &c.val_data, "validation shards (path or glob; \"\" for none)"});
+    p.add({0, "tokenizer", O::String, &c.tokenizer, "tokenizer for samples: llm.c file or tokenizer.json (default with an HF -e DIR: DIR/tokenizer.json; byte-level if missing)"});
+    p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=] (arch=llama,..,NKV=,F=[,theta=,eps=,tied=1]), a model file, or a Hugging Face directory"});
+    p.add({'o', "output-dir", O::String, &c.output_dir, "output directory: metrics.jsonl and checkpoints"});
+    p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});
+    p.add({'t', "seq-len", O::Int, &c.T, "sequence length T", 1, 1 << 20});
+    p.add({'d', "total-batch", O::Long, &c.total_batch, "tokens per optimizer step (-1: B*T)", -1, 1e15});
+    p.add({'x', "max-steps", O::Int, &c.max_steps, "optimizer steps (-1: one epoch of the training data)", -1, 1e9});
+    p.add({'l', "lr", O::Double, &c.lr, "peak learning rate", 0, 10});
+    p.add({'u', "warmup", O::Int, &c.warmup, "linear warmup steps", 0, 1e9});
+    p.add({'q', "final-lr-frac", O::Double, &c.final_lr_frac, "final lr as a fraction of lr (cosine decay; 1 = constant)", 0, 1});
+    p.add({'c', "weight-decay", O::Double, &c.weight_decay, "AdamW weight decay (2-D tensors only)", 0, 10});
+    p.add({0, "grad-clip", O::Double, &c.grad_clip, "clip the global gradient norm to this (0: off)", 0, 1e9});
+    p.add({0, "beta1", O::Double, &c.beta1, "AdamW beta1", 0, 0.999999});
+    p.add({0, "beta2", O::Double, &c.beta2, "AdamW beta2", 0, 0.999999});
+    p.add({0, "eps", O::Double, &c.eps, "AdamW epsilon", 0, 1});
+    p.add({'v', "val-every", O::Int, &c.val_every, "validation loss every N steps (0: never)", 0, 1e9});
+    p.add({'m', "val-steps", O::Int, &c.val_steps, "micro-batches per validation", 1, 1e9});
+    p.add({'s', "sample-every", O::Int, &c.sample_every, "print a text sample every N steps (0: never)", 0, 1e9});
+    p.add({'g', "gen-tokens", O::Int, &c.gen_tokens, "tokens per sample", 1, 1e6});
+    p.add({'n', "checkpoint-every", O::Int, &c.checkpoint_every, "sharded checkpoint every N steps into -o (0: never)", 0, 1e9});
+    p.add({0, "keep-checkpoints", O::Int, &c.keep_checkpoints, "keep only the newest K complete checkpoints (0: all)",
+           0, 1e9});
+    p.add({0, "export-model", O::String, &c.export_model, "also write the final weights to this llm.c model file"});
+    p.add({0, "export-hf", O::String, &c.export_hf,
+           "also write the final weights as a Hugging Face directory (config.json, model.safetensors)"});
+    p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1, {}, "1"});
+    p.add({'z', "zero", O::Int, &c.zero, "ZeRO stage over the data-parallel ranks", 0, 3});
+    p.add({0, "tp", O::Int, &c.tp, "tensor-parallel degree (Megatron; divides heads and world)", 1, 1 << 16});
+    p.add({0, "sp", O::Int, &c.sp, "1: sequence parallel on top of tensor parallel (needs --tp > 1)", 0, 1, {}, "1"});
+    p.add({0, "cp", O::Int, &c.cp, "context-parallel degree (ring attention; 2*cp divides T)", 1, 1 << 16});
+    p.add({0, "pp", O::Int, &c.pp, "pipeline stages (1F1B; L and -d micro-batches must fit)", 1, 1 << 16});
+    p.add({0, "vpp", O::Int, &c.vpp, "model chunks per pipeline stage (interleaved 1F1B when > 1)", 1, 1 << 16});
+    p.add({0, "trace", O::String, &c.trace, "write a Chrome trace (Perfetto) of the run to this file"});
+    p.add({0, "memory-budget", O::Double, &c.memory_budget, "MiB the backend may hold per rank (0: no cap)", 0, 1e12});
+    p.add({0, "comm", O::String, &c.comm, "collectives: nccl (GPU default) or mpi (host; staged on GPUs)", 0, 0,
+           {"auto", "nccl", "mpi"}});
+    p.add({'r', "recompute", O::String, &c.recompute, "activations recomputed in backward (1 = gelu, 0 = none)", 0, 0,
+           {"none", "gelu", "selective", "full", "0", "1"}, "1"});
+    p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1, {}, "1"});
+    p.add({0, "plan", O::String, &c.plan, "plan instead of training: search layouts, or eval the one given", 0, 0,
+           {"search", "eval"}});
+    p.add({0, "world", O::Int, &c.world, "devices to plan for (0: the ranks of this launch)", 0, 1 << 24});
+    p.add({0, "gpus-per-node", O::Int, &c.gpus_per_node, "devices per node to plan for (0: the profile's)", 0, 1 << 16});
+    p.add({0, "hardware", O::String, &c.hardware, "hardware profile to plan for: h100-sxm, a100-sxm-80g or FILE.json"});
+    p.add({0, "plan-json", O::String, &c.plan_json, "write every planned layout as a JSON line to this file"});
+    p.add({0, "plan-attention", O::String, &c.plan_attention,
+           "attention the plan's time model assumes: this trainer's, or standard (T x T scores in memory)", 0, 0,
+           {"flash", "standard"}});
+    p.add({0, "plan-top", O::Int, &c.plan_top, "layouts the plan prints", 1, 1e6});
+    p.add({0, "calibrate", O::String, &c.calibrate, "measure this machine at -e/-b/-t and write a profile (no training)"});
+    p.add({0, "seed", O::Long, &c.seed, "seed of the initialisation and the sampling RNG", 0, 9.2e18});
+    p.add({0, "device", O::String, &c.device, "where to run", 0, 0, {"auto", "cpu", "cuda"}});
+    p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda)", 0, 0,
+           {"auto", "fp32", "fp64", "bf16"}});
+}

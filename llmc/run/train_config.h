@@ -1,0 +1,65 @@
+// llmc/run/train_config.h: every setting of train_gpt, and the one option table
+// that the parser, --help and the startup table are generated from. Letters
+// follow llm.c where llm.c has them; every option also has a long name.
+#pragma once
+#include <string>
+
+#include "llmc/base/args.h"
+
+struct TrainConfig {
+    // data and model
+    std::string train_data = "data/tiny/tiny_train_*.bin";  // -i
+    std::string val_data = "data/tiny/tiny_val_*.bin";      // -j
+    std::string tokenizer = "data/tiny/tokenizer.bin";
+    std::string model = "L=4,C=128,NH=4,V=257,T=256";      // -e
+    std::string output_dir = "";                           // -o
+    // batch
+    int B = 8;                 // -b micro-batch rows
+    int T = 128;               // -t sequence length
+    long long total_batch = -1;  // -d tokens per step (-1: B·T)
+    int max_steps = -1;        // -x (-1: one epoch of the training data)
+    // optimizer
+    double lr = 1e-3;          // -l
+    int warmup = 20;           // -u
+    double final_lr_frac = 0.1;  // -q
+    double weight_decay = 0.1;   // -c
+    double grad_clip = 1.0;
+    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+    // evaluation, sampling, checkpoints
+    int val_every = 20;        // -v
+    int val_steps = 20;        // -m
+    int sample_every = 20;     // -s
+    int gen_tokens = 64;       // -g
+    int checkpoint_every = 0;  // -n
+    int resume = 0;            // -y
+    int keep_checkpoints = 0;  // newest checkpoints kept (0: all)
+    std::string export_model = "";  // llm.c model file written at the end
+    std::string export_hf = "";     // Hugging Face directory written at the end (llmc/io/hf.h)
+    // execution
+    int zero = 0;              // -z
+    int tp = 1;                // tensor-parallel degree
+    int sp = 0;                // sequence parallel (with tp > 1)
+    int cp = 1;                // context-parallel degree
+    int pp = 1;                // pipeline stages
+    int vpp = 1;               // model chunks per pipeline stage (interleaved 1F1B when > 1)
+    std::string trace = "";    // Chrome trace-event JSON of the run
+    std::string comm = "auto";
+    double memory_budget = 0;  // MiB the backend may hold (0: no cap)
+    std::string recompute = "none";  // -r: none, gelu, selective, full (0 = none, 1 = gelu)
+    int overfit = 0;           // -a
+    long long seed = 1337;
+    // planning (no training): llmc/plan/planner.h, llmc/plan/calibrate.h
+    std::string plan = "";          // search | eval
+    int world = 0;                  // devices planned for (0: this launch's ranks)
+    int gpus_per_node = 0;          // (0: the hardware profile's)
+    std::string hardware = "h100-sxm";
+    std::string plan_json = "";
+    std::string plan_attention = "flash";
+    int plan_top = 10;
+    std::string calibrate = "";     // measure this machine, write a profile here
+    std::string device = "auto";
+    std::string dtype = "auto";
+};
+
+// Registers every option of cfg with the parser.
+void add_train_options(ArgParser& p, TrainConfig& cfg);
