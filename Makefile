@@ -1,7 +1,8 @@
-# Makefile: builds train_gpt and test_gpt (CPU backend always; the CUDA
-# backend too when nvcc is found), the embedded dataset, and the tests.
-#   make              trainer, reference test, embedded dataset
-#   make test         the whole test suite (scripts/run_tests.sh)
+# Makefile: builds train_gpt (CPU backend always; the CUDA backend too when
+# nvcc is found), the embedded dataset, and the test programs.
+#   make              the trainer and the embedded dataset
+#   make tests        the test programs (tests/*/*.cpp -> build/NAME)
+#   make test         the whole test suite (tests/run_tests.sh, every tier)
 #   make NO_CUDA=1    build without the CUDA backend even if nvcc exists
 #   make -C dev/cuda  the CUDA kernel lab
 # mpicxx when OpenMPI is installed (data parallel and the later modes);
@@ -64,8 +65,8 @@ endif
 
 DATA := data/tiny/tiny_train_000001.bin data/tiny/tiny_val_000000.bin data/tiny/tokenizer.bin
 
-.PHONY: all test clean
-all: train_gpt test_gpt $(DATA)
+.PHONY: all tests test clean
+all: train_gpt $(DATA)
 
 # The object files depend on every header: simple and always right.
 HEADERS := $(wildcard llmc/*/*.h llmc/backend/cuda/*.cuh llmc/backend/cuda/*.h) Makefile
@@ -86,9 +87,6 @@ $(BUILD)/llmc/%.o: llmc/%.cu $(HEADERS) $(BUILD)/.flags
 train_gpt: train_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $(CXXFLAGS) -x c++ $< -x none $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
 
-test_gpt: test_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)
-	$(CXX) $(CXXFLAGS) -x c++ $< -x none $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
-
 # The embedded dataset, made by the project's own generator.
 $(BUILD)/make_tiny: data/make_tiny.cpp $(BUILD)/llmc/io/tokenizer.o $(BUILD)/llmc/base/fileio.o
 	$(CXX) $(CXXFLAGS) $^ -o $@
@@ -96,17 +94,21 @@ $(BUILD)/make_tiny: data/make_tiny.cpp $(BUILD)/llmc/io/tokenizer.o $(BUILD)/llm
 $(DATA) &: $(BUILD)/make_tiny
 	$(BUILD)/make_tiny data/tiny
 
-# Test programs: tests/*.cpp, each linked with the library.
-TEST_PROGS := $(patsubst tests/%.cpp,$(BUILD)/%,$(wildcard tests/*.cpp))
-$(BUILD)/test_%: tests/test_%.cpp $(wildcard tests/*.h) $(LIB_OBJS) $(CUDA_OBJS)
-	$(CXX) $(CXXFLAGS) $< $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
-$(BUILD)/%: tests/%.cpp $(wildcard tests/*.h) $(LIB_OBJS) $(CUDA_OBJS)
-	$(CXX) $(CXXFLAGS) $< $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
+# Test programs: tests/TIER/NAME.cpp, each linked with the library into
+# build/NAME (tests/run_tests.sh says what each tier needs).
+TEST_SRCS  := $(wildcard tests/*/*.cpp)
+TEST_PROGS := $(addprefix $(BUILD)/,$(basename $(notdir $(TEST_SRCS))))
+TEST_DEPS  := $(wildcard tests/lib/*.h) $(LIB_OBJS) $(CUDA_OBJS)
+define test_program
+$(BUILD)/$(basename $(notdir $(1))): $(1) $(TEST_DEPS)
+	$$(CXX) $$(CXXFLAGS) $$< $$(LIB_OBJS) $$(CUDA_OBJS) -o $$@ $$(LDLIBS)
+endef
+$(foreach src,$(TEST_SRCS),$(eval $(call test_program,$(src))))
 
 tests: $(TEST_PROGS)
 
 test: all tests
-	bash scripts/run_tests.sh
+	bash tests/run_tests.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt test_gpt
+	rm -rf $(BUILD) train_gpt

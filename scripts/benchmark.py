@@ -6,7 +6,7 @@
 #   bytes moved per step by each group and kind (from metrics.jsonl), and
 #   bytes held per rank (model state, activations, peak) from the memory lines.
 # Figures only: nothing here passes or fails (speed targets are not tests).
-# Also prints them as "figure NAME VALUE UNIT" lines for scripts/gpu_check.sh.
+# Also prints them as "figure NAME VALUE UNIT" lines for scripts/gpu/check.sh.
 #   usage: scripts/benchmark.py [--np N] [--steps 20] [--warmup 3] -- TRAIN_GPT_ARGS...
 #   e.g.   scripts/benchmark.py --np 4 -- -e d12 -b 8 -t 1024 -z 1 --device cuda
 import argparse
@@ -54,7 +54,7 @@ def main():
           + (f" mfu={100 * mfu:.1f}%" if mfu else "")
           + f" bytes_moved/step={sum(comm.values())} {json.dumps(comm)}"
           + f" model_state_bytes/rank={state} activation_bytes/rank={acts} peak(rank0)={peak}")
-    # The same figures as "figure NAME VALUE UNIT" lines (scripts/gpu_check.sh records them).
+    # The same figures as "figure NAME VALUE UNIT" lines (scripts/gpu/check.sh records them).
     print(f"figure tokens_per_s {tps:.0f} tok/s")
     if mfu:
         print(f"figure mfu {100 * mfu:.2f} %")

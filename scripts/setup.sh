@@ -8,7 +8,7 @@
 #          build/hfenv, a virtual environment over the system packages (so
 #          Debian's torch 1.13 is used) with transformers, tokenizers and
 #          safetensors at pinned versions, for the Hugging Face reference
-#          (scripts/reference_hf.py) and tests/test_hf.py
+#          (tests/reference/reference_hf.py) and tests/reference/test_hf.py
 # Safe to run again: each package is installed only when missing, and the
 # virtual environment is left alone when it already imports the pins.
 set -euo pipefail

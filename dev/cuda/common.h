@@ -4,7 +4,7 @@
 // against a tolerance, counted), timing with CUDA events, and the device's
 // HBM bandwidth (looked up by name) for the fraction of it a kernel reaches.
 // Each timing is also printed as "figure NAME VALUE UNIT" for
-// scripts/gpu_check.sh, and LAB_CHECK_ONLY=1 in the environment skips the
+// scripts/gpu/check.sh, and LAB_CHECK_ONLY=1 in the environment skips the
 // timings (compute-sanitizer runs only the validation cases).
 //
 // Every lab program: makes random inputs, runs the CPU backend's op

@@ -1,6 +1,6 @@
 // llmc/backend/backend.h: the operations the model is written in.
 //
-// The forward and backward passes (llmc/model/gpt.cpp), the optimizer and the
+// The forward and backward passes (llmc/model/gpt.h), the optimizer and the
 // trainer call only these. A backend owns its memory and its element types:
 // the CPU backend runs fp32 or fp64 everywhere; the CUDA backend keeps bf16
 // parameters, gradients and activations with fp32 master weights and Adam

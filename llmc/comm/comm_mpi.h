@@ -6,16 +6,6 @@
 // Exists only in builds with MPI (LLMC_MPI).
 #pragma once
 #ifdef LLMC_MPI
-// MPI's C++ bindings (deprecated, unused here) warn under -Wextra: skip them.
-// Other files include MPI through this header so the choice holds everywhere.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
-
 #include <climits>
 #include <cstddef>
 #include <string>
@@ -23,6 +13,7 @@
 #include <vector>
 
 #include "llmc/comm/comm.h"
+#include "llmc/comm/mpi.h"
 
 class MpiComm : public Comm {
   public:

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "llmc/comm/comm.h"
-#include "llmc/comm/comm_mpi.h"  // MPI itself, included one way everywhere
+#include "llmc/comm/mpi.h"
 
 class NcclComm : public Comm {
   public:

@@ -15,7 +15,7 @@
 
 #include "llmc/backend/backend.h"
 #include "llmc/comm/comm.h"
-#include "llmc/comm/comm_mpi.h"  // MPI itself, included one way everywhere
+#include "llmc/comm/comm_mpi.h"
 
 class StagedComm : public Comm {
   public:

@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #ifdef LLMC_MPI
-#include "llmc/comm/comm_mpi.h"  // and MPI itself
+#include "llmc/comm/mpi.h"
 #endif
 
 namespace {

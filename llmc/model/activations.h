@@ -1,5 +1,5 @@
 // llmc/model/activations.h: the model's activation and scratch buffers and
-// one block's slices of them. Private to the model's own sources: gpt.cpp
+// one block's slices of them. Private to the model's own sources: buffers.cpp
 // allocates them, forward.cpp and backward.cpp compute in them.
 #pragma once
 #include "llmc/model/gpt.h"

@@ -218,7 +218,7 @@ class GPT {
     const std::vector<BufferInfo>& buffers() const { return buffers_; }
 
   private:
-    struct Acts;  // activation and scratch pointers, see gpt.cpp
+    struct Acts;  // activation and scratch pointers, see activations.h
     struct LayerActs;  // one block's slices of them
     LayerActs layer_acts(int l, int slot, int N, int Ns);
     // Block l's forward from its input la.x up to the MLP's output (before
@@ -227,7 +227,7 @@ class GPT {
     // from the previous block. Also the recompute of the backward.
     void* block_forward(int l, const LayerActs& la, int B, int T, bool norm_input);
     void attention_core(const LayerActs& la, int B, int T);  // atty, lse from qkv
-    // What differs between GPT-2 and Llama (gpt.cpp): widths of the QKV and
+    // What differs between GPT-2 and Llama (forward.cpp): widths of the QKV and
     // fc outputs on this rank, optional tensors (biases: null for Llama),
     // the norm, the rotary embeddings, the MLP's activation.
     size_t qkv_width() const;

@@ -3,7 +3,7 @@
 // up): forward (out, lse), backward (dq, dk, dv) and the ring-attention block
 // ops, with the layout and stride conventions of backend.h AttnShape. The
 // kernel bodies live in attention_tc_kernels.h (shared with a CPU emulation in
-// tests/test_mma_layout.cpp); this file holds the PTX context, the __global__
+// tests/unit/test_mma_layout.cpp); this file holds the PTX context, the __global__
 // wrappers, the launchers and the dispatch test. Other head sizes, fp32
 // activations and unaligned layouts use attention.cuh (CUDA cores).
 //

@@ -2,7 +2,7 @@
 // kernels (forward, backward dq, backward dk/dv), written once for two
 // executors. attention_tc.cuh runs them as CUDA kernels through a context
 // whose operations are PTX (ldmatrix, mma.sync, cp.async, shuffles);
-// tests/test_mma_layout.cpp runs the very same code on the CPU, one host
+// tests/unit/test_mma_layout.cpp runs the very same code on the CPU, one host
 // thread per CUDA thread, through a context that emulates those
 // instructions from their PTX ISA definitions. The design (tiling, fragment
 // layouts, online softmax) is explained at the top of attention_tc.cuh.

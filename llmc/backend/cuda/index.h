@@ -2,7 +2,7 @@
 //
 // Which thread touches which element, and in which order partial sums are
 // added, is decided here and nowhere else: the kernels in llmc/cuda/*.cuh
-// call these functions, and tests/test_kernel_index.cpp (built by g++, run
+// call these functions, and tests/unit/test_kernel_index.cpp (built by g++, run
 // on a machine without a GPU) runs the very same functions over every
 // thread of a grid to check that each element is visited exactly once and
 // that the reductions, replayed in the kernels' order, agree with the CPU

@@ -2,7 +2,7 @@
 // tensor-core instructions the attention kernels use (mma.sync m16n8k16 and
 // ldmatrix m8n8 x4), as plain __host__ __device__ functions. The kernels in
 // attention_tc.cuh compute every fragment index through these helpers, and
-// tests/test_mma_layout.cpp (g++, no CUDA) emulates a warp with them against
+// tests/unit/test_mma_layout.cpp (g++, no CUDA) emulates a warp with them against
 // naive matrix products and attention: kernels written without a GPU at hand
 // are only as trustworthy as this index logic, so it is checked on the CPU.
 //

@@ -1,0 +1,336 @@
+// llmc/model/buffers.cpp: the model's buffers (parameters, gradients, master
+// weights, Adam state and activations, llmc/model/activations.h), the
+// micro-batch slots of its chunks, and access to the units' parameters and
+// gradients through a UnitProvider. Weights in file order and the
+// initialisation are in weights.cpp, the forward in forward.cpp, the
+// backward in backward.cpp.
+//
+// Parameters and gradients are reached through a UnitProvider: the model
+// acquires each unit (embeddings, a block, the final LayerNorm) before it
+// computes with it and releases it after, and reports each unit's gradients
+// as complete as soon as its backward is done. Single-process runs use
+// LocalUnits (whole buffers); parallel modes install their own provider.
+#include "llmc/model/gpt.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "llmc/model/activations.h"
+
+// The provider for whole buffers: nothing to gather, nothing to reduce.
+class GPT::LocalUnits : public UnitProvider {
+  public:
+    explicit LocalUnits(GPT& m) : m_(m) {}
+    const void* acquire(int u) override {
+        return elem_ptr(m_.params_, m_.prec_.param, m_.table_.unit_begin[u]);
+    }
+    void release(int) override {}
+    void* grads(int u) override { return elem_ptr(m_.grads_, m_.prec_.grad, m_.table_.unit_begin[u]); }
+    void grads_done(int, bool) override {}
+
+  private:
+    GPT& m_;
+};
+
+void* GPT::alloc_buffer(const char* group, const char* name, size_t count, DType t, bool per_layer) {
+    size_t bytes = count * dtype_size(t);
+    void* p = be_->alloc(bytes);
+    owned_.push_back(p);
+    buffers_.push_back({group, name, bytes, per_layer});
+    return p;
+}
+
+void* GPT::act_layer(void* base, int l, size_t per_layer_count, DType t) {
+    return elem_ptr(base, t, (size_t)l * per_layer_count);
+}
+
+// The units a list of chunks needs (tensors.h StageUnits).
+static StageUnits stage_units(const GPTConfig& cfg, const std::vector<ModelChunk>& chunks) {
+    StageUnits su;
+    su.held.assign(cfg.num_layers + 2, false);
+    bool embed = false, head = false;
+    for (const ModelChunk& c : chunks) {
+        for (int l = c.first_layer; l < c.first_layer + c.layers; l++) su.held[l + 1] = true;
+        embed = embed || c.embed;
+        head = head || c.head;
+    }
+    // The head needs the embedding unit only when it is tied to wte.
+    su.held[0] = embed || (head && cfg.tied);
+    su.held[cfg.num_layers + 1] = head;
+    su.embedding_copy = head && !embed && cfg.tied;
+    return su;
+}
+
+static std::vector<ModelChunk> whole_model(const GPTConfig& cfg) {
+    ModelChunk c;
+    c.first_layer = 0;
+    c.layers = cfg.num_layers;
+    c.embed = c.head = true;
+    c.slots = 1;
+    return {c};
+}
+
+bool parse_recompute(const std::string& s, Recompute* r) {
+    if (s == "none" || s == "0") *r = Recompute::none;
+    else if (s == "gelu" || s == "1") *r = Recompute::gelu;
+    else if (s == "selective") *r = Recompute::selective;
+    else if (s == "full") *r = Recompute::full;
+    else return false;
+    return true;
+}
+
+const char* recompute_name(Recompute r) {
+    switch (r) {
+        case Recompute::none: return "none";
+        case Recompute::gelu: return "gelu";
+        case Recompute::selective: return "selective";
+        case Recompute::full: return "full";
+    }
+    return "?";
+}
+
+GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, const Sharding& sharding,
+         TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks)
+    : be_(be), cfg_(cfg),
+      table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
+             stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks)),
+      prec_(be->precision()), B_(B), T_(T), recompute_(recompute),
+      chunks_(chunks.empty() ? whole_model(cfg) : chunks), tp_(tp && tp->size() > 1 ? tp : nullptr),
+      tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), sharding_(sharding) {
+    if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
+    const bool sp = tp_ && tp_->sp();
+    if (sp && T % tp_size_ != 0) throw std::invalid_argument("sequence parallel needs T divisible by tp");
+    // Where each chunk's slots live in the per-layer and per-chunk buffers.
+    int embed_slots = 0, head_slots = 0;
+    size_t chunk_slots = 0;
+    for (const ModelChunk& c : chunks_) {
+        if (c.slots < 1 || c.layers < 0 || c.first_layer < 0 || c.first_layer + c.layers > cfg.num_layers)
+            throw std::invalid_argument("GPT: bad model chunk");
+        layer_base_.push_back(layer_slots_);
+        slot_base_.push_back(chunk_slots);
+        layer_slots_ += (size_t)c.layers * c.slots;
+        chunk_slots += c.slots;
+        if (c.embed) embed_slots = c.slots;
+        if (c.head) head_slots = c.slots;
+    }
+    const size_t LS = layer_slots_, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
+    const size_t NHl = table_.heads, Cl = NHl * cfg.head_size(), Wqkv = qkv_width(), Hl = table_.hidden;
+    const size_t Fl = fch_width(), Vl = table_.vocab_rows;
+    const bool ln = !cfg.llama();  // LayerNorm keeps a mean; RMSNorm does not
+    const size_t full = table_.total, shard = table_.shard_total;
+    const size_t ES = embed_slots, HSl = head_slots;
+    const DType act = prec_.act, st = prec_.stat;
+    params_ = alloc_buffer("params", "params", sharding.params ? shard : full, prec_.param);
+    grads_ = alloc_buffer("grads", "grads", sharding.grads ? shard : full, prec_.grad);
+    if (prec_.has_master) master_ = alloc_buffer("master", "master", sharding.optimizer ? shard : full, prec_.master);
+    m_ = alloc_buffer("optimizer", "adam_m", sharding.optimizer ? shard : full, prec_.opt);
+    v_ = alloc_buffer("optimizer", "adam_v", sharding.optimizer ? shard : full, prec_.opt);
+
+    a_ = new Acts();
+    Acts& a = *a_;
+    const char* A = "activations";
+    const char* S = "scratch";
+    if (ES) a.inputs = (int*)alloc_buffer(A, "inputs", ES * N, DType::I32);
+    if (HSl) a.targets = (int*)alloc_buffer(A, "targets", HSl * N, DType::I32);
+    a.pos = (int*)alloc_buffer(A, "positions", T, DType::I32);
+    a.encoded = alloc_buffer(A, "chunk_inputs", chunk_slots * Ns * C, act);
+    if (ES) a.emb = sp ? alloc_buffer(S, "embeddings_partial", N * C, act) : nullptr;
+    // Per-block activations: one slice per layer-slot when the recompute
+    // mode keeps them for the backward, else one block's scratch.
+    a.keep_block = recompute != Recompute::full;
+    a.keep_attn = recompute == Recompute::none || recompute == Recompute::gelu;
+    a.keep_gelu = recompute == Recompute::none;
+    auto block_buf = [&](const char* name, size_t per_block, DType t, bool keep) {
+        return keep ? alloc_buffer(A, name, LS * per_block, t, true)
+                    : alloc_buffer(S, (std::string(name) + "_recomputed").c_str(), per_block, t);
+    };
+    a.ln1 = block_buf("ln1", Ns * C, act, a.keep_block);
+    a.ln1_mean = ln ? block_buf("ln1_mean", Ns, st, a.keep_block) : nullptr;
+    a.ln1_rstd = block_buf("ln1_rstd", Ns, st, a.keep_block);
+    a.qkv = block_buf("qkv", N * Wqkv, act, a.keep_block);
+    a.atty = block_buf("atty", N * Cl, act, a.keep_attn);
+    a.lse = block_buf("attn_lse", N * NHl, st, a.keep_attn);
+    a.residual2 = block_buf("residual2", Ns * C, act, a.keep_block);
+    a.ln2 = block_buf("ln2", Ns * C, act, a.keep_block);
+    a.ln2_mean = ln ? block_buf("ln2_mean", Ns, st, a.keep_block) : nullptr;
+    a.ln2_rstd = block_buf("ln2_rstd", Ns, st, a.keep_block);
+    a.fch = block_buf("fch", N * Fl, act, a.keep_block);
+    a.fch_gelu = block_buf("fch_gelu", N * Hl, act, a.keep_gelu);
+    a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
+    if (HSl) {
+        a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);
+        a.lnf_mean = ln ? alloc_buffer(A, "lnf_mean", HSl * Ns, st) : nullptr;
+        a.lnf_rstd = alloc_buffer(A, "lnf_rstd", HSl * Ns, st);
+        a.logits = alloc_buffer(A, "logits", HSl * N * Vl, act);
+        a.losses = alloc_buffer(A, "losses", N, st);
+        if (tp_) {
+            a.ce_max = alloc_buffer(S, "ce_max", N, st);
+            a.ce_target = alloc_buffer(S, "ce_target", N, st);
+            a.ce_sumexp = alloc_buffer(S, "ce_sumexp", N, st);
+        }
+        if (tp_ || cp_) a.logit_row = alloc_buffer(S, "logit_row", cfg.vocab_size, act);
+    }
+    if (sp) {
+        a.ln_full = alloc_buffer(S, "ln_gathered", N * C, act);
+        a.proj_s = alloc_buffer(S, "proj_local", Ns * C, act);
+        a.dfull = alloc_buffer(S, "dresidual_gathered", N * C, act);
+        a.dln_s = alloc_buffer(S, "dln_local", Ns * C, act);
+    }
+    a.proj = alloc_buffer(S, "proj", N * C, act);
+    a.dresidual = alloc_buffer(S, "dresidual", Ns * C, act);
+    a.dln = alloc_buffer(S, "d_ln", N * C, act);
+    a.datt = alloc_buffer(S, "d_atty", N * Cl, act);
+    a.dh = alloc_buffer(S, "d_hidden", N * Hl, act);
+    a.dfch = Fl == Hl ? a.dh : alloc_buffer(S, "d_gate_up", N * Fl, act);
+    a.dqkv = alloc_buffer(S, "d_qkv", N * Wqkv, act);
+    grad_ready_.assign(std::max(1, head_slots), 0);
+
+    std::vector<int> pos(T);
+    for (int t = 0; t < T; t++) pos[t] = t;
+    set_positions(pos);
+
+    local_ = new LocalUnits(*this);
+    provider_ = local_;
+    unit_params_.assign(table_.num_units(), nullptr);
+    unit_grads_.assign(table_.num_units(), nullptr);
+}
+
+void GPT::set_positions(const std::vector<int>& pos) {
+    if ((int)pos.size() != T_) throw std::invalid_argument("set_positions: one position per local token");
+    for (int p : pos)
+        if (p < 0 || p >= cfg_.max_seq_len) throw std::invalid_argument("set_positions: position past maxT");
+    pos_host_ = pos;
+    be_->upload(a_->pos, DType::I32, pos.data(), DType::I32, T_);
+}
+
+size_t GPT::layer_activation_bytes() const {
+    size_t n = 0;
+    for (const BufferInfo& b : buffers_)
+        if (b.per_layer) n += b.bytes;
+    return layer_slots_ ? n / layer_slots_ : 0;
+}
+
+size_t GPT::boundary_elems() const {
+    const size_t N = (size_t)B_ * T_;
+    return (tp_ && tp_->sp() ? N / tp_size_ : N) * cfg_.channels;
+}
+
+size_t GPT::activation_bytes() const {
+    size_t n = 0;
+    for (const BufferInfo& b : buffers_)
+        if (b.group == "activations" || b.group == "scratch") n += b.bytes;
+    return n;
+}
+
+GPT::~GPT() {
+    for (void* p : owned_) be_->release(p);
+    delete a_;
+    delete local_;
+}
+
+void GPT::set_provider(UnitProvider* p) {
+    if (!p && (sharding_.params || sharding_.grads))
+        throw std::logic_error("GPT: sharded buffers need a parallel unit provider");
+    provider_ = p ? p : local_;
+}
+
+void* GPT::param(Param p, int layer) {
+    if (sharding_.params) throw std::logic_error("GPT::param: parameters are sharded");
+    return elem_ptr(params_, prec_.param, table_.get(p, layer).offset);
+}
+
+const void* GPT::P(Param p, int layer) const {
+    const TensorEntry& e = table_.get(p, layer);
+    const void* base = unit_params_[e.unit];
+    if (!base) throw std::logic_error("GPT: unit " + std::to_string(e.unit) + " used without acquire");
+    return elem_ptr(base, prec_.param, e.offset - table_.unit_begin[e.unit]);
+}
+
+void* GPT::G(Param p, int layer) {
+    const TensorEntry& e = table_.get(p, layer);
+    void*& base = unit_grads_[e.unit];
+    if (!base) base = provider_->grads(e.unit);
+    return elem_ptr(base, prec_.grad, e.offset - table_.unit_begin[e.unit]);
+}
+
+void GPT::acquire(int unit) { unit_params_[unit] = provider_->acquire(unit); }
+void GPT::release(int unit) {
+    provider_->release(unit);
+    unit_params_[unit] = nullptr;
+}
+
+void GPT::zero_grad() {
+    size_t n = sharding_.grads ? table_.shard_total : table_.total;
+    be_->zero(grads_, n * dtype_size(prec_.grad));
+}
+
+// Layer-slot of block l for the micro-batch in `slot`: the chunk's slots
+// follow one another, each holding the chunk's blocks in order.
+int GPT::chunk_of_layer(int l) const {
+    for (size_t c = 0; c < chunks_.size(); c++)
+        if (l >= chunks_[c].first_layer && l < chunks_[c].first_layer + chunks_[c].layers) return (int)c;
+    throw std::logic_error("GPT: block " + std::to_string(l) + " is not on this pipeline stage");
+}
+
+void* GPT::chunk_in(int c, int slot) {
+    const size_t N = (size_t)last_B_ * last_T_, Ns = tp_ && tp_->sp() ? N / tp_size_ : N;
+    return act_layer(a_->encoded, (int)(slot_base_[c] + slot), Ns * cfg_.channels, prec_.act);
+}
+
+GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
+    Acts& a = *a_;
+    const size_t C = cfg_.channels, Cl = (size_t)table_.heads * cfg_.head_size(), Hl = table_.hidden;
+    const DType act = prec_.act, st = prec_.stat;
+    const int c = chunk_of_layer(l);
+    const ModelChunk& ch = chunks_[c];
+    const int i = (int)(layer_base_[c] + (size_t)slot * ch.layers + (l - ch.first_layer));
+    // A kept buffer's slice for this layer-slot, or the scratch.
+    auto at = [&](void* base, bool keep, size_t per, DType t) {
+        return keep && base ? act_layer(base, i, per, t) : base;
+    };
+    const bool kb = a.keep_block, ka = a.keep_attn;
+    LayerActs r;
+    r.x = l == ch.first_layer ? chunk_in(c, slot) : act_layer(a.residual3, i - 1, Ns * C, act);
+    r.ln1 = at(a.ln1, kb, Ns * C, act);
+    r.ln1_mean = at(a.ln1_mean, kb, Ns, st);
+    r.ln1_rstd = at(a.ln1_rstd, kb, Ns, st);
+    r.qkv = at(a.qkv, kb, N * qkv_width(), act);
+    r.atty = at(a.atty, ka, N * Cl, act);
+    r.lse = at(a.lse, ka, (size_t)N * table_.heads, st);
+    r.x2 = at(a.residual2, kb, Ns * C, act);
+    r.ln2 = at(a.ln2, kb, Ns * C, act);
+    r.ln2_mean = at(a.ln2_mean, kb, Ns, st);
+    r.ln2_rstd = at(a.ln2_rstd, kb, Ns, st);
+    r.fch = at(a.fch, kb, N * fch_width(), act);
+    r.h = at(a.fch_gelu, a.keep_gelu, N * Hl, act);
+    r.x3 = act_layer(a.residual3, i, Ns * C, act);
+    return r;
+}
+
+double GPT::forward(const int* inputs, const int* targets, int B, int T, double dloss) {
+    if (chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head)
+        throw std::logic_error("GPT::forward: the model is split into pipeline chunks");
+    return forward_chunk(0, 0, inputs, nullptr, targets, B, T, dloss);
+}
+
+void GPT::backward(bool last_micro_step) {
+    if (chunks_.size() != 1) throw std::logic_error("GPT::backward: the model is split into pipeline chunks");
+    backward_chunk(0, 0, nullptr, last_micro_step);
+}
+
+const void* GPT::chunk_output(int c, int slot) {
+    const ModelChunk& ch = chunks_.at(c);
+    if (ch.head || ch.layers == 0) throw std::logic_error("GPT::chunk_output: the head chunk has no output");
+    const int N = last_B_ * last_T_, Ns = tp_ && tp_->sp() ? N / tp_size_ : N;
+    return layer_acts(ch.first_layer + ch.layers - 1, slot, N, Ns).x3;
+}
+
+const void* GPT::input_grad() const { return a_->dresidual; }
+
+// ---- the pieces that differ between GPT-2 and Llama -----------------------------------
+
+size_t GPT::qkv_width() const { return (size_t)(table_.heads + 2 * table_.kv_heads) * cfg_.head_size(); }
+size_t GPT::fch_width() const { return (size_t)table_.hidden * (cfg_.llama() ? 2 : 1); }
+
+const void* GPT::Pb(Param p, int layer) const { return table_.has(p, layer) ? P(p, layer) : nullptr; }
+void* GPT::Gb(Param p, int layer) { return table_.has(p, layer) ? G(p, layer) : nullptr; }

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# scripts/gpu/bundle_selftest.sh: proves on the build machine that
+# build/gpu_carry (scripts/gpu/bundle.sh) is enough to build and run with MPI
+# where the system has no Open MPI and no OpenBLAS, as on the GPU image.
+# In a scratch copy of the working tree, inside a private mount namespace
+# (needs root and `unshare`), the system's Open MPI and OpenBLAS are hidden
+# (their programs, libraries and headers covered by empty mounts); then
+# scripts/gpu/env.sh sets up the carried ones; the prebuilt binaries (if
+# bundled) are taken as scripts/gpu/check.sh would take them, then the
+# project builds (CUDA backend, NCCL and staged communicators included, when
+# nvcc is here), and with each of the two
+#   - mpirun -np 2 of the CPU trainer (--device cpu) runs 5 steps;
+#   - the same job under mpirun -np 2 with ZeRO-1 and with --tp 2 ends with
+#     the one-process run's losses (fp32, relative 1e-5);
+#   - build/test_comm (every collective against formulas) passes at np 2.
+# Last line: "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+[[ -f build/gpu_carry/openmpi.tar.xz ]] || bash scripts/gpu/bundle.sh || exit 1
+S=$(mktemp -d /tmp/llmc_bundle_XXXXXX)
+git ls-files -z | xargs -0 cp --parents -t "$S"
+git ls-files -z --others --exclude-standard | xargs -0 -r cp --parents -t "$S"
+mkdir -p "$S/build" && cp -r build/gpu_carry "$S/build/"
+echo "scratch copy: $S"
+# The inner script goes to a file: mpirun forwards its stdin to rank 0 and
+# would swallow a script read from stdin.
+cat > "$S/selftest_inner.sh" <<'EOF'
+set -uo pipefail
+S=$1
+A=$(uname -m)-linux-gnu
+mkdir -p /tmp/llmc_empty_dir
+for d in /usr/lib/$A/openmpi /usr/include/$A/openmpi /usr/lib/$A/openblas-openmp /usr/lib/$A/openblas-pthread \
+         /usr/include/$A/openblas-openmp /usr/include/$A/openblas-pthread /usr/include/openblas /etc/openmpi; do
+    [[ -d $d ]] && mount --bind /tmp/llmc_empty_dir "$d"
+done
+for f in /usr/bin/mpi* /usr/bin/orte* /usr/bin/opal* /usr/bin/ompi* /usr/lib/$A/libmpi* /usr/lib/$A/libopen-pal* \
+         /usr/lib/$A/libopen-rte* /usr/lib/$A/libopenblas* /usr/lib/$A/libblas* /usr/lib/$A/libcblas*; do
+    [[ -e $f ]] && mount --bind /dev/null "$f"
+done
+cd "$S"
+pass=0 fail=0
+ok() { if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $*"; fi; }
+ok test ! -x "$(command -v mpicxx 2>/dev/null || echo /nonexistent)"
+echo "system Open MPI hidden: $(command -v mpirun || echo 'no mpirun on PATH')"
+source scripts/gpu/env.sh
+echo "$GPU_ENV_SUMMARY"
+mpirun --version | head -n 1
+# runs LABEL: the CPU trainer alone and under mpirun -np 2, and test_comm.
+runs() {
+    ok test -x train_gpt
+    ldd train_gpt | grep -E 'libmpi|blas|nccl' | sed 's/^/  /'
+    ok bash -c "ldd train_gpt | grep -q 'libmpi.so.40 => $S/build/gpu_deps/openmpi/lib/'"
+    ok bash -c "ldd train_gpt | grep -q 'libopenblas.so.0 => $S/build/gpu_deps/openblas/lib/'"
+    local ARGS=(-i data/tiny/tiny_train_000001.bin -j "" -t 64 -b 4 -d 512 -x 5 -v 0 -s 0 --device cpu --dtype fp32)
+    rm -rf build/st_*
+    ok ./train_gpt "${ARGS[@]}" -o build/st_one > build/st_one.log 2>&1
+    for layout in "-z 1" "--tp 2"; do
+        d=build/st_$(echo "$layout" | tr -d ' -')
+        ok mpirun -np 2 ./train_gpt "${ARGS[@]}" $layout -o "$d" > "$d.log" 2>&1
+        ok python3 - build/st_one/metrics.jsonl "$d/metrics.jsonl" "$1 $layout" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+r = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"  {sys.argv[3]}: mpirun -np 2, {len(b)} steps, max relative loss difference {r:.2e}")
+sys.exit(0 if len(a) == len(b) == 5 and r <= 1e-5 else 1)
+PY
+    done
+    ok mpirun -np 2 build/test_comm > build/st_comm.log 2>&1
+    tail -n 1 build/st_comm.log | sed "s/^/  $1 test_comm np=2: /"
+}
+# 1. The prebuilt sm_90 binaries (gpu_bundle.sh --prebuilt), as a fresh GPU
+#    machine would take them.
+if ls build/gpu_carry/prebuilt_*.tar.xz > /dev/null 2>&1; then
+    CUDA_ARCH="-gencode arch=compute_90,code=sm_90" bash scripts/gpu/check.sh __build > build/st_prebuilt.log 2>&1
+    cat build/st_prebuilt.log
+    ok grep -q '^using build/gpu_carry/prebuilt' build/st_prebuilt.log
+    runs prebuilt
+    rm -f train_gpt test_gpt build/test_* build/gpu_check/.built
+fi
+# 2. Built here from the sources with the carried Open MPI and OpenBLAS.
+make -j2 all build/test_comm > build/selftest_build.log 2>&1 || { tail -30 build/selftest_build.log; }
+runs built
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]
+EOF
+unshare --mount --fork bash "$S/selftest_inner.sh" "$S" < /dev/null
+rc=$?
+rm -rf "$S"
+exit $rc

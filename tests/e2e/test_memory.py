@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+# tests/e2e/test_memory.py: memory at scale and the rough edges a new user meets,
+# on the CPU (one process and under mpirun), against independent truths:
+#   - recompute: --recompute gelu, selective and full train the same model as
+#     none (fp64 losses and final weights <= 1e-10), in one process and under
+#     tp=2 sp, cp=2, pp=2 x ZeRO-3 and dp=2 x tp=2; the per-block activation
+#     bytes of the memory line equal the formula of each mode (elements of
+#     B·T·C: 16, 12, 11, 1, plus the statistics the mode keeps);
+#   - checkpoints: sharded (one file per rank, every element in exactly one,
+#     read back here by an independent reader); saved at dp=2 x tp=2 ZeRO-1,
+#     resumed at pp=2 x ZeRO-3 and in one process with the uninterrupted
+#     run's losses; the final model file exported tensor by tensor equals
+#     the checkpoint's weights; --keep-checkpoints K leaves the newest K;
+#     leftovers of a killed run (temporary files, a checkpoint without DONE)
+#     are removed at start; a resume that changes -x or -d warns, one that
+#     names another model with -e stops;
+#   - memory checked before allocation: a model that cannot fit stops within
+#     seconds with one line naming what it needs and the free memory (or
+#     --memory-budget), before allocating it;
+#   - rough edges: odd -t without cp; -d 0 or too large, --eps 0; ranks
+#     given different flags; a metrics.jsonl that cannot be written; -n
+#     without -o and -y 1 without a checkpoint warn on stderr; bare on/off
+#     flags; a model file without the .bin suffix; a model file of NaN; CPU
+#     threads shared by the ranks of a node.
+# Last line: "N passed, N failed".
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from testlib import ENV, ROOT, TRAIN, Checks, equivalence, metrics, read_checkpoint, rel, run_suite, train, write_shard
+
+L, C, NH, V, T = 4, 32, 4, 97, 16
+MODEL = f"L={L},C={C},NH={NH},V={V},Vp={V},T=64"
+check = Checks()
+DATA = None
+
+
+def base(dtype="fp64", steps=6):
+    return ["-e", MODEL, "-i", DATA, "-j", "", "-t", str(T), "-x", str(steps), "-s", "0", "--dtype", dtype,
+            "-c", "0.1", "-l", "3e-3", "-u", "2", "-q", "0.2", "--grad-clip", "0.5"]
+
+
+def errors(err):
+    return [l for l in err.splitlines() if l.startswith("train_gpt")]
+
+
+def test_recompute(tmp):
+    # Every mode against none, in one process and under the parallel modes.
+    for mode in ("gelu", "selective", "full"):
+        r = ["-r", mode]
+        equivalence(check, os.path.join(tmp, mode), "fp64", base() + ["-d", "256"], ["-b", "16"],
+                    [(0, ["-b", "16"] + r), (4, ["-b", "8", "--tp", "2", "--sp", "1", "--cp", "2"] + r),
+                     (4, ["-b", "4", "--pp", "2", "-z", "3"] + r), (4, ["-b", "8", "--tp", "2"] + r)], steps=6)
+    # Per-block activation bytes (fp32, one process, N = B·T tokens).
+    B, es = 4, 4
+    N = B * T
+    stats = {"none": (4 + NH) * N, "gelu": (4 + NH) * N, "selective": 4 * N, "full": 0}
+    elems = {"none": 16, "gelu": 12, "selective": 11, "full": 1}
+    got = {}
+    for mode in elems:
+        rc, out, err = train(0, base("fp32", 1) + ["-b", str(B), "-r", mode])
+        m = re.search(r"memory\[0\] start: .* layer_activations=(\d+)", out)
+        if not check(rc == 0 and m, f"-r {mode}: {err[-300:]}"):
+            continue
+        got[mode] = int(m.group(1))
+        want = (elems[mode] * N * C + stats[mode]) * es
+        check(got[mode] == want, f"-r {mode}: {got[mode]} bytes per block, formula {want}")
+    print(f"  per-block activation bytes (B={B}, T={T}, C={C}): {got} = formula")
+
+
+def test_checkpoints(tmp):
+    args = base() + ["-d", "256", "-x", "10"]
+    full = os.path.join(tmp, "ck_full")
+    rc, out, err = train(0, args + ["-b", "16", "-o", full])
+    full_l = [m["loss"] for m in metrics(full)]
+    src = os.path.join(tmp, "ck_src")
+    rc, out, err = train(4, args + ["-b", "8", "--tp", "2", "-z", "1", "-n", "5", "-o", src])
+    if not check(rc == 0, f"dp=2 x tp=2 save: {err[-300:]}"):
+        return
+    shards = sorted(os.listdir(os.path.join(src, "ckpt_00000005")))
+    check(shards == ["index.json"] + [f"shard_{r:05d}.bin" for r in range(4)], f"checkpoint files {shards}")
+    # Every element in exactly one shard (the reader asserts it), and the
+    # exported llm.c model file holds the checkpoint's weights.
+    w, _, _, (L_, C_, Vp, T_) = read_checkpoint(src, 10)
+    with open(os.path.join(src, "model_00000010.bin"), "rb") as f:
+        h = struct.unpack("<256i", f.read(1024))
+        exported = np.frombuffer(f.read(), dtype="<f4").astype(np.float64)  # version 3: fp32
+    check(h[0] == 20240326 and h[1] == 3 and len(exported) == len(w) and rel(exported, w) < 1e-7,
+          f"exported model differs from the checkpoint: {rel(exported, w) if len(exported) == len(w) else 'sizes'}")
+    # Resumed in other layouts.
+    for np_, extra in ((4, ["-b", "4", "--pp", "2", "-z", "3"]), (0, ["-b", "16"])):
+        d = os.path.join(tmp, f"ck_resume_{np_}")
+        os.makedirs(d)
+        shutil.copytree(os.path.join(src, "ckpt_00000005"), os.path.join(d, "ckpt_00000005"))
+        shutil.copy(os.path.join(src, "DONE_00000005"), d)
+        rc, out, err = train(np_, args + ["-y", "1", "-o", d] + extra)
+        if not check(rc == 0, f"resume {extra}: {err[-300:]}"):
+            continue
+        r = rel([m["loss"] for m in metrics(d)], full_l[5:])
+        print(f"  saved at dp=2 x tp=2 ZeRO-1 (4 shards), resumed at {' '.join(extra)}: losses rel {r:.2e}")
+        check(r <= 1e-10, f"resume {extra}: rel err {r:.3e}")
+        check("continuing at" in out, f"resume {extra}: no line about the layout change")
+    # Changed -x and -d warn; another model stops.
+    d = os.path.join(tmp, "ck_change")
+    shutil.copytree(src, d)
+    rc, out, err = train(0, base() + ["-d", "512", "-x", "12", "-b", "16", "-y", "1", "-o", d])
+    check(rc == 0 and "warning: resuming with -x 12" in err and "warning: resuming with -d 512" in err,
+          f"resume with other -x, -d: rc={rc} {err[-400:]!r}")
+    rc, out, err = train(0, base() + ["-e", "L=2,C=32,NH=4,V=97,Vp=97,T=64", "-d", "256", "-b", "16", "-y", "1",
+                                      "-o", d])
+    e = errors(err)
+    check(rc != 0 and len(e) == 1 and "flag -e" in e[0], f"resume with another -e: rc={rc} {err[-300:]!r}")
+    # --keep-checkpoints, and what a killed run leaves.
+    d = os.path.join(tmp, "ck_keep")
+    os.makedirs(d)
+    stale = [os.path.join(d, "metrics.jsonl.tmp.99999"), os.path.join(d, "ckpt_00000099")]
+    open(stale[0], "w").write("x")
+    os.makedirs(stale[1])
+    open(os.path.join(stale[1], "shard_00000.bin.tmp.99999"), "w").write("x")
+    rc, out, err = train(0, base() + ["-d", "256", "-b", "16", "-x", "8", "-n", "2", "--keep-checkpoints", "2",
+                                      "-o", d])
+    left = sorted(n for n in os.listdir(d) if n.startswith(("ckpt_", "DONE_")))
+    check(rc == 0 and left == ["DONE_00000006", "DONE_00000008", "ckpt_00000006", "ckpt_00000008"],
+          f"--keep-checkpoints 2 left {left}")
+    check(not any(os.path.exists(p) for p in stale) and "leftover" in out, "leftovers of a killed run not removed")
+
+
+def test_memory_check(tmp):
+    # A model whose parameters alone exceed this machine's memory: one line,
+    # fast, nothing allocated.
+    t0 = time.time()
+    rc, out, err = train(0, ["-e", "L=100000,C=64,NH=4,V=97,T=64", "-i", DATA, "-j", "", "-t", "16", "-x", "1"])
+    e = errors(err)
+    check(rc != 0 and len(e) == 1 and "out of memory" in e[0] and "free memory" in e[0] and time.time() - t0 < 30,
+          f"huge model: rc={rc} {err[-300:]!r} after {time.time() - t0:.1f} s")
+    if e:
+        print(f"  {e[0][:160]}...")
+    rc, out, err = train(2, base("fp32", 1) + ["-b", "16", "--memory-budget", "1"])
+    e = errors(err)
+    check(rc != 0 and len(e) == 1 and "--memory-budget 1.0 MiB" in e[0], f"budget: rc={rc} {err[-300:]!r}")
+
+
+def test_rough_edges(tmp):
+    # Odd T without cp trains.
+    rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "-t", "31"])
+    check(rc == 0 and "step     1/1" in out, f"-t 31: rc={rc} {err[-200:]!r}")
+    for extra, flag in ((["-d", "1000000000000000"], "-d"), (["-d", "0"], "-d"), (["--eps", "0"], "--eps")):
+        rc, out, err = train(0, base("fp32", 1) + ["-b", "2"] + extra)
+        e = errors(err)
+        check(rc != 0 and len(e) == 1 and f"flag {flag}" in e[0], f"{extra}: rc={rc} {err[-200:]!r}")
+    # Ranks given different flags: one line naming the flag, no hang.
+    cmd = ["mpirun", "-np", "1", TRAIN] + base("fp32", 2) + [":", "-np", "1", TRAIN] + base("fp32", 3)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=ENV)
+    e = errors(p.stderr)
+    check(p.returncode != 0 and len(e) == 1 and "--max-steps" in e[0] and "different flags" in e[0],
+          f"different flags: rc={p.returncode} {p.stderr[-300:]!r}")
+    # metrics.jsonl that cannot be written (a full disk).
+    d = os.path.join(tmp, "full_disk")
+    os.makedirs(d)
+    os.symlink("/dev/full", os.path.join(d, "metrics.jsonl"))
+    rc, out, err = train(0, base("fp32", 2) + ["-b", "2", "-o", d])
+    e = errors(err)
+    check(rc != 0 and len(e) == 1 and "metrics.jsonl" in e[0], f"metrics on a full disk: rc={rc} {err[-200:]!r}")
+    # Warnings on stderr.
+    rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "-n", "1"])
+    check(rc == 0 and "warning: -n 1 without -o" in err, f"-n without -o: {err[-200:]!r}")
+    rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "-y", "1", "-o", os.path.join(tmp, "fresh")])
+    check(rc == 0 and "warning: -y 1: no complete checkpoint" in err, f"-y 1 without a checkpoint: {err[-200:]!r}")
+    # Bare on/off flags mean 1.
+    one = os.path.join(tmp, "bare_1")
+    bare = os.path.join(tmp, "bare")
+    r1 = train(2, base() + ["-b", "8", "-d", "256", "--tp", "2", "--sp", "1", "-r", "1", "-o", one])
+    r2 = train(2, base() + ["-b", "8", "-d", "256", "--tp", "2", "--sp", "-r", "-o", bare])
+    ok = r1[0] == 0 and r2[0] == 0 and [m["loss"] for m in metrics(one)] == [m["loss"] for m in metrics(bare)]
+    check(ok and "(sequence parallel)" in r2[1] and re.search(r"\| recompute +\| gelu", r2[1]),
+          f"bare --sp and -r: {r2[2][-300:]!r}")
+    rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "-a", "-y", "-o", os.path.join(tmp, "bare_ay")])
+    check(rc == 0 and re.search(r"\| overfit +\| 1 ", out) and re.search(r"\| resume +\| 1 ", out), "bare -a -y")
+    # A model file without .bin, and one full of NaN.
+    src = os.path.join(tmp, "bare_ay", "model_00000001.bin")
+    plain = os.path.join(tmp, "mymodel")
+    shutil.copy(src, plain)
+    rc, out, err = train(0, base("fp32", 1)[2:] + ["-e", plain, "-b", "2"])
+    check(rc == 0 and "step     1/1" in out, f"-e without .bin: rc={rc} {err[-200:]!r}")
+    nan = os.path.join(tmp, "nan.bin")
+    with open(src, "rb") as f:
+        head, body = f.read(1024), bytearray(f.read())
+    body[4 * 1000:4 * 1001] = struct.pack("<f", float("nan"))
+    with open(nan, "wb") as f:
+        f.write(head + bytes(body))
+    rc, out, err = train(0, base("fp32", 1)[2:] + ["-e", nan, "-b", "2"])
+    e = errors(err)
+    check(rc != 0 and len(e) == 1 and "nan.bin" in e[0] and "wte" in e[0] and "NaN" in e[0],
+          f"NaN model: rc={rc} {err[-200:]!r}")
+    # Threads: the node's cores shared by its ranks unless OMP_NUM_THREADS is set.
+    env = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}
+    cores = os.cpu_count()
+    p = subprocess.run(["mpirun", "-np", "2", TRAIN] + base("fp32", 1) + ["-b", "2"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=env)
+    want = f"{max(1, cores // 2)} ({cores} cores / 2 rank(s) on this node"
+    check(p.returncode == 0 and want in p.stdout, f"threads per rank: want '{want}' in the settings: {p.stderr[-200:]!r}")
+    rc, out, err = train(2, base("fp32", 1) + ["-b", "2"])
+    check(rc == 0 and "1 (OMP_NUM_THREADS)" in out, "threads per rank with OMP_NUM_THREADS")
+
+
+def suite(tmp):
+    global DATA
+    DATA = os.path.join(tmp, "data.bin")
+    write_shard(DATA, np.random.default_rng(13).integers(0, V, 40000))
+    test_rough_edges(tmp)
+    test_memory_check(tmp)
+    test_checkpoints(tmp)
+    test_recompute(tmp)
+
+
+def main():
+    run_suite(check, "llmc_memory_", suite)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+#!/usr/bin/python3
+# tests/e2e/test_planner.py: the layout planner (./train_gpt --plan) against
+# independent truths:
+#   - memory: --plan eval prints, for every rank, the memory line the trainer
+#     prints when it starts with the same flags, byte for byte, for the
+#     layouts of the distributed tests (dp x ZeRO 0-3, tp, tp + sp, cp,
+#     cp x tp x sp, pp, pp with vpp, pp x dp x tp, the recompute modes), GPT-2 and Llama;
+#   - time on this CPU: after --calibrate (2 ranks, one thread each; made
+#     again right before each layout's run, as this shared machine's speed
+#     drifts), the predicted step time of one process and of the 2-rank
+#     layouts (dp2 ZeRO 0-3, tp2, tp2 sp, cp2, pp2) is within 25% of the
+#     measured median (up to three attempts per layout), and
+#     layouts whose measured times differ by more than 15% (more than the
+#     run-to-run noise of 2 ranks on 2 shared cores) are in the same order;
+#   - against published measurements, with the A100 profile: the per-GPU
+#     throughput Megatron-LM reported for its weak-scaling runs (Narayanan et
+#     al. 2021, table 1; predicted with --plan-attention standard, as those
+#     runs materialised the T x T scores) and the d12 MFU llm.c's own script
+#     states (about 300 ms per step of 524,288 tokens on 8 A100 80GB SXM:
+#     56% of 312 TFLOP/s), each within 20%;
+#   - search: the fixed flags are kept, the JSON lines have every field, the
+#     winner line says why it wins, plot_plan.py draws the plan;
+#   - errors: an unknown hardware profile, a layout that does not fit the
+#     model: one line naming the flag.
+# Last line: "N passed, N failed".
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from testlib import ENV, ROOT, TRAIN, Checks, metrics, run_suite, train, write_shard
+
+check = Checks()
+DATA = None
+PY = sys.executable
+
+# Narayanan et al. 2021, table 1: parameters (billions), attention heads,
+# hidden size, layers, tp, pp, GPUs, batch size, achieved TFLOP/s per GPU.
+MEGATRON = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+            (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+            (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+            (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+            (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163)]
+
+
+def plan(args, timeout=300):
+    p = subprocess.run([TRAIN, "--plan"] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return p.returncode, p.stdout, p.stderr
+
+
+def mem_lines(out, kind):
+    """rank -> the fields of its memory line (kind: 'start' from the trainer, 'plan' from the planner)."""
+    got = {}
+    for m in re.finditer(r"memory\[(\d+)\] " + kind + r": (params=.*?peak=\S+ \S+)", out):
+        got[int(m.group(1))] = m.group(2)
+    return got
+
+
+def test_memory(tmp):
+    gpt2 = "L=4,C=32,NH=4,V=97,Vp=97,T=64"
+    llama = "arch=llama,L=4,C=32,NH=4,NKV=2,F=72,V=97,T=64,tied=0"
+    layouts = [(1, ["-b", "16"]), (1, ["-b", "16", "-r", "full"]), (2, ["-b", "8", "-z", "0"]),
+               (2, ["-b", "8", "-z", "1"]), (2, ["-b", "4", "-z", "2"]), (4, ["-b", "4", "-z", "3"]),
+               (2, ["-b", "8", "--tp", "2"]), (2, ["-b", "8", "--tp", "2", "--sp", "1", "-r", "selective"]),
+               (2, ["-b", "8", "--cp", "2"]), (4, ["-b", "8", "--cp", "2", "--tp", "2", "--sp", "1"]),
+               (2, ["-b", "4", "--pp", "2"]), (2, ["-b", "2", "--pp", "2", "--vpp", "2", "-r", "gelu"]),
+               (8, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"])]
+    memory_equal(gpt2, layouts)
+    memory_equal(llama, [(1, ["-b", "16"]), (4, ["-b", "4", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
+                         (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "4", "--pp", "2", "-r", "selective"])])
+
+
+def memory_equal(spec, layouts):
+    """--plan eval's memory lines equal the trainer's, every rank of each layout."""
+    model = ["-e", spec, "-t", "16", "-d", "256", "--dtype", "fp64"]
+    run = ["-i", DATA, "-j", "", "-x", "1", "-v", "0", "-s", "0"]
+    for np_, extra in layouts:
+        rc, out, err = train(np_, model + run + extra)
+        what = f"np={np_} {' '.join(extra)}"
+        if not check(rc == 0, f"{what}: {err[-300:]}"):
+            continue
+        rc2, pout, perr = plan(["eval", "--world", str(max(1, np_)), "--device", "cpu"] + model + extra)
+        if not check(rc2 == 0, f"plan {what}: {perr[-300:]}"):
+            continue
+        want, got = mem_lines(out, "start"), mem_lines(pout, "plan")
+        check(len(want) == max(1, np_) and want == got,
+              f"{what}: planned memory differs: {[(r, want.get(r), got.get(r)) for r in want if want.get(r) != got.get(r)][:2]}")
+    print(f"  --plan eval equals the trainer's memory lines, every rank, {len(layouts)} layouts of {spec}")
+
+
+def time_layout(tmp, tag, model, np_, extra, name):
+    """One attempt at a layout: --calibrate on the layout's ranks, the plan's step time for the
+    layout on that profile, then the layout's run and its median step time.
+    Returns (measured, predicted, profile) or a string saying what failed."""
+    profile = os.path.join(tmp, f"cpu_{tag}.json")
+    # As many ranks as the layout runs: a rank's speed depends on what
+    # shares the cores with it.
+    rc, out, err = train(np_, model + ["-b", "8", "--calibrate", profile])
+    if rc != 0 or not os.path.exists(profile):
+        return f"--calibrate: {err[-300:]}"
+    with open(profile) as f:
+        hw = json.load(f)
+    jp = os.path.join(tmp, f"plan_{tag}.jsonl")
+    rc, pout, perr = plan(["eval", "--hardware", profile, "--world", str(max(1, np_)), "--plan-json", jp] + model + extra)
+    if rc != 0:
+        return f"plan {name}: {perr[-300:]}"
+    with open(jp) as f:
+        predicted = json.loads(f.readline())["step_ms"]
+    d = os.path.join(tmp, f"time_{tag}")
+    rc, out, err = train(np_, model + extra + ["-i", DATA, "-j", "", "-x", "10", "-v", "0", "-s", "0", "-o", d])
+    if rc != 0:
+        return f"{name}: {err[-300:]}"
+    return statistics.median(m["ms"] for m in metrics(d)[2:]), predicted, hw
+
+
+def test_time(tmp):
+    # This shared machine's speed drifts by up to 1.5x over seconds to
+    # minutes (the same run measured 160 ms and 240 ms, a calibration's
+    # prediction for one process 325 ms and 485 ms, minutes apart), so a
+    # profile holds only for runs made right after it: each layout is
+    # calibrated just before it runs, and both its prediction and its
+    # measurement come from the same moment (the order check compares
+    # such pairs, which drift together). A layout that misses by more than
+    # 25% is tried again, up to three attempts; the closest one counts.
+    model = ["-e", "L=4,C=128,NH=4,V=97,Vp=97,T=64", "-t", "64", "-d", str(16 * 64), "--device", "cpu", "--dtype",
+             "fp32"]
+    layouts = [(0, ["-b", "8"], "one process"), (2, ["-b", "8", "-z", "0"], "dp2 z0"), (2, ["-b", "8", "-z", "1"], "dp2 z1"),
+               (2, ["-b", "8", "-z", "2"], "dp2 z2"), (2, ["-b", "8", "-z", "3"], "dp2 z3"),
+               (2, ["-b", "8", "--tp", "2"], "tp2"), (2, ["-b", "8", "--tp", "2", "--sp", "1"], "tp2 sp"),
+               (2, ["-b", "8", "--cp", "2"], "cp2"), (2, ["-b", "4", "--pp", "2"], "pp2")]
+    results = []
+    for np_, extra, name in layouts:
+        tries = []
+        for attempt in range(3):
+            got = time_layout(tmp, f"{name.replace(' ', '_')}_{attempt}", model, np_, extra, name)
+            if not check(not isinstance(got, str), str(got)):
+                break
+            measured, predicted, hw = got
+            check(hw["device"] == "cpu" and hw["threads"] == 1 and hw["matmul_flops"] > 0 and hw["intra_bw"] > 0,
+                  f"calibrated profile {hw}")
+            tries.append((abs(predicted / measured - 1), measured, predicted))
+            print(f"  {name:12s} measured {measured:7.1f} ms, predicted {predicted:7.1f} ms ({predicted / measured:.2f}x)"
+                  + (f", attempt {attempt + 1}" if attempt else ""))
+            if tries[-1][0] <= 0.25:
+                break
+        if not tries:
+            continue
+        _, measured, predicted = min(tries)
+        results.append((name, measured, predicted))
+        check(abs(predicted / measured - 1) <= 0.25, f"{name}: predicted {predicted:.1f} ms, measured {measured:.1f} ms")
+    wrong = [(a[0], b[0]) for a in results for b in results if a[1] > 1.15 * b[1] and not a[2] > b[2]]
+    check(not wrong, f"order differs from the measured one for {wrong}")
+
+
+def test_published(tmp):
+    s, V = 2048, 51200
+    for (P, a, h, l, tp, pp, n, bs, reported) in MEGATRON:
+        jp = os.path.join(tmp, "megatron.jsonl")
+        rc, out, err = plan(["search", "-e", f"L={l},C={h},NH={a},V={V},Vp={V},T={s}", "-t", str(s), "-d", str(bs * s),
+                             "--world", str(n), "--gpus-per-node", "8", "--hardware", "a100-sxm-80g", "--tp", str(tp),
+                             "--pp", str(pp), "--cp", "1", "--sp", "0", "-z", "0", "--recompute", "full",
+                             "--plan-attention", "standard", "--plan-json", jp, "--plan-top", "1"])
+        if not check(rc == 0, f"{P}B: {err[-300:]}"):
+            continue
+        with open(jp) as f:
+            best = next(json.loads(line) for line in f)
+        # Megatron's count (their equation 3): 96·B·s·l·h²·(1 + s/6h + V/16lh) per step, with recompute.
+        flops = 96 * bs * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+        predicted = flops / (best["step_ms"] / 1e3) / n / 1e12
+        print(f"  Megatron {P:6.1f}B on {n:4d} A100 (tp {tp}, pp {pp}): reported {reported} TFLOP/s, predicted "
+              f"{predicted:.0f} ({predicted / reported:.2f}x; B={best['B']} vpp={best['vpp']})")
+        check(best["fits"] and abs(predicted / reported - 1) <= 0.20, f"Megatron {P}B: {predicted:.0f} vs {reported}")
+    # llm.c d12 on 8 A100 80GB SXM: scripts/run_gpt2_124M.sh, -b 64 -t 1024 -d 524288 -z 1, ~300 ms per step.
+    jp = os.path.join(tmp, "llmc.jsonl")
+    rc, out, err = plan(["eval", "-e", "d12", "-t", "1024", "-b", "64", "-d", "524288", "-z", "1", "--world", "8",
+                         "--gpus-per-node", "8", "--hardware", "a100-sxm-80g", "--plan-json", jp])
+    if check(rc == 0, f"llm.c d12: {err[-300:]}"):
+        with open(jp) as f:
+            mfu = json.loads(f.readline())["mfu"]
+        reported = (6 * 124475904 + 6 * 12 * 768 * 1024) * 524288 / 0.300 / 8 / 312e12
+        print(f"  llm.c d12 on 8 A100: reported MFU {100 * reported:.1f}%, predicted {100 * mfu:.1f}% "
+              f"({mfu / reported:.2f}x)")
+        check(abs(mfu / reported - 1) <= 0.20, f"llm.c d12 MFU: predicted {mfu:.3f}, reported {reported:.3f}")
+
+
+def test_search_and_errors(tmp):
+    jp = os.path.join(tmp, "search.jsonl")
+    rc, out, err = plan(["search", "-e", "d12", "-t", "1024", "-d", "524288", "--world", "16", "--tp", "2",
+                         "--plan-json", jp, "--plan-top", "5"])
+    if check(rc == 0, f"search: {err[-300:]}"):
+        with open(jp) as f:
+            rows = [json.loads(line) for line in f]
+        keys = {"dp", "tp", "pp", "vpp", "cp", "sp", "zero", "B", "recompute", "memory_bytes", "step_ms",
+                "tokens_per_s", "tflops_per_gpu", "mfu", "breakdown_ms"}
+        check(rows and all(keys <= set(r) for r in rows), f"JSON fields: {sorted(rows[0]) if rows else None}")
+        check(all(r["tp"] == 2 for r in rows), "a fixed --tp was not kept")
+        check(rows == sorted(rows, key=lambda r: (not r["fits"], -r["tokens_per_s"])), "layouts not ranked")
+        check("winner:" in out and "faster than" in out and "textbook model states" in out, "no winner line")
+        png = os.path.join(tmp, "plan.png")
+        p = subprocess.run([PY, os.path.join(ROOT, "scripts", "plot_plan.py"), jp, "-o", png, "--memory-gib", "80"],
+                           capture_output=True, text=True)
+        check(p.returncode == 0 and os.path.getsize(png) > 1000, f"plot_plan.py: {p.stderr[-300:]}")
+    for args, flag in ((["search", "-e", "d12", "--hardware", "tpu-v9"], "--hardware"),
+                       (["eval", "-e", "d12", "--world", "8", "--tp", "5"], "--tp"),
+                       (["eval", "-e", "d12", "--world", "6", "--pp", "4"], "--pp")):
+        rc, out, err = plan(args)
+        lines = [x for x in err.splitlines() if x.startswith("train_gpt")]
+        check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{args}: rc={rc} {err[-300:]!r}")
+
+
+def suite(tmp):
+    global DATA
+    DATA = os.path.join(tmp, "data.bin")
+    write_shard(DATA, np.random.default_rng(19).integers(0, 97, 40000))
+    test_memory(tmp)
+    test_search_and_errors(tmp)
+    test_published(tmp)
+    test_time(tmp)
+
+
+def main():
+    run_suite(check, "llmc_planner_", suite)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+#!/usr/bin/python3
+# tests/e2e/test_train.py: end-to-end tests of the train_gpt binary on the CPU.
+#   - determinism: same seed and flags give bit-identical losses and models;
+#   - resume: a run resumed from a mid-run checkpoint continues bit for bit
+#     (losses after the resume and the final model equal the uninterrupted
+#     run's), with gradient accumulation and sampling (RNG state) on;
+#   - learning: the default model on the embedded data brings the loss well
+#     below its start and prints samples; metrics.jsonl has the fields;
+#     scripts/plot_metrics.py draws it;
+#   - errors: bad flags and bad files end with one line naming the flag or
+#     file, exit status 1 (no crash, no hang), and no half-written files.
+# Last line: "N passed, N failed".
+import glob
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "train_gpt")
+SMALL = ["-e", "L=2,C=32,NH=2,V=257,T=64", "-b", "4", "-t", "32", "--device", "cpu", "-v", "0", "-s", "0"]
+passed = failed = 0
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL", what)
+
+
+def run(args, timeout=300):
+    p = subprocess.run([TRAIN] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def metrics(d):
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_determinism(tmp):
+    a, b = os.path.join(tmp, "det_a"), os.path.join(tmp, "det_b")
+    for d in (a, b):
+        rc, out, err = run(SMALL + ["-x", "6", "-n", "6", "-o", d, "--seed", "11"])
+        check(rc == 0, f"determinism run failed: {err}")
+    la, lb = [m["loss"] for m in metrics(a)], [m["loss"] for m in metrics(b)]
+    check(len(la) == 6 and la == lb, f"losses differ run to run: {la} vs {lb}")
+    check(read(os.path.join(a, "model_00000006.bin")) == read(os.path.join(b, "model_00000006.bin")),
+          "final models differ run to run")
+    rc, out, err = run(SMALL + ["-x", "6", "-o", os.path.join(tmp, "det_c"), "--seed", "12"])
+    check([m["loss"] for m in metrics(os.path.join(tmp, "det_c"))] != la, "a different seed gave the same losses")
+
+
+def test_resume(tmp, dtype):
+    full, part = os.path.join(tmp, f"full_{dtype}"), os.path.join(tmp, f"part_{dtype}")
+    args = SMALL + ["--dtype", dtype, "-x", "10", "-n", "4", "-d", "256", "-s", "3", "-g", "8", "-v", "5",
+                    "-j", "data/tiny/tiny_val_*.bin", "-m", "2", "-u", "2", "-q", "0.1", "-c", "0.1"]
+    rc, out_full, err = run(args + ["-o", full])
+    check(rc == 0, f"uninterrupted run failed: {err}")
+    # Interrupted run: same flags, stopped after the step-4 checkpoint.
+    os.makedirs(part)
+    shutil.copytree(os.path.join(full, "ckpt_00000004"), os.path.join(part, "ckpt_00000004"))
+    shutil.copy(os.path.join(full, "DONE_00000004"), part)
+    with open(os.path.join(full, "metrics.jsonl")) as f, open(os.path.join(part, "metrics.jsonl"), "w") as g:
+        lines = f.readlines()
+        g.writelines(lines[:4] + lines[6:7])  # a stale line past the checkpoint must be dropped
+    rc, out_part, err = run(args + ["-o", part, "-y", "1"])
+    check(rc == 0, f"resumed run failed: {err}")
+    mf, mp = metrics(full), metrics(part)
+    check([m["step"] for m in mp] == list(range(10)), f"resumed metrics steps {[m['step'] for m in mp]}")
+    for key in ("loss", "lr", "grad_norm"):
+        check([m[key] for m in mf] == [m[key] for m in mp], f"{dtype}: {key} differs after resume")
+    check([m.get("val_loss") for m in mf] == [m.get("val_loss") for m in mp], f"{dtype}: val loss differs after resume")
+    check(read(os.path.join(full, "model_00000010.bin")) == read(os.path.join(part, "model_00000010.bin")),
+          f"{dtype}: final model differs after resume")
+    check(read(os.path.join(full, "ckpt_00000010", "shard_00000.bin")) ==
+          read(os.path.join(part, "ckpt_00000010", "shard_00000.bin")),
+          f"{dtype}: final optimizer state differs after resume")
+    def samples(out):
+        return [s.split("----------------")[0] for s in out.split("---- sample ----")[1:]]
+    sf, sp = samples(out_full), samples(out_part)
+    check(len(sf) == 4 and len(sp) == 3 and sf[-3:] == sp, f"{dtype}: samples differ after resume (RNG state)")
+
+
+def test_learning(tmp):
+    d = os.path.join(tmp, "learn")
+    rc, out, err = run(["-x", "80", "-v", "40", "-s", "80", "-o", d])
+    check(rc == 0, f"default run failed: {err}")
+    m = metrics(d)
+    first, last = m[0]["loss"], sum(x["loss"] for x in m[-5:]) / 5
+    print(f"default model: loss {first:.3f} -> {last:.3f} in {len(m)} steps, val {m[-1].get('val_loss')}")
+    check(first > 5.0 and last < first - 2.0, f"loss did not fall well: {first} -> {last}")
+    check(all(k in m[0] for k in ("step", "loss", "lr", "grad_norm", "tokens", "ms")), f"metrics fields {m[0]}")
+    check("val_loss" in m[39] and "val_loss" in m[-1], "val_loss missing")
+    check("---- sample ----" in out, "no sample printed")
+    check("parameters" in out and "| lr" in out, "no startup table")
+    png = os.path.join(d, "loss.png")
+    p = subprocess.run(["/usr/bin/python3", "scripts/plot_metrics.py", os.path.join(d, "metrics.jsonl"), "-o", png],
+                       cwd=ROOT, capture_output=True, text=True)
+    check(p.returncode == 0 and os.path.getsize(png) > 1000 and read(png)[:4] == b"\x89PNG", f"plot failed: {p.stderr}")
+
+
+def write_shard(path, tokens, magic=20240520, version=1, count=None, dtype="H"):
+    h = [0] * 256
+    h[0], h[1], h[2] = magic, version, len(tokens) if count is None else count
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *h))
+        f.write(struct.pack(f"<{len(tokens)}{dtype}", *tokens))
+
+
+def test_errors(tmp):
+    good = os.path.join(tmp, "good.bin")
+    write_shard(good, [i % 250 for i in range(5000)])
+    bad_id = os.path.join(tmp, "bad_id.bin")
+    write_shard(bad_id, [7] * 100 + [300] + [7] * 900)
+    bad_magic = os.path.join(tmp, "bad_magic.bin")
+    write_shard(bad_magic, [1] * 100, magic=1234)
+    trunc = os.path.join(tmp, "trunc.bin")
+    write_shard(trunc, [1] * 100, count=500)
+    model_bad = os.path.join(tmp, "model_bad.bin")
+    with open(model_bad, "wb") as f:
+        f.write(struct.pack("<256i", *([20240326, 3, 64, 257, 2, 2, 32, 384] + [0] * 248)))  # no payload
+    out_dir = os.path.join(tmp, "err_out")
+    base = SMALL + ["-i", good, "-j", "", "-x", "2"]
+    cases = [
+        (["--bogus"], "--bogus"),
+        (["-b", "abc"], "-b"),
+        (["-t", "128"], "-t"),               # T > maxT = 64
+        (["-d", "100"], "-d"),               # not a multiple of B*T
+        (["-e", "L=2,C=30,NH=4,V=257,T=64"], "-e"),
+        (["-e", os.path.join(tmp, "missing.bin")], "missing.bin"),
+        (["-e", model_bad], "model_bad.bin"),
+        (["-i", os.path.join(tmp, "nothing_*.bin")], "nothing_"),
+        (["-i", bad_magic], "bad_magic.bin"),
+        (["-i", trunc], "trunc.bin"),
+        (["-i", bad_id, "-o", out_dir, "-n", "1"], "bad_id.bin"),
+        (["-y", "1"], "-y"),
+        (["-z", "4"], "-z"),
+        (["--comm", "nccl"], "--comm"),      # nccl needs the CUDA backend
+        (["--dtype", "bf16"], "bf16"),
+        (["--device", "gpu"], "gpu"),
+    ]
+    for extra, name in cases:
+        rc, out, err = run(base + extra, timeout=60)
+        lines = [l for l in err.splitlines() if l.strip()]
+        check(rc == 1 and len(lines) == 1 and name in lines[0] and lines[0].startswith("train_gpt: error:"),
+              f"{extra}: rc={rc}, stderr={err!r}")
+    rc, out, err = run(base + ["-i", bad_id], timeout=60)
+    check("offset 100" in err, f"bad token id message lacks the offset: {err!r}")
+    leftovers = glob.glob(os.path.join(out_dir, "*"))
+    check(not any(".tmp." in p or "DONE" in p for p in leftovers), f"half-written files: {leftovers}")
+    rc, out, err = run(["--help"])
+    check(rc == 0 and "--max-steps" in out and "-x," in out and "[-1]" in out, "--help")
+    # The README's flag table is the --help text, line for line.
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = [l.strip() for l in f]
+    opts = [l.strip() for l in out.splitlines() if l.strip().startswith("-")]
+    missing = [l for l in opts if l not in readme]
+    check(opts and not missing, f"README flags differ from --help: {missing}")
+
+
+def main():
+    if not os.path.exists(TRAIN):
+        print("train_gpt is not built (run make)")
+        print("0 passed, 1 failed")
+        sys.exit(1)
+    tmp = tempfile.mkdtemp(prefix="llmc_train_")
+    try:
+        test_errors(tmp)
+        test_determinism(tmp)
+        test_resume(tmp, "fp32")
+        test_resume(tmp, "fp64")
+        test_learning(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

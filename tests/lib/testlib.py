@@ -1,0 +1,220 @@
+# tests/lib/testlib.py: helpers shared by the mpirun test scripts (test_dist.py,
+# test_tp.py, test_cp.py): running the trainer under mpirun, reading its
+# metrics and checkpoints, making shards, and counting checks.
+import json
+import os
+import struct
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "train_gpt")
+# mpirun as root, and more ranks than cores (shared/reference.md section 8).
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+class Checks:
+    """Counts checks; prints each failure; ends with 'N passed, N failed'."""
+
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def __call__(self, ok, what):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("FAIL", what, flush=True)
+        return ok
+
+    def summary(self):
+        print(f"{self.passed} passed, {self.failed} failed")
+        return 1 if self.failed else 0
+
+
+def train(np_, args, timeout=240):
+    """Runs train_gpt in one process (np_ = 0) or under mpirun -np np_."""
+    cmd = ([TRAIN] if np_ == 0 else ["mpirun", "-np", str(np_), TRAIN]) + args
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return p.returncode, p.stdout, p.stderr
+
+
+def metrics(d):
+    with open(os.path.join(d, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def param_count(L, C, V, Vp, T):
+    return 12 * L * C * C + 13 * L * C + (Vp + T) * C + 2 * C
+
+
+def llama_param_count(L, C, NH, NKV, F, Vp, tied):
+    """wte, per block RMSNorm, Q/K/V (NKV key/value heads), o_proj, RMSNorm,
+    gate/up/down; final RMSNorm; lm_head when untied."""
+    hs = C // NH
+    return Vp * C * (1 if tied else 2) + L * (2 * C + C * (NH + 2 * NKV) * hs + NH * hs * C + 3 * C * F) + C
+
+
+def _floats(raw, code):
+    """Raw little-endian values of a checkpoint dtype code (0 fp32, 1 fp64, 2 bf16) as float64."""
+    if code == 0:
+        return np.frombuffer(raw, dtype="<f4").astype(np.float64)
+    if code == 1:
+        return np.frombuffer(raw, dtype="<f8").astype(np.float64)
+    if code == 2:
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    raise ValueError(f"dtype code {code}")
+
+
+def read_state(path):
+    """weights, m, v of an earlier-format state file as float64 arrays (file order), and (L, C, Vp, maxT)."""
+    with open(path, "rb") as f:
+        h = struct.unpack("<256i", f.read(1024))
+        T, V, L, NH, C, Vp = h[5:11]
+        P = param_count(L, C, V, Vp, T)
+        arrays = []
+        for dt in (h[3], h[4], h[4]):
+            size = {0: 4, 1: 8, 2: 2}[dt]
+            arrays.append(_floats(f.read(P * size), dt))
+    return arrays[0], arrays[1], arrays[2], (L, C, Vp, T)
+
+
+def read_checkpoint(d, step):
+    """weights, m, v of the checkpoint of `step` in output directory d as
+    float64 arrays in model-file order, and (L, C, Vp, maxT). Assembled here
+    from the shard files by their piece tables (an independent reader of the
+    format in llmc/io/checkpoint.h); every element must come from exactly one
+    shard."""
+    cdir = os.path.join(d, f"ckpt_{step:08d}")
+    if not os.path.isdir(cdir):
+        return read_state(os.path.join(d, f"state_{step:08d}.bin"))
+    with open(os.path.join(cdir, "index.json")) as f:
+        ix = json.load(f)
+    m = ix["model"]
+    L, C, V, Vp, T = m["L"], m["C"], m["V"], m["Vp"], m["maxT"]
+    if m.get("arch", "gpt2") == "llama":
+        P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"])
+    else:
+        P = param_count(L, C, V, Vp, T)
+    assert ix["params"] == P, f"checkpoint: index says {ix['params']} parameters, the formula {P}"
+    out = [np.zeros(P), np.zeros(P), np.zeros(P)]
+    cover = [np.zeros(P, dtype=np.int64), np.zeros(P, dtype=np.int64)]
+    for name in ix["shards"]:
+        with open(os.path.join(cdir, name), "rb") as f:
+            h = struct.unpack("<256i", f.read(1024))
+            assert h[0] == 20241124 and h[1] == 1, f"{name}: magic/version {h[:2]}"
+            wt, ot = h[4], h[5]
+            nw = (h[6] & 0xffffffff) | (h[7] << 32)
+            no = (h[8] & 0xffffffff) | (h[9] << 32)
+            tables = [np.frombuffer(f.read(32 * n), dtype="<u8").reshape(n, 4) for n in (nw, no)]
+            sizes = {0: 4, 1: 8, 2: 2}
+            for k, (table, code) in enumerate(((tables[0], wt), (tables[1], ot), (tables[1], ot))):
+                total = int(sum(int(p[1]) * int(p[3]) for p in table))
+                vals = _floats(f.read(total * sizes[code]), code)
+                at = 0
+                for off, ln, stride, count in table:
+                    for i in range(int(count)):
+                        b = int(off) + i * int(stride)
+                        out[k][b:b + int(ln)] = vals[at:at + int(ln)]
+                        if k < 2:
+                            cover[k][b:b + int(ln)] += 1
+                        at += int(ln)
+            assert f.read(1) == b"", f"{name}: bytes past its payload"
+    assert all((c == 1).all() for c in cover), "checkpoint: an element missing or in two shards"
+    return out[0], out[1], out[2], (L, C, Vp, T)
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    nb = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / nb if nb > 0 else np.linalg.norm(a - b)
+
+
+def write_shard(path, tokens):
+    """An llm.c uint16 token shard."""
+    tokens = np.asarray(tokens, dtype="<u2")
+    h = np.zeros(256, dtype="<i4")
+    h[0], h[1], h[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(h.tobytes())
+        f.write(tokens.tobytes())
+
+
+def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
+    """Trains one process with args + single, then every (np, extra) layout
+    with args + extra; checks that the losses and the final weights (from
+    the step-`steps` checkpoint) equal the single run's: relative error
+    <= 1e-10 in fp64, <= 1e-5 in fp32."""
+    tol = 1e-10 if dtype == "fp64" else 1e-5
+    ck = ["-n", str(steps)]
+    os.makedirs(tmp, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"eq_{dtype}_", dir=tmp)  # fresh directories for each call
+    ref = os.path.join(tmp, f"single_{dtype}")
+    rc, out, err = train(0, args + single + ck + ["-o", ref])
+    if not check(rc == 0, f"single {dtype}: {err[-400:]}"):
+        return
+    ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_checkpoint(ref, steps)[0]
+    for np_, extra in layouts:
+        d = os.path.join(tmp, f"{dtype}_{np_}_" + "_".join(extra).replace("-", ""))
+        rc, out, err = train(np_, args + ck + ["-o", d] + extra)
+        what = f"{dtype} np={np_} {' '.join(extra)}"
+        if not check(rc == 0, f"{what}: {err[-400:]}"):
+            continue
+        lr = rel([m["loss"] for m in metrics(d)], ref_l)
+        wr = rel(read_checkpoint(d, steps)[0], ref_w)
+        print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e}")
+        check(lr <= tol, f"{what}: losses rel err {lr:.3e}")
+        check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
+        if "--tp" in extra:
+            check("tp replicas of LayerNorm, wpe and row-parallel biases: identical" in out, f"{what}: replicas differ")
+
+
+def resume_check(check, tmp, args, single, saved, resumes, at=5):
+    """Trains one process with args + single (uninterrupted); saves at step
+    `at` with saved = (np, extra); resumes a copy of that checkpoint with each
+    (np, extra) of resumes; checks the resumed losses equal the
+    uninterrupted run's (fp64: relative error <= 1e-10)."""
+    full = os.path.join(tmp, "ck_full")
+    train(0, args + single + ["-o", full])
+    full_l = [m["loss"] for m in metrics(full)]
+    src = os.path.join(tmp, "ck_saved")
+    rc, out, err = train(saved[0], args + saved[1] + ["-n", str(at), "-o", src])
+    if not check(rc == 0, f"save at {' '.join(saved[1])}: {err[-300:]}"):
+        return
+    for i, (np_, extra) in enumerate(resumes):
+        d = os.path.join(tmp, f"ck_resume_{i}")
+        copy_checkpoint(src, d, at)
+        rc, out, err = train(np_, args + ["-y", "1", "-o", d] + extra)
+        if not check(rc == 0, f"resume {extra}: {err[-300:]}"):
+            continue
+        r = rel([m["loss"] for m in metrics(d)], full_l[at:])
+        print(f"  saved at {' '.join(saved[1])}, resumed at {' '.join(extra) or 'one process'}: losses rel {r:.2e}")
+        check(r <= 1e-10, f"resume {extra}: rel err {r:.3e}")
+
+
+def copy_checkpoint(src, dst, step):
+    """Copies the complete checkpoint of `step` (its directory and DONE file) from src into dst (made if missing)."""
+    os.makedirs(dst, exist_ok=True)
+    shutil.copytree(os.path.join(src, f"ckpt_{step:08d}"), os.path.join(dst, f"ckpt_{step:08d}"))
+    shutil.copy(os.path.join(src, f"DONE_{step:08d}"), dst)
+
+
+def run_suite(check, prefix, body):
+    """Runs body(tmp) in a fresh temporary directory (removed after), then
+    exits with the checks' summary; one failure when train_gpt or mpirun is
+    missing."""
+    if not os.path.exists(TRAIN) or shutil.which("mpirun") is None:
+        print("train_gpt or mpirun missing")
+        print("0 passed, 1 failed")
+        sys.exit(1)
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        body(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(check.summary())

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+# tests/reference/test_hf.py: Hugging Face checkpoints end to end, against transformers
+# and tokenizers (run with build/hfenv/bin/python, which scripts/setup.sh
+# makes):
+#   - export round trip: a random GPT2LMHeadModel (tests/reference/reference_hf.py)
+#     trained a few steps by train_gpt (-e DIR), exported with --export-hf,
+#     loads in transformers and gives the logits of the trained model (read
+#     from its checkpoint by test_gpt --write-logits) within 1e-10 in fp64;
+#     one process and under mpirun (tp 2 with a vocabulary tp does not
+#     divide, dp 2 with ZeRO-3, pp 2); the trainer picks DIR/tokenizer.json
+#     and the export carries it; the same for a LlamaForCausalLM (GQA 2:1,
+#     untied);
+#   - Llama tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
+#     untied fp32, GQA 4:1 tied bf16 in shards) loaded by llmc/io/hf.cpp equal
+#     transformers' tensors in model file order, and their export loads in
+#     transformers with every tensor equal (tests/reference/reference_hf.py
+#     --check-weights);
+#   - tokenizer.json: a byte-level BPE trained with the `tokenizers` package
+#     decodes in C++ (build/test_hf --decode) to the bytes tokenizers gives;
+#   - prepare_data.py with a tokenizer.json of more than 65536 ids writes
+#     uint32 shards (magic 20240801) holding tokenizers' ids, which
+#     train_gpt trains on, decoding samples with that tokenizer.json;
+#   - errors: a truncated checkpoint and a refused config end train_gpt with
+#     one line naming the file and tensor, exit status 1.
+# Last line: "N passed, N failed".
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "train_gpt")
+TEST_GPT = os.path.join(ROOT, "build", "test_gpt")
+TEST_HF = os.path.join(ROOT, "build", "test_hf")
+REF = os.path.join(ROOT, "tests", "reference", "reference_hf.py")
+PY = sys.executable
+MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+passed = failed = 0
+
+
+def check(ok, what):
+    global passed, failed
+    print(("PASS " if ok else "FAIL ") + what, flush=True)
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+    return ok
+
+
+def run(cmd, timeout=300):
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=MPI_ENV)
+    return p.returncode, p.stdout + p.stderr
+
+
+def last_line(text):
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return lines[-1] if lines else ""
+
+
+def make_tokenizer(path, vocab_size):
+    """A byte-level BPE (GPT-2's scheme) trained here, with <|endoftext|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    text = ["The quick brown fox jumps over the lazy dog. Überall “quotes” — and ünïcödé, 日本語 too.\n"] * 50
+    tok.train_from_iterator(text, trainer)
+    tok.save(path)
+    return tok
+
+
+def test_tokenizer(tmp):
+    path = os.path.join(tmp, "tokenizer.json")
+    tok = make_tokenizer(path, 300)
+    rc, out = run([TEST_HF, "--decode", path])
+    if not check(rc == 0, f"test_hf --decode {path}: " + last_line(out)):
+        return
+    ours = {}
+    for line in out.splitlines():
+        parts = line.split(" ")
+        if parts[0] == "eot":
+            eot = int(parts[1])
+        else:
+            ours[int(parts[0])] = bytes.fromhex(parts[1]) if len(parts) > 1 else b""
+    n = tok.get_vocab_size(with_added_tokens=True)
+    check(len(ours) == n, f"C++ vocabulary {len(ours)} tokens, tokenizers' {n}")
+    check(eot == tok.token_to_id("<|endoftext|>"), f"start token {eot} is <|endoftext|>")
+    # Every token that decodes to whole characters decodes to the same bytes.
+    same = diff = partial = 0
+    for i in range(n):
+        s = tok.decode([i], skip_special_tokens=False)
+        if "\ufffd" in s:
+            partial += 1  # half a character: tokenizers shows U+FFFD, we keep the bytes
+            continue
+        if ours.get(i) == s.encode("utf-8"):
+            same += 1
+        else:
+            diff += 1
+    check(diff == 0 and same > 100, f"token bytes equal tokenizers' decode: {same} equal, {diff} differ, "
+                                    f"{partial} partial characters skipped")
+    # A text encoded by tokenizers decodes back to its exact bytes.
+    text = "Überall the lazy dog, 日本語 — “quotes”\n\nand a new word: zyxwvut!"
+    ids = tok.encode(text).ids
+    got = b"".join(ours[i] for i in ids)
+    check(got == text.encode("utf-8"), f"{len(ids)} ids of a text decode to its bytes")
+
+
+def trained_logits(tmp, name, model_dir, launch, extra):
+    """train_gpt 3 steps from model_dir, export; returns (export dir, logits file) or None."""
+    out, exp, logits = (os.path.join(tmp, name + s) for s in ("_out", "_hf", "_logits.bin"))
+    cmd = launch + [TRAIN, "-e", model_dir, "-b", "2", "-t", "32", "-x", "3", "-v", "0", "-s", "3", "-g", "8",
+                    "-l", "3e-3", "-u", "0", "-o", out, "-n", "3", "--export-hf", exp, "--device", "cpu"] + extra
+    rc, text = run(cmd)
+    if not check(rc == 0 and os.path.isfile(os.path.join(exp, "model.safetensors")),
+                 f"{name}: train_gpt -e DIR ... --export-hf: rc {rc} " + (last_line(text) if rc else "")):
+        print(text[-3000:])
+        return None
+    if name.endswith("_single"):
+        check(os.path.join(model_dir, "tokenizer.json") in text, "train_gpt takes DIR/tokenizer.json by default")
+        check("---- sample ----" in text, "samples decoded with it")
+        with open(os.path.join(model_dir, "tokenizer.json"), "rb") as a, open(os.path.join(exp, "tokenizer.json"), "rb") as b:
+            check(a.read() == b.read(), "the export carries tokenizer.json")
+    rc, text = run([TEST_GPT, "--model", out, "--write-logits", logits, "--B", "2", "--T", "24"])
+    if not check(rc == 0, f"{name}: test_gpt --write-logits from the checkpoint: " + last_line(text)):
+        return None
+    return exp, logits
+
+
+def test_round_trip(tmp, arch, spec):
+    a = os.path.join(tmp, arch)
+    rc, text = run([PY, REF, "--spec", spec, "--save-dir", a, "--steps", "0"])
+    if not check(rc == 0, f"reference_hf.py makes a {arch} model: " + last_line(text)):
+        return
+    make_tokenizer(os.path.join(a, "tokenizer.json"), 280)
+    layouts = [("single", [], [])]
+    if shutil.which("mpirun"):
+        mpi = ["mpirun", "-np", "2"]
+        layouts += [("tp2", mpi, ["--tp", "2"]), ("zero3", mpi, ["-z", "3"]),
+                    ("pp2", mpi, ["--pp", "2", "-d", "128"])]
+    first = None
+    for name, launch, extra in layouts:
+        name = arch + "_" + name
+        r = trained_logits(tmp, name, a, launch, extra)
+        if not r:
+            continue
+        exp, logits = r
+        rc, text = run([PY, REF, "--compare", exp, "--logits", logits])
+        check(rc == 0, f"{name}: transformers on the export gives the trained model's logits: " +
+              next((l for l in text.splitlines() if "rel err" in l), last_line(text)))
+        if first is None:
+            first = logits
+    # The control: the untrained model's logits differ from the export's.
+    if first:
+        l0 = os.path.join(tmp, "untrained_logits.bin")
+        run([TEST_GPT, "--model", a, "--write-logits", l0, "--B", "2", "--T", "24"])
+        rc, text = run([PY, REF, "--compare", os.path.join(tmp, arch + "_single_hf"), "--logits", l0])
+        check(rc != 0, f"{arch} control: the untrained model's logits do not match the trained export")
+
+
+def test_llama_maps(tmp):
+    for name, spec, extra in [
+            ("gqa2_untied_fp32", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=500", []),
+            ("gqa4_tied_bf16_sharded", "arch=llama,L=3,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1,eps=1e-6",
+             ["--save-dtype", "bf16", "--shard-size", "10KB"])]:
+        d, w, e = (os.path.join(tmp, name + s) for s in ("", ".w", "_exp"))
+        rc, text = run([PY, REF, "--spec", spec, "--save-dir", d, "--steps", "0"] + extra)
+        if not check(rc == 0, f"{name}: reference_hf.py saves a LlamaForCausalLM: " + last_line(text)):
+            continue
+        rc, text = run([TEST_GPT, "--model", d, "--write-weights", w, "--export-hf", e])
+        if not check(rc == 0, f"{name}: test_gpt loads and exports it: " + last_line(text)):
+            continue
+        rc, text = run([PY, REF, "--check-weights", d, "--weights", w, "--exported", e])
+        check(rc == 0, f"{name}: tensor maps against transformers: " + last_line(text))
+        if rc:
+            print(text)
+
+
+def test_prepare_data(tmp):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    vocab["Ġt"] = len(vocab)
+    vocab["he"] = len(vocab)
+    while len(vocab) < 70000:  # past 65536 ids: the shards need uint32
+        vocab[f"filler{len(vocab)}"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "t"), ("h", "e")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    path = os.path.join(tmp, "big_tokenizer.json")
+    tok.save(path)
+    eot = tok.token_to_id("<|endoftext|>")
+    docs = ["the theme of the day\n" * 40, "another text, the end — ünïcode\n" * 30]
+    inp = os.path.join(tmp, "docs.txt")
+    with open(inp, "w") as f:
+        f.write("\n\n".join(docs))
+    out = os.path.join(tmp, "bigdata")
+    rc, text = run([PY, os.path.join(ROOT, "scripts", "prepare_data.py"), "--input", inp, "--out", out, "--name", "big",
+                    "--tokenizer", path, "--split-blank-lines", "--val-fraction", "0.5"])
+    if not check(rc == 0, "prepare_data.py --tokenizer FILE.json: " + last_line(text)):
+        print(text)
+        return
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import numpy as np
+    from shards import MAGIC_U32, read_shard
+    train = os.path.join(out, "big_train_000001.bin")
+    magic = int(np.fromfile(train, dtype="<i4", count=1)[0])
+    check(magic == MAGIC_U32, f"vocabulary {eot + 1} > 65536: uint32 shard (magic {magic})")
+    want = [eot] + tok.encode(docs[1].strip("\n") + "\n", add_special_tokens=False).ids
+    got = read_shard(train).tolist()
+    check(got == want, f"the shard holds tokenizers' ids ({len(got)} tokens, separator {eot} first)")
+    check(os.path.isfile(os.path.join(out, "tokenizer.json")), "the tokenizer.json is copied beside the shards")
+    rc, text = run([TRAIN, "-e", f"L=1,C=16,NH=2,V={eot + 1},T=32", "-i", train, "-j", "", "-b", "2", "-t", "32",
+                    "-x", "2", "-s", "2", "-g", "8", "--tokenizer", os.path.join(out, "tokenizer.json"),
+                    "--device", "cpu"])
+    check(rc == 0 and "---- sample ----" in text, "train_gpt trains on the uint32 shards and samples: " +
+          last_line(text))
+
+
+def test_errors(tmp):
+    a = os.path.join(tmp, "gpt2")
+    bad = os.path.join(tmp, "truncated")
+    shutil.copytree(a, bad)
+    st = os.path.join(bad, "model.safetensors")
+    with open(st, "r+b") as f:
+        f.truncate(os.path.getsize(st) - 100)
+    rc, text = run([TRAIN, "-e", bad, "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-s", "0", "--device", "cpu"])
+    lines = [l for l in text.splitlines() if "error" in l]
+    check(rc == 1 and len(lines) == 1 and st in lines[0] and "tensor transformer." in lines[0],
+          "truncated checkpoint: " + (lines[0] if lines else text[-300:]))
+    cfg = os.path.join(tmp, "rope")
+    os.makedirs(cfg)
+    with open(os.path.join(cfg, "config.json"), "w") as f:
+        f.write('{"architectures":["LlamaForCausalLM"],"hidden_size":48,"num_attention_heads":4,"intermediate_size":72,'
+                '"num_hidden_layers":2,"vocab_size":300,"rope_scaling":{"type":"dynamic","factor":2.0}}')
+    rc, text = run([TRAIN, "-e", cfg, "-x", "1", "-v", "0", "-s", "0", "--device", "cpu"])
+    check(rc == 1 and "rope_scaling" in text and "config.json" in text, "rope_scaling refused: " + last_line(text))
+
+
+def main():
+    for exe in (TRAIN, TEST_GPT, TEST_HF):
+        if not os.path.exists(exe):
+            print(f"missing {exe} (run make and make tests)\n0 passed, 1 failed")
+            return 1
+    tmp = tempfile.mkdtemp(prefix="test_hf_py_")
+    try:
+        test_tokenizer(tmp)
+        test_round_trip(tmp, "gpt2", "L=2,C=32,NH=2,V=301,T=64")
+        test_round_trip(tmp, "llama", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=500")
+        test_llama_maps(tmp)
+        test_prepare_data(tmp)
+        test_errors(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

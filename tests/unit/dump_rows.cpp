@@ -1,0 +1,83 @@
+// tests/unit/dump_rows.cpp: dump_rows, prints what the C++ DataLoader (and
+// Tokenizer) read from files made elsewhere, so tests/unit/test_shards.py can
+// compare it with what Python wrote.
+//
+//   dump_rows PATTERN T VOCAB [NROWS]   rows 0..NROWS-1 (default: one epoch
+//                                       plus two rows, to cross the wrap)
+//   dump_rows --tokenizer PATH          every token of a tokenizer file
+//
+// Output, one item per line:
+//   total N / rows R / file PATH / row I in: t... tg: t...
+//   vocab V / eot E / token I HEX        (--tokenizer; HEX = the token's bytes)
+// On an error: "error: MESSAGE" on stdout, exit code 1.
+//
+// Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/unit/dump_rows.cpp llmc/io/dataloader.cpp llmc/io/tokenizer.cpp
+//          llmc/base/fileio.cpp -o dump_rows
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "llmc/io/dataloader.h"
+#include "llmc/io/tokenizer.h"
+
+namespace {
+
+int dump_tokenizer(const std::string& path) {
+    Tokenizer tok;
+    std::string err;
+    if (!tok.load(path, &err)) {
+        std::printf("error: %s\n", err.c_str());
+        return 1;
+    }
+    std::printf("vocab %d\neot %d\n", tok.vocab_size(), tok.eot());
+    for (int i = 0; i < tok.vocab_size(); ++i) {
+        std::string hex;
+        for (unsigned char c : tok.decode(i)) {
+            char b[3];
+            std::snprintf(b, sizeof(b), "%02x", c);
+            hex += b;
+        }
+        std::printf("token %d %s\n", i, hex.c_str());
+    }
+    return 0;
+}
+
+int dump_rows(const std::string& pattern, int T, int vocab, long long nrows_arg) {
+    DataLoader dl;
+    std::string err;
+    if (!dl.open(pattern, T, vocab, &err)) {
+        std::printf("error: %s\n", err.c_str());
+        return 1;
+    }
+    std::printf("total %zu\nrows %zu\n", dl.total_tokens(), dl.rows_per_epoch());
+    for (const std::string& f : dl.files()) std::printf("file %s\n", f.c_str());
+    const size_t nrows = nrows_arg >= 0 ? (size_t)nrows_arg : dl.rows_per_epoch() + 2;
+    std::vector<int> in((size_t)T), tg((size_t)T);
+    for (size_t r = 0; r < nrows; ++r) {
+        if (!dl.read_rows(r, 1, in.data(), tg.data(), &err)) {
+            std::printf("error: %s\n", err.c_str());
+            return 1;
+        }
+        std::printf("row %zu in:", r);
+        for (int v : in) std::printf(" %d", v);
+        std::printf(" tg:");
+        for (int v : tg) std::printf(" %d", v);
+        std::printf("\n");
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc == 3 && std::string(argv[1]) == "--tokenizer") return dump_tokenizer(argv[2]);
+    if (argc != 4 && argc != 5) {
+        std::fprintf(stderr, "usage: %s PATTERN T VOCAB [NROWS] | --tokenizer PATH\n", argv[0]);
+        return 2;
+    }
+    const int T = std::atoi(argv[2]);
+    const int vocab = std::atoi(argv[3]);
+    const long long nrows = argc == 5 ? std::atoll(argv[4]) : -1;
+    return dump_rows(argv[1], T, vocab, nrows);
+}

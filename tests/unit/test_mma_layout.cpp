@@ -1,0 +1,798 @@
+// tests/unit/test_mma_layout.cpp: CPU check of the tensor-core attention kernels'
+// index logic (llmc/backend/cuda/mma_layout.h, llmc/backend/cuda/attention_tc_kernels.h),
+// compiled by g++ without CUDA, for a build machine that has no GPU.
+//
+// The PTX instructions are emulated from their definitions in the PTX ISA
+// (section 9.7.14.5.8 "Matrix Fragments for mma.m16n8k16 with floating point
+// type" and the ldmatrix section "Warp-level matrix load instruction:
+// ldmatrix"), transcribed here independently of mma_layout.h:
+//   1. mma_layout.h's mappings equal the transcription, lane by lane, and
+//      cover each tile exactly once; bf16 rounding is round-to-nearest-even.
+//   2. ldmatrix row addresses are 16-byte aligned and, with the padded row
+//      pitch, free of shared-memory bank conflicts.
+//   3. One warp (32 emulated lanes) computes Q·K^T and P·V tiles with the
+//      helpers, against naive products.
+//   4. The real kernel bodies (forward, backward dq, backward dk/dv, ring
+//      merge and accumulate) run on an emulated GPU: one host thread per CUDA
+//      thread, __syncthreads as a barrier, ldmatrix/mma/shuffles as warp
+//      collectives, cp.async landing only at the issuing thread's wait (so a
+//      missing wait reads stale data). Shared memory starts as NaN; outputs
+//      start as NaN (overwritten) or random (accumulated), and what lies
+//      outside the attention's view must stay untouched. Results are
+//      compared with a naive fp64 attention, with and without grouped-query
+//      attention (2:1 and 4:1 query heads per key/value head).
+// Last line: "N passed, N failed".
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "llmc/backend/cuda/attention_tc_kernels.h"
+
+using namespace mma_layout;
+using attn_tc::TcParams;
+
+static int g_pass = 0, g_fail = 0;
+static void check(bool ok, const std::string& what) {
+    (ok ? g_pass : g_fail)++;
+    std::printf("  %-70s %s\n", what.c_str(), ok ? "ok" : "FAIL");
+}
+
+static float b2f(uint16_t b) { return bf16_bits_to_float(b); }
+static uint16_t f2b(float x) { return bf16_bits_rn(x); }
+static float lo_of(uint32_t r) { return b2f((uint16_t)(r & 0xffffu)); }
+static float hi_of(uint32_t r) { return b2f((uint16_t)(r >> 16)); }
+
+// ---- the PTX ISA, transcribed ---------------------------------------------------------
+// groupID = %laneid >> 2, threadID_in_group = %laneid % 4.
+// A (.bf16, a0..a7): row = groupID for ai where 0 <= i < 2 || 4 <= i < 6,
+//   groupID + 8 otherwise; col = threadID_in_group * 2 + (i & 0x1) for i < 4,
+//   threadID_in_group * 2 + (i & 0x1) + 8 for i >= 4.
+static RC spec_a(int lane, int i) {
+    const int gid = lane >> 2, tig = lane % 4;
+    const int row = ((0 <= i && i < 2) || (4 <= i && i < 6)) ? gid : gid + 8;
+    const int col = i < 4 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
+    return {row, col};
+}
+// B (.bf16, b0..b3): row = threadID_in_group * 2 + (i & 0x1) for bi where i < 2,
+//   threadID_in_group * 2 + (i & 0x1) + 8 for i >= 2; col = groupID.
+static RC spec_b(int lane, int i) {
+    const int gid = lane >> 2, tig = lane % 4;
+    return {i < 2 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8, gid};
+}
+// C/D (.f32, c0..c3): row = groupID for c0 and c1, groupID + 8 for c2 and c3;
+//   col = threadID_in_group * 2 + (i & 0x1).
+static RC spec_c(int lane, int i) {
+    const int gid = lane >> 2, tig = lane % 4;
+    return {i < 2 ? gid : gid + 8, tig * 2 + (i & 1)};
+}
+// ldmatrix .x4 .b16: threads 8m..8m+7 hold the addresses of rows 0..7 of
+// matrix m. Without .trans "each thread in a warp holds a fragment of a row
+// of the matrix ... a group of four threads holds an entire row": register m
+// of lane L = row L/4 of matrix m, elements 2(L%4) and 2(L%4)+1. With .trans
+// the matrix arrives transposed: element (r, c) of what the lanes hold is
+// element (c, r) of the stored matrix.
+static void emu_ldmatrix_x4(const uint16_t* const (&rows)[32], bool trans, uint32_t (&out)[32][4]) {
+    for (int L = 0; L < 32; L++)
+        for (int m = 0; m < 4; m++) {
+            const int r = L / 4, c = 2 * (L % 4);
+            uint16_t e0, e1;
+            if (!trans) {
+                e0 = rows[8 * m + r][c];
+                e1 = rows[8 * m + r][c + 1];
+            } else {
+                e0 = rows[8 * m + c][r];
+                e1 = rows[8 * m + c + 1][r];
+            }
+            out[L][m] = (uint32_t)e0 | ((uint32_t)e1 << 16);
+        }
+}
+// D = A·B + C for one warp, operands in the lanes' registers per the layouts above.
+static void emu_mma(float (&d)[32][4], const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], const float (&c)[32][4]) {
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        for (int i = 0; i < 8; i++) {
+            const RC rc = spec_a(L, i);
+            A[rc.row][rc.col] = (i & 1) ? hi_of(a[L][i / 2]) : lo_of(a[L][i / 2]);
+        }
+        for (int i = 0; i < 4; i++) {
+            const RC rc = spec_b(L, i);
+            B[rc.row][rc.col] = (i & 1) ? hi_of(b[L][i / 2]) : lo_of(b[L][i / 2]);
+        }
+    }
+    for (int L = 0; L < 32; L++)
+        for (int i = 0; i < 4; i++) {
+            const RC rc = spec_c(L, i);
+            double acc = c[L][i];
+            for (int k = 0; k < 16; k++) acc += (double)A[rc.row][k] * B[k][rc.col];
+            d[L][i] = (float)acc;
+        }
+}
+
+// ---- 1. mappings --------------------------------------------------------------------
+static void test_mappings() {
+    std::printf("fragment mappings against the PTX ISA\n");
+    bool a_ok = true, b_ok = true, c_ok = true;
+    int a_cover[16][16] = {}, b_cover[16][8] = {}, c_cover[16][8] = {};
+    for (int L = 0; L < 32; L++) {
+        for (int i = 0; i < 8; i++) {
+            const RC h = a_elem(L, i), s = spec_a(L, i);
+            a_ok &= h.row == s.row && h.col == s.col;
+            a_cover[s.row][s.col]++;
+        }
+        for (int i = 0; i < 4; i++) {
+            const RC h = b_elem(L, i), s = spec_b(L, i);
+            b_ok &= h.row == s.row && h.col == s.col;
+            b_cover[s.row][s.col]++;
+            const RC hc = c_elem(L, i), sc = spec_c(L, i);
+            c_ok &= hc.row == sc.row && hc.col == sc.col;
+            c_cover[sc.row][sc.col]++;
+        }
+    }
+    bool cover = true;
+    for (int r = 0; r < 16; r++) {
+        for (int c = 0; c < 16; c++) cover &= a_cover[r][c] == 1;
+        for (int c = 0; c < 8; c++) cover &= b_cover[r][c] == 1 && c_cover[r][c] == 1;
+    }
+    check(a_ok, "A fragment (a_elem) = PTX m16n8k16 .bf16 A layout");
+    check(b_ok, "B fragment (b_elem) = PTX m16n8k16 .bf16 B layout");
+    check(c_ok, "C fragment (c_elem) = PTX m16n8k16 .f32 C/D layout");
+    check(cover, "each layout covers its tile exactly once");
+    // c_to_a: accumulator element i of tile n is A element (row, 8n + col).
+    bool ca = true;
+    for (int L = 0; L < 32; L++) {
+        float c0[4], c1[4];
+        for (int i = 0; i < 4; i++) c0[i] = (float)(L * 8 + i), c1[i] = (float)(L * 8 + 4 + i);
+        uint32_t a[4];
+        c_to_a(a, c0, c1);
+        for (int i = 0; i < 8; i++) {
+            const RC ra = spec_a(L, i);
+            const int tile = ra.col / 8;
+            // the value c_to_a put there must be the accumulator of the same (row, col)
+            const float v = (i & 1) ? hi_of(a[i / 2]) : lo_of(a[i / 2]);
+            const float* ct = tile ? c1 : c0;
+            int found = -1;
+            for (int e = 0; e < 4; e++) {
+                const RC rc = spec_c(L, e);
+                if (rc.row == ra.row && rc.col == ra.col % 8) found = e;
+            }
+            ca &= found >= 0 && v == ct[found];
+        }
+    }
+    check(ca, "c_to_a: two C tiles are the A fragment of the 16x16 tile they form");
+    // bf16 rounding: round to nearest, ties to even.
+    bool rn = f2b(1.0f) == 0x3f80 && f2b(-2.0f) == 0xc000 && b2f(f2b(3.14159f)) == 3.140625f;
+    float tie_even, tie_odd;
+    uint32_t u = 0x3f808000u;  // 1 + 2^-8: exactly between 0x3f80 and 0x3f81 -> even 0x3f80
+    std::memcpy(&tie_even, &u, 4);
+    u = 0x3f818000u;  // between 0x3f81 and 0x3f82 -> even 0x3f82
+    std::memcpy(&tie_odd, &u, 4);
+    rn &= f2b(tie_even) == 0x3f80 && f2b(tie_odd) == 0x3f82 && f2b(INFINITY) == 0x7f80;
+    check(rn, "bf16 rounding: nearest, ties to even");
+}
+
+// ---- 2. ldmatrix addressing ------------------------------------------------------------
+static void test_addressing() {
+    std::printf("ldmatrix addresses: alignment and bank conflicts\n");
+    for (int D : {64, 128}) {
+        const int ld = D + kSmemPad;
+        bool aligned = true, conflict_free = true;
+        RC (*fns[3])(int) = {ldsm_a_rc, ldsm_b_nk_rc, ldsm_b_kn_rc};
+        for (auto fn : fns)
+            for (int r0 = 0; r0 < 64; r0 += 16)
+                for (int c0 = 0; c0 < D; c0 += 16) {
+                    for (int m = 0; m < 4; m++) {  // one matrix = one 128-byte phase
+                        bool used[8] = {};
+                        for (int r = 0; r < 8; r++) {
+                            const RC rc = fn(8 * m + r);
+                            const int byte = 2 * smem_off(r0 + rc.row, c0 + rc.col, ld);
+                            aligned &= byte % 16 == 0;
+                            const int group = (byte / 16) % 8;  // 4 banks of 4 bytes
+                            conflict_free &= !used[group];
+                            used[group] = true;
+                        }
+                    }
+                }
+        check(aligned, "HS=" + std::to_string(D) + ": every ldmatrix row address is 16-byte aligned");
+        check(conflict_free, "HS=" + std::to_string(D) + ": the 8 rows of each ldmatrix matrix hit 8 bank groups");
+    }
+    // The x4 patterns deliver what the kernels assume: for each pattern, the
+    // lanes' registers must be the A / B fragments of the addressed tile.
+    std::mt19937 rng(3);
+    std::uniform_int_distribution<int> dist(0, 0x7fff);
+    const int ld = 24;
+    std::vector<uint16_t> tile(16 * ld);
+    for (auto& x : tile) x = (uint16_t)dist(rng);
+    auto load = [&](RC (*fn)(int), bool trans, uint32_t (&out)[32][4]) {
+        const uint16_t* rows[32];
+        for (int L = 0; L < 32; L++) {
+            const RC rc = fn(L);
+            rows[L] = tile.data() + smem_off(rc.row, rc.col, ld);
+        }
+        emu_ldmatrix_x4(rows, trans, out);
+    };
+    auto at = [&](int r, int c) { return tile[smem_off(r, c, ld)]; };
+    auto half = [](uint32_t reg, int i) { return (uint16_t)((i & 1) ? reg >> 16 : reg & 0xffffu); };
+    uint32_t ra[32][4], rn[32][4], rk[32][4];
+    load(ldsm_a_rc, false, ra);
+    load(ldsm_b_nk_rc, false, rn);
+    load(ldsm_b_kn_rc, true, rk);
+    bool a_ok = true, nk_ok = true, kn_ok = true;
+    for (int L = 0; L < 32; L++) {
+        for (int i = 0; i < 8; i++) {
+            const RC rc = spec_a(L, i);  // tile stored [m][k]
+            a_ok &= half(ra[L][i / 2], i) == at(rc.row, rc.col);
+        }
+        for (int nt = 0; nt < 2; nt++)
+            for (int i = 0; i < 4; i++) {
+                const RC rc = spec_b(L, i);  // (k, n) of n-tile nt
+                nk_ok &= half(rn[L][2 * nt + i / 2], i) == at(8 * nt + rc.col, rc.row);  // stored [n][k]
+                kn_ok &= half(rk[L][2 * nt + i / 2], i) == at(rc.row, 8 * nt + rc.col);  // stored [k][n]
+            }
+    }
+    check(a_ok, "ldsm_a_rc x4 gives the A fragment of a [m][k] tile");
+    check(nk_ok, "ldsm_b_nk_rc x4 gives the B fragments of two n-tiles of a [n][k] tile");
+    check(kn_ok, "ldsm_b_kn_rc x4 .trans gives the B fragments of two n-tiles of a [k][n] tile");
+}
+
+// ---- 3. one warp, one tile -------------------------------------------------------------
+static std::vector<float> rand_bf16(size_t n, float sd, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.f, sd);
+    std::vector<float> v(n);
+    for (float& x : v) x = b2f(f2b(dist(rng)));
+    return v;
+}
+static double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        d += (got[i] - ref[i]) * (got[i] - ref[i]);
+        n += ref[i] * ref[i];
+    }
+    return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+}
+
+static void test_warp_tile() {
+    std::printf("one warp: S = Q K^T (16x64, d=64) and O = P V with the helpers\n");
+    const int M = 16, N = 64, D = 64, ld = D + kSmemPad;
+    const std::vector<float> qf = rand_bf16(M * D, 1.f, 1), kf = rand_bf16(N * D, 1.f, 2), vf = rand_bf16(N * D, 1.f, 3);
+    std::vector<uint16_t> Qs(M * ld), Ks(N * ld), Vs(N * ld);
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < D; c++) Qs[smem_off(r, c, ld)] = f2b(qf[r * D + c]);
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < D; c++) Ks[smem_off(r, c, ld)] = f2b(kf[r * D + c]), Vs[smem_off(r, c, ld)] = f2b(vf[r * D + c]);
+    auto ldsm = [&](const std::vector<uint16_t>& t, int r0, int c0, RC (*fn)(int), bool trans, uint32_t (&out)[32][4]) {
+        const uint16_t* rows[32];
+        for (int L = 0; L < 32; L++) {
+            const RC rc = fn(L);
+            rows[L] = t.data() + smem_off(r0 + rc.row, c0 + rc.col, ld);
+        }
+        emu_ldmatrix_x4(rows, trans, out);
+    };
+    // S[lane][nt][e]
+    static float S[32][N / 8][4];
+    std::memset(S, 0, sizeof(S));
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[32][4], bk[32][4];
+        ldsm(Qs, 0, kk * 16, ldsm_a_rc, false, a);
+        for (int np = 0; np < N / 16; np++) {
+            ldsm(Ks, np * 16, kk * 16, ldsm_b_nk_rc, false, bk);
+            for (int half = 0; half < 2; half++) {
+                uint32_t b[32][2];
+                float c[32][4], d[32][4];
+                for (int L = 0; L < 32; L++) {
+                    b[L][0] = bk[L][2 * half], b[L][1] = bk[L][2 * half + 1];
+                    for (int e = 0; e < 4; e++) c[L][e] = S[L][2 * np + half][e];
+                }
+                emu_mma(d, a, b, c);
+                for (int L = 0; L < 32; L++)
+                    for (int e = 0; e < 4; e++) S[L][2 * np + half][e] = d[L][e];
+            }
+        }
+    }
+    std::vector<double> got(M * N), ref(M * N, 0.0);
+    for (int L = 0; L < 32; L++)
+        for (int nt = 0; nt < N / 8; nt++)
+            for (int e = 0; e < 4; e++) {
+                const RC rc = c_elem(L, e);
+                got[rc.row * N + nt * 8 + rc.col] = S[L][nt][e];
+            }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++)
+            for (int c = 0; c < D; c++) ref[i * N + j] += (double)qf[i * D + c] * kf[j * D + c];
+    check(rel_err(got, ref) < 1e-6, "Q K^T through ldsm_a_rc, ldsm_b_nk_rc, mma, c_elem");
+
+    // O = P V with P = S / 16 taken from the accumulators by c_to_a.
+    static float O[32][D / 8][4];
+    std::memset(O, 0, sizeof(O));
+    for (int kk = 0; kk < N / 16; kk++) {
+        uint32_t a[32][4], bv[32][4];
+        for (int L = 0; L < 32; L++) {
+            float c0[4], c1[4];
+            for (int e = 0; e < 4; e++) c0[e] = S[L][2 * kk][e] / 16, c1[e] = S[L][2 * kk + 1][e] / 16;
+            c_to_a(a[L], c0, c1);
+        }
+        for (int dp = 0; dp < D / 16; dp++) {
+            ldsm(Vs, kk * 16, dp * 16, ldsm_b_kn_rc, true, bv);
+            for (int half = 0; half < 2; half++) {
+                uint32_t b[32][2];
+                float c[32][4], d[32][4];
+                for (int L = 0; L < 32; L++) {
+                    b[L][0] = bv[L][2 * half], b[L][1] = bv[L][2 * half + 1];
+                    for (int e = 0; e < 4; e++) c[L][e] = O[L][2 * dp + half][e];
+                }
+                emu_mma(d, a, b, c);
+                for (int L = 0; L < 32; L++)
+                    for (int e = 0; e < 4; e++) O[L][2 * dp + half][e] = d[L][e];
+            }
+        }
+    }
+    std::vector<double> gotO(M * D), refO(M * D, 0.0);
+    for (int L = 0; L < 32; L++)
+        for (int dt = 0; dt < D / 8; dt++)
+            for (int e = 0; e < 4; e++) {
+                const RC rc = c_elem(L, e);
+                gotO[rc.row * D + dt * 8 + rc.col] = O[L][dt][e];
+            }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            const double pij = b2f(f2b((float)(got[i * N + j] / 16)));  // P rounded to bf16, as c_to_a does
+            for (int c = 0; c < D; c++) refO[i * D + c] += pij * vf[j * D + c];
+        }
+    check(rel_err(gotO, refO) < 1e-6, "P V through c_to_a, ldsm_b_kn_rc (.trans), mma, c_elem");
+}
+
+// ---- 4. the kernels on an emulated GPU -------------------------------------------------
+class Barrier {
+  public:
+    explicit Barrier(int n) : n_(n) {}
+    void wait() {
+        std::unique_lock<std::mutex> lk(mu_);
+        const unsigned gen = gen_;
+        if (++count_ == n_) {
+            count_ = 0;
+            gen_++;
+            cv_.notify_all();
+        } else {
+            cv_.wait(lk, [&] { return gen_ != gen; });
+        }
+    }
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    int n_, count_ = 0;
+    unsigned gen_ = 0;
+};
+
+struct alignas(16) Chunk {
+    unsigned char b[16];
+};
+
+// What the 128 threads of one block share.
+struct BlockState {
+    std::vector<Chunk> smem;
+    size_t smem_bytes;
+    Barrier block{attn_tc::kThreads};
+    Barrier warp[4] = {Barrier(32), Barrier(32), Barrier(32), Barrier(32)};
+    const uint16_t* rows[4][32];
+    uint32_t a[4][32][4], b[4][32][2];
+    float c[4][32][4], f[4][32];
+    bool bad_access = false;  // smem access out of range or misaligned
+    explicit BlockState(size_t bytes) : smem((bytes + 15) / 16), smem_bytes(bytes) {
+        uint16_t* p = reinterpret_cast<uint16_t*>(smem.data());
+        for (size_t i = 0; i < smem.size() * 8; i++) p[i] = 0x7fc1;  // bf16 NaN (and NaN as fp32 pairs)
+    }
+    bool in_smem(const void* p, size_t n) const {
+        const char* s = reinterpret_cast<const char*>(smem.data());
+        const char* q = reinterpret_cast<const char*>(p);
+        return q >= s && q + n <= s + smem_bytes;
+    }
+};
+
+// The host executor of attention_tc_kernels.h (one object per emulated thread).
+struct HostCtx {
+    BlockState* bs;
+    int t, bx_, by_;
+    struct Copy {
+        void* dst;
+        const void* src;
+        bool ok;
+    };
+    std::vector<Copy> pending;
+
+    int tid() const { return t; }
+    int bx() const { return bx_; }
+    int by() const { return by_; }
+    void* smem() const { return bs->smem.data(); }
+    void sync() { bs->block.wait(); }
+    void cp_async16(void* s, const void* g, bool ok) {
+        if (!bs->in_smem(s, 16) || ((uintptr_t)s & 15) || ((uintptr_t)g & 15)) bs->bad_access = true;
+        pending.push_back({s, g, ok});  // lands at this thread's next wait
+    }
+    void cp_commit() {}
+    void cp_wait_all() {
+        for (const Copy& c : pending) {
+            if (c.ok)
+                std::memcpy(c.dst, c.src, 16);
+            else
+                std::memset(c.dst, 0, 16);
+        }
+        pending.clear();
+    }
+    void ldsm(uint32_t (&r)[4], const uint16_t* p, bool trans) {
+        const int w = t / 32, l = t % 32;
+        if (!bs->in_smem(p, 16) || ((uintptr_t)p & 15)) {
+            bs->bad_access = true;
+            p = reinterpret_cast<const uint16_t*>(bs->smem.data());
+        }
+        bs->rows[w][l] = p;
+        bs->warp[w].wait();
+        static thread_local uint32_t out[32][4];
+        emu_ldmatrix_x4(bs->rows[w], trans, out);
+        for (int m = 0; m < 4; m++) r[m] = out[l][m];
+        bs->warp[w].wait();
+    }
+    void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) { ldsm(r, p, false); }
+    void ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) { ldsm(r, p, true); }
+    void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        const int w = t / 32, l = t % 32;
+        for (int i = 0; i < 4; i++) bs->a[w][l][i] = a[i], bs->c[w][l][i] = d[i];
+        bs->b[w][l][0] = b0, bs->b[w][l][1] = b1;
+        bs->warp[w].wait();
+        static thread_local float out[32][4];
+        emu_mma(out, bs->a[w], bs->b[w], bs->c[w]);
+        for (int i = 0; i < 4; i++) d[i] = out[l][i];
+        bs->warp[w].wait();
+    }
+    float shfl(float x, int src) {
+        const int w = t / 32, l = t % 32;
+        bs->f[w][l] = x;
+        bs->warp[w].wait();
+        const float y = bs->f[w][src & 31];
+        bs->warp[w].wait();
+        return y;
+    }
+    float shfl_xor(float x, int m) { return shfl(x, (t % 32) ^ m); }
+};
+
+// Runs body(ctx) for every block of a gx x gy grid, 128 threads each.
+template <typename Body>
+static bool run_grid(int gx, int gy, size_t smem_bytes, Body body) {
+    bool ok = true;
+    for (int by = 0; by < gy; by++)
+        for (int bx = 0; bx < gx; bx++) {
+            BlockState bs(smem_bytes);
+            std::vector<std::thread> th;
+            for (int t = 0; t < attn_tc::kThreads; t++)
+                th.emplace_back([&, t] {
+                    HostCtx cx{&bs, t, bx, by, {}};
+                    body(cx);
+                });
+            for (auto& x : th) x.join();
+            ok &= !bs.bad_access;
+        }
+    return ok;
+}
+
+// ---- naive fp64 attention over an AttnShape view -----------------------------------
+struct View {
+    AttnShape s;
+    size_t qn, kvn, on, ln;  // buffer sizes (elements)
+    size_t koff, voff;       // K and V within the kv buffer
+};
+static size_t qi_(const AttnShape& s, int b, int i, int h) { return b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS; }
+// h is a query head: its key/value head is s.kv_head(h) (grouped-query attention).
+static size_t ki_(const AttnShape& s, int b, int j, int h) {
+    return b * s.kb() + (size_t)j * s.kv_stride + (size_t)s.kv_head(h) * s.HS;
+}
+static size_t oi_(const AttnShape& s, int b, int i, int h) { return b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS; }
+static size_t li_(const AttnShape& s, int b, int i, int h) { return b * s.lb() + h * s.lh() + (size_t)i; }
+static bool visible(const AttnShape& s, int i, int j) { return !s.causal || j <= i; }
+
+static void ref_forward(const View& w, const std::vector<float>& q, const std::vector<float>& kv, std::vector<double>& out,
+                        std::vector<double>& lse) {
+    const AttnShape& s = w.s;
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++)
+            for (int i = 0; i < s.Tq; i++) {
+                std::vector<double> sc(s.Tk, -INFINITY);
+                double mx = -INFINITY;
+                for (int j = 0; j < s.Tk; j++) {
+                    if (!visible(s, i, j)) continue;
+                    double d = 0;
+                    for (int c = 0; c < s.HS; c++) d += (double)q[qi_(s, b, i, h) + c] * kv[w.koff + ki_(s, b, j, h) + c];
+                    sc[j] = d * s.scale;
+                    mx = std::max(mx, sc[j]);
+                }
+                double sum = 0;
+                for (int j = 0; j < s.Tk; j++) sum += sc[j] == -INFINITY ? 0.0 : std::exp(sc[j] - mx);
+                for (int c = 0; c < s.HS; c++) {
+                    double acc = 0;
+                    for (int j = 0; j < s.Tk; j++)
+                        if (sc[j] != -INFINITY) acc += std::exp(sc[j] - mx) / sum * kv[w.voff + ki_(s, b, j, h) + c];
+                    out[oi_(s, b, i, h) + c] = acc;
+                }
+                lse[li_(s, b, i, h)] = sum > 0 ? mx + std::log(sum) : -INFINITY;
+            }
+}
+// dq (q's layout), dkv (k|v buffer) += the gradients, given out and lse.
+static void ref_backward(const View& w, const std::vector<float>& q, const std::vector<float>& kv, const std::vector<float>& dout,
+                         const std::vector<float>& out, const std::vector<float>& lse, std::vector<double>& dq,
+                         std::vector<double>& dkv) {
+    const AttnShape& s = w.s;
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++)
+            for (int i = 0; i < s.Tq; i++) {
+                const size_t qo = qi_(s, b, i, h), oo = oi_(s, b, i, h);
+                double D = 0;
+                for (int c = 0; c < s.HS; c++) D += (double)dout[oo + c] * out[oo + c];
+                const double L = lse[li_(s, b, i, h)];
+                for (int j = 0; j < s.Tk; j++) {
+                    if (!visible(s, i, j)) continue;
+                    const size_t ko = w.koff + ki_(s, b, j, h), vo = w.voff + ki_(s, b, j, h);
+                    double dot = 0, dp = 0;
+                    for (int c = 0; c < s.HS; c++) dot += (double)q[qo + c] * kv[ko + c], dp += (double)dout[oo + c] * kv[vo + c];
+                    const double p = std::exp(dot * s.scale - L), ds = p * (dp - D);
+                    for (int c = 0; c < s.HS; c++) {
+                        dq[qo + c] += ds * s.scale * kv[ko + c];
+                        dkv[ko + c] += ds * s.scale * q[qo + c];
+                        dkv[vo + c] += p * dout[oo + c];
+                    }
+                }
+            }
+}
+
+// Element indices of a view's slices in a buffer (q-like, kv-like, out-like rows).
+static std::vector<char> mask_rows(size_t n, int B, int T, int NH, int HS, size_t bstride, size_t rstride, size_t off) {
+    std::vector<char> m(n, 0);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++)
+                for (int c = 0; c < HS; c++) m[off + b * bstride + (size_t)t * rstride + (size_t)h * HS + c] = 1;
+    return m;
+}
+static std::vector<char> mask_lse(const AttnShape& s, size_t n) {
+    std::vector<char> m(n, 0);
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++)
+            for (int i = 0; i < s.Tq; i++) m[li_(s, b, i, h)] = 1;
+    return m;
+}
+// In-view elements against ref (relative L2 <= tol); others must equal init.
+template <typename T>
+static void compare(const std::string& what, const std::vector<T>& got, const std::vector<double>& ref,
+                    const std::vector<char>& in_view, const std::vector<T>& init, double tol) {
+    std::vector<double> g, r;
+    bool untouched = true;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (in_view[i]) {
+            double x;
+            if constexpr (std::is_same<T, uint16_t>::value)
+                x = b2f(got[i]);
+            else
+                x = got[i];
+            g.push_back(x);
+            r.push_back(ref[i]);
+        } else {
+            untouched &= std::memcmp(&got[i], &init[i], sizeof(T)) == 0;
+        }
+    }
+    const double e = rel_err(g, r);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s: rel err %.2e (tol %.0e)%s", what.c_str(), e, tol, untouched ? "" : ", wrote outside its view");
+    check(e <= tol && untouched, buf);
+}
+static std::vector<uint16_t> to_bits(const std::vector<float>& x) {
+    std::vector<uint16_t> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) y[i] = f2b(x[i]);
+    return y;
+}
+static std::vector<float> bits_to_f(const std::vector<uint16_t>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); i++) y[i] = b2f(x[i]);
+    return y;
+}
+
+// A view: q rows of q_stride (q first), k|v rows of kv_stride (k at 0, v at
+// the head block after), out rows of o_stride; optional explicit batch and
+// lse strides (what ring attention uses). NKV > 0: grouped-query attention,
+// k and v hold NKV heads (the k|v rows are 2·NKV·HS + pad).
+static View make_view(int B, int NH, int HS, int Tq, int Tk, bool causal, int pad, bool odd_batch, int NKV = 0) {
+    const size_t C = (size_t)NH * HS, KC = (size_t)(NKV ? NKV : NH) * HS;
+    View w;
+    w.s = AttnShape{B, NH, HS, Tq, Tk, C + pad, 2 * KC + pad, C + pad, causal, 0.8 / std::sqrt((double)HS)};
+    w.s.NKV = NKV;
+    if (odd_batch) {  // gaps between sequences, lse [B][NH] rows of Tq + 3
+        w.s.q_bstride = (size_t)Tq * w.s.q_stride + 16;
+        w.s.kv_bstride = (size_t)Tk * w.s.kv_stride + 8;
+        w.s.o_bstride = (size_t)Tq * w.s.o_stride + 24;
+        w.s.lse_hstride = (size_t)Tq + 3;
+        w.s.lse_bstride = NH * w.s.lse_hstride + 5;
+    }
+    w.qn = B * w.s.qb();
+    w.kvn = B * w.s.kb();
+    w.on = B * w.s.ob();
+    w.ln = B * w.s.lb();
+    w.koff = 0;
+    w.voff = KC;
+    return w;
+}
+
+template <int D>
+static void run_forward(const View& w, const std::vector<float>& q, const std::vector<float>& kv, std::vector<uint16_t>& out,
+                        std::vector<float>& lse, bool* ok) {
+    using Cfg = attn_tc::TcConfig<D>;
+    using F = attn_tc::FwdCfg<D, Cfg::kFwdMT, Cfg::kFwdBN>;
+    const TcParams p = attn_tc::tc_params(w.s);
+    const std::vector<uint16_t> qb = to_bits(q), kvb = to_bits(kv);
+    *ok = run_grid((w.s.Tq + F::BM - 1) / F::BM, w.s.B * w.s.NH, F::smem_bytes, [&](HostCtx& cx) {
+        attn_tc::fwd_body<HostCtx, D, Cfg::kFwdMT, Cfg::kFwdBN, uint16_t, false>(cx, out.data(), lse.data(), qb.data(),
+                                                                               kvb.data() + w.koff, kvb.data() + w.voff, p);
+    });
+}
+template <int D, bool kMerge>
+static bool run_block_forward(const View& w, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb, size_t kv_row0,
+                              std::vector<float>& out, std::vector<float>& lse) {
+    using Cfg = attn_tc::TcConfig<D>;
+    using F = attn_tc::FwdCfg<D, Cfg::kFwdMT, Cfg::kFwdBN>;
+    const TcParams p = attn_tc::tc_params(w.s);
+    const size_t o = kv_row0 * w.s.kv_stride;
+    return run_grid((w.s.Tq + F::BM - 1) / F::BM, w.s.B * w.s.NH, F::smem_bytes, [&](HostCtx& cx) {
+        attn_tc::fwd_body<HostCtx, D, Cfg::kFwdMT, Cfg::kFwdBN, float, kMerge>(cx, out.data(), lse.data(), qb.data(),
+                                                                             kvb.data() + w.koff + o, kvb.data() + w.voff + o, p);
+    });
+}
+// D vector as the CUDA path computes it (attention.cuh's dot_do_o_kernel): dense [B, NH, Tq].
+static std::vector<float> d_vector(const AttnShape& s, const std::vector<float>& dout, const std::vector<float>& out) {
+    std::vector<float> Dv((size_t)s.B * s.NH * s.Tq);
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++)
+            for (int i = 0; i < s.Tq; i++) {
+                float acc = 0;
+                for (int c = 0; c < s.HS; c++) acc += dout[oi_(s, b, i, h) + c] * out[oi_(s, b, i, h) + c];
+                Dv[((size_t)b * s.NH + h) * s.Tq + i] = acc;
+            }
+    return Dv;
+}
+template <int D, typename G, bool kAcc>
+static bool run_backward(const View& w, size_t kv_row0, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb,
+                         const std::vector<uint16_t>& dob, const std::vector<float>& lse, const std::vector<float>& Dv,
+                         std::vector<G>& dq, std::vector<G>& dkv) {
+    using Cfg = attn_tc::TcConfig<D>;
+    using Q = attn_tc::DqCfg<D, Cfg::kDqBN>;
+    using K = attn_tc::DkvCfg<D, Cfg::kDkvBQ>;
+    const TcParams p = attn_tc::tc_params(w.s);
+    const size_t o = kv_row0 * w.s.kv_stride;
+    bool ok = run_grid((w.s.Tq + Q::BM - 1) / Q::BM, w.s.B * w.s.NH, Q::smem_bytes, [&](HostCtx& cx) {
+        attn_tc::dq_body<HostCtx, D, Cfg::kDqBN, Cfg::kDqARegs, G, kAcc>(cx, dq.data(), dob.data(), qb.data(), kvb.data() + w.koff + o,
+                                                                      kvb.data() + w.voff + o, lse.data(), Dv.data(), p);
+    });
+    ok &= run_grid((w.s.Tk + K::BN - 1) / K::BN, w.s.B * w.s.kv_heads(), K::smem_bytes, [&](HostCtx& cx) {
+        attn_tc::dkdv_body<HostCtx, D, Cfg::kDkvBQ, Cfg::kDkvARegs, G, kAcc>(cx, dkv.data() + w.koff + o, dkv.data() + w.voff + o,
+                                                                          dob.data(), qb.data(), kvb.data() + w.koff + o,
+                                                                          kvb.data() + w.voff + o, lse.data(), Dv.data(), p);
+    });
+    return ok;
+}
+
+// Plain forward and backward (bf16 outputs, overwrite) on one view.
+template <int D>
+static void test_plain(const char* name, const View& w, uint32_t seed) {
+    const AttnShape& s = w.s;
+    const std::vector<float> q = rand_bf16(w.qn, 1.f, seed), kv = rand_bf16(w.kvn, 1.f, seed + 1),
+                             dout = rand_bf16(w.on, 1.f, seed + 2);
+    std::vector<double> rout(w.on, 0.0), rlse(w.ln, 0.0);
+    ref_forward(w, q, kv, rout, rlse);
+    const std::vector<uint16_t> out_init(w.on, 0x7fc1);  // NaN: every in-view element must be written
+    const std::vector<float> lse_init(w.ln, NAN);
+    std::vector<uint16_t> out = out_init;
+    std::vector<float> lse = lse_init;
+    bool ok;
+    run_forward<D>(w, q, kv, out, lse, &ok);
+    const std::string n = std::string("HS=") + std::to_string(D) + " " + name;
+    check(ok, n + ": forward shared-memory accesses in range and aligned");
+    const size_t KC = (size_t)s.kv_heads() * s.HS;
+    compare(n + ": forward out", out, rout, mask_rows(w.on, s.B, s.Tq, s.NH, s.HS, s.ob(), s.o_stride, 0), out_init, 1e-2);
+    compare(n + ": forward lse", lse, rlse, mask_lse(s, w.ln), lse_init, 1e-5);
+
+    // Backward from the kernel's own out (bf16) and lse, as training runs it.
+    const std::vector<float> outf = bits_to_f(out);
+    std::vector<float> lse_in = lse;
+    for (size_t i = 0; i < lse_in.size(); i++)
+        if (!std::isfinite(lse_in[i])) lse_in[i] = 0.f;  // outside the view: never read
+    std::vector<double> rdq(w.qn, 0.0), rdkv(w.kvn, 0.0);
+    ref_backward(w, q, kv, dout, outf, lse_in, rdq, rdkv);
+    const std::vector<uint16_t> dq_init(w.qn, 0x7fc1), dkv_init(w.kvn, 0x7fc1);
+    std::vector<uint16_t> dq = dq_init, dkv = dkv_init;
+    const std::vector<float> Dv = d_vector(s, dout, outf);
+    ok = run_backward<D, uint16_t, false>(w, 0, to_bits(q), to_bits(kv), to_bits(dout), lse_in, Dv, dq, dkv);
+    check(ok, n + ": backward shared-memory accesses in range and aligned");
+    compare(n + ": backward dq", dq, rdq, mask_rows(w.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0), dq_init, 1e-2);
+    std::vector<char> kvm = mask_rows(w.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, 0);
+    const std::vector<char> vm = mask_rows(w.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, KC);
+    for (size_t i = 0; i < kvm.size(); i++) kvm[i] |= vm[i];
+    compare(n + ": backward dk|dv", dkv, rdkv, kvm, dkv_init, 1e-2);
+}
+
+// Ring attention: queries against two key blocks (rows [0, T1) and [T1, Tk)
+// of the k|v buffer), the second merged into the first's fp32 (out, lse);
+// then the block backward adds both blocks' gradients into fp32 buffers.
+template <int D>
+static void test_ring(const char* name, const View& full, int T1, uint32_t seed) {
+    const AttnShape& s = full.s;
+    const std::vector<float> q = rand_bf16(full.qn, 1.f, seed), kv = rand_bf16(full.kvn, 1.f, seed + 1),
+                             dout = rand_bf16(full.on, 1.f, seed + 2);
+    std::vector<double> rout(full.on, 0.0), rlse(full.ln, 0.0);
+    ref_forward(full, q, kv, rout, rlse);
+    View b1 = full, b2 = full;
+    b1.s.Tk = T1;
+    b2.s.Tk = s.Tk - T1;
+    b1.s.kv_bstride = b2.s.kv_bstride = full.s.kb();  // blocks address rows of the whole sequences
+    const std::vector<uint16_t> qb = to_bits(q), kvb = to_bits(kv);
+    const std::vector<float> out_init = rand_bf16(full.on, 3.f, seed + 3), lse_init = rand_bf16(full.ln, 3.f, seed + 4);
+    std::vector<float> out = out_init, lse = lse_init;
+    bool ok = run_block_forward<D, false>(b1, qb, kvb, 0, out, lse);
+    ok &= run_block_forward<D, true>(b2, qb, kvb, T1, out, lse);
+    const std::string n = std::string("HS=") + std::to_string(D) + " " + name;
+    check(ok, n + ": block forward shared-memory accesses in range and aligned");
+    compare(n + ": block forward out (fp32, first + merge)", out, rout,
+            mask_rows(full.on, s.B, s.Tq, s.NH, s.HS, s.ob(), s.o_stride, 0), out_init, 1e-2);
+    compare(n + ": block forward lse", lse, rlse, mask_lse(s, full.ln), lse_init, 1e-5);
+
+    // Backward with the global out (bf16-rounded reference) and lse.
+    std::vector<float> outf(full.on), lse_in(full.ln);
+    for (size_t i = 0; i < outf.size(); i++) outf[i] = b2f(f2b((float)rout[i]));
+    for (size_t i = 0; i < lse_in.size(); i++) lse_in[i] = std::isfinite(rlse[i]) ? (float)rlse[i] : 0.f;
+    const std::vector<float> dq0 = rand_bf16(full.qn, 0.1f, seed + 5), dkv0 = rand_bf16(full.kvn, 0.1f, seed + 6);
+    std::vector<double> rdq(dq0.begin(), dq0.end()), rdkv(dkv0.begin(), dkv0.end());
+    ref_backward(full, q, kv, dout, outf, lse_in, rdq, rdkv);
+    std::vector<float> dq = dq0, dkv = dkv0;
+    const std::vector<float> Dv = d_vector(s, dout, outf);
+    const std::vector<uint16_t> dob = to_bits(dout);
+    ok = run_backward<D, float, true>(b1, 0, qb, kvb, dob, lse_in, Dv, dq, dkv);
+    ok &= run_backward<D, float, true>(b2, T1, qb, kvb, dob, lse_in, Dv, dq, dkv);
+    check(ok, n + ": block backward shared-memory accesses in range and aligned");
+    const size_t KC = (size_t)s.kv_heads() * s.HS;
+    compare(n + ": block backward dq (fp32 +=)", dq, rdq, mask_rows(full.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0), dq0,
+            1e-2);
+    std::vector<char> kvm = mask_rows(full.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, 0);
+    const std::vector<char> vm = mask_rows(full.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, KC);
+    for (size_t i = 0; i < kvm.size(); i++) kvm[i] |= vm[i];
+    compare(n + ": block backward dk|dv (fp32 +=)", dkv, rdkv, kvm, dkv0, 1e-2);
+}
+
+int main() {
+    test_mappings();
+    test_addressing();
+    test_warp_tile();
+    std::printf("kernel bodies on the emulated GPU (against fp64 attention)\n");
+    // Causal, T not a multiple of any tile, several query tiles (skips, diagonal masks).
+    test_plain<64>("causal B=1 NH=2 T=200", make_view(1, 2, 64, 200, 200, true, 0, false), 10);
+    test_plain<128>("causal B=1 NH=1 T=150", make_view(1, 1, 128, 150, 150, true, 0, false), 20);
+    // Non-causal Tq != Tk, padded rows, gaps between sequences, strided lse.
+    test_plain<64>("non-causal B=2 NH=2 Tq=70 Tk=130 strided", make_view(2, 2, 64, 70, 130, false, 8, true), 30);
+    test_plain<128>("non-causal B=2 NH=1 Tq=40 Tk=90 strided", make_view(2, 1, 128, 40, 90, false, 16, true), 40);
+    // Ring blocks: keys split in two, merged (forward) and accumulated (backward).
+    test_ring<64>("ring B=2 NH=1 Tq=72 Tk=40+60", make_view(2, 1, 64, 72, 100, false, 8, true), 40, 50);
+    test_ring<128>("ring B=1 NH=2 Tq=33 Tk=64+17", make_view(1, 2, 128, 33, 81, false, 0, false), 64, 60);
+    // Grouped-query attention (2:1 and 4:1): the forward and dq read the
+    // shared kv head; dk/dv blocks loop over the group's query heads (the
+    // double buffering running on across heads), summing them.
+    test_plain<64>("GQA 2:1 causal B=1 NH=4 NKV=2 T=130", make_view(1, 4, 64, 130, 130, true, 0, false, 2), 70);
+    test_plain<128>("GQA 4:1 causal B=1 NH=4 NKV=1 T=70", make_view(1, 4, 128, 70, 70, true, 0, false, 1), 80);
+    test_plain<64>("GQA 4:1 non-causal B=2 NH=8 NKV=2 Tq=40 Tk=100 strided",
+                   make_view(2, 8, 64, 40, 100, false, 8, true, 2), 90);
+    test_ring<64>("GQA 2:1 ring B=1 NH=2 NKV=1 Tq=50 Tk=64+30", make_view(1, 2, 64, 50, 94, false, 8, true, 1), 64,
+                  100);
+    test_ring<128>("GQA 4:1 ring B=1 NH=4 NKV=1 Tq=20 Tk=30+40", make_view(1, 4, 128, 20, 70, false, 0, false, 1), 30,
+                   110);
+    std::printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}

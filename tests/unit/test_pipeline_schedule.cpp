@@ -1,0 +1,164 @@
+// tests/unit/test_pipeline_schedule.cpp: the pipeline schedules of
+// llmc/parallel/pipeline_parallel.h, checked without running a model, for pp in
+// 1..8, vpp in 1..4 and several micro-batch counts:
+//   - every (micro-batch, virtual stage) is run forward once and backward
+//     once, on the stage that owns it, forward first, in the 1F1B (or
+//     interleaved) order the compute order promises;
+//   - every input a forward or backward needs arrives in an exchange before
+//     it, and every send meets its receive in the other stage's exchange of
+//     the same tick (what makes the groups deadlock-free), with sends in
+//     tick order;
+//   - activation slots are never shared by two micro-batches in flight,
+//     receive buffers never overwritten before their op has read them;
+//   - micro-batches in flight: min(pp - s, m) on stage s under 1F1B
+//     (shared/reference.md section 7);
+//   - on a cost model (forward 1, backward 2, per chunk divided by vpp, free
+//     transfers) the bubble of every stage is (pp - 1) / (m·vpp) of its busy
+//     time, exactly;
+//   - the flags that do not fit give errors naming them.
+// Last line: "N passed, N failed".
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "llmc/parallel/pipeline_parallel.h"
+
+static int g_pass = 0, g_fail = 0;
+static bool check(bool ok, const std::string& what) {
+    (ok ? g_pass : g_fail)++;
+    if (!ok) std::printf("FAIL %s\n", what.c_str());
+    return ok;
+}
+
+static void test_schedule(int pp, int V, int m) {
+    const std::string tag = "pp=" + std::to_string(pp) + " vpp=" + std::to_string(V) + " m=" + std::to_string(m) + ": ";
+    PipeSchedule S;
+    try {
+        S = make_pipe_schedule(pp, V, m);
+    } catch (const std::exception& e) {
+        check(false, tag + e.what());
+        return;
+    }
+    const int nv = pp * V;
+    bool once = true, order_ok = true, inputs_ok = true, pairs_ok = true, slots_ok = true, bufs_ok = true;
+    // Per tick, the transfers each stage issues: (send?, from, to, mb, v, grad).
+    std::map<int, std::multiset<std::tuple<int, int, int, int, bool>>> sends, recvs;
+    std::map<std::tuple<int, int>, int> fwd_count, bwd_count;
+    for (int s = 0; s < pp; s++) {
+        // The compute order, as the actions list it.
+        std::vector<PipeAction> order = pipe_compute_order(pp, V, m, s), got;
+        std::map<int, int> buf_holder;                     // receive buffer -> message it holds (-1 free)
+        std::set<std::tuple<int, int, bool>> arrived;      // messages received so far
+        std::map<std::pair<int, int>, int> slot_owner;     // (chunk, slot) -> micro-batch
+        std::map<std::pair<int, int>, bool> done_fwd;
+        int last_tick = -1;
+        for (const PipeAction& a : S.stages[s]) {
+            if (a.tick < last_tick) order_ok = false;
+            last_tick = a.tick;
+            if (a.kind == PipeAction::Exchange) {
+                for (const PipeXfer& x : a.xfers) {
+                    auto key = std::make_tuple(x.send ? s : x.peer, x.send ? x.peer : s, x.msg.mb, x.msg.v, x.msg.grad);
+                    (x.send ? sends : recvs)[a.tick].insert(key);
+                    if (!x.send) {
+                        auto it = buf_holder.find(x.buf);
+                        if (it != buf_holder.end() && it->second >= 0) bufs_ok = false;  // still unread
+                        buf_holder[x.buf] = 1;
+                        arrived.insert({x.msg.mb, x.msg.v, x.msg.grad});
+                    }
+                }
+                continue;
+            }
+            got.push_back(a);
+            const int v = a.chunk * pp + s;
+            const bool fwd = a.kind == PipeAction::Forward;
+            if (fwd) fwd_count[{a.mb, v}]++;
+            else bwd_count[{a.mb, v}]++;
+            // Its input must have arrived, in the buffer the action names.
+            const bool needs = fwd ? v > 0 : v < nv - 1;
+            if (needs) {
+                if (!arrived.count({a.mb, fwd ? v - 1 : v + 1, !fwd}) || a.in_buf < 0 || buf_holder[a.in_buf] < 0)
+                    inputs_ok = false;
+                buf_holder[a.in_buf] = -1;
+            } else if (a.in_buf >= 0) {
+                inputs_ok = false;
+            }
+            if (fwd) {
+                if (slot_owner.count({a.chunk, a.slot}) && slot_owner[{a.chunk, a.slot}] >= 0) slots_ok = false;
+                slot_owner[{a.chunk, a.slot}] = a.mb;
+                done_fwd[{a.mb, v}] = true;
+            } else {
+                if (!done_fwd[{a.mb, v}] || slot_owner[{a.chunk, a.slot}] != a.mb) slots_ok = false;
+                slot_owner[{a.chunk, a.slot}] = -1;
+            }
+            if (a.slot < 0 || a.slot >= S.slots[s][a.chunk]) slots_ok = false;
+        }
+        if (got.size() != order.size()) order_ok = false;
+        for (size_t i = 0; i < got.size() && i < order.size(); i++)
+            if (got[i].kind != order[i].kind || got[i].mb != order[i].mb || got[i].chunk != order[i].chunk)
+                order_ok = false;
+        if (V == 1)
+            check(S.slots[s][0] == std::min(pp - s, m), tag + "stage " + std::to_string(s) + " keeps " +
+                                                            std::to_string(S.slots[s][0]) + " micro-batches, want " +
+                                                            std::to_string(std::min(pp - s, m)));
+    }
+    for (int mb = 0; mb < m; mb++)
+        for (int v = 0; v < nv; v++)
+            if (fwd_count[{mb, v}] != 1 || bwd_count[{mb, v}] != 1) once = false;
+    // Every send meets its receive in the same tick, and nothing else is received.
+    for (auto& kv : sends)
+        if (recvs[kv.first] != kv.second) pairs_ok = false;
+    for (auto& kv : recvs)
+        if (sends[kv.first] != kv.second) pairs_ok = false;
+    check(once, tag + "each micro-batch and virtual stage forward and backward once");
+    check(order_ok, tag + "actions in tick order and in the compute order");
+    check(inputs_ok, tag + "inputs arrive before their op, in the buffer it reads");
+    check(pairs_ok, tag + "sends and receives paired in the same tick");
+    check(slots_ok, tag + "activation slots not shared while in flight");
+    check(bufs_ok, tag + "receive buffers not overwritten before read");
+    // The bubble on the cost model.
+    std::vector<double> busy;
+    const double makespan = simulate_pipe_time(S, 1.0 / V, 2.0 / V, &busy);
+    const double want = (pp - 1.0) / ((double)m * V);
+    bool bubble_ok = true;
+    for (int s = 0; s < pp; s++)
+        if (std::fabs((makespan - busy[s]) / busy[s] - want) > 1e-9) bubble_ok = false;
+    check(bubble_ok, tag + "bubble (pp-1)/(m*vpp) = " + std::to_string(want) + " on every stage, got " +
+                         std::to_string((makespan - busy[0]) / busy[0]));
+}
+
+static void test_errors() {
+    struct Bad {
+        int pp, V, m;
+        const char* flag;
+    } bad[] = {{2, 1, 1, "-d"}, {4, 1, 3, "-d"}, {2, 2, 3, "-d"}, {4, 2, 6, "-d"}, {1, 2, 4, "--vpp"},
+               {0, 1, 4, "--pp"}, {2, 0, 4, "--vpp"}};
+    for (const Bad& b : bad) {
+        std::string got = "no error";
+        try {
+            make_pipe_schedule(b.pp, b.V, b.m);
+        } catch (const std::invalid_argument& e) {
+            got = e.what();
+        }
+        check(got.find(std::string("flag ") + b.flag) != std::string::npos,
+              "pp=" + std::to_string(b.pp) + " vpp=" + std::to_string(b.V) + " m=" + std::to_string(b.m) +
+                  " is refused naming " + b.flag + " (got: " + got + ")");
+    }
+}
+
+int main() {
+    for (int pp = 1; pp <= 8; pp++)
+        for (int V = 1; V <= 4; V++) {
+            if (pp == 1 && V > 1) continue;
+            for (int m : {pp, pp + 1, 2 * pp, 3 * pp + 1, 4 * pp, 8 * pp}) {
+                if (V > 1 && m % pp != 0) continue;
+                test_schedule(pp, V, m);
+            }
+        }
+    test_errors();
+    std::printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,311 @@
+// tests/unit/test_units.cpp: unit tests of the library pieces that the PyTorch
+// comparison does not reach, each against an independent truth: the
+// parameter-count formula of shared/reference.md, the llm.c file layout,
+// the schedule formula, statistics of the GPT-2 initialisation, and the
+// error paths (one message naming the file or flag, nothing half-written).
+// Last line: "N passed, N failed".
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmc/base/args.h"
+#include "llmc/backend/backend_cpu.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/model/config.h"
+#include "llmc/base/fileio.h"
+#include "llmc/model/gpt.h"
+#include "llmc/io/model_io.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/model/tensors.h"
+#include "llmc/run/train_config.h"
+#include "tests/lib/check.h"
+
+static bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+static void test_config_and_table() {
+    GPTConfig c;
+    std::string err;
+    CHECK(parse_model_spec("d12", &c, &err), "d12: %s", err.c_str());
+    CHECK(c.num_layers == 12 && c.channels == 768 && c.num_heads == 12 && c.vocab_size == 50257 &&
+              c.padded_vocab_size == 50304 && c.max_seq_len == 1024,
+          "d12 shape %s", config_string(c).c_str());
+    TensorTable t12(c);
+    // GPT-2 124M: 124,475,904 parameters with Vp = 50304 (llm.c's count).
+    CHECK(t12.total == 124475904ull && t12.total == gpt2_param_count(c), "d12 params %zu", t12.total);
+    CHECK(parse_model_spec("d24", &c, &err) && c.channels == 1536 && c.num_heads == 24, "d24");
+    CHECK(parse_model_spec("L=3,C=48,NH=3,V=97,T=24", &c, &err) && c.padded_vocab_size == 128, "odd spec");
+    {   // Heads: GPT-2 tied; Llama untied unless tied=1 (transformers' LlamaConfig default).
+        GPTConfig g, l, lt;
+        CHECK(parse_model_spec("L=3,C=48,NH=3,V=97,T=24", &g, &err) && g.tied, "gpt-2 spec tied");
+        CHECK(parse_model_spec("arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16", &l, &err) && !l.tied &&
+                  l.num_kv_heads == 2 && l.ffn == 72 && l.padded_vocab_size == 101,
+              "llama spec: untied by default, NKV, F, Vp = V");
+        CHECK(parse_model_spec("tied=1,arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16", &lt, &err) && lt.tied,
+              "llama spec tied=1 before arch");
+    }
+    TensorTable t(c);
+    CHECK(t.total == gpt2_param_count(c), "odd params %zu vs %zu", t.total, gpt2_param_count(c));
+    // Memory offsets tile the buffer; file offsets are a permutation of it.
+    size_t off = 0;
+    std::vector<char> covered(t.total, 0);
+    bool tiled = true, perm = true;
+    for (const TensorEntry& e : t.entries) {
+        tiled &= e.offset == off;
+        off += e.numel;
+        for (size_t i = 0; i < e.numel; i++) {
+            perm &= !covered[e.file_offset + i];
+            covered[e.file_offset + i] = 1;
+        }
+    }
+    CHECK(tiled && off == t.total, "memory offsets do not tile the buffer");
+    CHECK(perm, "file offsets overlap");
+    // Units: embeddings, one per block, final LayerNorm; each contiguous.
+    CHECK(t.num_units() == c.num_layers + 2, "units %d", t.num_units());
+    bool units_ok = true;
+    for (const TensorEntry& e : t.entries)
+        units_ok &= e.offset >= t.unit_begin[e.unit] && e.offset + e.numel <= t.unit_begin[e.unit + 1];
+    CHECK(units_ok, "tensor outside its unit");
+    // File order of llm.c: qkvw of layer 1 follows qkvw of layer 0.
+    CHECK(t.get(Param::qkvw, 1).file_offset == t.get(Param::qkvw, 0).file_offset + t.get(Param::qkvw, 0).numel,
+          "qkvw stacking");
+    CHECK(t.get(Param::wte).file_offset == 0 && t.get(Param::wpe).file_offset == 128 * 48, "wte/wpe file offsets");
+    CHECK(t.get(Param::qkvw, 2).decay && !t.get(Param::qkvb, 2).decay && !t.get(Param::ln1w, 0).decay &&
+              t.get(Param::wpe).decay,
+          "decay flags");
+    const char* bad[] = {"d0", "dx", "L=2,C=48,NH=5,V=97,T=8", "L=2,C=48,NH=3,V=97", "L=2,C=48,NH=3,V=97,T=8,Q=1",
+                         "L=2,C=48,NH=3,V=97,T=8,Vp=64", "L=-1,C=48,NH=3,V=97,T=8"};
+    for (const char* s : bad) {
+        err.clear();
+        CHECK(!parse_model_spec(s, &c, &err) && !err.empty(), "spec '%s' accepted", s);
+    }
+}
+
+static void test_args() {
+    TrainConfig cfg;
+    ArgParser p("train_gpt", "test");
+    add_train_options(p, cfg);
+    std::string usage = p.usage();
+    for (const Option& o : p.options()) {
+        CHECK(contains(usage, std::string("--") + o.name), "usage lacks --%s", o.name);
+        if (o.letter) CHECK(contains(usage, std::string("-") + o.letter + ","), "usage lacks -%c", o.letter);
+    }
+    const char* letters = "ijeobtdxluqcvmsgnyzra";
+    for (const char* l = letters; *l; l++) {
+        bool found = false;
+        for (const Option& o : p.options()) found |= o.letter == *l;
+        CHECK(found, "llm.c letter -%c missing", *l);
+    }
+    auto run = [&](std::vector<std::string> args, std::string* err) {
+        std::vector<char*> argv{(char*)"train_gpt"};
+        for (std::string& a : args) argv.push_back(&a[0]);
+        bool help;
+        return p.parse((int)argv.size(), argv.data(), &help, err);
+    };
+    std::string err;
+    CHECK(run({"-b", "3", "--seq-len=64", "--lr", "2e-4", "--device", "cpu"}, &err) && cfg.B == 3 && cfg.T == 64 &&
+              cfg.lr == 2e-4 && cfg.device == "cpu",
+          "good flags: %s", err.c_str());
+    struct Bad {
+        std::vector<std::string> args;
+        const char* must_name;
+    } bads[] = {{{"-b", "x"}, "-b"},          {{"--batch-size", "0"}, "--batch-size"}, {{"--nope", "1"}, "--nope"},
+                {{"-t"}, "-t"},               {{"--device", "tpu"}, "tpu"},            {{"-l", "1e999"}, "-l"},
+                {{"-y", "2"}, "-y"},          {{"-q", "1.5"}, "-q"}};
+    for (Bad& b : bads) {
+        err.clear();
+        CHECK(!run(b.args, &err) && contains(err, b.must_name) && err.find('\n') == std::string::npos,
+              "bad flags accepted or message '%s' lacks '%s'", err.c_str(), b.must_name);
+    }
+}
+
+static void test_schedule() {
+    OptimConfig o;
+    o.lr = 1e-3;
+    o.warmup_steps = 4;
+    o.final_lr_frac = 0.1;
+    o.max_steps = 20;
+    CHECK(std::fabs(lr_at(o, 0) - 2.5e-4) < 1e-18 && std::fabs(lr_at(o, 3) - 1e-3) < 1e-18, "warmup");
+    CHECK(std::fabs(lr_at(o, 4) - 1e-3) < 1e-15, "cosine start");
+    double mid = 1e-4 + 0.5 * (1 + std::cos(M_PI * 8.0 / 16.0)) * (1e-3 - 1e-4);
+    CHECK(std::fabs(lr_at(o, 12) - mid) < 1e-15, "cosine middle %g vs %g", lr_at(o, 12), mid);
+    o.final_lr_frac = 1.0;
+    CHECK(lr_at(o, 17) == 1e-3, "q=1 keeps lr constant");
+}
+
+// Statistics of the GPT-2 initialisation on a model big enough to measure.
+static void test_init() {
+    std::unique_ptr<Backend> be(make_cpu_backend(DType::F64));
+    GPTConfig c;
+    std::string err;
+    parse_model_spec("L=4,C=64,NH=4,V=500,T=64", &c, &err);
+    GPT m(be.get(), c, 1, 8);
+    m.init_random(7);
+    auto stats = [&](Param p, int layer, double* mean, double* sd) {
+        const TensorEntry& e = m.table().get(p, layer);
+        const double* x = (const double*)m.param(p, layer);
+        size_t n = p == Param::wte ? (size_t)c.vocab_size * c.channels : e.numel;
+        double s = 0, s2 = 0;
+        for (size_t i = 0; i < n; i++) s += x[i], s2 += x[i] * x[i];
+        *mean = s / n;
+        *sd = std::sqrt(s2 / n - *mean * *mean);
+    };
+    double mean, sd;
+    stats(Param::wte, 0, &mean, &sd);
+    CHECK(std::fabs(sd - 0.02) < 0.001 && std::fabs(mean) < 0.001, "wte sd %g", sd);
+    stats(Param::fcw, 1, &mean, &sd);
+    CHECK(std::fabs(sd - 0.02) < 0.001, "fcw sd %g", sd);
+    stats(Param::fcprojw, 2, &mean, &sd);
+    CHECK(std::fabs(sd - 0.02 / std::sqrt(8.0)) < 0.0005, "fcprojw sd %g (want %g)", sd, 0.02 / std::sqrt(8.0));
+    stats(Param::attprojw, 3, &mean, &sd);
+    CHECK(std::fabs(sd - 0.02 / std::sqrt(8.0)) < 0.0008, "attprojw sd %g", sd);
+    stats(Param::ln1w, 1, &mean, &sd);
+    CHECK(mean == 1.0 && sd == 0.0, "ln1w not ones");
+    stats(Param::qkvb, 0, &mean, &sd);
+    CHECK(mean == 0.0 && sd == 0.0, "qkvb not zero");
+    const double* wte = (const double*)m.param(Param::wte);
+    bool pad_zero = true;
+    for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++)
+        pad_zero &= wte[i] == 0.0;
+    CHECK(pad_zero, "padded wte rows not zero");
+    GPT m2(be.get(), c, 1, 8), m3(be.get(), c, 1, 8);
+    m2.init_random(7);
+    m3.init_random(8);
+    size_t bytes = m.table().total * sizeof(double);
+    CHECK(std::memcmp(m.params(), m2.params(), bytes) == 0, "same seed, different init");
+    CHECK(std::memcmp(m.params(), m3.params(), bytes) != 0, "different seeds, same init");
+}
+
+static std::string tmpdir() {
+    char tmpl[] = "/tmp/llmc_units_XXXXXX";
+    return mkdtemp(tmpl);
+}
+
+static void write_bytes(const std::string& path, const std::vector<char>& b) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(b.data(), 1, b.size(), f);
+    std::fclose(f);
+}
+static std::vector<char> read_bytes(const std::string& path) {
+    std::vector<char> b(file_size(path) > 0 ? file_size(path) : 0);
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (f) {
+        size_t got = std::fread(b.data(), 1, b.size(), f);
+        b.resize(got);
+        std::fclose(f);
+    }
+    return b;
+}
+
+static void test_model_io_and_checkpoint() {
+    std::string dir = tmpdir(), err;
+    std::unique_ptr<Backend> be(make_cpu_backend(DType::F32));
+    GPTConfig c;
+    parse_model_spec("L=2,C=48,NH=3,V=97,T=16", &c, &err);
+    GPT m(be.get(), c, 2, 8);
+    m.init_random(3);
+    std::string path = dir + "/m.bin";
+    CHECK(save_model(path, m, 3, &err), "save: %s", err.c_str());
+    std::vector<char> bytes = read_bytes(path);
+    CHECK(bytes.size() == 1024 + 4 * m.table().total, "model file size %zu", bytes.size());
+    // Header fields and the file order of a tensor, checked by hand.
+    const int* h = (const int*)bytes.data();
+    CHECK(h[0] == 20240326 && h[1] == 3 && h[2] == 16 && h[3] == 97 && h[4] == 2 && h[5] == 3 && h[6] == 48 &&
+              h[7] == 128,
+          "header");
+    const float* payload = (const float*)(bytes.data() + 1024);
+    const TensorEntry& q1 = m.table().get(Param::qkvw, 1);
+    CHECK(std::memcmp(payload + q1.file_offset, m.param(Param::qkvw, 1), q1.numel * 4) == 0, "qkvw[1] in file");
+    GPT m2(be.get(), c, 2, 8);
+    CHECK(load_model(path, m2, &err) && std::memcmp(m.params(), m2.params(), m.table().total * 4) == 0,
+          "round trip: %s", err.c_str());
+    // bf16 version: values within bf16 rounding.
+    std::string p5 = dir + "/m5.bin";
+    CHECK(save_model(p5, m, 5, &err) && file_size(p5) == (long long)(1024 + 2 * m.table().total), "v5 save");
+    GPT m5(be.get(), c, 2, 8);
+    CHECK(load_model(p5, m5, &err), "v5 load: %s", err.c_str());
+    double maxrel = 0;
+    for (size_t i = 0; i < m.table().total; i++) {
+        float a = ((float*)m.params())[i], b = ((float*)m5.params())[i];
+        if (a != 0) maxrel = std::max(maxrel, (double)std::fabs((a - b) / a));
+    }
+    CHECK(maxrel <= 1.0 / 256, "bf16 rounding %g", maxrel);
+    // Corrupt files: each error names the file.
+    struct Corrupt {
+        const char* name;
+        std::vector<char> data;
+    };
+    std::vector<char> badmagic = bytes, badver = bytes, trunc(bytes.begin(), bytes.end() - 10), shorth(bytes.begin(), bytes.begin() + 100);
+    ((int*)badmagic.data())[0] = 1234;
+    ((int*)badver.data())[1] = 4;
+    std::vector<char> badshape = bytes;
+    ((int*)badshape.data())[5] = 5;  // NH=5 does not divide C=48
+    Corrupt cs[] = {{"magic", badmagic}, {"version", badver}, {"trunc", trunc}, {"short", shorth}, {"shape", badshape}};
+    for (Corrupt& k : cs) {
+        std::string p = dir + "/bad_" + k.name + ".bin";
+        write_bytes(p, k.data);
+        err.clear();
+        GPTConfig cc;
+        int v;
+        CHECK(!read_model_header(p, &cc, &v, &err) && contains(err, p), "corrupt %s accepted (%s)", k.name, err.c_str());
+    }
+    err.clear();
+    GPTConfig other;
+    parse_model_spec("L=2,C=48,NH=3,V=98,T=16", &other, &err);
+    GPT mo(be.get(), other, 1, 4);
+    CHECK(!load_model(path, mo, &err) && contains(err, "does not match"), "shape mismatch accepted");
+
+    // Checkpoint round trip, including Adam state and the RNG.
+    for (size_t i = 0; i < m.table().total; i++) ((float*)m.adam_m())[i] = 0.001f * (float)i, ((float*)m.adam_v())[i] = 1e-6f * (float)i;
+    TrainState st{7, 0x123456789abcdefull, 4242};
+    std::string ck = dir + "/ck";
+    RunInfo run;
+    run.max_steps = 11;
+    run.total_batch = 64;
+    CHECK(save_checkpoint(ck, m, CheckpointOwner(), st, run, &err), "checkpoint: %s", err.c_str());
+    CHECK(latest_checkpoint(ck) == 7, "latest %d", latest_checkpoint(ck));
+    GPT m3(be.get(), c, 2, 8);
+    TrainState st3;
+    RunInfo run3;
+    CHECK(load_checkpoint(ck, 7, m3, &st3, &run3, &err), "load checkpoint: %s", err.c_str());
+    CHECK(run3.max_steps == 11 && run3.total_batch == 64, "checkpoint run info");
+    size_t P = m.table().total;
+    CHECK(std::memcmp(m.params(), m3.params(), P * 4) == 0 && std::memcmp(m.adam_m(), m3.adam_m(), P * 4) == 0 &&
+              std::memcmp(m.adam_v(), m3.adam_v(), P * 4) == 0,
+          "checkpoint payload");
+    CHECK(st3.step == 7 && st3.rng_state == st.rng_state && st3.rows_consumed == 4242, "checkpoint state");
+    // A torn checkpoint (no DONE file) is never resumed from.
+    std::remove(done_path(ck, 7).c_str());
+    CHECK(latest_checkpoint(ck) == -1, "torn checkpoint taken");
+    // A truncated shard is refused with its name.
+    std::string sp = checkpoint_dir(ck, 7) + "/shard_00000.bin";
+    std::vector<char> sb = read_bytes(sp);
+    sb.resize(sb.size() - 4);
+    write_bytes(sp, sb);
+    err.clear();
+    CHECK(!load_checkpoint(ck, 7, m3, &st3, &run3, &err) && contains(err, sp), "truncated shard accepted (%s)",
+          err.c_str());
+    // A corrupt index is refused with its name.
+    write_bytes(checkpoint_dir(ck, 7) + "/index.json", std::vector<char>{'{', 'x'});
+    err.clear();
+    CHECK(!load_checkpoint(ck, 7, m3, &st3, &run3, &err) && contains(err, "index.json"), "corrupt index accepted (%s)",
+          err.c_str());
+    // No temporary files are left behind; the torn checkpoint is cleaned.
+    CHECK(std::system(("ls " + dir + " " + ck + " | grep -q '[.]tmp[.]'").c_str()) != 0, "temporary files left");
+    CHECK(clean_checkpoints(ck, 0) == 1 && access(checkpoint_dir(ck, 7).c_str(), F_OK) != 0, "torn checkpoint not cleaned");
+    std::system(("rm -rf " + dir).c_str());
+}
+
+int main() {
+    test_config_and_table();
+    test_args();
+    test_schedule();
+    test_init();
+    test_model_io_and_checkpoint();
+    return check_summary();
+}
