@@ -3,7 +3,7 @@
 A shard is a header of 256 little-endian int32 followed by the tokens:
   [0]=20240520 [1]=1 [2]=count, then count uint16 tokens   (vocab <= 65536)
   [0]=20240801 [1]=7 [2]=count, then count uint32 tokens   (larger vocabs)
-This is the format llmc/io/dataloader.cpp reads (see reference.md section 1).
+This is the format llmc/io/dataloader.cpp reads (see docs/design.md section 1).
 
 write_shard picks the narrowest format the vocabulary allows and writes
 through a temporary file renamed into place, so a reader (or a crash) never

@@ -34,7 +34,7 @@ uint64_t CommCounts::total_bytes() const {
 }
 
 // Bytes one rank sends for one call with ring algorithms (the convention of
-// shared/reference.md section 6), from the element count of the full buffer:
+// docs/design.md section 6), from the element count of the full buffer:
 // all-reduce 2·n·(g-1)/g; reduce-scatter and all-gather n·(g-1)/g; broadcast
 // and send n. Integer arithmetic in 64 bits, the product taken before the
 // division, so the numbers can be compared exactly against the formula.

@@ -9,7 +9,7 @@
 // Every call is counted per group and per kind (calls, and bytes a rank
 // sends with ring algorithms: all-reduce 2·n·(g-1)/g, reduce-scatter and
 // all-gather n·(g-1)/g for n elements of the full buffer, broadcast n,
-// send n), so reports can be checked against shared/reference.md section 6.
+// send n), so reports can be checked against docs/design.md section 6.
 //
 // Asynchrony: start_* calls return a handle and may run while the caller
 // computes (NCCL: a side stream ordered after the work already issued on the

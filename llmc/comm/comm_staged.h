@@ -3,7 +3,7 @@
 // stream, copies device -> pinned host buffers, runs the MPI operation there
 // (llmc/comm/comm_mpi.h; bf16 sums through its fp32 round-to-nearest-even op) and
 // copies the result back on the compute stream. Slow, but several ranks can
-// share one GPU, which NCCL refuses (shared/reference.md section 8). Every
+// share one GPU, which NCCL refuses (docs/design.md section 8). Every
 // call is complete when it returns (handles are 0; wait() does nothing).
 // Plain C++ header; the CUDA code is in comm_staged.cu. Exists only in
 // builds with both MPI and CUDA.

@@ -1,5 +1,5 @@
-// llmc/io/checkpoint.cpp: sharded checkpoints and the model export (see
-// checkpoint.h). The index is JSON, read and written with nlohmann-json.
+// llmc/io/checkpoint.cpp: sharded checkpoints (llmc/io/checkpoint.h). The
+// index is JSON, read and written with nlohmann-json.
 #include "llmc/io/checkpoint.h"
 
 #include <dirent.h>
@@ -17,8 +17,7 @@
 #include <vector>
 
 #include "llmc/base/fileio.h"
-#include "llmc/io/model_io.h"
-#include "llmc/comm/dist.h"
+#include "llmc/io/checkpoint_legacy.h"
 
 using json = nlohmann::json;
 
@@ -34,35 +33,10 @@ std::string done_path(const std::string& dir, int step) {
     return dir + "/" + name;
 }
 
-static std::string state_path(const std::string& dir, int step) {  // the earlier format
-    char name[32];
-    std::snprintf(name, sizeof(name), "state_%08d.bin", step);
-    return dir + "/" + name;
-}
-
 static std::string shard_name(int rank) {
     char name[32];
     std::snprintf(name, sizeof(name), "shard_%05d.bin", rank);
     return name;
-}
-
-std::string RunInfo::layout() const {
-    return "world " + std::to_string(world) + " = pp " + std::to_string(pp) + (vpp > 1 ? "(x" + std::to_string(vpp) + ")" : "") +
-           " x dp " + std::to_string(dp) + " x cp " + std::to_string(cp) + " x tp " + std::to_string(tp) +
-           (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
-           ", recompute " + recompute;
-}
-
-static void put_u64(int* h, int at, uint64_t x) {
-    h[at] = (int)(uint32_t)(x & 0xffffffffu);
-    h[at + 1] = (int)(uint32_t)(x >> 32);
-}
-static uint64_t get_u64(const int* h, int at) { return (uint64_t)(uint32_t)h[at] | ((uint64_t)(uint32_t)h[at + 1] << 32); }
-
-// Every rank's verdict, the same on all (the lowest failing rank's message).
-static bool agree(bool ok, std::string* err) {
-    std::string msg = ok ? std::string() : *err;
-    return dist_all_ok(ok, msg, err);
 }
 
 // ---- pieces: runs of model-file elements ------------------------------------------------------
@@ -80,7 +54,7 @@ struct OwnedRuns {
     size_t elems = 0;
 };
 
-static OwnedRuns owned_runs(const GPT& model, bool sharded, const CheckpointOwner& own) {
+static OwnedRuns owned_runs(const GPT& model, bool sharded, const Ownership& own) {
     OwnedRuns r;
     model.for_each_owned(sharded, own.whole_owner, own.replicated_owner, [&](size_t f, size_t o, size_t n) {
         r.runs.push_back({o, n});
@@ -104,7 +78,7 @@ static OwnedRuns owned_runs(const GPT& model, bool sharded, const CheckpointOwne
 
 // ---- writing ---------------------------------------------------------------------------------
 
-static bool write_shard(const std::string& path, GPT& model, const CheckpointOwner& own, int rank, int world,
+static bool write_shard(const std::string& path, GPT& model, const Ownership& own, int rank, int world,
                         std::string* err) {
     const Precision& p = model.precision();
     const DType wt = model.weights_dtype(), ot = p.opt;
@@ -142,14 +116,14 @@ static bool write_shard(const std::string& path, GPT& model, const CheckpointOwn
     return f.commit(err);
 }
 
-bool save_checkpoint(const std::string& dir, GPT& model, const CheckpointOwner& own, const TrainState& st,
+bool save_checkpoint(const std::string& dir, GPT& model, const Ownership& own, const TrainState& st,
                      const RunInfo& run, std::string* err) {
     const int rank = own.world ? own.world->rank() : 0, world = own.world ? own.world->size() : 1;
     const std::string cdir = checkpoint_dir(dir, st.step);
     bool ok = rank != 0 || make_dirs(cdir, err);
-    if (!agree(ok, err)) return false;
+    if (!all_ranks_ok(ok, err)) return false;
     ok = write_shard(cdir + "/" + shard_name(rank), model, own, rank, world, err);
-    if (!agree(ok, err)) return false;
+    if (!all_ranks_ok(ok, err)) return false;
     if (rank == 0) {
         const GPTConfig& c = model.config();
         const Precision& p = model.precision();
@@ -184,7 +158,7 @@ bool save_checkpoint(const std::string& dir, GPT& model, const CheckpointOwner& 
         if (ok && !f.open(done_path(dir, st.step), err)) ok = false;
         if (ok) ok = f.commit(err);
     }
-    return agree(ok, err);
+    return all_ranks_ok(ok, err);
 }
 
 // ---- finding and cleaning --------------------------------------------------------------------
@@ -236,7 +210,7 @@ int clean_checkpoints(const std::string& dir, int keep) {
             } else {
                 complete.push_back(s);
             }
-        } else if (std::sscanf(n.c_str(), "DONE_%d%c", &s, &tail) == 1 && file_size(state_path(dir, s)) >= 0) {
+        } else if (std::sscanf(n.c_str(), "DONE_%d%c", &s, &tail) == 1 && file_size(legacy_state_path(dir, s)) >= 0) {
             complete.push_back(s);  // the earlier format
         }
     }
@@ -247,7 +221,7 @@ int clean_checkpoints(const std::string& dir, int keep) {
         // DONE first: a crash half-way leaves a torn checkpoint, cleaned next time.
         std::remove(done_path(dir, s).c_str());
         if (is_dir(checkpoint_dir(dir, s))) remove_tree(checkpoint_dir(dir, s));
-        std::remove(state_path(dir, s).c_str());
+        std::remove(legacy_state_path(dir, s).c_str());
         char name[32];
         std::snprintf(name, sizeof(name), "/model_%08d.bin", s);
         std::remove((dir + name).c_str());
@@ -429,99 +403,11 @@ bool all_finite(const void* p, DType t, size_t n) {
     return true;
 }
 
-// ---- the earlier one-file format -----------------------------------------------------------
-
-bool read_state_header(const std::string& path, int* h, std::string* err) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) {
-        *err = "checkpoint " + path + ": cannot open";
-        return false;
-    }
-    bool ok = std::fread(h, 4, kHeaderInts, f) == (size_t)kHeaderInts;
-    std::fclose(f);
-    if (!ok) {
-        *err = "checkpoint " + path + ": truncated header";
-        return false;
-    }
-    if (h[0] != kStateMagic || h[1] != 1) {
-        *err = "checkpoint " + path + ": bad magic/version " + std::to_string(h[0]) + "/" + std::to_string(h[1]);
-        return false;
-    }
-    return true;
-}
-
-GPTConfig header_config(const int* h) {
-    GPTConfig c;
-    c.max_seq_len = h[5];
-    c.vocab_size = h[6];
-    c.num_layers = h[7];
-    c.num_heads = h[8];
-    c.channels = h[9];
-    c.padded_vocab_size = h[10];
-    return c;
-}
-
-bool float_dtype(int t) { return t == (int)DType::F32 || t == (int)DType::F64 || t == (int)DType::BF16; }
-
-bool load_state_file(const std::string& path, GPT& model, TrainState* st, std::string* err) {
-    int h[kHeaderInts];
-    if (!read_state_header(path, h, err)) return false;
-    if (header_config(h) != model.config()) {
-        *err = "checkpoint " + path + ": shape " + config_string(header_config(h)) + " does not match the model " +
-               config_string(model.config());
-        return false;
-    }
-    if (!float_dtype(h[3]) || !float_dtype(h[4])) {
-        *err = "checkpoint " + path + ": bad dtype fields";
-        return false;
-    }
-    DType wt = (DType)h[3], ot = (DType)h[4];
-    size_t P = model.table().file_params;
-    long long expect = kHeaderInts * 4LL + (long long)(P * (dtype_size(wt) + 2 * dtype_size(ot)));
-    if (file_size(path) != expect) {
-        *err = "checkpoint " + path + ": size " + std::to_string(file_size(path)) + " bytes, expected " +
-               std::to_string(expect) + " (truncated or corrupt)";
-        return false;
-    }
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-    if (!f || std::fseek(f.get(), kHeaderInts * 4, SEEK_SET) != 0) {
-        *err = "checkpoint " + path + ": cannot read";
-        return false;
-    }
-    std::vector<char> buf(P * dtype_size(wt));
-    bool ok = std::fread(buf.data(), 1, buf.size(), f.get()) == buf.size();
-    if (ok) model.set_weights_file_order(buf.data(), wt);
-    buf.resize(P * dtype_size(ot));
-    const Precision& p = model.precision();
-    ok = ok && std::fread(buf.data(), 1, buf.size(), f.get()) == buf.size();
-    if (ok) model.set_file_order(model.adam_m(), model.sharding().optimizer, p.opt, buf.data(), ot);
-    ok = ok && std::fread(buf.data(), 1, buf.size(), f.get()) == buf.size();
-    if (ok) model.set_file_order(model.adam_v(), model.sharding().optimizer, p.opt, buf.data(), ot);
-    if (!ok) {
-        *err = "checkpoint " + path + ": cannot read payload";
-        return false;
-    }
-    st->step = h[2];
-    st->rng_state = get_u64(h, 11);
-    st->rows_consumed = get_u64(h, 13);
-    return true;
-}
-
 }  // namespace
 
 bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, std::string* err) {
-    if (!is_dir(checkpoint_dir(dir, step)) && file_size(state_path(dir, step)) >= 0) {
-        int h[kHeaderInts];
-        if (!read_state_header(state_path(dir, step), h, err)) return false;
-        GPTConfig c = header_config(h);
-        std::string why;
-        if (!validate_config(c, &why)) {
-            *err = "checkpoint " + state_path(dir, step) + ": bad shape: " + why;
-            return false;
-        }
-        *cfg = c;
-        return true;
-    }
+    if (!is_dir(checkpoint_dir(dir, step)) && file_size(legacy_state_path(dir, step)) >= 0)
+        return read_legacy_config(legacy_state_path(dir, step), cfg, err);
     Index ix;
     if (!read_index(dir, step, &ix, err)) return false;
     *cfg = ix.cfg;
@@ -529,10 +415,10 @@ bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, st
 }
 
 bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* st, RunInfo* run, std::string* err) {
-    if (!is_dir(checkpoint_dir(dir, step)) && file_size(state_path(dir, step)) >= 0) {
+    if (!is_dir(checkpoint_dir(dir, step)) && file_size(legacy_state_path(dir, step)) >= 0) {
         *run = RunInfo();
         run->world = 0;  // unknown
-        return load_state_file(state_path(dir, step), model, st, err);
+        return load_legacy_state(legacy_state_path(dir, step), model, st, err);
     }
     Index ix;
     if (!read_index(dir, step, &ix, err)) return false;
@@ -585,74 +471,4 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
     *st = ix.st;
     *run = ix.run;
     return true;
-}
-
-// ---- the model export --------------------------------------------------------------------------
-
-WeightGather::~WeightGather() {
-    if (tmp_) model_.backend().release(tmp_);
-}
-
-const std::vector<char>& WeightGather::gather(size_t fo, size_t n) {
-    Backend& be = model_.backend();
-    const DType wt = model_.weights_dtype();
-    const size_t ws = dtype_size(wt);
-    host_.assign(n * ws, 0);
-    model_.for_each_owned(model_.weights_sharded(), own_.whole_owner, own_.replicated_owner,
-                          [&](size_t fr, size_t o, size_t k) {
-                              const size_t b = std::max(fr, fo), en = std::min(fr + k, fo + n);
-                              if (b < en)
-                                  be.download(host_.data() + (b - fo) * ws, wt,
-                                              elem_ptr(model_.weights(), wt, o + (b - fr)), wt, en - b);
-                          });
-    if (own_.world && own_.world->size() > 1) {
-        if (n > tmp_elems_) {
-            if (tmp_) be.release(tmp_);
-            tmp_ = be.alloc(n * ws);
-            tmp_elems_ = n;
-        }
-        CommCounts saved = own_.world->counts();  // export traffic is not step traffic
-        be.upload(tmp_, wt, host_.data(), wt, n);
-        own_.world->all_reduce(tmp_, n, wt, ReduceOp::Sum);
-        be.download(host_.data(), wt, tmp_, wt, n);
-        own_.world->counts() = saved;
-    }
-    return host_;
-}
-
-bool export_model(const std::string& path, GPT& model, const CheckpointOwner& own, int version, std::string* err) {
-    const int rank = own.world ? own.world->rank() : 0;
-    const GPTConfig& c = model.config();
-    const DType wt = model.weights_dtype(), ft = version == 5 ? DType::BF16 : DType::F32;
-    AtomicWriter f;
-    bool ok = true;
-    if (rank == 0) {
-        const std::vector<int> h = model_file_header(c, version);
-        ok = f.open(path, err) && f.write(h.data(), h.size() * sizeof(int));
-    }
-    if (!agree(ok, err)) return false;
-    // The whole model's tensors in file order, one at a time: every rank
-    // writes what it owns of the tensor into a zeroed buffer, a sum over the
-    // world assembles it (each element has one owner), rank 0 appends it.
-    const TensorTable whole(c);
-    std::vector<const TensorEntry*> order;
-    for (const TensorEntry& e : whole.entries) order.push_back(&e);
-    std::sort(order.begin(), order.end(),
-              [](const TensorEntry* x, const TensorEntry* y) { return x->file_offset < y->file_offset; });
-    std::vector<char> out;
-    WeightGather gather(model, own);
-    for (const TensorEntry* e : order) {
-        const size_t n = e->file_rows * e->file_cols;
-        const std::vector<char>& host = gather.gather(e->file_offset, n);
-        if (rank == 0 && ok) {
-            out.resize(n * dtype_size(ft));
-            convert_host(out.data(), ft, host.data(), wt, n);
-            ok = f.write(out.data(), out.size());
-        }
-    }
-    if (rank == 0) {
-        if (!ok && err->empty()) *err = "cannot write " + path;
-        ok = ok ? f.commit(err) : false;
-    }
-    return agree(ok, err);
 }

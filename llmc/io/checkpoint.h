@@ -1,5 +1,4 @@
-// llmc/io/checkpoint.h: training checkpoints that scale, and the llm.c model
-// file as an export.
+// llmc/io/checkpoint.h: training checkpoints that scale.
 //
 // A checkpoint after S completed steps, in the output directory:
 //   ckpt_SSSSSSSS/index.json        what the checkpoint is: the model shape,
@@ -31,49 +30,24 @@
 // Files are written under temporary names and renamed; a killed run leaves
 // only temporaries and torn checkpoints, which clean_checkpoints() removes.
 // Checkpoints of the earlier format (state_SSSSSSSS.bin, one file with the
-// whole model) still load.
+// whole model) still load (llmc/io/checkpoint_legacy.h). The llm.c model
+// file export is llmc/io/model_io.h.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "llmc/comm/comm.h"
+#include "llmc/io/train_state.h"
+#include "llmc/io/weight_gather.h"
 #include "llmc/model/gpt.h"
-
-constexpr int kStateMagic = 20241122;  // the earlier, one-file format
-constexpr int kShardMagic = 20241124;
-
-struct TrainState {
-    int step = 0;                // completed optimizer steps
-    uint64_t rng_state = 0;      // sampling RNG
-    uint64_t rows_consumed = 0;  // rows of the training stream used so far
-};
-
-// The flags and layout of the run that wrote a checkpoint (a resume compares
-// them with its own and says what changed).
-struct RunInfo {
-    int max_steps = 0;
-    long long total_batch = 0;
-    int B = 0, T = 0;
-    int world = 1, pp = 1, vpp = 1, dp = 1, cp = 1, tp = 1, sp = 0, zero = 0;
-    std::string recompute = "none";
-    std::string layout() const;  // "world 8 = pp 2 x dp 2 x cp 1 x tp 2, ZeRO 1, B=4"
-};
-
-// Which elements this rank writes (see above). world: the group of all ranks
-// (null for one process).
-struct CheckpointOwner {
-    Comm* world = nullptr;
-    bool whole_owner = true;
-    bool replicated_owner = true;
-};
 
 std::string checkpoint_dir(const std::string& dir, int step);
 std::string done_path(const std::string& dir, int step);
 
 // Writes the checkpoint of st.step into dir. Collective over own.world;
 // every rank returns the same verdict (false with *err naming the file).
-bool save_checkpoint(const std::string& dir, GPT& model, const CheckpointOwner& own, const TrainState& st,
+bool save_checkpoint(const std::string& dir, GPT& model, const Ownership& own, const TrainState& st,
                      const RunInfo& run, std::string* err);
 
 // Largest S with a complete checkpoint in dir (DONE_S written), or -1.
@@ -92,31 +66,3 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
 // One rank (rank 0) calls it. Returns the number of entries removed.
 int clean_checkpoints(const std::string& dir, int keep);
 
-// Assembles ranges of the whole model's weights, in model-file order, on
-// rank 0 for the exports: every rank downloads what it owns of the range
-// into a zeroed buffer and a sum over own.world completes it (each element
-// has one owner; the sum's bytes are not counted as step traffic). One
-// range's buffer at a time, so no rank holds more than one tensor beside
-// its buffers. Collective: every rank calls gather() for the same ranges.
-class WeightGather {
-  public:
-    WeightGather(GPT& model, const CheckpointOwner& own) : model_(model), own_(own) {}
-    ~WeightGather();
-    WeightGather(const WeightGather&) = delete;
-    WeightGather& operator=(const WeightGather&) = delete;
-    // n elements from file offset fo, in the weights' dtype; whole on rank 0.
-    const std::vector<char>& gather(size_t fo, size_t n);
-
-  private:
-    GPT& model_;
-    CheckpointOwner own_;
-    std::vector<char> host_;
-    void* tmp_ = nullptr;  // the device buffer of the sum
-    size_t tmp_elems_ = 0;
-};
-
-// Writes the weights as an llm.c model file (version 3 fp32, 5 bf16),
-// tensor by tensor: each tensor is gathered over own.world from its owners
-// and rank 0 appends it, so no rank holds more than one tensor beside its
-// buffers. Collective; every rank returns the same verdict.
-bool export_model(const std::string& path, GPT& model, const CheckpointOwner& own, int version, std::string* err);

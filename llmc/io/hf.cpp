@@ -156,7 +156,7 @@ bool read_hf_config(const std::string& dir, GPTConfig* cfg, std::string* err) {
         c.max_seq_len = r.integer("n_positions", 1024);
         const double eps = r.real("layer_norm_epsilon", 1e-5);
         if (!r.ok) return false;
-        // The LayerNorm here uses 1e-5 (shared/reference.md section 2).
+        // The LayerNorm here uses 1e-5 (docs/design.md section 2).
         if (std::fabs(eps - 1e-5) > 1e-12) return r.fail("layer_norm_epsilon " + j["layer_norm_epsilon"].dump() +
                                                       " is not supported (GPT-2's LayerNorm here uses 1e-5)");
         c.norm_eps = 1e-5;
@@ -257,12 +257,6 @@ bool ignorable(const GPTConfig& c, const std::string& name) {
     return ends(".attn.bias") || ends(".attn.masked_bias") || name == "lm_head.weight";
 }
 
-std::string shape_text(const std::vector<uint64_t>& s) {
-    std::string t = "[";
-    for (size_t i = 0; i < s.size(); i++) t += (i ? ", " : "") + std::to_string(s[i]);
-    return t + "]";
-}
-
 // out (cols x rows) = transpose of in (rows x cols), elements of es bytes.
 void transpose_bytes(void* out, const void* in, size_t rows, size_t cols, size_t es) {
     const char* s = static_cast<const char*>(in);
@@ -346,7 +340,7 @@ bool load_hf(const std::string& dir, GPT& model, std::string* err) {
         const StTensor& t = *it->second.second;
         const std::string tw = files[it->second.first].path() + ": tensor " + h.name + ": ";
         if (t.shape != h.shape) {
-            *err = tw + "shape " + shape_text(t.shape) + ", expected " + shape_text(h.shape) + " for config.json's " +
+            *err = tw + "shape " + st_shape_text(t.shape) + ", expected " + st_shape_text(h.shape) + " for config.json's " +
                    config_string(c);
             return false;
         }
@@ -469,7 +463,7 @@ static bool agree(bool ok, std::string* err) {
     return dist_all_ok(ok, msg, err);
 }
 
-bool export_hf(const std::string& dir, GPT& model, const CheckpointOwner& own, std::string* err,
+bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err,
                const std::string& tokenizer_json) {
     const int rank = own.world ? own.world->rank() : 0;
     const GPTConfig& c = model.config();

@@ -1,5 +1,5 @@
 // llmc/io/hf.h: Hugging Face checkpoints of LlamaForCausalLM and
-// GPT2LMHeadModel in and out (issue 13; shared/reference.md section 9).
+// GPT2LMHeadModel in and out (docs/design.md section 9).
 //
 // A directory holds config.json and the weights as model.safetensors, or as
 // shards model-0000N-of-0000M.safetensors listed by
@@ -22,7 +22,7 @@
 #pragma once
 #include <string>
 
-#include "llmc/io/checkpoint.h"
+#include "llmc/io/weight_gather.h"
 #include "llmc/model/config.h"
 #include "llmc/model/gpt.h"
 
@@ -47,11 +47,11 @@ bool load_hf(const std::string& dir, GPT& model, std::string* err);
 // Writes DIR/config.json and DIR/model.safetensors (F32; BF16 when the
 // parameters are bf16; F64 when the weights are fp64) in the layout above,
 // loadable by transformers' from_pretrained as it is. Collective over
-// own.world, tensor by tensor as export_model (llmc/io/checkpoint.h): each
+// own.world, tensor by tensor as export_model (llmc/io/model_io.h): each
 // tensor is gathered from its owners and rank 0 writes it. With
 // tokenizer_json, that file is copied beside them as tokenizer.json. Every
 // rank returns the same verdict.
-bool export_hf(const std::string& dir, GPT& model, const CheckpointOwner& own, std::string* err,
+bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err,
                const std::string& tokenizer_json = "");
 
 // DIR/tokenizer.json when it exists, else "".

@@ -141,3 +141,40 @@ bool save_model(const std::string& path, GPT& model, int version, std::string* e
     model.get_file_order(host.data(), model.weights_dtype(), model.weights(), false, model.weights_dtype());
     return write_model_file(path, model.config(), host.data(), model.weights_dtype(), version, err);
 }
+
+bool export_model(const std::string& path, GPT& model, const Ownership& own, int version, std::string* err) {
+    const int rank = own.world ? own.world->rank() : 0;
+    const GPTConfig& c = model.config();
+    const DType wt = model.weights_dtype(), ft = version == 5 ? DType::BF16 : DType::F32;
+    AtomicWriter f;
+    bool ok = true;
+    if (rank == 0) {
+        const std::vector<int> h = model_file_header(c, version);
+        ok = f.open(path, err) && f.write(h.data(), h.size() * sizeof(int));
+    }
+    if (!all_ranks_ok(ok, err)) return false;
+    // The whole model's tensors in file order, one at a time: every rank
+    // writes what it owns of the tensor into a zeroed buffer, a sum over the
+    // world assembles it (each element has one owner), rank 0 appends it.
+    const TensorTable whole(c);
+    std::vector<const TensorEntry*> order;
+    for (const TensorEntry& e : whole.entries) order.push_back(&e);
+    std::sort(order.begin(), order.end(),
+              [](const TensorEntry* x, const TensorEntry* y) { return x->file_offset < y->file_offset; });
+    std::vector<char> out;
+    WeightGather gather(model, own);
+    for (const TensorEntry* e : order) {
+        const size_t n = e->file_rows * e->file_cols;
+        const std::vector<char>& host = gather.gather(e->file_offset, n);
+        if (rank == 0 && ok) {
+            out.resize(n * dtype_size(ft));
+            convert_host(out.data(), ft, host.data(), wt, n);
+            ok = f.write(out.data(), out.size());
+        }
+    }
+    if (rank == 0) {
+        if (!ok && err->empty()) *err = "cannot write " + path;
+        ok = ok ? f.commit(err) : false;
+    }
+    return all_ranks_ok(ok, err);
+}

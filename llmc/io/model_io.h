@@ -1,4 +1,4 @@
-// llmc/io/model_io.h: llm.c model files (shared/reference.md section 1):
+// llmc/io/model_io.h: llm.c model files (docs/design.md section 1):
 // a 256-int32 header (magic 20240326, version 3 = fp32 or 5 = bf16 payload,
 // maxT, V, L, NH, C, Vp) then every parameter in model-file order.
 #pragma once
@@ -7,6 +7,7 @@
 
 #include "llmc/model/config.h"
 #include "llmc/model/gpt.h"
+#include "llmc/io/weight_gather.h"
 
 constexpr int kModelMagic = 20240326;
 
@@ -33,3 +34,9 @@ bool save_model(const std::string& path, GPT& model, int version, std::string* e
 // False (with *err naming `what`, the tensor and the element) when any of n
 // values of type t in model-file order is NaN or infinite.
 bool check_finite(const std::string& what, const GPTConfig& c, const void* host, DType t, size_t n, std::string* err);
+
+// Writes the weights as an llm.c model file (version 3 fp32, 5 bf16),
+// tensor by tensor: each tensor is gathered over own.world from its owners
+// and rank 0 appends it, so no rank holds more than one tensor beside its
+// buffers. Collective; every rank returns the same verdict.
+bool export_model(const std::string& path, GPT& model, const Ownership& own, int version, std::string* err);

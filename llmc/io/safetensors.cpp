@@ -83,7 +83,7 @@ uint16_t f32_to_f16(float f) {
 
 static std::string where(const std::string& path) { return "safetensors file " + path + ": "; }
 
-static std::string shape_text(const std::vector<uint64_t>& s) {
+std::string st_shape_text(const std::vector<uint64_t>& s) {
     std::string t = "[";
     for (size_t i = 0; i < s.size(); i++) t += (i ? ", " : "") + std::to_string(s[i]);
     return t + "]";
@@ -204,7 +204,7 @@ bool SafetensorsFile::open(const std::string& path, std::string* err) {
         }
         const size_t es = st_dtype_size(t.dtype);
         if (overflow || numel > UINT64_MAX / es || numel * es != t.end - t.begin) {
-            *err = tw + "shape " + shape_text(t.shape) + " of " + t.dtype + " needs " +
+            *err = tw + "shape " + st_shape_text(t.shape) + " of " + t.dtype + " needs " +
                    (overflow ? std::string("more than 2^64") : std::to_string(numel) + " x " + std::to_string(es)) +
                    " bytes, but data_offsets " + off.dump() + " span " + std::to_string(t.end - t.begin);
             return false;

@@ -1,5 +1,5 @@
 // llmc/io/safetensors.h: reading and writing safetensors files (the format of
-// Hugging Face checkpoints, shared/reference.md section 9):
+// Hugging Face checkpoints, docs/design.md section 9):
 //   8 bytes    little-endian uint64 N, the header's length;
 //   N bytes    JSON {name: {"dtype", "shape", "data_offsets": [begin, end]},
 //              "__metadata__": {string: string}} (padded with spaces);
@@ -33,6 +33,8 @@ struct StTensor {
 size_t st_dtype_size(const std::string& dtype);
 // Whether read() converts this dtype (the floating types weights come in).
 bool st_dtype_readable(const std::string& dtype);
+// "[2, 3]": a shape for messages.
+std::string st_shape_text(const std::vector<uint64_t>& shape);
 // The safetensors name of a DType ("F32", "F64", "BF16"); I32 is "I32".
 const char* st_dtype_name(DType t);
 

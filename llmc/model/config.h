@@ -1,4 +1,4 @@
-// llmc/model/config.h: the shape of a model, GPT-2 or Llama (shared/reference.md
+// llmc/model/config.h: the shape of a model, GPT-2 or Llama (docs/design.md
 // section 9), and the ways to name one:
 //   a descriptor   "d12" (GPT-2 124M), "d24", "d36", "d48": L = N, C = 64·L,
 //                  NH = C/64, V = 50257, Vp = 50304, maxT = 1024;

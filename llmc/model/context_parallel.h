@@ -1,5 +1,5 @@
 // llmc/model/context_parallel.h: context parallelism, ring attention with
-// load-balanced (zigzag) causal chunks over the cp group (shared/reference.md
+// load-balanced (zigzag) causal chunks over the cp group (docs/design.md
 // section 5). This file holds every collective the cp group issues and the
 // rule that splits a sequence over its ranks.
 //

@@ -6,7 +6,7 @@
 //   x2 = x + atty·attprojw^T + attprojb;  ln2 = LN(x2)
 //   fch = ln2·fcw^T + fcb; h = gelu(fch); x3 = x2 + h·fcprojw^T + fcprojb
 // then lnf = LN(x_L); logits = lnf·wte^T; loss = cross-entropy on columns < V.
-// Llama (shared/reference.md section 9) is the same code with RMSNorm for LN,
+// Llama (docs/design.md section 9) is the same code with RMSNorm for LN,
 // no biases and no position embeddings, RoPE on Q and K after the QKV
 // product (and its inverse on their gradients), grouped-query attention,
 // fch = [gate | up] and h = silu(gate)·up, and lm_head for wte when untied.

@@ -1,7 +1,11 @@
-// llmc/model/gpt.h: the GPT-2 model: its flat buffers (parameters, gradients,
-// master weights, Adam m and v, all laid out by the tensor table), its
-// activations, and a forward and backward pass written once against the
-// Backend interface, so the same code runs on the CPU and on CUDA.
+// llmc/model/gpt.h: the model, GPT-2 or Llama (one code for both; the
+// tensor table says which tensors an architecture has): its flat buffers
+// (parameters, gradients, master weights, Adam m and v, all laid out by the
+// tensor table), its activations, and a forward and backward pass written
+// once against the Backend interface, so the same code runs on the CPU and
+// on CUDA. The class is implemented in four files by job: buffers.cpp (the
+// buffers and the units' parameters), weights.cpp (weights in file order,
+// initialisation), forward.cpp and backward.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -205,7 +209,7 @@ class GPT {
     // Activation bytes held (activations and their gradient scratch).
     size_t activation_bytes() const;
     // Bytes one transformer block keeps from its forward for its backward
-    // (what shared/reference.md section 4 counts per layer).
+    // (what docs/design.md section 4 counts per layer).
     size_t layer_activation_bytes() const;
     // Sum of squares of the tensor-parallel-replicated parameters this rank
     // holds: equal on every rank of a tp group while the replicas agree.

@@ -1,6 +1,6 @@
 // llmc/model/optimizer.h: AdamW with decoupled weight decay, global-norm gradient
 // clipping and the warmup + cosine learning-rate schedule, exactly as
-// shared/reference.md section 2 defines them. Which tensors decay comes
+// docs/design.md section 2 defines them. Which tensors decay comes
 // from the tensor table; the update itself is a backend op.
 #pragma once
 #include <vector>

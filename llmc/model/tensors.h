@@ -13,7 +13,7 @@
 // one collective. The model file keeps llm.c's tensor-major order
 // (wte, wpe, ln1w for all layers, ln1b for all layers, ...).
 //
-// Tensor parallel (degree tp, reference.md section 3): each rank's table holds
+// Tensor parallel (degree tp, docs/design.md section 3): each rank's table holds
 // its local slice of every tensor. QKV is split by whole heads (the rank's
 // rows of Q, of K and of V), attproj and fcproj by input columns (row-
 // parallel), fc by output rows (column-parallel), wte by vocabulary rows
@@ -91,7 +91,7 @@ struct TensorEntry {
     std::string name() const;  // e.g. "h3.qkvw" or "wte"
 };
 
-// Which units a pipeline stage holds (shared/reference.md section 7): its
+// Which units a pipeline stage holds (docs/design.md section 7): its
 // blocks, the embedding unit when it runs the embeddings (first stage) or
 // the tied LM head (last stage: a copy, so both ends shard it alike and
 // their gradients can be summed slice by slice), and the final LayerNorm on
@@ -136,7 +136,7 @@ struct TensorTable {
     std::vector<int> index_;  // (kind, layer) -> entry
 };
 
-// 12·L·C² + 13·L·C + (Vp + maxT)·C + 2C, reference.md section 1.
+// 12·L·C² + 13·L·C + (Vp + maxT)·C + 2C, docs/design.md section 1.
 size_t gpt2_param_count(const GPTConfig& c);
 // The parameters of any model (the sum of its kinds' shapes): a model file's
 // or a checkpoint's element count.

@@ -6,7 +6,7 @@
 // block's memory-bound kernels (LayerNorms, residual adds, GELU) forward and
 // backward, and an empty launch. Over the ranks of the launch it times
 // all-reduces and point-to-point transfers of several sizes and fits the
-// latency and bandwidth of shared/reference.md section 10 to them.
+// latency and bandwidth of docs/design.md section 10 to them.
 #pragma once
 #include <string>
 

@@ -20,10 +20,10 @@ Hardware h100_sxm() {
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB): 989 TFLOP/s dense bf16 (1979 with sparsity), "
         "3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s total (450 each way); DGX H100: one 400 Gb/s ConnectX-7 port "
         "per GPU (50 GB/s). Large bf16 matmul 790 TFLOP/s: measured on this project's H100/H200 machines "
-        "(shared/reference.md 10). Attention 35% of peak: FlashAttention-2 on H100 (Shah et al. 2024, "
+        "(docs/design.md section 10). Attention 35% of peak: FlashAttention-2 on H100 (Shah et al. 2024, "
         "FlashAttention-3, sec. 1). Collectives at what NCCL reaches of the links: on 8 A100 over NVLink about "
-        "200 of 300 GB/s (nccl-tests issues 149 and 178), so 2/3 of NVLink here too (300 GB/s), and about 90% "
-        "of InfiniBand's line rate (nccl-tests issue 119: 85-96 of 100 GB/s), 45 GB/s. Assumed (no "
+        "200 of 300 GB/s (github.com/NVIDIA/nccl-tests/issues/149 and /178), so 2/3 of NVLink here too (300 GB/s), and about 90% "
+        "of InfiniBand's line rate (github.com/NVIDIA/nccl-tests/issues/119: 85-96 of 100 GB/s), 45 GB/s. Assumed (no "
         "datasheet; --calibrate measures them): memory-bound kernels at 80% of HBM, 5 us per kernel launch, "
         "5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the CUDA context, NCCL "
         "and allocator slack.";
@@ -51,9 +51,10 @@ Hardware a100_sxm_80g() {
         "NVLink 600 GB/s total (300 each way); DGX A100: one 200 Gb/s HDR InfiniBand port per GPU (25 GB/s). "
         "Attention 60% of peak: FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, abstract). "
         "Collectives at what NCCL reaches: all-reduce bus bandwidth about 200 GB/s on 8 A100 over NVLink "
-        "(nccl-tests issues 149 and 178), about 90% of InfiniBand's line rate (nccl-tests issue 119: 85-96 "
+        "(github.com/NVIDIA/nccl-tests/issues/149 and /178), about 90% of InfiniBand's line rate "
+        "(github.com/NVIDIA/nccl-tests/issues/119: 85-96 "
         "of 100 GB/s), 22.5 GB/s. Assumed (--calibrate measures them): large bf16 matmul at the 80% of peak "
-        "measured on H100 (790/989, shared/reference.md 10), memory-bound kernels at 80% of HBM, 5 us per "
+        "measured on H100 (790/989, docs/design.md section 10), memory-bound kernels at 80% of HBM, 5 us per "
         "kernel launch, 5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the "
         "runtime.";
     h.peak_flops = 312e12;

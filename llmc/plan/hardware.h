@@ -7,7 +7,7 @@
 // Rates are what the trainer's operations reach, not the silicon's peak:
 // compute time = FLOPs / (peak · efficiency), a memory-bound op's time =
 // bytes / (bandwidth · efficiency), a collective's time = the alpha-beta
-// model of shared/reference.md section 10 with the link's latency and
+// model of docs/design.md section 10 with the link's latency and
 // per-GPU bandwidth (one direction).
 #pragma once
 #include <string>

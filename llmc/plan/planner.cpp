@@ -274,7 +274,7 @@ class CostModel {
     Link link(int span) const {
         return span <= G_ ? Link{hw_.intra_bw, hw_.intra_lat} : Link{hw_.inter_bw, hw_.inter_lat};
     }
-    // Ring collectives (shared/reference.md 10); n bytes of the full buffer.
+    // Ring collectives (docs/design.md section 10); n bytes of the full buffer.
     static double all_reduce(double n, int g, Link k) {
         return g > 1 ? 2.0 * (g - 1) * k.lat + 2.0 * n * (g - 1) / (g * k.bw) : 0;
     }
@@ -377,7 +377,7 @@ std::string why(const Planned& a, const Planned& b) {
     return s;
 }
 
-// The textbook figures (shared/reference.md sections 4 and 6) beside the
+// The textbook figures (docs/design.md sections 4 and 6) beside the
 // exact count, for the chosen layout.
 void print_textbook(const GPTConfig& mc, const Planned& p, const Proto& proto) {
     const Layout& l = p.l;

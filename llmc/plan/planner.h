@@ -8,7 +8,7 @@
 // counts (llmc/backend/backend_measure.h), so the planner's bytes are the trainer's
 // memory line, byte for byte. The textbook figures are printed beside them.
 //
-// Time is a cost model (shared/reference.md section 10), per rank and step:
+// Time is a cost model (docs/design.md section 10), per rank and step:
 //   compute   each op's FLOPs and bytes over the profile's rates: matrix
 //             products, attention, memory-bound kernels, launches; backward
 //             twice the forward's matrix FLOPs and 2.5 times the attention's;

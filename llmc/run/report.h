@@ -2,7 +2,7 @@
 // the memory line of each rank (bytes held by kind, the pipeline stage and
 // its micro-batches in flight), the traffic of a step by group and kind,
 // and byte counts for humans. Machine-readable on purpose: the tests parse
-// these lines and check them against the formulas of shared/reference.md.
+// these lines and check them against the formulas of docs/design.md.
 #pragma once
 #include <string>
 

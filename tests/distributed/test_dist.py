@@ -12,7 +12,7 @@
 #   - checkpoints: saved at dp=4 ZeRO-3, resumed at dp=2 ZeRO-1 and in one
 #     process, the run goes on with the uninterrupted run's losses; resumed
 #     with the same layout it continues bit for bit;
-#   - memory: model-state bytes per rank against shared/reference.md section
+#   - memory: model-state bytes per rank against docs/design.md section
 #     6 (fp32 shapes) for every stage and dp in {1, 2, 4}, within padding;
 #   - traffic: counted bytes per step against the traffic column (stage 0:
 #     all-reduce 2P, stages 1-2: 2P, stage 3: 3P = 1.5x, times (N-1)/N);

@@ -13,7 +13,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "train_gpt")
-# mpirun as root, and more ranks than cores (shared/reference.md section 8).
+# mpirun as root, and more ranks than cores (docs/design.md section 8).
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # tests/reference/reference_hf.py: the Hugging Face reference for the trainer's
-# Llama and GPT-2 checkpoints (issue 13). Run it with the virtual
+# Llama and GPT-2 checkpoints. Run it with the virtual
 # environment's python that scripts/setup.sh makes (build/hfenv/bin/python:
 # transformers 4.40.2 on Debian's torch 1.13).
 #
@@ -13,8 +13,8 @@
 #       writes the debug state test_gpt reads (the format of
 #       tests/reference/reference_gpt.py write_state): inputs, targets, logits, loss,
 #       every gradient in the trainer's model file order (llmc/model/tensors.h,
-#       /work/notes/llama_spec.md), and the losses of --steps AdamW steps
-#       with the project's semantics (shared/reference.md section 2: clipped
+#       docs/design.md section 9), and the losses of --steps AdamW steps
+#       with the project's semantics (docs/design.md section 2: clipped
 #       global norm, warmup + cosine, weight decay on 2-D tensors only),
 #       computed by transformers' own modules in fp64.
 #   --compare DIR --logits FILE
@@ -29,7 +29,7 @@
 #       with every parameter equal to DIR's. Last line "N passed, N failed".
 #   --selfcheck
 #       the patched fp64 transformers against independent math: a Llama
-#       forward written here from shared/reference.md section 9, and GPT-2
+#       forward written here from docs/design.md section 9, and GPT-2
 #       against tests/reference/reference_gpt.py's model; last line "N passed, N
 #       failed".
 #
@@ -406,7 +406,7 @@ def check_weights(args):
 
 
 def llama_by_hand(model, inputs):
-    """Llama from shared/reference.md section 9, with the model's weights."""
+    """Llama from docs/design.md section 9, with the model's weights."""
     c = model.config
     sd = {k: v for k, v in model.named_parameters()}
     C, NH, NKV = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
@@ -476,7 +476,7 @@ def selfcheck(args):
             want = llama_by_hand(model, inputs)
             got = logits_of(model, inputs)
         e = rel_err(got, want)
-        ck(e <= 1e-12, f"{spec}: patched fp64 transformers vs reference.md section 9 by hand: rel err {e:.3e}")
+        ck(e <= 1e-12, f"{spec}: patched fp64 transformers vs docs/design.md section 9 by hand: rel err {e:.3e}")
         # The patch matters: unpatched transformers computes parts in fp32.
         e0 = rel_err(unpatched, want)
         ck(e0 > 1e-10, f"{spec}: unpatched transformers differs by {e0:.3e} (> 1e-10, so the fp64 patch is needed)")

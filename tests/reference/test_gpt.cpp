@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
                 ok = f.commit(&err);
             }
         }
-        if (ok && !export_dir.empty()) ok = export_hf(export_dir, model, CheckpointOwner(), &err);
+        if (ok && !export_dir.empty()) ok = export_hf(export_dir, model, Ownership(), &err);
         if (!ok) {
             std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
             return 1;

@@ -4,7 +4,7 @@
 //   test_data [TINY_DIR]   TINY_DIR holds make_tiny's output (default data/tiny)
 //
 // The shards are written here by a small helper of its own (not by code under
-// test), and the expected rows come from the formula of reference.md section
+// test), and the expected rows come from the formula of docs/design.md section
 // 2 applied to a token vector kept in memory: row i = stream[i*T .. i*T+T],
 // positions modulo the stream length. Last line: "N passed, M failed"; the
 // exit code is non-zero when anything failed.

@@ -308,7 +308,7 @@ static void test_checkpoints() {
     const std::string src = g_dir + "/gpt2";
     GPT a(be.get(), c, 1, 8);
     a.init_random(5);
-    bool ok = export_hf(src, a, CheckpointOwner(), &err);
+    bool ok = export_hf(src, a, Ownership(), &err);
     CHECK(ok, "export: %s", err.c_str());
     GPTConfig read;
     ok = read_hf_config(src, &read, &err);

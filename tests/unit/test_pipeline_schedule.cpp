@@ -11,7 +11,7 @@
 //   - activation slots are never shared by two micro-batches in flight,
 //     receive buffers never overwritten before their op has read them;
 //   - micro-batches in flight: min(pp - s, m) on stage s under 1F1B
-//     (shared/reference.md section 7);
+//     (docs/design.md section 7);
 //   - on a cost model (forward 1, backward 2, per chunk divided by vpp, free
 //     transfers) the bubble of every stage is (pp - 1) / (m·vpp) of its busy
 //     time, exactly;

@@ -172,9 +172,10 @@ def main():
         cmap = m.group(1)
         for L in layers:
             check(re.search(rf"`llmc/{L}/`", cmap) is not None, f"README code map has a line for llmc/{L}/")
-        for p in re.findall(r"`([A-Za-z0-9_./-]+)`", cmap):
-            if "/" in p or "." in p:
-                check(os.path.exists(os.path.join(ROOT, p.rstrip("/"))), f"README code map names {p}, which exists")
+        rows = re.findall(r"^\| `([A-Za-z0-9_./-]+)` \|", cmap, re.M)
+        check(len(rows) >= len(layers), f"README code map has a row per path ({len(rows)} rows)")
+        for p in rows:
+            check(os.path.exists(os.path.join(ROOT, p.rstrip("/"))), f"README code map names {p}, which exists")
 
     # ---- a repository that stands alone --------------------------------------------
     outside = [

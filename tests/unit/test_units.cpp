@@ -1,6 +1,6 @@
 // tests/unit/test_units.cpp: unit tests of the library pieces that the PyTorch
 // comparison does not reach, each against an independent truth: the
-// parameter-count formula of shared/reference.md, the llm.c file layout,
+// parameter-count formula of docs/design.md section 1, the llm.c file layout,
 // the schedule formula, statistics of the GPT-2 initialisation, and the
 // error paths (one message naming the file or flag, nothing half-written).
 // Last line: "N passed, N failed".
@@ -267,7 +267,7 @@ static void test_model_io_and_checkpoint() {
     RunInfo run;
     run.max_steps = 11;
     run.total_batch = 64;
-    CHECK(save_checkpoint(ck, m, CheckpointOwner(), st, run, &err), "checkpoint: %s", err.c_str());
+    CHECK(save_checkpoint(ck, m, Ownership(), st, run, &err), "checkpoint: %s", err.c_str());
     CHECK(latest_checkpoint(ck) == 7, "latest %d", latest_checkpoint(ck));
     GPT m3(be.get(), c, 2, 8);
     TrainState st3;

@@ -1,5 +1,5 @@
 // tests/unit/test_vocab_ce.cpp: the vocab-parallel cross-entropy (backend ops
-// crossentropy_stats / _sumexp / _finish, reference.md section 3) against
+// crossentropy_stats / _sumexp / _finish, docs/design.md section 3) against
 // the full softmax of the fused classifier, on the CPU backend in fp64.
 // Vocabularies are split over t = 1..4 "ranks" as the tensor table splits
 // wte (Vp rounded up to a multiple of t, rows past V are padding), and the

@@ -1,0 +1,69 @@
+// llmc/plan/modes.cpp: --plan and --calibrate (llmc/plan/modes.h).
+#include "llmc/plan/modes.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "llmc/backend/backends.h"
+#include "llmc/comm/dist.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/plan/calibrate.h"
+#include "llmc/plan/hardware.h"
+#include "llmc/plan/planner.h"
+#include "llmc/run/startup.h"
+
+// --plan: the layouts of this model on a planned world, without training
+// (rank 0 alone; llmc/plan/planner.h).
+int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
+    std::string err;
+    PlanRequest r;
+    GPTConfig mc;
+    bool ok = model_config(cfg, &mc, &err) && load_hardware(cfg.hardware, &r.hw, &err);
+    if (ok) {
+        r.mode = cfg.plan;
+        if (cfg.gpus_per_node > 0) r.hw.gpus_per_node = cfg.gpus_per_node;
+        Layout& b = r.base;
+        b.world = cfg.world > 0 ? cfg.world : dist_world_size();
+        b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero;
+        b.B = cfg.B, b.T = cfg.T, b.total_batch = cfg.total_batch;
+        parse_recompute(cfg.recompute, &b.recompute);
+        if (b.total_batch < 0) b.total_batch = (long long)b.B * b.T * std::max(1, b.world / (b.pp * b.tp * b.cp));
+        r.fix_pp = parser.given("pp"), r.fix_vpp = parser.given("vpp"), r.fix_tp = parser.given("tp");
+        r.fix_cp = parser.given("cp"), r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
+        r.fix_B = parser.given("batch-size"), r.fix_recompute = parser.given("recompute");
+        r.device = cfg.device == "auto" ? r.hw.device : cfg.device;
+        r.dtype = cfg.dtype == "auto" ? r.hw.dtype : cfg.dtype;
+        r.json_path = cfg.plan_json;
+        r.attention = cfg.plan_attention;
+        r.top = cfg.plan_top;
+        ok = dist_world_rank() != 0 || run_planner(mc, r, &err);
+    }
+    setup_check(ok, err);
+    dist_finalize();
+    return 0;
+}
+
+// --calibrate: measure this machine (its device and the links between the
+// ranks of this launch) and write a hardware profile.
+int calibrate_main(const TrainConfig& cfg) {
+    std::string err;
+    GPTConfig mc;
+    setup_check(model_config(cfg, &mc, &err), err);
+    std::unique_ptr<Backend> be(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
+    setup_check(be != nullptr, err);
+    choose_threads();
+    ProcessGrid grid;
+    setup_check(make_process_grid(1, 1, 1, cfg.comm, *be, &grid, &err), err);
+    Hardware hw;
+    bool ok = calibrate(*be, grid, mc, cfg.B, cfg.T, cfg.calibrate, &hw, &err);
+    if (ok && dist_world_rank() == 0) {
+        ok = save_hardware(cfg.calibrate, hw, &err);
+        if (ok) std::printf("calibrate: %s\n%s\n", cfg.calibrate.c_str(), hw.source.c_str());
+    }
+    setup_check(ok, err);
+    grid = ProcessGrid();
+    be.reset();
+    dist_finalize();
+    return 0;
+}

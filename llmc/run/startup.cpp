@@ -1,0 +1,72 @@
+// llmc/run/startup.cpp: what every mode of train_gpt does first
+// (llmc/run/startup.h).
+#include "llmc/run/startup.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "llmc/comm/dist.h"
+#include "llmc/io/hf.h"
+#include "llmc/io/model_io.h"
+
+void setup_check(bool ok, const std::string& msg) {
+    std::string err;
+    if (dist_all_ok(ok, msg, &err)) return;
+    if (dist_world_rank() == 0) std::fprintf(stderr, "train_gpt: error: %s\n", err.c_str());
+    dist_finalize();
+    std::exit(1);
+}
+
+[[noreturn]] void fail(const std::string& msg) { dist_abort(msg); }
+
+void check_same_flags(const ArgParser& parser) {
+    std::string mine;
+    for (const Option& o : parser.options()) mine += std::string(o.name) + "=" + option_value_string(o) + "\n";
+    std::string first = mine;
+    dist_broadcast(&first);
+    std::string msg;
+    if (first != mine) {
+        size_t a = 0, b = 0;
+        while (a < mine.size() && b < first.size()) {
+            size_t ea = mine.find('\n', a), eb = first.find('\n', b);
+            std::string la = mine.substr(a, ea - a), lb = first.substr(b, eb - b);
+            if (la != lb) {
+                size_t eq = la.find('=');
+                msg = "ranks were given different flags: --" + la.substr(0, eq) + " is '" + la.substr(eq + 1) +
+                      "' on rank " + std::to_string(dist_world_rank()) + " but '" + lb.substr(lb.find('=') + 1) +
+                      "' on rank 0";
+                break;
+            }
+            a = ea + 1;
+            b = eb + 1;
+        }
+        if (msg.empty()) msg = "ranks were given different flags";
+    }
+    setup_check(msg.empty(), msg);
+}
+
+std::string choose_threads() {
+    const char* env = std::getenv("OMP_NUM_THREADS");
+    if (env && *env) return std::to_string(omp_get_max_threads()) + " (OMP_NUM_THREADS)";
+    const int cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)), bound = omp_get_num_procs();
+    const int local = std::max(1, dist_local_size());
+    const int n = std::max(1, std::min(bound, cores / local));
+    omp_set_num_threads(n);
+    return std::to_string(n) + " (" + std::to_string(cores) + " cores / " + std::to_string(local) +
+           " rank(s) on this node" + (bound < cores ? ", " + std::to_string(bound) + " bound to this rank" : "") + ")";
+}
+
+bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
+    if (is_hf_dir(cfg.model)) return read_hf_config(cfg.model, mc, err);
+    if (spec_is_file(cfg.model)) {
+        int version;
+        return read_model_header(cfg.model, mc, &version, err);
+    }
+    if (parse_model_spec(cfg.model, mc, err)) return true;
+    *err = "flag -e: " + *err;
+    return false;
+}

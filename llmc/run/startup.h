@@ -1,0 +1,36 @@
+// llmc/run/startup.h: what every mode of train_gpt does first, on every
+// rank: agree on errors found while setting up (so all ranks exit together
+// with one message), check that the ranks were given the same flags, share
+// the node's CPU cores between its ranks, and read the model shape that -e
+// names.
+#pragma once
+#include <string>
+
+#include "llmc/base/args.h"
+#include "llmc/model/config.h"
+#include "llmc/run/train_config.h"
+
+// Setup errors: every rank reaches the same check, so the ranks agree on
+// the outcome; rank 0 prints the first failing rank's message as
+// "train_gpt: error: ..." and every rank exits with status 1.
+void setup_check(bool ok, const std::string& msg);
+
+// Errors during training, possibly on one rank only: end the whole job
+// (llmc/comm/dist.h dist_abort).
+[[noreturn]] void fail(const std::string& msg);
+
+// Every rank must run with the same flags (mpirun -np 1 A : -np 1 B would
+// otherwise hang or train wrong): rank 0's values go to every rank, each
+// compares them with its own, and the lowest rank that differs names the
+// first flag where it does (a setup_check).
+void check_same_flags(const ArgParser& parser);
+
+// CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
+// share its cores (every rank starting as many threads as the node has
+// cores runs several times slower), and no rank runs more threads than the
+// cores mpirun bound it to. Returns the line for the settings.
+std::string choose_threads();
+
+// The model shape named by -e: sizes, a descriptor, a model file's header,
+// or a Hugging Face directory's config.json.
+bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err);

@@ -1,0 +1,74 @@
+// llmc/run/trainer.h: a training run on one rank, everything it holds and
+// the steps main() calls (train_gpt.cu). Built in dependency order by
+// setup(): flags checked against the world and the model, the backend, the
+// process grid, the data, the model and its parallel modes (first counted,
+// then built), the weights (a checkpoint, a model file, a Hugging Face
+// directory or the seeded initialisation). Then per optimizer step:
+// train_step() (the pipeline schedule over the step's micro-batches, then
+// the optimizer step), and when due validate(), sample() and checkpoint();
+// at the end finish().
+//
+//   trainer_setup.cpp  setup, the memory check, the settings table
+//   trainer_step.cpp   a training step, validation, samples
+//   trainer_end.cpp    checkpoints, exports, resume reports, the end of a run
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmc/backend/backend.h"
+#include "llmc/base/args.h"
+#include "llmc/base/rng.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/tokenizer.h"
+#include "llmc/model/config.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/parallel/layout.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/run/metrics.h"
+#include "llmc/run/train_config.h"
+
+// Everything a run holds, built in dependency order by setup(). Members are
+// destroyed in reverse order, parallel modes before the model before the
+// backend.
+struct Trainer {
+    TrainConfig cfg;
+    int rank = 0;
+    bool main_rank = true;
+    std::unique_ptr<Backend> be;
+    ProcessGrid grid;
+    GPTConfig mc;
+    int resume_step = -1;
+    int T_local = 0, accum = 1;
+    long long rows_per_step = 0;
+    DataLoader train, val;
+    bool use_val = false;
+    Tokenizer tok;
+    Layout lay;     // how the run splits over the ranks
+    ModelStack s;   // this rank's model and parallel modes
+    TrainState st;
+    std::string threads;  // CPU threads per rank, for the settings
+    Rng rng{1};
+    MetricsLog metrics;
+    OptimConfig oc;
+    std::vector<int> full_in, full_tg, inputs, targets;  // host rows of one micro-batch
+    std::string err;
+
+    void setup(const ArgParser& parser);
+    void build(Backend& b, ModelStack* stack);
+    void check_memory();
+    void print_settings(const ArgParser& parser);
+    RunInfo run_info() const;
+    void report_resume(const RunInfo& saved);
+    Ownership owner() const;
+    void export_weights();
+    void read_micro_batch(DataLoader& dl, uint64_t first_row);
+    StepMetrics train_step(int step);
+    double validate();
+    void sample();
+    void checkpoint();
+    void finish();
+    bool due(int every, int step) const { return every > 0 && ((step + 1) % every == 0 || step + 1 == cfg.max_steps); }
+};

@@ -1,0 +1,119 @@
+// llmc/run/trainer_end.cpp: what a run leaves behind (llmc/run/trainer.h):
+// checkpoints, the final weights as llm.c and Hugging Face files, what a
+// resume reports, and the checks at the end of a run.
+#include <cstdio>
+
+#include "llmc/base/trace.h"
+#include "llmc/io/hf.h"
+#include "llmc/io/model_io.h"
+#include "llmc/run/report.h"
+#include "llmc/run/startup.h"
+#include "llmc/run/trace_file.h"
+#include "llmc/run/trainer.h"
+
+// Which elements this rank writes to checkpoints and exports: each has one owner.
+Ownership Trainer::owner() const {
+    return {grid.world.get(), grid.dpcp_group->rank() == 0, grid.tp_rank == 0};
+}
+
+RunInfo Trainer::run_info() const {
+    RunInfo r;
+    r.max_steps = cfg.max_steps;
+    r.total_batch = cfg.total_batch;
+    r.B = cfg.B;
+    r.T = cfg.T;
+    r.world = grid.world_size;
+    r.pp = grid.pp;
+    r.vpp = cfg.vpp;
+    r.dp = grid.dp;
+    r.cp = grid.cp;
+    r.tp = grid.tp;
+    r.sp = cfg.sp;
+    r.zero = cfg.zero;
+    r.recompute = cfg.recompute;
+    return r;
+}
+
+// What a resume changes: the schedule (-x) or the batch (-d) deserve a
+// warning; another layout trains the same model, which is worth a line.
+void Trainer::report_resume(const RunInfo& saved) {
+    if (!main_rank || saved.world == 0) return;  // nothing recorded (earlier format)
+    const RunInfo now = run_info();
+    if (saved.max_steps != now.max_steps)
+        std::fprintf(stderr, "train_gpt: warning: resuming with -x %d where the checkpoint's run had -x %d: the learning-rate "
+                             "schedule (warmup, cosine decay to the last step) changes from here on\n",
+                     now.max_steps, saved.max_steps);
+    if (saved.total_batch != now.total_batch)
+        std::fprintf(stderr, "train_gpt: warning: resuming with -d %lld where the checkpoint's run had -d %lld: each step "
+                             "now takes another number of rows of the data\n",
+                     now.total_batch, saved.total_batch);
+    if (saved.layout() != now.layout() || saved.T != now.T)
+        std::printf("resume: checkpoint of step %d written at %s (T=%d); continuing at %s (T=%d)\n", st.step,
+                    saved.layout().c_str(), saved.T, now.layout().c_str(), now.T);
+}
+
+// Every rank writes its own shard; rank 0 the index, then DONE.
+void Trainer::checkpoint() {
+    st.rng_state = rng.state;
+    if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) fail(err);
+    if (main_rank) {
+        std::printf("checkpoint: %s\n", checkpoint_dir(cfg.output_dir, st.step).c_str());
+        if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
+    }
+}
+
+// The final weights as an llm.c model file, tensor by tensor: into -o (as
+// model_SSSSSSSS.bin) and to --export-model; and as a Hugging Face directory
+// to --export-hf.
+void Trainer::export_weights() {
+    const int version = s.model->precision().param == DType::BF16 ? 5 : 3;
+    std::vector<std::string> paths;
+    // llm.c's model files hold GPT-2 only; a Llama's weights are in the checkpoints.
+    if (!cfg.output_dir.empty() && !s.model->config().llama()) {
+        char name[32];
+        std::snprintf(name, sizeof(name), "/model_%08d.bin", st.step);
+        paths.push_back(cfg.output_dir + name);
+    }
+    if (!cfg.export_model.empty()) paths.push_back(cfg.export_model);
+    for (const std::string& p : paths) {
+        if (!export_model(p, *s.model, owner(), version, &err)) fail(err);
+        if (main_rank) std::printf("model: %s\n", p.c_str());
+    }
+    if (!cfg.export_hf.empty()) {  // with the run's tokenizer.json, if it has one
+        const bool json = cfg.tokenizer.size() > 5 && cfg.tokenizer.compare(cfg.tokenizer.size() - 5, 5, ".json") == 0;
+        if (!export_hf(cfg.export_hf, *s.model, owner(), &err, json ? cfg.tokenizer : "")) fail(err);
+        if (main_rank) std::printf("hugging face model: %s\n", cfg.export_hf.c_str());
+    }
+}
+
+// End of the run: the replicas' agreement, the model export, the trace and
+// its bubble, memory.
+void Trainer::finish() {
+    // Replicas of the tensor-parallel-replicated parameters must agree.
+    if (grid.tp > 1) {
+        double c = s.model->replicated_checksum();
+        double hi = grid.tp_group->host_all_reduce(c, ReduceOp::Max);
+        double lo = -grid.tp_group->host_all_reduce(-c, ReduceOp::Max);
+        if (main_rank) std::printf("tp replicas of LayerNorm, wpe and row-parallel biases: %s\n", hi == lo ? "identical" : "DIFFER");
+        if (hi != lo) fail("replicated parameters differ across the tensor-parallel group");
+    }
+    // The two copies of the tied embeddings (first and last stage) must agree.
+    if (grid.pp > 1 && mc.tied) {
+        const bool same = s.pipe->tied_embeddings_agree(*s.model);
+        if (main_rank) std::printf("pp tied embeddings (first and last stage): %s\n", same ? "identical" : "DIFFER");
+        if (!same) fail("the tied embeddings of the first and the last pipeline stage differ");
+    }
+    export_weights();
+    if (!cfg.trace.empty()) {
+        std::vector<double> bubble = s.pipe->measured_bubble();
+        if (main_rank && grid.pp > 1 && !bubble.empty()) {
+            std::printf("pipeline bubble (idle / busy, steps 2..%d, from the trace):", cfg.max_steps);
+            for (size_t s = 0; s < bubble.size(); s++) std::printf(" stage %zu %.3f", s, bubble[s]);
+            std::printf("; formula (pp-1)/(m*vpp) = %.3f\n", s.pipe->bubble_formula());
+        }
+        bool ok = trace::finish(*grid.world, &err);
+        if (!ok) fail(err);
+        if (main_rank) std::printf("trace: %s\n", cfg.trace.c_str());
+    }
+    print_whole_line(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
+}

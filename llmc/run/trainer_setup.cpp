@@ -1,0 +1,208 @@
+// llmc/run/trainer_setup.cpp: setting up a run (llmc/run/trainer.h): the
+// flags against the world and the model, the backend, the process grid,
+// the data, the model and its parallel modes (counted first: the memory
+// check), the weights, the outputs.
+#include <cstdio>
+#include <stdexcept>
+
+#include "llmc/backend/backend_measure.h"
+#include "llmc/backend/backends.h"
+#include "llmc/base/fileio.h"
+#include "llmc/comm/dist.h"
+#include "llmc/io/hf.h"
+#include "llmc/io/model_io.h"
+#include "llmc/run/report.h"
+#include "llmc/run/startup.h"
+#include "llmc/run/trace_file.h"
+#include "llmc/run/trainer.h"
+
+void Trainer::setup(const ArgParser& parser) {
+    check_same_flags(parser);
+    threads = choose_threads();
+    Recompute rc_mode = Recompute::none;
+    parse_recompute(cfg.recompute, &rc_mode);  // the parser allows only its names
+    cfg.recompute = recompute_name(rc_mode);   // "1" reads as "gelu" from here on
+    setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
+    setup_check(cfg.total_batch == -1 || cfg.total_batch > 0,
+                "flag -d: " + std::to_string(cfg.total_batch) + " tokens per step (give a positive count, or -1 for B*T)");
+    setup_check(cfg.eps > 0, "flag --eps: AdamW's epsilon must be positive (0 divides by zero where v is 0)");
+    if (main_rank && cfg.checkpoint_every > 0 && cfg.output_dir.empty())
+        std::fprintf(stderr, "train_gpt: warning: -n %d without -o: no checkpoints will be written\n",
+                     cfg.checkpoint_every);
+    be.reset(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
+    setup_check(be != nullptr, err);
+    be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
+    lay.world = dist_world_size();
+    lay.pp = cfg.pp;
+    lay.vpp = cfg.vpp;
+    lay.tp = cfg.tp;
+    lay.cp = cfg.cp;
+    lay.sp = cfg.sp;
+    lay.zero = cfg.zero;
+    lay.B = cfg.B;
+    lay.T = cfg.T;
+    lay.total_batch = cfg.total_batch;
+    parse_recompute(cfg.recompute, &lay.recompute);
+    setup_check(check_world(lay, &err), err);
+    setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err), err);
+
+    // Model shape: from a resumed checkpoint, a model file, or sizes.
+    if (cfg.resume) {
+        resume_step = latest_checkpoint(cfg.output_dir);
+        if (resume_step < 0 && main_rank)
+            std::fprintf(stderr, "train_gpt: warning: -y 1: no complete checkpoint in %s, starting fresh\n",
+                         cfg.output_dir.c_str());
+    }
+    bool ok = true;
+    if (resume_step >= 0) {
+        ok = read_checkpoint_config(cfg.output_dir, resume_step, &mc, &err);
+        // A model named on the command line must be the checkpoint's.
+        GPTConfig named;
+        std::string why;
+        if (ok && parser.given("model") && model_config(cfg, &named, &why) && named != mc) {
+            ok = false;
+            err = "flag -e: " + cfg.model + " is " + config_string(named) + ", but the checkpoint in " +
+                  cfg.output_dir + " is " + config_string(mc) + " (resume with the checkpoint's model, or drop -e)";
+        }
+    } else {
+        ok = model_config(cfg, &mc, &err);
+    }
+    setup_check(ok, err);
+    setup_check(!(mc.llama() && !cfg.export_model.empty()),
+                "flag --export-model: llm.c model files hold GPT-2 only, and the model is " + config_string(mc));
+    // The layout against the model: sequence, heads, batch, pipeline.
+    setup_check(check_layout(&lay, mc, &err), err);
+    T_local = lay.T_local();
+    cfg.total_batch = lay.total_batch;
+    accum = lay.micro_batches();
+    rows_per_step = cfg.total_batch / cfg.T;
+
+    setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
+    use_val = !cfg.val_data.empty() && cfg.val_every > 0;
+    setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
+    // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.
+    if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
+        cfg.tokenizer = hf_tokenizer_path(cfg.model);
+    if (file_size(cfg.tokenizer) >= 0) setup_check(tok.load(cfg.tokenizer, &err), err);
+    else tok.init_bytes();
+    if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
+
+    // The parallel modes and the model, first counted, then built.
+    check_memory();
+    build(*be, &s);
+
+    // Weights: a checkpoint, a model file, or the seeded initialisation.
+    rng = Rng((uint64_t)cfg.seed);
+    if (resume_step >= 0) {
+        RunInfo saved;
+        ok = load_checkpoint(cfg.output_dir, resume_step, *s.model, &st, &saved, &err);
+        rng.state = st.rng_state;
+        if (ok) report_resume(saved);
+    } else if (is_hf_dir(cfg.model)) {
+        ok = load_hf(cfg.model, *s.model, &err);
+    } else if (spec_is_file(cfg.model)) {
+        ok = load_model(cfg.model, *s.model, &err);
+    } else {
+        s.model->init_random((uint64_t)cfg.seed);
+    }
+    setup_check(ok, err);
+
+    print_settings(parser);
+    std::fflush(stdout);
+    print_whole_line(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
+
+    ok = true;
+    if (main_rank && !cfg.output_dir.empty()) {
+        ok = make_dirs(cfg.output_dir, &err) &&
+             metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
+        // What a killed run left: temporaries and checkpoints never finished.
+        if (ok) {
+            const int n = clean_checkpoints(cfg.output_dir, 0);
+            if (n > 0) std::printf("removed %d leftover(s) of an interrupted run from %s\n", n, cfg.output_dir.c_str());
+        }
+    }
+    setup_check(ok, err);
+    if (!cfg.trace.empty()) {
+        const std::string label = "rank " + std::to_string(rank) + ": stage " + std::to_string(grid.pp_rank) + ", dp " +
+                                  std::to_string(grid.dp_rank) + ", cp " + std::to_string(grid.cp_rank) + ", tp " +
+                                  std::to_string(grid.tp_rank);
+        trace::start(cfg.trace, *grid.world, label, be.get());
+    }
+
+    oc.lr = cfg.lr;
+    oc.beta1 = cfg.beta1;
+    oc.beta2 = cfg.beta2;
+    oc.eps = cfg.eps;
+    oc.weight_decay = cfg.weight_decay;
+    oc.grad_clip = cfg.grad_clip;
+    oc.warmup_steps = cfg.warmup;
+    oc.final_lr_frac = cfg.final_lr_frac;
+    oc.max_steps = cfg.max_steps;
+    const size_t BT = (size_t)cfg.B * cfg.T;
+    full_in.resize(BT);
+    full_tg.resize(BT);
+    inputs.resize(BT);
+    targets.resize(BT);
+}
+
+// The model and its parallel modes on backend b (llmc/parallel/layout.h).
+void Trainer::build(Backend& b, ModelStack* stack) {
+    RankGroups g{grid.tp_group.get(), grid.cp_group.get(), grid.dpcp_group.get(), grid.pp_group.get(),
+                 grid.embed_group.get(), grid.cp_rank};
+    bool ok = true;
+    try {
+        build_stack(b, mc, lay, g, stack);
+    } catch (const std::invalid_argument& e) {
+        ok = false;
+        err = e.what();
+    }
+    setup_check(ok, err);
+}
+
+// What this rank will hold, counted on a backend that allocates nothing (the
+// same buffers, so the memory line's accounting), against --memory-budget or
+// the device's free memory: a clear line instead of the OOM killer.
+void Trainer::check_memory() {
+    MeasureBackend mb(*be);
+    std::string held;
+    {
+        ModelStack counted;
+        build(mb, &counted);
+        held = memory_line("needed", rank, *counted.model, counted.comm_bytes(), grid.pp_rank, grid.pp);
+    }
+    const size_t need = mb.bytes_peak();
+    const size_t budget = (size_t)(cfg.memory_budget * 1024 * 1024);
+    const size_t avail = budget ? budget : be->free_memory(dist_local_size());
+    std::string where = budget ? "--memory-budget " + human_bytes((double)budget)
+                               : std::string("the ") + be->name() + " device's free memory, " + human_bytes((double)avail) +
+                                     (std::string(be->name()) == "cpu" ? " (available RAM shared by the node's ranks)" : "");
+    setup_check(avail == 0 || need <= avail, "out of memory: rank " + std::to_string(rank) + " would hold " +
+                                                 human_bytes((double)need) + ", more than " + where + " [" +
+                                                 held.substr(held.find(':') + 2) + "]");
+}
+
+// The settings table (every flag as the run took it), the device, the
+// model, the layout and the data, on rank 0.
+void Trainer::print_settings(const ArgParser& parser) {
+    if (!main_rank) return;
+    std::printf("+---------------------------+--------------------------------------------------+\n");
+    for (const Option& o : parser.options())
+        std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
+    std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
+    std::printf("+---------------------------+--------------------------------------------------+\n");
+    std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d x tp %d%s, "
+                "ZeRO %d\n",
+                be->name(), dtype_name(s.model->precision().param), dtype_name(s.model->precision().grad),
+                dtype_name(s.model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp, grid.tp,
+                cfg.sp ? " (sequence parallel)" : "", cfg.zero);
+    std::printf("model %s, %zu parameters (%zu on this rank's stage and tensor-parallel slice)\n",
+                config_string(mc).c_str(), s.model->table().file_params, s.model->table().params);
+    if (grid.pp > 1)
+        std::printf("pipeline: %d stages x %d chunk(s) of %d block(s), %s schedule, %d micro-batches per step\n",
+                    grid.pp, cfg.vpp, mc.num_layers / (grid.pp * cfg.vpp), cfg.vpp > 1 ? "interleaved 1F1B" : "1F1B",
+                    accum);
+    std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; "
+                "T=%d (%d per rank); %d steps\n",
+                train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, grid.dp, cfg.T, T_local,
+                cfg.max_steps);
+}

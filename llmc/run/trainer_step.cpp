@@ -1,0 +1,136 @@
+// llmc/run/trainer_step.cpp: a training step, validation and samples
+// (llmc/run/trainer.h).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "llmc/backend/backends.h"
+#include "llmc/base/trace.h"
+#include "llmc/run/report.h"
+#include "llmc/run/startup.h"
+#include "llmc/run/trainer.h"
+
+// Training FLOPs per token as llm.c counts them (docs/design.md section
+// 10): 6 per weight plus 6·L·C·T for attention, so MFU figures compare.
+static double flops_per_token(const GPTConfig& c, size_t params, int T) {
+    return 6.0 * (double)params + 6.0 * c.num_layers * (double)c.channels * T;
+}
+
+// Draws a token from the softmax of logits with one uniform number.
+static int sample_token(const std::vector<float>& logits, double u) {
+    double mx = -INFINITY, sum = 0;
+    for (float x : logits) mx = std::max(mx, (double)x);
+    for (float x : logits) sum += std::exp((double)x - mx);
+    double acc = 0, target = u * sum;
+    for (size_t i = 0; i < logits.size(); i++) {
+        acc += std::exp((double)logits[i] - mx);
+        if (acc > target) return (int)i;
+    }
+    return (int)logits.size() - 1;
+}
+
+// B rows from first_row on, this rank's tokens of them: whole rows, or this
+// cp rank's chunks.
+void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
+    if (!dl.read_rows(first_row, cfg.B, full_in.data(), full_tg.data(), &err)) fail(err);
+    s.cp->shard_rows(full_in.data(), cfg.B, cfg.T, inputs.data());
+    s.cp->shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
+}
+
+// One optimizer step: the pipeline schedule runs the forwards and backwards
+// of the step's micro-batches (without pp: forward, backward, one after the
+// other), then the optimizer.
+StepMetrics Trainer::train_step(int step) {
+    auto t0 = std::chrono::steady_clock::now();
+    trace::set_step(step);
+    s.model->zero_grad();
+    auto load = [&](int micro, const int** in, const int** tg) {
+        // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
+        uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
+                                     : st.rows_consumed + ((uint64_t)micro * grid.dp + grid.dp_rank) * cfg.B;
+        read_micro_batch(train, first);
+        *in = inputs.data();
+        *tg = targets.data();
+    };
+    double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
+    // The mean over the global batch: the last stage's sum over the dp x cp
+    // ranks (each a mean over its tokens), then to every stage.
+    loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
+    loss = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? loss : 0.0);
+    double norm;
+    {
+        trace::Scope span("optimizer", "optimizer");
+        norm = s.step(oc, step);
+    }
+    be->synchronize();
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    st.rows_consumed += (uint64_t)rows_per_step;
+    st.step = step + 1;
+
+    StepMetrics m{};
+    m.step = step;
+    m.loss = loss;
+    m.lr = lr_at(oc, step);
+    m.grad_norm = norm;
+    m.ms = ms;
+    m.tokens = (unsigned long long)st.step * (unsigned long long)cfg.total_batch;
+    m.tokens_per_s = cfg.total_batch / (ms / 1000.0);
+    const double peak = backend_peak_flops(*be);
+    m.mfu = peak > 0 ? flops_per_token(mc, s.model->table().file_params, cfg.T) * m.tokens_per_s / (peak * grid.world_size)
+                     : 0;
+    m.val_loss = -1;
+    std::string comm_text = comm_summary(grid, &m.comm_json);
+    if (main_rank) {
+        std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, cfg.max_steps,
+                    loss, m.lr, norm, ms, m.tokens_per_s);
+        if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
+        if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
+        std::printf("\n");
+    }
+    if (!std::isfinite(loss)) fail("loss is not finite at step " + std::to_string(step + 1));
+    return m;
+}
+
+// Validation micro-batches are dealt round robin over the data-parallel
+// ranks; every rank runs the same number of forwards (the extra ones are
+// discarded), each through the whole pipeline.
+double Trainer::validate() {
+    trace::set_step(-1);
+    double sum = 0, count = 0;
+    for (int k0 = 0; k0 < cfg.val_steps; k0 += grid.dp) {
+        int k = k0 + grid.dp_rank;
+        bool mine = k < cfg.val_steps;
+        read_micro_batch(val, (size_t)(mine ? k : 0) * cfg.B);
+        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), cfg.B, T_local);
+        if (mine) sum += l, count += 1;
+    }
+    sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
+    count = grid.dpcp_group->host_all_reduce(count, ReduceOp::Sum);
+    reset_counts(grid);  // validation traffic is not step traffic
+    if (main_rank) std::printf("val loss %.6f\n", sum / count);
+    return sum / count;
+}
+
+// Every rank runs the same forwards (ZeRO-3 gathers need all of them) with
+// the same RNG; rank 0 prints. Each forward runs on the whole window of T
+// tokens (as llm.c does): causal attention keeps the padding after position
+// t from mattering, and the shape stays one that sequence parallelism can
+// split.
+void Trainer::sample() {
+    trace::set_step(-1);
+    const int V = mc.vocab_size, T = cfg.T;
+    std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0), local(T / s.cp->size());
+    std::vector<float> logits(V);
+    std::string text;
+    int n = std::min(cfg.gen_tokens, T - 1);
+    for (int t = 1; t <= n; t++) {
+        s.cp->shard_rows(tokens.data(), 1, T, local.data());
+        s.pipe->forward_only(*s.model, local.data(), nullptr, 1, T / s.cp->size());
+        s.pipe->logits_row(*s.model, 0, t - 1, logits.data());
+        int next = sample_token(logits, rng.uniform());
+        tokens[t] = next;
+        text += tok.decode(next);
+    }
+    if (main_rank) std::printf("---- sample ----\n%s\n----------------\n", Tokenizer::printable(text).c_str());
+    reset_counts(grid);
+}
