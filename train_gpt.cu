@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
         for (int step = r.st.step; step < cfg.max_steps; step++) {
             StepMetrics m = r.train_step(step);
             if (r.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
-            if (r.main_rank && !r.metrics.write(m, &err)) fail(err);
+            if (r.main_rank && !r.metrics.write(m, &err)) end_job(err);
             if (r.due(cfg.sample_every, step)) r.sample();
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
             std::fflush(stdout);
@@ -63,11 +63,11 @@ int main(int argc, char** argv) {
         r.finish();
         run.reset();
     } catch (const std::bad_alloc&) {
-        fail(r.cfg.memory_budget > 0
+        end_job(r.cfg.memory_budget > 0
                  ? "out of memory within --memory-budget " + std::to_string((long long)r.cfg.memory_budget) + " MiB"
                  : "out of memory");
     } catch (const std::exception& e) {
-        fail(e.what());
+        end_job(e.what());
     }
     dist_finalize();
     return 0;

@@ -21,7 +21,7 @@ void setup_check(bool ok, const std::string& msg) {
     std::exit(1);
 }
 
-[[noreturn]] void fail(const std::string& msg) { dist_abort(msg); }
+[[noreturn]] void end_job(const std::string& msg) { dist_abort(msg); }
 
 void check_same_flags(const ArgParser& parser) {
     std::string mine;

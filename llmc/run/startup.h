@@ -17,7 +17,7 @@ void setup_check(bool ok, const std::string& msg);
 
 // Errors during training, possibly on one rank only: end the whole job
 // (llmc/comm/dist.h dist_abort).
-[[noreturn]] void fail(const std::string& msg);
+[[noreturn]] void end_job(const std::string& msg);
 
 // Every rank must run with the same flags (mpirun -np 1 A : -np 1 B would
 // otherwise hang or train wrong): rank 0's values go to every rank, each

@@ -55,7 +55,7 @@ void Trainer::report_resume(const RunInfo& saved) {
 // Every rank writes its own shard; rank 0 the index, then DONE.
 void Trainer::checkpoint() {
     st.rng_state = rng.state;
-    if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) fail(err);
+    if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) end_job(err);
     if (main_rank) {
         std::printf("checkpoint: %s\n", checkpoint_dir(cfg.output_dir, st.step).c_str());
         if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
@@ -76,12 +76,12 @@ void Trainer::export_weights() {
     }
     if (!cfg.export_model.empty()) paths.push_back(cfg.export_model);
     for (const std::string& p : paths) {
-        if (!export_model(p, *s.model, owner(), version, &err)) fail(err);
+        if (!export_model(p, *s.model, owner(), version, &err)) end_job(err);
         if (main_rank) std::printf("model: %s\n", p.c_str());
     }
     if (!cfg.export_hf.empty()) {  // with the run's tokenizer.json, if it has one
         const bool json = cfg.tokenizer.size() > 5 && cfg.tokenizer.compare(cfg.tokenizer.size() - 5, 5, ".json") == 0;
-        if (!export_hf(cfg.export_hf, *s.model, owner(), &err, json ? cfg.tokenizer : "")) fail(err);
+        if (!export_hf(cfg.export_hf, *s.model, owner(), &err, json ? cfg.tokenizer : "")) end_job(err);
         if (main_rank) std::printf("hugging face model: %s\n", cfg.export_hf.c_str());
     }
 }
@@ -95,13 +95,13 @@ void Trainer::finish() {
         double hi = grid.tp_group->host_all_reduce(c, ReduceOp::Max);
         double lo = -grid.tp_group->host_all_reduce(-c, ReduceOp::Max);
         if (main_rank) std::printf("tp replicas of LayerNorm, wpe and row-parallel biases: %s\n", hi == lo ? "identical" : "DIFFER");
-        if (hi != lo) fail("replicated parameters differ across the tensor-parallel group");
+        if (hi != lo) end_job("replicated parameters differ across the tensor-parallel group");
     }
     // The two copies of the tied embeddings (first and last stage) must agree.
     if (grid.pp > 1 && mc.tied) {
         const bool same = s.pipe->tied_embeddings_agree(*s.model);
         if (main_rank) std::printf("pp tied embeddings (first and last stage): %s\n", same ? "identical" : "DIFFER");
-        if (!same) fail("the tied embeddings of the first and the last pipeline stage differ");
+        if (!same) end_job("the tied embeddings of the first and the last pipeline stage differ");
     }
     export_weights();
     if (!cfg.trace.empty()) {
@@ -112,7 +112,7 @@ void Trainer::finish() {
             std::printf("; formula (pp-1)/(m*vpp) = %.3f\n", s.pipe->bubble_formula());
         }
         bool ok = trace::finish(*grid.world, &err);
-        if (!ok) fail(err);
+        if (!ok) end_job(err);
         if (main_rank) std::printf("trace: %s\n", cfg.trace.c_str());
     }
     print_whole_line(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));

@@ -32,7 +32,7 @@ static int sample_token(const std::vector<float>& logits, double u) {
 // B rows from first_row on, this rank's tokens of them: whole rows, or this
 // cp rank's chunks.
 void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
-    if (!dl.read_rows(first_row, cfg.B, full_in.data(), full_tg.data(), &err)) fail(err);
+    if (!dl.read_rows(first_row, cfg.B, full_in.data(), full_tg.data(), &err)) end_job(err);
     s.cp->shard_rows(full_in.data(), cfg.B, cfg.T, inputs.data());
     s.cp->shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
 }
@@ -87,7 +87,7 @@ StepMetrics Trainer::train_step(int step) {
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
         std::printf("\n");
     }
-    if (!std::isfinite(loss)) fail("loss is not finite at step " + std::to_string(step + 1));
+    if (!std::isfinite(loss)) end_job("loss is not finite at step " + std::to_string(step + 1));
     return m;
 }
 

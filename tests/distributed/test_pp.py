@@ -149,15 +149,24 @@ def test_traffic_memory_trace(tmp):
         check(want_cats <= cats, f"{what}: trace span kinds {cats}, want {want_cats}")
 
 
+def fits(vals, formula):
+    """Two stages' measured bubbles: none negative, the smallest near the formula."""
+    return len(vals) == 2 and min(vals) >= 0 and abs(min(vals) - formula) <= 0.04
+
+
 def test_bubble(tmp):
     # Stages of equal cost: two blocks per chunk of C=256 beside which the
     # embedding, the LM head over 97 ids and the transfers are small; one
     # thread per rank, 2 ranks on 2 cores, 8 micro-batches. The first step
     # is not measured.
-    # A timing is disturbed by whatever else the machine runs (CI runs the
-    # suites side by side), and load only adds idle time; so a layout is
-    # measured up to three times and passes when one run's bubble is within
-    # 0.04 of the formula on both stages.
+    # A timing is disturbed by whatever else the machine runs, so what is
+    # checked is what load cannot break: the stage that limits the pipeline
+    # (the one whose compute took longest) idles only for the schedule's own
+    # bubble, whatever slowed it down, while load on one stage makes the
+    # others wait on it. So the smallest bubble over the stages must be
+    # within 0.04 of the formula (a schedule that did not overlap the stages
+    # would idle about pp - 1 times its compute on every stage); each stage's
+    # figure is printed. A layout is measured up to three times.
     model = "L=8,C=256,NH=4,V=97,Vp=97,T=64"
     for extra, formula in ((["--pp", "2"], 1 / 8), (["--pp", "2", "--vpp", "2"], 1 / 16)):
         what = " ".join(extra)
@@ -177,12 +186,12 @@ def test_bubble(tmp):
                 check(abs(float(mo.group(2)) - formula) < 1e-3, f"bubble {what}: formula printed {mo.group(2)}")
             print(f"  {what}, m=8, run {attempt + 1}: measured bubble per stage {vals} vs formula {formula:.4f}")
             runs.append(vals)
-            if len(vals) == 2 and all(abs(v - formula) <= 0.04 for v in vals):
+            if fits(vals, formula):
                 break
         if runs:
-            vals = runs[-1]
-            check(len(vals) == 2 and all(abs(v - formula) <= 0.04 for v in vals),
-                  f"bubble {what}: measured {runs} in {len(runs)} runs, formula {formula:.4f}")
+            check(fits(runs[-1], formula),
+                  f"bubble {what}: measured {runs} in {len(runs)} runs, formula {formula:.4f}: the least idle "
+                  "stage should idle for the schedule's bubble alone")
 
 
 def test_checkpoints(tmp):
