@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# scripts/gpu/bundle_selftest.sh: proves on the build machine that
-# build/gpu_carry (scripts/gpu/bundle.sh) is enough to build and run with MPI
-# where the system has no Open MPI and no OpenBLAS, as on the GPU image.
-# In a scratch copy of the working tree, inside a private mount namespace
-# (needs root and `unshare`), the system's Open MPI and OpenBLAS are hidden
-# (their programs, libraries and headers covered by empty mounts); then
-# scripts/gpu/env.sh sets up the carried ones; the prebuilt binaries (if
+# scripts/gpu/bundle_selftest.sh [OUTDIR]: proves, on the machine that made it,
+# that the bundle of scripts/gpu/bundle.sh (build/gpu/bundle, or GPU_BUNDLE=DIR;
+# made first if missing, which needs a network) is enough to build and run
+# with MPI where the system has no Open MPI and no OpenBLAS, as on a bare GPU
+# machine. In a scratch copy of the working tree, inside a private mount
+# namespace (needs root and `unshare`), the system's Open MPI and OpenBLAS are
+# hidden (their programs, libraries and headers covered by empty mounts);
+# then scripts/gpu/env.sh sets up the bundled ones; the prebuilt binaries (if
 # bundled) are taken as scripts/gpu/check.sh would take them, then the
 # project builds (CUDA backend, NCCL and staged communicators included, when
 # nvcc is here), and with each of the two
@@ -13,14 +14,23 @@
 #   - the same job under mpirun -np 2 with ZeRO-1 and with --tp 2 ends with
 #     the one-process run's losses (fp32, relative 1e-5);
 #   - build/test_comm (every collective against formulas) passes at np 2.
-# Last line: "N passed, N failed".
+# OUTDIR (default build/gpu/bundle_selftest) receives selftest.txt (what is
+# printed) and the logs. Last line: "N passed, N failed".
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-[[ -f build/gpu_carry/openmpi.tar.xz ]] || bash scripts/gpu/bundle.sh || exit 1
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
+[[ $# -le 1 && ${1:-} != -* ]] || usage
+OUTDIR=${1:-}
+if [[ -n $OUTDIR ]]; then OUTDIR=$(mkdir -p "$OUTDIR" && cd "$OUTDIR" && pwd) || exit 1; fi
+cd "$(dirname "$0")/../.." || exit 1
+OUTDIR=${OUTDIR:-$PWD/build/gpu/bundle_selftest}
+BUNDLE=${GPU_BUNDLE:-build/gpu/bundle}
+mkdir -p "$OUTDIR"
+[[ -f $BUNDLE/openmpi.tar.xz ]] || bash scripts/gpu/bundle.sh "$BUNDLE" || exit 1
+[[ -f $BUNDLE/openmpi.tar.xz ]] || { echo "bundle_selftest.sh: $BUNDLE has no Open MPI (see its MANIFEST.txt)" >&2; exit 1; }
 S=$(mktemp -d /tmp/llmc_bundle_XXXXXX)
 git ls-files -z | xargs -0 cp --parents -t "$S"
 git ls-files -z --others --exclude-standard | xargs -0 -r cp --parents -t "$S"
-mkdir -p "$S/build" && cp -r build/gpu_carry "$S/build/"
+mkdir -p "$S/build/gpu" && cp -r "$BUNDLE" "$S/build/gpu/bundle"
 echo "scratch copy: $S"
 # The inner script goes to a file: mpirun forwards its stdin to rank 0 and
 # would swallow a script read from stdin.
@@ -49,8 +59,8 @@ mpirun --version | head -n 1
 runs() {
     ok test -x train_gpt
     ldd train_gpt | grep -E 'libmpi|blas|nccl' | sed 's/^/  /'
-    ok bash -c "ldd train_gpt | grep -q 'libmpi.so.40 => $S/build/gpu_deps/openmpi/lib/'"
-    ok bash -c "ldd train_gpt | grep -q 'libopenblas.so.0 => $S/build/gpu_deps/openblas/lib/'"
+    ok bash -c "ldd train_gpt | grep -q 'libmpi.so.40 => $S/build/gpu/deps/openmpi/lib/'"
+    ok bash -c "ldd train_gpt | grep -q 'libopenblas.so.0 => $S/build/gpu/deps/openblas/lib/'"
     local ARGS=(-i data/tiny/tiny_train_000001.bin -j "" -t 64 -b 4 -d 512 -x 5 -v 0 -s 0 --device cpu --dtype fp32)
     rm -rf build/st_*
     ok ./train_gpt "${ARGS[@]}" -o build/st_one > build/st_one.log 2>&1
@@ -69,22 +79,24 @@ PY
     ok mpirun -np 2 build/test_comm > build/st_comm.log 2>&1
     tail -n 1 build/st_comm.log | sed "s/^/  $1 test_comm np=2: /"
 }
-# 1. The prebuilt sm_90 binaries (gpu_bundle.sh --prebuilt), as a fresh GPU
+# 1. The prebuilt sm_90 binaries (bundle.sh --prebuilt), as a fresh GPU
 #    machine would take them.
-if ls build/gpu_carry/prebuilt_*.tar.xz > /dev/null 2>&1; then
+if ls build/gpu/bundle/prebuilt_*.tar.xz > /dev/null 2>&1; then
     CUDA_ARCH="-gencode arch=compute_90,code=sm_90" bash scripts/gpu/check.sh __build > build/st_prebuilt.log 2>&1
     cat build/st_prebuilt.log
-    ok grep -q '^using build/gpu_carry/prebuilt' build/st_prebuilt.log
+    ok grep -q '^using build/gpu/bundle/prebuilt' build/st_prebuilt.log
     runs prebuilt
-    rm -f train_gpt test_gpt build/test_* build/gpu_check/.built
+    rm -f train_gpt build/test_* build/dump_rows build/gpu/built/stamp
 fi
-# 2. Built here from the sources with the carried Open MPI and OpenBLAS.
+# 2. Built here from the sources with the bundled Open MPI and OpenBLAS.
 make -j2 all build/test_comm > build/selftest_build.log 2>&1 || { tail -30 build/selftest_build.log; }
 runs built
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
 EOF
-unshare --mount --fork bash "$S/selftest_inner.sh" "$S" < /dev/null
-rc=$?
+GPU_BUNDLE=build/gpu/bundle unshare --mount --fork bash "$S/selftest_inner.sh" "$S" < /dev/null 2>&1 | tee "$OUTDIR/selftest.txt"
+rc=${PIPESTATUS[0]}
+cp "$S"/build/st_*.log "$S"/build/selftest_build.log "$OUTDIR/" 2>/dev/null
+echo "logs in $OUTDIR"
 rm -rf "$S"
 exit $rc

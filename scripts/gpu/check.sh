@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# scripts/gpu/check.sh PHASE...: every check that needs a GPU, in phases that
-# each fit one 10-minute command of the device tool (docs/gpu-results.md says
-# which calls to make, in order, with which carry list).
+# scripts/gpu/check.sh PHASES [OUTDIR]: every check that needs a GPU, run on
+# a GPU machine from a checkout of this repository (docs/gpu-results.md: how
+# to prepare the machine, which phases to run, where the figures go).
+#   PHASES    one phase, several comma-separated (build,lab,test,shapes), or
+#             all (every phase in the order below):
 #   build     the trainer, tests and kernel lab (sm_XX of this GPU only), with
-#             the carried Open MPI / OpenBLAS when the image lacks them
-#             (scripts/gpu/env.sh), or the carried prebuilt binaries when they
-#             match; every later phase does the same first if needed (a fresh
-#             machine), so each phase also runs on its own
+#             the bundled Open MPI / OpenBLAS when the machine lacks them
+#             (scripts/gpu/env.sh), or the bundled prebuilt binaries when they
+#             match; every later phase does the same first if needed, so each
+#             phase also runs on its own
 #   lab       every dev/cuda program: kernels against the CPU ops, timings
 #   test      the test suite's CUDA-relevant part (test_gpt on CUDA fp32 and
 #             bf16 against the PyTorch reference, test_real_shapes at small
@@ -14,42 +16,96 @@
 #   shapes    build/test_real_shapes: d12's shapes, HS=128, N*Vp > 2^31, and a
 #             Llama (GQA 4:1, heads of 128, SwiGLU, RoPE, untied head)
 #   sanitize  compute-sanitizer memcheck, racecheck, initcheck, synccheck over
-#             test_gpt (CUDA fp32, bf16) and the attention / ring attention lab
-#             (validation only); SANITIZE_TOOLS picks tools
+#             build/test_gpt (CUDA fp32, bf16) and the attention / ring
+#             attention lab (validation only); SANITIZE_TOOLS picks tools
 #   ranks     ranks sharing the GPU over --comm mpi against one process
 #             (scripts/gpu/ranks.py), GPT-2 in every layout, then a Llama in
 #             four
 #   curve     d12-shaped model on data/tiny: 300 CUDA bf16 steps, 20 CPU fp32
 #             and CUDA fp32 steps, the plot (scripts/gpu/curve.py)
-#   bench     d12 tokens/s and MFU at T=1024 for a few B, then llm.c next to
-#             it (scripts/gpu/bench_vs_llmc.sh, when its sources are carried)
-#   all       every phase in that order (for a machine without a time limit:
-#             set GPU_CHECK_SECONDS)
-# Every program runs under a time limit inside the command's budget
-# (GPU_CHECK_SECONDS, default 570 s from the start, for all phases given);
-# what would start too late is reported SKIPPED. A crash, a timeout or a
-# FAIL in one program is that program's row and hides nothing else.
-# Output, under $OUT (the device tool's folder; build/gpu_check/out here):
-#   summary.txt        the one-screen summaries printed
-#   gpu-results.jsonl  one JSON object per measured figure (scripts/
-#                      gpu_figures.py): copy into docs/gpu-results.jsonl
-#   logs.tar.gz        every log of the phases run (build/gpu_check/PHASE)
-#   d12_tiny_curve.png the curve phase's plot (for docs/)
+#   bench     d12 tokens/s and MFU at T=1024 for a few B (BENCH_B), the
+#             planner's prediction against them, then llm.c next to it
+#             (scripts/gpu/bench_vs_llmc.sh) when llm.c's sources are at hand:
+#             LLMC_SRC=DIR (git clone https://github.com/karpathy/llm.c), or
+#             the copy in the bundle (scripts/gpu/bundle.sh --llmc DIR)
+#   OUTDIR    where every result goes (default build/gpu/check); runs into
+#             the same OUTDIR add up (a phase run again adds its figures
+#             again, each with its date):
+#     summary.txt        the one-screen summaries printed
+#     gpu-results.jsonl  one JSON object per measured figure (scripts/gpu/
+#                        figures.py): append it to docs/gpu-results.jsonl
+#     logs/PHASE/        every log of the phase; table.txt: one row per program
+#     d12_tiny_curve.png the curve phase's plot (for docs/)
+# Each phase stops itself within 10 minutes: every program runs under a time
+# limit inside the phase's, and what would start too late is reported
+# SKIPPED, so a run can be split into short steps. GPU_CHECK_SECONDS=N also
+# bounds the whole run (all phases given) to N seconds. A crash, a timeout or
+# a FAIL in one program is that program's row and hides nothing else.
+# Build state (not results) stays in build/gpu/built and build/gpu/deps.
 # Exit status: 0 when nothing failed or was skipped.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-export OUT=${OUT:-build/gpu_check/out}
-WORK=build/gpu_check
-mkdir -p "$OUT" "$WORK"
-RESULTS=$OUT/gpu-results.jsonl SUMMARY=$OUT/summary.txt
+ALL_PHASES=(build lab test shapes sanitize ranks curve bench)
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
+[[ $# -ge 1 && $# -le 2 && -n $1 && $1 != -h && $1 != --help ]] || usage
+if [[ $1 != __build ]]; then
+    IFS=', ' read -r -a PHASES <<< "$1"
+    [[ ${PHASES[*]} == all ]] && PHASES=("${ALL_PHASES[@]}")
+    for ph in "${PHASES[@]}"; do
+        [[ " ${ALL_PHASES[*]} " == *" $ph "* ]] ||
+            { echo "check.sh: unknown phase '$ph' (${ALL_PHASES[*]} all; several: comma-separated)" >&2; exit 2; }
+    done
+fi
+OUTDIR=${2:-}
+if [[ -n $OUTDIR ]]; then OUTDIR=$(mkdir -p "$OUTDIR" && cd "$OUTDIR" && pwd) || exit 1; fi
+cd "$(dirname "$0")/../.." || exit 1
+BUILT=build/gpu/built
+mkdir -p "$BUILT"
 JOBS=$(nproc)
-END_ALL=$((SECONDS + ${GPU_CHECK_SECONDS:-570}))
 source scripts/gpu/env.sh
+# ensure_built: make everything unless this exact source tree was built here
+# for this GPU (a copied tree has new file times, which would make `make`
+# rebuild everything). On a fresh machine, binaries prebuilt for sm_90 by
+# scripts/gpu/bundle.sh --prebuilt are used when they match the sources and
+# every library they need resolves; otherwise it builds (logs in build/gpu/built).
+SRC_HASH=$(for f in Makefile dev/cuda/Makefile ./*.cu llmc/*/* llmc/backend/cuda/* tests/*/*.cpp tests/lib/*.h \
+    dev/cuda/*.cu dev/cuda/*.h data/*.cpp; do [[ -f $f ]] && echo "$f"; done | LC_ALL=C sort | xargs cat | md5sum | cut -c1-32)
+built_ok() {
+    [[ -x train_gpt && -f $BUILT/stamp && $(cat "$BUILT/stamp") == "$SRC_HASH ${CUDA_ARCH:-}" ]] || return 1
+    local b
+    for b in train_gpt build/test_gpt build/test_real_shapes dev/cuda/attention_forward; do
+        if [[ ! -x $b ]] || ldd "$b" 2>/dev/null | grep -q 'not found'; then
+            echo "$b: missing, or libraries unresolved"
+            return 1
+        fi
+    done
+    ./train_gpt --help > /dev/null
+}
+ensure_built() {
+    if built_ok; then echo "up to date"; return 0; fi
+    local pre
+    pre=$(ls "$GPU_BUNDLE"/prebuilt_*.tar.xz 2>/dev/null | head -n 1)
+    if [[ -n $pre && ! -f $BUILT/prebuilt_tried ]]; then
+        touch "$BUILT/prebuilt_tried"
+        tar -xJf "$pre" && built_ok && { echo "using $pre"; return 0; }
+        echo "prebuilt binaries not usable here ($(cat "$BUILT/stamp" 2>/dev/null) vs $SRC_HASH ${CUDA_ARCH:-}): building"
+    fi
+    rm -f "$BUILT/stamp"
+    echo "building (-j$JOBS; $GPU_ENV_SUMMARY)"
+    make -j"$JOBS" all tests > "$BUILT/make.log" 2>&1 || { tail -n 30 "$BUILT/make.log"; return 1; }
+    make -C dev/cuda -j"$JOBS" > "$BUILT/make_lab.log" 2>&1 || { tail -n 30 "$BUILT/make_lab.log"; return 1; }
+    echo "$SRC_HASH ${CUDA_ARCH:-}" > "$BUILT/stamp"
+}
+[[ $1 == __build ]] && { ensure_built; exit; }
+
+OUTDIR=${OUTDIR:-build/gpu/check}
+mkdir -p "$OUTDIR"
+RESULTS=$OUTDIR/gpu-results.jsonl SUMMARY=$OUTDIR/summary.txt
+END_ALL=$((SECONDS + ${GPU_CHECK_SECONDS:-1000000000}))
 PY=python3
 for cand in python3 /usr/bin/python3; do "$cand" -c "import numpy" 2>/dev/null && { PY=$cand; break; }; done
 export GPU_DEVICE=${GPU_DEVICE:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)}
 [[ -n $GPU_DEVICE ]] || GPU_DEVICE="no GPU"
-export GPU_COMMIT=${GPU_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat build/gpu_carry/COMMIT 2>/dev/null || echo unknown)}
+export GPU_COMMIT=${GPU_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat "$GPU_BUNDLE/COMMIT" 2>/dev/null || echo unknown)}
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 TOTAL_FAILED=0 TOTAL_SKIPPED=0
 
@@ -63,7 +119,7 @@ figure() {
 
 # begin_phase NAME SECONDS: a fresh log folder and the phase's deadline.
 begin_phase() {
-    PHASE=$1 W=$WORK/$1 P_PASS=0 P_FAIL=0 P_SKIP=0 P_T0=$SECONDS
+    PHASE=$1 W=$OUTDIR/logs/$1 P_PASS=0 P_FAIL=0 P_SKIP=0 P_T0=$SECONDS
     DEADLINE=$((SECONDS + $2))
     ((DEADLINE > END_ALL)) && DEADLINE=$END_ALL
     rm -rf "$W" && mkdir -p "$W"
@@ -111,48 +167,13 @@ end_phase() {
     TOTAL_FAILED=$((TOTAL_FAILED + P_FAIL)) TOTAL_SKIPPED=$((TOTAL_SKIPPED + P_SKIP))
 }
 
-# ensure_built: make everything unless this exact source tree was built here
-# for this GPU (the device tool may copy files with new times, which would
-# make rebuild all). On a fresh machine, binaries prebuilt for sm_90 by
-# scripts/gpu/bundle.sh --prebuilt are used when they match the sources and
-# every library they need resolves; otherwise it builds.
-SRC_HASH=$(for f in Makefile dev/cuda/Makefile ./*.cu llmc/*/* llmc/backend/cuda/* tests/*.cpp dev/cuda/*.cu dev/cuda/*.h \
-    data/*.cpp; do [[ -f $f ]] && echo "$f"; done | LC_ALL=C sort | xargs cat | md5sum | cut -c1-32)
-built_ok() {
-    [[ -x train_gpt && -f $WORK/.built && $(cat "$WORK/.built") == "$SRC_HASH ${CUDA_ARCH:-}" ]] || return 1
-    local b
-    for b in train_gpt test_gpt build/test_real_shapes dev/cuda/attention_forward; do
-        if [[ ! -x $b ]] || ldd "$b" 2>/dev/null | grep -q 'not found'; then
-            echo "$b: missing, or libraries unresolved"
-            return 1
-        fi
-    done
-    ./train_gpt --help > /dev/null
-}
-ensure_built() {
-    if built_ok; then echo "up to date"; return 0; fi
-    local pre
-    pre=$(ls build/gpu_carry/prebuilt_*.tar.xz 2>/dev/null | head -n 1)
-    if [[ -n $pre && ! -f $WORK/.prebuilt_tried ]]; then
-        touch "$WORK/.prebuilt_tried"
-        tar -xJf "$pre" && built_ok && { echo "using $pre"; return 0; }
-        echo "prebuilt binaries not usable here ($(cat "$WORK/.built" 2>/dev/null) vs $SRC_HASH ${CUDA_ARCH:-}): building"
-    fi
-    rm -f "$WORK/.built"
-    echo "building (-j$JOBS; $GPU_ENV_SUMMARY)"
-    make -j"$JOBS" all tests > "$WORK/make.log" 2>&1 || { tail -n 30 "$WORK/make.log"; return 1; }
-    make -C dev/cuda -j"$JOBS" > "$WORK/make_lab.log" 2>&1 || { tail -n 30 "$WORK/make_lab.log"; return 1; }
-    echo "$SRC_HASH ${CUDA_ARCH:-}" > "$WORK/.built"
-}
-[[ ${1:-} == __build ]] && { ensure_built; exit; }
-
 phase_build() {
     begin_phase build 540
     { date -u; nvidia-smi; nvcc --version; echo "$GPU_ENV_SUMMARY"; } > "$W/device.txt" 2>&1
     say "$GPU_ENV_SUMMARY"
     run_prog make 500 bash scripts/gpu/check.sh __build
     cat "$W/make.log" | tee -a "$SUMMARY"
-    cp "$WORK"/make*.log "$W/" 2>/dev/null
+    cp "$BUILT"/make*.log "$W/" 2>/dev/null
     figure build_seconds $((SECONDS - P_T0)) s "scripts/gpu/check.sh build ($JOBS jobs, ${CUDA_ARCH:-default arch})"
     end_phase
 }
@@ -221,8 +242,8 @@ phase_sanitize() {
     [[ -f $S ]] || run_prog reference 120 "$PY" tests/reference/reference_gpt.py --spec "L=2,C=64,NH=4,V=128,T=32" --dtype fp32 \
         --B 4 --T 32 --warmup 3 --final-frac 0.1 --wd 0.1 --write-model "$M" --write-state "$S"
     local -A progs=(
-        [test_gpt_fp32]="./test_gpt --model $M --state $S --device cuda --dtype fp32"
-        [test_gpt_bf16]="./test_gpt --model $M --state $S --device cuda --dtype bf16"
+        [test_gpt_fp32]="build/test_gpt --model $M --state $S --device cuda --dtype fp32"
+        [test_gpt_bf16]="build/test_gpt --model $M --state $S --device cuda --dtype bf16"
         [attention_forward]="dev/cuda/attention_forward" [attention_backward]="dev/cuda/attention_backward"
         [ring_attention]="dev/cuda/ring_attention")
     printf '%-12s %-20s %s\n' tool program errors > "$W/errors.txt"
@@ -247,19 +268,19 @@ phase_ranks() {
     begin_phase ranks 540
     run_prog make 400 bash scripts/gpu/check.sh __build
     if ! command -v mpirun >/dev/null; then
-        say "no mpirun (carry build/gpu_carry: scripts/gpu/bundle.sh): SKIPPED"
+        say "no mpirun (install Open MPI, or bundle it: scripts/gpu/bundle.sh): SKIPPED"
         P_SKIP=1
     else
         mpirun --version 2>&1 | head -n 1 | tee -a "$SUMMARY"
-        run_prog gpu_ranks 520 "$PY" scripts/gpu/ranks.py --out "$W/runs"
+        run_prog ranks 520 "$PY" scripts/gpu/ranks.py --out "$W/runs"
         # A Llama (GQA, SwiGLU, RoPE, untied head) under four of the layouts.
-        run_prog gpu_ranks_llama 200 "$PY" scripts/gpu/ranks.py --model llama --out "$W/runs_llama" \
+        run_prog ranks_llama 200 "$PY" scripts/gpu/ranks.py --model llama --out "$W/runs_llama" \
             --layouts tp2_sp,cp2,dp2_z3,pp2_tp2_sp_z1
-        for prog in gpu_ranks gpu_ranks_llama; do
+        for prog in ranks ranks_llama; do
             [[ -f $W/$prog.log ]] || continue
             grep -E '^([a-z0-9]+, one process|  (fp32|bf16) )|^FAIL' "$W/$prog.log" | tee -a "$SUMMARY"
             local how="scripts/gpu/ranks.py"
-            [[ $prog == gpu_ranks_llama ]] && how+=" --model llama"
+            [[ $prog == ranks_llama ]] && how+=" --model llama"
             figures "$W/$prog.log" ranks_ "$how (mpirun -np N train_gpt --device cuda --comm mpi)"
         done
     fi
@@ -269,17 +290,17 @@ phase_ranks() {
 phase_curve() {
     begin_phase curve 570
     run_prog make 400 bash scripts/gpu/check.sh __build
-    run_prog gpu_curve 560 "$PY" scripts/gpu/curve.py --out "$W/runs" --png "$OUT/d12_tiny_curve.png" \
+    run_prog curve 560 "$PY" scripts/gpu/curve.py --out "$W/runs" --png "$OUTDIR/d12_tiny_curve.png" \
         --deadline $((DEADLINE - SECONDS - 20))
-    grep -E '^(PASS|FAIL|  c)' "$W/gpu_curve.log" | tee -a "$SUMMARY"
-    figures "$W/gpu_curve.log" curve_ "scripts/gpu/curve.py (train_gpt -e L=12,C=768,NH=12,V=257,T=1024 -t 1024 -b 4)"
+    grep -E '^(PASS|FAIL|  c)' "$W/curve.log" | tee -a "$SUMMARY"
+    figures "$W/curve.log" curve_ "scripts/gpu/curve.py (train_gpt -e L=12,C=768,NH=12,V=257,T=1024 -t 1024 -b 4)"
     end_phase
 }
 
 phase_bench() {
     begin_phase bench 570
     run_prog make 400 bash scripts/gpu/check.sh __build
-    local data=$WORK/bench_tokens.bin
+    local data=build/gpu/bench_tokens.bin
     [[ -f $data ]] || "$PY" -c "import sys; sys.path.insert(0, 'scripts'); import numpy as np, shards
 shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8_000_000), 50257)" "$data"
     for B in ${BENCH_B:-8 16 32}; do
@@ -307,26 +328,21 @@ PYEOF
         grep '^planner:' "$W/plan_vs_measured.log" | tee -a "$SUMMARY"
         figures "$W/plan_vs_measured.log" "" "train_gpt --calibrate, then --plan eval -e d12 -b 16 -t 1024 --world 1"
     fi
-    if [[ -f build/gpu_carry/llmc_src.tar.gz ]]; then
-        run_prog bench_vs_llmc 400 bash scripts/gpu/bench_vs_llmc.sh ${LLMC_B:-16 32}
-        cat "$WORK/bench_llmc/table.txt" 2>/dev/null | tee -a "$SUMMARY"
-        cp "$WORK"/bench_llmc/*.log "$W/" 2>/dev/null
+    # llm.c next to it: LLMC_SRC, else the bundle's copy (unpacked by env.sh).
+    local llmc=${LLMC_SRC:-}
+    [[ -z $llmc && -f $GPU_DEPS/llmc_src/train_gpt2.cu ]] && llmc=$GPU_DEPS/llmc_src
+    if [[ -n $llmc ]]; then
+        # shellcheck disable=SC2086
+        run_prog bench_vs_llmc 400 bash scripts/gpu/bench_vs_llmc.sh "$llmc" "$W/bench_vs_llmc" ${LLMC_B:-16 32}
+        cat "$W/bench_vs_llmc/table.txt" 2>/dev/null | tee -a "$SUMMARY"
+        cat "$W/bench_vs_llmc/gpu-results.jsonl" >> "$RESULTS" 2>/dev/null
     else
-        say "llm.c sources not carried (scripts/gpu/bundle.sh): comparison skipped"
+        say "no llm.c sources (LLMC_SRC=DIR, a clone of https://github.com/karpathy/llm.c): comparison skipped"
     fi
     end_phase
 }
 
-PHASES=("$@")
-[[ ${#PHASES[@]} -gt 0 ]] || { sed -n '2,/^set -uo/p' scripts/gpu/check.sh | sed '$d'; exit 2; }
-[[ ${PHASES[*]} == all ]] && PHASES=(build lab test shapes sanitize ranks curve bench)
-for ph in "${PHASES[@]}"; do
-    case $ph in
-        build | lab | test | shapes | sanitize | ranks | curve | bench) "phase_$ph" ;;
-        *) echo "gpu_check.sh: unknown phase '$ph' (build lab test shapes sanitize ranks curve bench all)"; exit 2 ;;
-    esac
-done
+for ph in "${PHASES[@]}"; do "phase_$ph"; done
 say ""
-say "gpu_check ${PHASES[*]}: $TOTAL_FAILED failed, $TOTAL_SKIPPED skipped; figures in $RESULTS"
-tar -czf "$OUT/logs.tar.gz" --exclude='*.bin' --exclude=out --exclude=.built -C build gpu_check 2>/dev/null
+say "check.sh ${PHASES[*]}: $TOTAL_FAILED failed, $TOTAL_SKIPPED skipped; figures in $RESULTS, logs in $OUTDIR/logs"
 [[ $TOTAL_FAILED -eq 0 && $TOTAL_SKIPPED -eq 0 ]]

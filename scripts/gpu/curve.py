@@ -18,9 +18,11 @@
 # (provisional 5e-2; both printed); the bf16 loss must fall. The curves are
 # drawn with scripts/plot_metrics.py into --png. Prints "figure" lines and
 # ends with "N passed, N failed".
-#   usage: gpu_curve.py --out DIR [--png FILE] [--steps 300] [--cpu-steps 20]
-#                       [-b 4] [--deadline SECONDS] [--gpu-device cuda]
-# (--gpu-device cpu with small --steps checks this script on a CPU machine.)
+# Run by scripts/gpu/check.sh's curve phase; on its own, from any directory:
+#   usage: scripts/gpu/curve.py --out DIR [--png FILE] [--steps 300]
+#              [--cpu-steps 20] [-b 4] [--deadline SECONDS] [--gpu-device cuda]
+# (the runs and their logs go to DIR; --gpu-device cpu with small --steps
+# checks this script on a machine without a GPU.)
 import argparse
 import json
 import os

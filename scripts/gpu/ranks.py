@@ -12,20 +12,23 @@
 #         until measured (docs/gpu-results.md).
 # The model (L=2, C=128, NH=4, byte-level V=257, T=256, data/tiny) is small
 # so 20 runs fit a few minutes; --model llama runs a Llama of that size
-# (NKV=2, F=344, untied head) instead, its figures named llama_*. Prints "figure" lines (relative errors) and
-# ends with "N passed, N failed".
-#   usage: gpu_ranks.py [--dtypes fp32,bf16] [--out DIR] [--bf16-tol 5e-2]
-#                       [--layouts all|NAME,...] [--timeout 240] [--device cuda]
-#                       [--model gpt2|llama]
-# (--device cpu --dtypes fp32 runs the same comparisons on the CPU: a check
-# of this script where there is no GPU.)
+# (NKV=2, F=344, untied head) instead, its figures named llama_*. Prints
+# "figure" lines (relative errors) and ends with "N passed, N failed".
+# Needs mpirun. Run by scripts/gpu/check.sh's ranks phase; on its own:
+#   usage: scripts/gpu/ranks.py [--dtypes fp32,bf16] [--out DIR] [--bf16-tol 5e-2]
+#              [--layouts all|NAME,...] [--timeout 240] [--device cuda]
+#              [--model gpt2|llama]
+# (the runs go to DIR, by default a temporary folder removed at the end;
+# --device cpu --dtypes fp32 runs the same comparisons on the CPU: a check of
+# this script where there is no GPU.)
 import argparse
 import os
 import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "lib"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 from testlib import ROOT, Checks, metrics, read_checkpoint, rel, train  # noqa: E402
 
 MODELS = {"gpt2": "L=2,C=128,NH=4,V=257,T=256", "llama": "arch=llama,L=2,C=128,NH=4,NKV=2,F=344,V=257,T=256"}
