@@ -4,7 +4,9 @@
 # mpirun when --np > 1) for a few steps and prints one line:
 #   tokens/s (median over the steps after --warmup), MFU (GPU only),
 #   bytes moved per step by each group and kind (from metrics.jsonl), and
-#   bytes held per rank (model state, activations, peak) from the memory lines.
+#   bytes held per rank (model state, activations, peak) from the memory lines,
+#   and with --pp the bubble each stage measured from a trace of the run
+#   beside the formula (pp-1)/(m·vpp).
 # Figures only: nothing here passes or fails (speed targets are not tests).
 # Also prints them as "figure NAME VALUE UNIT" lines for scripts/gpu/check.sh.
 #   usage: scripts/benchmark.py [--np N] [--steps 20] [--warmup 3] -- TRAIN_GPT_ARGS...
@@ -33,6 +35,8 @@ def main():
     args = [x for x in a.train_args if x != "--"]
     out_dir = tempfile.mkdtemp(prefix="llmc_bench_")
     cmd = [os.path.join(ROOT, "train_gpt"), "-x", str(a.steps), "-v", "0", "-s", "0", "-o", out_dir] + args
+    if "--pp" in args and "--trace" not in args:  # the bubble is measured from the trace
+        cmd += ["--trace", os.path.join(out_dir, "trace.json")]
     if a.np > 1:
         cmd = ["mpirun", "-np", str(a.np)] + cmd
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -61,6 +65,11 @@ def main():
     print(f"figure bytes_moved_per_step {sum(comm.values())} B")
     print(f"figure model_state_bytes_per_rank {state} B")
     print(f"figure activation_bytes_per_rank {acts} B")
+    bubble = re.search(r"pipeline bubble \(.*\): (.*); formula \(pp-1\)/\(m\*vpp\) = ([0-9.]+)", p.stdout)
+    if bubble:
+        for stage, value in re.findall(r"stage (\d+) ([0-9.]+)", bubble.group(1)):
+            print(f"figure pipeline_bubble_stage{stage} {value} idle/busy")
+        print(f"figure pipeline_bubble_formula {bubble.group(2)} idle/busy")
 
 
 if __name__ == "__main__":

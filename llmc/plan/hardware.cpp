@@ -19,7 +19,8 @@ Hardware h100_sxm() {
     h.source =
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB): 989 TFLOP/s dense bf16 (1979 with sparsity), "
         "3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s total (450 each way); DGX H100: one 400 Gb/s ConnectX-7 port "
-        "per GPU (50 GB/s). Large bf16 matmul 790 TFLOP/s: measured on this project's H100/H200 machines "
+        "per GPU (50 GB/s). Large bf16 matmul about 790 TFLOP/s, 80% of peak: reported for H100 and H200, not yet "
+        "measured by this project "
         "(docs/design.md section 10). Attention 35% of peak: FlashAttention-2 on H100 (Shah et al. 2024, "
         "FlashAttention-3, sec. 1). Collectives at what NCCL reaches of the links: on 8 A100 over NVLink about "
         "200 of 300 GB/s (github.com/NVIDIA/nccl-tests/issues/149 and /178), so 2/3 of NVLink here too (300 GB/s), and about 90% "
@@ -54,7 +55,7 @@ Hardware a100_sxm_80g() {
         "(github.com/NVIDIA/nccl-tests/issues/149 and /178), about 90% of InfiniBand's line rate "
         "(github.com/NVIDIA/nccl-tests/issues/119: 85-96 "
         "of 100 GB/s), 22.5 GB/s. Assumed (--calibrate measures them): large bf16 matmul at the 80% of peak "
-        "measured on H100 (790/989, docs/design.md section 10), memory-bound kernels at 80% of HBM, 5 us per "
+        "reported for H100 (790/989, docs/design.md section 10), memory-bound kernels at 80% of HBM, 5 us per "
         "kernel launch, 5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the "
         "runtime.";
     h.peak_flops = 312e12;

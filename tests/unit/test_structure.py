@@ -10,7 +10,7 @@ reads every #include "..." of the C++ and CUDA sources and checks:
     allows, and the allowed folders form an order (no folder allows one
     that allows it back);
   - no include circle between modules (a module: the files of one stem,
-    such as llmc/model/gpt.h and llmc/model/gpt.cpp);
+    such as llmc/io/checkpoint.h and llmc/io/checkpoint.cpp);
   - no source file is longer than 600 lines;
   - every source file under llmc/ opens with a comment naming its own path;
   - the README's code map has one line per folder of llmc/ and names only
