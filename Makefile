@@ -95,10 +95,11 @@ $(DATA) &: $(BUILD)/make_tiny
 	$(BUILD)/make_tiny data/tiny
 
 # Test programs: tests/TIER/NAME.cpp, each linked with the library into
-# build/NAME (tests/run_tests.sh says what each tier needs).
+# build/NAME (tests/run_tests.sh says what each tier needs); code they share
+# lives in headers, tests/TIER/*.h.
 TEST_SRCS  := $(wildcard tests/*/*.cpp)
 TEST_PROGS := $(addprefix $(BUILD)/,$(basename $(notdir $(TEST_SRCS))))
-TEST_DEPS  := $(wildcard tests/lib/*.h) $(LIB_OBJS) $(CUDA_OBJS)
+TEST_DEPS  := $(wildcard tests/*/*.h) $(LIB_OBJS) $(CUDA_OBJS)
 define test_program
 $(BUILD)/$(basename $(notdir $(1))): $(1) $(TEST_DEPS)
 	$$(CXX) $$(CXXFLAGS) $$< $$(LIB_OBJS) $$(CUDA_OBJS) -o $$@ $$(LDLIBS)

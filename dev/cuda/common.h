@@ -267,7 +267,7 @@ inline void report_flops(const char* what, float ms, double flops) {
 }
 
 // Dense bf16 tensor-core peak of the current device in TFLOP/s, from its
-// name (datasheets, shared/reference.md 10): H100 SXM and H200 989, A100
+// name (datasheets, docs/design.md section 10): H100 SXM and H200 989, A100
 // 312; 0 when unknown.
 inline double peak_tflops() {
     static double peak = -1;

@@ -56,7 +56,7 @@ struct AttnShape {
     size_t lb() const { return lse_bstride ? lse_bstride : (size_t)NH * lh(); }
 };
 
-// One AdamW step on a contiguous range (reference.md section 2). bias_corr1
+// One AdamW step on a contiguous range (docs/design.md section 2). bias_corr1
 // and bias_corr2 are 1-β1^t and 1-β2^t; grad_scale multiplies every gradient
 // first (gradient clipping folds in here).
 // Doubles, so that fp64 runs see exactly the hyperparameters the user gave
@@ -171,7 +171,7 @@ class Backend {
                                     const void* k, const void* v, const void* out, const void* lse,
                                     const AttnShape& s) = 0;
 
-    // ---- Llama (shared/reference.md section 9) -------------------------------
+    // ---- Llama (docs/design.md section 9) ------------------------------------
     // These have defaults that refuse, so a backend without them still builds
     // and GPT-2 runs on it; the model calls them only for Llama.
     // out = inp / sqrt(mean(inp²) + eps) * w over the last dim C, N rows;
@@ -216,7 +216,7 @@ class Backend {
         refuse("swiglu_backward");
     }
 
-    // Ring attention (context parallel, reference.md section 5): one block of
+    // Ring attention (context parallel, docs/design.md section 5): one block of
     // queries against one block of keys and values.
     // Forward: merges the block's result into running (out_acc, lse_acc), both
     // of type stat (fp32 on CUDA), by log-sum-exp: lse' = lse + log(1 +
@@ -241,7 +241,7 @@ class Backend {
     virtual void softmax_crossentropy(void* logits, void* losses, const int* targets, double dloss, int N, int V,
                                       int Vp, bool write_grad) = 0;
 
-    // Vocab-parallel cross-entropy (tensor parallel, reference.md section 3),
+    // Vocab-parallel cross-entropy (tensor parallel, docs/design.md section 3),
     // in three steps with the tensor-parallel all-reduces between them. Each
     // rank holds logits[N, Vl] for global vocabulary ids v_begin..v_begin+Vl-1;
     // ids >= V (padding) take no part. Outputs are [N] of type stat.

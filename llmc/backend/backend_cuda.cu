@@ -13,7 +13,8 @@
 // a whole buffer. Temporary device memory the kernels need (partial sums,
 // attention's D vector, encoder sort keys) lives in grow-only scratch buffers
 // that are not counted in bytes_in_use(): that figure is the model's own
-// buffers, as the memory report expects.
+// buffers, as the memory report expects. (The conversion kernels and the
+// grow-only buffer are in cuda/staging.cuh.)
 #include "llmc/backend/backend_cuda.h"
 
 #include <algorithm>
@@ -37,79 +38,14 @@
 #include "llmc/backend/cuda/norm.cuh"
 #include "llmc/backend/cuda/rmsnorm.cuh"
 #include "llmc/backend/cuda/rope.cuh"
+#include "llmc/backend/cuda/staging.cuh"
 #include "llmc/backend/cuda/swiglu.cuh"
 
 using llmc_cuda::bf16;
+using llmc_cuda::device_convert;
+using llmc_cuda::GrowBuffer;
 
 namespace {
-
-// ---- element conversion on the device ---------------------------------------------
-// Every float conversion goes through fp32, as convert_host does (a double
-// destined for bf16 rounds to fp32 first), except double -> double (a copy).
-template <typename D, typename S>
-__global__ void convert_kernel(D* dst, const S* src, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = llmc_cuda::from_float<D>(llmc_cuda::to_float(src[i]));
-}
-
-template <typename D, typename S>
-void launch_convert(void* dst, const void* src, size_t n, cudaStream_t stream) {
-    const int block = 256;
-    convert_kernel<D, S><<<llmc_cuda::grid_for(n, block), block, 0, stream>>>(static_cast<D*>(dst),
-                                                                                static_cast<const S*>(src), n);
-    CUDA_CHECK_LAUNCH();
-}
-
-template <typename D>
-void convert_to(void* dst, const void* src, DType st, size_t n, cudaStream_t stream) {
-    switch (st) {
-        case DType::F32: launch_convert<D, float>(dst, src, n, stream); return;
-        case DType::F64: launch_convert<D, double>(dst, src, n, stream); return;
-        case DType::BF16: launch_convert<D, bf16>(dst, src, n, stream); return;
-        default: throw std::logic_error("cuda convert: int32 converts only to int32");
-    }
-}
-
-void device_convert(void* dst, DType dt, const void* src, DType st, size_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    if (dt == st) {
-        if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
-        return;
-    }
-    switch (dt) {
-        case DType::F32: convert_to<float>(dst, src, st, n, stream); return;
-        case DType::F64: convert_to<double>(dst, src, st, n, stream); return;
-        case DType::BF16: convert_to<bf16>(dst, src, st, n, stream); return;
-        default: throw std::logic_error("cuda convert: int32 converts only to int32");
-    }
-}
-
-// Device memory that only grows. Before freeing the old block, wait for the
-// stream: a kernel launched earlier may still be reading it.
-class GrowBuffer {
-  public:
-    void* get(size_t bytes, cudaStream_t stream) {
-        if (bytes > cap_) {
-            if (p_) {
-                CUDA_CHECK(cudaStreamSynchronize(stream));
-                CUDA_CHECK(cudaFree(p_));
-                p_ = nullptr;
-            }
-            cap_ = std::max(bytes, cap_ + cap_ / 2);
-            CUDA_CHECK(cudaMalloc(&p_, cap_));
-        }
-        return p_;
-    }
-    void release() {
-        if (p_) cudaFree(p_);
-        p_ = nullptr;
-        cap_ = 0;
-    }
-
-  private:
-    void* p_ = nullptr;
-    size_t cap_ = 0;
-};
 
 class CudaBackend final : public Backend {
   public:

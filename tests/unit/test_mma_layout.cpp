@@ -1,11 +1,13 @@
 // tests/unit/test_mma_layout.cpp: CPU check of the tensor-core attention kernels'
-// index logic (llmc/backend/cuda/mma_layout.h, llmc/backend/cuda/attention_tc_kernels.h),
-// compiled by g++ without CUDA, for a build machine that has no GPU.
+// index logic (llmc/backend/cuda/mma_layout.h, llmc/backend/cuda/attention_tc_kernels.h
+// and attention_tc_kernels_bwd.h), compiled by g++ without CUDA, for a build
+// machine that has no GPU.
 //
 // The PTX instructions are emulated from their definitions in the PTX ISA
 // (section 9.7.14.5.8 "Matrix Fragments for mma.m16n8k16 with floating point
 // type" and the ldmatrix section "Warp-level matrix load instruction:
-// ldmatrix"), transcribed here independently of mma_layout.h:
+// ldmatrix"), transcribed independently of mma_layout.h (in
+// tests/unit/mma_emulator.h, with the emulated GPU of 4):
 //   1. mma_layout.h's mappings equal the transcription, lane by lane, and
 //      cover each tile exactly once; bf16 rounding is round-to-nearest-even.
 //   2. ldmatrix row addresses are 16-byte aligned and, with the padded row
@@ -19,20 +21,21 @@
 //      missing wait reads stale data). Shared memory starts as NaN; outputs
 //      start as NaN (overwritten) or random (accumulated), and what lies
 //      outside the attention's view must stay untouched. Results are
-//      compared with a naive fp64 attention, with and without grouped-query
-//      attention (2:1 and 4:1 query heads per key/value head).
+//      compared with a naive fp64 attention (tests/unit/attention_fp64.h),
+//      with and without grouped-query attention (2:1 and 4:1 query heads
+//      per key/value head).
 // Last line: "N passed, N failed".
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "llmc/backend/cuda/attention_tc_kernels.h"
+#include "llmc/backend/cuda/attention_tc_kernels_bwd.h"
+#include "tests/unit/attention_fp64.h"
+#include "tests/unit/mma_emulator.h"
 
 using namespace mma_layout;
 using attn_tc::TcParams;
@@ -41,77 +44,6 @@ static int g_pass = 0, g_fail = 0;
 static void check(bool ok, const std::string& what) {
     (ok ? g_pass : g_fail)++;
     std::printf("  %-70s %s\n", what.c_str(), ok ? "ok" : "FAIL");
-}
-
-static float b2f(uint16_t b) { return bf16_bits_to_float(b); }
-static uint16_t f2b(float x) { return bf16_bits_rn(x); }
-static float lo_of(uint32_t r) { return b2f((uint16_t)(r & 0xffffu)); }
-static float hi_of(uint32_t r) { return b2f((uint16_t)(r >> 16)); }
-
-// ---- the PTX ISA, transcribed ---------------------------------------------------------
-// groupID = %laneid >> 2, threadID_in_group = %laneid % 4.
-// A (.bf16, a0..a7): row = groupID for ai where 0 <= i < 2 || 4 <= i < 6,
-//   groupID + 8 otherwise; col = threadID_in_group * 2 + (i & 0x1) for i < 4,
-//   threadID_in_group * 2 + (i & 0x1) + 8 for i >= 4.
-static RC spec_a(int lane, int i) {
-    const int gid = lane >> 2, tig = lane % 4;
-    const int row = ((0 <= i && i < 2) || (4 <= i && i < 6)) ? gid : gid + 8;
-    const int col = i < 4 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8;
-    return {row, col};
-}
-// B (.bf16, b0..b3): row = threadID_in_group * 2 + (i & 0x1) for bi where i < 2,
-//   threadID_in_group * 2 + (i & 0x1) + 8 for i >= 2; col = groupID.
-static RC spec_b(int lane, int i) {
-    const int gid = lane >> 2, tig = lane % 4;
-    return {i < 2 ? tig * 2 + (i & 1) : tig * 2 + (i & 1) + 8, gid};
-}
-// C/D (.f32, c0..c3): row = groupID for c0 and c1, groupID + 8 for c2 and c3;
-//   col = threadID_in_group * 2 + (i & 0x1).
-static RC spec_c(int lane, int i) {
-    const int gid = lane >> 2, tig = lane % 4;
-    return {i < 2 ? gid : gid + 8, tig * 2 + (i & 1)};
-}
-// ldmatrix .x4 .b16: threads 8m..8m+7 hold the addresses of rows 0..7 of
-// matrix m. Without .trans "each thread in a warp holds a fragment of a row
-// of the matrix ... a group of four threads holds an entire row": register m
-// of lane L = row L/4 of matrix m, elements 2(L%4) and 2(L%4)+1. With .trans
-// the matrix arrives transposed: element (r, c) of what the lanes hold is
-// element (c, r) of the stored matrix.
-static void emu_ldmatrix_x4(const uint16_t* const (&rows)[32], bool trans, uint32_t (&out)[32][4]) {
-    for (int L = 0; L < 32; L++)
-        for (int m = 0; m < 4; m++) {
-            const int r = L / 4, c = 2 * (L % 4);
-            uint16_t e0, e1;
-            if (!trans) {
-                e0 = rows[8 * m + r][c];
-                e1 = rows[8 * m + r][c + 1];
-            } else {
-                e0 = rows[8 * m + c][r];
-                e1 = rows[8 * m + c + 1][r];
-            }
-            out[L][m] = (uint32_t)e0 | ((uint32_t)e1 << 16);
-        }
-}
-// D = A·B + C for one warp, operands in the lanes' registers per the layouts above.
-static void emu_mma(float (&d)[32][4], const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], const float (&c)[32][4]) {
-    float A[16][16], B[16][8];
-    for (int L = 0; L < 32; L++) {
-        for (int i = 0; i < 8; i++) {
-            const RC rc = spec_a(L, i);
-            A[rc.row][rc.col] = (i & 1) ? hi_of(a[L][i / 2]) : lo_of(a[L][i / 2]);
-        }
-        for (int i = 0; i < 4; i++) {
-            const RC rc = spec_b(L, i);
-            B[rc.row][rc.col] = (i & 1) ? hi_of(b[L][i / 2]) : lo_of(b[L][i / 2]);
-        }
-    }
-    for (int L = 0; L < 32; L++)
-        for (int i = 0; i < 4; i++) {
-            const RC rc = spec_c(L, i);
-            double acc = c[L][i];
-            for (int k = 0; k < 16; k++) acc += (double)A[rc.row][k] * B[k][rc.col];
-            d[L][i] = (float)acc;
-        }
 }
 
 // ---- 1. mappings --------------------------------------------------------------------
@@ -349,205 +281,7 @@ static void test_warp_tile() {
 }
 
 // ---- 4. the kernels on an emulated GPU -------------------------------------------------
-class Barrier {
-  public:
-    explicit Barrier(int n) : n_(n) {}
-    void wait() {
-        std::unique_lock<std::mutex> lk(mu_);
-        const unsigned gen = gen_;
-        if (++count_ == n_) {
-            count_ = 0;
-            gen_++;
-            cv_.notify_all();
-        } else {
-            cv_.wait(lk, [&] { return gen_ != gen; });
-        }
-    }
-
-  private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    int n_, count_ = 0;
-    unsigned gen_ = 0;
-};
-
-struct alignas(16) Chunk {
-    unsigned char b[16];
-};
-
-// What the 128 threads of one block share.
-struct BlockState {
-    std::vector<Chunk> smem;
-    size_t smem_bytes;
-    Barrier block{attn_tc::kThreads};
-    Barrier warp[4] = {Barrier(32), Barrier(32), Barrier(32), Barrier(32)};
-    const uint16_t* rows[4][32];
-    uint32_t a[4][32][4], b[4][32][2];
-    float c[4][32][4], f[4][32];
-    bool bad_access = false;  // smem access out of range or misaligned
-    explicit BlockState(size_t bytes) : smem((bytes + 15) / 16), smem_bytes(bytes) {
-        uint16_t* p = reinterpret_cast<uint16_t*>(smem.data());
-        for (size_t i = 0; i < smem.size() * 8; i++) p[i] = 0x7fc1;  // bf16 NaN (and NaN as fp32 pairs)
-    }
-    bool in_smem(const void* p, size_t n) const {
-        const char* s = reinterpret_cast<const char*>(smem.data());
-        const char* q = reinterpret_cast<const char*>(p);
-        return q >= s && q + n <= s + smem_bytes;
-    }
-};
-
-// The host executor of attention_tc_kernels.h (one object per emulated thread).
-struct HostCtx {
-    BlockState* bs;
-    int t, bx_, by_;
-    struct Copy {
-        void* dst;
-        const void* src;
-        bool ok;
-    };
-    std::vector<Copy> pending;
-
-    int tid() const { return t; }
-    int bx() const { return bx_; }
-    int by() const { return by_; }
-    void* smem() const { return bs->smem.data(); }
-    void sync() { bs->block.wait(); }
-    void cp_async16(void* s, const void* g, bool ok) {
-        if (!bs->in_smem(s, 16) || ((uintptr_t)s & 15) || ((uintptr_t)g & 15)) bs->bad_access = true;
-        pending.push_back({s, g, ok});  // lands at this thread's next wait
-    }
-    void cp_commit() {}
-    void cp_wait_all() {
-        for (const Copy& c : pending) {
-            if (c.ok)
-                std::memcpy(c.dst, c.src, 16);
-            else
-                std::memset(c.dst, 0, 16);
-        }
-        pending.clear();
-    }
-    void ldsm(uint32_t (&r)[4], const uint16_t* p, bool trans) {
-        const int w = t / 32, l = t % 32;
-        if (!bs->in_smem(p, 16) || ((uintptr_t)p & 15)) {
-            bs->bad_access = true;
-            p = reinterpret_cast<const uint16_t*>(bs->smem.data());
-        }
-        bs->rows[w][l] = p;
-        bs->warp[w].wait();
-        static thread_local uint32_t out[32][4];
-        emu_ldmatrix_x4(bs->rows[w], trans, out);
-        for (int m = 0; m < 4; m++) r[m] = out[l][m];
-        bs->warp[w].wait();
-    }
-    void ldsm_x4(uint32_t (&r)[4], const uint16_t* p) { ldsm(r, p, false); }
-    void ldsm_x4_t(uint32_t (&r)[4], const uint16_t* p) { ldsm(r, p, true); }
-    void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        const int w = t / 32, l = t % 32;
-        for (int i = 0; i < 4; i++) bs->a[w][l][i] = a[i], bs->c[w][l][i] = d[i];
-        bs->b[w][l][0] = b0, bs->b[w][l][1] = b1;
-        bs->warp[w].wait();
-        static thread_local float out[32][4];
-        emu_mma(out, bs->a[w], bs->b[w], bs->c[w]);
-        for (int i = 0; i < 4; i++) d[i] = out[l][i];
-        bs->warp[w].wait();
-    }
-    float shfl(float x, int src) {
-        const int w = t / 32, l = t % 32;
-        bs->f[w][l] = x;
-        bs->warp[w].wait();
-        const float y = bs->f[w][src & 31];
-        bs->warp[w].wait();
-        return y;
-    }
-    float shfl_xor(float x, int m) { return shfl(x, (t % 32) ^ m); }
-};
-
-// Runs body(ctx) for every block of a gx x gy grid, 128 threads each.
-template <typename Body>
-static bool run_grid(int gx, int gy, size_t smem_bytes, Body body) {
-    bool ok = true;
-    for (int by = 0; by < gy; by++)
-        for (int bx = 0; bx < gx; bx++) {
-            BlockState bs(smem_bytes);
-            std::vector<std::thread> th;
-            for (int t = 0; t < attn_tc::kThreads; t++)
-                th.emplace_back([&, t] {
-                    HostCtx cx{&bs, t, bx, by, {}};
-                    body(cx);
-                });
-            for (auto& x : th) x.join();
-            ok &= !bs.bad_access;
-        }
-    return ok;
-}
-
-// ---- naive fp64 attention over an AttnShape view -----------------------------------
-struct View {
-    AttnShape s;
-    size_t qn, kvn, on, ln;  // buffer sizes (elements)
-    size_t koff, voff;       // K and V within the kv buffer
-};
-static size_t qi_(const AttnShape& s, int b, int i, int h) { return b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS; }
-// h is a query head: its key/value head is s.kv_head(h) (grouped-query attention).
-static size_t ki_(const AttnShape& s, int b, int j, int h) {
-    return b * s.kb() + (size_t)j * s.kv_stride + (size_t)s.kv_head(h) * s.HS;
-}
-static size_t oi_(const AttnShape& s, int b, int i, int h) { return b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS; }
-static size_t li_(const AttnShape& s, int b, int i, int h) { return b * s.lb() + h * s.lh() + (size_t)i; }
-static bool visible(const AttnShape& s, int i, int j) { return !s.causal || j <= i; }
-
-static void ref_forward(const View& w, const std::vector<float>& q, const std::vector<float>& kv, std::vector<double>& out,
-                        std::vector<double>& lse) {
-    const AttnShape& s = w.s;
-    for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++)
-            for (int i = 0; i < s.Tq; i++) {
-                std::vector<double> sc(s.Tk, -INFINITY);
-                double mx = -INFINITY;
-                for (int j = 0; j < s.Tk; j++) {
-                    if (!visible(s, i, j)) continue;
-                    double d = 0;
-                    for (int c = 0; c < s.HS; c++) d += (double)q[qi_(s, b, i, h) + c] * kv[w.koff + ki_(s, b, j, h) + c];
-                    sc[j] = d * s.scale;
-                    mx = std::max(mx, sc[j]);
-                }
-                double sum = 0;
-                for (int j = 0; j < s.Tk; j++) sum += sc[j] == -INFINITY ? 0.0 : std::exp(sc[j] - mx);
-                for (int c = 0; c < s.HS; c++) {
-                    double acc = 0;
-                    for (int j = 0; j < s.Tk; j++)
-                        if (sc[j] != -INFINITY) acc += std::exp(sc[j] - mx) / sum * kv[w.voff + ki_(s, b, j, h) + c];
-                    out[oi_(s, b, i, h) + c] = acc;
-                }
-                lse[li_(s, b, i, h)] = sum > 0 ? mx + std::log(sum) : -INFINITY;
-            }
-}
-// dq (q's layout), dkv (k|v buffer) += the gradients, given out and lse.
-static void ref_backward(const View& w, const std::vector<float>& q, const std::vector<float>& kv, const std::vector<float>& dout,
-                         const std::vector<float>& out, const std::vector<float>& lse, std::vector<double>& dq,
-                         std::vector<double>& dkv) {
-    const AttnShape& s = w.s;
-    for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++)
-            for (int i = 0; i < s.Tq; i++) {
-                const size_t qo = qi_(s, b, i, h), oo = oi_(s, b, i, h);
-                double D = 0;
-                for (int c = 0; c < s.HS; c++) D += (double)dout[oo + c] * out[oo + c];
-                const double L = lse[li_(s, b, i, h)];
-                for (int j = 0; j < s.Tk; j++) {
-                    if (!visible(s, i, j)) continue;
-                    const size_t ko = w.koff + ki_(s, b, j, h), vo = w.voff + ki_(s, b, j, h);
-                    double dot = 0, dp = 0;
-                    for (int c = 0; c < s.HS; c++) dot += (double)q[qo + c] * kv[ko + c], dp += (double)dout[oo + c] * kv[vo + c];
-                    const double p = std::exp(dot * s.scale - L), ds = p * (dp - D);
-                    for (int c = 0; c < s.HS; c++) {
-                        dq[qo + c] += ds * s.scale * kv[ko + c];
-                        dkv[ko + c] += ds * s.scale * q[qo + c];
-                        dkv[vo + c] += p * dout[oo + c];
-                    }
-                }
-            }
-}
+// (the GPU: tests/unit/mma_emulator.h; the fp64 truth: tests/unit/attention_fp64.h)
 
 // Element indices of a view's slices in a buffer (q-like, kv-like, out-like rows).
 static std::vector<char> mask_rows(size_t n, int B, int T, int NH, int HS, size_t bstride, size_t rstride, size_t off) {
@@ -598,31 +332,6 @@ static std::vector<float> bits_to_f(const std::vector<uint16_t>& x) {
     std::vector<float> y(x.size());
     for (size_t i = 0; i < x.size(); i++) y[i] = b2f(x[i]);
     return y;
-}
-
-// A view: q rows of q_stride (q first), k|v rows of kv_stride (k at 0, v at
-// the head block after), out rows of o_stride; optional explicit batch and
-// lse strides (what ring attention uses). NKV > 0: grouped-query attention,
-// k and v hold NKV heads (the k|v rows are 2·NKV·HS + pad).
-static View make_view(int B, int NH, int HS, int Tq, int Tk, bool causal, int pad, bool odd_batch, int NKV = 0) {
-    const size_t C = (size_t)NH * HS, KC = (size_t)(NKV ? NKV : NH) * HS;
-    View w;
-    w.s = AttnShape{B, NH, HS, Tq, Tk, C + pad, 2 * KC + pad, C + pad, causal, 0.8 / std::sqrt((double)HS)};
-    w.s.NKV = NKV;
-    if (odd_batch) {  // gaps between sequences, lse [B][NH] rows of Tq + 3
-        w.s.q_bstride = (size_t)Tq * w.s.q_stride + 16;
-        w.s.kv_bstride = (size_t)Tk * w.s.kv_stride + 8;
-        w.s.o_bstride = (size_t)Tq * w.s.o_stride + 24;
-        w.s.lse_hstride = (size_t)Tq + 3;
-        w.s.lse_bstride = NH * w.s.lse_hstride + 5;
-    }
-    w.qn = B * w.s.qb();
-    w.kvn = B * w.s.kb();
-    w.on = B * w.s.ob();
-    w.ln = B * w.s.lb();
-    w.koff = 0;
-    w.voff = KC;
-    return w;
 }
 
 template <int D>

@@ -1,4 +1,4 @@
-// llmc/backend/cuda/adamw.cuh: the AdamW update (reference.md section 2, PyTorch
+// llmc/backend/cuda/adamw.cuh: the AdamW update (docs/design.md section 2, PyTorch
 // semantics: decoupled weight decay applied to the pre-update weight), on
 // one span or on many spans in one launch (multi-tensor).
 //

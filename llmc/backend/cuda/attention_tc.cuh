@@ -2,10 +2,11 @@
 // activations and head sizes 64 and 128 (FlashAttention-2 style, sm_80 and
 // up): forward (out, lse), backward (dq, dk, dv) and the ring-attention block
 // ops, with the layout and stride conventions of backend.h AttnShape. The
-// kernel bodies live in attention_tc_kernels.h (shared with a CPU emulation in
-// tests/unit/test_mma_layout.cpp); this file holds the PTX context, the __global__
-// wrappers, the launchers and the dispatch test. Other head sizes, fp32
-// activations and unaligned layouts use attention.cuh (CUDA cores).
+// kernel bodies live in attention_tc_kernels.h and attention_tc_kernels_bwd.h
+// (shared with a CPU emulation in tests/unit/test_mma_layout.cpp); this file
+// holds the PTX context, the __global__ wrappers, the launchers and the
+// dispatch test. Other head sizes, fp32 activations and unaligned layouts use
+// attention.cuh (CUDA cores).
 //
 // Instructions. mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: a warp
 // multiplies a 16x16 bf16 A by a 16x8 bf16 B into 16x8 fp32 accumulators.
@@ -78,6 +79,7 @@
 
 #include "llmc/backend/cuda/attention.cuh"
 #include "llmc/backend/cuda/attention_tc_kernels.h"
+#include "llmc/backend/cuda/attention_tc_kernels_bwd.h"
 #include "llmc/backend/cuda/common.cuh"
 
 namespace llmc_cuda {

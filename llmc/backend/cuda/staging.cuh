@@ -1,0 +1,83 @@
+// llmc/backend/cuda/staging.cuh: the CUDA backend's own device-side plumbing
+// (backend_cuda.cu): element conversion on the device, which host transfers
+// between types go through (via a bounded staging buffer), and the
+// grow-only device buffers that staging and the kernels' scratch live in.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+
+#include "llmc/base/dtype.h"
+#include "llmc/backend/cuda/common.cuh"
+
+namespace llmc_cuda {
+
+// ---- element conversion on the device ---------------------------------------------
+// Every float conversion goes through fp32, as convert_host does (a double
+// destined for bf16 rounds to fp32 first), except double -> double (a copy).
+template <typename D, typename S>
+__global__ void convert_kernel(D* dst, const S* src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = llmc_cuda::from_float<D>(llmc_cuda::to_float(src[i]));
+}
+
+template <typename D, typename S>
+void launch_convert(void* dst, const void* src, size_t n, cudaStream_t stream) {
+    const int block = 256;
+    convert_kernel<D, S><<<llmc_cuda::grid_for(n, block), block, 0, stream>>>(static_cast<D*>(dst),
+                                                                                static_cast<const S*>(src), n);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename D>
+void convert_to(void* dst, const void* src, DType st, size_t n, cudaStream_t stream) {
+    switch (st) {
+        case DType::F32: launch_convert<D, float>(dst, src, n, stream); return;
+        case DType::F64: launch_convert<D, double>(dst, src, n, stream); return;
+        case DType::BF16: launch_convert<D, bf16>(dst, src, n, stream); return;
+        default: throw std::logic_error("cuda convert: int32 converts only to int32");
+    }
+}
+
+inline void device_convert(void* dst, DType dt, const void* src, DType st, size_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    if (dt == st) {
+        if (dst != src) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
+        return;
+    }
+    switch (dt) {
+        case DType::F32: convert_to<float>(dst, src, st, n, stream); return;
+        case DType::F64: convert_to<double>(dst, src, st, n, stream); return;
+        case DType::BF16: convert_to<bf16>(dst, src, st, n, stream); return;
+        default: throw std::logic_error("cuda convert: int32 converts only to int32");
+    }
+}
+
+// Device memory that only grows. Before freeing the old block, wait for the
+// stream: a kernel launched earlier may still be reading it.
+class GrowBuffer {
+  public:
+    void* get(size_t bytes, cudaStream_t stream) {
+        if (bytes > cap_) {
+            if (p_) {
+                CUDA_CHECK(cudaStreamSynchronize(stream));
+                CUDA_CHECK(cudaFree(p_));
+                p_ = nullptr;
+            }
+            cap_ = std::max(bytes, cap_ + cap_ / 2);
+            CUDA_CHECK(cudaMalloc(&p_, cap_));
+        }
+        return p_;
+    }
+    void release() {
+        if (p_) cudaFree(p_);
+        p_ = nullptr;
+        cap_ = 0;
+    }
+
+  private:
+    void* p_ = nullptr;
+    size_t cap_ = 0;
+};
+
+}  // namespace llmc_cuda
