@@ -16,6 +16,7 @@ NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2
 # OpenBLAS built on OpenMP shares the trainer's thread pool; the pthread
 # build spins its own threads against OpenMP's and runs 1.5-2x slower here.
 ARCH     := $(shell uname -m)-linux-gnu
+comma    := ,
 BLAS_DIR ?= $(firstword $(wildcard /usr/lib/$(ARCH)/openblas-openmp /usr/lib/$(ARCH)/openblas-pthread))
 BLAS_INC ?= $(firstword $(wildcard /usr/include/$(ARCH)/openblas-openmp /usr/include/$(ARCH)/openblas-pthread /usr/include/openblas))
 CXXFLAGS ?= -O3
@@ -45,12 +46,19 @@ endif
 
 ifdef USE_CUDA
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# The CUDA libraries (cudart, cuBLAS, cuBLASLt): $(CUDA_HOME)/lib64 in a
+# toolkit install, else $(CUDA_HOME)/lib (pip-installed toolkits) or the
+# toolkit's targets/ARCH/lib, else wherever the dynamic linker's cache
+# (ldconfig -p) has libcudart; none found: left to the linker's defaults.
+CUDA_LIBDIR ?= $(or $(firstword $(foreach d,lib64 lib targets/$(shell uname -m)-linux/lib,$(if $(wildcard \
+               $(CUDA_HOME)/$(d)/libcudart.so*),$(CUDA_HOME)/$(d)))),$(patsubst %/,%,$(dir $(shell PATH="$$PATH:/sbin:/usr/sbin" \
+               ldconfig -p 2>/dev/null | awk '/libcudart[.]so/{print $$NF; exit}'))))
 CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS  ?= -O3
 NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall $(MPI_DEF)
 CXXFLAGS   += -DLLMC_CUDA
 CUDA_OBJS  := $(BUILD)/llmc/backend/backend_cuda.o
-LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
+LDLIBS     += $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(comma)-rpath$(comma)$(CUDA_LIBDIR)) -lcublasLt -lcublas -lcudart
 ifneq ($(MPICXX),)
 # NCCL and the host-staged MPI communicator for device buffers.
 # (Open MPI 5's wrapper adds -pthread, which nvcc passes on only via -Xcompiler.)
@@ -58,7 +66,7 @@ NVCCFLAGS  += $(patsubst -pthread,-Xcompiler=-pthread,$(shell $(MPICXX) --showme
 CUDA_OBJS  += $(BUILD)/llmc/comm/comm_nccl.o $(BUILD)/llmc/comm/comm_staged.o
 LDLIBS     += -lnccl
 endif
-$(info building with the CUDA backend ($(NVCC)))
+$(info building with the CUDA backend ($(NVCC); libraries: $(or $(CUDA_LIBDIR),the linker's default paths)))
 else
 $(info building without the CUDA backend (no nvcc, or NO_CUDA set))
 endif

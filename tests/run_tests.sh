@@ -9,8 +9,10 @@
 #
 #   unit         tests/unit/: one process, no reference: the library's pieces
 #                (tensor table, flags, schedules, data, files, kernels'
-#                index arithmetic and tensor-core layouts on the CPU), and
-#                the layout of this tree (tests/unit/test_structure.py).
+#                index arithmetic and tensor-core layouts on the CPU, the
+#                GPU path's host-side decisions, where the Makefile finds
+#                the CUDA libraries), and the layout of this tree
+#                (tests/unit/test_structure.py).
 #                Needs: the test programs (make tests).
 #   reference    tests/reference/: one process against an independent truth:
 #                the PyTorch reference (itself checked against functional
@@ -102,6 +104,7 @@ unit_tier() {
     done
     run test_shards "$PY" tests/unit/test_shards.py
     run test_structure "$PY" tests/unit/test_structure.py
+    run test_build "$PY" tests/unit/test_build.py
 }
 
 REF=build/ref

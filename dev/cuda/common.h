@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/device_peaks.h"
+#include "tests/lib/tolerances.h"
 
 namespace lab {
 
@@ -266,20 +268,18 @@ inline void report_flops(const char* what, float ms, double flops) {
     std::printf("figure %s_ms %.6g ms\nfigure %s_TFLOPs %.6g TFLOP/s\n", slug(what).c_str(), ms, slug(what).c_str(), tf);
 }
 
-// Dense bf16 tensor-core peak of the current device in TFLOP/s, from its
-// name (datasheets, docs/design.md section 10): H100 SXM and H200 989, A100
-// 312; 0 when unknown.
+// Dense bf16 tensor-core peak of the current device in TFLOP/s: the
+// datasheet figure by its name, else an estimate (the trainer's MFU uses the
+// same table, llmc/backend/device_peaks.h); 0 when unknown.
 inline double peak_tflops() {
     static double peak = -1;
     if (peak < 0) {
         cudaDeviceProp prop;
-        int dev = 0;
+        int dev = 0, khz = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-        const std::string n = prop.name;
-        peak = (n.find("H100") != std::string::npos || n.find("H200") != std::string::npos) ? 989.0
-               : n.find("A100") != std::string::npos                                       ? 312.0
-                                                                                             : 0.0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+        peak = device_bf16_peak(prop.name, prop.major, prop.minor, prop.multiProcessorCount, khz).flops / 1e12;
     }
     return peak;
 }
@@ -293,9 +293,10 @@ inline void report_tflops(const char* what, float ms, double flops) {
     std::printf("figure %s_ms %.6g ms\nfigure %s_TFLOPs %.6g TFLOP/s\n", slug(what).c_str(), ms, slug(what).c_str(), tf);
 }
 
-// Tolerances: fp32 kernels differ from the CPU only in summation order and
-// libm; bf16 outputs carry one rounding (2^-9 relative) plus bf16 intermediates.
-constexpr double kTolF32 = 1e-5;
-constexpr double kTolBF16 = 1e-2;
+// Tolerances (tests/lib/tolerances.h holds every figure): fp32 kernels differ
+// from the CPU only in summation order and libm; bf16 outputs carry one
+// rounding (2^-9 relative) plus bf16 intermediates.
+constexpr double kTolF32 = tol::kFp32;
+constexpr double kTolBF16 = tol::kBf16Kernel;
 
 }  // namespace lab

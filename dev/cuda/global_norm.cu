@@ -45,7 +45,7 @@ void check(int version, const char* label, const std::vector<float>& x) {
     double* scratch = lab::dev_alloc<double>(sum_squares_scratch_doubles(x.size()));
     const double got = run<E>(version, dx, x.size(), scratch);
     // Both sides sum exact squares in double: only the order differs.
-    lab::validate(label, {(float)(got / ref)}, {1.f}, 1e-6);
+    lab::validate(label, {(float)(got / ref)}, {1.f}, tol::kSumSquaresRatio);
     std::printf("    got %.12e  ref %.12e  rel %.2e\n", got, ref, std::fabs(got - ref) / ref);
     lab::dev_free(dx), lab::dev_free(scratch);
 }

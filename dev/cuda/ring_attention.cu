@@ -38,8 +38,8 @@
 
 using namespace llmc_cuda;
 
-constexpr double kTolF32 = 1e-5;
-constexpr double kTolBF16 = 2e-2;
+constexpr double kTolF32 = tol::kFp32;
+constexpr double kTolBF16 = tol::kBf16TwoRoundings;  // partial results merged
 
 struct Setup {
     const char* name;

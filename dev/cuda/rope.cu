@@ -83,7 +83,7 @@ void check(int version, const Case& c, const char* label, double tol) {
     lab::copy_to_device<E>(dx, x);
     run<E>(version, dx + c.off, c.row_stride, c.heads, c.HS, dpos, c.B, c.T, c.theta, false);
     run<E>(version, dx + c.off, c.row_stride, c.heads, c.HS, dpos, c.B, c.T, c.theta, true);
-    lab::validate((l + " forward then inverse").c_str(), lab::from_device(dx, n), x, sizeof(E) == 2 ? 2e-2 : 1e-5);
+    lab::validate((l + " forward then inverse").c_str(), lab::from_device(dx, n), x, sizeof(E) == 2 ? tol::kBf16TwoRoundings : tol::kFp32);
     lab::dev_free(dx), lab::dev_free(dpos);
 }
 

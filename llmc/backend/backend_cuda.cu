@@ -40,6 +40,7 @@
 #include "llmc/backend/cuda/rope.cuh"
 #include "llmc/backend/cuda/staging.cuh"
 #include "llmc/backend/cuda/swiglu.cuh"
+#include "llmc/backend/device_peaks.h"
 
 using llmc_cuda::bf16;
 using llmc_cuda::device_convert;
@@ -522,23 +523,14 @@ int cuda_device_count() {
 
 double cuda_peak_bf16_flops(int device_index) {
     if (device_index < 0 || device_index >= cuda_device_count()) return 0.0;
-    int major = 0, minor = 0, sms = 0, khz = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index) != cudaSuccess ||
+    cudaDeviceProp prop;
+    int khz = 0;
+    if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess ||
         cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_index) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0.0;
     }
-    // Dense bf16 FLOPs per SM per clock with fp32 accumulation:
-    // A100 312 TF = 108 SMs x 1.41 GHz x 2048; H100 SXM 989 TF = 132 x 1.83 GHz
-    // x 4096; the sm_86/89 parts (A10, L40S: 1024); B200 (sm_100): 8192.
-    double per_sm_clk = 0;
-    if (major == 8 && minor == 0) per_sm_clk = 2048;
-    else if (major == 8) per_sm_clk = 1024;
-    else if (major == 9) per_sm_clk = 4096;
-    else if (major == 10) per_sm_clk = 8192;
-    return per_sm_clk * sms * (khz * 1e3);
+    return device_bf16_peak(prop.name, prop.major, prop.minor, prop.multiProcessorCount, khz).flops;
 }
 
 Backend* make_cuda_backend(int device_index, bool fp32) {

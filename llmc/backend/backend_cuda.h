@@ -8,8 +8,9 @@
 // Number of usable CUDA devices; 0 (silently) when there is no driver or GPU.
 int cuda_device_count();
 
-// Peak dense bf16 tensor-core FLOP/s of a device (for MFU), from its compute
-// capability, SM count and peak clock; 0 when unknown or there is no GPU.
+// Peak dense bf16 tensor-core FLOP/s of a device (for MFU): its datasheet
+// figure by name, else an estimate (llmc/backend/device_peaks.h); 0 when
+// unknown or there is no GPU.
 double cuda_peak_bf16_flops(int device_index = 0);
 
 // A backend on device `device_index`. fp32 = true: every buffer is fp32 and

@@ -30,10 +30,20 @@ bool mpi_live() {
 
 }  // namespace
 
-void dist_init(int* argc, char*** argv) {
+bool launched_by_mpi(const std::function<const char*(const char*)>& getenv) {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_PROCID"}) {
+        const char* x = getenv(v);
+        if (x && *x) return true;
+    }
+    return false;
+}
+
+void dist_init(int* argc, char*** argv, MpiStart start) {
 #ifdef LLMC_MPI
     int init = 0;
     MPI_Initialized(&init);
+    if (!init && start == MpiStart::if_launched && !launched_by_mpi([](const char* v) { return std::getenv(v); }))
+        return;  // one process, no MPI: every dist_* call answers for a world of one
     if (!init) {
         // Only the main thread calls MPI (OpenMP threads compute, never talk).
         int provided = 0;
@@ -48,6 +58,7 @@ void dist_init(int* argc, char*** argv) {
 #else
     (void)argc;
     (void)argv;
+    (void)start;
 #endif
 }
 

@@ -2,12 +2,28 @@
 // world rank and size, the node-local rank (which GPU a rank takes), and the
 // two ways an error leaves a job: agreed by every rank (setup), or ended
 // from one rank (anything later). Without MPI in the build, or when started
-// without mpirun, the world is one process.
+// without a launcher (mpirun, srun, mpiexec), the world is one process and
+// MPI is not started at all: a single process must not depend on an MPI
+// that cannot start without its launcher (a GPU machine's bundled Open MPI,
+// say).
 #pragma once
+#include <functional>
 #include <string>
 
-// Call first in main (MPI_Init when built with MPI) and last.
-void dist_init(int* argc, char*** argv);
+// When dist_init starts MPI: only under a launcher (the default), or always
+// (programs that use MPI directly even alone, such as the communicator tests).
+enum class MpiStart { if_launched, always };
+
+// Whether the environment is that of a process an MPI launcher started:
+// Open MPI's mpirun (OMPI_COMM_WORLD_SIZE), PMIx (PMIX_RANK: Open MPI 5,
+// srun --mpi=pmix), PMI (PMI_RANK, PMI_SIZE: MPICH's mpiexec, srun
+// --mpi=pmi2), MPICH's hydra (MPI_LOCALNRANKS) or Slurm (SLURM_PROCID).
+// getenv: the lookup (std::getenv in the program; a table in the tests).
+bool launched_by_mpi(const std::function<const char*(const char*)>& getenv);
+
+// Call first in main and last. With MPI in the build, starts it when `start`
+// says so (MpiStart::if_launched: launched_by_mpi of the real environment).
+void dist_init(int* argc, char*** argv, MpiStart start = MpiStart::if_launched);
 void dist_finalize();
 int dist_world_rank();
 int dist_world_size();

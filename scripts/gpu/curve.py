@@ -31,6 +31,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from tolerances import TOL  # noqa: E402  (tests/lib/tolerances.h)
 MODEL = "L=12,C=768,NH=12,V=257,T=1024"
 
 
@@ -110,7 +112,7 @@ def main():
     k = len(m["cpu_fp32"])
     check(k >= min(5, a.cpu_steps), f"CPU fp32: {k} of {a.cpu_steps} steps in the time left (rc={rc})")
     print(f"figure cpu_fp32_steps {k} steps")
-    for name, tol in (("cuda_fp32", 1e-3), ("cuda_bf16", 5e-2)):
+    for name, tol in (("cuda_fp32", TOL["kCurveFp32"]), ("cuda_bf16", TOL["kCurveBf16"])):
         r = max_rel(m[name], m["cpu_fp32"])
         print(f"  {name} vs cpu_fp32 over {min(k, len(m[name]))} steps: max relative loss difference {r:.3e}")
         if r != float("inf"):

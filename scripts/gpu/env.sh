@@ -64,10 +64,21 @@ fi
 
 _nvcc=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 _cuda_home=${_nvcc%/bin/nvcc}
+# The CUDA libraries' folder, as the Makefile finds it: lib64 (a toolkit
+# install), lib (pip-installed toolkits), targets/ARCH/lib, else where the
+# dynamic linker's cache has libcudart.
+_cuda_lib=
+for _d in lib64 lib "targets/$(uname -m)-linux/lib"; do
+    if compgen -G "$_cuda_home/$_d/libcudart.so*" >/dev/null; then _cuda_lib=$_cuda_home/$_d; break; fi
+done
+if [[ -z $_cuda_lib ]]; then
+    _cuda_lib=$(PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | awk '/libcudart[.]so/{print $NF; exit}')
+    _cuda_lib=${_cuda_lib%/*}
+fi
 # nccl_links [INCDIR LIBDIR]: whether a program including nccl.h links with -lnccl.
 nccl_links() {
     printf '#include <nccl.h>\nint main() { int v; return ncclGetVersion(&v); }\n' |
-        c++ -x c++ - -I"$_cuda_home/include" ${1:+-I"$1"} -L"$_cuda_home/lib64" ${2:+-L"$2"} -lnccl \
+        c++ -x c++ - -I"$_cuda_home/include" ${1:+-I"$1"} ${_cuda_lib:+-L"$_cuda_lib"} ${2:+-L"$2"} -lnccl \
             -o "$GPU_DEPS/nccl_test" >/dev/null 2>&1
 }
 _nccl=none
@@ -102,4 +113,4 @@ if [[ -z ${CUDA_ARCH:-} ]] && command -v nvidia-smi >/dev/null 2>&1; then
     [[ $_cc =~ ^[0-9]+$ ]] && export CUDA_ARCH="-gencode arch=compute_$_cc,code=sm_$_cc"
 fi
 GPU_ENV_SUMMARY="mpi: $_mpi; openblas: $_blas; nccl: $_nccl; CUDA_ARCH: ${CUDA_ARCH:-Makefile default}"
-unset _a _n _h _sys _mpi _arch _blas _nvcc _nccl _lib _dir _cc
+unset _a _n _h _sys _mpi _arch _blas _nvcc _nccl _lib _dir _cc _d _cuda_lib

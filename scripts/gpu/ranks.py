@@ -15,7 +15,7 @@
 # (NKV=2, F=344, untied head) instead, its figures named llama_*. Prints
 # "figure" lines (relative errors) and ends with "N passed, N failed".
 # Needs mpirun. Run by scripts/gpu/check.sh's ranks phase; on its own:
-#   usage: scripts/gpu/ranks.py [--dtypes fp32,bf16] [--out DIR] [--bf16-tol 5e-2]
+#   usage: scripts/gpu/ranks.py [--dtypes fp32,bf16] [--out DIR] [--bf16-tol X]
 #              [--layouts all|NAME,...] [--timeout 240] [--device cuda]
 #              [--model gpt2|llama]
 # (the runs go to DIR, by default a temporary folder removed at the end;
@@ -30,6 +30,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "tests", "lib"))
 from testlib import ROOT, Checks, metrics, read_checkpoint, rel, train  # noqa: E402
+from tolerances import TOL  # noqa: E402  (tests/lib/tolerances.h)
 
 MODELS = {"gpt2": "L=2,C=128,NH=4,V=257,T=256", "llama": "arch=llama,L=2,C=128,NH=4,NKV=2,F=344,V=257,T=256"}
 ROWS = 16  # rows of T tokens per step (-d = ROWS * T)
@@ -60,7 +61,8 @@ def main():
     ap = argparse.ArgumentParser(description="Ranks sharing one GPU against one process.")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--out", help="keep the runs here (default: a temporary folder)")
-    ap.add_argument("--bf16-tol", type=float, default=5e-2, help="provisional bf16 tolerance")
+    ap.add_argument("--bf16-tol", type=float, default=TOL["kBf16Layout"],
+                    help="bf16 tolerance (default: tests/lib/tolerances.h, provisional)")
     ap.add_argument("--layouts", default="all")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -76,7 +78,7 @@ def main():
             "-s", "0", "-v", "0", "-l", "1e-3", "-u", "3", "-q", "0.2", "-c", "0.1", "--device", a.device]
     try:
         for dtype in a.dtypes.split(","):
-            tol = 1e-5 if dtype == "fp32" else a.bf16_tol
+            tol = TOL["kFp32"] if dtype == "fp32" else a.bf16_tol
             ref = os.path.join(tmp, f"single_{dtype}")
             rc, out, err = train(0, base + ["--dtype", dtype, "-b", str(ROWS), "-o", ref], timeout=a.timeout)
             if not check(rc == 0, f"one process {dtype}: rc={rc} {err[-400:]}"):

@@ -39,6 +39,7 @@
 #include "llmc/io/model_io.h"
 #include "llmc/model/optimizer.h"
 #include "llmc/base/rng.h"
+#include "tests/lib/tolerances.h"
 
 constexpr int kDebugStateMagic = 20240327;
 
@@ -214,9 +215,10 @@ int main(int argc, char** argv) {
     // Tolerances: logits/loss/grads, and the step losses (bf16 drifts more).
     double tol_fwd = tol, tol_grad = tol, tol_steps = tol;
     if (tol < 0) {
-        if (dtype == "fp64") tol_fwd = tol_grad = tol_steps = 1e-10;
-        else if (dtype == "fp32") tol_fwd = tol_grad = tol_steps = 1e-5;
-        else tol_fwd = 2e-2, tol_grad = 1e-1, tol_steps = 2e-2;  // bf16: provisional, see docs/gpu-results.md
+        // tests/lib/tolerances.h holds every figure (bf16: provisional).
+        if (dtype == "fp64") tol_fwd = tol_grad = tol_steps = tol::kCpuFp64;
+        else if (dtype == "fp32") tol_fwd = tol_grad = tol_steps = device == "cuda" ? tol::kFp32 : tol::kCpuFp32;
+        else tol_fwd = tol::kBf16Forward, tol_grad = tol::kBf16Grad, tol_steps = tol::kBf16Steps;
     }
     std::unique_ptr<Backend> be(make_backend(device, dtype, 0, &err));
     if (!be) {

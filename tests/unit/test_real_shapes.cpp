@@ -27,8 +27,8 @@
 // the problem is so ill-conditioned that the CPU fp32 backend itself is off
 // by 1e-5 (measured, B=1). They are rounded to fp32 once, so fp32 runs and
 // the fp64 truth see the same numbers. Errors are ‖a-b‖/‖b‖ per tensor kind.
-// Tolerances: fp32 1e-5 (tight); bf16 provisional (printed; see
-// docs/gpu-results.md) until measured on a GPU.
+// Tolerances: tests/lib/tolerances.h (fp32 1e-5, tight; bf16 provisional
+// until measured on a GPU, see docs/gpu-results.md).
 //
 // Without a CUDA device (a CPU-only machine, CI) the same cases run at small
 // shapes with the CPU fp32 backend in the CUDA backend's place, which checks
@@ -39,7 +39,7 @@
 //
 // usage: test_real_shapes [--device auto|cuda|cpu] [--cases d12,hs128,big,llama]
 //                         [--shape auto|real|small] [--rows 4] [--big-rows 48]
-//                         [--bf16-tol 2e-2,1e-1]
+//                         [--bf16-tol FWD,GRAD]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,6 +52,7 @@
 #include "llmc/backend/backends.h"
 #include "llmc/model/gpt.h"
 #include "llmc/base/rng.h"
+#include "tests/lib/tolerances.h"
 
 namespace {
 
@@ -246,7 +247,7 @@ bool has(const std::string& list, const std::string& item) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string device = "auto", cases = "d12,hs128,big,llama", bf16_tol = "2e-2,1e-1", shape = "auto";
+    std::string device = "auto", cases = "d12,hs128,big,llama", bf16_tol = "", shape = "auto";
     int rows = 4, big_rows = 48;
     ArgParser p("test_real_shapes", "The CUDA backend at d12's real shapes against the CPU backend in fp64.");
     p.add({0, "device", Option::String, &device, "device under test (cpu: small shapes, CPU fp32)", 0, 0,
@@ -256,7 +257,7 @@ int main(int argc, char** argv) {
     p.add({0, "cases", Option::String, &cases, "comma-separated: d12, hs128, big, llama, or all"});
     p.add({0, "rows", Option::Int, &rows, "rows of the fp64-checked batches", 1, 64});
     p.add({0, "big-rows", Option::Int, &big_rows, "rows of the big batch (a multiple of --rows)", 1, 1024});
-    p.add({0, "bf16-tol", Option::String, &bf16_tol, "bf16 tolerances: forward,gradients (provisional)"});
+    p.add({0, "bf16-tol", Option::String, &bf16_tol, "bf16 tolerances: forward,gradients (default: tests/lib/tolerances.h)"});
     bool help = false;
     std::string err;
     if (!p.parse(argc, argv, &help, &err)) {
@@ -267,8 +268,9 @@ int main(int argc, char** argv) {
         std::printf("%s", p.usage().c_str());
         return 0;
     }
-    double tol_bf16_fwd = 2e-2, tol_bf16_grad = 1e-1;
-    if (std::sscanf(bf16_tol.c_str(), "%lf,%lf", &tol_bf16_fwd, &tol_bf16_grad) != 2 || big_rows % rows != 0) {
+    double tol_bf16_fwd = tol::kBf16Forward, tol_bf16_grad = tol::kBf16Grad;
+    if ((!bf16_tol.empty() && std::sscanf(bf16_tol.c_str(), "%lf,%lf", &tol_bf16_fwd, &tol_bf16_grad) != 2) ||
+        big_rows % rows != 0) {
         std::fprintf(stderr, "test_real_shapes: error: flag --bf16-tol wants A,B and --big-rows a multiple of --rows\n");
         return 1;
     }
@@ -303,8 +305,8 @@ int main(int argc, char** argv) {
     const int T = d12.max_seq_len;
     if (!real && big_rows == 48) big_rows = 3 * rows;
     Checker ck;
-    auto tol_fwd = [&](const std::string& d) { return d == "cuda_bf16" ? tol_bf16_fwd : 1e-5; };
-    auto tol_grad = [&](const std::string& d) { return d == "cuda_bf16" ? tol_bf16_grad : 1e-5; };
+    auto tol_fwd = [&](const std::string& d) { return d == "cuda_bf16" ? tol_bf16_fwd : tol::kFp32; };
+    auto tol_grad = [&](const std::string& d) { return d == "cuda_bf16" ? tol_bf16_grad : tol::kFp32; };
 
     for (const GPTConfig* c : {&d12, &hs128, &llama}) {
         const std::string name = c == &d12 ? "d12" : c == &hs128 ? "hs128" : "llama";
@@ -332,7 +334,7 @@ int main(int argc, char** argv) {
                                 tol_fwd(d.first), tol_grad(d.first));
         const std::vector<int> in_big = random_tokens(N, c->vocab_size, 3), tg_big = random_tokens(N, c->vocab_size, 4);
         check_chunked(ck, "big_chunked_" + devs[0].first, devs[0].second.get(), *c, big_rows, rows, T, w, in_big,
-                      tg_big, 1e-5);
+                      tg_big, tol::kFp32);
     }
     std::printf("%d passed, %d failed\n", ck.passed, ck.failed);
     return ck.failed ? 1 : 0;

@@ -1,7 +1,7 @@
 // llmc/backend/cuda/index.h: the index arithmetic of the CUDA kernels, in plain C++.
 //
 // Which thread touches which element, and in which order partial sums are
-// added, is decided here and nowhere else: the kernels in llmc/cuda/*.cuh
+// added, is decided here and nowhere else: the kernels in llmc/backend/cuda/*.cuh
 // call these functions, and tests/unit/test_kernel_index.cpp (built by g++, run
 // on a machine without a GPU) runs the very same functions over every
 // thread of a grid to check that each element is visited exactly once and
@@ -220,5 +220,13 @@ LLMC_HD int find_piece(const size_t* first_block, int count, size_t b) {
     }
     return lo;
 }
+
+// ---- a matmul's bias: in cuBLASLt's epilogue, or by a separate kernel ------------
+// cuBLASLt's bias epilogue reads the bias in 16-byte pieces: a bias pointer
+// that is not 16-byte aligned (a bias at an odd element offset of the flat
+// buffers, a tensor-parallel slice) risks a misaligned-address fault, which
+// leaves the CUDA context unusable. Such a bias is added by the separate
+// bias kernel after the product instead (matmul_forward).
+LLMC_HD bool bias_in_epilogue(uintptr_t bias_address) { return bias_address != 0 && bias_address % kVecBytes == 0; }
 
 }  // namespace llmc_idx

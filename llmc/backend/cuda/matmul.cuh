@@ -186,9 +186,14 @@ void add_bias(E* out, const E* bias, int N, int OC, cudaStream_t stream) {
 template <typename E>
 void matmul_forward(MatmulContext& ctx, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC) {
     if (N <= 0 || OC <= 0) return;
-    if (ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, bias)) return;
+    // The bias goes into cuBLASLt's epilogue only when it is 16-byte aligned
+    // (llmc_idx::bias_in_epilogue) and an algorithm accepts it; else the
+    // separate kernel adds it after the product.
+    if (bias && llmc_idx::bias_in_epilogue((uintptr_t)bias) &&
+        ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, bias))
+        return;
     ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, nullptr);
-    add_bias<E>(out, bias, N, OC, ctx.stream());
+    if (bias) add_bias<E>(out, bias, N, OC, ctx.stream());
 }
 
 // ---- bias gradient ------------------------------------------------------------

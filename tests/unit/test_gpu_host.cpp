@@ -1,0 +1,135 @@
+// tests/unit/test_gpu_host.cpp: the decisions the GPU path takes on the
+// host, checked where no GPU is needed:
+//   - the MFU denominator: the datasheet's dense bf16 peak by device name
+//     (llmc/backend/device_peaks.h), against the datasheets' figures, with
+//     the more specific names first and an estimate only for unknown parts;
+//   - MPI is started only under a launcher (llmc/comm/dist.h): the launcher
+//     variables of Open MPI, PMIx, PMI, hydra and Slurm, and a process
+//     started without any of them runs as a world of one without MPI;
+//   - a matmul's bias goes to cuBLASLt's epilogue only when 16-byte aligned,
+//     else to the separate bias kernel (llmc/backend/cuda/index.h);
+//   - the tolerances of the GPU checks (tests/lib/tolerances.h) are sane.
+// Last line: "N passed, N failed".
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/device_peaks.h"
+#include "llmc/comm/dist.h"
+#include "llmc/comm/mpi.h"
+#include "tests/lib/check.h"
+#include "tests/lib/tolerances.h"
+
+static bool near(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::fabs(b); }
+
+static void test_peaks() {
+    struct Case {
+        const char* name;
+        int major, minor, sms;
+        double khz, tflops;
+    };
+    // Names as the driver reports them; the reported clock is the boost clock.
+    const Case cases[] = {
+        {"NVIDIA H100 80GB HBM3", 9, 0, 132, 1980000, 989.5},
+        {"NVIDIA H100 PCIe", 9, 0, 114, 1755000, 756.5},
+        {"NVIDIA H100 NVL", 9, 0, 132, 1785000, 835.5},
+        {"NVIDIA H200", 9, 0, 132, 1980000, 989.5},
+        {"NVIDIA H200 NVL", 9, 0, 132, 1785000, 835.5},
+        {"NVIDIA GH200 480GB", 9, 0, 132, 1980000, 989.5},
+        {"NVIDIA A100-SXM4-80GB", 8, 0, 108, 1410000, 312.0},
+        {"NVIDIA A100-SXM4-40GB", 8, 0, 108, 1410000, 312.0},
+        {"NVIDIA A100 80GB PCIe", 8, 0, 108, 1410000, 312.0},
+        {"NVIDIA A100-PCIE-40GB", 8, 0, 108, 1410000, 312.0},
+    };
+    for (const Case& c : cases) {
+        const DevicePeak p = device_bf16_peak(c.name, c.major, c.minor, c.sms, c.khz);
+        CHECK(p.datasheet && near(p.flops, c.tflops * 1e12), "%s: %.1f TFLOP/s from '%s', datasheet %.1f", c.name,
+              p.flops / 1e12, p.source, c.tflops);
+    }
+    // The reason for the table: the boost clock overstates an H100 SXM by ~8%.
+    const double est = 4096.0 * 132 * 1980000 * 1e3;
+    CHECK(est / 989.5e12 > 1.07, "H100 SXM estimate from the boost clock %.0f TFLOP/s (8%% above 989.5)", est / 1e12);
+    // GH200 contains "H200": the more specific row must win.
+    CHECK(std::string(device_bf16_peak("NVIDIA GH200 480GB", 9, 0, 132, 1980000).source).find("GH200") !=
+              std::string::npos,
+          "GH200 is matched as GH200, not as H200");
+    // An H100 of no known form factor is not guessed from the table.
+    const DevicePeak h = device_bf16_peak("NVIDIA H100", 9, 0, 132, 1755000);
+    CHECK(!h.datasheet && near(h.flops, 4096.0 * 132 * 1755000 * 1e3), "bare 'H100': an estimate, %.1f TFLOP/s",
+          h.flops / 1e12);
+    // Unknown parts: SMs x clock x FLOPs per SM per clock, said to be an estimate.
+    const DevicePeak l = device_bf16_peak("NVIDIA L40S", 8, 9, 142, 2520000);
+    CHECK(!l.datasheet && near(l.flops, 1024.0 * 142 * 2520000 * 1e3), "L40S: estimate %.1f TFLOP/s", l.flops / 1e12);
+    const DevicePeak u = device_bf16_peak("Some GPU", 7, 5, 40, 1590000);
+    CHECK(u.flops == 0 && !u.datasheet, "an unknown architecture has no peak (no MFU printed): %.1f", u.flops);
+}
+
+static void test_launcher() {
+    auto env = [](std::map<std::string, std::string> vars) {
+        return [vars](const char* name) -> const char* {
+            auto it = vars.find(name);
+            return it == vars.end() ? nullptr : it->second.c_str();
+        };
+    };
+    CHECK(!launched_by_mpi(env({})), "no launcher variables: not launched");
+    CHECK(!launched_by_mpi(env({{"PATH", "/usr/bin"}, {"OMPI_MCA_btl", "self"}})),
+          "Open MPI settings alone (OMPI_MCA_*) are not a launch");
+    CHECK(!launched_by_mpi(env({{"OMPI_COMM_WORLD_SIZE", ""}})), "an empty variable is not a launch");
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_PROCID"})
+        CHECK(launched_by_mpi(env({{v, "0"}})), "%s: launched", v);
+}
+
+// This process was not started by a launcher (the test tier runs it alone):
+// with those variables removed, dist_init must leave MPI alone.
+static void test_no_mpi_alone(int* argc, char*** argv) {
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_PROCID"})
+        unsetenv(v);
+    dist_init(argc, argv);
+#ifdef LLMC_MPI
+    int init = 0;
+    MPI_Initialized(&init);
+    CHECK(!init, "dist_init without a launcher does not start MPI");
+#endif
+    CHECK(dist_world_size() == 1 && dist_world_rank() == 0 && dist_local_rank() == 0 && dist_local_size() == 1,
+          "alone: a world of one");
+    std::string err;
+    CHECK(dist_all_ok(true, "", &err) && !dist_all_ok(false, "bad", &err) && err == "bad",
+          "alone: agreement on errors needs no MPI");
+    dist_finalize();
+}
+
+static void test_bias_route() {
+    CHECK(!llmc_idx::bias_in_epilogue(0), "no bias: no epilogue");
+    for (uintptr_t base : {(uintptr_t)0x10000, (uintptr_t)0x7f0000001000}) {
+        for (int off = 0; off < 64; off += 2) {  // bf16 elements: 2-byte steps
+            const bool want = off % 16 == 0;
+            CHECK(llmc_idx::bias_in_epilogue(base + off) == want, "bias at +%d bytes: %s", off,
+                  want ? "epilogue" : "separate kernel");
+        }
+    }
+}
+
+static void test_tolerances() {
+    const double all[] = {tol::kCpuFp64,     tol::kCpuFp32,      tol::kFp32,
+                          tol::kBf16Forward, tol::kBf16Grad,     tol::kBf16Steps,
+                          tol::kBf16Kernel,  tol::kBf16Layout,   tol::kCurveFp32,
+                          tol::kCurveBf16,   tol::kBf16TwoRoundings, tol::kFp32AttentionBackward,
+                          tol::kSumSquaresRatio};
+    bool ok = true;
+    for (double t : all) ok = ok && t > 0 && t < 1;
+    CHECK(ok, "every tolerance is in (0, 1)");
+    CHECK(tol::kCpuFp64 < tol::kCpuFp32 && tol::kFp32 < tol::kBf16Kernel && tol::kBf16Forward <= tol::kBf16Grad,
+          "tolerances grow with lower precision and with depth (fp64 < fp32 < bf16; forward <= gradients)");
+}
+
+int main(int argc, char** argv) {
+    test_peaks();
+    test_launcher();
+    test_bias_route();
+    test_tolerances();
+    test_no_mpi_alone(&argc, &argv);
+    return check_summary();
+}
