@@ -11,30 +11,13 @@ import tempfile
 
 import numpy as np
 
+from checks import Checks  # noqa: F401  (re-exported: the tests import it from here)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(ROOT, "train_gpt")
 # mpirun as root, and more ranks than cores (docs/design.md section 8).
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
-
-
-class Checks:
-    """Counts checks; prints each failure; ends with 'N passed, N failed'."""
-
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def __call__(self, ok, what):
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-            print("FAIL", what, flush=True)
-        return ok
-
-    def summary(self):
-        print(f"{self.passed} passed, {self.failed} failed")
-        return 1 if self.failed else 0
 
 
 def train(np_, args, timeout=240):

@@ -18,16 +18,10 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-passed = failed = 0
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import Checks  # noqa: E402
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL " + what)
+check = Checks()
 
 
 def fake_toolkit(base, libdir):
@@ -52,8 +46,8 @@ def link_line(tmp, home):
 
 def main():
     if shutil.which("make") is None:
-        print("make not found\n0 passed, 1 failed")
-        return 1
+        check(False, "make not found")
+        return check.summary()
     arch = platform.machine() + "-linux"
     tmp = tempfile.mkdtemp(prefix="llmc_build_")
     try:
@@ -82,8 +76,7 @@ def main():
         check(not any(f.startswith(home) for f in flags), f"no libraries in the toolkit: no -L into it ({flags})")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return check.summary()
 
 
 if __name__ == "__main__":

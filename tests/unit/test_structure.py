@@ -27,18 +27,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MAX_LINES = 600
 SOURCE = (".h", ".cpp", ".cu", ".cuh", ".py", ".sh")
 
-passed = 0
-failed = 0
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import Checks  # noqa: E402
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL " + what)
-    return ok
+check = Checks()
 
 
 def tracked():
@@ -193,8 +185,7 @@ def main():
                     check(False, f"{f}:{i + 1}: cites something outside the repository: {line.strip()[:100]}")
     check(True, "the text of the tree was read")
 
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return check.summary()
 
 
 if __name__ == "__main__":
