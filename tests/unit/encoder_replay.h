@@ -17,6 +17,7 @@
 // segment or an owner), and writes and reads of each partial slot.
 struct EncReplayStats {
     std::vector<int> item_uses, row_writes, slot_writes, slot_reads;
+    int walk_mismatch = 0;  // owners whose bucket end and enc_continues disagree
 };
 
 // dst[key·C ...] += the rows of src that each key collects: item k (unsorted
@@ -39,46 +40,43 @@ static void encoder_replay(std::vector<float>& dst, const std::vector<float>& sr
     s.row_writes.assign(dst.size() / (size_t)C, 0);
     s.slot_writes.assign(2 * (size_t)nch, 0);
     s.slot_reads.assign(2 * (size_t)nch, 0);
-    // Pass 1.
-    for (int k = 0; k < nch; k++) {
-        const int c0 = k * kEncChunk, c1 = std::min(n, c0 + kEncChunk);
-        for (int a = c0; a < c1;) {
-            const unsigned key = sk[a];
-            if (key == sentinel) break;
-            int b = a + 1;
-            while (b < c1 && sk[b] == key) b++;
-            const int dest = enc_segment_dest(sk.data(), n, k, a, b);
-            for (int i = a; i < b; i++) s.item_uses[i]++;
-            const size_t slot = 2 * (size_t)k + (dest == kEncHead ? 0 : 1);
-            if (dest == kEncDirect) s.row_writes[key]++;
-            else s.slot_writes[slot]++;
-            for (int c = 0; c < C; c++) {
-                float acc = 0.f;
-                for (int i = a; i < b; i++)
-                    for (int r = 0; r < rep; r++) acc += src[((size_t)vals[i] + (size_t)r * rep_stride) * C + c];
-                if (dest == kEncDirect) dst[(size_t)key * C + c] += acc;
-                else partial[slot * C + c] = acc;
-            }
-            a = b;
+    // Pass 1: a block per segment start.
+    for (int a = 0; a < n; a++) {
+        const unsigned key = sk[a];
+        if (key == sentinel) break;
+        if (!enc_segment_start(sk.data(), a)) continue;
+        const int k = a / kEncChunk, c1 = std::min(n, (k + 1) * kEncChunk);
+        int b = a + 1;
+        while (b < c1 && sk[b] == key) b++;
+        const int dest = enc_segment_dest(sk.data(), n, k, a, b);
+        for (int i = a; i < b; i++) s.item_uses[i]++;
+        const size_t slot = 2 * (size_t)k + (dest == kEncHead ? 0 : 1);
+        if (dest == kEncDirect) s.row_writes[key]++;
+        else s.slot_writes[slot]++;
+        for (int c = 0; c < C; c++) {
+            float acc = 0.f;
+            for (int i = a; i < b; i++)
+                for (int r = 0; r < rep; r++) acc += src[((size_t)vals[i] + (size_t)r * rep_stride) * C + c];
+            if (dest == kEncDirect) dst[(size_t)key * C + c] += acc;
+            else partial[slot * C + c] = acc;
         }
     }
-    // Pass 2.
+    // Pass 2: the owners, up to the chunk of the bucket's end.
     for (int k = 0; k < nch; k++) {
         if (!enc_owner(sk.data(), n, k)) continue;
-        const unsigned key = sk[(k + 1) * kEncChunk - 1];
+        const int last = (k + 1) * kEncChunk - 1;
+        const unsigned key = sk[last];
         if (key == sentinel) continue;
+        const int end_chunk = (enc_bucket_end(sk.data(), n, last) - 1) / kEncChunk;
+        int walk = k + 1;  // the same chunks by enc_continues
+        while (enc_continues(sk.data(), n, walk)) walk++;
+        if (walk != end_chunk) s.walk_mismatch++;
         s.row_writes[key]++;
         s.slot_reads[2 * (size_t)k + 1]++;
-        for (int jc = k + 1;; jc++) {
-            s.slot_reads[2 * (size_t)jc]++;
-            if (!enc_continues(sk.data(), n, jc)) break;
-        }
+        for (int jc = k + 1; jc <= end_chunk; jc++) s.slot_reads[2 * (size_t)jc]++;
         for (int c = 0; c < C; c++) {
             float acc = partial[(2 * (size_t)k + 1) * C + c];
-            for (int jc = k + 1;; jc++) {
-                acc += partial[2 * (size_t)jc * C + c];
-                if (!enc_continues(sk.data(), n, jc)) break;
-            }
+            for (int jc = k + 1; jc <= end_chunk; jc++) acc += partial[2 * (size_t)jc * C + c];
             dst[(size_t)key * C + c] += acc;
         }
     }

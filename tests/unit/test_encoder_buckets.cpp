@@ -57,6 +57,8 @@ void run_case(const std::string& name, const std::vector<unsigned>& keys, int ro
     for (size_t s = 0; s < st.slot_writes.size(); s++)
         bad_slots += st.slot_writes[s] > 1 || st.slot_reads[s] != st.slot_writes[s];
     CHECK(bad_slots == 0, "%s: %d partial slots written twice, read unwritten or left unread", name.c_str(), bad_slots);
+    CHECK(st.walk_mismatch == 0, "%s: %d owners find another bucket end by binary search than by walking chunks",
+          name.c_str(), st.walk_mismatch);
     // A bucket longer than a chunk is always split (pass 2 reads slots).
     int longest = 0, reads = 0;
     for (int r = 0; r < rows; r++) longest = std::max(longest, count[r]);
@@ -118,6 +120,12 @@ int main() {
         CHECK(enc_segment_dest(m.data(), 2 * S, 0, 0, S) == kEncDirect && enc_segment_dest(m.data(), 2 * S, 1, S, 2 * S) == kEncDirect &&
                   !enc_owner(m.data(), 2 * S, 0),
               "buckets that end at a chunk boundary are added directly");
+        CHECK(enc_segment_start(k.data(), 0) && !enc_segment_start(k.data(), 1) && enc_segment_start(k.data(), S) &&
+                  enc_segment_start(m.data(), S) && !enc_segment_start(m.data(), S + 1),
+              "segments start at bucket starts and at chunk starts inside a bucket");
+        CHECK(enc_bucket_end(k.data(), 3 * S, 0) == 3 * S && enc_bucket_end(m.data(), 2 * S, 5) == S &&
+                  enc_bucket_end(m.data(), 2 * S, S) == 2 * S,
+              "bucket ends by binary search");
     }
     const int C = 12;
     // A token that is 3% of 4096 items (the case the split is for), among a

@@ -17,13 +17,14 @@
 //      output is the one ordering by (key, source row): the same on every
 //      run whatever the GPU's scheduling;
 //   3. the sorted items are cut into chunks of 64 (llmc_idx::kEncChunk,
-//      index.h), one block each, so a frequent token's bucket (~3% of real
-//      text) is summed by many blocks rather than one: a block sums each
-//      run of one key in its chunk in sorted order in fp32, 16 bytes at a
-//      time; a bucket inside the chunk goes straight into its parameter
-//      row, a piece of a longer bucket into a partial slot; a second pass
-//      adds each long bucket's partials in chunk order and adds the sum
-//      into the row once (each output row has exactly one writer).
+//      index.h), so a frequent token's bucket (~3% of real text) is summed
+//      by many blocks rather than one: a block per run of one key inside a
+//      chunk (a grid-stride loop over sorted positions) sums it in sorted
+//      order in fp32, 16 bytes at a time; a bucket inside one chunk goes
+//      straight into its parameter row, a piece of a longer bucket into a
+//      partial slot; a second pass adds each long bucket's partials in
+//      chunk order and adds the sum into the row once (each output row has
+//      exactly one writer).
 // Positions go the same way over the T entries of pos (a bucket of position
 // entries, each standing for the B rows b*T + t, summed t-major then b).
 // The result is deterministic and exact up to fp32 summation and one final
@@ -115,56 +116,54 @@ static __global__ void encoder_position_keys_kernel(unsigned* keys, int* vals, c
     vals[t] = t;
 }
 
-// Pass 1, one block per chunk of kEncChunk sorted items (index.h): each
-// segment (one key inside the chunk) summed in item order, then r order, in
-// fp32; item k stands for source rows vals[k] + r*rep_stride, r < rep (rep 1
-// for tokens; B rows of stride T for positions). A whole bucket is added
-// into dst[key] here; a piece of a longer bucket goes to its partial slot.
+// Pass 1, a block per segment start (index.h: a run of one key inside one
+// chunk of kEncChunk sorted items; a grid-stride loop over sorted
+// positions): the segment summed in item order, then r order, in fp32; item
+// k stands for source rows vals[k] + r*rep_stride, r < rep (rep 1 for
+// tokens; B rows of stride T for positions). A whole bucket is added into
+// dst[key] here; a piece of a longer bucket goes to its partial slot.
 template <typename E, int W>
 __global__ void encoder_segment_sum_kernel(E* dst, float* partial, const E* src, const unsigned* keys, const int* vals,
                                            int nitems, unsigned sentinel, int C, int rep, int rep_stride) {
-    const int nch = llmc_idx::enc_chunks(nitems);
-    for (int k = blockIdx.x; k < nch; k += gridDim.x) {
-        const int c0 = k * llmc_idx::kEncChunk, c1 = min(nitems, c0 + llmc_idx::kEncChunk);
-        for (int a = c0; a < c1;) {
-            const unsigned key = keys[a];
-            if (key == sentinel) break;  // sentinels sort last: nothing after this is owned
-            int b = a + 1;
-            while (b < c1 && keys[b] == key) b++;
-            const int dest = llmc_idx::enc_segment_dest(keys, nitems, k, a, b);
-            for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
-                float acc[W];
+    for (int a = blockIdx.x; a < nitems; a += gridDim.x) {
+        const unsigned key = keys[a];
+        if (key == sentinel) break;  // sentinels sort last: nothing after this is owned
+        if (!llmc_idx::enc_segment_start(keys, a)) continue;
+        const int k = a / llmc_idx::kEncChunk, c1 = min(nitems, (k + 1) * llmc_idx::kEncChunk);
+        int b = a + 1;
+        while (b < c1 && keys[b] == key) b++;
+        const int dest = llmc_idx::enc_segment_dest(keys, nitems, k, a, b);
+        for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+            float acc[W];
 #pragma unroll
-                for (int j = 0; j < W; j++) acc[j] = 0.f;
-                for (int i = a; i < b; i++) {
-                    const size_t v = (size_t)vals[i];
-                    for (int r = 0; r < rep; r++) {
-                        float f[W];
-                        load_floats<E, W>(f, src + (v + (size_t)r * rep_stride) * C + c);
+            for (int j = 0; j < W; j++) acc[j] = 0.f;
+            for (int i = a; i < b; i++) {
+                const size_t v = (size_t)vals[i];
+                for (int r = 0; r < rep; r++) {
+                    float f[W];
+                    load_floats<E, W>(f, src + (v + (size_t)r * rep_stride) * C + c);
 #pragma unroll
-                        for (int j = 0; j < W; j++) acc[j] += f[j];
-                    }
-                }
-                if (dest == llmc_idx::kEncDirect) {
-                    E* d = dst + (size_t)key * C + c;
-                    float o[W];
-                    load_floats<E, W>(o, d);
-#pragma unroll
-                    for (int j = 0; j < W; j++) o[j] += acc[j];
-                    store_floats<E, W>(d, o);
-                } else {
-                    float* p = partial + (2 * (size_t)k + (dest == llmc_idx::kEncHead ? 0 : 1)) * C + c;
-#pragma unroll
-                    for (int j = 0; j < W; j++) p[j] = acc[j];
+                    for (int j = 0; j < W; j++) acc[j] += f[j];
                 }
             }
-            a = b;
+            if (dest == llmc_idx::kEncDirect) {
+                E* d = dst + (size_t)key * C + c;
+                float o[W];
+                load_floats<E, W>(o, d);
+#pragma unroll
+                for (int j = 0; j < W; j++) o[j] += acc[j];
+                store_floats<E, W>(d, o);
+            } else {
+                float* p = partial + (2 * (size_t)k + (dest == llmc_idx::kEncHead ? 0 : 1)) * C + c;
+#pragma unroll
+                for (int j = 0; j < W; j++) p[j] = acc[j];
+            }
         }
     }
 }
 
-// Pass 2, one block per chunk that owns a split bucket: its tail slot, then
-// the head slots of the chunks the bucket runs on into, in chunk order, and
+// Pass 2, a block per chunk that owns a split bucket: its tail slot, then
+// the head slots of the chunks up to the bucket's end, in chunk order, and
 // the sum once into dst[key].
 template <typename E, int W>
 __global__ void encoder_bucket_finish_kernel(E* dst, const float* partial, const unsigned* keys, int nitems,
@@ -172,18 +171,19 @@ __global__ void encoder_bucket_finish_kernel(E* dst, const float* partial, const
     const int nch = llmc_idx::enc_chunks(nitems);
     for (int k = blockIdx.x; k < nch; k += gridDim.x) {
         if (!llmc_idx::enc_owner(keys, nitems, k)) continue;
-        const unsigned key = keys[(k + 1) * llmc_idx::kEncChunk - 1];
+        const int last = (k + 1) * llmc_idx::kEncChunk - 1;
+        const unsigned key = keys[last];
         if (key == sentinel) continue;
+        const int end_chunk = (llmc_idx::enc_bucket_end(keys, nitems, last) - 1) / llmc_idx::kEncChunk;
         for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
             float acc[W];
             const float* p = partial + (2 * (size_t)k + 1) * C + c;
 #pragma unroll
             for (int j = 0; j < W; j++) acc[j] = p[j];
-            for (int jc = k + 1;; jc++) {
+            for (int jc = k + 1; jc <= end_chunk; jc++) {
                 const float* h = partial + 2 * (size_t)jc * C + c;
 #pragma unroll
                 for (int j = 0; j < W; j++) acc[j] += h[j];
-                if (!llmc_idx::enc_continues(keys, nitems, jc)) break;
             }
             E* d = dst + (size_t)key * C + c;
             float o[W];
@@ -196,7 +196,7 @@ __global__ void encoder_bucket_finish_kernel(E* dst, const float* partial, const
 }
 
 namespace detail {
-constexpr int kEncGrid = 4096;  // most blocks of a pass (a grid-stride loop over chunks)
+constexpr int kEncGrid = 2048;  // most blocks of a pass (grid-stride loops over positions, chunks)
 
 template <typename E>
 void encoder_bucket_sum(E* dst, float* partial, const E* src, const unsigned* keys, const int* vals, int nitems,
@@ -206,17 +206,18 @@ void encoder_bucket_sum(E* dst, float* partial, const E* src, const unsigned* ke
     const int W = vec ? V : 1;
     int block = (int)ceil_div(ceil_div(C, W), 32) * 32;
     if (block > 256) block = 256;
-    const unsigned grid = (unsigned)std::min(llmc_idx::enc_chunks(nitems), kEncGrid);
+    const unsigned grid1 = (unsigned)std::min(nitems, kEncGrid);
+    const unsigned grid2 = (unsigned)std::min(llmc_idx::enc_chunks(nitems), kEncGrid);
     if (vec) {
-        encoder_segment_sum_kernel<E, V><<<grid, block, 0, stream>>>(dst, partial, src, keys, vals, nitems, sentinel,
-                                                                      C, rep, rep_stride);
+        encoder_segment_sum_kernel<E, V><<<grid1, block, 0, stream>>>(dst, partial, src, keys, vals, nitems, sentinel,
+                                                                       C, rep, rep_stride);
         CUDA_CHECK_LAUNCH();
-        encoder_bucket_finish_kernel<E, V><<<grid, block, 0, stream>>>(dst, partial, keys, nitems, sentinel, C);
+        encoder_bucket_finish_kernel<E, V><<<grid2, block, 0, stream>>>(dst, partial, keys, nitems, sentinel, C);
     } else {
-        encoder_segment_sum_kernel<E, 1><<<grid, block, 0, stream>>>(dst, partial, src, keys, vals, nitems, sentinel,
-                                                                      C, rep, rep_stride);
+        encoder_segment_sum_kernel<E, 1><<<grid1, block, 0, stream>>>(dst, partial, src, keys, vals, nitems, sentinel,
+                                                                       C, rep, rep_stride);
         CUDA_CHECK_LAUNCH();
-        encoder_bucket_finish_kernel<E, 1><<<grid, block, 0, stream>>>(dst, partial, keys, nitems, sentinel, C);
+        encoder_bucket_finish_kernel<E, 1><<<grid2, block, 0, stream>>>(dst, partial, keys, nitems, sentinel, C);
     }
     CUDA_CHECK_LAUNCH();
 }

@@ -113,19 +113,22 @@ LLMC_HD int key_bits(int max_key) {
     while (b < 31 && (1 << b) <= max_key) b++;
     return b;
 }
-// The sorted items are cut into chunks of kEncChunk (one block each), so a
-// bucket of many items (a frequent token: ~3% of real text) is summed by
-// several blocks. A segment is a maximal run of one key inside one chunk.
-// Pass 1: each chunk sums each of its segments in item order (fp32); a
-// segment that is a whole bucket is added straight into its parameter row;
-// a segment of a bucket that crosses a chunk boundary goes to a partial
-// slot instead: the chunk's first segment, if its bucket began in an
-// earlier chunk, to slot "head" of the chunk; else its last segment, if
-// its bucket goes on into the next chunk, to slot "tail". Pass 2: the chunk
-// where such a bucket begins (its "owner": tail slot written) adds the
-// bucket's partials in chunk order (its tail, then the next chunks' heads)
-// and adds the sum into the parameter row once. Every row has one writer
-// and every order depends only on the sorted keys: deterministic.
+// The sorted items are cut into chunks of kEncChunk, so a bucket of many
+// items (a frequent token: ~3% of real text) is summed by several blocks.
+// A segment is a maximal run of one key inside one chunk; it starts where a
+// bucket starts or a chunk starts inside a bucket. Pass 1: a block per
+// segment start (a grid-stride loop over sorted positions, as many blocks
+// at work as before the split for small buckets) sums the segment in item
+// order (fp32); a segment that is a whole bucket is added straight into its
+// parameter row; a segment of a bucket that crosses a chunk boundary goes
+// to a partial slot instead: the chunk's first segment, if its bucket began
+// in an earlier chunk, to slot "head" of the chunk; else its last segment,
+// if its bucket goes on into the next chunk, to slot "tail". Pass 2: the
+// chunk where such a bucket begins (its "owner": tail slot written) finds
+// the bucket's end (a binary search of the sorted keys), adds the bucket's
+// partials in chunk order (its tail, then the next chunks' heads) and adds
+// the sum into the parameter row once. Every row has one writer and every
+// order depends only on the sorted keys: deterministic.
 constexpr int kEncChunk = 64;
 enum EncDest { kEncDirect = 0, kEncHead = 1, kEncTail = 2 };
 LLMC_HD int enc_chunks(int nitems) { return (nitems + kEncChunk - 1) / kEncChunk; }
@@ -142,6 +145,28 @@ template <typename K>
 LLMC_HD bool enc_joins_next(const K* keys, int nitems, int k) {
     const int i = (k + 1) * kEncChunk;
     return i < nitems && keys[i] == keys[i - 1];
+}
+// Sorted position i starts a segment.
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD bool enc_segment_start(const K* keys, int i) {
+    return i % kEncChunk == 0 || bucket_start(keys, i);
+}
+// The end of the bucket holding sorted position i: the first position past
+// it with a larger key (binary search; keys ascending).
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD int enc_bucket_end(const K* keys, int nitems, int i) {
+    const K key = keys[i];
+    int lo = i + 1, hi = nitems;  // the answer lies in [lo, hi]
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (keys[mid] == key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 // Where pass 1 puts the sum of segment [a, b) of chunk k.
 LLMC_HD_TEMPLATE
@@ -161,7 +186,8 @@ LLMC_HD bool enc_owner(const K* keys, int nitems, int k) {
     return !(enc_joins_prev(keys, nitems, k) && keys[c0] == keys[c0 + kEncChunk - 1]);
 }
 // After adding chunk j's head slot, an owner goes on to chunk j+1 when the
-// bucket fills chunk j and goes on.
+// bucket fills chunk j and goes on (the same chunks as up to the chunk of
+// enc_bucket_end - 1; tests/unit/test_encoder_buckets.cpp checks both agree).
 LLMC_HD_TEMPLATE
 template <typename K>
 LLMC_HD bool enc_continues(const K* keys, int nitems, int j) {
