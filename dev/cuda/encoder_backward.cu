@@ -5,18 +5,25 @@
 //   version 2: the previous production kernel (dev/cuda/previous.h: ids
 //              downloaded and bucketed on the host, one stream
 //              synchronisation per call; one fp32 sum per parameter row)
-//   version 3: llmc/backend/cuda/encoder.cuh (production: keys sorted on the device
-//              by CUB's stable radix sort, one block per bucket with 16-byte
-//              loads; no synchronisation, deterministic)
-// Tokens are drawn half from a small "hot" set so rows collect many rows.
-// Version 3 is also checked for bit-identical results over two runs and,
-// last, captured into a CUDA graph: a host synchronisation or a copy to the
-// host inside it would make the capture fail (the program then stops with
-// the CUDA error).
+//   version 3: the previous device-sorted kernel (dev/cuda/previous_encoder_sorted.h:
+//              keys sorted by CUB, one block per bucket, so a frequent
+//              token's whole bucket is one block's serial work)
+//   version 4: llmc/backend/cuda/encoder.cuh (production: keys sorted on the device
+//              by CUB's stable radix sort, the sorted items cut into chunks of
+//              64, one block each, long buckets' partials added in chunk
+//              order by a second pass; 16-byte loads; no synchronisation,
+//              deterministic)
+// Tokens are drawn half from a small "hot" set so rows collect many rows; a
+// second set has one token at 3% of the tokens (as in real text) and one at
+// 30%, where version 3 leaves one block with a long serial sum. Version 4 is
+// also checked for bit-identical results over two runs and, last, captured
+// into a CUDA graph: a host synchronisation or a copy to the host inside it
+// would make the capture fail (the program then stops with the CUDA error).
 #include "common.h"
 #include "llmc/backend/cpu_ops.h"
 #include "llmc/backend/cuda/encoder.cuh"
 #include "previous.h"
+#include "previous_encoder_sorted.h"
 
 using namespace llmc_cuda;
 
@@ -34,8 +41,9 @@ __global__ void encoder_backward_v1(E* dwte, E* dwpe, const E* dout, const int* 
 
 struct Scratch {
     llmc_prev::EncoderBackwardScratch prev;
+    llmc_prev_sorted::EncoderBackwardScratch sorted;
     EncoderBackwardScratch cur;
-    void release() { prev.release(), cur.release(); }
+    void release() { prev.release(), sorted.release(), cur.release(); }
 };
 
 template <typename E>
@@ -47,6 +55,8 @@ void run(int version, E* dwte, E* dwpe, const E* dout, const int* tok, const int
         CUDA_CHECK_LAUNCH();
     } else if (version == 2) {
         llmc_prev::encoder_backward<E>(dwte, dwpe, dout, tok, pos, B, T, C, vb, ve, sc.prev, 0);
+    } else if (version == 3) {
+        llmc_prev_sorted::encoder_backward<E>(dwte, dwpe, dout, tok, pos, B, T, C, vb, ve, sc.sorted, 0);
     } else {
         encoder_backward<E>(dwte, dwpe, dout, tok, pos, B, T, C, vb, ve, sc.cur, 0);
     }
@@ -69,7 +79,7 @@ void check(int version, const char* label, const std::vector<int>& tok, const st
     const std::vector<float> g_wte = lab::from_device(dwte, rwte.size()), g_wpe = lab::from_device(dwpe, rwpe.size());
     lab::validate(l1.c_str(), g_wte, rwte, tol);
     lab::validate(l2.c_str(), g_wpe, rwpe, tol);
-    if (version == 3) {  // deterministic: the same bits from the same state
+    if (version == 4) {  // deterministic: the same bits from the same state
         lab::copy_to_device<E>(dwte, dwte0);
         lab::copy_to_device<E>(dwpe, dwpe0);
         run<E>(version, dwte, dwpe, ddout, dtok, dpos, B, T, C, vb, ve, sc);
@@ -93,24 +103,35 @@ int main() {
     const int vb = 32, ve = 25184;  // a vocabulary slice that cuts the hot set
     std::vector<float> dwte0_slice(dwte0.begin() + (size_t)vb * C, dwte0.begin() + (size_t)ve * C);
 
+    // One token at 3% of the tokens and one at 30% (ids 100 and 40000: the
+    // vocabulary slice below holds the first, not the second).
+    std::vector<int> heavy = tok;
+    for (size_t i = 0; i < heavy.size(); i++) heavy[i] = i % 33 == 0 ? 100 : i % 10 == 1 ? 40000 : tok[i];
+
     std::printf("validation (B=%d T=%d C=%d)\n", B, T, C);
     check<float>(1, "v1 fp32", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
     check<float>(2, "v2 fp32", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
     check<bf16>(2, "v2 bf16", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolBF16);
     check<float>(3, "v3 fp32", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
-    check<float>(3, "v3 fp32 vocab slice", tok, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve, lab::kTolF32);
     check<bf16>(3, "v3 bf16", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolBF16);
-    check<bf16>(3, "v3 bf16 vocab slice", tok, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve, lab::kTolBF16);
+    check<float>(4, "v4 fp32", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
+    check<float>(4, "v4 fp32 vocab slice", tok, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve, lab::kTolF32);
+    check<bf16>(4, "v4 bf16", tok, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolBF16);
+    check<bf16>(4, "v4 bf16 vocab slice", tok, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve, lab::kTolBF16);
+    check<float>(4, "v4 fp32 3% and 30% tokens", heavy, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolF32);
+    check<bf16>(4, "v4 bf16 3% and 30% tokens", heavy, pos, dout, dwte0, dwpe0, B, T, C, 0, Vp, lab::kTolBF16);
+    check<float>(4, "v4 fp32 3%/30% tokens, vocab slice", heavy, pos, dout, dwte0_slice, dwpe0, B, T, C, vb, ve,
+                 lab::kTolF32);
     {
         // C % 8 != 0 (element-by-element sums) and a repeated position (a
         // position bucket of two entries).
         const int Bs = 2, Ts = 64, Cs = 45;
-        std::vector<int> t2(tok.begin(), tok.begin() + Bs * Ts), p2(Ts);
+        std::vector<int> t2(heavy.begin(), heavy.begin() + Bs * Ts), p2(Ts);
         for (int t = 0; t < Ts; t++) p2[t] = (t * 5 + 1) % Ts;
         p2[3] = p2[4];
         std::vector<float> d2(dout.begin(), dout.begin() + (size_t)Bs * Ts * Cs);
         std::vector<float> w2(dwte0.begin(), dwte0.begin() + (size_t)Vp * Cs), q2(dwpe0.begin(), dwpe0.begin() + (size_t)Ts * Cs);
-        check<float>(3, "v3 fp32 C=45, repeated position", t2, p2, d2, w2, q2, Bs, Ts, Cs, 0, Vp, lab::kTolF32);
+        check<float>(4, "v4 fp32 C=45, repeated position", t2, p2, d2, w2, q2, Bs, Ts, Cs, 0, Vp, lab::kTolF32);
     }
 
     if (lab::check_only()) return lab::finish();
@@ -122,13 +143,23 @@ int main() {
     bf16* dwpe = lab::to_device<bf16>(dwpe0);
     Scratch sc;
     const double bytes = 4.0 * B * T * C * sizeof(bf16);  // dout read twice (wte, wpe) + rows read/written
-    const char* names[] = {"", "v1 atomics", "v2 previous (host bucketing)", "v3 production (device sort)"};
-    for (int v = 1; v <= 3; v++) {
+    const char* names[] = {"", "v1 atomics", "v2 previous (host bucketing)", "v3 previous (one block per bucket)",
+                           "v4 production (split buckets)"};
+    for (int v = 1; v <= 4; v++) {
         float ms = lab::time_ms([&] { run<bf16>(v, dwte, dwpe, ddout, dtok, dpos, B, T, C, 0, Vp, sc); });
         lab::report_bw(names[v], ms, bytes);
     }
+    {
+        std::printf("timing with one token at 3%% and one at 30%% of the tokens\n");
+        int* dheavy = lab::ints_to_device(heavy);
+        for (int v = 3; v <= 4; v++) {
+            float ms = lab::time_ms([&] { run<bf16>(v, dwte, dwpe, ddout, dheavy, dpos, B, T, C, 0, Vp, sc); });
+            lab::report_bw(names[v], ms, bytes);
+        }
+        lab::dev_free(dheavy);
+    }
 
-    // No host synchronisation inside version 3: it must capture into a graph
+    // No host synchronisation inside version 4: it must capture into a graph
     // (warmed up above, so its scratch no longer grows), and the graph must
     // compute the same as a direct call.
     {
@@ -140,7 +171,7 @@ int main() {
         const std::vector<float> w1 = lab::from_device(dwte, (size_t)Vp * C), q1 = lab::from_device(dwpe, (size_t)T * C);
         lab::copy_to_device<bf16>(dwte, w0);
         lab::copy_to_device<bf16>(dwpe, q0);
-        std::printf("  capturing v3 into a CUDA graph (a host sync inside it would stop the program here)\n");
+        std::printf("  capturing v4 into a CUDA graph (a host sync inside it would stop the program here)\n");
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -150,7 +181,7 @@ int main() {
         CUDA_CHECK(cudaGraphLaunch(exec, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
         const bool same = lab::from_device(dwte, (size_t)Vp * C) == w1 && lab::from_device(dwpe, (size_t)T * C) == q1;
-        std::printf("  %-44s %s\n", "v3 in a CUDA graph == direct call (bits)", same ? "PASS" : "FAIL");
+        std::printf("  %-44s %s\n", "v4 in a CUDA graph == direct call (bits)", same ? "PASS" : "FAIL");
         (same ? lab::g_passed : lab::g_failed)++;
         CUDA_CHECK(cudaGraphExecDestroy(exec));
         CUDA_CHECK(cudaGraphDestroy(graph));

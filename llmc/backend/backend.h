@@ -80,6 +80,28 @@ struct AdamSpan {
     bool decay;
 };
 
+// One contiguous run for sum_squares_multi: n elements from x.
+struct SumSpan {
+    const void* x;
+    size_t n;
+};
+
+// The largest shapes a model stack passes to the ops that need temporary
+// memory of their own (reserve_workspace): a backend that needs some (CUDA:
+// the kernels' partial sums, the encoder's sort, the multi-tensor tables)
+// allocates it all once, when the stack is built, so that nothing is
+// allocated between steps, while collectives may be in flight.
+struct Workspace {
+    int rows = 0;          // most rows of a norm, matmul or encoder backward (B·T of a micro-batch)
+    int seq = 0;           // most positions of an encoder backward (T)
+    int channels = 0;      // widest LayerNorm or RMSNorm row (C)
+    int bias_width = 0;    // widest bias a matmul backward sums (OC)
+    int vocab_rows = 0;    // embedding rows an encoder backward holds (v_end - v_begin)
+    size_t attn_rows = 0;  // most B·NH·Tq of an attention backward (whole or one ring block)
+    int runs = 0;          // most runs of one adamw_update_multi or sum_squares_multi
+    size_t run_elems = 0;  // most elements of all the runs of one sum_squares_multi
+};
+
 class Backend {
   public:
     virtual ~Backend() {}
@@ -112,6 +134,10 @@ class Backend {
     // Bytes an allocation of `bytes` takes in bytes_in_use() (the backend's
     // rounding), so that a count made without allocating matches it.
     virtual size_t alloc_size(size_t bytes) const { return bytes; }
+    // Reserves the temporary memory of every op the stack will call with at
+    // most these shapes (see Workspace); afterwards a call that would need
+    // more fails with a message instead of allocating. Nothing on the CPU.
+    virtual void reserve_workspace(const Workspace& w) { (void)w; }
     // Bytes this rank may still allocate, its share of the device when
     // `local_ranks` processes share the node (0: unknown).
     virtual size_t free_memory(int local_ranks) const {
@@ -273,6 +299,12 @@ class Backend {
     // Sum of squares of n elements of type t, to the host (deterministic on
     // the CPU: a fixed order whatever the thread count).
     virtual double sum_squares(const void* x, DType t, size_t n) = 0;
+    // The sum of squares of many runs of type t, to the host at once: the
+    // runs' sums added in run order (sum = 0; sum += sum of run i, i = 0,
+    // 1, ...). The CPU computes each run's sum exactly as sum_squares does,
+    // so the result is bit for bit the loop of single calls; a GPU sums
+    // every run in one launch and synchronises once.
+    virtual double sum_squares_multi(const SumSpan* spans, int count, DType t) = 0;
 
   protected:
     bool over_budget(size_t more) const { return budget_ && bytes_in_use() + more > budget_; }

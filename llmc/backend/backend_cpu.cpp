@@ -196,6 +196,12 @@ class CpuBackend : public Backend {
         if (t == DType::F32) return cpu::sum_squares(static_cast<const float*>(x), n);
         throw std::invalid_argument("cpu sum_squares: unsupported type");
     }
+    // The loop of single calls, in order (no launch to save on the CPU).
+    double sum_squares_multi(const SumSpan* spans, int count, DType t) override {
+        double ss = 0;
+        for (int i = 0; i < count; i++) ss += sum_squares(spans[i].x, t, spans[i].n);
+        return ss;
+    }
 };
 
 }  // namespace

@@ -9,12 +9,14 @@
 // All work goes to one stream owned by the backend (cuBLASLt included), so
 // ops run in call order; transfers to and from the host synchronise that
 // stream before they return. Host <-> device conversion runs on the device
-// through a bounded staging buffer: the host never holds a converted copy of
-// a whole buffer. Temporary device memory the kernels need (partial sums,
-// attention's D vector, encoder sort keys) lives in grow-only scratch buffers
-// that are not counted in bytes_in_use(): that figure is the model's own
-// buffers, as the memory report expects. (The conversion kernels and the
-// grow-only buffer are in cuda/staging.cuh.)
+// through a fixed staging buffer allocated with the backend: the host never
+// holds a converted copy of a whole buffer (cuda/staging.cuh). Temporary
+// device memory the kernels need (partial sums, attention's D vector,
+// encoder sort keys, the multi-run tables) lives in scratch buffers that
+// the model stack reserves once (reserve_workspace, cuda/scratch.cuh and
+// cuda/workspace.h), so no device memory is allocated or freed between
+// steps; they are not counted in bytes_in_use(): that figure is the model's
+// own buffers, as the memory report expects.
 #include "llmc/backend/backend_cuda.h"
 
 #include <algorithm>
@@ -38,8 +40,10 @@
 #include "llmc/backend/cuda/norm.cuh"
 #include "llmc/backend/cuda/rmsnorm.cuh"
 #include "llmc/backend/cuda/rope.cuh"
+#include "llmc/backend/cuda/scratch.cuh"
 #include "llmc/backend/cuda/staging.cuh"
 #include "llmc/backend/cuda/swiglu.cuh"
+#include "llmc/backend/cuda/workspace.h"
 #include "llmc/backend/device_peaks.h"
 
 using llmc_cuda::bf16;
@@ -56,6 +60,7 @@ class CudaBackend final : public Backend {
         // stream (a communicator's copies, say) stays ordered with ours.
         CUDA_CHECK(cudaStreamCreate(&stream_));
         mm_.init(stream_);
+        staging_.reserve(kStagingElems * dtype_size(DType::F64), stream_);
     }
     ~CudaBackend() override {
         cudaSetDevice(device_);
@@ -65,6 +70,7 @@ class CudaBackend final : public Backend {
         staging_.release();
         enc_.release();
         adam_table_.release();
+        sumsq_.release();
         mm_.destroy();
         cudaStreamDestroy(stream_);
     }
@@ -137,7 +143,7 @@ class CudaBackend final : public Backend {
             check_float_pair(dt, st);
             for (size_t i0 = 0; i0 < n; i0 += kStagingElems) {
                 const size_t c = std::min(kStagingElems, n - i0);
-                void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_);
+                void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_, "staging");
                 CUDA_CHECK(cudaMemcpyAsync(stg, elem_ptr(host_src, st, i0), c * dtype_size(st),
                                            cudaMemcpyHostToDevice, stream_));
                 device_convert(elem_ptr(dst, dt, i0), dt, stg, st, c, stream_);
@@ -154,7 +160,7 @@ class CudaBackend final : public Backend {
             check_float_pair(dt, st);
             for (size_t i0 = 0; i0 < n; i0 += kStagingElems) {
                 const size_t c = std::min(kStagingElems, n - i0);
-                void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_);
+                void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_, "staging");
                 device_convert(stg, dt, elem_ptr(src, st, i0), st, c, stream_);
                 CUDA_CHECK(cudaMemcpyAsync(elem_ptr(host_dst, dt, i0), stg, c * dtype_size(dt),
                                            cudaMemcpyDeviceToHost, stream_));
@@ -174,6 +180,15 @@ class CudaBackend final : public Backend {
     }
     size_t bytes_in_use() const override { return in_use_; }
     size_t bytes_peak() const override { return peak_; }
+    // Every scratch buffer at the size of the stack's largest call; from
+    // here on none of them allocates.
+    void reserve_workspace(const Workspace& w) override {
+        activate();
+        scratch_.reserve(llmc_idx::scratch_bytes(w), stream_);
+        llmc_cuda::encoder_backward_reserve(enc_, w.rows, w.seq, w.channels, w.vocab_rows, stream_);
+        adam_table_.reserve(w.runs, stream_);
+        sumsq_.reserve(w.runs, w.run_elems, stream_);
+    }
 
     // ---- model ops --------------------------------------------------------------------
     void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte, const void* wpe, int B,
@@ -212,7 +227,7 @@ class CudaBackend final : public Backend {
                             const void* mean, const void* rstd, int N, int C) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
-            float* scratch = scratch_floats(llmc_cuda::layernorm_backward_scratch_floats(N, C));
+            float* scratch = scratch_floats(llmc_cuda::layernorm_backward_scratch_floats(N, C), "layernorm_backward");
             llmc_cuda::layernorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), ptr<E>(db), cptr<E>(dout), cptr<E>(inp),
                                              cptr<E>(w), cptr<float>(mean), cptr<float>(rstd), N, C, scratch, stream_);
         });
@@ -236,7 +251,7 @@ class CudaBackend final : public Backend {
                           int N, int C) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
-            float* scratch = scratch_floats(llmc_cuda::rmsnorm_backward_scratch_floats(N, C));
+            float* scratch = scratch_floats(llmc_cuda::rmsnorm_backward_scratch_floats(N, C), "rmsnorm_backward");
             llmc_cuda::rmsnorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), cptr<E>(dout), cptr<E>(inp), cptr<E>(w),
                                            cptr<float>(rstd), N, C, scratch, stream_);
         });
@@ -271,7 +286,8 @@ class CudaBackend final : public Backend {
                          const void* weight, int N, int IC, int OC) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
-            float* scratch = dbias ? scratch_floats(llmc_cuda::matmul_backward_scratch_floats(N, OC)) : nullptr;
+            float* scratch =
+                dbias ? scratch_floats(llmc_cuda::matmul_backward_scratch_floats(N, OC), "matmul_backward") : nullptr;
             llmc_cuda::matmul_backward<E>(mm_, ptr<E>(dinp), ptr<E>(dweight), ptr<E>(dbias), cptr<E>(dout),
                                           cptr<E>(inp), cptr<E>(weight), N, IC, OC, scratch);
         });
@@ -334,7 +350,7 @@ class CudaBackend final : public Backend {
                             const void* v, const void* out, const void* lse, const AttnShape& s) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
-            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s));
+            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s), "attention_backward");
             if constexpr (std::is_same<E, bf16>::value) {
                 if (use_tc(s, {dq, dk, dv, dout, q, k, v, out})) {
                     llmc_cuda::attention_backward_tc(ptr<E>(dq), ptr<E>(dk), ptr<E>(dv), cptr<E>(dout), cptr<E>(q),
@@ -369,7 +385,7 @@ class CudaBackend final : public Backend {
                                   const void* v, const void* out, const void* lse, const AttnShape& s) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
-            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s));
+            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s), "attention_backward");
             if constexpr (std::is_same<E, bf16>::value) {
                 if (use_tc(s, {dq, dk, dv, dout, q, k, v, out})) {
                     llmc_cuda::attention_block_backward_tc(ptr<float>(dq), ptr<float>(dk), ptr<float>(dv),
@@ -459,8 +475,8 @@ class CudaBackend final : public Backend {
     }
     double sum_squares(const void* x, DType t, size_t n) override {
         activate();
-        double* scratch =
-            static_cast<double*>(scratch_.get(llmc_cuda::sum_squares_scratch_doubles(n) * sizeof(double), stream_));
+        double* scratch = static_cast<double*>(
+            scratch_.get(llmc_cuda::sum_squares_scratch_doubles(n) * sizeof(double), stream_, "sum_squares"));
         switch (t) {
             case DType::F32: return llmc_cuda::sum_squares(cptr<float>(x), n, scratch, stream_);
             case DType::BF16: return llmc_cuda::sum_squares(cptr<bf16>(x), n, scratch, stream_);
@@ -468,9 +484,19 @@ class CudaBackend final : public Backend {
             default: throw std::invalid_argument("cuda sum_squares: unsupported type");
         }
     }
+    // One launch over every run, one synchronisation (cuda/norm.cuh).
+    double sum_squares_multi(const SumSpan* spans, int count, DType t) override {
+        activate();
+        switch (t) {
+            case DType::F32: return sumsq_.run<float>(spans, count, stream_);
+            case DType::BF16: return sumsq_.run<bf16>(spans, count, stream_);
+            case DType::F64: return sumsq_.run<double>(spans, count, stream_);
+            default: throw std::invalid_argument("cuda sum_squares_multi: unsupported type");
+        }
+    }
 
   private:
-    static constexpr size_t kStagingElems = (size_t)8 << 20;  // per transfer chunk (64 MiB of fp64)
+    static constexpr size_t kStagingElems = (size_t)1 << 20;  // per transfer chunk (8 MiB of fp64)
 
     template <typename E>
     static E* ptr(void* p) { return static_cast<E*>(p); }
@@ -490,7 +516,9 @@ class CudaBackend final : public Backend {
             fn(bf16{});
     }
 
-    float* scratch_floats(size_t n) { return static_cast<float*>(scratch_.get(n * sizeof(float), stream_)); }
+    float* scratch_floats(size_t n, const char* what) {
+        return static_cast<float*>(scratch_.get(n * sizeof(float), stream_, what));
+    }
 
     static void check_float_pair(DType dt, DType st) {
         if (dt == DType::I32 || st == DType::I32)
@@ -504,6 +532,7 @@ class CudaBackend final : public Backend {
     llmc_cuda::MatmulContext mm_;
     llmc_cuda::EncoderBackwardScratch enc_;
     llmc_cuda::AdamMultiTable adam_table_;
+    llmc_cuda::SumSqMulti sumsq_;
     std::vector<llmc_cuda::AdamPiece> pieces_;  // reused host array of adamw_update_multi
     GrowBuffer scratch_, staging_;
     std::unordered_map<void*, size_t> sizes_;

@@ -75,6 +75,7 @@ class MeasureBackend : public Backend {
     void adamw_update(void*, void*, const void*, void*, void*, size_t, const AdamArgs&) override {}
     void adamw_update_multi(const AdamSpan*, int, const AdamArgs&) override {}
     double sum_squares(const void*, DType, size_t) override { return 0; }
+    double sum_squares_multi(const SumSpan*, int, DType) override { return 0; }
 
   private:
     const char* name_;

@@ -1,7 +1,8 @@
 // llmc/comm/comm.h: collective communication on a group of ranks, one interface
 // for every transport:
 //   MpiComm       MPI on host buffers (the CPU backend);
-//   NcclComm      NCCL on device buffers, on its own CUDA stream (GPU default);
+//   NcclComm      NCCL on device buffers, on the rank's one communication
+//                 stream, with a watchdog (GPU default);
 //   StagedComm    MPI through host memory for device buffers (--comm mpi), so
 //                 several ranks can share one GPU, which NCCL refuses.
 // Buffers are backend memory of the backend the group was made for.
@@ -12,9 +13,20 @@
 // send n), so reports can be checked against docs/design.md section 6.
 //
 // Asynchrony: start_* calls return a handle and may run while the caller
-// computes (NCCL: a side stream ordered after the work already issued on the
-// compute stream; MPI: non-blocking collectives). wait() orders later
-// compute after the collective. A group of size 1 does nothing (no counts).
+// computes (NCCL: a communication stream ordered after the work already
+// issued on the compute stream; MPI: non-blocking collectives). wait()
+// orders later compute after the collective. A group of size 1 does nothing
+// (no counts).
+//
+// Order (the rule every caller keeps): the calls of all groups can be put
+// in one global order that every rank issues its own calls in. The parallel
+// modes keep it by construction: the ranks of a pipeline stage run the same
+// code path, so the k-th call of one is the k-th call of every other, and
+// between stages the only calls are the pipeline's transfers, issued in
+// tick order on both ends (and the embedding group's all-reduce after
+// them). NCCL runs all the groups of a rank on one stream, in issue order
+// (llmc/comm/comm_nccl.h), so the devices follow that global order and
+// collectives of different groups cannot deadlock against each other.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,30 +1,50 @@
-// llmc/comm/comm_nccl.cu: NcclComm (llmc/comm/comm_nccl.h): NCCL collectives on a
-// side stream, ordered against the compute stream with CUDA events.
-// Compiled to nothing in builds without MPI (a .cu file is CUDA whether or
-// not nvcc is given LLMC_CUDA).
+// llmc/comm/comm_nccl.cu: NcclComm (llmc/comm/comm_nccl.h): NCCL collectives on
+// the rank's one communication stream, shared by all its groups, ordered
+// against the compute stream with CUDA events, and watched by a background
+// thread (llmc/comm/watchdog.h). Compiled to nothing in builds without MPI
+// (a .cu file is CUDA whether or not nvcc is given LLMC_CUDA).
 #ifdef LLMC_MPI
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "llmc/comm/comm_nccl.h"
 #include "llmc/comm/dist.h"
+#include "llmc/comm/watchdog.h"
 
 namespace {
 
+// Set when the watchdog ends the job: an error the main thread meets after
+// the communicators were aborted is a consequence, not news, so that
+// thread waits for MPI_Abort to end it rather than print a second line.
+std::atomic<bool> g_aborting{false};
+
 // Errors end the whole job with one line (dist_abort: MPI_Abort when the
 // world has several ranks), so no rank is left waiting in a collective.
+[[noreturn]] void fail(const std::string& m) {
+    while (g_aborting.load()) std::this_thread::sleep_for(std::chrono::seconds(1));
+    dist_abort(m);
+}
 void nccl_check(ncclResult_t r, ncclComm_t comm, const char* call, const std::string& group) {
     if (r == ncclSuccess) return;
     std::string m = std::string("NCCL ") + call + " (group " + group + "): " + ncclGetErrorString(r);
     const char* last = comm ? ncclGetLastError(comm) : nullptr;
     if (last && *last) m += std::string(": ") + last;
-    dist_abort(m);
+    fail(m);
 }
 void cuda_check(cudaError_t e, const char* call, const std::string& group) {
-    if (e != cudaSuccess) dist_abort(std::string("CUDA ") + call + " (group " + group + "): " + cudaGetErrorString(e));
+    if (e != cudaSuccess) fail(std::string("CUDA ") + call + " (group " + group + "): " + cudaGetErrorString(e));
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -41,6 +61,162 @@ ncclDataType_t nccl_type(DType t) {
     return ncclFloat32;
 }
 
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- the rank's communication runtime ---------------------------------------------------
+// One per device, shared by every NcclComm on it (the process grid's
+// groups): the one communication stream all their collectives are queued
+// on, and the watchdog. Each collective gets a CUDA event recorded after it
+// on that stream; the watchdog thread polls the events and every
+// communicator's asynchronous error, and on an error or a timeout aborts
+// the communicators and ends the job with one line.
+class NcclRuntime {
+  public:
+    // The current device's runtime, made by its first communicator and
+    // freed with its last.
+    static std::shared_ptr<NcclRuntime> get() {
+        static std::mutex reg_mu;
+        static std::map<int, std::weak_ptr<NcclRuntime>> reg;  // weak: nothing outlives the communicators
+        int dev = 0;
+        cuda_check(cudaGetDevice(&dev), "cudaGetDevice", "(all)");
+        std::lock_guard<std::mutex> lk(reg_mu);
+        std::shared_ptr<NcclRuntime> rt = reg[dev].lock();
+        if (!rt) {
+            rt.reset(new NcclRuntime(dev));
+            reg[dev] = rt;
+        }
+        return rt;
+    }
+    ~NcclRuntime() {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        if (thread_.joinable()) thread_.join();
+        // No aborts here: this may run while the job ends for another reason.
+        cudaStreamSynchronize(stream_);
+        for (auto& kv : events_) cudaEventDestroy(kv.second);
+        for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+        cudaStreamDestroy(stream_);
+    }
+    cudaStream_t stream() const { return stream_; }
+    void add(ncclComm_t c, const std::string& group) {
+        std::lock_guard<std::mutex> lk(mu_);
+        comms_.push_back({c, group});
+    }
+    void remove(ncclComm_t c) {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (size_t i = 0; i < comms_.size(); i++)
+            if (comms_[i].first == c) {
+                comms_.erase(comms_.begin() + (long)i);
+                break;
+            }
+    }
+    // After a collective was queued on stream(): watch it.
+    void issued(const std::string& group, CommKind kind, uint64_t bytes) {
+        std::lock_guard<std::mutex> lk(mu_);
+        cudaEvent_t e;
+        if (pool_.empty()) {
+            cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", group);
+        } else {
+            e = pool_.back();
+            pool_.pop_back();
+        }
+        cuda_check(cudaEventRecord(e, stream_), "cudaEventRecord", group);
+        const uint64_t id = next_++;
+        events_[id] = e;
+        dog_.issued({id, group, comm_kind_name(kind), bytes, now_s()});
+    }
+
+  private:
+    explicit NcclRuntime(int dev) : device_(dev), dog_(timeout_from_env()) {
+        // The highest priority, so a collective's kernels start as soon as
+        // its turn comes rather than behind queued compute blocks.
+        int least = 0, greatest = 0;
+        cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange", "(all)");
+        // Non-blocking, so the legacy default stream does not serialise it.
+        cuda_check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
+                   "cudaStreamCreateWithPriority", "(all)");
+        const double t = dog_.timeout();
+        poll_s_ = t > 0 ? std::min(1.0, std::max(0.05, t / 10)) : 1.0;
+        thread_ = std::thread([this] { loop(); });
+    }
+    static double timeout_from_env() {
+        double t = kDefaultCollectiveTimeout;
+        std::string err;
+        if (!parse_collective_timeout(std::getenv("LLMC_COLLECTIVE_TIMEOUT"), &t, &err)) fail(err);
+        return t;
+    }
+    // The watchdog thread: a check every poll_s_ until stopped.
+    void loop() {
+        cudaSetDevice(device_);
+        std::unique_lock<std::mutex> lk(mu_);
+        while (!stop_) {
+            cv_.wait_for(lk, std::chrono::duration<double>(poll_s_), [&] { return stop_; });
+            if (stop_) break;
+            const std::string m = dog_.check(
+                now_s(), [&](uint64_t id) { return done(id); }, [&] { return async_error(); });
+            if (m.empty()) continue;
+            g_aborting = true;
+            std::vector<ncclComm_t> cs;
+            for (auto& c : comms_) cs.push_back(c.first);
+            lk.unlock();
+            for (ncclComm_t c : cs) ncclCommAbort(c);  // stuck kernels return, peers see the error
+            dist_abort(m);
+        }
+    }
+    // Under mu_: whether collective id has completed (its event recycled).
+    bool done(uint64_t id) {
+        auto it = events_.find(id);
+        if (it == events_.end()) return true;
+        const cudaError_t e = cudaEventQuery(it->second);
+        if (e == cudaErrorNotReady) return false;
+        if (e != cudaSuccess) {
+            if (poll_error_.empty()) poll_error_ = std::string("CUDA: ") + cudaGetErrorString(e);
+            return false;
+        }
+        pool_.push_back(it->second);
+        events_.erase(it);
+        return true;
+    }
+    // Under mu_: "" or the first failure: a CUDA error met while polling, or
+    // a communicator's asynchronous error.
+    std::string async_error() {
+        if (!poll_error_.empty()) return poll_error_;
+        for (auto& c : comms_) {
+            ncclResult_t st = ncclSuccess;
+            const ncclResult_t r = ncclCommGetAsyncError(c.first, &st);
+            if (r != ncclSuccess) st = r;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+            if (st == ncclInProgress) continue;  // a non-blocking call still running: not an error
+#endif
+            if (st == ncclSuccess) continue;
+            std::string m = "group " + c.second + ": " + ncclGetErrorString(st);
+            const char* last = ncclGetLastError(c.first);
+            if (last && *last) m += std::string(": ") + last;
+            return m;
+        }
+        return "";
+    }
+
+    int device_;
+    cudaStream_t stream_ = nullptr;
+    std::mutex mu_;  // everything below; the watchdog thread holds it while it checks
+    CollectiveWatchdog dog_;
+    std::vector<std::pair<ncclComm_t, std::string>> comms_;
+    std::unordered_map<uint64_t, cudaEvent_t> events_;  // the watched collectives' completions
+    std::vector<cudaEvent_t> pool_;                     // events to reuse
+    uint64_t next_ = 1;
+    std::string poll_error_;
+    double poll_s_ = 1.0;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::thread thread_;
+};
+
 }  // namespace
 
 struct NcclComm::Impl {
@@ -48,7 +224,8 @@ struct NcclComm::Impl {
     ncclComm_t nccl = nullptr;
     MPI_Comm mpi = MPI_COMM_NULL;
     cudaStream_t compute = nullptr;  // the backend's; null: the legacy default stream
-    cudaStream_t stream = nullptr;   // ours; non-blocking, so the legacy stream does not serialise it
+    std::shared_ptr<NcclRuntime> rt;  // the rank's communication stream and watchdog
+    cudaStream_t stream = nullptr;    // rt's stream, shared with every group of the rank
     // "Compute has reached here", recorded before each call. One event is
     // enough: cudaStreamWaitEvent takes the record current when it is called.
     cudaEvent_t ready = nullptr;
@@ -59,7 +236,8 @@ struct NcclComm::Impl {
     void nccl_ok(ncclResult_t r, const char* call) { nccl_check(r, nccl, call, name); }
     void cuda_ok(cudaError_t e, const char* call) { cuda_check(e, call, name); }
 
-    // Before a call: our stream waits for the compute issued so far.
+    // Before a call: the communication stream waits for the compute issued
+    // so far (and runs after every collective issued before, of any group).
     void begin() {
         cuda_ok(cudaEventRecord(ready, compute), "cudaEventRecord");
         cuda_ok(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
@@ -78,6 +256,8 @@ struct NcclComm::Impl {
         done[h] = e;
         return h;
     }
+    // After a call is queued: the watchdog follows it until it completes.
+    void watch(CommKind k, uint64_t bytes) { rt->issued(name, k, bytes); }
 };
 
 #define NCCL_OK(call) impl_->nccl_ok((call), #call)
@@ -94,7 +274,9 @@ NcclComm::NcclComm(MPI_Comm comm, const std::string& name, void* compute_stream)
     MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, impl_->mpi);
     NCCL_OK(ncclCommInitRank(&impl_->nccl, size_, id, rank_));
     impl_->compute = static_cast<cudaStream_t>(compute_stream);
-    CUDA_OK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+    impl_->rt = NcclRuntime::get();
+    impl_->stream = impl_->rt->stream();
+    impl_->rt->add(impl_->nccl, name);
     CUDA_OK(cudaEventCreateWithFlags(&impl_->ready, cudaEventDisableTiming));
 }
 
@@ -104,8 +286,9 @@ NcclComm::~NcclComm() {
     for (auto& kv : impl_->done) cudaEventDestroy(kv.second);
     for (cudaEvent_t e : impl_->spare) cudaEventDestroy(e);
     if (impl_->ready) cudaEventDestroy(impl_->ready);
+    if (impl_->rt && impl_->nccl) impl_->rt->remove(impl_->nccl);  // the watchdog stops asking it first
     if (impl_->nccl) ncclCommDestroy(impl_->nccl);
-    if (impl_->stream) cudaStreamDestroy(impl_->stream);
+    impl_->rt.reset();  // the last group's frees the stream and stops the watchdog
     int fin = 0;
     MPI_Finalized(&fin);  // a grid may outlive dist_finalize; then MPI has freed it
     if (!fin && impl_->mpi != MPI_COMM_NULL) MPI_Comm_free(&impl_->mpi);
@@ -117,6 +300,7 @@ CommHandle NcclComm::do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
     impl_->begin();
     NCCL_OK(
         ncclAllReduce(buf, buf, n, nccl_type(t), op == ReduceOp::Sum ? ncclSum : ncclMax, impl_->nccl, impl_->stream));
+    impl_->watch(CommKind::AllReduce, n * dtype_size(t));
     return impl_->finish();
 }
 
@@ -127,6 +311,7 @@ CommHandle NcclComm::do_reduce_scatter(const void* send, void* recv, size_t recv
     if (recv_n == 0) return 0;
     impl_->begin();
     NCCL_OK(ncclReduceScatter(send, recv, recv_n, nccl_type(t), ncclSum, impl_->nccl, impl_->stream));
+    impl_->watch(CommKind::ReduceScatter, (size_t)size_ * recv_n * dtype_size(t));
     return impl_->finish();
 }
 
@@ -135,6 +320,7 @@ CommHandle NcclComm::do_all_gather(const void* send, void* recv, size_t send_n, 
     if (send_n == 0) return 0;
     impl_->begin();
     NCCL_OK(ncclAllGather(send, recv, send_n, nccl_type(t), impl_->nccl, impl_->stream));
+    impl_->watch(CommKind::AllGather, (size_t)size_ * send_n * dtype_size(t));
     return impl_->finish();
 }
 
@@ -145,6 +331,7 @@ void NcclComm::do_broadcast(void* buf, size_t n, DType t, int root) {
     if (n == 0) return;
     impl_->begin();
     NCCL_OK(ncclBroadcast(buf, buf, n, nccl_type(t), root, impl_->nccl, impl_->stream));
+    impl_->watch(CommKind::Broadcast, n * dtype_size(t));
     wait(impl_->finish());
 }
 
@@ -161,6 +348,7 @@ CommHandle NcclComm::do_send_recv(const void* send, int dst, void* recv, int src
     NCCL_OK(ncclSend(send, n, nccl_type(t), dst, impl_->nccl, impl_->stream));
     NCCL_OK(ncclRecv(recv, n, nccl_type(t), src, impl_->nccl, impl_->stream));
     NCCL_OK(ncclGroupEnd());
+    impl_->watch(CommKind::SendRecv, 2 * n * dtype_size(t));
     return impl_->finish();
 }
 
@@ -185,6 +373,9 @@ void NcclComm::do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHa
             NCCL_OK(ncclRecv(op.buf, op.n, nccl_type(t), op.peer, impl_->nccl, impl_->stream));
     }
     NCCL_OK(ncclGroupEnd());
+    uint64_t bytes = 0;
+    for (const P2POp& op : ops) bytes += op.n * dtype_size(t);
+    impl_->watch(CommKind::SendRecv, bytes);
     // The ops of a group end together on the stream: one event each, all
     // recorded after the group, so each can be waited for once.
     for (size_t i = 0; i < ops.size(); i++)

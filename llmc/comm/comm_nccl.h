@@ -1,9 +1,33 @@
 // llmc/comm/comm_nccl.h: NcclComm, the GPU default communicator: NCCL collectives
-// on device buffers, run on a CUDA stream of its own so they can overlap the
-// compute; each call is ordered after the work already issued on the compute
-// stream, and wait() orders later compute after it. Plain C++ (the CUDA and
-// NCCL types stay in comm_nccl.cu), so host code compiled with mpicxx can
-// make one. Exists only in builds with both MPI and CUDA.
+// on device buffers, run beside the compute so they can overlap it; each call
+// is ordered after the work already issued on the compute stream, and wait()
+// orders later compute after it (the compute stream waits on an event only
+// where it needs the result). Plain C++ (the CUDA and NCCL types stay in
+// comm_nccl.cu), so host code compiled with mpicxx can make one. Exists only
+// in builds with both MPI and CUDA.
+//
+// One communication stream per rank: every NcclComm of a rank (all the
+// groups of its process grid) queues its collectives on the same CUDA
+// stream, owned by a small runtime in comm_nccl.cu that the rank's first
+// communicator makes and its last frees. NCCL requires collectives of
+// different communicators that may run at the same time to run in the same
+// order on every rank, or they can deadlock (each GPU stuck in a different
+// group's kernel, waiting for peers stuck in the other); on separate streams
+// the device is free to run them in any order. On one stream the device
+// runs them in the order the rank issued them, and that order is the
+// program's, which is the same on every rank: safe by construction, as long
+// as the rule of llmc/comm/comm.h holds. The cost: collectives of different
+// groups no longer overlap each other (a tp all-reduce waits behind a dp
+// reduce-scatter issued before it); they still overlap the compute.
+//
+// Watchdog: every collective is watched until it completes (a CUDA event
+// after it on the stream), and a background thread polls the events and
+// each communicator's asynchronous error (ncclCommGetAsyncError). On an
+// error, or when the oldest collective has not completed after
+// LLMC_COLLECTIVE_TIMEOUT seconds at the front of the stream (default 300;
+// 0: no timeout), it aborts the rank's communicators (ncclCommAbort) and
+// ends the job with one line naming the group, the collective and how long
+// it waited (llmc/comm/watchdog.h holds the decisions; dist_abort the end).
 #pragma once
 // CUDA: LLMC_CUDA in host code, or compiled by nvcc (the .cu files).
 #if defined(LLMC_MPI) && (defined(LLMC_CUDA) || defined(__CUDACC__))

@@ -33,12 +33,18 @@ StagedComm::~StagedComm() {
         if (stage_[i]) cudaFreeHost(stage_[i]);
 }
 
+// Growing frees and allocates pinned memory, which synchronises the device.
+// That is safe here, and done openly with a full device synchronisation
+// first: a StagedComm job runs no NCCL (every group of a grid has the same
+// transport) and each call of ours completes before it returns, so the
+// device holds only this rank's own compute and copies, which never wait
+// for a peer. Buffers grow by half again, so sizes that creep up do not
+// reallocate each call; after the first step the sizes repeat.
 void* StagedComm::stage(int i, size_t bytes) {
     if (bytes > cap_[i]) {
-        sync();  // a copy queued by the previous call may still read the old one
+        CUDA_OK(cudaDeviceSynchronize());  // and a copy queued by the previous call may still read the old one
         if (stage_[i]) CUDA_OK(cudaFreeHost(stage_[i]));
         stage_[i] = nullptr;
-        // Grow by half again, so buffers that creep up do not reallocate each call.
         const size_t cap = std::max(bytes, cap_[i] + cap_[i] / 2);
         CUDA_OK(cudaMallocHost(&stage_[i], cap));
         cap_[i] = cap;

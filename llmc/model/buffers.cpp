@@ -334,3 +334,21 @@ size_t GPT::fch_width() const { return (size_t)table_.hidden * (cfg_.llama() ? 2
 
 const void* GPT::Pb(Param p, int layer) const { return table_.has(p, layer) ? P(p, layer) : nullptr; }
 void* GPT::Gb(Param p, int layer) { return table_.has(p, layer) ? G(p, layer) : nullptr; }
+
+// Rows: a norm, matmul or encoder backward sees at most the B·T rows of a
+// micro-batch (fewer under sequence parallelism); attention at most all of
+// this rank's heads over T queries. Biases: the widest output of a layer.
+// The optimizer's runs: each tensor meets each span of adamw_spans or of
+// the norm at most once, over at most the whole flat buffer.
+Workspace GPT::workspace() const {
+    Workspace w;
+    w.rows = B_ * T_;
+    w.seq = T_;
+    w.channels = cfg_.channels;
+    w.bias_width = (int)std::max({(size_t)cfg_.channels, qkv_width(), fch_width()});
+    w.vocab_rows = table_.vocab_rows;
+    w.attn_rows = (size_t)B_ * table_.heads * T_;
+    w.runs = (int)table_.entries.size();
+    w.run_elems = table_.total;
+    return w;
+}

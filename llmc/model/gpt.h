@@ -220,6 +220,10 @@ class GPT {
     double unit_checksum(int u);
 
     const std::vector<BufferInfo>& buffers() const { return buffers_; }
+    // The largest shapes this model passes to the backend's ops that need
+    // temporary memory (Backend::reserve_workspace), from its B, T, tensor
+    // table and slices; the optimizer's multi-run calls included.
+    Workspace workspace() const;
 
   private:
     struct Acts;  // activation and scratch pointers, see activations.h

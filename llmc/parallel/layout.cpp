@@ -97,6 +97,9 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     s->pipe->attach(*s->model);
     s->dp.reset(new DataParallel(*s->model, *g.dpcp, l.zero));
     s->groups = {g.dpcp, g.tp, g.pp, g.embed};
+    // The ops' temporary memory, now, before any step (a GPU must not
+    // allocate while collectives are in flight).
+    be.reserve_workspace(s->model->workspace());
 }
 
 double ModelStack::step(const OptimConfig& o, int step) {

@@ -51,6 +51,9 @@ struct Step {
             if (stage >= 2 && dp) ss = dp->host_all_reduce(ss, ReduceOp::Sum);
             return sum_over_stages(ss);
         }
+        // The tensors' pieces this rank counts, summed in one backend call
+        // (one synchronisation on a GPU), in this order.
+        std::vector<SumSpan> spans;
         for (int u = 0; u < table.num_units(); u++) {
             if (table.unit_size(u) == 0) continue;  // another stage's
             size_t lo, hi, at;
@@ -58,9 +61,10 @@ struct Step {
             for (const TensorEntry& e : table.entries) {
                 if (e.unit != u || (!e.split && !count_replicated) || e.tied_copy) continue;
                 size_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
-                if (b < en) ss += be.sum_squares(elem_ptr(grads, gt, at + (b - lo)), gt, en - b);
+                if (b < en) spans.push_back({elem_ptr(grads, gt, at + (b - lo)), en - b});
             }
         }
+        ss = be.sum_squares_multi(spans.data(), (int)spans.size(), gt);
         if (stage >= 1 && dp) ss = dp->host_all_reduce(ss, ReduceOp::Sum);
         if (tp) ss = tp->host_all_reduce(ss, ReduceOp::Sum);
         return sum_over_stages(ss);

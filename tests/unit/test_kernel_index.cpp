@@ -25,6 +25,7 @@
 #include "llmc/model/optimizer.h"
 #include "llmc/model/tensors.h"
 #include "tests/lib/check.h"
+#include "tests/unit/encoder_replay.h"
 
 using namespace llmc_idx;
 
@@ -214,28 +215,10 @@ static void test_bias_grad() {
 }
 
 // ---- encoder backward buckets -------------------------------------------------------------
-// Replays encoder.cuh: keys, a stable sort (what CUB's radix sort gives),
-// bucket starts, sums in bucket order; against cpu::encoder_backward.
-static void bucket_replay(std::vector<float>& dst, const std::vector<float>& src, std::vector<unsigned> keys,
-                          int C, unsigned sentinel, int rep, int rep_stride) {
-    const int n = (int)keys.size();
-    std::vector<int> vals(n);
-    std::iota(vals.begin(), vals.end(), 0);
-    std::stable_sort(vals.begin(), vals.end(), [&](int a, int b) { return keys[a] < keys[b]; });
-    std::vector<unsigned> sk(n);
-    for (int i = 0; i < n; i++) sk[i] = keys[vals[i]];
-    for (int i = 0; i < n; i++) {
-        if (sk[i] == sentinel) break;
-        if (!bucket_start(sk.data(), i)) continue;
-        for (int c = 0; c < C; c++) {
-            float acc = 0.f;
-            for (int k = i; k < n && sk[k] == sk[i]; k++)
-                for (int r = 0; r < rep; r++) acc += src[((size_t)vals[k] + (size_t)r * rep_stride) * C + c];
-            dst[(size_t)sk[i] * C + c] += acc;
-        }
-    }
-}
-
+// Replays encoder.cuh (tests/unit/encoder_replay.h: keys, a stable sort,
+// chunks of sorted items, segment sums, the split buckets' partials added
+// by their owners); against cpu::encoder_backward. Heavy buckets and the
+// ownership of every row and slot: tests/unit/test_encoder_buckets.cpp.
 static void test_encoder_backward() {
     int bad = 0;
     for (int mk : {0, 1, 2, 3, 255, 256, 50304, 1 << 20, (1 << 20) + 1}) {
@@ -266,8 +249,8 @@ static void test_encoder_backward() {
         std::vector<unsigned> tk(tok.size()), pk(T);
         for (size_t n = 0; n < tok.size(); n++) tk[n] = (unsigned)encoder_key(tok[n], v_begin, v_end);
         for (int t = 0; t < T; t++) pk[t] = (unsigned)pos[t];
-        bucket_replay(gwte, dout, tk, C, (unsigned)(v_end - v_begin), 1, 0);
-        bucket_replay(gwpe, dout, pk, C, 0xffffffffu, B, T);
+        encoder_replay(gwte, dout, tk, C, (unsigned)(v_end - v_begin), 1, 0);
+        encoder_replay(gwpe, dout, pk, C, 0xffffffffu, B, T);
         std::vector<double> a(gwte.begin(), gwte.end()), r(rwte.begin(), rwte.end());
         std::vector<double> a2(gwpe.begin(), gwpe.end()), r2(rwpe.begin(), rwpe.end());
         const double e1 = rel_err(a, r), e2 = rel_err(a2, r2);

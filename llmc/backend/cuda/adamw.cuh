@@ -25,6 +25,7 @@
 
 #include "llmc/backend/backend.h"
 #include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/cuda/scratch.cuh"
 
 namespace llmc_cuda {
 
@@ -151,7 +152,11 @@ void adamw_update(P* param, float* master, const G* grad, float* m, float* v, si
 // table is uploaded only when the pieces change (the trainer passes the same
 // spans every step), so a steady-state step queues one kernel and nothing
 // else. Uploading waits for the copy (a synchronisation on the first step and
-// whenever the spans change), so the host array can be reused at once.
+// whenever the spans change), so the host array can be reused at once. The
+// table's device memory is reserved for the most pieces a step passes
+// (reserve(); cuda/scratch.cuh).
+inline size_t adam_table_bytes(int pieces) { return (size_t)pieces * (sizeof(AdamPiece) + sizeof(size_t)); }
+
 class AdamMultiTable {
   public:
     template <typename P, typename G>
@@ -162,10 +167,9 @@ class AdamMultiTable {
             dev_pieces_, dev_first_, (int)host_.size(), adam_narrow(args));
         CUDA_CHECK_LAUNCH();
     }
+    void reserve(int pieces, cudaStream_t stream) { buf_.reserve(adam_table_bytes(pieces), stream); }
     void release() {
-        if (dev_) cudaFree(dev_);
-        dev_ = nullptr;
-        cap_ = 0;
+        buf_.release();
         host_.clear();
     }
 
@@ -190,24 +194,16 @@ class AdamMultiTable {
         }
         total_blocks_ = blocks;
         const size_t pb = p.size() * sizeof(AdamPiece), fb = p.size() * sizeof(size_t);
-        if (pb + fb > cap_) {
-            if (dev_) {
-                CUDA_CHECK(cudaStreamSynchronize(stream));  // a queued launch may still read the old table
-                CUDA_CHECK(cudaFree(dev_));
-            }
-            cap_ = pb + fb;
-            CUDA_CHECK(cudaMalloc(&dev_, cap_));
-        }
-        dev_pieces_ = static_cast<AdamPiece*>(dev_);
-        dev_first_ = reinterpret_cast<size_t*>(static_cast<char*>(dev_) + pb);  // pb is a multiple of 8
+        void* dev = buf_.get(adam_table_bytes((int)p.size()), stream, "adamw_update_multi (its table of runs)");
+        dev_pieces_ = static_cast<AdamPiece*>(dev);
+        dev_first_ = reinterpret_cast<size_t*>(static_cast<char*>(dev) + pb);  // pb is a multiple of 8
         CUDA_CHECK(cudaMemcpyAsync(dev_pieces_, host_.data(), pb, cudaMemcpyHostToDevice, stream));
         CUDA_CHECK(cudaMemcpyAsync(dev_first_, first.data(), fb, cudaMemcpyHostToDevice, stream));
         CUDA_CHECK(cudaStreamSynchronize(stream));  // `first` is a local; host_ may change next call
     }
 
     std::vector<AdamPiece> host_;
-    void* dev_ = nullptr;
-    size_t cap_ = 0;
+    GrowBuffer buf_;
     AdamPiece* dev_pieces_ = nullptr;
     size_t* dev_first_ = nullptr;
     size_t total_blocks_ = 0;

@@ -16,10 +16,15 @@
 //   2. CUB's radix sort sorts the pairs by key. Radix sort is stable, so its
 //      output is the one ordering by (key, source row): the same on every
 //      run whatever the GPU's scheduling;
-//   3. one block per bucket start (a grid-stride loop over sorted positions;
-//      llmc_idx::bucket_start) sums its bucket's rows in sorted order in fp32,
-//      16 bytes at a time, and adds once into the parameter row (each output
-//      row has exactly one writer).
+//   3. the sorted items are cut into chunks of 64 (llmc_idx::kEncChunk,
+//      index.h), so a frequent token's bucket (~3% of real text) is summed
+//      by many blocks rather than one: a block per run of one key inside a
+//      chunk (a grid-stride loop over sorted positions) sums it in sorted
+//      order in fp32, 16 bytes at a time; a bucket inside one chunk goes
+//      straight into its parameter row, a piece of a longer bucket into a
+//      partial slot; a second pass adds each long bucket's partials in
+//      chunk order and adds the sum into the row once (each output row has
+//      exactly one writer).
 // Positions go the same way over the T entries of pos (a bucket of position
 // entries, each standing for the B rows b*T + t, summed t-major then b).
 // The result is deterministic and exact up to fp32 summation and one final
@@ -32,6 +37,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/cuda/scratch.cuh"
 
 namespace llmc_cuda {
 
@@ -86,28 +92,12 @@ void encoder_forward(E* out, const int* tokens, const int* pos, const E* wte, co
 
 // ---- backward --------------------------------------------------------------------
 // Device scratch of the backward: keys and values before and after the sort,
-// then CUB's temporary storage. Grows only; one per backend (or lab
-// program); release() frees it.
+// the partial slots of the split buckets, then CUB's temporary storage
+// (cuda/scratch.cuh: grows in the lab, reserved once in the trainer).
 struct EncoderBackwardScratch {
-    void* dev = nullptr;
-    size_t cap = 0;  // bytes
-
-    void* get(size_t bytes, cudaStream_t stream) {
-        if (bytes > cap) {
-            if (dev) {
-                CUDA_CHECK(cudaStreamSynchronize(stream));  // an earlier launch may still use it
-                CUDA_CHECK(cudaFree(dev));
-            }
-            cap = bytes + bytes / 2;
-            CUDA_CHECK(cudaMalloc(&dev, cap));
-        }
-        return dev;
-    }
-    void release() {
-        if (dev) cudaFree(dev);
-        dev = nullptr;
-        cap = 0;
-    }
+    GrowBuffer buf;
+    void* get(size_t bytes, cudaStream_t stream) { return buf.get(bytes, stream, "encoder_backward"); }
+    void release() { buf.release(); }
 };
 
 // keys[n] = parameter row of token n (sentinel when not held), vals[n] = n.
@@ -126,29 +116,74 @@ static __global__ void encoder_position_keys_kernel(unsigned* keys, int* vals, c
     vals[t] = t;
 }
 
-// dst[key, :] += sum over the bucket of key, for every bucket but the
-// sentinel's: item k of a bucket stands for source rows vals[k] + r*rep_stride,
-// r < rep (rep 1 for tokens; B rows of stride T for positions). Summed in
-// sorted item order, then r order, in fp32.
+// Pass 1, a block per segment start (index.h: a run of one key inside one
+// chunk of kEncChunk sorted items; a grid-stride loop over sorted
+// positions): the segment summed in item order, then r order, in fp32; item
+// k stands for source rows vals[k] + r*rep_stride, r < rep (rep 1 for
+// tokens; B rows of stride T for positions). A whole bucket is added into
+// dst[key] here; a piece of a longer bucket goes to its partial slot.
 template <typename E, int W>
-__global__ void encoder_bucket_sum_kernel(E* dst, const E* src, const unsigned* keys, const int* vals, int nitems,
-                                          unsigned sentinel, int C, int rep, int rep_stride) {
-    for (int i = blockIdx.x; i < nitems; i += gridDim.x) {
-        const unsigned key = keys[i];
+__global__ void encoder_segment_sum_kernel(E* dst, float* partial, const E* src, const unsigned* keys, const int* vals,
+                                           int nitems, unsigned sentinel, int C, int rep, int rep_stride) {
+    for (int a = blockIdx.x; a < nitems; a += gridDim.x) {
+        const unsigned key = keys[a];
         if (key == sentinel) break;  // sentinels sort last: nothing after this is owned
-        if (!llmc_idx::bucket_start(keys, i)) continue;
+        if (!llmc_idx::enc_segment_start(keys, a)) continue;
+        const int k = a / llmc_idx::kEncChunk, c1 = min(nitems, (k + 1) * llmc_idx::kEncChunk);
+        int b = a + 1;
+        while (b < c1 && keys[b] == key) b++;
+        const int dest = llmc_idx::enc_segment_dest(keys, nitems, k, a, b);
         for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
             float acc[W];
 #pragma unroll
             for (int j = 0; j < W; j++) acc[j] = 0.f;
-            for (int k = i; k < nitems && keys[k] == key; k++) {
-                const size_t v = (size_t)vals[k];
+            for (int i = a; i < b; i++) {
+                const size_t v = (size_t)vals[i];
                 for (int r = 0; r < rep; r++) {
                     float f[W];
                     load_floats<E, W>(f, src + (v + (size_t)r * rep_stride) * C + c);
 #pragma unroll
                     for (int j = 0; j < W; j++) acc[j] += f[j];
                 }
+            }
+            if (dest == llmc_idx::kEncDirect) {
+                E* d = dst + (size_t)key * C + c;
+                float o[W];
+                load_floats<E, W>(o, d);
+#pragma unroll
+                for (int j = 0; j < W; j++) o[j] += acc[j];
+                store_floats<E, W>(d, o);
+            } else {
+                float* p = partial + (2 * (size_t)k + (dest == llmc_idx::kEncHead ? 0 : 1)) * C + c;
+#pragma unroll
+                for (int j = 0; j < W; j++) p[j] = acc[j];
+            }
+        }
+    }
+}
+
+// Pass 2, a block per chunk that owns a split bucket: its tail slot, then
+// the head slots of the chunks up to the bucket's end, in chunk order, and
+// the sum once into dst[key].
+template <typename E, int W>
+__global__ void encoder_bucket_finish_kernel(E* dst, const float* partial, const unsigned* keys, int nitems,
+                                             unsigned sentinel, int C) {
+    const int nch = llmc_idx::enc_chunks(nitems);
+    for (int k = blockIdx.x; k < nch; k += gridDim.x) {
+        if (!llmc_idx::enc_owner(keys, nitems, k)) continue;
+        const int last = (k + 1) * llmc_idx::kEncChunk - 1;
+        const unsigned key = keys[last];
+        if (key == sentinel) continue;
+        const int end_chunk = (llmc_idx::enc_bucket_end(keys, nitems, last) - 1) / llmc_idx::kEncChunk;
+        for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+            float acc[W];
+            const float* p = partial + (2 * (size_t)k + 1) * C + c;
+#pragma unroll
+            for (int j = 0; j < W; j++) acc[j] = p[j];
+            for (int jc = k + 1; jc <= end_chunk; jc++) {
+                const float* h = partial + 2 * (size_t)jc * C + c;
+#pragma unroll
+                for (int j = 0; j < W; j++) acc[j] += h[j];
             }
             E* d = dst + (size_t)key * C + c;
             float o[W];
@@ -161,70 +196,100 @@ __global__ void encoder_bucket_sum_kernel(E* dst, const E* src, const unsigned* 
 }
 
 namespace detail {
-constexpr int kEncBucketGrid = 2048;  // blocks of the bucket sum (a grid-stride loop over sorted items)
+constexpr int kEncGrid = 2048;  // most blocks of a pass (grid-stride loops over positions, chunks)
 
 template <typename E>
-void encoder_bucket_sum(E* dst, const E* src, const unsigned* keys, const int* vals, int nitems, unsigned sentinel,
-                        int C, int rep, int rep_stride, cudaStream_t stream) {
+void encoder_bucket_sum(E* dst, float* partial, const E* src, const unsigned* keys, const int* vals, int nitems,
+                        unsigned sentinel, int C, int rep, int rep_stride, cudaStream_t stream) {
     constexpr int V = kVec<E>;
     const bool vec = C % V == 0 && aligned16(dst) && aligned16(src);
     const int W = vec ? V : 1;
     int block = (int)ceil_div(ceil_div(C, W), 32) * 32;
     if (block > 256) block = 256;
-    const unsigned grid = (unsigned)std::min(nitems, kEncBucketGrid);
-    if (vec)
-        encoder_bucket_sum_kernel<E, V><<<grid, block, 0, stream>>>(dst, src, keys, vals, nitems, sentinel, C, rep,
-                                                                    rep_stride);
-    else
-        encoder_bucket_sum_kernel<E, 1><<<grid, block, 0, stream>>>(dst, src, keys, vals, nitems, sentinel, C, rep,
-                                                                    rep_stride);
+    const unsigned grid1 = (unsigned)std::min(nitems, kEncGrid);
+    const unsigned grid2 = (unsigned)std::min(llmc_idx::enc_chunks(nitems), kEncGrid);
+    if (vec) {
+        encoder_segment_sum_kernel<E, V><<<grid1, block, 0, stream>>>(dst, partial, src, keys, vals, nitems, sentinel,
+                                                                       C, rep, rep_stride);
+        CUDA_CHECK_LAUNCH();
+        encoder_bucket_finish_kernel<E, V><<<grid2, block, 0, stream>>>(dst, partial, keys, nitems, sentinel, C);
+    } else {
+        encoder_segment_sum_kernel<E, 1><<<grid1, block, 0, stream>>>(dst, partial, src, keys, vals, nitems, sentinel,
+                                                                       C, rep, rep_stride);
+        CUDA_CHECK_LAUNCH();
+        encoder_bucket_finish_kernel<E, 1><<<grid2, block, 0, stream>>>(dst, partial, keys, nitems, sentinel, C);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
 inline size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// The scratch layout of one call: keys_in | keys_out | vals_in | vals_out (N
+// each) | partial slots | CUB temp.
+struct EncoderLayout {
+    size_t arr, partial, temp;
+    size_t bytes() const { return 4 * arr + partial + temp; }
+};
+inline EncoderLayout encoder_layout(int N, int T, int C, int key_rows, bool positions, cudaStream_t stream) {
+    size_t temp_tok = 0, temp_pos = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_tok, (const unsigned*)nullptr, (unsigned*)nullptr,
+                                               (const int*)nullptr, (int*)nullptr, N, 0,
+                                               llmc_idx::key_bits(key_rows), stream));
+    if (positions)
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_pos, (const unsigned*)nullptr, (unsigned*)nullptr,
+                                                   (const int*)nullptr, (int*)nullptr, T, 0, 32, stream));
+    EncoderLayout l;
+    l.arr = align256((size_t)N * sizeof(int));
+    l.partial = align256(llmc_idx::enc_partial_floats(std::max(N, T), C) * sizeof(float));
+    l.temp = std::max(temp_tok, temp_pos);
+    return l;
+}
 }  // namespace detail
+
+// Reserves the scratch of the largest call the model makes: N = B·T rows
+// of C channels, T positions, key_rows embedding rows held (CUB's
+// temporary storage grows with the item count, so the largest call needs
+// the most).
+inline void encoder_backward_reserve(EncoderBackwardScratch& sc, int N, int T, int C, int key_rows,
+                                     cudaStream_t stream) {
+    if (N <= 0 || T <= 0 || C <= 0) return;
+    sc.buf.reserve(detail::encoder_layout(N, T, C, key_rows, true, stream).bytes(), stream);
+}
 
 template <typename E>
 void encoder_backward(E* dwte, E* dwpe, const E* dout, const int* tokens, const int* pos, int B, int T, int C,
                       int v_begin, int v_end, EncoderBackwardScratch& sc, cudaStream_t stream) {
     const int N = B * T;
     if (N <= 0 || C <= 0) return;
-    // Scratch: keys_in | keys_out | vals_in | vals_out (N each) | CUB temp.
     const unsigned tok_sentinel = (unsigned)(v_end - v_begin);
     const int tok_bits = llmc_idx::key_bits((int)tok_sentinel);
-    size_t temp_tok = 0, temp_pos = 0;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_tok, (const unsigned*)nullptr, (unsigned*)nullptr,
-                                               (const int*)nullptr, (int*)nullptr, N, 0, tok_bits, stream));
-    if (dwpe)
-        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_pos, (const unsigned*)nullptr, (unsigned*)nullptr,
-                                                   (const int*)nullptr, (int*)nullptr, T, 0, 32, stream));
-    const size_t arr = detail::align256((size_t)N * sizeof(int));
-    const size_t temp = std::max(temp_tok, temp_pos);
-    char* base = static_cast<char*>(sc.get(4 * arr + temp, stream));
+    const detail::EncoderLayout l = detail::encoder_layout(N, T, C, (int)tok_sentinel, dwpe != nullptr, stream);
+    char* base = static_cast<char*>(sc.get(l.bytes(), stream));
     unsigned* keys_in = reinterpret_cast<unsigned*>(base);
-    unsigned* keys_out = reinterpret_cast<unsigned*>(base + arr);
-    int* vals_in = reinterpret_cast<int*>(base + 2 * arr);
-    int* vals_out = reinterpret_cast<int*>(base + 3 * arr);
-    void* cub_temp = base + 4 * arr;
+    unsigned* keys_out = reinterpret_cast<unsigned*>(base + l.arr);
+    int* vals_in = reinterpret_cast<int*>(base + 2 * l.arr);
+    int* vals_out = reinterpret_cast<int*>(base + 3 * l.arr);
+    float* partial = reinterpret_cast<float*>(base + 4 * l.arr);
+    void* cub_temp = base + 4 * l.arr + l.partial;
 
     // wte: every token row feeds parameter row id - v_begin (if held here).
     if (dwte && v_end > v_begin) {
         encoder_token_keys_kernel<<<(unsigned)ceil_div(N, 256), 256, 0, stream>>>(keys_in, vals_in, tokens, N, v_begin,
                                                                                  v_end);
         CUDA_CHECK_LAUNCH();
-        size_t t = temp;
+        size_t t = l.temp;
         CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, t, keys_in, keys_out, vals_in, vals_out, N, 0, tok_bits,
                                                    stream));
-        detail::encoder_bucket_sum<E>(dwte, dout, keys_out, vals_out, N, tok_sentinel, C, 1, 0, stream);
+        detail::encoder_bucket_sum<E>(dwte, partial, dout, keys_out, vals_out, N, tok_sentinel, C, 1, 0, stream);
     }
     // wpe: position entry t feeds row pos[t] for the B rows b*T + t. The
     // arrays are reused: the stream runs the wte bucket sum first.
     if (dwpe) {
         encoder_position_keys_kernel<<<(unsigned)ceil_div(T, 256), 256, 0, stream>>>(keys_in, vals_in, pos, T);
         CUDA_CHECK_LAUNCH();
-        size_t t = temp;
+        size_t t = l.temp;
         CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, t, keys_in, keys_out, vals_in, vals_out, T, 0, 32, stream));
-        detail::encoder_bucket_sum<E>(dwpe, dout, keys_out, vals_out, T, 0xffffffffu, C, B, T, stream);
+        detail::encoder_bucket_sum<E>(dwpe, partial, dout, keys_out, vals_out, T, 0xffffffffu, C, B, T, stream);
     }
 }
 

@@ -113,6 +113,118 @@ LLMC_HD int key_bits(int max_key) {
     while (b < 31 && (1 << b) <= max_key) b++;
     return b;
 }
+// The sorted items are cut into chunks of kEncChunk, so a bucket of many
+// items (a frequent token: ~3% of real text) is summed by several blocks.
+// A segment is a maximal run of one key inside one chunk; it starts where a
+// bucket starts or a chunk starts inside a bucket. Pass 1: a block per
+// segment start (a grid-stride loop over sorted positions, as many blocks
+// at work as before the split for small buckets) sums the segment in item
+// order (fp32); a segment that is a whole bucket is added straight into its
+// parameter row; a segment of a bucket that crosses a chunk boundary goes
+// to a partial slot instead: the chunk's first segment, if its bucket began
+// in an earlier chunk, to slot "head" of the chunk; else its last segment,
+// if its bucket goes on into the next chunk, to slot "tail". Pass 2: the
+// chunk where such a bucket begins (its "owner": tail slot written) finds
+// the bucket's end (a binary search of the sorted keys), adds the bucket's
+// partials in chunk order (its tail, then the next chunks' heads) and adds
+// the sum into the parameter row once. Every row has one writer and every
+// order depends only on the sorted keys: deterministic.
+constexpr int kEncChunk = 64;
+enum EncDest { kEncDirect = 0, kEncHead = 1, kEncTail = 2 };
+LLMC_HD int enc_chunks(int nitems) { return (nitems + kEncChunk - 1) / kEncChunk; }
+// Chunk k's first item continues the bucket of chunk k-1's last.
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD bool enc_joins_prev(const K* keys, int nitems, int k) {
+    const int i = k * kEncChunk;
+    return k > 0 && i < nitems && keys[i] == keys[i - 1];
+}
+// Chunk k's last item's bucket goes on into chunk k+1.
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD bool enc_joins_next(const K* keys, int nitems, int k) {
+    const int i = (k + 1) * kEncChunk;
+    return i < nitems && keys[i] == keys[i - 1];
+}
+// Sorted position i starts a segment.
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD bool enc_segment_start(const K* keys, int i) {
+    return i % kEncChunk == 0 || bucket_start(keys, i);
+}
+// The end of the bucket holding sorted position i: the first position past
+// it with a larger key (binary search; keys ascending).
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD int enc_bucket_end(const K* keys, int nitems, int i) {
+    const K key = keys[i];
+    int lo = i + 1, hi = nitems;  // the answer lies in [lo, hi]
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (keys[mid] == key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+// Where pass 1 puts the sum of segment [a, b) of chunk k.
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD int enc_segment_dest(const K* keys, int nitems, int k, int a, int b) {
+    const int c0 = k * kEncChunk, c1 = c0 + kEncChunk < nitems ? c0 + kEncChunk : nitems;
+    if (a == c0 && enc_joins_prev(keys, nitems, k)) return kEncHead;
+    if (b == c1 && enc_joins_next(keys, nitems, k)) return kEncTail;
+    return kEncDirect;
+}
+// Chunk k wrote a tail slot: a bucket begins in it and goes on.
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD bool enc_owner(const K* keys, int nitems, int k) {
+    if (!enc_joins_next(keys, nitems, k)) return false;
+    const int c0 = k * kEncChunk;  // a chunk joining the next is whole
+    return !(enc_joins_prev(keys, nitems, k) && keys[c0] == keys[c0 + kEncChunk - 1]);
+}
+// After adding chunk j's head slot, an owner goes on to chunk j+1 when the
+// bucket fills chunk j and goes on (the same chunks as up to the chunk of
+// enc_bucket_end - 1; tests/unit/test_encoder_buckets.cpp checks both agree).
+LLMC_HD_TEMPLATE
+template <typename K>
+LLMC_HD bool enc_continues(const K* keys, int nitems, int j) {
+    const int c0 = j * kEncChunk;
+    return enc_joins_next(keys, nitems, j) && keys[c0] == keys[c0 + kEncChunk - 1];
+}
+// fp32 partial slots of one pass (head and tail per chunk, C each).
+LLMC_HD size_t enc_partial_floats(int nitems, int C) { return 2 * (size_t)enc_chunks(nitems) * (size_t)C; }
+
+// ---- sum of squares of one buffer: a fixed grid (at most kNormMaxBlocks) -----------
+constexpr int kNormBlock = 512;
+constexpr int kNormMaxBlocks = 1024;
+LLMC_HD int sum_squares_blocks(size_t n) {
+    const size_t g = (n + (size_t)kNormBlock * 8 - 1) / ((size_t)kNormBlock * 8);
+    return (int)(g < 1 ? 1 : (g > (size_t)kNormMaxBlocks ? (size_t)kNormMaxBlocks : g));
+}
+
+// ---- sum of squares of many runs (the global norm in one launch) ------------------
+// Run i (n_i elements) is cut into sumsq_blocks(n_i) blocks of at most
+// kSumSqChunk consecutive elements; blocks are numbered run after run
+// (first_block, as for AdamW below; find_piece maps a block to its run).
+// Thread t of a block adds elements t, t + blockDim, ... of its chunk in
+// double; the block adds its threads by a fixed tree into one partial. The
+// host adds a run's partials in block order, then the runs in run order.
+constexpr size_t kSumSqChunk = 16384;
+LLMC_HD size_t sumsq_blocks(size_t n) { return (n + kSumSqChunk - 1) / kSumSqChunk; }
+// Most blocks of runs of `elems` elements in all, `runs` runs.
+LLMC_HD size_t sumsq_max_blocks(size_t elems, int runs) { return elems / kSumSqChunk + (size_t)runs; }
+
+// ---- scratch the kernels need, in elements ------------------------------------------
+// LayerNorm backward: one [dw | db] slice per warp (the vector path uses
+// the first ln_bwd_blocks(N) slices); RMSNorm: one dw slice per warp; bias
+// gradient: one row of partials per chunk; attention backward: D, one
+// float per query row and head.
+LLMC_HD size_t ln_bwd_scratch_floats(int N, int C) { return (size_t)ln_bwd_blocks(N) * kLnBwdWarps * 2 * (size_t)C; }
+LLMC_HD size_t rms_bwd_scratch_floats(int N, int C) { return (size_t)ln_bwd_blocks(N) * kLnBwdWarps * (size_t)C; }
+LLMC_HD size_t bias_scratch_floats(int N, int OC) { return (size_t)bias_chunks(N) * (size_t)OC; }
 
 // ---- RoPE: threads to (row, head group, pack), and the angle -----------------------
 // rope (backend.h) rotates channel pairs (i, i + half), half = HS/2, of

@@ -217,9 +217,7 @@ constexpr int kLnBwdBlock = 32 * llmc_idx::kLnBwdWarps;
 
 // fp32 scratch the backward needs: the scalar fallback's one [dw | db] slice
 // per warp (the vector path uses the first ln_bwd_blocks(N) slices of it).
-inline size_t layernorm_backward_scratch_floats(int N, int C) {
-    return (size_t)llmc_idx::ln_bwd_blocks(N) * llmc_idx::kLnBwdWarps * 2 * C;
-}
+inline size_t layernorm_backward_scratch_floats(int N, int C) { return llmc_idx::ln_bwd_scratch_floats(N, C); }
 
 // Vector path: K packs of W channels per lane. A warp keeps its rows' dw, db
 // sums in registers (dwa, dba). The dinp pass reads the row's x and dout a

@@ -210,7 +210,7 @@ void matmul_forward(MatmulContext& ctx, E* out, const E* inp, const E* weight, c
 // this kernel as a fallback regardless. The pass reads dout once (N*OC
 // elements) and writes chunks*OC floats, and the dweight product reads dout
 // again: about what the epilogue would save, at most one extra read of dout.
-inline size_t matmul_backward_scratch_floats(int N, int OC) { return (size_t)llmc_idx::bias_chunks(N) * OC; }
+inline size_t matmul_backward_scratch_floats(int N, int OC) { return llmc_idx::bias_scratch_floats(N, OC); }
 
 // Block (32, kBiasWarps): blockIdx.x owns 32 column packs (32*W columns),
 // blockIdx.y one chunk of rows; see llmc_idx's bias-gradient order.

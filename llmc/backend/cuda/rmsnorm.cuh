@@ -207,9 +207,7 @@ void residual_rmsnorm_forward(E* residual, E* out, float* rstd, const E* a, cons
 // ---- backward ------------------------------------------------------------------
 // fp32 scratch the backward needs: the looped kernel's one dw slice per
 // warp (the vector path uses the first ln_bwd_blocks(N) slices of it).
-inline size_t rmsnorm_backward_scratch_floats(int N, int C) {
-    return (size_t)llmc_idx::ln_bwd_blocks(N) * llmc_idx::kLnBwdWarps * C;
-}
+inline size_t rmsnorm_backward_scratch_floats(int N, int C) { return llmc_idx::rms_bwd_scratch_floats(N, C); }
 
 // Vector path: K packs of W channels per lane. Per row: dot = Σ x·w·dy (a
 // warp sum), then dx += r·w·dy - x·r³·dot/C. The dinp pass reads x and dout

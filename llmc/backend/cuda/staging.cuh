@@ -1,9 +1,8 @@
-// llmc/backend/cuda/staging.cuh: the CUDA backend's own device-side plumbing
-// (backend_cuda.cu): element conversion on the device, which host transfers
-// between types go through (via a bounded staging buffer), and the
-// grow-only device buffers that staging and the kernels' scratch live in.
+// llmc/backend/cuda/staging.cuh: element conversion on the device, which the
+// CUDA backend's host transfers between types go through (backend_cuda.cu:
+// a fixed staging buffer, allocated with the backend, converts a transfer
+// chunk by chunk). The kernels' scratch buffers are in cuda/scratch.cuh.
 #pragma once
-#include <algorithm>
 #include <cstddef>
 #include <stdexcept>
 
@@ -52,32 +51,5 @@ inline void device_convert(void* dst, DType dt, const void* src, DType st, size_
         default: throw std::logic_error("cuda convert: int32 converts only to int32");
     }
 }
-
-// Device memory that only grows. Before freeing the old block, wait for the
-// stream: a kernel launched earlier may still be reading it.
-class GrowBuffer {
-  public:
-    void* get(size_t bytes, cudaStream_t stream) {
-        if (bytes > cap_) {
-            if (p_) {
-                CUDA_CHECK(cudaStreamSynchronize(stream));
-                CUDA_CHECK(cudaFree(p_));
-                p_ = nullptr;
-            }
-            cap_ = std::max(bytes, cap_ + cap_ / 2);
-            CUDA_CHECK(cudaMalloc(&p_, cap_));
-        }
-        return p_;
-    }
-    void release() {
-        if (p_) cudaFree(p_);
-        p_ = nullptr;
-        cap_ = 0;
-    }
-
-  private:
-    void* p_ = nullptr;
-    size_t cap_ = 0;
-};
 
 }  // namespace llmc_cuda

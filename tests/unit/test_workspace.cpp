@@ -1,0 +1,242 @@
+// tests/unit/test_workspace.cpp: the CUDA backend's scratch is reserved once,
+// when the model stack is built (Backend::reserve_workspace with
+// GPT::workspace()), and never allocated between steps; a call that needs
+// more than the reservation ends the run. This checks, without a GPU, that
+// the reservation covers every call a training step makes: each layout's
+// stack is built on a probe backend (the measuring backend with CUDA's
+// precision: nothing runs, nothing is allocated) with groups that only have
+// a shape, then a whole step runs (pipeline schedule, ZeRO's reductions,
+// the optimizer step), a validation forward and a sampled row; the probe
+// computes, for every call, what the CUDA backend would ask of each buffer
+// (the formulas of llmc/backend/cuda/workspace.h and index.h, the ones
+// backend_cuda.cu uses) and checks it against what the reservation holds.
+// Last line: "N passed, N failed".
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "llmc/backend/backend_measure.h"
+#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/workspace.h"
+#include "llmc/model/config.h"
+#include "llmc/parallel/layout.h"
+#include "tests/lib/check.h"
+
+using namespace llmc_idx;
+
+namespace {
+
+// A group of the layout, for its shape: calls complete at once, move nothing.
+class NullComm : public Comm {
+  public:
+    NullComm(const std::string& name, int size, int rank) {
+        name_ = name;
+        size_ = size;
+        rank_ = rank;
+    }
+    double host_all_reduce(double x, ReduceOp) override { return x; }
+
+  protected:
+    CommHandle do_all_reduce(void*, size_t, DType, ReduceOp) override { return 0; }
+    CommHandle do_reduce_scatter(const void*, void*, size_t, DType) override { return 0; }
+    CommHandle do_all_gather(const void*, void*, size_t, DType) override { return 0; }
+    void do_broadcast(void*, size_t, DType, int) override {}
+    CommHandle do_send_recv(const void*, int, void*, int, size_t, DType) override { return 0; }
+    void do_p2p(const std::vector<P2POp>& ops, DType, std::vector<CommHandle>* h) override { h->assign(ops.size(), 0); }
+    void do_wait(CommHandle) override {}
+};
+
+const Precision kCudaBf16{DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
+
+// The measuring backend, checking each scratch-using call against the
+// reservation. `over` collects the calls that would not fit.
+class Probe : public MeasureBackend {
+  public:
+    Probe() : MeasureBackend("cuda", kCudaBf16) {}
+    bool reserved = false;
+    Workspace w;
+    int calls = 0;
+    std::vector<std::string> over;
+
+    void reserve_workspace(const Workspace& ws) override {
+        reserved = true;
+        w = ws;
+    }
+    void layernorm_backward(void*, void*, void*, const void*, const void*, const void*, const void*, const void*, int N,
+                            int C) override {
+        scratch("layernorm_backward", norm_bwd_scratch_bytes(N, C));
+    }
+    void rmsnorm_backward(void*, void*, const void*, const void*, const void*, const void*, int N, int C) override {
+        scratch("rmsnorm_backward", norm_bwd_scratch_bytes(N, C));
+    }
+    void matmul_backward(void*, void*, void* dbias, const void*, const void*, const void*, int N, int, int OC) override {
+        if (dbias) scratch("matmul_backward", bias_scratch_bytes(N, OC));
+    }
+    void attention_backward(void*, void*, void*, const void*, const void*, const void*, const void*, const void*,
+                            const void*, const AttnShape& s) override {
+        scratch("attention_backward", attn_bwd_scratch_bytes((size_t)s.B * s.NH * s.Tq));
+    }
+    void attention_block_backward(void*, void*, void*, const void*, const void*, const void*, const void*, const void*,
+                                  const void*, const AttnShape& s) override {
+        scratch("attention_block_backward", attn_bwd_scratch_bytes((size_t)s.B * s.NH * s.Tq));
+    }
+    double sum_squares(const void*, DType, size_t n) override {
+        scratch("sum_squares", sum_squares_scratch_bytes(n));
+        return 0;
+    }
+    // The encoder's scratch (cuda/encoder.cuh): sort arrays of B·T items,
+    // partial slots of max(B·T, T) items of C channels, CUB's storage for the
+    // item count and the key bits of the rows held.
+    void encoder_backward(void*, void*, const void*, const int*, const int*, int B, int T, int C, int v_begin,
+                          int v_end) override {
+        check("encoder_backward", B * T <= w.rows && T <= w.seq && C <= w.channels && v_end - v_begin <= w.vocab_rows &&
+                                      enc_partial_floats(std::max(B * T, T), C) <=
+                                          enc_partial_floats(std::max(w.rows, w.seq), w.channels));
+    }
+    void adamw_update_multi(const AdamSpan*, int count, const AdamArgs&) override {
+        check("adamw_update_multi", count <= w.runs);
+    }
+    double sum_squares_multi(const SumSpan* spans, int count, DType) override {
+        size_t blocks = 0;
+        for (int i = 0; i < count; i++) blocks += sumsq_blocks(spans[i].n);
+        check("sum_squares_multi", count <= w.runs && blocks <= sumsq_max_blocks(w.run_elems, w.runs));
+        return 0;
+    }
+
+  private:
+    void scratch(const char* what, size_t bytes) {
+        check(what, bytes <= scratch_bytes(w));
+    }
+    void check(const char* what, bool fits) {
+        calls++;
+        if (!reserved) over.push_back(std::string(what) + " before the reservation");
+        else if (!fits) over.push_back(what);
+    }
+};
+
+struct Case {
+    const char* model;
+    int world, pp, vpp, tp, cp, sp, zero, B, T;
+    Recompute rc;
+};
+
+// Rank r's place: tp fastest, then cp, dp, pp (llmc/parallel/process_grid.h).
+void run_case(const Case& c) {
+    GPTConfig mc;
+    std::string err;
+    if (!parse_model_spec(c.model, &mc, &err)) {
+        CHECK(false, "model %s: %s", c.model, err.c_str());
+        return;
+    }
+    Layout l;
+    l.world = c.world, l.pp = c.pp, l.vpp = c.vpp, l.tp = c.tp, l.cp = c.cp, l.sp = c.sp, l.zero = c.zero;
+    l.B = c.B, l.T = c.T, l.recompute = c.rc;
+    l.total_batch = (long long)c.B * c.T * l.dp() * c.pp * 2;  // 2·pp micro-batches
+    if (!check_layout(&l, mc, &err)) {
+        CHECK(false, "layout %s: %s", l.describe().c_str(), err.c_str());
+        return;
+    }
+    const std::string name = std::string(c.model) + ", " + l.describe();
+    const int dp = l.dp();
+    for (int r = 0; r < c.world; r++) {
+        const int tp = r % c.tp, cp = (r / c.tp) % c.cp, dr = (r / (c.tp * c.cp)) % dp, pr = r / (c.tp * c.cp * dp);
+        NullComm gtp("tp", c.tp, tp), gcp("cp", c.cp, cp), gdpcp("dpcp", dp * c.cp, dr * c.cp + cp), gpp("pp", c.pp, pr);
+        const bool end = pr == 0 || pr == c.pp - 1;
+        NullComm gembed("embed", c.pp > 1 && end ? 2 : 1, c.pp > 1 && pr == c.pp - 1 ? 1 : 0);
+        Probe be;
+        ModelStack s;
+        build_stack(be, mc, l, {&gtp, &gcp, &gdpcp, &gpp, &gembed, cp}, &s);
+        const int Tl = l.T_local();
+        std::vector<int> in((size_t)c.B * Tl), tg((size_t)c.B * Tl);
+        for (size_t i = 0; i < in.size(); i++) in[i] = (int)(i * 7 % 257), tg[i] = (int)(i * 5 % 257);
+        OptimConfig o;
+        for (int step = 0; step < 2; step++) {
+            s.model->zero_grad();
+            s.pipe->train_step(
+                *s.model,
+                [&](int, const int** a, const int** b) {
+                    *a = in.data();
+                    *b = tg.data();
+                },
+                c.B, Tl, 1.0 / (double)l.total_batch);
+            s.step(o, step);
+        }
+        s.pipe->forward_only(*s.model, in.data(), tg.data(), c.B, Tl);
+        std::vector<float> row(mc.vocab_size);
+        s.pipe->logits_row(*s.model, 0, 0, row.data());
+        std::string what;
+        for (const std::string& x : be.over) what += (what.empty() ? "" : ", ") + x;
+        CHECK(be.reserved && be.over.empty() && be.calls > 0, "%s, rank %d: %d calls; past the reservation: %s",
+              name.c_str(), r, be.calls, what.empty() ? "none" : what.c_str());
+    }
+}
+
+}  // namespace
+
+int main() {
+    const char* gpt = "L=4,C=64,NH=4,V=257,T=64";
+    const char* llama = "arch=llama,L=4,C=64,NH=4,NKV=2,F=96,V=257,T=64";
+    const Recompute none = Recompute::none;
+    const Case cases[] = {
+        {gpt, 1, 1, 1, 1, 1, 0, 0, 4, 64, none},
+        {gpt, 1, 1, 1, 1, 1, 0, 0, 2, 32, Recompute::full},
+        {gpt, 2, 1, 1, 1, 1, 0, 1, 4, 64, none},
+        {gpt, 2, 1, 1, 1, 1, 0, 2, 4, 64, Recompute::gelu},
+        {gpt, 2, 1, 1, 1, 1, 0, 3, 4, 64, none},
+        {gpt, 2, 1, 1, 2, 1, 0, 0, 4, 64, none},
+        {gpt, 4, 1, 1, 2, 1, 1, 1, 4, 64, Recompute::selective},
+        {gpt, 2, 1, 1, 1, 2, 0, 0, 4, 64, none},
+        {gpt, 4, 1, 1, 2, 2, 0, 2, 2, 64, none},
+        {gpt, 2, 2, 1, 1, 1, 0, 0, 4, 64, none},
+        {gpt, 4, 2, 2, 1, 1, 0, 1, 2, 64, none},
+        {gpt, 8, 2, 1, 2, 1, 1, 1, 2, 64, none},
+        {llama, 1, 1, 1, 1, 1, 0, 0, 4, 64, none},
+        {llama, 4, 1, 1, 2, 1, 0, 1, 4, 64, none},
+        {llama, 4, 1, 1, 1, 2, 0, 3, 2, 64, none},
+        {llama, 4, 2, 1, 2, 1, 1, 0, 2, 64, Recompute::full},
+    };
+    for (const Case& c : cases) run_case(c);
+    // The probe sees a reservation that is too small: one of half the rows.
+    {
+        struct Short : Probe {
+            void reserve_workspace(const Workspace& ws) override {
+                Probe::reserve_workspace(ws);
+                w.rows /= 2;
+                w.attn_rows /= 2;
+            }
+        };
+        GPTConfig mc;
+        std::string err;
+        parse_model_spec(gpt, &mc, &err);
+        Layout l;
+        l.B = 4, l.T = 64;
+        check_layout(&l, mc, &err);
+        NullComm one_tp("tp", 1, 0), one_cp("cp", 1, 0), one_dp("dpcp", 1, 0), one_pp("pp", 1, 0), one_e("embed", 1, 0);
+        Short be;
+        ModelStack s;
+        build_stack(be, mc, l, {&one_tp, &one_cp, &one_dp, &one_pp, &one_e, 0}, &s);
+        std::vector<int> in(256, 1);
+        s.model->zero_grad();
+        s.pipe->train_step(
+            *s.model,
+            [&](int, const int** a, const int** b) {
+                *a = in.data();
+                *b = in.data();
+            },
+            4, 64, 1.0 / 256);
+        CHECK(!be.over.empty(), "a reservation of half the rows is found too small (%zu calls past it)", be.over.size());
+    }
+    // scratch_bytes covers each op at the workspace's shapes, and a larger
+    // call of the op that sizes it does not fit.
+    {
+        Workspace w;
+        w.rows = 64, w.seq = 64, w.channels = 768, w.bias_width = 3072, w.vocab_rows = 50304, w.attn_rows = 64 * 12;
+        w.runs = 150, w.run_elems = 124000000;
+        const size_t cap = scratch_bytes(w);
+        CHECK(norm_bwd_scratch_bytes(64, 768) <= cap && bias_scratch_bytes(64, 3072) <= cap &&
+                  attn_bwd_scratch_bytes(64 * 12) <= cap && sum_squares_scratch_bytes((size_t)1 << 40) <= cap,
+              "scratch_bytes covers each op at the workspace's shapes");
+        CHECK(norm_bwd_scratch_bytes(4096, 768) > cap, "a LayerNorm backward over more rows does not fit");
+    }
+    return check_summary();
+}
