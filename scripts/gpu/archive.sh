@@ -12,17 +12,23 @@
 #   archive_tool                prints what archive_pack would use.
 # Both return non-zero on failure, with a message.
 # shellcheck shell=bash
+# _have TOOL: TOOL is an executable file on PATH (`command -v` alone also
+# names a file that is there but cannot run).
+_have() {
+    local p
+    p=$(command -v "$1" 2>/dev/null) && [[ -f $p && -x $p ]]
+}
 _archive_py() {
     local p
     for p in python3 /usr/bin/python3; do
-        command -v "$p" >/dev/null 2>&1 && { echo "$p"; return 0; }
+        _have "$p" && { echo "$p"; return 0; }
     done
     return 1
 }
 
 archive_tool() {
-    if command -v tar >/dev/null 2>&1 && command -v xz >/dev/null 2>&1; then echo "tar+xz"
-    elif command -v tar >/dev/null 2>&1 && command -v gzip >/dev/null 2>&1; then echo "tar+gzip"
+    if _have tar && _have xz; then echo "tar+xz"
+    elif _have tar && _have gzip; then echo "tar+gzip"
     else echo "python tarfile"; fi
 }
 
@@ -60,17 +66,17 @@ archive_unpack() {
     mkdir -p "$dest" || return 1
     case $f in
         *.tar.xz | *.txz)
-            if command -v tar >/dev/null 2>&1 && command -v xz >/dev/null 2>&1; then
+            if _have tar && _have xz; then
                 tar -C "$dest" -xJf "$f"
                 return
             fi ;;
         *.tar.gz | *.tgz)
-            if command -v tar >/dev/null 2>&1 && command -v gzip >/dev/null 2>&1; then
+            if _have tar && _have gzip; then
                 tar -C "$dest" -xzf "$f"
                 return
             fi ;;
         *.tar)
-            if command -v tar >/dev/null 2>&1; then
+            if _have tar; then
                 tar -C "$dest" -xf "$f"
                 return
             fi ;;
