@@ -44,7 +44,7 @@ env_report() {
     echo "archives: $(archive_tool)"
     echo "bundle: $GPU_BUNDLE: $(ls "$GPU_BUNDLE" 2>/dev/null | tr '\n' ' ')"
     echo "llm.c sources: $(llmc_source || true)$([[ -n $(llmc_source) ]] || echo none)"
-    echo "commit: $GPU_COMMIT"
+    echo "commit: ${GPU_COMMIT:-unknown}"
     echo "---- nvidia-smi"
     nvidia-smi 2>&1 || true
 }
@@ -303,9 +303,9 @@ step_ranks() {
     # GPT-2 in twelve layouts, fp32 and bf16: 26 runs of ~5 s.
     FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py (mpirun -np N train_gpt --device cuda --comm mpi)" MIN=30 \
         SUMMARY_MATCH=$match run_prog ranks 180 130 "$PY" scripts/gpu/ranks.py --out "$W/runs" --timeout 60
-    # A Llama (GQA, SwiGLU, RoPE, untied head) under four of them: 10 runs.
-    FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py --model llama (mpirun -np N train_gpt --device cuda --comm mpi)" \
-        MIN=30 SUMMARY_MATCH=$match run_prog ranks_llama 70 50 "$PY" scripts/gpu/ranks.py --model llama \
+    # A Llama (GQA, SwiGLU, RoPE, untied head) under four of them, fp32: 5 runs.
+    FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py --model llama --dtypes fp32 (mpirun -np N train_gpt --device cuda --comm mpi)" \
+        MIN=20 SUMMARY_MATCH=$match run_prog ranks_llama 45 25 "$PY" scripts/gpu/ranks.py --model llama --dtypes fp32 \
         --out "$W/runs_llama" --layouts tp2_sp,cp2,dp2_z3,pp2_tp2_sp_z1 --timeout 60
     end_step
 }
