@@ -11,8 +11,8 @@
 #                (tensor table, flags, schedules, data, files, kernels'
 #                index arithmetic and tensor-core layouts on the CPU, the
 #                GPU path's host-side decisions, where the Makefile finds
-#                the CUDA libraries), and the layout of this tree
-#                (tests/unit/test_structure.py).
+#                the CUDA libraries, the GPU runbook's scripts and their dry
+#                runs), and the layout of this tree (tests/unit/test_structure.py).
 #                Needs: the test programs (make tests).
 #   reference    tests/reference/: one process against an independent truth:
 #                the PyTorch reference (itself checked against functional
@@ -56,7 +56,7 @@ done
 
 # run NAME CMD...: runs a test program, shows its failures and count.
 # LLMC_TEST_FILTER (an extended regex) runs only the tests whose name matches
-# (scripts/gpu/check.sh's test phase: the CUDA-relevant ones).
+# (scripts/gpu/check.sh's test step: one reference model and its CUDA runs).
 run() {
     local name=$1
     shift
@@ -97,7 +97,7 @@ unit_tier() {
     for src in tests/unit/test_*.cpp; do
         prog=build/$(basename "$src" .cpp)
         # test_real_shapes at d12's shapes is scripts/gpu/check.sh's `shapes`
-        # phase (minutes); here its small shapes (CUDA too when a GPU is present).
+        # step (minutes); here its small shapes (CUDA too when a GPU is present).
         extra=()
         [[ $prog == */test_real_shapes ]] && extra=(--shape small)
         run "$(basename "$prog")" "$prog" "${extra[@]}"
@@ -105,6 +105,7 @@ unit_tier() {
     run test_shards "$PY" tests/unit/test_shards.py
     run test_structure "$PY" tests/unit/test_structure.py
     run test_build "$PY" tests/unit/test_build.py
+    run test_gpu_scripts "$PY" tests/unit/test_gpu_scripts.py
 }
 
 REF=build/ref

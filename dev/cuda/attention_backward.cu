@@ -15,7 +15,8 @@
 // forward's (4·B·NH·Tq·Tk·HS, halved when causal), with the fraction of the
 // device's dense bf16 peak. Version 3 does 3.5x the forward's products (S and
 // dP twice, for determinism), so its counted rate is at most 2.5/3.5 of the
-// tensor cores' real rate.
+// tensor cores' real rate. Flags as attention_forward.cu's (--small: the
+// small cases, for compute-sanitizer).
 #include "attention_cases.h"
 #include "common.h"
 #include "llmc/backend/cpu_ops.h"
@@ -145,17 +146,17 @@ int main(int argc, char** argv) {
     const lab::RunFlags flags = lab::parse_flags(argc, argv);
     const bool timing = flags.timing, quick = flags.quick;
     if (!lab::have_gpu()) return lab::finish();
-    const std::vector<Case> cases = attention_cases();
+    const std::vector<Case> cases = flags.small ? attention_small_cases() : attention_cases();
     // The backward sums P·(dP - D), which cancels: fp32 needs a little more room.
     const double tol32 = tol::kFp32AttentionBackward;
     std::printf("validation\n");
     for (const Case& c : cases) {
-        check<float>(1, c, "v1 fp32", tol32);
+        if (!flags.small) check<float>(1, c, "v1 fp32", tol32);
         check<float>(2, c, "v2 fp32", tol32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
     }
-    for (const Case& c : attention_tc_cases()) {
+    for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;
         if (!tc_takes(c)) {
             std::printf("  v3 tc bf16 %-40s not taken by the tensor-core dispatch  FAIL\n", c.name);

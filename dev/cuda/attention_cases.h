@@ -2,7 +2,10 @@
 // programs (attention_forward.cu, attention_backward.cu) validate on: GPT-2's
 // packed QKV rows, odd head sizes, padded strides with Tq != Tk, and
 // grouped-query attention (Llama: NKV key/value heads shared by groups of
-// NH / NKV query heads; 2:1, 3:1 and 4:1 here).
+// NH / NKV query heads; 2:1, 3:1 and 4:1 here). The small lists (--small:
+// one or two batch rows, one to four heads, T <= 200) take the same paths in
+// a fraction of the work, for compute-sanitizer, whose racecheck cannot
+// finish the T = 1024 cases.
 #pragma once
 #include <cmath>
 #include <vector>
@@ -78,5 +81,31 @@ inline std::vector<Case> attention_tc_cases() {
         make_case("tc GQA 2:1 HS=64 Tq=70 Tk=130 strided", 2, 4, 64, 70, 130, false, false, 8, 2),
         make_case("tc GQA 4:1 HS=128 Tq=33 Tk=200 strided", 2, 4, 128, 33, 200, false, false, 8, 1),
         make_case("tc Llama GQA 4:1 B=1 NH=32 NKV=8 HS=128 T=1024 causal", 1, 32, 128, 1024, 1024, true, true, 4, 8),
+    };
+}
+
+// --small: the paths of both lists above at a size compute-sanitizer's
+// racecheck finishes in seconds. CUDA cores: tiles (32 rows) cut by T, an
+// odd head size (8), the widest (200), unaligned padded strides with
+// Tq != Tk non-causal, GQA 3:1. Tensor cores: past one query block (128
+// rows for HS 64, 64 for HS 128) and over three or more 64-key tiles, so the
+// double-buffered K/V tiles are reused; strided non-causal Tq != Tk; GQA
+// 2:1 and 4:1 (packed and strided).
+inline std::vector<Case> attention_small_cases() {
+    return {
+        make_case("small HS=64 T=70 causal", 1, 2, 64, 70, 70, true, true),
+        make_case("small HS=8 T=37 causal", 2, 2, 8, 37, 37, true, true),
+        make_case("small HS=200 Tq=33 Tk=65 strided", 1, 1, 200, 33, 65, false, false),
+        make_case("small HS=40 Tq=20 Tk=45 strided", 1, 2, 40, 20, 45, false, false),
+        make_case("small GQA 3:1 HS=16 T=50 causal", 1, 3, 16, 50, 50, true, true, 4, 1),
+    };
+}
+inline std::vector<Case> attention_tc_small_cases() {
+    return {
+        make_case("tc small HS=64 T=200 causal", 1, 2, 64, 200, 200, true, true),
+        make_case("tc small HS=128 T=150 causal", 1, 1, 128, 150, 150, true, true),
+        make_case("tc small HS=64 Tq=70 Tk=200 strided", 1, 2, 64, 70, 200, false, false, 8),
+        make_case("tc small GQA 2:1 HS=64 T=150 causal", 1, 4, 64, 150, 150, true, true, 4, 2),
+        make_case("tc small GQA 4:1 HS=128 Tq=33 Tk=200 strided", 1, 4, 128, 33, 200, false, false, 8, 1),
     };
 }

@@ -5,7 +5,8 @@
 // HBM bandwidth (looked up by name) for the fraction of it a kernel reaches.
 // Each timing is also printed as "figure NAME VALUE UNIT" for
 // scripts/gpu/check.sh, and LAB_CHECK_ONLY=1 in the environment skips the
-// timings (compute-sanitizer runs only the validation cases).
+// timings (validation only; the attention programs also take --small, the
+// small cases compute-sanitizer runs).
 //
 // Every lab program: makes random inputs, runs the CPU backend's op
 // (llmc/backend/cpu_ops.h) as the reference, runs version 1 (a naive kernel written
@@ -210,16 +211,26 @@ inline bool check_only() {
 }
 
 // The attention programs' flags: --no-timing, validation only; --quick,
-// validation without the T=1024 cases (for compute-sanitizer runs).
+// validation without the T=1024 cases; --small, validation on the small
+// cases only (attention_cases.h: T <= 200, one or two batch rows, no naive
+// v1 kernel), what compute-sanitizer runs (scripts/gpu/check.sh sanitize).
+// An unknown flag is an error (exit status 2), so a typo never runs the
+// full lists under a sanitizer.
 struct RunFlags {
-    bool timing = true, quick = false;
+    bool timing = true, quick = false, small = false;
 };
 inline RunFlags parse_flags(int argc, char** argv) {
     RunFlags f;
     for (int i = 1; i < argc; i++) {
         if (std::strcmp(argv[i], "--no-timing") == 0) f.timing = false;
-        if (std::strcmp(argv[i], "--quick") == 0) f.timing = false, f.quick = true;
+        else if (std::strcmp(argv[i], "--quick") == 0) f.timing = false, f.quick = true;
+        else if (std::strcmp(argv[i], "--small") == 0) f.timing = false, f.quick = true, f.small = true;
+        else {
+            std::fprintf(stderr, "%s: unknown flag '%s' (--no-timing, --quick, --small)\n", argv[0], argv[i]);
+            std::exit(2);
+        }
     }
+    if (f.small) std::printf("small cases only (--small): validation, no timing\n");
     return f;
 }
 

@@ -29,6 +29,9 @@
 // in fp64 on the CPU, so the tolerances measure the GPU's error alone; the
 // bf16 runs differ from fp32 only by the inputs' type (the block outputs and
 // gradients are fp32), except strided plain, whose outputs are bf16.
+// Flags: --no-timing; --quick (no T=1024 setup, no timing); --small (four
+// small setups with the same paths: one batch row, T <= 272, for
+// compute-sanitizer).
 #include "common.h"
 #include "llmc/backend/cpu_ops.h"
 #include "llmc/backend/cuda/attention.cuh"
@@ -299,9 +302,19 @@ int main(int argc, char** argv) {
         {"GQA 4:1 R=3 HS=128 T=78", 1, 8, 128, 3, 13, 2},   // tensor cores: chunks smaller than a tile
         {"GQA 3:1 R=2 HS=40 T=100", 2, 6, 40, 2, 25, 2},    // CUDA cores only
     };
+    // --small: one batch row; chunks past one 64-key tile and smaller than a
+    // tile (tensor cores), an odd head size (CUDA cores only), GQA 2:1.
+    const Setup small[] = {
+        {"small R=2 HS=64 T=272", 1, 2, 64, 2, 68},
+        {"small R=3 HS=128 T=78", 1, 2, 128, 3, 13},
+        {"small R=2 HS=40 T=100", 1, 2, 40, 2, 25},
+        {"small GQA 2:1 R=2 HS=64 T=200", 1, 4, 64, 2, 50, 2},
+    };
     std::printf("validation (fp64 CPU references)\n");
+    std::vector<Setup> list(setups, setups + sizeof(setups) / sizeof(setups[0]));
+    if (flags.small) list.assign(small, small + sizeof(small) / sizeof(small[0]));
     int n = 0;
-    for (const Setup& u : setups) {
+    for (const Setup& u : list) {
         if (quick && u.T() >= 1024) continue;
         const Data d = make_data(u, 1 + n);
         check_ring<float>(u, d, "ring fp32", kTolF32);

@@ -7,7 +7,8 @@
 #                                              lab programs (validation + timing)
 #   scripts/gpu/attention.sh sanitize [memcheck|racecheck|synccheck|initcheck] [OUTDIR]
 #                                              compute-sanitizer on the labs' small
-#                                              cases, one tool (default memcheck)
+#                                              cases (--small), one tool (default
+#                                              memcheck)
 #   scripts/gpu/attention.sh train [OUTDIR]    d12 training, tensor-core attention
 #                                              against LLMC_ATTN_TC=0: tokens/s and
 #                                              the per-step loss difference
@@ -56,7 +57,7 @@ sanitize)
     # One tool per run: memcheck (default), racecheck, synccheck, initcheck.
     [[ -x dev/cuda/attention_forward ]] || build_labs
     for p in $LABS; do
-        timeout 180 compute-sanitizer --tool "$tool" --error-exitcode 9 "./dev/cuda/$p" --quick \
+        timeout 180 compute-sanitizer --tool "$tool" --error-exitcode 9 "./dev/cuda/$p" --small \
             > "$OUTDIR/sanitize_${tool}_$p.log" 2>&1
         echo "== $tool $p: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitize_${tool}_$p.log" | tail -1)" \
             "$(tail -n 1 "$OUTDIR/sanitize_${tool}_$p.log")"

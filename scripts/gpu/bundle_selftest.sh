@@ -2,14 +2,17 @@
 # scripts/gpu/bundle_selftest.sh [OUTDIR]: proves, on the machine that made it,
 # that the bundle of scripts/gpu/bundle.sh (build/gpu/bundle, or GPU_BUNDLE=DIR;
 # made first if missing, which needs a network) is enough to build and run
-# with MPI where the system has no Open MPI and no OpenBLAS, as on a bare GPU
-# machine. In a scratch copy of the working tree, inside a private mount
-# namespace (needs root and `unshare`), the system's Open MPI and OpenBLAS are
-# hidden (their programs, libraries and headers covered by empty mounts);
-# then scripts/gpu/env.sh sets up the bundled ones; the prebuilt binaries (if
-# bundled) are taken as scripts/gpu/check.sh would take them, then the
-# project builds (CUDA backend, NCCL and staged communicators included, when
-# nvcc is here), and with each of the two
+# with MPI where the system has no Open MPI, no OpenBLAS and no `xz`, as on a
+# bare GPU machine. In a scratch copy of the working tree, inside a private
+# mount namespace (needs root and `unshare`), the system's Open MPI, OpenBLAS
+# and xz are hidden (their programs, libraries and headers covered by empty
+# mounts); archives are then packed and unpacked without xz
+# (scripts/gpu/archive.sh: gzip, or Python's tarfile); scripts/gpu/env.sh
+# unpacks the bundle (made with xz or not) and sets up the bundled Open MPI
+# and OpenBLAS; the prebuilt binaries (if bundled) are taken as
+# scripts/gpu/check.sh would take them, then the project builds (CUDA
+# backend, NCCL and staged communicators included, when nvcc is here), and
+# with each of the two
 #   - mpirun -np 2 of the CPU trainer (--device cpu) runs 5 steps;
 #   - the same job under mpirun -np 2 with ZeRO-1 and with --tp 2 ends with
 #     the one-process run's losses (fp32, relative 1e-5);
@@ -25,8 +28,9 @@ cd "$(dirname "$0")/../.." || exit 1
 OUTDIR=${OUTDIR:-$PWD/build/gpu/bundle_selftest}
 BUNDLE=${GPU_BUNDLE:-build/gpu/bundle}
 mkdir -p "$OUTDIR"
-[[ -f $BUNDLE/openmpi.tar.xz ]] || bash scripts/gpu/bundle.sh "$BUNDLE" || exit 1
-[[ -f $BUNDLE/openmpi.tar.xz ]] || { echo "bundle_selftest.sh: $BUNDLE has no Open MPI (see its MANIFEST.txt)" >&2; exit 1; }
+ls "$BUNDLE"/openmpi.tar.* > /dev/null 2>&1 || bash scripts/gpu/bundle.sh "$BUNDLE" || exit 1
+ls "$BUNDLE"/openmpi.tar.* > /dev/null 2>&1 ||
+    { echo "bundle_selftest.sh: $BUNDLE has no Open MPI (see its MANIFEST.txt)" >&2; exit 1; }
 S=$(mktemp -d /tmp/llmc_bundle_XXXXXX)
 git ls-files -z | xargs -0 cp --parents -t "$S"
 git ls-files -z --others --exclude-standard | xargs -0 -r cp --parents -t "$S"
@@ -44,16 +48,33 @@ for d in /usr/lib/$A/openmpi /usr/include/$A/openmpi /usr/lib/$A/openblas-openmp
     [[ -d $d ]] && mount --bind /tmp/llmc_empty_dir "$d"
 done
 for f in /usr/bin/mpi* /usr/bin/orte* /usr/bin/opal* /usr/bin/ompi* /usr/lib/$A/libmpi* /usr/lib/$A/libopen-pal* \
-         /usr/lib/$A/libopen-rte* /usr/lib/$A/libopenblas* /usr/lib/$A/libblas* /usr/lib/$A/libcblas*; do
+         /usr/lib/$A/libopen-rte* /usr/lib/$A/libopenblas* /usr/lib/$A/libblas* /usr/lib/$A/libcblas* \
+         /usr/bin/xz /usr/bin/unxz /usr/bin/xzcat /usr/bin/lzma /usr/bin/unlzma; do
     [[ -e $f ]] && mount --bind /dev/null "$f"
 done
 cd "$S"
 pass=0 fail=0
 ok() { if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $*"; fi; }
 ok test ! -x "$(command -v mpicxx 2>/dev/null || echo /nonexistent)"
-echo "system Open MPI hidden: $(command -v mpirun || echo 'no mpirun on PATH')"
+ok test ! -x "$(command -v xz 2>/dev/null || echo /nonexistent)"
+echo "system Open MPI hidden: $(command -v mpirun || echo 'no mpirun on PATH'); xz hidden"
+# Archives without xz: packed (gzip, or Python's tarfile) and unpacked, equal.
+source scripts/gpu/archive.sh
+echo "archives here: $(archive_tool)"
+rm -rf build/st_arch && mkdir -p build/st_arch
+a=$(archive_pack build/st_arch/pack scripts gpu)
+ok test -f "$a"
+ok archive_unpack "$a" build/st_arch/out
+ok diff -r scripts/gpu build/st_arch/out/gpu
+echo "  packed and unpacked without xz: $a"
 source scripts/gpu/env.sh
 echo "$GPU_ENV_SUMMARY"
+for x in build/gpu/bundle/*.tar.*; do
+    n=$(basename "$x"); n=${n%%.tar.*}
+    [[ $n == prebuilt_* ]] && continue
+    ok test -f "build/gpu/deps/$n/.unpacked"
+    echo "  unpacked without xz: $x"
+done
 mpirun --version | head -n 1
 # runs LABEL: the CPU trainer alone and under mpirun -np 2, and test_comm.
 runs() {
@@ -81,12 +102,12 @@ PY
 }
 # 1. The prebuilt sm_90 binaries (bundle.sh --prebuilt), as a fresh GPU
 #    machine would take them.
-if ls build/gpu/bundle/prebuilt_*.tar.xz > /dev/null 2>&1; then
+if ls build/gpu/bundle/prebuilt_*.tar.* > /dev/null 2>&1; then
     CUDA_ARCH="-gencode arch=compute_90,code=sm_90" bash scripts/gpu/check.sh __build > build/st_prebuilt.log 2>&1
     cat build/st_prebuilt.log
     ok grep -q '^using build/gpu/bundle/prebuilt' build/st_prebuilt.log
     runs prebuilt
-    rm -f train_gpt build/test_* build/dump_rows build/gpu/built/stamp
+    rm -f train_gpt build/test_* build/dump_rows build/gpu/built/stamp_*
 fi
 # 2. Built here from the sources with the bundled Open MPI and OpenBLAS.
 make -j2 all build/test_comm > build/selftest_build.log 2>&1 || { tail -30 build/selftest_build.log; }

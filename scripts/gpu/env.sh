@@ -1,10 +1,11 @@
 # scripts/gpu/env.sh: sourced (not run) from the repository root by
-# scripts/gpu/check.sh, scripts/gpu/bench_vs_llmc.sh and
-# scripts/gpu/bundle_selftest.sh. Sets up, from the bundle, what a GPU
-# machine may lack, and says what it found:
+# scripts/gpu/check.sh and scripts/gpu/bundle_selftest.sh. Sets up, from
+# the bundle, what a GPU machine may lack, and says what it found:
 #   - unpacks the bundle's archives (scripts/gpu/bundle.sh; the folder
 #     GPU_BUNDLE, default build/gpu/bundle) into build/gpu/deps, once per
-#     archive (not prebuilt_*: scripts/gpu/check.sh unpacks those);
+#     archive, with xz, gzip or Python's tarfile, whichever is here
+#     (scripts/gpu/archive.sh; not prebuilt_*: scripts/gpu/check.sh
+#     unpacks those);
 #   - Open MPI: the system's if mpicxx is on PATH, else the bundled wheel's
 #     (its wrappers locate their prefix themselves; OPAL_PREFIX is set too);
 #   - OpenBLAS: the system's if the Makefile's paths have it, else the
@@ -22,6 +23,7 @@
 GPU_BUNDLE=${GPU_BUNDLE:-build/gpu/bundle}
 GPU_DEPS=$PWD/build/gpu/deps
 mkdir -p "$GPU_DEPS"
+source scripts/gpu/archive.sh
 for _a in "$GPU_BUNDLE"/*.tar.*; do
     [[ -f $_a ]] || continue
     _n=$(basename "$_a")
@@ -29,7 +31,7 @@ for _a in "$GPU_BUNDLE"/*.tar.*; do
     [[ $_n == prebuilt_* ]] && continue  # scripts/gpu/check.sh unpacks these into the tree
     if [[ ! -f $GPU_DEPS/$_n/.unpacked || $_a -nt $GPU_DEPS/$_n/.unpacked ]]; then
         rm -rf "${GPU_DEPS:?}/$_n"
-        tar -C "$GPU_DEPS" -xf "$_a" && touch "$GPU_DEPS/$_n/.unpacked"
+        archive_unpack "$_a" "$GPU_DEPS" && touch "$GPU_DEPS/$_n/.unpacked"
     fi
 done
 

@@ -1,0 +1,418 @@
+# scripts/gpu/steps.sh: sourced (not run) by scripts/gpu/check.sh: one
+# function per step (step_NAME), each a list of programs run under time
+# limits by run_prog (scripts/gpu/lib.sh). Every run_prog names its limit
+# and the time a dry run assumes for it on the GPU machine (docs/gpu.md
+# lists them: estimates, not measurements).
+# shellcheck shell=bash disable=SC2034
+
+# The groups of binaries each step needs (lib.sh: group_bins).
+declare -A STEP_NEEDS=([env]="" [build]="" [test]="tests" [shapes]="tests" [bench]="core" [lab]="lab"
+    [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core")
+
+needed_groups() {
+    local s g all="" out=""
+    for s in "${STEPS[@]}"; do all+=" ${STEP_NEEDS[$s]} "; done
+    for g in core tests lab attn_lab; do [[ $all == *" $g "* ]] && out+=" $g"; done
+    echo $out
+}
+
+# llm.c's sources: LLMC_SRC, else the bundle's copy (unpacked by env.sh).
+llmc_source() {
+    if [[ -n ${LLMC_SRC:-} ]]; then echo "$LLMC_SRC"
+    elif [[ $DRY == 1 ]]; then echo "LLMC_SRC"
+    elif [[ -f ${GPU_DEPS:-}/llmc_src/train_gpt2.cu ]]; then echo "$GPU_DEPS/llmc_src"; fi
+}
+
+env_report() {
+    echo "date: $(date -u +%FT%TZ)"
+    if command -v nvidia-smi > /dev/null; then
+        echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 |
+            head -n 1) (name, driver, memory, compute capability)"
+    else
+        echo "gpu: no nvidia-smi"
+    fi
+    echo "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [^,]*' || echo 'not found')"
+    echo "compute-sanitizer: ${SANITIZER:-not found}"
+    echo "python: $PY, $("$PY" -c 'import sys, numpy; print(sys.version.split()[0], "numpy", numpy.__version__)' 2>&1 |
+        tail -n 1)"
+    echo "torch: $("$TORCH_PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1 |
+        tail -n 1) ($TORCH_PY)"
+    echo "build environment: $GPU_ENV_SUMMARY"
+    echo "mpirun: $(command -v mpirun || echo none) $(mpirun --version 2>/dev/null | head -n 1)"
+    echo "cpu: $(nproc) cores, $(free -g 2>/dev/null | awk '/^Mem:/ {print $2}') GiB memory;" \
+        "disk: $(df -h . | awk 'NR == 2 {print $4}') free"
+    echo "archives: $(archive_tool)"
+    echo "bundle: $GPU_BUNDLE: $(ls "$GPU_BUNDLE" 2>/dev/null | tr '\n' ' ')"
+    echo "llm.c sources: $(llmc_source || true)$([[ -n $(llmc_source) ]] || echo none)"
+    echo "commit: ${GPU_COMMIT:-unknown}"
+    echo "---- nvidia-smi"
+    nvidia-smi 2>&1 || true
+}
+
+# ldd_report GROUP...: which MPI, BLAS, NCCL and CUDA libraries each binary loads.
+ldd_report() {
+    local g b
+    for g in "$@"; do
+        # the lab: one program that links cuBLAS and OpenBLAS stands for all
+        for b in $([[ $g == lab ]] && echo dev/cuda/matmul_forward || group_bins "$g"); do
+            [[ -x $b && ! -d $b ]] || continue
+            echo "ldd $b: $(ldd "$b" 2>&1 | awk '/libmpi\.|libopenblas|libblas|libnccl|libcublas|libcudart|libgomp/ {
+                    n = $1; sub(/\.so.*/, "", n); printf "%s%s=%s", s, n, $3; s = ", " }
+                /not found/ { printf "%sMISSING %s", s, $1; s = ", " }')"
+        done
+    done
+}
+
+step_env() {
+    begin_step env 30
+    SUMMARY_MATCH='^[a-z][a-z. -]*: ' run_prog env 30 5 bash scripts/gpu/check.sh __env
+    end_step
+}
+
+step_build() {
+    begin_step build 420
+    local groups
+    groups=$(needed_groups)
+    [[ -n $groups ]] || groups="core tests lab"  # the build step alone: everything
+    # llm.c's train_gpt2cu, in the background while this tree builds and the
+    # tests run (one nvcc process; bench waits for it).
+    local llmc
+    llmc=$(llmc_source)
+    if [[ " ${STEPS[*]} " == *" bench "* && -n $llmc ]]; then
+        if [[ $DRY == 1 ]]; then
+            DRY_LLMC_DONE=$(($(now) + $([[ $DRY_BUILD == prebuilt ]] && echo 0 || echo 30)))
+            printf '  %-34s %5ds %6s %5ds  %s\n' "llmc_build (background)" 400 \
+                "$((DRY_LLMC_DONE - $(now)))s" "$DRY_LLMC_DONE" "scripts/gpu/llmc_build.sh $llmc"
+        else
+            LLMC_BUILD_LOG=$W/llmc_build.log
+            (exec timeout 400 bash scripts/gpu/llmc_build.sh "$llmc" > "$LLMC_BUILD_LOG" 2>&1 < /dev/null) &
+            LLMC_BUILD_PID=$!
+            say "llm.c: building train_gpt2cu in the background ($LLMC_BUILD_LOG)"
+        fi
+    fi
+    local t0
+    t0=$(now)
+    need $groups
+    [[ $DRY == 1 ]] || cp "$BUILT"/make*.log "$W/" 2>/dev/null
+    SUMMARY_MATCH='^ldd ' run_prog ldd 30 2 bash scripts/gpu/check.sh __ldd "${groups// /,}"
+    figure build_seconds $(($(now) - t0)) s "scripts/gpu/check.sh build ($groups; $JOBS jobs, ${CUDA_ARCH:-default arch})"
+    end_step
+}
+
+step_test() {
+    begin_step test 150
+    need tests
+    # tests/run_tests.sh's reference models with a CUDA run: the PyTorch
+    # reference's state, then test_gpt on CUDA fp32 and bf16 against it.
+    local name d
+    for name in round_fp32 odd_fp32; do
+        rm -f build/test_logs/test_gpt_"$name"_cuda_*.log
+        MIN=20 SUMMARY_MATCH='^(ref_|test_gpt_)' run_prog "test_gpt_$name" 90 30 \
+            env LLMC_TEST_FILTER="^(ref_${name}|test_gpt_${name}_cuda_)" bash tests/run_tests.sh reference
+        for d in fp32 bf16; do
+            figures "build/test_logs/test_gpt_${name}_cuda_$d.log" "test_gpt_${name}_cuda_${d}_" \
+                "build/test_gpt --model build/ref/$name.model.bin --state build/ref/$name.state.bin --device cuda --dtype $d"
+        done
+    done
+    FIGS=real_shapes_small_ SUMMARY_MATCH='^FAIL' run_prog real_shapes_small 60 15 build/test_real_shapes --shape small
+    run_prog vocab_ce 60 5 build/test_vocab_ce
+    end_step
+}
+
+# summarise_shapes LOG: per group (e.g. d12_cuda_bf16): checks, failures, largest error.
+summarise_shapes() {
+    [[ -f $1 ]] || return 0
+    awk '/^(PASS|FAIL) [a-z0-9_]+ +rel err/ {
+            g = $2; sub(/_(logits|loss|grad_.*)$/, "", g)
+            n[g]++; if ($1 == "FAIL") f[g]++; if ($5 + 0 > m[g] || $5 == "nan") m[g] = $5
+            if (!(g in o)) { o[g] = ++k; name[k] = g } }
+         END { for (i = 1; i <= k; i++) { g = name[i]
+                 printf "  %-34s %3d checks %3d failed, largest rel err %s\n", g, n[g], f[g], m[g] } }' "$1" |
+        while IFS= read -r line; do say "$line"; done
+}
+
+# shapes_run CASES LIMIT ASSUMED: build/test_real_shapes at d12's shapes.
+shapes_run() {
+    FIGS=shapes_ FIGCMD="build/test_real_shapes --cases $1 --rows ${SHAPES_ROWS:-4}" MIN=60 \
+        SUMMARY_MATCH='^(== |  cpu fp64 truth|FAIL)' run_prog "real_shapes_${1//,/_}" "$2" "$3" \
+        build/test_real_shapes --cases "$1" --rows "${SHAPES_ROWS:-4}"
+    summarise_shapes "$W/real_shapes_${1//,/_}.log"
+}
+
+# d12 (heads of 64), then heads of 128 when the time is left (SHAPES_CASES
+# picks: each name runs on its own, so a run cut short loses only itself).
+step_shapes() {
+    begin_step shapes 300
+    need tests
+    local c
+    for c in ${SHAPES_CASES:-d12 hs128}; do shapes_run "$c" 190 70; done
+    end_step
+}
+
+step_shapes_more() {
+    begin_step shapes_more 540
+    need tests
+    shapes_run llama 200 70
+    shapes_run big 300 150
+    end_step
+}
+
+# ---- bench ------------------------------------------------------------------------
+# The switches to A/B: scripts/gpu/switches.txt (one NAME=ITEM[,ITEM...] a
+# line), or LLMC_SWITCHES="NAME=ITEM[,ITEM...] ..." in its place.
+bench_switches() {
+    if [[ -n ${LLMC_SWITCHES+x} ]]; then tr -s ' \t' '\n\n' <<< "$LLMC_SWITCHES"
+    else sed -e 's/#.*//' scripts/gpu/switches.txt 2>/dev/null | tr -s ' \t' '\n\n'; fi | grep -v '^$' || true
+}
+
+# bench_data: build/gpu/bench_tokens.bin, 8M random GPT-2 token ids, read by both trainers.
+bench_data() {
+    [[ -f build/gpu/bench_tokens.bin && $DRY == 0 ]] || run_prog bench_data 60 5 "$PY" -c "import sys
+sys.path.insert(0, 'scripts')
+import numpy as np, shards
+shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 50257, 8_000_000), 50257)" \
+        build/gpu/bench_tokens.bin
+}
+
+# llmc_median_ms LOG: llm.c's median step time over the steps after the first 5.
+llmc_median_ms() {
+    sed -n 's/^step *[0-9]*\/[0-9]* |.*| \([0-9.]*\) ms |.*/\1/p' "$1" 2>/dev/null | tail -n +6 | sort -g |
+        awk '{a[NR] = $1} END {if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'
+}
+
+# llmc_ready: llm.c's binary, from the background build (waited for) or built now.
+llmc_ready() {
+    if [[ $DRY == 1 && -n ${DRY_LLMC_DONE:-} ]]; then
+        local wait=$((DRY_LLMC_DONE - $(now)))
+        ((wait < 0)) && wait=0
+        dry_row llmc_build_wait "$(fit 200)" "$wait" "(the background build)"
+        return
+    fi
+    if [[ $DRY == 1 || -z ${LLMC_BUILD_PID:-} ]]; then
+        run_prog llmc_build 200 "0|30" bash scripts/gpu/llmc_build.sh "$1"
+        return
+    fi
+    local t0 rc end
+    t0=$(now) end=$((STEP_END - 60))
+    while kill -0 "$LLMC_BUILD_PID" 2>/dev/null && (($(now) < end)); do sleep 2; done
+    kill "$LLMC_BUILD_PID" 2>/dev/null
+    wait "$LLMC_BUILD_PID"
+    rc=$?
+    LLMC_BUILD_PID=
+    cp "$LLMC_BUILD_LOG" "$W/llmc_build.log" 2>/dev/null
+    ((rc == 0)) && S_PASS=$((S_PASS + 1)) || S_FAIL=$((S_FAIL + 1))
+    say "$(printf '%-44s rc=%-3s (background build; waited %ds)' llmc_build "$rc" $(($(now) - t0)))"
+    ((rc == 0)) || tail -n 5 "$W/llmc_build.log" | while IFS= read -r l; do say "    $l"; done
+    return "$rc"
+}
+
+# d12 at T=1024 for each B (BENCH_B): this trainer, llm.c's train_gpt2cu
+# beside it, then each switch; tokens/s from the median step time after 5
+# warm-up steps of 30, both with GELU recompute (-r 1, llm.c's default).
+step_bench() {
+    local -a switches bs
+    mapfile -t switches < <(bench_switches)
+    read -r -a bs <<< "${BENCH_B:-16 32}"
+    # 240 s, and 50 s more for each switch's run at each B.
+    begin_step bench $((240 + 50 * ${#switches[@]} * ${#bs[@]}))
+    need core
+    local data=build/gpu/bench_tokens.bin llmc sw
+    bench_data
+    llmc=$(llmc_source)
+    if [[ -n $llmc ]]; then llmc_ready "$llmc" || llmc=""
+    else say "llm.c: no sources (LLMC_SRC=DIR, a clone of https://github.com/karpathy/llm.c, or the bundle's): ours only"; fi
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' run B tokens/s llmc_tok/s ratio)"
+    local B ours lm ms ratio name env flags item args
+    for B in "${bs[@]}"; do
+        name=d12_b${B}_t1024_r1
+        args=(-e d12 -i "$data" -j "" -b "$B" -t 1024 -r 1 --device cuda)
+        FIGS=${name}_ours_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
+            run_prog "ours_b$B" 100 25 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
+        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b$B.log" 2>/dev/null)
+        lm="" ratio=""
+        if [[ -n $llmc ]]; then
+            MIN=40 run_prog "llmc_b$B" 100 25 bash -c 'cd build/gpu/llmc && exec ./train_gpt2cu "$@"' llmc \
+                -e d12 -i "$PWD/$data" -j "$PWD/$data" -b "$B" -t 1024 -r 1 -x 30 -v 100000 -m 1 -s 0
+            ms=$(llmc_median_ms "$W/llmc_b$B.log")
+            [[ -n $ms ]] && lm=$(awk -v b="$B" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}')
+            [[ -n $lm ]] && figure "${name}_llmc_tokens_per_s" "$lm" tok/s \
+                "train_gpt2cu -e d12 -b $B -t 1024 -r 1 -x 30 (llm.c $(head -c 12 build/gpu/llmc/stamp 2>/dev/null))"
+            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
+            [[ -n $ratio ]] && figure "${name}_ours_over_llmc" "$ratio" ratio "the two figures above"
+        fi
+        [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' ours "$B" "${ours:--}" "${lm:--}" "${ratio:--}")"
+        for sw in "${switches[@]}"; do
+            local sname=${sw%%=*} env=() flags=()
+            IFS=, read -r -a items <<< "${sw#*=}"
+            for item in "${items[@]}"; do
+                if [[ $item == -* ]]; then flags+=("$item")
+                elif [[ $item =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then env+=("$item")
+                else sname=""; fi
+            done
+            if [[ ! $sname =~ ^[a-z0-9_]+$ || $sw != *=* ]]; then
+                say "switch '$sw': not NAME=ITEM[,ITEM...] (NAME of a-z 0-9 _; ITEM VAR=VALUE or --flag=VALUE)"
+                S_FAIL=$((S_FAIL + 1))
+                continue
+            fi
+            FIGS=${name}_sw_${sname}_ FIGCMD="${env[*]} scripts/benchmark.py -- ${args[*]} ${flags[*]}" MIN=40 \
+                run_prog "ours_b${B}_sw_$sname" 100 25 env "${env[@]}" "$PY" scripts/benchmark.py --steps 30 \
+                --warmup 5 -- "${args[@]}" "${flags[@]}"
+            local with
+            with=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b${B}_sw_$sname.log" 2>/dev/null)
+            ratio=$([[ -n $with && -n $ours ]] && awk -v a="$with" -v b="$ours" 'BEGIN {printf "%.3f", a / b}')
+            [[ -n $ratio ]] && figure "${name}_sw_${sname}_over_base" "$ratio" ratio "tokens/s with ${sw#*=} over without"
+            [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' "sw $sname" "$B" "${with:--}" "-" "${ratio:--}")"
+        done
+    done
+    end_step
+}
+
+# ---- command 2 ------------------------------------------------------------------------
+# lab_assumed PROG: seconds a lab program is assumed to take (validation
+# against the CPU op, then the d12-size timings).
+lab_assumed() {
+    case $1 in
+        attention_forward) echo 25 ;; attention_backward) echo 30 ;; ring_attention) echo 15 ;;
+        matmul_forward | matmul_backward | classifier | vocab_parallel_ce) echo 8 ;;
+        *) echo 5 ;;
+    esac
+}
+
+step_lab() {
+    begin_step lab 200
+    need lab
+    local src p
+    for src in dev/cuda/*.cu; do
+        p=$(basename "$src" .cu)
+        FIGS="lab_${p}_" FIGCMD="dev/cuda/$p" SUMMARY_MATCH='FAIL' \
+            run_prog "$p" $([[ $p == *attention* ]] && echo 90 || echo 60) "$(lab_assumed "$p")" "dev/cuda/$p"
+    done
+    end_step
+}
+
+step_ranks() {
+    begin_step ranks 260
+    need core
+    if [[ $DRY == 0 ]] && ! command -v mpirun > /dev/null; then
+        skip_row ranks "no mpirun: install Open MPI, or bundle it (scripts/gpu/bundle.sh)"
+        end_step
+        return
+    fi
+    [[ $DRY == 1 ]] || say "$(mpirun --version 2>&1 | head -n 1)"
+    local match='^([a-z0-9]+, one process|  (fp32|bf16) )|^FAIL'
+    # GPT-2 in twelve layouts, fp32 and bf16: 26 runs of ~5 s.
+    FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py (mpirun -np N train_gpt --device cuda --comm mpi)" MIN=30 \
+        SUMMARY_MATCH=$match run_prog ranks 180 130 "$PY" scripts/gpu/ranks.py --out "$W/runs" --timeout 60
+    # A Llama (GQA, SwiGLU, RoPE, untied head) under four of them, fp32: 5 runs.
+    FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py --model llama --dtypes fp32 (mpirun -np N train_gpt --device cuda --comm mpi)" \
+        MIN=20 SUMMARY_MATCH=$match run_prog ranks_llama 45 25 "$PY" scripts/gpu/ranks.py --model llama --dtypes fp32 \
+        --out "$W/runs_llama" --layouts tp2_sp,cp2,dp2_z3,pp2_tp2_sp_z1 --timeout 60
+    end_step
+}
+
+step_curve() {
+    begin_step curve 200
+    need core
+    local lim
+    lim=$(fit 190)
+    FIGS=curve_ FIGCMD="scripts/gpu/curve.py (train_gpt -e L=12,C=768,NH=12,V=257,T=1024 -t 1024 -b 4)" MIN=60 \
+        SUMMARY_MATCH='^(PASS|FAIL|  c)' run_prog curve 190 90 "$PY" scripts/gpu/curve.py --out "$W/runs" \
+        --png "$OUTDIR/d12_tiny_curve.png" --deadline $((lim - 20))
+    end_step
+}
+
+# ---- command 3 ------------------------------------------------------------------------
+# san_assumed TOOL PROG: assumed seconds of one sanitizer run: the bare run
+# (CUDA start, CPU references) times the tool's slowdown, plus its start.
+san_assumed() {
+    local base factor
+    case $2 in test_gpt_*) base=4 ;; attention_forward) base=4 ;; attention_backward) base=5 ;; *) base=6 ;; esac
+    case $1 in memcheck | initcheck) factor=3 ;; racecheck) factor=8 ;; *) factor=2 ;; esac
+    echo $((base * factor + 3))
+}
+
+# compute-sanitizer's tools, each over test_gpt (CUDA fp32 and bf16, the
+# round reference model) and the attention lab programs on their small
+# cases (--small). The time left is shared among the tools by their assumed
+# times, and a tool's share among its programs; time a run leaves unused
+# goes to the next.
+step_sanitize() {
+    begin_step sanitize 540
+    need tests attn_lab
+    local san=${SANITIZER:-compute-sanitizer}
+    if [[ $DRY == 0 && -z ${SANITIZER:-} ]]; then
+        skip_row compute-sanitizer "not found"
+        end_step
+        return
+    fi
+    local M=build/ref/round_fp32.model.bin S=build/ref/round_fp32.state.bin
+    [[ -f $S && $DRY == 0 ]] || MIN=20 run_prog reference 60 10 "$TORCH_PY" tests/reference/reference_gpt.py \
+        --spec "L=2,C=64,NH=4,V=128,T=32" --dtype fp32 --B 4 --T 32 --warmup 3 --final-frac 0.1 --wd 0.1 \
+        --write-model "$M" --write-state "$S"
+    local -A cmd=(
+        [test_gpt_fp32]="build/test_gpt --model $M --state $S --device cuda --dtype fp32"
+        [test_gpt_bf16]="build/test_gpt --model $M --state $S --device cuda --dtype bf16"
+        [attention_forward]="dev/cuda/attention_forward --small" [attention_backward]="dev/cuda/attention_backward --small"
+        [ring_attention]="dev/cuda/ring_attention --small")
+    local tools=(${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck})
+    local progs=(${SANITIZE_PROGS:-test_gpt_fp32 test_gpt_bf16 attention_forward attention_backward ring_attention})
+    local -A weight
+    local tool p wleft=0 tool_end left k e
+    for tool in "${tools[@]}"; do
+        weight[$tool]=0
+        for p in "${progs[@]}"; do weight[$tool]=$((weight[$tool] + $(san_assumed "$tool" "$p"))); done
+        wleft=$((wleft + weight[$tool]))
+    done
+    for tool in "${tools[@]}"; do
+        tool_end=$(($(now) + (STEP_END - $(now) - 5) * weight[$tool] / wleft))
+        wleft=$((wleft - weight[$tool]))
+        k=${#progs[@]}
+        for p in "${progs[@]}"; do
+            left=$(((tool_end - $(now)) / k))
+            k=$((k - 1))
+            # shellcheck disable=SC2086
+            MIN=10 run_prog "${tool}_$p" "$left" "$(san_assumed "$tool" "$p")" "$san" --tool "$tool" \
+                --error-exitcode 99 ${cmd[$p]}
+            [[ $DRY == 1 || ! -f $W/${tool}_$p.log ]] && continue
+            e=$(sed -n -e 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' \
+                       -e 's/.*RACECHECK SUMMARY: .*(\([0-9]*\) error.*/\1/p' "$W/${tool}_$p.log" | tail -n 1)
+            say "$(printf '  %-12s %-20s errors: %s' "$tool" "$p" "${e:-no summary}")"
+            [[ -n $e ]] && figure "sanitize_${tool}_${p}_errors" "$e" errors "compute-sanitizer --tool $tool ${cmd[$p]}"
+        done
+    done
+    end_step
+}
+
+# ---- command 4 (optional) ---------------------------------------------------------------
+# The planner (llmc/plan) on this GPU: calibrate at d12's shapes, predict
+# d12 B=16 and compare with the measured tokens/s (command 1's figure in the
+# same output folder, or a run now).
+step_plan() {
+    begin_step plan 200
+    need core
+    local prof=$W/gpu_profile.json fig=d12_b16_t1024_r1_ours_tokens_per_s meas=""
+    run_prog calibrate 120 60 ./train_gpt --calibrate "$prof" -e d12 -b 16 -t 1024 --device cuda
+    [[ -f $RESULTS ]] && meas=$("$PY" -c "import json, sys
+v = [json.loads(l)['value'] for l in open(sys.argv[1]) if '\"$fig\"' in l]
+print(v[-1] if v else '')" "$RESULTS" 2>/dev/null)
+    if [[ -z $meas ]]; then
+        bench_data
+        FIGS=d12_b16_t1024_r1_ours_ MIN=40 run_prog ours_b16 100 25 "$PY" scripts/benchmark.py --steps 30 --warmup 5 \
+            -- -e d12 -i build/gpu/bench_tokens.bin -j "" -b 16 -t 1024 -r 1 --device cuda
+        meas=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b16.log" 2>/dev/null)
+    fi
+    run_prog plan_d12 60 10 ./train_gpt --plan eval --hardware "$prof" -e d12 -b 16 -t 1024 -r 1 --world 1 \
+        --device cuda --plan-json "$W/plan_d12.jsonl"
+    if [[ $DRY == 0 && -f $W/plan_d12.jsonl && -n $meas ]]; then
+        local pred
+        pred=$("$PY" -c "import json, sys; print(json.loads(open(sys.argv[1]).readline())['tokens_per_s'])" \
+            "$W/plan_d12.jsonl" 2>/dev/null)
+        if [[ -n $pred ]]; then
+            say "planner: d12 B=16 predicted $pred tokens/s, measured $meas"
+            figure d12_b16_plan_tokens_per_s "$pred" tok/s "train_gpt --calibrate, then --plan eval -e d12 -b 16 -t 1024 -r 1"
+            figure d12_b16_plan_over_measured "$(awk -v a="$pred" -v b="$meas" 'BEGIN {printf "%.4f", a / b}')" ratio \
+                "the prediction over $fig"
+        fi
+    fi
+    end_step
+}

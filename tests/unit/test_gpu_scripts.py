@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""tests/unit/test_gpu_scripts.py: the GPU runbook's scripts, without a GPU.
+
+- every scripts/gpu/*.sh parses (bash -n);
+- the dry run of each command (scripts/gpu/check.sh --dry-run 1..4), building
+  from source and with prebuilt binaries, plans every program it should and
+  fits the 540 s budget with nothing skipped (on the timings docs/gpu.md
+  assumes); the switches of the bench step (LLMC_SWITCHES) add their runs,
+  and a malformed one is refused;
+- scripts/gpu/figures.py --stream writes a figure the moment a program
+  prints it, so a program killed afterwards leaves it, and copies the
+  summary lines as they come;
+- scripts/gpu/archive.sh packs and unpacks with xz, with gzip alone, and
+  with Python's tarfile alone (no xz, no gzip), keeping modes and links; an
+  xz that is on PATH but cannot run counts as none.
+Run: python3 tests/unit/test_gpu_scripts.py. Last line: "N passed, N failed".
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import Checks  # noqa: E402
+
+check = Checks()
+BASH = shutil.which("bash") or "/bin/bash"
+
+
+def sh(cmd, env=None, timeout=60):
+    e = dict(os.environ, **(env or {}))
+    p = subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+def dry_runs():
+    must = {
+        "1": ["env", "make_core_tests", "ldd", "test_gpt_round_fp32", "test_gpt_odd_fp32", "ours_b16", "llmc_b16",
+              "ours_b32", "llmc_b32", "real_shapes_d12"],
+        "2": ["make_core_lab", "attention_forward", "matmul_forward", "ranks", "ranks_llama", "curve"],
+        "3": ["make_tests_attn_lab", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
+              "initcheck_ring_attention", "synccheck_attention_forward"],
+        "4": ["real_shapes_llama", "real_shapes_big", "calibrate", "plan_d12"],
+    }
+    for n, names in must.items():
+        for build in ("source", "prebuilt"):
+            rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", n],
+                         {"GPU_DRY_BUILD": build, "GPU_CHECK_SECONDS": "540", "LLMC_SWITCHES": ""})
+            what = f"check.sh --dry-run {n} ({build})"
+            if not check(rc == 0, f"{what}: exit {rc}: {out[-300:]}"):
+                continue
+            rows = set(re.findall(r"^  (\S+) ", out, re.M))
+            for name in names:
+                check(name in rows, f"{what} plans {name}")
+            m = re.search(r"^assumed: (\d+) s of 540 s \((fits)?.*\); (\d+) skipped", out, re.M)
+            check(m is not None and m.group(2) == "fits", f"{what} fits 540 s: {m.group(0) if m else out[-200:]}")
+            check(m is not None and m.group(3) == "0" and "SKIPPED" not in out, f"{what} skips nothing")
+    # The sanitizer runs the labs' small cases.
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "3"])
+    labs = re.findall(r"--error-exitcode 99 dev/cuda/(\w+)( --small)?", out)
+    check(len(labs) == 12 and all(x[1] for x in labs), f"every sanitizer run of a lab program passes --small: {labs}")
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "bench"],
+                 {"LLMC_SWITCHES": "fast_thing=LLMC_FOO=1,--recompute=none other=--seed=7"})
+    rows = set(re.findall(r"^  (\S+) ", out, re.M))
+    for r in ("ours_b16_sw_fast_thing", "ours_b32_sw_fast_thing", "ours_b16_sw_other", "ours_b32_sw_other"):
+        check(r in rows, f"a switch adds its run {r}")
+    check("LLMC_FOO=1" in out and "--recompute=none" in out, "a switch's environment and flags reach its run")
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "bench"], {"LLMC_SWITCHES": "Bad=x"})
+    check("switch 'Bad=x': not NAME=ITEM" in out and "_sw_" not in out, "a malformed switch is refused")
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "nonsense"])
+    check(rc == 2 and "unknown step" in out, "an unknown step is an error")
+
+
+def streaming(tmp):
+    res, log, summ = (os.path.join(tmp, x) for x in ("r.jsonl", "p.log", "s.txt"))
+    prog = "echo 'figure a_ms 1.5 ms'; echo 'PASS x'; echo 'figure b_ms nan ms'; sleep 30; echo 'figure c 2 s'"
+    cmd = (f"timeout 2 {BASH} -c \"{prog}\" 2>&1 | {sys.executable} scripts/gpu/figures.py --stream --tee {log} "
+           f"--out {res} --phase t --prefix p_ --command cmd --summary {summ} --match '^PASS'")
+    rc, out = sh([BASH, "-c", cmd], {"GPU_DEVICE": "dev", "GPU_COMMIT": "abc"})
+    rows = [json.loads(x) for x in open(res)] if os.path.exists(res) else []
+    check(len(rows) == 1 and rows[0]["name"] == "p_a_ms" and rows[0]["value"] == 1.5 and rows[0]["unit"] == "ms"
+          and rows[0]["device"] == "dev" and rows[0]["phase"] == "t", f"figures streamed before the kill: {rows}")
+    check(os.path.exists(log) and "PASS x" in open(log).read() and "figure c" not in open(log).read(),
+          "the log holds what was printed")
+    check(os.path.exists(summ) and open(summ).read() == "PASS x\n" and "PASS x" in out, "summary lines as they come")
+
+
+def archives(tmp):
+    src = os.path.join(tmp, "src", "d")
+    os.makedirs(os.path.join(src, "sub"))
+    with open(os.path.join(src, "run"), "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(os.path.join(src, "run"), 0o755)
+    open(os.path.join(src, "sub", "x"), "w").write("x\n")
+    os.symlink("run", os.path.join(src, "link"))
+    tools = {"xz": ["tar", "xz", "gzip", "mkdir"], "gzip": ["tar", "gzip", "mkdir"], "python": ["mkdir"]}
+    for name, keep in tools.items():
+        b = os.path.join(tmp, "bin_" + name)
+        os.makedirs(b)
+        for t in keep:
+            if shutil.which(t):
+                os.symlink(shutil.which(t), os.path.join(b, t))
+        os.symlink(sys.executable, os.path.join(b, "python3"))
+        if name == "gzip":  # an xz that is there but cannot run (as when hidden) does not count
+            open(os.path.join(b, "xz"), "w").close()
+        if name != "python" and not all(os.path.exists(os.path.join(b, t)) for t in keep):
+            print(f"(archive test with {name}: a tool is missing here; skipped)")
+            continue
+        out_dir = os.path.join(tmp, "out_" + name)
+        script = (f"PATH={b}; source scripts/gpu/archive.sh; echo tool=$(archive_tool); "
+                  f"f=$(archive_pack {tmp}/pack_{name} {tmp}/src d) && echo file=$f && "
+                  f"archive_unpack $f {out_dir} && echo unpacked")
+        rc, out = sh([BASH, "-c", script])
+        m = re.search(r"file=(\S+)", out)
+        want = {"xz": ".tar.xz", "gzip": ".tar.gz", "python": ".tar."}[name]
+        check(rc == 0 and "unpacked" in out and m and want in m.group(1), f"archive with {name}: {out.strip()[-200:]}")
+        d = os.path.join(out_dir, "d")
+        check(os.access(os.path.join(d, "run"), os.X_OK) and os.readlink(os.path.join(d, "link")) == "run"
+              and open(os.path.join(d, "sub", "x")).read() == "x\n", f"archive with {name}: modes, links, contents")
+    # An xz archive unpacked where only Python is (the bundle made with xz, a GPU machine without it).
+    xzs = glob.glob(os.path.join(tmp, "pack_xz.tar.xz"))
+    if xzs:
+        rc, out = sh([BASH, "-c", f"PATH={tmp}/bin_python; source scripts/gpu/archive.sh; "
+                      f"archive_unpack {xzs[0]} {tmp}/out_xz_py && echo ok"])
+        check(rc == 0 and os.path.exists(os.path.join(tmp, "out_xz_py", "d", "sub", "x")),
+              f"an xz archive unpacked without xz: {out.strip()[-200:]}")
+
+
+def main():
+    for f in sorted(glob.glob(os.path.join(ROOT, "scripts", "gpu", "*.sh"))):
+        rc, out = sh([BASH, "-n", f])
+        check(rc == 0, f"bash -n {os.path.relpath(f, ROOT)}: {out}")
+    dry_runs()
+    tmp = tempfile.mkdtemp(prefix="llmc_gpu_scripts_")
+    try:
+        streaming(tmp)
+        archives(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return check.summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
