@@ -35,14 +35,14 @@ archive_tool() {
 archive_pack() {
     local base=$1 dir=$2
     shift 2
-    local tool out py
+    local tool archive py
     tool=$(archive_tool)
     case $tool in
-        tar+xz) out=$base.tar.xz; tar -C "$dir" -cJf "$out" "$@" || return 1 ;;
-        tar+gzip) out=$base.tar.gz; tar -C "$dir" -czf "$out" "$@" || return 1 ;;
+        tar+xz) archive=$base.tar.xz; tar -C "$dir" -cJf "$archive" "$@" || return 1 ;;
+        tar+gzip) archive=$base.tar.gz; tar -C "$dir" -czf "$archive" "$@" || return 1 ;;
         *)
             py=$(_archive_py) || { echo "archive_pack: no tar with xz or gzip, and no python3" >&2; return 1; }
-            out=$("$py" - "$base" "$dir" "$@" <<'PYEOF'
+            archive=$("$py" - "$base" "$dir" "$@" <<'PYEOF'
 import os, sys, tarfile
 base, d, items = sys.argv[1], sys.argv[2], sys.argv[3:]
 try:
@@ -58,7 +58,7 @@ PYEOF
             ) || return 1
             ;;
     esac
-    echo "$out"
+    echo "$archive"
 }
 
 archive_unpack() {

@@ -10,10 +10,10 @@ declare -A STEP_NEEDS=([env]="" [build]="" [test]="tests" [shapes]="tests" [benc
     [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core")
 
 needed_groups() {
-    local s g all="" out=""
+    local s g all="" picked=""
     for s in "${STEPS[@]}"; do all+=" ${STEP_NEEDS[$s]} "; done
-    for g in core tests lab attn_lab; do [[ $all == *" $g "* ]] && out+=" $g"; done
-    echo $out
+    for g in core tests lab attn_lab; do [[ $all == *" $g "* ]] && picked+=" $g"; done
+    echo $picked
 }
 
 # llm.c's sources: LLMC_SRC, else the bundle's copy (unpacked by env.sh).
