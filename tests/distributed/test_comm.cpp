@@ -23,6 +23,7 @@
 #include "llmc/backend/backend_cpu.h"
 #include "llmc/comm/comm.h"
 #include "llmc/parallel/process_grid.h"
+#include "tests/lib/null_comm.h"
 #ifdef LLMC_MPI
 #include "llmc/comm/comm_mpi.h"  // and MPI itself
 #endif
@@ -287,17 +288,9 @@ void test_async(Checker& ck, Comm& c, Backend& be, const std::string& label, siz
 
 // Comm::count on literal numbers, through a group that pretends to have g
 // ranks and moves nothing.
-struct CountProbe : Comm {
-    explicit CountProbe(int g) { size_ = g; }
+struct CountProbe : NullComm {
+    explicit CountProbe(int g) : NullComm("probe", g, 0) {}
     void add(CommKind k, size_t full, DType t) { count(k, full, t); }
-    CommHandle do_all_reduce(void*, size_t, DType, ReduceOp) override { return 0; }
-    CommHandle do_reduce_scatter(const void*, void*, size_t, DType) override { return 0; }
-    CommHandle do_all_gather(const void*, void*, size_t, DType) override { return 0; }
-    void do_broadcast(void*, size_t, DType, int) override {}
-    CommHandle do_send_recv(const void*, int, void*, int, size_t, DType) override { return 0; }
-    void do_p2p(const std::vector<P2POp>& ops, DType, std::vector<CommHandle>* h) override { h->assign(ops.size(), 0); }
-    void do_wait(CommHandle) override {}
-    double host_all_reduce(double x, ReduceOp) override { return x; }
 };
 
 void test_count_formula(Checker& ck) {

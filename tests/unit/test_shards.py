@@ -23,19 +23,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from shards import read_shard, write_shard  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import Checks  # noqa: E402
+
 EOT = 256
 
 
-class Tally:
-    def __init__(self):
-        self.passed = self.failed = 0
-
+class Tally(Checks):
     def check(self, ok, what):
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-            print(f"FAIL: {what}")
+        return self(ok, what)
 
 
 def byte_stream(docs):

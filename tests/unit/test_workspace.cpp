@@ -21,30 +21,12 @@
 #include "llmc/model/config.h"
 #include "llmc/parallel/layout.h"
 #include "tests/lib/check.h"
+#include "tests/lib/null_comm.h"
 
 using namespace llmc_idx;
 
 namespace {
 
-// A group of the layout, for its shape: calls complete at once, move nothing.
-class NullComm : public Comm {
-  public:
-    NullComm(const std::string& name, int size, int rank) {
-        name_ = name;
-        size_ = size;
-        rank_ = rank;
-    }
-    double host_all_reduce(double x, ReduceOp) override { return x; }
-
-  protected:
-    CommHandle do_all_reduce(void*, size_t, DType, ReduceOp) override { return 0; }
-    CommHandle do_reduce_scatter(const void*, void*, size_t, DType) override { return 0; }
-    CommHandle do_all_gather(const void*, void*, size_t, DType) override { return 0; }
-    void do_broadcast(void*, size_t, DType, int) override {}
-    CommHandle do_send_recv(const void*, int, void*, int, size_t, DType) override { return 0; }
-    void do_p2p(const std::vector<P2POp>& ops, DType, std::vector<CommHandle>* h) override { h->assign(ops.size(), 0); }
-    void do_wait(CommHandle) override {}
-};
 
 const Precision kCudaBf16{DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
 

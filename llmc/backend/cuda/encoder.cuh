@@ -41,6 +41,17 @@
 
 namespace llmc_cuda {
 
+// d[0..W) += acc[0..W), in fp32, rounded once on the store (a row of dst
+// has one writer, so the add is deterministic).
+template <typename E, int W>
+__device__ __forceinline__ void add_floats(E* d, const float* acc) {
+    float o[W];
+    load_floats<E, W>(o, d);
+#pragma unroll
+    for (int j = 0; j < W; j++) o[j] += acc[j];
+    store_floats<E, W>(d, o);
+}
+
 template <typename E, int W>
 __global__ void encoder_forward_kernel(E* out, const int* tokens, const int* pos, const E* wte, const E* wpe, int B,
                                        int T, int C, int v_begin, int v_end) {
@@ -147,12 +158,7 @@ __global__ void encoder_segment_sum_kernel(E* dst, float* partial, const E* src,
                 }
             }
             if (dest == llmc_idx::kEncDirect) {
-                E* d = dst + (size_t)key * C + c;
-                float o[W];
-                load_floats<E, W>(o, d);
-#pragma unroll
-                for (int j = 0; j < W; j++) o[j] += acc[j];
-                store_floats<E, W>(d, o);
+                add_floats<E, W>(dst + (size_t)key * C + c, acc);
             } else {
                 float* p = partial + (2 * (size_t)k + (dest == llmc_idx::kEncHead ? 0 : 1)) * C + c;
 #pragma unroll
@@ -185,12 +191,7 @@ __global__ void encoder_bucket_finish_kernel(E* dst, const float* partial, const
 #pragma unroll
                 for (int j = 0; j < W; j++) acc[j] += h[j];
             }
-            E* d = dst + (size_t)key * C + c;
-            float o[W];
-            load_floats<E, W>(o, d);
-#pragma unroll
-            for (int j = 0; j < W; j++) o[j] += acc[j];
-            store_floats<E, W>(d, o);
+            add_floats<E, W>(dst + (size_t)key * C + c, acc);
         }
     }
 }
