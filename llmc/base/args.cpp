@@ -64,6 +64,13 @@ bool ArgParser::set(const Option& o, const std::string& flag, const std::string&
     return true;
 }
 
+// A word strtod reads whole ("-5", "-1e-3"): a value, not a flag.
+static bool looks_numeric(const char* w) {
+    char* end = nullptr;
+    std::strtod(w, &end);
+    return end != w && *end == '\0';
+}
+
 bool ArgParser::parse(int argc, char** argv, bool* help, std::string* err) {
     *help = false;
     for (int i = 1; i < argc; i++) {
@@ -94,12 +101,22 @@ bool ArgParser::parse(int argc, char** argv, bool* help, std::string* err) {
             return false;
         }
         if (!has_value) {
-            // An on/off flag alone: the next word is another flag, or none.
-            const bool next_is_flag = i + 1 >= argc || (argv[i + 1][0] == '-' && argv[i + 1][1] != '\0');
+            // The next word is this flag's value unless it looks like a flag:
+            // "-5" is a value of a numeric option (so "-y -5" is refused for
+            // its range, not as an unknown flag "-5"), and a string option
+            // never takes a word starting with '-' ("-o -x 3" would make a
+            // directory named "-x"): such a value is written --name=VALUE.
+            const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
+            const bool dash = next && next[0] == '-' && next[1] != '\0';
+            const bool next_is_flag = !next || (dash && !(opt->kind != Option::String && looks_numeric(next)));
             if (opt->bare && next_is_flag) {
                 value = opt->bare;
-            } else if (i + 1 >= argc) {
+            } else if (!next) {
                 *err = "flag " + a + ": missing value";
+                return false;
+            } else if (next_is_flag) {
+                *err = "flag " + a + ": missing value (the next word, '" + next + "', is a flag; a value starting with '-' is written --" +
+                       opt->name + "=VALUE)";
                 return false;
             } else {
                 value = argv[++i];

@@ -131,7 +131,7 @@ bool DataLoader::ensure_open(size_t idx, std::string* err) {
     }
     int fd;
     do {
-        fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+        fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) {
         *err = "data shard " + quoted(s.path) + ": cannot open: " + std::strerror(errno);
@@ -195,7 +195,7 @@ bool DataLoader::open(const std::string& pattern, int T, int vocab_size, std::st
         const std::string where = "data shard " + quoted(path) + ": ";
         int fd;
         do {
-            fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
         } while (fd < 0 && errno == EINTR);
         if (fd < 0) {
             *err = where + "cannot open: " + std::strerror(errno);

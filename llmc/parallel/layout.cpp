@@ -17,14 +17,16 @@ bool check_world(const Layout& l, std::string* err) {
         *err = m;
         return false;
     };
-    const int world = l.world, ptc = l.tp * l.cp * l.pp;
+    // The product in 64 bits: --tp 65536 --cp 65536 would wrap an int to 0.
+    const long long world = l.world, ptc = (long long)l.tp * l.cp * l.pp;
     if (l.pp > world)
         return fail("flag --pp: " + std::to_string(l.pp) + " stages is larger than the world size " +
                     std::to_string(world));
     if (l.tp > world)
         return fail("flag --tp: " + std::to_string(l.tp) + " is larger than the world size " + std::to_string(world));
     if (ptc > world)
-        return fail("flag --cp: pp*tp*cp = " + std::to_string(ptc) + " is larger than the world size " +
+        return fail("flags --pp " + std::to_string(l.pp) + " --tp " + std::to_string(l.tp) + " --cp " +
+                    std::to_string(l.cp) + ": pp*tp*cp = " + std::to_string(ptc) + " is larger than the world size " +
                     std::to_string(world));
     if (world % ptc != 0)
         return fail(std::string(l.cp > 1 ? "flag --cp" : l.tp > 1 ? "flag --tp" : "flag --pp") + ": world size " +

@@ -34,9 +34,10 @@ bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend&
     if (comm != "auto") return fail("--comm " + comm + ": this build has no MPI (build with mpicxx and -DLLMC_MPI)");
 #endif
     const int world = dist_world_size();
-    if (world % (tp * cp * pp) != 0) {
+    const long long degrees = (long long)tp * cp * pp;  // 64 bits: huge degrees would wrap an int to 0
+    if (degrees > world || world % degrees != 0) {
         std::string m = "--pp " + std::to_string(pp) + " --tp " + std::to_string(tp) + " --cp " + std::to_string(cp) +
-                        ": pp·tp·cp = " + std::to_string(pp * tp * cp) + " must divide the number of ranks, " +
+                        ": pp·tp·cp = " + std::to_string(degrees) + " must divide the number of ranks, " +
                         std::to_string(world);
 #if !defined(LLMC_MPI)
         m += " (this build has no MPI: one process only)";

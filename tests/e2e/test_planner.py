@@ -18,7 +18,7 @@
 #   - search: the fixed flags are kept, the JSON lines have every field, the
 #     winner line says why it wins, plot_plan.py draws the plan;
 #   - errors: an unknown hardware profile, a layout that does not fit the
-#     model: one line naming the flag.
+#     model, degrees whose product passes 2^31: one line naming the flag.
 # Last line: "N passed, N failed".
 import json
 import os
@@ -166,7 +166,10 @@ def test_search_and_errors(tmp):
         check(p.returncode == 0 and os.path.getsize(png) > 1000, f"plot_plan.py: {p.stderr[-300:]}")
     for args, flag in ((["search", "-e", "d12", "--hardware", "tpu-v9"], "--hardware"),
                        (["eval", "-e", "d12", "--world", "8", "--tp", "5"], "--tp"),
-                       (["eval", "-e", "d12", "--world", "6", "--pp", "4"], "--pp")):
+                       (["eval", "-e", "d12", "--world", "6", "--pp", "4"], "--pp"),
+                       # degrees whose product passes 2^31 (once a division by a wrapped 0)
+                       (["eval", "-e", "d12", "--world", "16777216", "--tp", "65536", "--cp", "65536"], "--cp 65536"),
+                       (["eval", "-e", "d12", "--world", "16777216", "--pp", "65536", "--tp", "65536"], "--pp 65536")):
         rc, out, err = plan(args)
         lines = [x for x in err.splitlines() if x.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{args}: rc={rc} {err[-300:]!r}")

@@ -86,6 +86,14 @@ static void test_config_and_table() {
     }
 }
 
+// Parses words as train_gpt's command line.
+static bool parse_words(ArgParser& p, std::vector<std::string> args, std::string* err) {
+    std::vector<char*> argv{(char*)"train_gpt"};
+    for (std::string& a : args) argv.push_back(&a[0]);
+    bool help;
+    return p.parse((int)argv.size(), argv.data(), &help, err);
+}
+
 static void test_args() {
     TrainConfig cfg;
     ArgParser p("train_gpt", "test");
@@ -101,12 +109,7 @@ static void test_args() {
         for (const Option& o : p.options()) found |= o.letter == *l;
         CHECK(found, "llm.c letter -%c missing", *l);
     }
-    auto run = [&](std::vector<std::string> args, std::string* err) {
-        std::vector<char*> argv{(char*)"train_gpt"};
-        for (std::string& a : args) argv.push_back(&a[0]);
-        bool help;
-        return p.parse((int)argv.size(), argv.data(), &help, err);
-    };
+    auto run = [&](std::vector<std::string> args, std::string* err) { return parse_words(p, args, err); };
     std::string err;
     CHECK(run({"-b", "3", "--seq-len=64", "--lr", "2e-4", "--device", "cpu"}, &err) && cfg.B == 3 && cfg.T == 64 &&
               cfg.lr == 2e-4 && cfg.device == "cpu",
@@ -116,12 +119,30 @@ static void test_args() {
         const char* must_name;
     } bads[] = {{{"-b", "x"}, "-b"},          {{"--batch-size", "0"}, "--batch-size"}, {{"--nope", "1"}, "--nope"},
                 {{"-t"}, "-t"},               {{"--device", "tpu"}, "tpu"},            {{"-l", "1e999"}, "-l"},
-                {{"-y", "2"}, "-y"},          {{"-q", "1.5"}, "-q"}};
+                {{"-y", "2"}, "-y"},          {{"-q", "1.5"}, "-q"},
+                // negative numbers are values (refused for their range), and a
+                // string flag does not swallow the next flag
+                {{"-y", "-5"}, "'-5' is outside"}, {{"--sp", "-5"}, "--sp: '-5'"}, {{"-a", "-5"}, "-a: '-5'"},
+                {{"-o", "-x", "3"}, "flag -o: missing value"}, {{"-o", "-a"}, "flag -o: missing value"},
+                {{"--output-dir", "--lr"}, "--output-dir=VALUE"}};
     for (Bad& b : bads) {
         err.clear();
         CHECK(!run(b.args, &err) && contains(err, b.must_name) && err.find('\n') == std::string::npos,
               "bad flags accepted or message '%s' lacks '%s'", err.c_str(), b.must_name);
     }
+}
+
+static void test_args_values() {
+    TrainConfig cfg;
+    ArgParser p("train_gpt", "test");
+    add_train_options(p, cfg);
+    auto run = [&](std::vector<std::string> args, std::string* err) { return parse_words(p, args, err); };
+    std::string err;
+    CHECK(run({"--output-dir=-odd", "--sp", "-b", "2"}, &err) && cfg.output_dir == "-odd" && cfg.sp == 1 && cfg.B == 2,
+          "a value starting with '-' in the --name=VALUE form; a bare on/off flag before another flag: %s",
+          err.c_str());
+    CHECK(run({"--lr", "-1e-3"}, &err) || contains(err, "--lr: '-1e-3'"), "a negative number reaches the range check: %s",
+          err.c_str());
 }
 
 static void test_schedule() {
@@ -304,6 +325,7 @@ static void test_model_io_and_checkpoint() {
 int main() {
     test_config_and_table();
     test_args();
+    test_args_values();
     test_schedule();
     test_init();
     test_model_io_and_checkpoint();
