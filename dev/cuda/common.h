@@ -177,6 +177,17 @@ inline std::vector<float> from_device(const E* d, size_t n) {
     for (size_t i = 0; i < n; i++) h[i] = from_elem(tmp[i]);
     return h;
 }
+// Device copy of h starting `shift` elements into its allocation (misaligned
+// when shift > 0, as tensors at odd offsets of the flat buffers are); *base
+// is the allocation, for dev_free.
+template <typename E>
+inline E* to_device_shifted(const std::vector<float>& h, int shift, E** base) {
+    std::vector<float> padded(shift, 0.f);
+    padded.insert(padded.end(), h.begin(), h.end());
+    *base = to_device<E>(padded);
+    return *base + shift;
+}
+
 template <typename T>
 inline void dev_free(T* p) {
     if (p) CUDA_CHECK(cudaFree(p));

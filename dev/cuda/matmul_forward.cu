@@ -31,15 +31,6 @@ void run(int version, MatmulContext& ctx, E* out, const E* inp, const E* w, cons
     }
 }
 
-// Device copy of h starting `shift` elements into its allocation (misaligned when shift > 0).
-template <typename E>
-E* to_device_shifted(const std::vector<float>& h, int shift, E** base) {
-    std::vector<float> padded(shift, 0.f);
-    padded.insert(padded.end(), h.begin(), h.end());
-    *base = lab::to_device<E>(padded);
-    return *base + shift;
-}
-
 template <typename E>
 void check(int version, MatmulContext& ctx, const char* label, int N, int IC, int OC, bool with_bias, int shift,
            double tol) {
@@ -48,10 +39,10 @@ void check(int version, MatmulContext& ctx, const char* label, int N, int IC, in
     std::vector<float> ref((size_t)N * OC);
     cpu::matmul_forward(ref.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, N, IC, OC);
     E *bi, *bw, *bb = nullptr, *bo;
-    E* dinp = to_device_shifted<E>(inp, shift, &bi);
-    E* dw = to_device_shifted<E>(w, shift, &bw);
-    E* db = with_bias ? to_device_shifted<E>(bias, shift, &bb) : nullptr;
-    E* dout = to_device_shifted<E>(std::vector<float>(ref.size(), 0.f), shift, &bo);
+    E* dinp = lab::to_device_shifted<E>(inp, shift, &bi);
+    E* dw = lab::to_device_shifted<E>(w, shift, &bw);
+    E* db = with_bias ? lab::to_device_shifted<E>(bias, shift, &bb) : nullptr;
+    E* dout = lab::to_device_shifted<E>(std::vector<float>(ref.size(), 0.f), shift, &bo);
     run<E>(version, ctx, dout, dinp, dw, db, N, IC, OC);
     char l[160];
     std::snprintf(l, sizeof l, "%s N=%d IC=%d OC=%d%s%s", label, N, IC, OC, with_bias ? " bias" : "",

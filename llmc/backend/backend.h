@@ -174,6 +174,25 @@ class Backend {
     virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                  const void* weight, int N, int IC, int OC) = 0;
 
+    // The MLP's fc layer and its GELU: pre = inp·weight^T + bias (may be
+    // null), out = gelu(pre), both [N, OC]. By default the two ops; a backend
+    // may fuse them (CUDA: cuBLASLt's GELU epilogue writes both at once).
+    virtual void matmul_gelu_forward(void* pre, void* out, const void* inp, const void* weight, const void* bias, int N,
+                                     int IC, int OC) {
+        matmul_forward(pre, inp, weight, bias, N, IC, OC);
+        gelu_forward(out, pre, (size_t)N * OC);
+    }
+    // The backward of a Linear whose input was gelu(pre) (the fcproj layer):
+    // dpre = gelu'(pre) * (dout · weight) (overwrite, [N, IC]), dweight and
+    // dbias (+=) as matmul_backward. By default matmul_backward into dpre,
+    // then gelu_backward in place; a backend may fuse the GELU' into the
+    // product (CUDA: cuBLASLt's DGELU epilogue).
+    virtual void matmul_backward_gelu(void* dpre, void* dweight, void* dbias, const void* dout, const void* inp,
+                                      const void* weight, const void* pre, int N, int IC, int OC) {
+        matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC);
+        gelu_backward(dpre, pre, dpre, (size_t)N * IC);
+    }
+
     // out[n, :] += bias (row-parallel layers add their bias once, after the
     // tensor-parallel reduction).
     virtual void add_bias(void* out, const void* bias, int N, int OC) = 0;

@@ -16,7 +16,8 @@
 // the model stack reserves once (reserve_workspace, cuda/scratch.cuh and
 // cuda/workspace.h), so no device memory is allocated or freed between
 // steps; they are not counted in bytes_in_use(): that figure is the model's
-// own buffers, as the memory report expects.
+// own buffers, as the memory report expects. Optimization switches come
+// from the environment once, at start (cuda/switches.h).
 #include "llmc/backend/backend_cuda.h"
 
 #include <algorithm>
@@ -59,7 +60,13 @@ class CudaBackend final : public Backend {
         // A blocking stream: work other code queues on the legacy default
         // stream (a communicator's copies, say) stays ordered with ours.
         CUDA_CHECK(cudaStreamCreate(&stream_));
-        mm_.init(stream_);
+        // The optimization switches (cuda/switches.h), read once.
+        std::string err;
+        size_t workspace = 0;
+        if (!llmc_switch::parse_gelu_fusion(std::getenv("LLMC_GELU_FUSION"), &gelu_fusion_, &err) ||
+            !llmc_switch::parse_gemm_workspace(std::getenv("LLMC_GEMM_WORKSPACE_MB"), &workspace, &err))
+            throw std::runtime_error("cuda backend: " + err);
+        mm_.init(stream_, workspace);
         staging_.reserve(kStagingElems * dtype_size(DType::F64), stream_);
     }
     ~CudaBackend() override {
@@ -290,6 +297,25 @@ class CudaBackend final : public Backend {
                 dbias ? scratch_floats(llmc_cuda::matmul_backward_scratch_floats(N, OC), "matmul_backward") : nullptr;
             llmc_cuda::matmul_backward<E>(mm_, ptr<E>(dinp), ptr<E>(dweight), ptr<E>(dbias), cptr<E>(dout),
                                           cptr<E>(inp), cptr<E>(weight), N, IC, OC, scratch);
+        });
+    }
+    void matmul_gelu_forward(void* pre, void* out, const void* inp, const void* weight, const void* bias, int N,
+                             int IC, int OC) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::matmul_gelu_forward<E>(mm_, gelu_fusion_ != llmc_switch::GeluFusion::none, ptr<E>(pre),
+                                              ptr<E>(out), cptr<E>(inp), cptr<E>(weight), cptr<E>(bias), N, IC, OC);
+        });
+    }
+    void matmul_backward_gelu(void* dpre, void* dweight, void* dbias, const void* dout, const void* inp,
+                              const void* weight, const void* pre, int N, int IC, int OC) override {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* scratch =
+                dbias ? scratch_floats(llmc_cuda::matmul_backward_scratch_floats(N, OC), "matmul_backward") : nullptr;
+            llmc_cuda::matmul_backward_gelu<E>(mm_, gelu_fusion_ == llmc_switch::GeluFusion::both, ptr<E>(dpre),
+                                               ptr<E>(dweight), ptr<E>(dbias), cptr<E>(dout), cptr<E>(inp),
+                                               cptr<E>(weight), cptr<E>(pre), N, IC, OC, scratch);
         });
     }
     void add_bias(void* out, const void* bias, int N, int OC) override {
@@ -530,6 +556,7 @@ class CudaBackend final : public Backend {
     bool fp32_;
     cudaStream_t stream_ = nullptr;
     llmc_cuda::MatmulContext mm_;
+    llmc_switch::GeluFusion gelu_fusion_ = llmc_switch::GeluFusion::none;
     llmc_cuda::EncoderBackwardScratch enc_;
     llmc_cuda::AdamMultiTable adam_table_;
     llmc_cuda::SumSqMulti sumsq_;

@@ -85,10 +85,14 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) 
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
-        be_->matmul_backward(a.dh, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h, P(Param::fcprojw, l),
-                             N, Hl, C);
-        if (cfg_.llama()) be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
-        else be_->gelu_backward(a.dfch, la.fch, a.dh, (size_t)N * Hl);
+        if (cfg_.llama()) {
+            be_->matmul_backward(a.dh, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
+                                 P(Param::fcprojw, l), N, Hl, C);
+            be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
+        } else {  // fcproj's input gradient through the GELU (one op: a backend may fuse them)
+            be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
+                                      P(Param::fcprojw, l), la.fch, N, Hl, C);
+        }
         be_->matmul_backward(a.dln, G(Param::fcw, l), Gb(Param::fcb, l), a.dfch, f_input(la.ln2), P(Param::fcw, l), N,
                              C, (int)fch_width());
         norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);

@@ -52,8 +52,12 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
     void* attn_out = g_fwd(Pb(Param::attprojb, l));
     residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns);
     // MLP: fc column-parallel, fcproj row-parallel
-    be_->matmul_forward(la.fch, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
-    activation(la.h, la.fch, N);
+    if (cfg_.llama()) {
+        be_->matmul_forward(la.fch, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
+        activation(la.h, la.fch, N);
+    } else {  // the product and its GELU (one op: a backend may fuse them)
+        be_->matmul_gelu_forward(la.fch, la.h, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
+    }
     be_->matmul_forward(a.proj, la.h, P(Param::fcprojw, l), bias_in_matmul ? Pb(Param::fcprojb, l) : nullptr, N, Hl,
                         C);
     return g_fwd(Pb(Param::fcprojb, l));

@@ -115,9 +115,20 @@ step_test() {
         done
     done
     FIGS=real_shapes_small_ SUMMARY_MATCH='^FAIL' run_prog real_shapes_small 60 15 build/test_real_shapes --shape small
+    # The same checks with every switch that changes the numerics on, so a
+    # switch the bench step times is also known to be right.
+    local -a sw_env
+    read -r -a sw_env <<< "$SWITCH_TESTS"
+    FIGS=real_shapes_small_switches_ FIGCMD="${sw_env[*]} build/test_real_shapes --shape small" SUMMARY_MATCH='^FAIL' \
+        run_prog real_shapes_small_switches 60 15 env "${sw_env[@]}" build/test_real_shapes --shape small
     run_prog vocab_ce 60 5 build/test_vocab_ce
     end_step
 }
+
+# The switches of scripts/gpu/switches.txt that change the numerics (the
+# rest change only speed), as VAR=VALUE words: command 1's test step checks
+# test_real_shapes with all of them on.
+SWITCH_TESTS=${SWITCH_TESTS:-"LLMC_GELU_FUSION=2"}
 
 # summarise_shapes LOG: per group (e.g. d12_cuda_bf16): checks, failures, largest error.
 summarise_shapes() {
@@ -207,14 +218,18 @@ llmc_ready() {
 }
 
 # d12 at T=1024 for each B (BENCH_B): this trainer, llm.c's train_gpt2cu
-# beside it, then each switch; tokens/s from the median step time after 5
+# beside it; then, at one B (BENCH_SWITCH_B, by default the last of
+# BENCH_B), each switch; tokens/s from the median step time after 5
 # warm-up steps of 30, both with GELU recompute (-r 1, llm.c's default).
+# One B for the switches keeps command 1 within its budget as switches are
+# added (25 s assumed for each).
 step_bench() {
     local -a switches bs
     mapfile -t switches < <(bench_switches)
     read -r -a bs <<< "${BENCH_B:-16 32}"
-    # 240 s, and 50 s more for each switch's run at each B.
-    begin_step bench $((240 + 50 * ${#switches[@]} * ${#bs[@]}))
+    local switch_b=${BENCH_SWITCH_B:-${bs[-1]}}
+    # 240 s, and 50 s more for each switch's run.
+    begin_step bench $((240 + 50 * ${#switches[@]}))
     need core
     local data=build/gpu/bench_tokens.bin llmc sw
     bench_data
@@ -241,6 +256,7 @@ step_bench() {
             [[ -n $ratio ]] && figure "${name}_ours_over_llmc" "$ratio" ratio "the two figures above"
         fi
         [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' ours "$B" "${ours:--}" "${lm:--}" "${ratio:--}")"
+        [[ $B == "$switch_b" ]] || continue
         for sw in "${switches[@]}"; do
             local sname=${sw%%=*} env=() flags=()
             IFS=, read -r -a items <<< "${sw#*=}"

@@ -8,6 +8,10 @@
 //     started without any of them runs as a world of one without MPI;
 //   - a matmul's bias goes to cuBLASLt's epilogue only when 16-byte aligned,
 //     else to the separate bias kernel (llmc/backend/cuda/index.h);
+//   - the optimization switches (llmc/backend/cuda/switches.h): each value
+//     LLMC_GELU_FUSION and LLMC_GEMM_WORKSPACE_MB accept or refuse, and
+//     when a GELU epilogue may run (aux leading dimension a multiple of 8,
+//     output, aux and bias 16-byte aligned) or the separate kernels must;
 //   - the tolerances of the GPU checks (tests/lib/tolerances.h) are sane.
 // Last line: "N passed, N failed".
 #include <cmath>
@@ -17,6 +21,7 @@
 #include <string>
 
 #include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/switches.h"
 #include "llmc/backend/device_peaks.h"
 #include "llmc/comm/dist.h"
 #include "llmc/comm/mpi.h"
@@ -112,6 +117,52 @@ static void test_bias_route() {
     }
 }
 
+static void test_switches() {
+    using llmc_switch::GeluFusion;
+    std::string err;
+    GeluFusion g = GeluFusion::both;
+    CHECK(llmc_switch::parse_gelu_fusion(nullptr, &g, &err) && g == GeluFusion::none, "GELU fusion unset: none");
+    CHECK(llmc_switch::parse_gelu_fusion("", &g, &err) && g == GeluFusion::none, "GELU fusion empty: none");
+    CHECK(llmc_switch::parse_gelu_fusion("1", &g, &err) && g == GeluFusion::forward, "GELU fusion 1: forward");
+    CHECK(llmc_switch::parse_gelu_fusion("2", &g, &err) && g == GeluFusion::both, "GELU fusion 2: both");
+    for (const char* bad : {"3", "-1", "yes", "1 ", "01x"}) {
+        err.clear();
+        CHECK(!llmc_switch::parse_gelu_fusion(bad, &g, &err) && err.find("LLMC_GELU_FUSION") != std::string::npos &&
+                  err.find(bad) != std::string::npos,
+              "GELU fusion '%s' refused, naming the variable and the value: %s", bad, err.c_str());
+    }
+    size_t bytes = 0;
+    CHECK(llmc_switch::parse_gemm_workspace(nullptr, &bytes, &err) && bytes == (size_t)32 << 20,
+          "workspace unset: 32 MiB");
+    CHECK(llmc_switch::parse_gemm_workspace("128", &bytes, &err) && bytes == (size_t)128 << 20, "workspace 128 MiB");
+    CHECK(llmc_switch::parse_gemm_workspace("1024", &bytes, &err) && bytes == (size_t)1 << 30, "workspace 1 GiB");
+    for (const char* bad : {"0", "-5", "1025", "64MB", "1e3", " "}) {
+        err.clear();
+        CHECK(!llmc_switch::parse_gemm_workspace(bad, &bytes, &err) &&
+                  err.find("LLMC_GEMM_WORKSPACE_MB") != std::string::npos,
+              "workspace '%s' refused: %s", bad, err.c_str());
+    }
+    // GELU epilogue routing: rows (OC, the aux leading dimension) a multiple
+    // of 8; out, aux and a bias 16-byte aligned. bf16 elements: 2-byte steps.
+    const uintptr_t base = 0x7f0000001000;
+    CHECK(llmc_switch::gelu_epilogue_fits(base, base + 4096, base + 8192, 3072), "d12 fc: aligned, 3072 rows");
+    CHECK(llmc_switch::gelu_epilogue_fits(base, base + 4096, 0, 3072), "no bias: the aux-only epilogue");
+    int wrong = 0;
+    for (int off = 0; off < 32; off += 2) {
+        const bool al = off % 16 == 0;
+        wrong += llmc_switch::gelu_epilogue_fits(base + off, base + 4096, base + 8192, 768) != al;
+        wrong += llmc_switch::gelu_epilogue_fits(base, base + 4096 + off, base + 8192, 768) != al;
+        wrong += llmc_switch::gelu_epilogue_fits(base, base + 4096, base + 8192 + off, 768) != al;
+    }
+    CHECK(wrong == 0, "out, aux and bias each at every 2-byte offset: the epilogue only when 16-byte aligned (%d wrong)",
+          wrong);
+    for (long long rows : {1LL, 4LL, 97LL, 100LL, 3076LL, 0LL, -8LL})
+        CHECK(!llmc_switch::gelu_epilogue_fits(base, base + 4096, 0, rows) == (rows <= 0 || rows % 8 != 0),
+              "rows %lld: the epilogue only for a positive multiple of 8", rows);
+    CHECK(!llmc_switch::gelu_epilogue_fits(0, base, 0, 64) && !llmc_switch::gelu_epilogue_fits(base, 0, 0, 64),
+          "no output or no aux: never");
+}
+
 static void test_tolerances() {
     const double all[] = {tol::kCpuFp64,     tol::kCpuFp32,      tol::kFp32,
                           tol::kBf16Forward, tol::kBf16Grad,     tol::kBf16Steps,
@@ -129,6 +180,7 @@ int main(int argc, char** argv) {
     test_peaks();
     test_launcher();
     test_bias_route();
+    test_switches();
     test_tolerances();
     test_no_mpi_alone(&argc, &argv);
     return check_summary();

@@ -67,9 +67,15 @@ def dry_runs():
     rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "bench"],
                  {"LLMC_SWITCHES": "fast_thing=LLMC_FOO=1,--recompute=none other=--seed=7"})
     rows = set(re.findall(r"^  (\S+) ", out, re.M))
-    for r in ("ours_b16_sw_fast_thing", "ours_b32_sw_fast_thing", "ours_b16_sw_other", "ours_b32_sw_other"):
+    # At one batch size: the last of BENCH_B unless BENCH_SWITCH_B says which.
+    for r in ("ours_b32_sw_fast_thing", "ours_b32_sw_other"):
         check(r in rows, f"a switch adds its run {r}")
+    check(not any(r.startswith("ours_b16_sw_") for r in rows), f"switches run at one batch size: {sorted(rows)}")
     check("LLMC_FOO=1" in out and "--recompute=none" in out, "a switch's environment and flags reach its run")
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "bench"],
+                 {"LLMC_SWITCHES": "fast_thing=LLMC_FOO=1", "BENCH_SWITCH_B": "16"})
+    rows = set(re.findall(r"^  (\S+) ", out, re.M))
+    check("ours_b16_sw_fast_thing" in rows and "ours_b32_sw_fast_thing" not in rows, "BENCH_SWITCH_B picks the batch size")
     rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "bench"], {"LLMC_SWITCHES": "Bad=x"})
     check("switch 'Bad=x': not NAME=ITEM" in out and "_sw_" not in out, "a malformed switch is refused")
     rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "nonsense"])

@@ -16,10 +16,15 @@
 // that is tensor cores with fp32 accumulation, for fp32 plain SGEMM (no TF32:
 // the fp32 build is for tight checks).
 //
+// The MLP's GELU may run in cuBLASLt's epilogues instead of its own kernels
+// (matmul_gelu_forward, matmul_backward_gelu; the switch LLMC_GELU_FUSION in
+// cuda/switches.h), and the workspace size is LLMC_GEMM_WORKSPACE_MB.
+//
 // Parameters live at arbitrary element offsets of flat buffers, so pointers
 // are not always 256-byte aligned (cuBLASLt's default assumption): the real
 // alignment of every pointer goes into the heuristic query, and the chosen
-// algorithm is cached per (shape, types, alignments). If no algorithm accepts
+// algorithm, with the descriptors, is cached per (shape, types, epilogue,
+// alignments). If no algorithm accepts
 // the bias epilogue, the bias is added by a separate kernel.
 //
 // dbias (+=) = column sums of dout: fp32 partials over row chunks with
@@ -31,6 +36,8 @@
 #include <tuple>
 
 #include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/switches.h"
 
 namespace llmc_cuda {
 
@@ -49,101 +56,157 @@ inline uint32_t ptr_alignment(const void* p) {
     return al;
 }
 
+// What runs after the product, in cuBLASLt's epilogue. aux is the GELU input
+// matrix: written by gelu_aux(_bias) (the forward keeps it for the
+// backward), read by dgelu; it has D's shape and leading dimension.
+struct Epilogue {
+    enum Kind : int { none = 0, bias = 1, gelu_aux = 2, gelu_aux_bias = 3, dgelu = 4 };
+    Kind kind = none;
+    const void* bias_ptr = nullptr;
+    const void* aux_ptr = nullptr;
+};
+
+inline cublasLtEpilogue_t cublaslt_epilogue(Epilogue::Kind k) {
+    switch (k) {
+        case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+        case Epilogue::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
+        case Epilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        case Epilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+        default: return CUBLASLT_EPILOGUE_DEFAULT;
+    }
+}
+
 class MatmulContext {
   public:
-    static constexpr size_t kWorkspaceBytes = 32u << 20;
-
-    void init(cudaStream_t stream) {
+    // workspace_bytes: llmc_switch::parse_gemm_workspace (LLMC_GEMM_WORKSPACE_MB).
+    void init(cudaStream_t stream, size_t workspace_bytes = (size_t)32 << 20) {
         stream_ = stream;
+        workspace_bytes_ = workspace_bytes;
         CUBLAS_CHECK(cublasLtCreate(&handle_));
-        CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+        CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
     }
     void destroy() {
+        for (auto& kv : cache_) kv.second.destroy();
+        cache_.clear();
         if (workspace_) cudaFree(workspace_);
         if (handle_) cublasLtDestroy(handle_);
         workspace_ = nullptr;
         handle_ = nullptr;
     }
     cudaStream_t stream() const { return stream_; }
+    size_t workspace_bytes() const { return workspace_bytes_; }
 
-    // Column-major D[m,n] = alpha·op(A)·op(B) + beta·D (+ bias[m] per row).
-    // A is (transA ? k x m : m x k) with leading dimension lda; B likewise
-    // (transB ? n x k : k x n), ldb; D has ld m. Returns false, doing nothing,
-    // when bias is given but no algorithm supports the bias epilogue here.
+    // Column-major D[m,n] = alpha·op(A)·op(B) + beta·D, then the epilogue
+    // (bias[m] per row; GELU with its input kept in aux; or D times
+    // GELU'(aux)). A is (transA ? k x m : m x k) with leading dimension lda;
+    // B likewise (transB ? n x k : k x n), ldb; D and aux have ld m.
+    // Returns false, doing nothing, when an epilogue is asked for but no
+    // algorithm supports it here (the caller then runs the separate kernels).
+    //
+    // The descriptors, the layouts and the heuristic's algorithm are built
+    // once per (shape, types, epilogue, alignments) and kept: a step calls
+    // the same dozen shapes every layer, and building them is host work on
+    // the launch path. Only the bias and aux pointers are set per call (the
+    // key holds their alignment, which is what the algorithm depends on).
     template <typename E>
     bool gemm(E* D, const E* A, bool transA, int lda, const E* B, bool transB, int ldb, int m, int n, int k,
-              float beta, const E* bias) {
+              float beta, const Epilogue& epi = Epilogue{}) {
         const cudaDataType_t dt = cuda_dtype<E>();
-        cublasLtMatmulDesc_t desc;
-        CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        const cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
-        if (bias) {
-            const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-            // The bias pointer is set before the heuristic query: its alignment matters there.
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        }
-        cublasLtMatrixLayout_t la, lb, ld;
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, dt, transA ? k : m, transA ? m : k, lda));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, dt, transB ? n : k, transB ? k : n, ldb));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, m));
-
-        const Key key{m, n, k, (int)transA, (int)transB, (int)dt, beta != 0.f, bias != nullptr,
-                      ptr_alignment(A), ptr_alignment(B), ptr_alignment(D), bias ? ptr_alignment(bias) : 0u};
+        const Key key{m, n, k, (int)transA, (int)transB, (int)dt, beta != 0.f, (int)epi.kind, lda, ldb,
+                      ptr_alignment(A), ptr_alignment(B), ptr_alignment(D),
+                      epi.bias_ptr ? ptr_alignment(epi.bias_ptr) : 0u, epi.aux_ptr ? ptr_alignment(epi.aux_ptr) : 0u};
         auto it = cache_.find(key);
-        if (it == cache_.end()) {
-            cublasLtMatmulPreference_t pref;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-            const uint64_t ws = kWorkspaceBytes;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                              sizeof(ws)));
-            const uint32_t alA = std::get<8>(key), alB = std::get<9>(key), alD = std::get<10>(key);
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alA,
-                                                              sizeof(alA)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alB,
-                                                              sizeof(alB)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alD,
-                                                              sizeof(alD)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alD,
-                                                              sizeof(alD)));
-            Entry e;
-            int found = 0;
-            const cublasStatus_t st =
-                cublasLtMatmulAlgoGetHeuristic(handle_, desc, la, lb, ld, ld, pref, 1, &e.result, &found);
-            e.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
-            cublasLtMatmulPreferenceDestroy(pref);
-            it = cache_.emplace(key, e).first;
-        }
-        bool done = false;
-        if (it->second.ok) {
-            const float alpha = 1.f;
-            CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &it->second.result.algo,
-                                        workspace_, kWorkspaceBytes, stream_));
-            done = true;
-        }
-        cublasLtMatrixLayoutDestroy(la);
-        cublasLtMatrixLayoutDestroy(lb);
-        cublasLtMatrixLayoutDestroy(ld);
-        cublasLtMatmulDescDestroy(desc);
-        if (!done && !bias) {
+        if (it == cache_.end()) it = cache_.emplace(key, build<E>(key, epi)).first;
+        Entry& e = it->second;
+        if (!e.ok) {
+            if (epi.kind != Epilogue::none) return false;
             std::fprintf(stderr, "cuBLASLt: no algorithm for m=%d n=%d k=%d transA=%d transB=%d\n", m, n, k,
                          (int)transA, (int)transB);
             std::exit(1);
         }
-        return done;
+        set_pointers(e.desc, epi);
+        const float alpha = 1.f;
+        CUBLAS_CHECK(cublasLtMatmul(handle_, e.desc, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld,
+                                    &e.result.algo, workspace_, workspace_bytes_, stream_));
+        return true;
     }
 
   private:
-    // m, n, k, transA, transB, dtype, beta!=0, has bias, align A, B, D, bias
-    using Key = std::tuple<int, int, int, int, int, int, bool, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+    // m, n, k, transA, transB, dtype, beta!=0, epilogue, lda, ldb, align A, B, D, bias, aux
+    using Key = std::tuple<int, int, int, int, int, int, bool, int, int, int, uint32_t, uint32_t, uint32_t, uint32_t,
+                           uint32_t>;
     struct Entry {
+        cublasLtMatmulDesc_t desc = nullptr;
+        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
         cublasLtMatmulHeuristicResult_t result{};
         bool ok = false;
+        void destroy() {
+            if (la) cublasLtMatrixLayoutDestroy(la);
+            if (lb) cublasLtMatrixLayoutDestroy(lb);
+            if (ld) cublasLtMatrixLayoutDestroy(ld);
+            if (desc) cublasLtMatmulDescDestroy(desc);
+        }
     };
+
+    static void set_pointers(cublasLtMatmulDesc_t desc, const Epilogue& epi) {
+        if (epi.bias_ptr)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias_ptr,
+                                                        sizeof(epi.bias_ptr)));
+        if (epi.aux_ptr)
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &epi.aux_ptr,
+                                                        sizeof(epi.aux_ptr)));
+    }
+
+    template <typename E>
+    Entry build(const Key& key, const Epilogue& epi) {
+        const int m = std::get<0>(key), n = std::get<1>(key), k = std::get<2>(key);
+        const bool transA = std::get<3>(key), transB = std::get<4>(key);
+        const int lda = std::get<8>(key), ldb = std::get<9>(key);
+        const cudaDataType_t dt = cuda_dtype<E>();
+        Entry e;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&e.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+        if (epi.kind != Epilogue::none) {
+            const cublasLtEpilogue_t ep = cublaslt_epilogue(epi.kind);
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+        }
+        if (epi.aux_ptr) {
+            const int64_t aux_ld = m;  // the aux matrix is laid out as D
+            CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        }
+        // The pointers are set before the heuristic query: their alignment matters there.
+        set_pointers(e.desc, epi);
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e.la, dt, transA ? k : m, transA ? m : k, lda));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e.lb, dt, transB ? n : k, transB ? k : n, ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e.ld, dt, m, n, m));
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t ws = workspace_bytes_;
+        CUBLAS_CHECK(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+        const uint32_t alA = std::get<10>(key), alB = std::get<11>(key), alD = std::get<12>(key);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alA,
+                                                          sizeof(alA)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alB,
+                                                          sizeof(alB)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alD,
+                                                          sizeof(alD)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alD,
+                                                          sizeof(alD)));
+        int found = 0;
+        const cublasStatus_t st =
+            cublasLtMatmulAlgoGetHeuristic(handle_, e.desc, e.la, e.lb, e.ld, e.ld, pref, 1, &e.result, &found);
+        e.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+        cublasLtMatmulPreferenceDestroy(pref);
+        return e;
+    }
+
     cublasLtHandle_t handle_ = nullptr;
     void* workspace_ = nullptr;
+    size_t workspace_bytes_ = 0;
     cudaStream_t stream_ = 0;
     std::map<Key, Entry> cache_;
 };
@@ -190,9 +253,9 @@ void matmul_forward(MatmulContext& ctx, E* out, const E* inp, const E* weight, c
     // (llmc_idx::bias_in_epilogue) and an algorithm accepts it; else the
     // separate kernel adds it after the product.
     if (bias && llmc_idx::bias_in_epilogue((uintptr_t)bias) &&
-        ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, bias))
+        ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, Epilogue{Epilogue::bias, bias, nullptr}))
         return;
-    ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, nullptr);
+    ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f);
     if (bias) add_bias<E>(out, bias, N, OC, ctx.stream());
 }
 
@@ -272,9 +335,47 @@ template <typename E>
 void matmul_backward(MatmulContext& ctx, E* dinp, E* dweight, E* dbias, const E* dout, const E* inp, const E* weight,
                      int N, int IC, int OC, float* scratch) {
     if (N <= 0 || IC <= 0 || OC <= 0) return;  // nothing to add, and cuBLASLt rejects empty shapes
-    if (dinp) ctx.gemm<E>(dinp, weight, false, IC, dout, false, OC, IC, N, OC, 0.f, nullptr);
-    ctx.gemm<E>(dweight, inp, false, IC, dout, true, OC, IC, OC, N, 1.f, nullptr);
+    if (dinp) ctx.gemm<E>(dinp, weight, false, IC, dout, false, OC, IC, N, OC, 0.f);
+    ctx.gemm<E>(dweight, inp, false, IC, dout, true, OC, IC, OC, N, 1.f);
     if (dbias) bias_backward(dbias, dout, N, OC, scratch, ctx.stream());
+}
+
+// ---- the MLP's GELU in the epilogues (LLMC_GELU_FUSION, cuda/switches.h) ----------
+// pre = inp·W^T + bias and out = GELU(pre), in one product when `fuse` and
+// the epilogue's rules hold (llmc_switch::gelu_epilogue_fits): the GELU is
+// taken of the fp32 accumulator plus bias, before the one rounding to E,
+// while the separate kernels take it of pre already rounded to E (a
+// difference of about one bf16 rounding). Otherwise, or when cuBLASLt has
+// no algorithm for the epilogue, the product and then gelu_forward.
+template <typename E>
+void matmul_gelu_forward(MatmulContext& ctx, bool fuse, E* pre, E* out, const E* inp, const E* weight, const E* bias,
+                         int N, int IC, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    if (fuse && llmc_switch::gelu_epilogue_fits((uintptr_t)out, (uintptr_t)pre, (uintptr_t)bias, OC)) {
+        const Epilogue epi{bias ? Epilogue::gelu_aux_bias : Epilogue::gelu_aux, bias, pre};
+        if (ctx.gemm<E>(out, weight, true, IC, inp, false, IC, OC, N, IC, 0.f, epi)) return;
+    }
+    matmul_forward<E>(ctx, pre, inp, weight, bias, N, IC, OC);
+    gelu_forward<E>(out, pre, (size_t)N * OC, ctx.stream());
+}
+
+// The backward of out = GELU(pre) followed by a Linear (the fcproj layer):
+// dpre = GELU'(pre) ∘ (dout·W), dweight (+=) = dout^T·inp, dbias (+=) =
+// column sums of dout. Fused, the input-gradient product applies GELU' in
+// its epilogue (CUBLASLT_EPILOGUE_DGELU, pre as the aux input) and dpre is
+// written once; else the product lands in dpre and gelu_backward rewrites
+// it in place.
+template <typename E>
+void matmul_backward_gelu(MatmulContext& ctx, bool fuse, E* dpre, E* dweight, E* dbias, const E* dout, const E* inp,
+                          const E* weight, const E* pre, int N, int IC, int OC, float* scratch) {
+    if (N <= 0 || IC <= 0 || OC <= 0) return;
+    if (fuse && llmc_switch::gelu_epilogue_fits((uintptr_t)dpre, (uintptr_t)pre, 0, IC) &&
+        ctx.gemm<E>(dpre, weight, false, IC, dout, false, OC, IC, N, OC, 0.f, Epilogue{Epilogue::dgelu, nullptr, pre})) {
+        matmul_backward<E>(ctx, nullptr, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
+        return;
+    }
+    matmul_backward<E>(ctx, dpre, dweight, dbias, dout, inp, weight, N, IC, OC, scratch);
+    gelu_backward<E>(dpre, pre, dpre, (size_t)N * IC, ctx.stream());
 }
 
 }  // namespace llmc_cuda

@@ -1,0 +1,78 @@
+// llmc/backend/cuda/switches.h: the CUDA backend's optimization switches,
+// read once from the environment when the backend starts, and the host-side
+// decisions that go with them. Plain C++ (no CUDA), so that the parsing and
+// the routing are tested on a machine without a GPU
+// (tests/unit/test_gpu_host.cpp). Each switch is off, or at today's
+// setting, by default; scripts/gpu/switches.txt lists them for the GPU
+// benchmark, which measures every run with and without each.
+//
+//   LLMC_GELU_FUSION=0|1|2   the MLP's GELU inside cuBLASLt's epilogues:
+//       0 (default) none: the fc product, then the GELU kernel; the fcproj
+//         input gradient, then the GELU backward kernel;
+//       1 forward: the fc product with CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+//         writes both GELU(x·W^T + b) and its input (the "aux" matrix the
+//         backward needs) in one pass;
+//       2 forward and backward: also the fcproj input-gradient product with
+//         CUBLASLT_EPILOGUE_DGELU, which multiplies by GELU'(aux) before it
+//         stores (one pass over the N x 4C gradient instead of three).
+//       Either form falls back to the separate kernels, per call, when the
+//       epilogue's alignment rules are not met or no algorithm accepts it.
+//   LLMC_GEMM_WORKSPACE_MB=N  cuBLASLt's workspace in MiB (default 32, 1 to
+//       1024): a larger one lets the heuristic pick split-K algorithms for
+//       the weight-gradient products, whose K (the B·T rows) is long and whose
+//       M x N (the weight) is small. Allocated once, when the backend starts.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace llmc_switch {
+
+enum class GeluFusion { none = 0, forward = 1, both = 2 };
+
+// Parses LLMC_GELU_FUSION's value (null or empty: the default, none).
+// Returns false with a message naming the variable on anything else.
+inline bool parse_gelu_fusion(const char* v, GeluFusion* out, std::string* err) {
+    *out = GeluFusion::none;
+    if (!v || !*v) return true;
+    const std::string s(v);
+    if (s == "0") *out = GeluFusion::none;
+    else if (s == "1") *out = GeluFusion::forward;
+    else if (s == "2") *out = GeluFusion::both;
+    else {
+        *err = "LLMC_GELU_FUSION='" + s + "': expected 0 (none), 1 (forward) or 2 (forward and backward)";
+        return false;
+    }
+    return true;
+}
+
+constexpr size_t kGemmWorkspaceDefaultMiB = 32, kGemmWorkspaceMaxMiB = 1024;
+
+// Parses LLMC_GEMM_WORKSPACE_MB's value into bytes (null or empty: 32 MiB).
+inline bool parse_gemm_workspace(const char* v, size_t* bytes, std::string* err) {
+    *bytes = kGemmWorkspaceDefaultMiB << 20;
+    if (!v || !*v) return true;
+    char* end = nullptr;
+    const long long mib = std::strtoll(v, &end, 10);
+    if (*end != '\0' || mib < 1 || (size_t)mib > kGemmWorkspaceMaxMiB) {
+        *err = std::string("LLMC_GEMM_WORKSPACE_MB='") + v + "': expected a whole number of MiB from 1 to 1024";
+        return false;
+    }
+    *bytes = (size_t)mib << 20;
+    return true;
+}
+
+// Whether a GELU epilogue may run for an output D of `rows` rows in cuBLASLt's
+// column-major view (the layer's OC, D's leading dimension, which is also the
+// aux matrix's): cuBLASLt requires the aux leading dimension to be a
+// multiple of 8 elements, and the aux matrix, like the bias, is read and
+// written in 16-byte pieces, so the aux pointer, the output pointer and the
+// bias (when there is one) must be 16-byte aligned. Anything else takes the
+// separate kernels (a fault here would leave the CUDA context unusable).
+inline bool gelu_epilogue_fits(uintptr_t out, uintptr_t aux, uintptr_t bias, long long rows) {
+    const auto aligned = [](uintptr_t p) { return p != 0 && p % 16 == 0; };
+    return rows > 0 && rows % 8 == 0 && aligned(out) && aligned(aux) && (bias == 0 || aligned(bias));
+}
+
+}  // namespace llmc_switch
