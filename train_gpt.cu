@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
     bool help = false;
     std::string err;
     setup_check(parser.parse(argc, argv, &help, &err), err);
+    check_same_flags(parser, help);
     if (help) {
         if (r.main_rank) std::printf("%s", parser.usage().c_str());
         dist_finalize();

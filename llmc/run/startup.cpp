@@ -23,8 +23,8 @@ void setup_check(bool ok, const std::string& msg) {
 
 [[noreturn]] void end_job(const std::string& msg) { dist_abort(msg); }
 
-void check_same_flags(const ArgParser& parser) {
-    std::string mine;
+void check_same_flags(const ArgParser& parser, bool help) {
+    std::string mine = std::string("help=") + (help ? "1" : "0") + "\n";
     for (const Option& o : parser.options()) mine += std::string(o.name) + "=" + option_value_string(o) + "\n";
     std::string first = mine;
     dist_broadcast(&first);

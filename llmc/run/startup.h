@@ -22,8 +22,10 @@ void setup_check(bool ok, const std::string& msg);
 // Every rank must run with the same flags (mpirun -np 1 A : -np 1 B would
 // otherwise hang or train wrong): rank 0's values go to every rank, each
 // compares them with its own, and the lowest rank that differs names the
-// first flag where it does (a setup_check).
-void check_same_flags(const ArgParser& parser);
+// first flag where it does (a setup_check). Called right after parsing,
+// before the run's mode is chosen: one rank given --help, --plan or
+// --calibrate while the others train would otherwise leave them waiting.
+void check_same_flags(const ArgParser& parser, bool help);
 
 // CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
 // share its cores (every rank starting as many threads as the node has

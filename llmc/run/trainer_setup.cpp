@@ -17,7 +17,6 @@
 #include "llmc/run/trainer.h"
 
 void Trainer::setup(const ArgParser& parser) {
-    check_same_flags(parser);
     threads = choose_threads();
     Recompute rc_mode = Recompute::none;
     parse_recompute(cfg.recompute, &rc_mode);  // the parser allows only its names

@@ -18,7 +18,8 @@
 #     seconds with one line naming what it needs and the free memory (or
 #     --memory-budget), before allocating it;
 #   - rough edges: odd -t without cp; -d 0 or too large, --eps 0; ranks
-#     given different flags; a metrics.jsonl that cannot be written; -n
+#     given different flags (also one rank given --help, --plan or
+#     --calibrate); a metrics.jsonl that cannot be written; -n
 #     without -o and -y 1 without a checkpoint warn on stderr; bare on/off
 #     flags; a model file without the .bin suffix; a model file of NaN; CPU
 #     threads shared by the ranks of a node.
@@ -161,6 +162,19 @@ def test_rough_edges(tmp):
     e = errors(p.stderr)
     check(p.returncode != 0 and len(e) == 1 and "--max-steps" in e[0] and "different flags" in e[0],
           f"different flags: rc={p.returncode} {p.stderr[-300:]!r}")
+    # One rank given --help, --plan or --calibrate while the other trains
+    # (those modes are chosen after the ranks compare their flags): the same
+    # one line, no hang.
+    for odd, flag in ((["--help"], "--help"), (["--plan", "eval"], "--plan"), (["--calibrate", "x.json"], "--calibrate")):
+        cmd = ["mpirun", "-np", "1", TRAIN] + base("fp32", 2) + [":", "-np", "1", TRAIN] + base("fp32", 2) + odd
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=ENV)
+        except subprocess.TimeoutExpired:
+            check(False, f"one rank given {flag}: hung")
+            continue
+        e = errors(p.stderr)
+        check(p.returncode != 0 and len(e) == 1 and flag in e[0] and "different flags" in e[0],
+              f"one rank given {flag}: rc={p.returncode} {p.stderr[-300:]!r}")
     # metrics.jsonl that cannot be written (a full disk).
     d = os.path.join(tmp, "full_disk")
     os.makedirs(d)
