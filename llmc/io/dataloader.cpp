@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -379,5 +380,31 @@ bool DataLoader::read_rows(size_t first_row, int nrows, int* inputs, int* target
         std::memcpy(inputs + r * T, span_.data() + r * T, T * sizeof(int));
         std::memcpy(targets + r * T, span_.data() + r * T + 1, T * sizeof(int));
     }
+    return true;
+}
+
+bool DataLoader::fingerprint(std::string* out, std::string* err) {
+    if (!is_open()) {
+        *err = "data: fingerprint before open";
+        return false;
+    }
+    uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+    auto mix = [&](uint64_t v) {
+        for (int b = 0; b < 8; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+    };
+    std::vector<int> tok;
+    for (const Shard& s : shards_) {
+        mix(s.num_tokens);
+        mix(s.token_bytes);
+        const size_t n = std::min<size_t>(256, s.num_tokens);
+        tok.resize(n);
+        for (size_t start : {s.stream_start, s.stream_start + s.num_tokens - n}) {
+            if (!read_tokens(start, n, tok.data(), err)) return false;
+            for (int t : tok) mix((uint64_t)(uint32_t)t);
+        }
+    }
+    char digest[17];
+    std::snprintf(digest, sizeof digest, "%016llx", (unsigned long long)h);
+    *out = std::to_string(shards_.size()) + " shard(s), " + std::to_string(total_tokens_) + " tokens, digest " + digest;
     return true;
 }

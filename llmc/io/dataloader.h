@@ -50,6 +50,12 @@ public:
     // modulo total_tokens()), with the same checks as read_rows.
     bool read_tokens(size_t pos, size_t n, int* out, std::string* err);
 
+    // What identifies the data, for ranks to compare (they must train on the
+    // same stream): shard count, tokens, and an FNV-1a digest of every
+    // shard's token count and width and of its first and last 256 tokens.
+    // Returns false with *err set when those tokens cannot be read.
+    bool fingerprint(std::string* out, std::string* err);
+
     size_t total_tokens() const { return total_tokens_; }
     size_t rows_per_epoch() const { return T_ > 0 ? total_tokens_ / (size_t)T_ : 0; }
     const std::vector<std::string>& files() const { return files_; }

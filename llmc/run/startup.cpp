@@ -23,6 +23,17 @@ void setup_check(bool ok, const std::string& msg) {
 
 [[noreturn]] void end_job(const std::string& msg) { dist_abort(msg); }
 
+void check_same_data(DataLoader& data, const char* flag, const std::string& pattern) {
+    std::string mine, err;
+    const bool ok = data.fingerprint(&mine, &err);
+    setup_check(ok, err);
+    std::string first = mine;
+    dist_broadcast(&first);
+    setup_check(first == mine, std::string("flag ") + flag + " '" + pattern + "': rank " +
+                                   std::to_string(dist_world_rank()) + " reads other data than rank 0 (" + mine +
+                                   " against " + first + "); give every rank the same files");
+}
+
 void check_same_flags(const ArgParser& parser, bool help) {
     std::string mine = std::string("help=") + (help ? "1" : "0") + "\n";
     for (const Option& o : parser.options()) mine += std::string(o.name) + "=" + option_value_string(o) + "\n";

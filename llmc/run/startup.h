@@ -7,6 +7,7 @@
 #include <string>
 
 #include "llmc/base/args.h"
+#include "llmc/io/dataloader.h"
 #include "llmc/model/config.h"
 #include "llmc/run/train_config.h"
 
@@ -26,6 +27,13 @@ void setup_check(bool ok, const std::string& msg);
 // before the run's mode is chosen: one rank given --help, --plan or
 // --calibrate while the others train would otherwise leave them waiting.
 void check_same_flags(const ArgParser& parser, bool help);
+
+// Every rank must read the same data: rank 0's fingerprint of the loader
+// (DataLoader::fingerprint) goes to every rank, and a rank whose files differ
+// (another working directory, another copy) ends the job with one line
+// naming the flag and the pattern, instead of training on other data and
+// hanging at the end of a shorter epoch.
+void check_same_data(DataLoader& data, const char* flag, const std::string& pattern);
 
 // CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
 // share its cores (every rank starting as many threads as the node has

@@ -79,6 +79,8 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
     use_val = !cfg.val_data.empty() && cfg.val_every > 0;
     setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
+    check_same_data(train, "-i", cfg.train_data);
+    if (use_val) check_same_data(val, "-j", cfg.val_data);
     // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.
     if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
         cfg.tokenizer = hf_tokenizer_path(cfg.model);

@@ -19,7 +19,7 @@
 #     --memory-budget), before allocating it;
 #   - rough edges: odd -t without cp; -d 0 or too large, --eps 0; ranks
 #     given different flags (also one rank given --help, --plan or
-#     --calibrate); a metrics.jsonl that cannot be written; -n
+#     --calibrate) or the same flags naming different files; a metrics.jsonl that cannot be written; -n
 #     without -o and -y 1 without a checkpoint warn on stderr; bare on/off
 #     flags; a model file without the .bin suffix; a model file of NaN; CPU
 #     threads shared by the ranks of a node.
@@ -162,6 +162,22 @@ def test_rough_edges(tmp):
     e = errors(p.stderr)
     check(p.returncode != 0 and len(e) == 1 and "--max-steps" in e[0] and "different flags" in e[0],
           f"different flags: rc={p.returncode} {p.stderr[-300:]!r}")
+    # The same flags naming different files (a relative -i from two working
+    # directories, shards of different lengths): one line naming -i, no
+    # training on other data, no hang at the shorter epoch's end.
+    dirs = [os.path.join(tmp, f"wd{k}") for k in (0, 1)]
+    for k, d in enumerate(dirs):
+        os.makedirs(d, exist_ok=True)
+        write_shard(os.path.join(d, "shard.bin"), np.random.default_rng(7 + k).integers(0, 97, 3000 + 1000 * k))
+    args = [a if a != DATA else "shard.bin" for a in base("fp32", 2)]
+    cmd = ["mpirun", "-np", "1", "-wdir", dirs[0], TRAIN] + args + [":", "-np", "1", "-wdir", dirs[1], TRAIN] + args
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=ENV)
+        e = errors(p.stderr)
+        check(p.returncode != 0 and len(e) == 1 and "flag -i 'shard.bin'" in e[0] and "other data" in e[0],
+              f"ranks reading different files: rc={p.returncode} {p.stderr[-300:]!r}")
+    except subprocess.TimeoutExpired:
+        check(False, "ranks reading different files: hung")
     # One rank given --help, --plan or --calibrate while the other trains
     # (those modes are chosen after the ranks compare their flags): the same
     # one line, no hang.
