@@ -4,7 +4,11 @@
 // --calibrate replaces with measurements.
 #include "llmc/plan/hardware.h"
 
+#include <cmath>
 #include <fstream>
+#include <sstream>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 #include "llmc/base/fileio.h"
@@ -78,6 +82,40 @@ Hardware a100_sxm_80g() {
 
 std::string hardware_names() { return "h100-sxm, a100-sxm-80g"; }
 
+// What makes a profile unusable, or "" when nothing does: rates must be
+// positive and finite, times, sizes and latencies finite and not negative
+// (0 for memory means unknown, 0 for a latency or the launch time is a
+// one-rank or an idealised profile), at least one GPU per node, an overlap
+// between 0 and 1, a known device and dtype. A profile that breaks one of
+// these was planned with silently before, giving nonsense figures.
+static std::string hardware_problem(const Hardware& h) {
+    auto bad = [](const char* field, double v, const char* need) {
+        std::ostringstream m;
+        m << field << " = " << v << ": " << need;
+        return m.str();
+    };
+    const std::pair<const char*, double> rates[] = {{"matmul_flops", h.matmul_flops}, {"attn_flops", h.attn_flops},
+                                                    {"mem_bw", h.mem_bw},             {"intra_bw", h.intra_bw},
+                                                    {"inter_bw", h.inter_bw}};
+    for (const auto& r : rates)
+        if (!(std::isfinite(r.second) && r.second > 0)) return bad(r.first, r.second, "must be a positive rate");
+    const std::pair<const char*, double> others[] = {
+        {"peak_flops", h.peak_flops}, {"mem_bytes", h.mem_bytes}, {"reserve_bytes", h.reserve_bytes},
+        {"launch_s", h.launch_s},     {"intra_lat", h.intra_lat}, {"inter_lat", h.inter_lat},
+        {"p2p_lat", h.p2p_lat},       {"p2p_bw", h.p2p_bw}};
+    for (const auto& o : others)
+        if (!(std::isfinite(o.second) && o.second >= 0)) return bad(o.first, o.second, "must be 0 or more");
+    if (h.mem_bytes > 0 && h.reserve_bytes >= h.mem_bytes)
+        return bad("reserve_bytes", h.reserve_bytes, "must be less than mem_bytes");
+    if (h.gpus_per_node < 1) return bad("gpus_per_node", h.gpus_per_node, "must be at least 1");
+    if (h.threads < 0) return bad("threads", h.threads, "must be 0 or more");
+    if (!(h.comm_overlap >= 0 && h.comm_overlap <= 1)) return bad("comm_overlap", h.comm_overlap, "must be in [0, 1]");
+    if (h.device != "cuda" && h.device != "cpu") return "device = '" + h.device + "': expected cuda or cpu";
+    if (h.dtype != "bf16" && h.dtype != "fp32" && h.dtype != "fp64")
+        return "dtype = '" + h.dtype + "': expected bf16, fp32 or fp64";
+    return "";
+}
+
 bool load_hardware(const std::string& s, Hardware* hw, std::string* err) {
     if (s == "h100-sxm" || s == "h100") {
         *hw = h100_sxm();
@@ -116,8 +154,8 @@ bool load_hardware(const std::string& s, Hardware* hw, std::string* err) {
         h.device = j.value("device", std::string("cuda"));
         h.dtype = j.value("dtype", std::string("bf16"));
         h.threads = j.value("threads", 0);
-        if (h.matmul_flops <= 0 || h.attn_flops <= 0 || h.mem_bw <= 0 || h.intra_bw <= 0)
-            throw std::runtime_error("rates must be positive");
+        const std::string why = hardware_problem(h);
+        if (!why.empty()) throw std::runtime_error(why);
         *hw = h;
     } catch (const std::exception& e) {
         *err = "flag --hardware: " + s + ": " + e.what();

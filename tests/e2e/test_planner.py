@@ -18,7 +18,9 @@
 #   - search: the fixed flags are kept, the JSON lines have every field, the
 #     winner line says why it wins, plot_plan.py draws the plan;
 #   - errors: an unknown hardware profile, a layout that does not fit the
-#     model, degrees whose product passes 2^31: one line naming the flag.
+#     model, degrees whose product passes 2^31, a profile with a negative
+#     or zero rate, latency, size or count: one line naming the flag (and
+#     the field).
 # Last line: "N passed, N failed".
 import json
 import os
@@ -173,6 +175,30 @@ def test_search_and_errors(tmp):
         rc, out, err = plan(args)
         lines = [x for x in err.splitlines() if x.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{args}: rc={rc} {err[-300:]!r}")
+    # Hardware profiles with impossible figures: refused, naming the field
+    # (they were once planned with, giving nonsense).
+    good = {"name": "t", "matmul_flops": 1e14, "attn_flops": 5e13, "mem_bw": 2e12, "mem_bytes": 8e10,
+            "reserve_bytes": 2e9, "launch_s": 5e-6, "gpus_per_node": 8, "intra_bw": 1e11, "intra_lat": 1e-5,
+            "inter_bw": 2e10, "inter_lat": 1e-5, "p2p_lat": 1e-5, "comm_overlap": 1.0, "peak_flops": 1e15,
+            "threads": 0, "device": "cuda", "dtype": "bf16"}
+    prof = os.path.join(tmp, "hw.json")
+    cases = [({}, None), ({"intra_lat": -1e-5}, "intra_lat"), ({"inter_lat": -1}, "inter_lat"),
+             ({"p2p_lat": -1}, "p2p_lat"), ({"intra_bw": 0}, "intra_bw"), ({"inter_bw": -5}, "inter_bw"),
+             ({"mem_bytes": -1}, "mem_bytes"), ({"reserve_bytes": -1}, "reserve_bytes"),
+             ({"reserve_bytes": 9e10}, "reserve_bytes"), ({"launch_s": -1e-6}, "launch_s"),
+             ({"gpus_per_node": 0}, "gpus_per_node"), ({"comm_overlap": 1.5}, "comm_overlap"),
+             ({"comm_overlap": -0.1}, "comm_overlap"), ({"peak_flops": -1}, "peak_flops"),
+             ({"threads": -2}, "threads"), ({"matmul_flops": 0}, "matmul_flops"), ({"device": "tpu"}, "device")]
+    for change, field in cases:
+        with open(prof, "w") as f:
+            json.dump(dict(good, **change), f)
+        rc, out, err = plan(["eval", "-e", "d12", "--world", "8", "--hardware", prof])
+        lines = [x for x in err.splitlines() if x.startswith("train_gpt")]
+        if field is None:
+            check(rc == 0, f"a sane profile: rc={rc} {err[-300:]!r}")
+        else:
+            check(rc != 0 and len(lines) == 1 and "--hardware" in lines[0] and field in lines[0],
+                  f"profile with {change}: rc={rc} {err[-300:]!r}")
 
 
 def suite(tmp):
