@@ -27,7 +27,10 @@ bool ArgParser::set(const Option& o, const std::string& flag, const std::string&
         return false;
     };
     if (o.kind == Option::String) {
-        if (!o.choices.empty()) {
+        // "" for an option whose value is still its default of "" means
+        // "not given" (--plan "" as --help shows it), not a bad choice.
+        const bool default_empty = value.empty() && static_cast<std::string*>(o.target)->empty();
+        if (!o.choices.empty() && !default_empty) {
             bool found = false;
             std::string list;
             for (const std::string& c : o.choices) {

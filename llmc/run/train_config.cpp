@@ -5,7 +5,7 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     using O = Option;
     p.add({'i', "train-data", O::String, &c.train_data, "training shards (path or glob)"});
     p.add({'j', "val-data", O::String, &c.val_data, "validation shards (path or glob; \"\" for none)"});
-    p.add({0, "tokenizer", O::String, &c.tokenizer, "tokenizer for samples: llm.c file or tokenizer.json (default with an HF -e DIR: DIR/tokenizer.json; byte-level if missing)"});
+    p.add({0, "tokenizer", O::String, &c.tokenizer, "tokenizer for samples: llm.c file or tokenizer.json (default with an HF -e DIR: DIR/tokenizer.json; byte-level if the default is missing or with \"\")"});
     p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=] (arch=llama,..,NKV=,F=[,theta=,eps=,tied=1]), a model file, or a Hugging Face directory"});
     p.add({'o', "output-dir", O::String, &c.output_dir, "output directory: metrics.jsonl and checkpoints"});
     p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});

@@ -84,6 +84,10 @@ void Trainer::setup(const ArgParser& parser) {
     // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.
     if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
         cfg.tokenizer = hf_tokenizer_path(cfg.model);
+    // A tokenizer the user named must exist (a typo would otherwise print
+    // byte-level samples without a word); the default one may be absent.
+    setup_check(!parser.given("tokenizer") || cfg.tokenizer.empty() || file_size(cfg.tokenizer) >= 0,
+                "flag --tokenizer '" + cfg.tokenizer + "': not a readable file (give \"\" for byte-level samples)");
     if (file_size(cfg.tokenizer) >= 0) setup_check(tok.load(cfg.tokenizer, &err), err);
     else tok.init_bytes();
     if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);

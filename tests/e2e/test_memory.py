@@ -19,7 +19,8 @@
 #     --memory-budget), before allocating it;
 #   - rough edges: odd -t without cp; -d 0 or too large, --eps 0; ranks
 #     given different flags (also one rank given --help, --plan or
-#     --calibrate) or the same flags naming different files; a metrics.jsonl that cannot be written; -n
+#     --calibrate) or the same flags naming different files; a --tokenizer
+#     that does not exist; a metrics.jsonl that cannot be written; -n
 #     without -o and -y 1 without a checkpoint warn on stderr; bare on/off
 #     flags; a model file without the .bin suffix; a model file of NaN; CPU
 #     threads shared by the ranks of a node.
@@ -162,6 +163,12 @@ def test_rough_edges(tmp):
     e = errors(p.stderr)
     check(p.returncode != 0 and len(e) == 1 and "--max-steps" in e[0] and "different flags" in e[0],
           f"different flags: rc={p.returncode} {p.stderr[-300:]!r}")
+    # A tokenizer the user names must exist (a missing path or a directory
+    # once fell back to byte-level samples without a word).
+    for tok in ("/nonexistent/tokenizer.bin", tmp):
+        rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "--tokenizer", tok])
+        e = errors(err)
+        check(rc != 0 and len(e) == 1 and "--tokenizer" in e[0], f"--tokenizer {tok}: rc={rc} {err[-200:]!r}")
     # The same flags naming different files (a relative -i from two working
     # directories, shards of different lengths): one line naming -i, no
     # training on other data, no hang at the shorter epoch's end.

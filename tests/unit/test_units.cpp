@@ -143,6 +143,10 @@ static void test_args_values() {
           err.c_str());
     CHECK(run({"--lr", "-1e-3"}, &err) || contains(err, "--lr: '-1e-3'"), "a negative number reaches the range check: %s",
           err.c_str());
+    CHECK(run({"--plan", ""}, &err) && cfg.plan.empty(), "--plan \"\", the default --help shows, is accepted: %s",
+          err.c_str());
+    err.clear();
+    CHECK(!run({"--plan", "x"}, &err) && contains(err, "--plan"), "--plan x refused: %s", err.c_str());
 }
 
 static void test_schedule() {
