@@ -3,6 +3,7 @@
 #include "llmc/run/startup.h"
 
 #include <omp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,32 @@ void setup_check(bool ok, const std::string& msg) {
 }
 
 [[noreturn]] void end_job(const std::string& msg) { dist_abort(msg); }
+
+std::string output_path_problem(const std::string& path, bool directory) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+        if (directory != S_ISDIR(st.st_mode)) return directory ? "exists and is not a directory" : "is a directory";
+        if (::access(path.c_str(), W_OK | (directory ? X_OK : 0)) != 0) return "is not writable";
+        if (directory) return "";
+    }
+    // The file (written beside its final name, then renamed) or the folder to
+    // be created: the nearest existing folder above it must take new entries.
+    std::string parent = path;
+    while (!parent.empty() && parent.back() == '/') parent.pop_back();
+    const size_t slash = parent.rfind('/');
+    parent = slash == std::string::npos ? "." : slash == 0 ? "/" : parent.substr(0, slash);
+    if (!directory) {
+        if (::stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return "its folder " + parent + " does not exist";
+    } else {
+        while (::stat(parent.c_str(), &st) != 0 && parent != "." && parent != "/") {
+            const size_t up = parent.rfind('/');
+            parent = up == std::string::npos ? "." : up == 0 ? "/" : parent.substr(0, up);
+        }
+        if (!S_ISDIR(st.st_mode)) return parent + " is not a directory";
+    }
+    if (::access(parent.c_str(), W_OK | X_OK) != 0) return "its folder " + parent + " is not writable";
+    return "";
+}
 
 void check_same_data(DataLoader& data, const char* flag, const std::string& pattern) {
     std::string mine, err;

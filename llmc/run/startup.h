@@ -28,6 +28,12 @@ void setup_check(bool ok, const std::string& msg);
 // --calibrate while the others train would otherwise leave them waiting.
 void check_same_flags(const ArgParser& parser, bool help);
 
+// Why an output the run writes only at its end (--export-model,
+// --export-hf, --trace) could not be written, or "" when it can: checked
+// before the first step, so that a typo does not cost the whole run.
+// directory: the path is a folder to create or fill, else a file.
+std::string output_path_problem(const std::string& path, bool directory);
+
 // Every rank must read the same data: rank 0's fingerprint of the loader
 // (DataLoader::fingerprint) goes to every rank, and a rank whose files differ
 // (another working directory, another copy) ends the job with one line

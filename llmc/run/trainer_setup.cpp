@@ -4,6 +4,7 @@
 // check), the weights, the outputs.
 #include <cstdio>
 #include <stdexcept>
+#include <tuple>
 
 #include "llmc/backend/backend_measure.h"
 #include "llmc/backend/backends.h"
@@ -79,6 +80,14 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
     use_val = !cfg.val_data.empty() && cfg.val_every > 0;
     setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
+    // What is written only at the end must be writable now.
+    for (const auto& out : {std::make_tuple("--export-model", cfg.export_model, false),
+                            std::make_tuple("--export-hf", cfg.export_hf, true),
+                            std::make_tuple("--trace", cfg.trace, false)}) {
+        const std::string& path = std::get<1>(out);
+        const std::string why = path.empty() || !main_rank ? "" : output_path_problem(path, std::get<2>(out));
+        setup_check(why.empty(), std::string("flag ") + std::get<0>(out) + " '" + path + "': " + why);
+    }
     check_same_data(train, "-i", cfg.train_data);
     if (use_val) check_same_data(val, "-j", cfg.val_data);
     // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.

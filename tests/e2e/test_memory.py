@@ -20,7 +20,8 @@
 #   - rough edges: odd -t without cp; -d 0 or too large, --eps 0; ranks
 #     given different flags (also one rank given --help, --plan or
 #     --calibrate) or the same flags naming different files; a --tokenizer
-#     that does not exist; a metrics.jsonl that cannot be written; -n
+#     that does not exist; --export-model, --export-hf, --trace paths that
+#     cannot be written (refused before the first step); a metrics.jsonl that cannot be written; -n
 #     without -o and -y 1 without a checkpoint warn on stderr; bare on/off
 #     flags; a model file without the .bin suffix; a model file of NaN; CPU
 #     threads shared by the ranks of a node.
@@ -169,6 +170,13 @@ def test_rough_edges(tmp):
         rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "--tokenizer", tok])
         e = errors(err)
         check(rc != 0 and len(e) == 1 and "--tokenizer" in e[0], f"--tokenizer {tok}: rc={rc} {err[-200:]!r}")
+    # Outputs written only at the end are checked before the first step.
+    for flag, path in (("--export-model", "/nonexistent/dir/model.bin"), ("--trace", tmp),
+                       ("--export-hf", "/etc/passwd/hf"), ("--trace", "/nonexistent/t.json")):
+        rc, out, err = train(0, base("fp32", 1) + ["-b", "2", flag, path])
+        e = errors(err)
+        check(rc != 0 and len(e) == 1 and flag in e[0] and "step" not in out,
+              f"{flag} {path}: rc={rc} {err[-200:]!r}")
     # The same flags naming different files (a relative -i from two working
     # directories, shards of different lengths): one line naming -i, no
     # training on other data, no hang at the shorter epoch's end.
