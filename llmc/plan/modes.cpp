@@ -28,6 +28,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero;
         b.B = cfg.B, b.T = cfg.T, b.total_batch = cfg.total_batch;
         parse_recompute(cfg.recompute, &b.recompute);
+        b.head_chunk = cfg.head_chunk;
         if (b.total_batch < 0) b.total_batch = (long long)b.B * b.T * std::max(1, b.world / (b.pp * b.tp * b.cp));
         r.fix_pp = parser.given("pp"), r.fix_vpp = parser.given("vpp"), r.fix_tp = parser.given("tp");
         r.fix_cp = parser.given("cp"), r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
