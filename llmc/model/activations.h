@@ -27,10 +27,12 @@ struct GPT::Acts {
     void* residual3;                            // [Ns,C]
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
-    void* logits;                               // [N,Vl]
+    void* logits;                               // [N,Vl]; with --head-chunk ROWS one [ROWS,Vl] for all slots
+    void* dlnf = nullptr;                       // [N,C] --head-chunk: d(head input), from the forward
     void* losses;                               // [N]
     void *ce_max = nullptr, *ce_target = nullptr, *ce_sumexp = nullptr;  // [N], tp > 1
     void* logit_row = nullptr;                  // [V], tp > 1: one gathered row
+    void* head_dw = nullptr;  // [Vl,C] --head-chunk: the head weight's gradient since the last backward
     // scratch, reused by every layer
     void* ln_full = nullptr;  // [N,C] SP: a LayerNorm output gathered over the tp group
     void* proj;               // [N,C] row-parallel output (partial under tp)

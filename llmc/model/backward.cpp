@@ -44,24 +44,24 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) 
     auto g_bwd = [&]() -> const void* { return tp_ ? tp_->g_backward(a.dresidual, a.dfull, C, N, act) : a.dresidual; };
 
     if (ch.head) {
-        // LM head and final norm: logits now hold dlogits. Tied, the head is
-        // wte of the embedding unit, which stays acquired until the encoder's
-        // backward when the chunk also starts the model; untied, it is
-        // lm_head of the final unit.
-        void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
+        // LM head and final norm (head.cpp: from the logits, which now hold
+        // dlogits, or with --head-chunk from what the forward's chunks left).
+        // Tied, the head is wte of the embedding unit, which stays acquired
+        // until the encoder's backward when the chunk also starts the model;
+        // untied, it is lm_head of the final unit.
         void* lnf = elem_ptr(a.lnf, act, (size_t)slot * Ns * C);
         if (cfg_.tied) acquire(0);
         acquire(final_unit);
         if (ch.layers > 0) provider_->prefetch(block_unit(end - 1));
-        const Param head = cfg_.tied ? Param::wte : Param::lm_head;
-        be_->matmul_backward(a.dln, G(head), nullptr, logits, f_input(lnf), P(head), N, C, Vl);
+        void* dlnf = head_backward(slot, lnf, N);
         if (cfg_.tied && !ch.embed) {  // the last stage's copy of the embedding unit is done
             provider_->grads_done(0, last_micro_step);
             release(0);
         }
         be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
         const void* lnf_in = ch.layers > 0 ? layer_acts(end - 1, slot, N, Ns).x3 : chunk_in(c, slot);
-        norm_backward(a.dresidual, f_bwd(), lnf_in, a.lnf_mean ? elem_ptr(a.lnf_mean, prec_.stat, (size_t)slot * Ns) : nullptr,
+        void* dln = tp_ ? tp_->f_backward(dlnf, a.dln_s, C, N, act) : dlnf;
+        norm_backward(a.dresidual, dln, lnf_in, a.lnf_mean ? elem_ptr(a.lnf_mean, prec_.stat, (size_t)slot * Ns) : nullptr,
                       elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Param::lnfw, 0, Ns);
         provider_->grads_done(final_unit, last_micro_step);
         release(final_unit);

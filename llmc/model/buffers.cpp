@@ -90,14 +90,16 @@ const char* recompute_name(Recompute r) {
 }
 
 GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, const Sharding& sharding,
-         TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks)
+         TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks, int head_chunk)
     : be_(be), cfg_(cfg),
       table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
              stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks)),
       prec_(be->precision()), B_(B), T_(T), recompute_(recompute),
       chunks_(chunks.empty() ? whole_model(cfg) : chunks), tp_(tp && tp->size() > 1 ? tp : nullptr),
-      tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), sharding_(sharding) {
+      tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), head_chunk_(head_chunk),
+      sharding_(sharding) {
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
+    if (head_chunk < 0) throw std::invalid_argument("GPT: negative LM-head chunk");
     const bool sp = tp_ && tp_->sp();
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("sequence parallel needs T divisible by tp");
     // Where each chunk's slots live in the per-layer and per-chunk buffers.
@@ -161,7 +163,21 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
         a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);
         a.lnf_mean = ln ? alloc_buffer(A, "lnf_mean", HSl * Ns, st) : nullptr;
         a.lnf_rstd = alloc_buffer(A, "lnf_rstd", HSl * Ns, st);
-        a.logits = alloc_buffer(A, "logits", HSl * N * Vl, act);
+        if (!head_chunk) {
+            a.logits = alloc_buffer(A, "logits", HSl * N * Vl, act);
+        } else {
+            // Chunked head (head.cpp): one chunk of logits for every slot,
+            // each slot's gradient of the head input (the backward's), and
+            // the head weight's gradient, kept apart from the gradient
+            // buffers because those are handed out only in the backward
+            // (ZeRO-2/3, pipeline schedules). Gradient type (the matrix
+            // product accumulates into it; the activations' type on every
+            // backend).
+            a.logits = alloc_buffer(S, "logits_chunk", std::min((size_t)head_chunk, N) * Vl, act);
+            a.dlnf = alloc_buffer(A, "dlnf", HSl * N * C, act);
+            a.head_dw = alloc_buffer(S, "head_dweight", Vl * C, prec_.grad);
+            be_->zero(a.head_dw, Vl * C * dtype_size(prec_.grad));
+        }
         a.losses = alloc_buffer(A, "losses", N, st);
         if (tp_) {
             a.ce_max = alloc_buffer(S, "ce_max", N, st);

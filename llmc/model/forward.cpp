@@ -1,5 +1,6 @@
 // llmc/model/forward.cpp: the forward of a model chunk, and the pieces
-// that differ between GPT-2 and Llama.
+// that differ between GPT-2 and Llama (the LM head and its cross-entropy
+// are in head.cpp).
 //
 // Forward of block l (N = B·T tokens, residual stream x):
 //   ln1 = LN(x); qkv = ln1·qkvw^T + qkvb; atty = attention(qkv)
@@ -120,7 +121,7 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
     const bool sp = tp_ && tp_->sp();
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("forward: sequence parallel needs T divisible by tp");
     Acts& a = *a_;
-    const int L = cfg_.num_layers, C = cfg_.channels, V = cfg_.vocab_size, N = B * T, Ns = sp ? N / tp_size_ : N;
+    const int L = cfg_.num_layers, C = cfg_.channels, N = B * T, Ns = sp ? N / tp_size_ : N;
     const int Vl = table_.vocab_rows;
     const int final_unit = L + 1, first = ch.first_layer, end = ch.first_layer + ch.layers;
     const DType act = prec_.act, st = prec_.stat;
@@ -147,7 +148,6 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
         if (tp_) tp_->g_forward(emb, x0, C, N, act);
         if (!ch.head || !cfg_.tied) release(0);
     }
-    auto f_fwd = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
     void* lnf = ch.head ? elem_ptr(a.lnf, act, (size_t)slot * Ns * C) : nullptr;
     void* lnf_mean = ch.head ? elem_ptr(a.lnf_mean, st, (size_t)slot * Ns) : nullptr;
     void* lnf_rstd = ch.head ? elem_ptr(a.lnf_rstd, st, (size_t)slot * Ns) : nullptr;
@@ -181,60 +181,6 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
         acquire(final_unit);
         norm(lnf, lnf_mean, lnf_rstd, x0, Param::lnfw, 0, Ns);
     }
-    // LM head: vocabulary-parallel, column-parallel over the rows of wte
-    // (tied) or of lm_head, which lives in the final unit (untied) (f).
-    void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
-    if (cfg_.tied) {
-        release(final_unit);
-        if (!ch.embed) acquire(0);
-        be_->matmul_forward(logits, f_fwd(lnf), P(Param::wte), nullptr, N, C, Vl);
-        release(0);
-    } else {
-        be_->matmul_forward(logits, f_fwd(lnf), P(Param::lm_head), nullptr, N, C, Vl);
-        release(final_unit);
-    }
-    if (!targets) return 0.0;
-    if (!tp_) {
-        be_->softmax_crossentropy(logits, a.losses, tgt, dloss, N, V, Vl, dloss != 0.0);
-    } else {
-        // Vocab-parallel cross-entropy: the logits are never gathered.
-        const int vb = table_.vocab_begin;
-        be_->crossentropy_stats(logits, tgt, a.ce_max, a.ce_target, N, Vl, vb, V);
-        tp_->max(a.ce_max, N, st);
-        tp_->sum(a.ce_target, N, st);
-        be_->crossentropy_sumexp(logits, a.ce_max, a.ce_sumexp, N, Vl, vb, V);
-        tp_->sum(a.ce_sumexp, N, st);
-        be_->crossentropy_finish(logits, a.losses, tgt, a.ce_max, a.ce_sumexp, a.ce_target, dloss, N, Vl, vb,
-                                 V, dloss != 0.0);
-    }
-    grad_ready_[slot] = dloss != 0.0;
-    std::vector<double> losses(N);
-    be_->download(losses.data(), DType::F64, a.losses, st, N);
-    double sum = 0;
-    for (double v : losses) sum += v;
-    return sum / N;
-}
-
-void GPT::logits_row(int b, int pos, void* out, DType dt) {
-    // The local token at global position pos, if this rank holds it.
-    int t = -1;
-    for (int i = 0; i < last_T_; i++)
-        if (pos_host_[i] == pos) t = i;
-    const size_t Vl = table_.vocab_rows, V = cfg_.vocab_size;
-    if (!a_->logits) throw std::logic_error("logits_row: this pipeline stage has no LM head");
-    // Slot 0 of the head chunk: the forward-only passes (samples) use it.
-    const void* src = t >= 0 ? elem_ptr(a_->logits, prec_.act, ((size_t)b * last_T_ + t) * Vl) : nullptr;
-    if (!tp_ && !cp_) {
-        if (!src) throw std::invalid_argument("logits_row: position not in the last forward");
-        be_->download(out, dt, src, prec_.act, V);
-        return;
-    }
-    // Each rank contributes the part of the row it holds (a vocabulary slice
-    // under tp, nothing when cp puts the position elsewhere); sums assemble it.
-    const size_t vb = table_.vocab_begin, held = vb < V ? std::min(Vl, V - vb) : 0;
-    be_->zero(a_->logit_row, V * dtype_size(prec_.act));
-    if (src && held) be_->copy(elem_ptr(a_->logit_row, prec_.act, vb), src, held * dtype_size(prec_.act));
-    if (tp_) tp_->sum(a_->logit_row, V, prec_.act);
-    if (cp_) cp_->comm().all_reduce(a_->logit_row, V, prec_.act, ReduceOp::Sum);
-    be_->download(out, dt, a_->logit_row, prec_.act, V);
+    // LM head and cross-entropy (head.cpp).
+    return head_forward(ch, slot, lnf, tgt, targets != nullptr, N, dloss);
 }

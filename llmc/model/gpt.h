@@ -3,9 +3,10 @@
 // (parameters, gradients, master weights, Adam m and v, all laid out by the
 // tensor table), its activations, and a forward and backward pass written
 // once against the Backend interface, so the same code runs on the CPU and
-// on CUDA. The class is implemented in four files by job: buffers.cpp (the
+// on CUDA. The class is implemented in five files by job: buffers.cpp (the
 // buffers and the units' parameters), weights.cpp (weights in file order,
-// initialisation), forward.cpp and backward.cpp.
+// initialisation), forward.cpp, backward.cpp and head.cpp (the LM head and
+// its cross-entropy, whole or in row chunks).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -96,9 +97,14 @@ class GPT {
     // cp: context parallelism (ring attention); T is then the local sequence
     // length T/c and set_positions() gives the global positions.
     // chunks: what this pipeline stage runs (empty: the whole model).
+    // head_chunk: 0 computes the LM head's logits for every row of every
+    // micro-batch in flight at once; ROWS > 0 runs the head and its
+    // cross-entropy in chunks of at most ROWS rows, the backward's head
+    // products fused into the forward (head.cpp), so that only ROWS rows of
+    // logits are ever held.
     GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute = Recompute::none,
         const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
-        const std::vector<ModelChunk>& chunks = {});
+        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0);
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -109,6 +115,7 @@ class GPT {
     const Precision& precision() const { return prec_; }
     int max_B() const { return B_; }
     int max_T() const { return T_; }
+    int head_chunk() const { return head_chunk_; }  // rows per LM-head chunk (0: whole)
 
     const Sharding& sharding() const { return sharding_; }
     // Parallel modes install their provider; null restores the local one
@@ -205,7 +212,11 @@ class GPT {
     // columns, to host memory of type dt (before backward overwrote them
     // with gradients). Under tensor or context parallelism every rank of the
     // groups must call it (the row is assembled from the ranks that hold it).
+    // With head_chunk > 0 a forward without targets computes the logits of
+    // one chunk of rows only: the one holding the row named by
+    // want_logits(b, pos) before it (default: the chunk of row 0).
     void logits_row(int b, int pos, void* out, DType dt);
+    void want_logits(int b, int pos);
     // Activation bytes held (activations and their gradient scratch).
     size_t activation_bytes() const;
     // Bytes one transformer block keeps from its forward for its backward
@@ -249,6 +260,20 @@ class GPT {
                        int layer, int N);
     void rotate(void* qkv, int B, int T, bool inverse);
     void activation(void* h, const void* fch, int N);
+    // The LM head of the head chunk's micro-batch in `slot` from its final
+    // norm's output lnf (head.cpp): logits, and with targets the losses
+    // (mean returned); with dloss != 0 also the head's gradients, for the
+    // backward (head_backward). Acquires and releases the head's units.
+    double head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt, bool has_targets, int N,
+                        double dloss);
+    void head_forward_chunked(int slot, const void* in, const void* W, const int* tgt, bool has_targets, int N,
+                              double dloss);
+    // Losses of rows r0..r0+n-1 from their logits (and their gradient in
+    // place when dloss != 0).
+    void cross_entropy(void* logits, int r0, int n, const int* tgt, double dloss);
+    // The head's backward: G(head) += its weight gradient; returns the
+    // gradient of lnf's input rows to the head (all N rows, partial under tp).
+    void* head_backward(int slot, const void* lnf, int N);
     int chunk_of_layer(int l) const;
     void* chunk_in(int c, int slot);  // the residual stream entering chunk c
     class LocalUnits;
@@ -284,6 +309,9 @@ class GPT {
     ContextParallel* cp_ = nullptr;
     std::vector<int> pos_host_;  // global position of each local token
     std::vector<char> grad_ready_;  // per slot of the head chunk
+    int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
+    int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
+    int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds
     Sharding sharding_;
     UnitProvider* provider_ = nullptr;
     LocalUnits* local_ = nullptr;

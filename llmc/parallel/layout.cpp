@@ -9,6 +9,7 @@ std::string Layout::describe() const {
                     std::to_string(dp()) + " x cp " + std::to_string(cp) + " x tp " + std::to_string(tp) +
                     (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
                     ", recompute " + recompute_name(recompute);
+    if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
     return s;
 }
 
@@ -94,7 +95,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.head_size(),
                                     mc.kv_heads() / l.tp));
     s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank()),
-                           s->tp.get(), s->cp.get(), s->pipe->chunks()));
+                           s->tp.get(), s->cp.get(), s->pipe->chunks(), l.head_chunk));
     s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));
     s->pipe->attach(*s->model);
     s->dp.reset(new DataParallel(*s->model, *g.dpcp, l.zero));

@@ -1,6 +1,6 @@
 // llmc/parallel/layout.h: a layout, how a run is split over its ranks (pipeline
 // stages and chunks, data, context and tensor parallel degrees, sequence
-// parallel, ZeRO stage, micro-batch, recompute); the checks that say whether
+// parallel, ZeRO stage, micro-batch, recompute, LM-head chunk); the checks that say whether
 // it fits a world and a model; and the one function that builds a rank's
 // model with its parallel modes. The trainer builds its own rank's stack on
 // its backend; the planner (llmc/plan/planner.h) builds any rank's stack of any
@@ -25,6 +25,7 @@ struct Layout {
     int B = 1, T = 1;            // micro-batch rows and sequence length
     long long total_batch = -1;  // tokens per optimizer step (-1: B·T·dp)
     Recompute recompute = Recompute::none;
+    int head_chunk = 0;          // rows per LM-head chunk (0: the whole micro-batch at once)
 
     int dp() const { return world / (pp * tp * cp); }
     int T_local() const { return T / cp; }

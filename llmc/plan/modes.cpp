@@ -28,6 +28,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero;
         b.B = cfg.B, b.T = cfg.T, b.total_batch = cfg.total_batch;
         parse_recompute(cfg.recompute, &b.recompute);
+        b.head_chunk = cfg.head_chunk;
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
         const long long degrees = (long long)b.pp * b.tp * b.cp;
         if (b.total_batch < 0) b.total_batch = (long long)b.B * b.T * std::max(1LL, b.world / std::max(1LL, degrees));

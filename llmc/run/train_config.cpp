@@ -43,6 +43,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
            {"auto", "nccl", "mpi"}});
     p.add({'r', "recompute", O::String, &c.recompute, "activations recomputed in backward (1 = gelu, 0 = none)", 0, 0,
            {"none", "gelu", "selective", "full", "0", "1"}, "1"});
+    p.add({0, "head-chunk", O::Int, &c.head_chunk,
+           "LM head + cross-entropy in chunks of at most ROWS rows, its backward fused in (0: all rows at once)", 0,
+           1e9});
     p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1, {}, "1"});
     p.add({0, "plan", O::String, &c.plan, "plan instead of training: search layouts, or eval the one given", 0, 0,
            {"search", "eval"}});

@@ -46,6 +46,7 @@ struct TrainConfig {
     std::string comm = "auto";
     double memory_budget = 0;  // MiB the backend may hold (0: no cap)
     std::string recompute = "none";  // -r: none, gelu, selective, full (0 = none, 1 = gelu)
+    int head_chunk = 0;        // LM head and cross-entropy in chunks of this many rows (0: all at once)
     int overfit = 0;           // -a
     long long seed = 1337;
     // planning (no training): llmc/plan/planner.h, llmc/plan/calibrate.h

@@ -43,6 +43,7 @@ void Trainer::setup(const ArgParser& parser) {
     lay.T = cfg.T;
     lay.total_batch = cfg.total_batch;
     parse_recompute(cfg.recompute, &lay.recompute);
+    lay.head_chunk = cfg.head_chunk;
     setup_check(check_world(lay, &err), err);
     setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err), err);
 

@@ -125,6 +125,7 @@ void Trainer::sample() {
     int n = std::min(cfg.gen_tokens, T - 1);
     for (int t = 1; t <= n; t++) {
         s.cp->shard_rows(tokens.data(), 1, T, local.data());
+        s.model->want_logits(0, t - 1);  // --head-chunk computes only that row's chunk
         s.pipe->forward_only(*s.model, local.data(), nullptr, 1, T / s.cp->size());
         s.pipe->logits_row(*s.model, 0, t - 1, logits.data());
         int next = sample_token(logits, rng.uniform());

@@ -10,7 +10,8 @@
 #     base and epsilon): dp with ZeRO 0-3, tp (the K/V heads split over the tp
 #     ranks), tp + sp, cp (ring attention with grouped K/V), pp (1F1B and
 #     interleaved; the untied head on the last stage, or the tied wte copied
-#     there), recompute modes and mixes of them: 10 steps of losses and the
+#     there), recompute modes, the LM head in row chunks (--head-chunk) and
+#     mixes of them: 10 steps of losses and the
 #     final weights equal one process (fp64 <= 1e-10, fp32 <= 1e-5);
 #   - checkpoints: saved at pp=2, resumed at tp=2 with sp and in one
 #     process, with the uninterrupted run's losses;
@@ -108,7 +109,11 @@ def suite(tmp):
                (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "2", "--pp", "2"]),
                (2, ["-b", "2", "--pp", "2", "--vpp", "2", "-r", "full"]),
                (4, ["-b", "2", "--pp", "2", "--tp", "2", "--sp", "1"]),
-               (4, ["-b", "4", "--cp", "2", "-z", "2"]), (4, ["-b", "8", "--tp", "2", "--cp", "2"])]
+               (4, ["-b", "4", "--cp", "2", "-z", "2"]), (4, ["-b", "8", "--tp", "2", "--cp", "2"]),
+               # the untied lm_head in chunks of 24 rows (N = 64 and 32 here)
+               (0, ["-b", "4", "--head-chunk", "24"]),
+               (4, ["-b", "2", "--pp", "2", "--tp", "2", "--sp", "1", "-r", "full", "--head-chunk", "24"]),
+               (2, ["-b", "4", "-z", "3", "--head-chunk", "24"])]
     test_equivalence(tmp, "fp64", UNTIED, layouts)
     test_equivalence(tmp, "fp64", TIED, [(2, ["-b", "2", "--pp", "2"]), (2, ["-b", "8", "--tp", "2", "-r", "gelu"]),
                                          (4, ["-b", "2", "--pp", "2", "-z", "3"])])

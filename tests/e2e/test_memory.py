@@ -6,6 +6,15 @@
 #     tp=2 sp, cp=2, pp=2 x ZeRO-3 and dp=2 x tp=2; the per-block activation
 #     bytes of the memory line equal the formula of each mode (elements of
 #     B·T·C: 16, 12, 11, 1, plus the statistics the mode keeps);
+#   - --head-chunk: the LM head in chunks of 24 rows (not dividing the 64
+#     or 128 rows of a micro-batch) trains the same model as the unchunked
+#     head (fp64 losses and final weights <= 1e-10) in one process and under
+#     tp=2, tp=2 sp, cp=2, pp=2 (four micro-batches) and dp=2 x ZeRO-3;
+#     validation losses and samples (chunks of 5 rows cutting the sampling
+#     pass's 16, under tp=2 sp, cp=2 and pp=2 too) equal the unchunked
+#     run's; the activations of the memory line shrink by exactly the
+#     logits rows dropped, less the input-gradient slot and the weight-
+#     gradient accumulator;
 #   - checkpoints: sharded (one file per rank, every element in exactly one,
 #     read back here by an independent reader); saved at dp=2 x tp=2 ZeRO-1,
 #     resumed at pp=2 x ZeRO-3 and in one process with the uninterrupted
@@ -76,6 +85,62 @@ def test_recompute(tmp):
         want = (elems[mode] * N * C + stats[mode]) * es
         check(got[mode] == want, f"-r {mode}: {got[mode]} bytes per block, formula {want}")
     print(f"  per-block activation bytes (B={B}, T={T}, C={C}): {got} = formula")
+
+
+def test_head_chunk(tmp):
+    h = ["--head-chunk", "24"]
+    equivalence(check, os.path.join(tmp, "head_chunk"), "fp64", base() + ["-d", "256"], ["-b", "16"],
+                [(0, ["-b", "4"] + h), (2, ["-b", "8", "--tp", "2"] + h), (2, ["-b", "8", "--tp", "2", "--sp", "1"] + h),
+                 (2, ["-b", "8", "--cp", "2"] + h), (2, ["-b", "4", "--pp", "2"] + h), (2, ["-b", "4", "-z", "3"] + h)],
+                steps=6)
+    # Validation and samples: the sampling pass (one row of 16 tokens)
+    # computes only the chunk of 5 rows that holds the position it reads.
+    look = base(steps=3) + ["-j", DATA, "-v", "3", "-m", "2", "-s", "3", "-g", "15", "-d", "256"]
+
+    def seen(np_, extra):
+        rc, out, err = train(np_, look + extra)
+        out = re.sub(r"^memory\[\d+\] .*\n", "", out, flags=re.M)  # other ranks' lines may land inside a sample
+        return rc, re.findall(r"---- sample ----\n(.*?)\n-{16}", out, re.S) + re.findall(r"val loss \S+", out), err
+
+    # (Validation splits its micro-batches over the dp ranks: each layout
+    # against itself unchunked.)
+    for np_, extra in ((0, ["-b", "16"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"]),
+                       (2, ["-b", "4", "--pp", "2"])):
+        rc, ref, err = seen(np_, extra)
+        if not check(rc == 0 and "---- sample" not in "".join(ref) and len(ref) >= 2 and ref[-1].startswith("val"),
+                     f"{' '.join(extra)}: samples and val losses {ref}: {err[-300:]}"):
+            continue
+        rc, got, err = seen(np_, extra + ["--head-chunk", "5"])
+        check(rc == 0 and got == ref, f"--head-chunk 5 {' '.join(extra)}: samples and val losses {got} != {ref} "
+                                      f"{err[-300:]}")
+    print(f"  --head-chunk 5: samples and val losses equal the unchunked runs' in 4 layouts")
+    # The memory line (fp32, one process, N = 64 rows): the logits shrink
+    # from N to 24 rows; the head input's gradient (N x C) and the weight
+    # gradient's accumulator (V x C) are added.
+    acts = {}
+    for extra in ([], h):
+        rc, out, err = train(0, base("fp32", 1) + ["-b", "4"] + extra)
+        m = re.search(r"memory\[0\] start: .* activations=(\d+)", out)
+        if check(rc == 0 and m, f"memory line {extra}: {err[-300:]}"):
+            acts[len(extra)] = int(m.group(1))
+    if len(acts) == 2:
+        want = acts[0] - (64 - 24) * V * 4 + 64 * C * 4 + V * C * 4
+        check(acts[2] == want, f"--head-chunk 24: activations {acts[2]} bytes, want {want}")
+        print(f"  --head-chunk 24 memory line (V=97): activations {acts[0]} -> {acts[2]} bytes")
+    # At d12's sizes (B=64, T=1024, bf16) the planner's line (equal to the
+    # trainer's, tests/e2e/test_planner.py) drops 64K - 8K rows of logits.
+    acts = {}
+    for extra in ([], ["--head-chunk", "8192"]):
+        p = subprocess.run([TRAIN, "--plan", "eval", "-e", "d12", "-b", "64", "-t", "1024", "--world", "1"] + extra,
+                           cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+        m = re.search(r"memory\[0\] plan: .* activations=(\d+)", p.stdout)
+        if check(p.returncode == 0 and m, f"--plan eval d12 {extra}: {p.stderr[-300:]}"):
+            acts[len(extra)] = int(m.group(1))
+    if len(acts) == 2:
+        N, Vp, C2 = 64 * 1024, 50304, 768
+        want = acts[0] - (N - 8192) * Vp * 2 + N * C2 * 2 + Vp * C2 * 2
+        check(acts[2] == want, f"d12 --head-chunk 8192: activations {acts[2]} bytes, want {want}")
+        print(f"  d12 B=64 T=1024 --head-chunk 8192: activations {acts[0] / 2**30:.2f} -> {acts[2] / 2**30:.2f} GiB")
 
 
 def test_checkpoints(tmp):
@@ -263,6 +328,7 @@ def suite(tmp):
     test_memory_check(tmp)
     test_checkpoints(tmp)
     test_recompute(tmp)
+    test_head_chunk(tmp)
 
 
 def main():

@@ -4,7 +4,8 @@
 #   - memory: --plan eval prints, for every rank, the memory line the trainer
 #     prints when it starts with the same flags, byte for byte, for the
 #     layouts of the distributed tests (dp x ZeRO 0-3, tp, tp + sp, cp,
-#     cp x tp x sp, pp, pp with vpp, pp x dp x tp, the recompute modes), GPT-2 and Llama;
+#     cp x tp x sp, pp, pp with vpp, pp x dp x tp, the recompute modes, the
+#     LM head in row chunks), GPT-2 and Llama;
 #   - time on this CPU, through scripts/benchmark_planner.py: after
 #     --calibrate on the layout's ranks, the predicted step time of one
 #     process, tp2 and pp2 is within 4x of the measured median (a margin a
@@ -67,9 +68,11 @@ def test_memory(tmp):
                (2, ["-b", "8", "--tp", "2"]), (2, ["-b", "8", "--tp", "2", "--sp", "1", "-r", "selective"]),
                (2, ["-b", "8", "--cp", "2"]), (4, ["-b", "8", "--cp", "2", "--tp", "2", "--sp", "1"]),
                (2, ["-b", "4", "--pp", "2"]), (2, ["-b", "2", "--pp", "2", "--vpp", "2", "-r", "gelu"]),
-               (8, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"])]
+               (8, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"]),
+               (2, ["-b", "4", "--pp", "2", "--head-chunk", "24"]),
+               (2, ["-b", "8", "--tp", "2", "--sp", "1", "--head-chunk", "24"])]
     memory_equal(gpt2, layouts)
-    memory_equal(llama, [(1, ["-b", "16"]), (4, ["-b", "4", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
+    memory_equal(llama, [(1, ["-b", "16"]), (1, ["-b", "16", "--head-chunk", "40"]), (4, ["-b", "4", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
                          (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "4", "--pp", "2", "-r", "selective"])])
 
 
