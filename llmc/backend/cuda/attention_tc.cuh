@@ -329,6 +329,19 @@ inline bool device_has_mma_sync() {
     return major >= 8;
 }
 
+// The device's opt-in shared memory per block (cached per device): the
+// one-kernel backward needs about 203 KB (H100, H200: 227 KB; A100: 163 KB).
+inline size_t device_smem_optin() {
+    static size_t cache[64] = {0};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < 64 && cache[dev]) return cache[dev];
+    int bytes = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (dev >= 0 && dev < 64) cache[dev] = (size_t)bytes;
+    return (size_t)bytes;
+}
+
 }  // namespace attn_tc_dev
 
 // Whether the tensor-core kernels take this call: head size 64 or 128; rows
@@ -356,8 +369,9 @@ inline bool attention_tc_enabled() {
 }
 
 // LLMC_ATTN_BWD=5 selects the one-kernel backward (attention_tc_kernels_bwd5.h)
-// where it applies (head size 64, plain and ring, with or without GQA); head
-// size 128 keeps the two-kernel backward. Its dq is summed with fp32 atomics,
+// where it applies (head size 64, plain and ring, with or without GQA, a
+// device with about 203 KB of shared memory per block); head size 128 and
+// smaller devices keep the two-kernel backward. Its dq is summed with fp32 atomics,
 // so dq is not bitwise reproducible run to run (dk, dv are). Default (unset
 // or any other value): the two-kernel backward, deterministic. Read once.
 inline bool attention_bwd5_enabled() {
@@ -367,7 +381,11 @@ inline bool attention_bwd5_enabled() {
     }();
     return on;
 }
-inline bool attention_bwd5_takes(const AttnShape& s) { return attention_bwd5_enabled() && s.HS == 64; }
+// Head size 64 on a device with the shared memory for it (else the two kernels).
+inline bool attention_bwd5_takes(const AttnShape& s) {
+    using C = attn_tc::Bwd5Cfg<64, 128, TC_BWD5_STAGES, true>;
+    return attention_bwd5_enabled() && s.HS == 64 && attn_tc_dev::device_smem_optin() >= C::smem_bytes;
+}
 
 // Scratch of attention_backward_tc: the D vector, or with the one-kernel
 // backward the fp32 dq accumulator (D is computed in the kernel there).
