@@ -7,6 +7,10 @@
 //              tile on CUDA cores, no atomics)
 //   version 3: llmc/backend/cuda/attention_tc.cuh (production for bf16 with HS 64 or
 //              128: the same two-kernel split on tensor cores, mma.sync)
+//   version 5: llmc/backend/cuda/attention_tc_kernels_bwd5.h (bf16, HS 64; what
+//              LLMC_ATTN_BWD=5 selects): one kernel per 64-key tile looping
+//              over 128-query tiles, 5 products, D folded in, dq by fp32
+//              atomics then a conversion pass (dq not bitwise reproducible)
 // Same cases as attention_forward.cu (and attention_tc_cases() for version
 // 3), grouped-query attention included (dk, dv sum over each group's query
 // heads). The output buffers start as garbage to check that they are
@@ -15,7 +19,8 @@
 // forward's (4·B·NH·Tq·Tk·HS, halved when causal), with the fraction of the
 // device's dense bf16 peak. Version 3 does 3.5x the forward's products (S and
 // dP twice, for determinism), so its counted rate is at most 2.5/3.5 of the
-// tensor cores' real rate. Flags as attention_forward.cu's (--small: the
+// tensor cores' real rate; version 5 does 2.5x, so its counted rate is its
+// executed rate. Flags as attention_forward.cu's (--small: the
 // small cases, for compute-sanitizer).
 #include "attention_cases.h"
 #include "common.h"
@@ -23,6 +28,7 @@
 #include "llmc/backend/cuda/attention.cuh"
 #include "llmc/backend/cuda/attention_tc.cuh"
 
+#include <algorithm>
 #include <type_traits>
 
 using namespace llmc_cuda;
@@ -98,8 +104,18 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
     } else if (version == 2) {
         attention_backward<E>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
     } else if constexpr (std::is_same<E, bf16>::value) {
-        attention_backward_tc(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+        if (version == 5) {  // called directly: the environment switch is read once per process
+            if (s.B > 0 && s.NH > 0)
+                attn_tc_dev::bwd5_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+        } else {
+            attention_backward_tc(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+        }
     }
+}
+
+// Scratch floats of every version: the D vector, or version 5's fp32 dq accumulator.
+size_t scratch_floats(const AttnShape& s) {
+    return std::max(attention_backward_scratch_floats(s), attn_tc::bwd5_dq_acc_floats(attn_tc::tc_params(s), 64));
 }
 
 // Whether version 3 takes this case (the backend's dispatch test).
@@ -109,6 +125,11 @@ bool tc_takes(const Case& c) {
         c.s, {probe, probe + c.koff, probe + c.voff, probe + (c.packed ? 0 : c.koff), probe + c.voff});
     lab::dev_free(probe);
     return ok;
+}
+// Version 5: the tensor-core cases of head size 64.
+bool v5_takes(const Case& c) {
+    return c.s.HS == 64 && tc_takes(c) &&
+           attn_tc_dev::device_smem_optin() >= attn_tc::Bwd5Cfg<64, 128, TC_BWD5_STAGES, true>::smem_bytes;
 }
 
 template <typename E>
@@ -128,7 +149,7 @@ void check(int version, const Case& c, const char* label, double tol) {
     // Packed: one dqkv buffer filled with garbage (every element is written).
     E* dq = c.packed ? lab::to_device<E>(lab::rand_normal(c.qbuf_n, 3.f, 99)) : lab::dev_alloc<E>(c.qbuf_n);
     E* dkv = c.packed ? dq : lab::dev_alloc<E>(c.kvbuf_n);
-    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
+    float* scratch = lab::dev_alloc<float>(scratch_floats(s));
     run<E>(version, dq, dkv + c.koff, dkv + c.voff, dout, q, kv + c.koff, kv + c.voff, out, lse, s, scratch);
     const std::string l = std::string(label) + " " + c.name;
     if (c.packed) {
@@ -155,6 +176,7 @@ int main(int argc, char** argv) {
         check<float>(2, c, "v2 fp32", tol32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;
@@ -164,6 +186,7 @@ int main(int argc, char** argv) {
             continue;
         }
         check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
     }
 
     if (!timing) return lab::finish();
@@ -190,7 +213,7 @@ int main(int argc, char** argv) {
         bf16* out = lab::to_device<bf16>(d.out);
         float* lse = lab::to_device<float>(d.lse);
         bf16* dqkv = lab::dev_alloc<bf16>(c.qbuf_n);
-        float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(c.s));
+        float* scratch = lab::dev_alloc<float>(scratch_floats(c.s));
         auto call = [&](int version) {
             run<bf16>(version, dqkv, dqkv + c.koff, dqkv + c.voff, dout, q, q + c.koff, q + c.voff, out, lse, c.s,
                       scratch);
@@ -203,6 +226,11 @@ int main(int argc, char** argv) {
         const float ms3 = lab::time_ms([&] { call(3); }, 10);
         lab::report_tflops("v3 tensor cores bf16", ms3, flops);
         if (ms2 > 0) std::printf("  %-44s %9.2fx\n", "v3 speedup over v2", ms2 / ms3);
+        if (v5_takes(c)) {
+            const float ms5 = lab::time_ms([&] { call(5); }, 10);
+            lab::report_tflops("v5 one kernel bf16 (LLMC_ATTN_BWD=5)", ms5, flops);
+            std::printf("  %-44s %9.2fx\n", "v5 speedup over v3", ms3 / ms5);
+        }
         lab::dev_free(q), lab::dev_free(dout), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dqkv),
             lab::dev_free(scratch);
     }

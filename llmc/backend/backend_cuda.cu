@@ -376,15 +376,18 @@ class CudaBackend final : public Backend {
                             const void* v, const void* out, const void* lse, const AttnShape& s) override {
         dispatch([&](auto tag) {
             using E = decltype(tag);
-            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s), "attention_backward");
             if constexpr (std::is_same<E, bf16>::value) {
                 if (use_tc(s, {dq, dk, dv, dout, q, k, v, out})) {
+                    // the same D vector, or LLMC_ATTN_BWD=5's fp32 dq accumulator
+                    float* scratch =
+                        scratch_floats(llmc_cuda::attention_backward_tc_scratch_floats(s), "attention_backward");
                     llmc_cuda::attention_backward_tc(ptr<E>(dq), ptr<E>(dk), ptr<E>(dv), cptr<E>(dout), cptr<E>(q),
                                                      cptr<E>(k), cptr<E>(v), cptr<E>(out), cptr<float>(lse), s,
                                                      scratch, stream_);
                     return;
                 }
             }
+            float* scratch = scratch_floats(llmc_cuda::attention_backward_scratch_floats(s), "attention_backward");
             llmc_cuda::attention_backward<E>(ptr<E>(dq), ptr<E>(dk), ptr<E>(dv), cptr<E>(dout), cptr<E>(q),
                                              cptr<E>(k), cptr<E>(v), cptr<E>(out), cptr<float>(lse), s, scratch,
                                              stream_);

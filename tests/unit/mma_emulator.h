@@ -4,7 +4,8 @@
 // (independently of llmc/backend/cuda/mma_layout.h, which the test checks
 // against them), and an emulated block: one host thread per CUDA thread,
 // __syncthreads as a barrier, ldmatrix/mma/shuffles as warp collectives,
-// cp.async landing only at the issuing thread's wait.
+// cp.async landing only at the issuing thread's wait (by commit group),
+// fp32 atomics under a mutex.
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -145,7 +146,8 @@ struct HostCtx {
         const void* src;
         bool ok;
     };
-    std::vector<Copy> pending;
+    std::vector<Copy> pending;               // issued, not yet committed
+    std::vector<std::vector<Copy>> groups;   // committed groups, oldest first
 
     int tid() const { return t; }
     int bx() const { return bx_; }
@@ -156,15 +158,30 @@ struct HostCtx {
         if (!bs->in_smem(s, 16) || ((uintptr_t)s & 15) || ((uintptr_t)g & 15)) bs->bad_access = true;
         pending.push_back({s, g, ok});  // lands at this thread's next wait
     }
-    void cp_commit() {}
-    void cp_wait_all() {
-        for (const Copy& c : pending) {
-            if (c.ok)
-                std::memcpy(c.dst, c.src, 16);
-            else
-                std::memset(c.dst, 0, 16);
-        }
+    void cp_commit() {
+        groups.push_back(pending);
         pending.clear();
+    }
+    // cp.async.wait_group n: the groups older than the n newest land (only
+    // now, and only for this thread's copies); uncommitted copies stay in flight.
+    void cp_wait(int n) {
+        while ((int)groups.size() > n) {
+            for (const Copy& c : groups.front()) {
+                if (c.ok)
+                    std::memcpy(c.dst, c.src, 16);
+                else
+                    std::memset(c.dst, 0, 16);
+            }
+            groups.erase(groups.begin());
+        }
+    }
+    void cp_wait_all() { cp_wait(0); }
+    // atomicAdd: one mutex for every emulated thread (the order of the adds
+    // follows the threads' scheduling, as on the GPU).
+    void atomic_add(float* p, float x) {
+        static std::mutex mu;
+        std::lock_guard<std::mutex> lk(mu);
+        *p += x;
     }
     void ldsm(uint32_t (&r)[4], const uint16_t* p, bool trans) {
         const int w = t / 32, l = t % 32;
@@ -212,7 +229,7 @@ inline bool run_grid(int gx, int gy, size_t smem_bytes, Body body) {
             std::vector<std::thread> th;
             for (int t = 0; t < attn_tc::kThreads; t++)
                 th.emplace_back([&, t] {
-                    HostCtx cx{&bs, t, bx, by, {}};
+                    HostCtx cx{&bs, t, bx, by, {}, {}};
                     body(cx);
                 });
             for (auto& x : th) x.join();

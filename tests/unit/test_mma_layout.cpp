@@ -34,17 +34,11 @@
 
 #include "llmc/backend/cuda/attention_tc_kernels.h"
 #include "llmc/backend/cuda/attention_tc_kernels_bwd.h"
+#include "tests/unit/attention_emu.h"
 #include "tests/unit/attention_fp64.h"
 #include "tests/unit/mma_emulator.h"
 
 using namespace mma_layout;
-using attn_tc::TcParams;
-
-static int g_pass = 0, g_fail = 0;
-static void check(bool ok, const std::string& what) {
-    (ok ? g_pass : g_fail)++;
-    std::printf("  %-70s %s\n", what.c_str(), ok ? "ok" : "FAIL");
-}
 
 // ---- 1. mappings --------------------------------------------------------------------
 static void test_mappings() {
@@ -114,7 +108,7 @@ static void test_addressing() {
     for (int D : {64, 128}) {
         const int ld = D + kSmemPad;
         bool aligned = true, conflict_free = true;
-        RC (*fns[3])(int) = {ldsm_a_rc, ldsm_b_nk_rc, ldsm_b_kn_rc};
+        RC (*fns[4])(int) = {ldsm_a_rc, ldsm_b_nk_rc, ldsm_b_kn_rc, ldsm_a_km_rc};
         for (auto fn : fns)
             for (int r0 = 0; r0 < 64; r0 += 16)
                 for (int c0 = 0; c0 < D; c0 += 16) {
@@ -150,15 +144,17 @@ static void test_addressing() {
     };
     auto at = [&](int r, int c) { return tile[smem_off(r, c, ld)]; };
     auto half = [](uint32_t reg, int i) { return (uint16_t)((i & 1) ? reg >> 16 : reg & 0xffffu); };
-    uint32_t ra[32][4], rn[32][4], rk[32][4];
+    uint32_t ra[32][4], rn[32][4], rk[32][4], rt[32][4];
     load(ldsm_a_rc, false, ra);
     load(ldsm_b_nk_rc, false, rn);
     load(ldsm_b_kn_rc, true, rk);
-    bool a_ok = true, nk_ok = true, kn_ok = true;
+    load(ldsm_a_km_rc, true, rt);
+    bool a_ok = true, nk_ok = true, kn_ok = true, km_ok = true;
     for (int L = 0; L < 32; L++) {
         for (int i = 0; i < 8; i++) {
             const RC rc = spec_a(L, i);  // tile stored [m][k]
             a_ok &= half(ra[L][i / 2], i) == at(rc.row, rc.col);
+            km_ok &= half(rt[L][i / 2], i) == at(rc.col, rc.row);  // stored [k][m]
         }
         for (int nt = 0; nt < 2; nt++)
             for (int i = 0; i < 4; i++) {
@@ -170,26 +166,10 @@ static void test_addressing() {
     check(a_ok, "ldsm_a_rc x4 gives the A fragment of a [m][k] tile");
     check(nk_ok, "ldsm_b_nk_rc x4 gives the B fragments of two n-tiles of a [n][k] tile");
     check(kn_ok, "ldsm_b_kn_rc x4 .trans gives the B fragments of two n-tiles of a [k][n] tile");
+    check(km_ok, "ldsm_a_km_rc x4 .trans gives the A fragment of a [k][m] tile");
 }
 
 // ---- 3. one warp, one tile -------------------------------------------------------------
-static std::vector<float> rand_bf16(size_t n, float sd, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.f, sd);
-    std::vector<float> v(n);
-    for (float& x : v) x = b2f(f2b(dist(rng)));
-    return v;
-}
-static double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
-    double d = 0, n = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        d += (got[i] - ref[i]) * (got[i] - ref[i]);
-        n += ref[i] * ref[i];
-    }
-    return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
-}
-
 static void test_warp_tile() {
     std::printf("one warp: S = Q K^T (16x64, d=64) and O = P V with the helpers\n");
     const int M = 16, N = 64, D = 64, ld = D + kSmemPad;
@@ -283,113 +263,7 @@ static void test_warp_tile() {
 // ---- 4. the kernels on an emulated GPU -------------------------------------------------
 // (the GPU: tests/unit/mma_emulator.h; the fp64 truth: tests/unit/attention_fp64.h)
 
-// Element indices of a view's slices in a buffer (q-like, kv-like, out-like rows).
-static std::vector<char> mask_rows(size_t n, int B, int T, int NH, int HS, size_t bstride, size_t rstride, size_t off) {
-    std::vector<char> m(n, 0);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < NH; h++)
-                for (int c = 0; c < HS; c++) m[off + b * bstride + (size_t)t * rstride + (size_t)h * HS + c] = 1;
-    return m;
-}
-static std::vector<char> mask_lse(const AttnShape& s, size_t n) {
-    std::vector<char> m(n, 0);
-    for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++)
-            for (int i = 0; i < s.Tq; i++) m[li_(s, b, i, h)] = 1;
-    return m;
-}
-// In-view elements against ref (relative L2 <= tol); others must equal init.
-template <typename T>
-static void compare(const std::string& what, const std::vector<T>& got, const std::vector<double>& ref,
-                    const std::vector<char>& in_view, const std::vector<T>& init, double tol) {
-    std::vector<double> g, r;
-    bool untouched = true;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (in_view[i]) {
-            double x;
-            if constexpr (std::is_same<T, uint16_t>::value)
-                x = b2f(got[i]);
-            else
-                x = got[i];
-            g.push_back(x);
-            r.push_back(ref[i]);
-        } else {
-            untouched &= std::memcmp(&got[i], &init[i], sizeof(T)) == 0;
-        }
-    }
-    const double e = rel_err(g, r);
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%s: rel err %.2e (tol %.0e)%s", what.c_str(), e, tol, untouched ? "" : ", wrote outside its view");
-    check(e <= tol && untouched, buf);
-}
-static std::vector<uint16_t> to_bits(const std::vector<float>& x) {
-    std::vector<uint16_t> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) y[i] = f2b(x[i]);
-    return y;
-}
-static std::vector<float> bits_to_f(const std::vector<uint16_t>& x) {
-    std::vector<float> y(x.size());
-    for (size_t i = 0; i < x.size(); i++) y[i] = b2f(x[i]);
-    return y;
-}
-
-template <int D>
-static void run_forward(const View& w, const std::vector<float>& q, const std::vector<float>& kv, std::vector<uint16_t>& out,
-                        std::vector<float>& lse, bool* ok) {
-    using Cfg = attn_tc::TcConfig<D>;
-    using F = attn_tc::FwdCfg<D, Cfg::kFwdMT, Cfg::kFwdBN>;
-    const TcParams p = attn_tc::tc_params(w.s);
-    const std::vector<uint16_t> qb = to_bits(q), kvb = to_bits(kv);
-    *ok = run_grid((w.s.Tq + F::BM - 1) / F::BM, w.s.B * w.s.NH, F::smem_bytes, [&](HostCtx& cx) {
-        attn_tc::fwd_body<HostCtx, D, Cfg::kFwdMT, Cfg::kFwdBN, uint16_t, false>(cx, out.data(), lse.data(), qb.data(),
-                                                                               kvb.data() + w.koff, kvb.data() + w.voff, p);
-    });
-}
-template <int D, bool kMerge>
-static bool run_block_forward(const View& w, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb, size_t kv_row0,
-                              std::vector<float>& out, std::vector<float>& lse) {
-    using Cfg = attn_tc::TcConfig<D>;
-    using F = attn_tc::FwdCfg<D, Cfg::kFwdMT, Cfg::kFwdBN>;
-    const TcParams p = attn_tc::tc_params(w.s);
-    const size_t o = kv_row0 * w.s.kv_stride;
-    return run_grid((w.s.Tq + F::BM - 1) / F::BM, w.s.B * w.s.NH, F::smem_bytes, [&](HostCtx& cx) {
-        attn_tc::fwd_body<HostCtx, D, Cfg::kFwdMT, Cfg::kFwdBN, float, kMerge>(cx, out.data(), lse.data(), qb.data(),
-                                                                             kvb.data() + w.koff + o, kvb.data() + w.voff + o, p);
-    });
-}
-// D vector as the CUDA path computes it (attention.cuh's dot_do_o_kernel): dense [B, NH, Tq].
-static std::vector<float> d_vector(const AttnShape& s, const std::vector<float>& dout, const std::vector<float>& out) {
-    std::vector<float> Dv((size_t)s.B * s.NH * s.Tq);
-    for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++)
-            for (int i = 0; i < s.Tq; i++) {
-                float acc = 0;
-                for (int c = 0; c < s.HS; c++) acc += dout[oi_(s, b, i, h) + c] * out[oi_(s, b, i, h) + c];
-                Dv[((size_t)b * s.NH + h) * s.Tq + i] = acc;
-            }
-    return Dv;
-}
-template <int D, typename G, bool kAcc>
-static bool run_backward(const View& w, size_t kv_row0, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb,
-                         const std::vector<uint16_t>& dob, const std::vector<float>& lse, const std::vector<float>& Dv,
-                         std::vector<G>& dq, std::vector<G>& dkv) {
-    using Cfg = attn_tc::TcConfig<D>;
-    using Q = attn_tc::DqCfg<D, Cfg::kDqBN>;
-    using K = attn_tc::DkvCfg<D, Cfg::kDkvBQ>;
-    const TcParams p = attn_tc::tc_params(w.s);
-    const size_t o = kv_row0 * w.s.kv_stride;
-    bool ok = run_grid((w.s.Tq + Q::BM - 1) / Q::BM, w.s.B * w.s.NH, Q::smem_bytes, [&](HostCtx& cx) {
-        attn_tc::dq_body<HostCtx, D, Cfg::kDqBN, Cfg::kDqARegs, G, kAcc>(cx, dq.data(), dob.data(), qb.data(), kvb.data() + w.koff + o,
-                                                                      kvb.data() + w.voff + o, lse.data(), Dv.data(), p);
-    });
-    ok &= run_grid((w.s.Tk + K::BN - 1) / K::BN, w.s.B * w.s.kv_heads(), K::smem_bytes, [&](HostCtx& cx) {
-        attn_tc::dkdv_body<HostCtx, D, Cfg::kDkvBQ, Cfg::kDkvARegs, G, kAcc>(cx, dkv.data() + w.koff + o, dkv.data() + w.voff + o,
-                                                                          dob.data(), qb.data(), kvb.data() + w.koff + o,
-                                                                          kvb.data() + w.voff + o, lse.data(), Dv.data(), p);
-    });
-    return ok;
-}
+// (the helpers and runners: tests/unit/attention_emu.h)
 
 // Plain forward and backward (bf16 outputs, overwrite) on one view.
 template <int D>

@@ -1,7 +1,8 @@
 // llmc/backend/cuda/attention_tc_kernels.h: the bodies of the tensor-core attention
 // kernels, written once for two executors: here the forward and what every
 // body shares (the context contract, TcParams, load_rows, the tile
-// configurations); the backward (dq, dk/dv) is in attention_tc_kernels_bwd.h.
+// configurations); the backward (dq, dk/dv) is in attention_tc_kernels_bwd.h,
+// the one-kernel backward (LLMC_ATTN_BWD=5) in attention_tc_kernels_bwd5.h.
 // attention_tc.cuh runs them as CUDA kernels through a context
 // whose operations are PTX (ldmatrix, mma.sync, cp.async, shuffles);
 // tests/unit/test_mma_layout.cpp runs the very same code on the CPU, one host
@@ -15,6 +16,9 @@
 //   sync()                       __syncthreads()
 //   cp_async16(s, g, ok)         16 bytes global -> shared, asynchronously; zeros when !ok
 //   cp_commit(), cp_wait_all()   cp.async.commit_group / cp.async.wait_group 0
+//   cp_wait(n)                   cp.async.wait_group n (n = 0, 1, 2): all but the n newest
+//                                committed groups landed (uncommitted copies never waited on)
+//   atomic_add(p, x)             atomicAdd on an fp32 in global memory
 //   ldsm_x4(r, p), ldsm_x4_t(r, p)   ldmatrix .m8n8 .x4 (.trans) .b16, p = this lane's row
 //   mma(d, a, b0, b1)            d += A·B, mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32
 //   shfl_xor(x, m), shfl(x, src) warp shuffles of a float

@@ -32,6 +32,9 @@
 //    two n-tiles: registers {0, 1} for n 0..7 and {2, 3} for n 8..15.
 //  * ldsm_b_kn_rc: one ldmatrix x4 .trans of a 16(k) x 16(n) tile stored
 //    [k][n] (n contiguous: V rows for O = P V) gives the same two pairs.
+//  * ldsm_a_km_rc: one ldmatrix x4 .trans of a 16(k) x 16(m) tile stored
+//    [k][m] gives the A fragment of the 16x16 [m][k] tile (same addresses
+//    as ldsm_b_nk_rc).
 //  * c_to_a: the fp32 accumulators of two adjacent 16x8 C tiles (columns
 //    0-7 and 8-15) are, element for element, the A fragment of the 16x16
 //    tile they form: a score tile becomes the A operand of the next product
@@ -76,6 +79,9 @@ MMA_HD RC c_elem(int lane, int i) {  // i = 0..3
 MMA_HD RC ldsm_a_rc(int lane) { return {(lane & 7) + 8 * ((lane >> 3) & 1), 8 * (lane >> 4)}; }
 MMA_HD RC ldsm_b_nk_rc(int lane) { return {(lane & 7) + 8 * (lane >> 4), 8 * ((lane >> 3) & 1)}; }  // (n, k)
 MMA_HD RC ldsm_b_kn_rc(int lane) { return {(lane & 7) + 8 * ((lane >> 3) & 1), 8 * (lane >> 4)}; }  // (k, n)
+// A from a [k][m] tile (m contiguous) with .trans: the nk pattern, read as
+// (k, m) (the one-kernel backward's dQ = dS K with dS stored transposed).
+MMA_HD RC ldsm_a_km_rc(int lane) { return ldsm_b_nk_rc(lane); }  // (k, m)
 
 // Element offset of (row, col) in a shared-memory tile of row pitch ld.
 MMA_HD int smem_off(int row, int col, int ld) { return row * ld + col; }
