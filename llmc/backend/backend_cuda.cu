@@ -343,12 +343,7 @@ class CudaBackend final : public Backend {
         });
     }
     // Gradients have the activation type in both precisions (bf16 or fp32).
-    void accumulate(void* dst, const void* src, size_t n) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            llmc_cuda::residual_forward<E>(ptr<E>(dst), cptr<E>(dst), cptr<E>(src), n, stream_);
-        });
-    }
+    void accumulate(void* dst, const void* src, size_t n) override { residual_forward(dst, dst, src, n); }
     void* native_stream() override { return stream_; }
     // Attention: bf16 activations with head size 64 or 128 (and 16-byte
     // aligned rows) run on tensor cores (cuda/attention_tc.cuh); fp32 mode,

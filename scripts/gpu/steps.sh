@@ -128,7 +128,7 @@ step_test() {
 # The switches of scripts/gpu/switches.txt that change the numerics (the
 # rest change only speed), as VAR=VALUE words: command 1's test step checks
 # test_real_shapes with all of them on.
-SWITCH_TESTS=${SWITCH_TESTS:-"LLMC_GELU_FUSION=2"}
+SWITCH_TESTS=${SWITCH_TESTS:-"LLMC_GELU_FUSION=2 LLMC_ATTN_BWD=5"}
 
 # summarise_shapes LOG: per group (e.g. d12_cuda_bf16): checks, failures, largest error.
 summarise_shapes() {

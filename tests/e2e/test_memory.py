@@ -30,7 +30,8 @@
 #     given different flags (also one rank given --help, --plan or
 #     --calibrate) or the same flags naming different files; a --tokenizer
 #     that does not exist; --export-model, --export-hf, --trace paths that
-#     cannot be written (refused before the first step); a metrics.jsonl that cannot be written; -n
+#     cannot be written (refused before the first step); a FIFO as -i; a
+#     metrics.jsonl that cannot be written; -n
 #     without -o and -y 1 without a checkpoint warn on stderr; bare on/off
 #     flags; a model file without the .bin suffix; a model file of NaN; CPU
 #     threads shared by the ranks of a node.
@@ -235,6 +236,17 @@ def test_rough_edges(tmp):
         rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "--tokenizer", tok])
         e = errors(err)
         check(rc != 0 and len(e) == 1 and "--tokenizer" in e[0], f"--tokenizer {tok}: rc={rc} {err[-200:]!r}")
+    # A FIFO given as a data shard: refused at once (open() once waited for a
+    # writer forever).
+    fifo = os.path.join(tmp, "fifo.bin")
+    os.mkfifo(fifo)
+    try:
+        rc, out, err = train(0, [a if a != DATA else fifo for a in base("fp32", 1)], timeout=30)
+        e = errors(err)
+        check(rc != 0 and len(e) == 1 and "fifo.bin" in e[0] and "not a regular file" in e[0],
+              f"a FIFO as -i: rc={rc} {err[-200:]!r}")
+    except subprocess.TimeoutExpired:
+        check(False, "a FIFO as -i: hung")
     # Outputs written only at the end are checked before the first step.
     for flag, path in (("--export-model", "/nonexistent/dir/model.bin"), ("--trace", tmp),
                        ("--export-hf", "/etc/passwd/hf"), ("--trace", "/nonexistent/t.json")):
