@@ -5,6 +5,8 @@
 //   version 2: llmc/backend/cuda/matmul.cuh (production: cuBLASLt with beta = 1 for
 //              dweight, the 16-byte column-sum kernel for dbias, whose
 //              old and new versions dev/cuda/bias.cu compares)
+//   version 3: version 2 with the bias gradient from cuBLASLt's BGRADB
+//              epilogue on the dweight product (LLMC_BIAS_GRAD_EPILOGUE=1)
 #include "common.h"
 #include "llmc/backend/cpu_ops.h"
 #include "llmc/backend/cuda/matmul.cuh"
@@ -45,7 +47,9 @@ void run(int version, MatmulContext& ctx, E* dinp, E* dw, E* db, const E* dout, 
         if (db) dbias_v1<E><<<(unsigned)ceil_div(OC, 128), 128>>>(db, dout, N, OC);
         CUDA_CHECK_LAUNCH();
     } else {
+        ctx.bias_grad_epilogue = version == 3;
         matmul_backward<E>(ctx, dinp, dw, db, dout, inp, w, N, IC, OC, scratch);
+        ctx.bias_grad_epilogue = false;
     }
 }
 
@@ -92,6 +96,10 @@ int main() {
         check<float>(1, ctx, "v1 fp32", s.N, s.IC, s.OC, s.dinp, s.bias, lab::kTolF32);
         check<float>(2, ctx, "v2 fp32", s.N, s.IC, s.OC, s.dinp, s.bias, lab::kTolF32);
         check<bf16>(2, ctx, "v2 bf16", s.N, s.IC, s.OC, s.dinp, s.bias, lab::kTolBF16);
+        if (s.bias) {
+            check<float>(3, ctx, "v3 fp32 BGRADB", s.N, s.IC, s.OC, s.dinp, s.bias, lab::kTolF32);
+            check<bf16>(3, ctx, "v3 bf16 BGRADB", s.N, s.IC, s.OC, s.dinp, s.bias, lab::kTolBF16);
+        }
     }
 
     const int N = 8 * 1024;
@@ -108,11 +116,12 @@ int main() {
         bf16* db = s.bias ? lab::dev_alloc<bf16>(s.OC) : nullptr;
         float* scratch = lab::dev_alloc<float>(matmul_backward_scratch_floats(s.N, s.OC));
         const double flops = 4.0 * s.N * s.IC * (double)s.OC;
-        for (int v = 1; v <= 2; v++) {
+        for (int v = 1; v <= (s.bias ? 3 : 2); v++) {
             float ms = lab::time_ms([&] { run<bf16>(v, ctx, dinp, dw, db, dout, inp, w, s.N, s.IC, s.OC, scratch); },
                                     v == 1 ? 2 : 20);
             char l[96];
-            std::snprintf(l, sizeof l, "%s %dx%d->%d", v == 1 ? "v1 naive" : "v2 cuBLASLt", s.N, s.IC, s.OC);
+            const char* name = v == 1 ? "v1 naive" : v == 2 ? "v2 cuBLASLt" : "v3 cuBLASLt BGRADB";
+            std::snprintf(l, sizeof l, "%s %dx%d->%d", name, s.N, s.IC, s.OC);
             lab::report_flops(l, ms, flops);
         }
         lab::dev_free(dout), lab::dev_free(inp), lab::dev_free(w), lab::dev_free(dinp), lab::dev_free(dw),

@@ -63,10 +63,13 @@ class CudaBackend final : public Backend {
         // The optimization switches (cuda/switches.h), read once.
         std::string err;
         size_t workspace = 0;
+        bool bgrad = false;
         if (!llmc_switch::parse_gelu_fusion(std::getenv("LLMC_GELU_FUSION"), &gelu_fusion_, &err) ||
-            !llmc_switch::parse_gemm_workspace(std::getenv("LLMC_GEMM_WORKSPACE_MB"), &workspace, &err))
+            !llmc_switch::parse_gemm_workspace(std::getenv("LLMC_GEMM_WORKSPACE_MB"), &workspace, &err) ||
+            !llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", std::getenv("LLMC_BIAS_GRAD_EPILOGUE"), &bgrad, &err))
             throw std::runtime_error("cuda backend: " + err);
         mm_.init(stream_, workspace);
+        mm_.bias_grad_epilogue = bgrad;
         staging_.reserve(kStagingElems * dtype_size(DType::F64), stream_);
     }
     ~CudaBackend() override {

@@ -9,13 +9,14 @@
 #          and bf16 against the PyTorch reference, d12 tokens/s beside
 #          llm.c's train_gpt2cu at two batch sizes (and each switch of
 #          scripts/gpu/switches.txt, with and without), d12's shapes
-#          (heads of 64, then of 128) against the CPU in fp64
+#          (heads of 64) against the CPU in fp64
 #     2    the kernel lab at d12 sizes, ranks sharing the GPU (--comm mpi)
 #          against one process, the d12-shaped training curve
 #     3    compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on
 #          small cases
-#     4    optional, after the others: the rest of test_real_shapes (a
-#          Llama, N*Vp > 2^31) and the planner against the measured tokens/s
+#     4    optional, after the others: the rest of test_real_shapes (heads
+#          of 128, a Llama, N*Vp > 2^31) and the planner against the measured
+#          tokens/s
 #          or steps, comma-separated: env build test bench shapes lab ranks
 #          curve sanitize shapes_more plan; or all (commands 1 to 4)
 #   OUTDIR where the results go (default build/gpu/check); runs into the

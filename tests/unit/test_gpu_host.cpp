@@ -9,7 +9,8 @@
 //   - a matmul's bias goes to cuBLASLt's epilogue only when 16-byte aligned,
 //     else to the separate bias kernel (llmc/backend/cuda/index.h);
 //   - the optimization switches (llmc/backend/cuda/switches.h): each value
-//     LLMC_GELU_FUSION and LLMC_GEMM_WORKSPACE_MB accept or refuse, and
+//     LLMC_GELU_FUSION, LLMC_BIAS_GRAD_EPILOGUE and LLMC_GEMM_WORKSPACE_MB
+//     accept or refuse, and
 //     when a GELU epilogue may run (aux leading dimension a multiple of 8,
 //     output, aux and bias 16-byte aligned) or the separate kernels must;
 //   - the tolerances of the GPU checks (tests/lib/tolerances.h) are sane.
@@ -130,6 +131,16 @@ static void test_switches() {
         CHECK(!llmc_switch::parse_gelu_fusion(bad, &g, &err) && err.find("LLMC_GELU_FUSION") != std::string::npos &&
                   err.find(bad) != std::string::npos,
               "GELU fusion '%s' refused, naming the variable and the value: %s", bad, err.c_str());
+    }
+    bool on = true;
+    CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", nullptr, &on, &err) && !on, "on/off unset: off");
+    CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", "1", &on, &err) && on, "on/off 1: on");
+    CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", "0", &on, &err) && !on, "on/off 0: off");
+    for (const char* bad : {"2", "on", "true", "-1"}) {
+        err.clear();
+        CHECK(!llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", bad, &on, &err) &&
+                  err.find("LLMC_BIAS_GRAD_EPILOGUE='") != std::string::npos,
+              "on/off '%s' refused, naming the variable: %s", bad, err.c_str());
     }
     size_t bytes = 0;
     CHECK(llmc_switch::parse_gemm_workspace(nullptr, &bytes, &err) && bytes == (size_t)32 << 20,

@@ -18,7 +18,8 @@
 //
 // The MLP's GELU may run in cuBLASLt's epilogues instead of its own kernels
 // (matmul_gelu_forward, matmul_backward_gelu; the switch LLMC_GELU_FUSION in
-// cuda/switches.h), and the workspace size is LLMC_GEMM_WORKSPACE_MB.
+// cuda/switches.h), the bias gradient in the BGRADB epilogue
+// (LLMC_BIAS_GRAD_EPILOGUE), and the workspace size is LLMC_GEMM_WORKSPACE_MB.
 //
 // Parameters live at arbitrary element offsets of flat buffers, so pointers
 // are not always 256-byte aligned (cuBLASLt's default assumption): the real
@@ -60,7 +61,7 @@ inline uint32_t ptr_alignment(const void* p) {
 // matrix: written by gelu_aux(_bias) (the forward keeps it for the
 // backward), read by dgelu; it has D's shape and leading dimension.
 struct Epilogue {
-    enum Kind : int { none = 0, bias = 1, gelu_aux = 2, gelu_aux_bias = 3, dgelu = 4 };
+    enum Kind : int { none = 0, bias = 1, gelu_aux = 2, gelu_aux_bias = 3, dgelu = 4, bgradb = 5 };
     Kind kind = none;
     const void* bias_ptr = nullptr;
     const void* aux_ptr = nullptr;
@@ -72,6 +73,7 @@ inline cublasLtEpilogue_t cublaslt_epilogue(Epilogue::Kind k) {
         case Epilogue::gelu_aux: return CUBLASLT_EPILOGUE_GELU_AUX;
         case Epilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         case Epilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+        case Epilogue::bgradb: return CUBLASLT_EPILOGUE_BGRADB;
         default: return CUBLASLT_EPILOGUE_DEFAULT;
     }
 }
@@ -95,6 +97,9 @@ class MatmulContext {
     }
     cudaStream_t stream() const { return stream_; }
     size_t workspace_bytes() const { return workspace_bytes_; }
+    // LLMC_BIAS_GRAD_EPILOGUE (cuda/switches.h): matmul_backward's bias
+    // gradient from the BGRADB epilogue.
+    bool bias_grad_epilogue = false;
 
     // Column-major D[m,n] = alpha·op(A)·op(B) + beta·D, then the epilogue
     // (bias[m] per row; GELU with its input kept in aux; or D times
@@ -336,6 +341,17 @@ void matmul_backward(MatmulContext& ctx, E* dinp, E* dweight, E* dbias, const E*
                      int N, int IC, int OC, float* scratch) {
     if (N <= 0 || IC <= 0 || OC <= 0) return;  // nothing to add, and cuBLASLt rejects empty shapes
     if (dinp) ctx.gemm<E>(dinp, weight, false, IC, dout, false, OC, IC, N, OC, 0.f);
+    if (dbias && ctx.bias_grad_epilogue) {
+        // BGRADB sums B (dout) over the product's k (the N rows): the bias
+        // gradient, overwritten into the scratch (at least OC floats, so
+        // room for OC elements of E), then added to dbias (+=).
+        E* fresh = reinterpret_cast<E*>(scratch);
+        if (ctx.gemm<E>(dweight, inp, false, IC, dout, true, OC, IC, OC, N, 1.f,
+                        Epilogue{Epilogue::bgradb, fresh, nullptr})) {
+            residual_forward<E>(dbias, dbias, fresh, (size_t)OC, ctx.stream());
+            return;
+        }
+    }
     ctx.gemm<E>(dweight, inp, false, IC, dout, true, OC, IC, OC, N, 1.f);
     if (dbias) bias_backward(dbias, dout, N, OC, scratch, ctx.stream());
 }

@@ -17,6 +17,11 @@
 //         stores (one pass over the N x 4C gradient instead of three).
 //       Either form falls back to the separate kernels, per call, when the
 //       epilogue's alignment rules are not met or no algorithm accepts it.
+//   LLMC_BIAS_GRAD_EPILOGUE=0|1  a Linear's bias gradient from cuBLASLt's
+//       BGRADB epilogue on the weight-gradient product (1) instead of the
+//       column-sum kernel (0, the default; matmul.cuh says why it is the
+//       default: the += contract, a fixed summation order). The epilogue
+//       overwrites, so it writes to scratch and one small add follows.
 //   LLMC_GEMM_WORKSPACE_MB=N  cuBLASLt's workspace in MiB (default 32, 1 to
 //       1024): a larger one lets the heuristic pick split-K algorithms for
 //       the weight-gradient products, whose K (the B·T rows) is long and whose
@@ -45,6 +50,19 @@ inline bool parse_gelu_fusion(const char* v, GeluFusion* out, std::string* err) 
         return false;
     }
     return true;
+}
+
+// Parses an on/off switch's value (null or empty: off); `name` for the message.
+inline bool parse_on_off(const char* name, const char* v, bool* on, std::string* err) {
+    *on = false;
+    if (!v || !*v) return true;
+    const std::string s(v);
+    if (s == "0" || s == "1") {
+        *on = s == "1";
+        return true;
+    }
+    *err = std::string(name) + "='" + s + "': expected 0 (off) or 1 (on)";
+    return false;
 }
 
 constexpr size_t kGemmWorkspaceDefaultMiB = 32, kGemmWorkspaceMaxMiB = 1024;
