@@ -172,12 +172,14 @@ def test_failures(tmp):
     check(rc != 0 and len(lines) == 1 and "-d" in lines[0], f"bad -d under mpirun: rc={rc} {err[-300:]!r}")
     rc, out, err = train(2, base("fp32", 2) + ["-b", "4", "--bogus", "1"], timeout=60)
     check(rc != 0 and err.count("--bogus") == 1, f"unknown flag under mpirun: rc={rc} {err[-300:]!r}")
-    # A bad token id in rows only rank 1 reads (rank 1's rows start at 4*16):
+    # A bad token id in rows only rank 1 reads, at its fourth step (step k:
+    # rank 1 reads rows 8k+4 .. 8k+7 of 16 tokens), past the shard's first
+    # 256 tokens, which every rank reads at start to compare its data.
     bad = os.path.join(tmp, "bad_rank1.bin")
     toks = np.arange(5000) % 90
-    toks[4 * 16 + 5] = 120
+    toks[(8 * 3 + 4) * 16 + 5] = 120
     write_shard(bad, toks)
-    rc, out, err = train(2, base("fp32", 2) + ["-i", bad, "-b", "4", "-z", "2"], timeout=60)
+    rc, out, err = train(2, base("fp32", 5) + ["-i", bad, "-b", "4", "-z", "2"], timeout=60)
     check(rc != 0 and "bad_rank1.bin" in err and "rank 1" in err, f"bad token on rank 1: rc={rc} {err[-400:]!r}")
 
 
