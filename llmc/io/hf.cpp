@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -463,6 +464,30 @@ static bool agree(bool ok, std::string* err) {
     return dist_all_ok(ok, msg, err);
 }
 
+// What an earlier export (ours or another tool's) may have left in the
+// directory that would shadow the one file just written: a sharded model's
+// index and shards (loaders read the index first, so -e DIR would load the
+// stale weights) and the temporary files of an export that was killed.
+static bool remove_stale_hf_files(const std::string& dir, std::string* err) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<fs::path> stale;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+        const bool shard = starts("model-") && name.find("-of-") != std::string::npos &&
+                           name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+        const bool tmp = starts("model.safetensors.tmp.") || starts("config.json.tmp.") || starts("tokenizer.json.tmp.");
+        if (name == "model.safetensors.index.json" || shard || tmp) stale.push_back(it->path());
+    }
+    for (const fs::path& p : stale)
+        if (!fs::remove(p, ec) || ec) {
+            *err = "--export-hf " + dir + ": cannot remove the stale " + p.filename().string() + ": " + ec.message();
+            return false;
+        }
+    return true;
+}
+
 bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err,
                const std::string& tokenizer_json) {
     const int rank = own.world ? own.world->rank() : 0;
@@ -508,6 +533,7 @@ bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::st
     if (rank == 0 && ok) {
         ok = w.commit(err);
         if (ok && !tokenizer_json.empty()) ok = copy_file(tokenizer_json, dir + "/tokenizer.json", err);
+        if (ok) ok = remove_stale_hf_files(dir, err);
     }
     return agree(ok, err);
 }
