@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -252,6 +253,18 @@ bool dtype_from_name(const std::string& n, DType* t) {
     return false;
 }
 
+// An integer field of the index within [lo, hi]: nlohmann would otherwise
+// wrap a negative number into an unsigned one (a data position of -1 read
+// as 2^64-1) or truncate a float; the message names the field.
+static long long index_int(const json& o, const char* key, long long lo, long long hi) {
+    const json& v = o.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<unsigned long long>() > (unsigned long long)hi) ||
+        (!v.is_number_unsigned() && (v.get<long long>() < lo || v.get<long long>() > hi)))
+        throw std::runtime_error(std::string("field '") + key + "' = " + v.dump() + ": expected an integer in [" +
+                                 std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v.get<long long>();
+}
+
 bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
     const std::string path = checkpoint_dir(dir, step) + "/index.json";
     std::ifstream in(path);
@@ -280,26 +293,27 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
         } else if (m.value("arch", std::string("gpt2")) != "gpt2") {
             throw std::runtime_error("unknown model arch " + m.at("arch").get<std::string>());
         }
-        ix->step = j.at("step");
+        constexpr long long kInt = 2147483647;
+        ix->step = (int)index_int(j, "step", 0, kInt);
         if (!dtype_from_name(j.at("weights_dtype"), &ix->wt) || !dtype_from_name(j.at("adam_dtype"), &ix->ot))
             throw std::runtime_error("unknown dtype");
         ix->st.step = ix->step;
         ix->st.rng_state = j.at("rng_state");
-        ix->st.rows_consumed = j.at("rows_consumed");
+        ix->st.rows_consumed = (uint64_t)index_int(j, "rows_consumed", 0, std::numeric_limits<long long>::max());
         const json& r = j.at("run");
         RunInfo& ri = ix->run;
-        ri.max_steps = r.at("max_steps");
-        ri.total_batch = r.at("total_batch");
-        ri.B = r.at("B");
-        ri.T = r.at("T");
-        ri.world = r.at("world");
-        ri.pp = r.at("pp");
-        ri.vpp = r.at("vpp");
-        ri.dp = r.at("dp");
-        ri.cp = r.at("cp");
-        ri.tp = r.at("tp");
-        ri.sp = r.at("sp");
-        ri.zero = r.at("zero");
+        ri.max_steps = (int)index_int(r, "max_steps", -1, kInt);
+        ri.total_batch = index_int(r, "total_batch", 1, std::numeric_limits<long long>::max());
+        ri.B = (int)index_int(r, "B", 1, kInt);
+        ri.T = (int)index_int(r, "T", 1, kInt);
+        ri.world = (int)index_int(r, "world", 1, kInt);
+        ri.pp = (int)index_int(r, "pp", 1, kInt);
+        ri.vpp = (int)index_int(r, "vpp", 1, kInt);
+        ri.dp = (int)index_int(r, "dp", 1, kInt);
+        ri.cp = (int)index_int(r, "cp", 1, kInt);
+        ri.tp = (int)index_int(r, "tp", 1, kInt);
+        ri.sp = (int)index_int(r, "sp", 0, 1);
+        ri.zero = (int)index_int(r, "zero", 0, 3);
         ri.recompute = r.at("recompute");
         for (const json& s : j.at("shards")) ix->shards.push_back(s.get<std::string>());
         if (ix->step != step) throw std::runtime_error("step " + std::to_string(ix->step) + " in the index");

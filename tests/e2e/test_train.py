@@ -3,7 +3,8 @@
 #   - determinism: same seed and flags give bit-identical losses and models;
 #   - resume: a run resumed from a mid-run checkpoint continues bit for bit
 #     (losses after the resume and the final model equal the uninterrupted
-#     run's), with gradient accumulation and sampling (RNG state) on;
+#     run's), with gradient accumulation and sampling (RNG state) on; an
+#     index with out-of-range integers is refused naming the field;
 #   - learning: the default model on the embedded data brings the loss well
 #     below its start and prints samples; metrics.jsonl has the fields;
 #     scripts/plot_metrics.py draws it;
@@ -91,6 +92,23 @@ def test_resume(tmp, dtype):
         return [s.split("----------------")[0] for s in out.split("---- sample ----")[1:]]
     sf, sp = samples(out_full), samples(out_part)
     check(len(sf) == 4 and len(sp) == 3 and sf[-3:] == sp, f"{dtype}: samples differ after resume (RNG state)")
+    if dtype != "fp32":
+        return
+    # An index whose integers are out of range (a negative data position once
+    # wrapped to 2^64-1): refused, naming the checkpoint and the field.
+    for field, value in (("rows_consumed", -1), ("step", -4), ("zero", 7)):
+        bad = os.path.join(tmp, f"bad_index_{field}")
+        shutil.copytree(part, bad)
+        ix = os.path.join(bad, "ckpt_00000010", "index.json")
+        with open(ix) as f:
+            j = json.load(f)
+        (j["run"] if field in j["run"] else j)[field] = value
+        with open(ix, "w") as f:
+            json.dump(j, f)
+        rc, out, err = run(args + ["-o", bad, "-y", "1", "-x", "12"])
+        lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+        check(rc != 0 and len(lines) == 1 and "index.json" in lines[0] and f"'{field}'" in lines[0],
+              f"index with {field} = {value}: rc={rc} {err[-300:]!r}")
 
 
 def test_learning(tmp):
