@@ -118,6 +118,28 @@ void dist_broadcast(std::string* s) {
 #endif
 }
 
+std::vector<std::string> dist_gather_strings(const std::string& mine) {
+    const int world = dist_world_size(), rank = dist_world_rank();
+    if (world == 1) return {mine};
+    std::vector<std::string> all;
+#ifdef LLMC_MPI
+    int len = (int)std::min<size_t>(mine.size(), INT_MAX);
+    std::vector<int> lens(rank == 0 ? world : 0), offs(rank == 0 ? world : 0);
+    MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    std::string joined;
+    if (rank == 0) {
+        size_t total = 0;
+        for (int r = 0; r < world; r++) offs[r] = (int)total, total += (size_t)lens[r];
+        joined.resize(total);
+    }
+    MPI_Gatherv(mine.data(), len, MPI_CHAR, rank == 0 ? &joined[0] : nullptr, lens.data(), offs.data(), MPI_CHAR, 0,
+                MPI_COMM_WORLD);
+    if (rank == 0)
+        for (int r = 0; r < world; r++) all.push_back(joined.substr((size_t)offs[r], (size_t)lens[r]));
+#endif
+    return all;
+}
+
 void dist_abort(const std::string& msg) {
     const int world = dist_world_size();
     if (world > 1)

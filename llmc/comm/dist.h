@@ -9,6 +9,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 // When dist_init starts MPI: only under a launcher (the default), or always
 // (programs that use MPI directly even alone, such as the communicator tests).
@@ -42,3 +43,8 @@ bool dist_all_ok(bool ok, const std::string& msg, std::string* err);
 
 // Rank 0's string, on every rank (a no-op alone).
 void dist_broadcast(std::string* s);
+
+// Every rank's string, in rank order, on rank 0 (empty elsewhere): lines
+// that rank 0 prints for all, so that one rank's line never lands inside
+// another's long output (mpirun forwards each rank's output in pieces).
+std::vector<std::string> dist_gather_strings(const std::string& mine);

@@ -120,6 +120,15 @@ bool Tokenizer::load(const std::string& path, std::string* err) {
         *err = where + "bad vocab size " + std::to_string(vocab);
         return false;
     }
+    // Every token takes at least its length byte: a header claiming more
+    // tokens than the file has bytes is corrupt, and is refused before
+    // anything is sized from it (a claim of 2^31 tokens was a bare
+    // "out of memory").
+    if ((size_t)vocab > data.size() - kHeaderBytes) {
+        *err = where + "truncated: the header says " + std::to_string(vocab) + " tokens, the file has room for at most " +
+               std::to_string(data.size() - kHeaderBytes);
+        return false;
+    }
     int32_t eot = kGpt2Eot;
     if (version == 2) eot = (int32_t)le32(&data[12]);
     if (eot < 0 || eot >= vocab) {

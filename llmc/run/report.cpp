@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "llmc/comm/dist.h"
+
 void print_whole_line(const std::string& line) {
     std::fflush(stdout);
     const std::string s = line + "\n";
@@ -16,6 +18,10 @@ void print_whole_line(const std::string& line) {
         if (n <= 0) break;
         done += (size_t)n;
     }
+}
+
+void print_rank_lines(const std::string& line) {
+    for (const std::string& l : dist_gather_strings(line)) print_whole_line(l);
 }
 
 std::string human_bytes(double b) {

@@ -25,6 +25,8 @@ std::string human_bytes(double bytes);
 // flushing stdout, so that lines every rank prints at once reach mpirun's
 // merged output whole rather than cut at stdio's buffer boundaries.
 void print_whole_line(const std::string& line);
+// Every rank's line, printed by rank 0 in rank order (a collective).
+void print_rank_lines(const std::string& line);
 std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages);
 
 // Zeroes every group's counts (traffic outside a training step).

@@ -115,5 +115,5 @@ void Trainer::finish() {
         if (!ok) end_job(err);
         if (main_rank) std::printf("trace: %s\n", cfg.trace.c_str());
     }
-    print_whole_line(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
+    print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
 }

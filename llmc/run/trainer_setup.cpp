@@ -100,6 +100,10 @@ void Trainer::setup(const ArgParser& parser) {
                 "flag --tokenizer '" + cfg.tokenizer + "': not a readable file (give \"\" for byte-level samples)");
     if (file_size(cfg.tokenizer) >= 0) setup_check(tok.load(cfg.tokenizer, &err), err);
     else tok.init_bytes();
+    if (main_rank && tok.vocab_size() < mc.vocab_size && cfg.sample_every > 0)
+        std::fprintf(stderr, "train_gpt: warning: tokenizer %s has %d tokens, the model %d: samples print ids past "
+                             "it as <?>\n", cfg.tokenizer.empty() ? "(byte-level)" : cfg.tokenizer.c_str(),
+                     tok.vocab_size(), mc.vocab_size);
     if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
 
     // The parallel modes and the model, first counted, then built.
@@ -124,7 +128,7 @@ void Trainer::setup(const ArgParser& parser) {
 
     print_settings(parser);
     std::fflush(stdout);
-    print_whole_line(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
+    print_rank_lines(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
 
     ok = true;
     if (main_rank && !cfg.output_dir.empty()) {

@@ -29,7 +29,7 @@
 #   - rough edges: odd -t without cp; -d 0 or too large, --eps 0; ranks
 #     given different flags (also one rank given --help, --plan or
 #     --calibrate) or the same flags naming different files; a --tokenizer
-#     that does not exist; --export-model, --export-hf, --trace paths that
+#     that does not exist, claims 2^31 tokens, or has fewer than the model; --export-model, --export-hf, --trace paths that
 #     cannot be written (refused before the first step); a FIFO as -i; a
 #     metrics.jsonl that cannot be written; -n
 #     without -o and -y 1 without a checkpoint warn on stderr; bare on/off
@@ -254,6 +254,20 @@ def test_rough_edges(tmp):
         e = errors(err)
         check(rc != 0 and len(e) == 1 and flag in e[0] and "step" not in out,
               f"{flag} {path}: rc={rc} {err[-200:]!r}")
+    # A tokenizer header claiming 2^31-1 tokens: refused as truncated (once a
+    # bare "out of memory"); one of fewer tokens than the model's vocabulary:
+    # a warning that samples print those ids as <?>.
+    for ntok, name in ((2 ** 31 - 1, "huge_tok.bin"), (50, "small_tok.bin")):
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<4i", 20240328, 2, ntok, 0) + bytes(4 * 252))
+            f.write(b"".join(bytes([1, 65 + i % 26]) for i in range(50)))
+        rc, out, err = train(0, base("fp32", 1) + ["-b", "2", "-s", "1", "--tokenizer", path])
+        e = errors(err)
+        if ntok > 50:
+            check(rc != 0 and len(e) == 1 and name in e[0] and "truncated" in e[0], f"{name}: rc={rc} {err[-200:]!r}")
+        else:
+            check(rc == 0 and any("warning" in x and "<?>" in x for x in e), f"{name}: rc={rc} {err[-200:]!r}")
     # The same flags naming different files (a relative -i from two working
     # directories, shards of different lengths): one line naming -i, no
     # training on other data, no hang at the shorter epoch's end.
