@@ -108,7 +108,21 @@ void DataParallel::release(int unit) {
 
 void* DataParallel::grads(int unit) {
     if (stage_ < 2) return elem_ptr(model_.grads(), prec_.grad, table_.unit_begin[unit]);
-    UnitBuffer* b = take_free(grad_bufs_, unit);
+    // The unit's reduction of an earlier micro-step may still be in flight
+    // when its next backward starts (always so when a backward hands out a
+    // single rotating unit, a pipeline chunk of one block). It is finished
+    // and its buffer reused rather than another buffer taken, so that a
+    // unit never has two buffers (grads_done would find the older one and
+    // reduce it twice, dropping the new gradients) and its shard receives
+    // the micro-steps in order.
+    UnitBuffer* b = find(grad_bufs_, unit);
+    if (b) {
+        if (b->state != Reducing)
+            throw std::logic_error("ZeRO-2: gradients of unit " + std::to_string(unit) + " handed out twice");
+        finish_grad_reduce(*b);
+    } else {
+        b = take_free(grad_bufs_, unit);
+    }
     if (!b) throw std::logic_error("ZeRO-2: no free gradient buffer for unit " + std::to_string(unit));
     b->unit = unit;
     b->state = InUse;
@@ -119,10 +133,13 @@ void* DataParallel::grads(int unit) {
 void DataParallel::grads_done(int unit, bool last_micro_step) {
     const DType gt = prec_.grad;
     void* g = model_.grads();
+    UnitBuffer* b = stage_ >= 2 ? find(grad_bufs_, unit) : nullptr;
+    if (stage_ >= 2 && (!b || b->state != InUse))
+        throw std::logic_error("ZeRO-2: gradients of unit " + std::to_string(unit) + " were never handed out");
     // Sequence-parallel partial gradients are summed right before the unit's
     // reduction, i.e. once per accumulation for stages 0-1 (gradients
     // accumulate in place) and every micro-step for stages 2-3.
-    if (stage_ >= 2) model_.sum_partial_grads(unit, find(grad_bufs_, unit)->data);
+    if (stage_ >= 2) model_.sum_partial_grads(unit, b->data);
     else if (last_micro_step) model_.sum_partial_grads(unit, elem_ptr(g, gt, table_.unit_begin[unit]));
     if (stage_ == 0) {
         if (last_micro_step)
@@ -135,8 +152,6 @@ void DataParallel::grads_done(int unit, bool last_micro_step) {
                                                           elem_ptr(g, gt, table_.slice_begin(unit, rank_)),
                                                           table_.shard_size(unit), gt));
     } else {
-        UnitBuffer* b = find(grad_bufs_, unit);
-        if (!b) throw std::logic_error("ZeRO-2: gradients of unit " + std::to_string(unit) + " were never handed out");
         b->state = Reducing;
         b->pending = comm_.start_reduce_scatter(b->data, b->shard_tmp, table_.shard_size(unit), gt);
     }

@@ -21,9 +21,10 @@
 // of the units below; earlier micro-steps accumulate locally. Stages 2 and 3
 // have no full gradient buffer, so every micro-step reduce-scatters each
 // unit's gradients (from a buffer that exists only while the unit is in
-// flight) into the rank's shard. Stage 3 gathers a unit's parameters just
-// before its forward and again before its backward, prefetching the next
-// unit while the current one computes, and frees them after use.
+// flight, at most one per unit) into the rank's shard. Stage 3 gathers a
+// unit's parameters just before its forward and again before its backward,
+// prefetching the next unit while the current one computes, and frees them
+// after use.
 //
 // The optimizer step that follows (the norm over the shards, AdamW on this
 // rank's part, and the all-gather of updated parameters at stages 1 and 2)

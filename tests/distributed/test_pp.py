@@ -6,6 +6,10 @@
 #     (8 ranks): 10 steps of losses and the final weights equal one process
 #     (fp64 <= 1e-10, fp32 <= 1e-5); the first and last stage's copies of the
 #     tied embeddings stay identical (the trainer checks and prints it);
+#   - the same for chunks of a single block under ZeRO 1, 2 and 3 with dp=2:
+#     pp=2 vpp=2 of 4 blocks, and pp=2 of 2 blocks (a backward that hands
+#     out one rotating gradient buffer meets its unit again next micro-step
+#     while the reduction of the last is still in flight);
 #   - point-to-point bytes per step, per rank (from the trace, and rank 0's
 #     from metrics.jsonl), against the formula: a stage sends one activation
 #     [B, T/cp, C] (1/tp of the tokens under sp) per micro-batch for each of
@@ -54,6 +58,19 @@ def test_equivalence(tmp, dtype, layouts):
     # micro-batches of 2 rows (4 of 2 rows per dp rank when dp = 2) in the
     # pipelines.
     equivalence(check, tmp, dtype, base(dtype) + ["-d", "256"], ["-b", "16"], layouts)
+
+
+def test_single_block_chunks(tmp):
+    # ZeRO-2 and 3 reduce every unit's gradients each micro-step from a
+    # buffer handed out for that backward; with one block per chunk the
+    # same unit comes back before its last reduction was waited for. ZeRO-1
+    # (gradients accumulate in place) is the control.
+    pp = ["-b", "2", "--pp", "2"]
+    for blocks, extra in ((4, ["--vpp", "2"]), (2, [])):
+        model = f"L={blocks},C={C},NH={NH},V={V},Vp={V},T=64"
+        layouts = [(4, pp + extra + ["-z", z]) for z in ("1", "2", "3")]
+        print(f"  L={blocks}:")
+        equivalence(check, tmp, "fp64", base("fp64", model=model) + ["-d", "256"], ["-b", "16"], layouts)
 
 
 def read_trace(path):
@@ -208,6 +225,7 @@ def suite(tmp):
                (4, pp + ["2", "-z", "1"]), (4, pp + ["2", "-z", "3"]), (4, pp + ["2", "--tp", "2", "--sp", "1"]),
                (4, pp + ["2", "--cp", "2"]), (8, pp + ["2", "--tp", "2", "-z", "1"])]
     test_equivalence(tmp, "fp64", layouts)
+    test_single_block_chunks(tmp)
     test_equivalence(tmp, "fp32", [(2, pp + ["2"]), (4, pp + ["4", "--vpp", "2"]), (4, pp + ["2", "-z", "3"])])
     test_traffic_memory_trace(tmp)
     test_bubble(tmp)
