@@ -147,6 +147,9 @@ bool save_checkpoint(const std::string& dir, GPT& model, const Ownership& own, c
         j["adam_dtype"] = dtype_name(p.opt);
         j["rng_state"] = st.rng_state;
         j["rows_consumed"] = st.rows_consumed;
+        j["skips"] = st.skips;
+        j["loss_mean"] = st.loss_mean;
+        j["loss_count"] = st.loss_count;
         j["run"] = {{"max_steps", run.max_steps}, {"total_batch", run.total_batch}, {"B", run.B}, {"T", run.T},
                     {"world", run.world}, {"pp", run.pp}, {"vpp", run.vpp}, {"dp", run.dp}, {"cp", run.cp},
                     {"tp", run.tp}, {"sp", run.sp}, {"zero", run.zero}, {"recompute", run.recompute}};
@@ -300,6 +303,12 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
         ix->st.step = ix->step;
         ix->st.rng_state = j.at("rng_state");
         ix->st.rows_consumed = (uint64_t)index_int(j, "rows_consumed", 0, std::numeric_limits<long long>::max());
+        // Bad-step state (absent in indexes written before it existed).
+        if (j.contains("skips")) {
+            ix->st.skips = (int)index_int(j, "skips", 0, kInt);
+            ix->st.loss_count = (int)index_int(j, "loss_count", 0, kInt);
+            ix->st.loss_mean = j.at("loss_mean").get<double>();
+        }
         const json& r = j.at("run");
         RunInfo& ri = ix->run;
         ri.max_steps = (int)index_int(r, "max_steps", -1, kInt);

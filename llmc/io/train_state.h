@@ -12,6 +12,12 @@ struct TrainState {
     int step = 0;                // completed optimizer steps
     uint64_t rng_state = 0;      // sampling RNG
     uint64_t rows_consumed = 0;  // rows of the training stream used so far
+    // Bad steps (--skip-spikes, --max-skips): updates skipped so far, and the
+    // running mean of the accepted steps' losses (the plain mean of the
+    // first 20, then an exponential mean with weight 1/20).
+    int skips = 0;
+    double loss_mean = 0;
+    int loss_count = 0;
 };
 
 // The flags and layout of the run that wrote a checkpoint (a resume compares

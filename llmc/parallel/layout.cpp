@@ -105,7 +105,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     be.reserve_workspace(s->model->workspace());
 }
 
-double ModelStack::step(const OptimConfig& o, int step) {
+double ModelStack::step(const OptimConfig& o, int step, bool skip, bool* skipped) {
     dp->finish_reductions();
-    return optimizer_step(*model, groups, o, step);
+    return optimizer_step(*model, groups, o, step, skip, skipped);
 }

@@ -62,8 +62,9 @@ struct ModelStack {
     size_t comm_bytes() const;
     // The optimizer step after a train step's forwards and backwards: waits
     // for the gradient reductions in flight, then optimizer_step(). Returns
-    // the global gradient norm before clipping.
-    double step(const OptimConfig& o, int step);
+    // the global gradient norm before clipping. skip / *skipped: as
+    // optimizer_step's (a bad step leaves the model as it was).
+    double step(const OptimConfig& o, int step, bool skip = false, bool* skipped = nullptr);
     ~ModelStack();
 };
 

@@ -73,7 +73,7 @@ struct Step {
 
 }  // namespace
 
-double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step) {
+double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip, bool* skipped) {
     const TensorTable& table = model.table();
     Step s{model, model.backend(), table, model.precision(), zero_stage(model.sharding()), model.sharding().rank,
            real(g.dp), real(g.tp), real(g.pp), real(g.embed)};
@@ -94,6 +94,8 @@ double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int
     // 2. The global norm, and 3. clipping and AdamW on this rank's part of
     // every unit, in one multi-tensor call.
     const double norm = std::sqrt(s.grad_sum_squares());
+    if (skipped) *skipped = skip || !std::isfinite(norm);
+    if (skip || !std::isfinite(norm)) return norm;  // a bad step: no update on any rank
     const AdamArgs args = adam_args(o, step, clip_scale(o, norm));
     std::vector<UpdateSpan> spans;
     for (int u = 0; u < U; u++) {

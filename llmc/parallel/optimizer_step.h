@@ -32,4 +32,9 @@ struct StepGroups {
 
 // One optimizer step of `model` (built with the ZeRO sharding of g.dp):
 // the four parts above. Returns the global gradient norm before clipping.
-double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step);
+// The update (parts 3 and 4) is skipped, leaving parameters and Adam state
+// as they were, when `skip` is set or the norm is not finite; every rank
+// sees the same norm (it is reduced over all of them), so every rank skips
+// alike. *skipped (may be null) says whether it was.
+double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip = false,
+                      bool* skipped = nullptr);

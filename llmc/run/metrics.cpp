@@ -2,8 +2,11 @@
 #include "llmc/run/metrics.h"
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <string>
 #include <vector>
 
 bool MetricsLog::open(const std::string& path, int keep_before_step, std::string* err) {
@@ -32,10 +35,17 @@ bool MetricsLog::open(const std::string& path, int keep_before_step, std::string
 
 bool MetricsLog::write(const StepMetrics& m, std::string* err) {
     if (!f_) return true;
-    std::fprintf(f_,
-                 "{\"step\": %d, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens\": %llu, \"ms\": %.3f, "
-                 "\"tokens_per_s\": %.1f",
-                 m.step, m.loss, m.lr, m.grad_norm, m.tokens, m.ms, m.tokens_per_s);
+    // JSON has no NaN or Infinity: a non-finite loss or norm (a bad step) is null.
+    auto num = [](double x) {
+        char b[32];
+        if (std::isfinite(x)) std::snprintf(b, sizeof b, "%.17g", x);
+        else std::snprintf(b, sizeof b, "null");
+        return std::string(b);
+    };
+    std::fprintf(f_, "{\"step\": %d, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, \"tokens\": %llu, \"ms\": %.3f, "
+                     "\"tokens_per_s\": %.1f",
+                 m.step, num(m.loss).c_str(), m.lr, num(m.grad_norm).c_str(), m.tokens, m.ms, m.tokens_per_s);
+    if (m.skips > 0) std::fprintf(f_, ", \"skipped\": %s, \"skips\": %d", m.skipped ? "true" : "false", m.skips);
     if (m.mfu > 0) std::fprintf(f_, ", \"mfu\": %.4f", m.mfu);
     if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.17g", m.val_loss);
     if (m.comm_json.size() > 2) std::fprintf(f_, ", \"comm\": %s", m.comm_json.c_str());

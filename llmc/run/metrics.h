@@ -11,6 +11,8 @@ struct StepMetrics {
     unsigned long long tokens;  // tokens trained on so far
     double val_loss;            // < 0 when not measured this step
     std::string comm_json;      // {"dp_all_reduce": {"calls": N, "bytes": N}, ...} or empty
+    bool skipped = false;       // this step's update was skipped (a bad step)
+    int skips = 0;              // updates skipped so far
 };
 
 class MetricsLog {

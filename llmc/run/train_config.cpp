@@ -17,6 +17,10 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'q', "final-lr-frac", O::Double, &c.final_lr_frac, "final lr as a fraction of lr (cosine decay; 1 = constant)", 0, 1});
     p.add({'c', "weight-decay", O::Double, &c.weight_decay, "AdamW weight decay (2-D tensors only)", 0, 10});
     p.add({0, "grad-clip", O::Double, &c.grad_clip, "clip the global gradient norm to this (0: off)", 0, 1e9});
+    p.add({0, "skip-spikes", O::Double, &c.skip_spikes,
+           "skip the update of a step whose loss is above this x the running mean of the last ones (0: off)", 0, 1e9});
+    p.add({0, "max-skips", O::Int, &c.max_skips,
+           "end the run when more steps than this were skipped (non-finite loss or norm, or a spike)", 0, 1e9});
     p.add({0, "beta1", O::Double, &c.beta1, "AdamW beta1", 0, 0.999999});
     p.add({0, "beta2", O::Double, &c.beta2, "AdamW beta2", 0, 0.999999});
     p.add({0, "eps", O::Double, &c.eps, "AdamW epsilon", 0, 1});

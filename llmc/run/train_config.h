@@ -24,6 +24,8 @@ struct TrainConfig {
     double final_lr_frac = 0.1;  // -q
     double weight_decay = 0.1;   // -c
     double grad_clip = 1.0;
+    double skip_spikes = 0;    // skip a step whose loss exceeds this x the running mean (0: off)
+    int max_skips = 10;        // end the run after more skipped steps than this
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     // evaluation, sampling, checkpoints
     int val_every = 20;        // -v

@@ -65,6 +65,7 @@ struct Trainer {
     Ownership owner() const;
     void export_weights();
     void read_micro_batch(DataLoader& dl, uint64_t first_row);
+    void poison_gradients_for_test(int step);
     StepMetrics train_step(int step);
     double validate();
     void sample();

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "llmc/backend/backends.h"
 #include "llmc/base/trace.h"
@@ -57,10 +58,20 @@ StepMetrics Trainer::train_step(int step) {
     // ranks (each a mean over its tokens), then to every stage.
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
     loss = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? loss : 0.0);
+    // A bad step (docs/design.md section 2.8): a loss that is not finite, or
+    // (--skip-spikes) above FACTOR x the running mean, skips the update on
+    // every rank; so does a gradient norm that is not finite (the optimizer
+    // step finds it). Ranks decide together (the loss is the same global
+    // mean everywhere; the max makes the verdict one even if it were not).
+    bool bad = !std::isfinite(loss) ||
+               (cfg.skip_spikes > 0 && st.loss_count >= 5 && loss > cfg.skip_spikes * st.loss_mean);
+    bad = grid.world->host_all_reduce(bad ? 1.0 : 0.0, ReduceOp::Max) > 0;
+    poison_gradients_for_test(step);
     double norm;
+    bool skipped = false;
     {
         trace::Scope span("optimizer", "optimizer");
-        norm = s.step(oc, step);
+        norm = s.step(oc, step, bad, &skipped);
     }
     be->synchronize();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -87,8 +98,40 @@ StepMetrics Trainer::train_step(int step) {
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
         std::printf("\n");
     }
-    if (!std::isfinite(loss)) end_job("loss is not finite at step " + std::to_string(step + 1));
+    if (skipped) {
+        st.skips++;
+        if (main_rank)
+            std::printf("step %5d: update skipped (%s), %d so far\n", step + 1,
+                        !std::isfinite(loss) ? "the loss is not finite"
+                        : !std::isfinite(norm) ? "the gradient norm is not finite"
+                                                : "a loss spike over --skip-spikes x the running mean",
+                        st.skips);
+        setup_check(st.skips <= cfg.max_skips,
+                    "flag --max-skips " + std::to_string(cfg.max_skips) + ": " + std::to_string(st.skips) +
+                        " updates skipped by step " + std::to_string(step + 1) +
+                        " (non-finite loss or gradient norm, or loss spikes); the run stops rather than train on "
+                        "garbage");
+    } else {
+        // The running mean of accepted losses: plain over the first 20, then exponential.
+        st.loss_count++;
+        st.loss_mean += (loss - st.loss_mean) / std::min(st.loss_count, 20);
+    }
+    m.skipped = skipped;
+    m.skips = st.skips;
     return m;
+}
+
+// LLMC_TEST_NAN_STEP=K (a test hook, docs/design.md section 2.8): rank 0 sets
+// one gradient element to NaN before step K's optimizer step, so the tests
+// can check that a bad step is skipped on every rank and counted.
+void Trainer::poison_gradients_for_test(int step) {
+    static const int nan_step = [] {
+        const char* e = std::getenv("LLMC_TEST_NAN_STEP");
+        return e && *e ? std::atoi(e) : -1;
+    }();
+    if (step != nan_step || rank != 0) return;
+    const float nan = std::nanf("");
+    be->upload(s.model->grads(), s.model->precision().grad, &nan, DType::F32, 1);
 }
 
 // Validation micro-batches are dealt round robin over the data-parallel

@@ -9,7 +9,11 @@
 #     below its start and prints samples; metrics.jsonl has the fields;
 #     scripts/plot_metrics.py draws it;
 #   - errors: bad flags and bad files end with one line naming the flag or
-#     file, exit status 1 (no crash, no hang), and no half-written files.
+#     file, exit status 1 (no crash, no hang), and no half-written files;
+#   - bad steps: a NaN gradient (LLMC_TEST_NAN_STEP) skips that step's
+#     update, counted in metrics.jsonl, alike on every rank (dp2 ZeRO-2 and
+#     pp2 equal one process); --skip-spikes skips loss spikes; --max-skips
+#     ends the run with one line.
 # Last line: "N passed, N failed".
 import glob
 import json
@@ -188,6 +192,63 @@ def test_errors(tmp):
     check(opts and not missing, f"README flags differ from --help: {missing}")
 
 
+def test_bad_steps(tmp):
+    """A bad step's update is skipped on every rank and counted; --max-skips ends the run."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+    from testlib import write_shard
+    import numpy as np
+    args = SMALL + ["--dtype", "fp64", "-x", "6", "-d", "256"]
+    clean, bad = os.path.join(tmp, "clean"), os.path.join(tmp, "nan")
+    run(args + ["-o", clean])
+    env = dict(os.environ, LLMC_TEST_NAN_STEP="3")
+    p = subprocess.run([TRAIN] + args + ["-o", bad], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    mc, mb = metrics(clean), metrics(bad)
+    check(p.returncode == 0 and len(mb) == 6, f"a NaN gradient at step 3: rc={p.returncode} {p.stderr[-300:]!r}")
+    if len(mb) == 6:
+        check(mb[3].get("skipped") is True and mb[3].get("skips") == 1 and mb[3]["grad_norm"] is None,
+              f"step 3 marked skipped and counted: {mb[3]}")
+        check([m["loss"] for m in mb[:4]] == [m["loss"] for m in mc[:4]], "losses up to the bad step unchanged")
+        # Had the NaN gradient reached the weights, every later loss would be NaN.
+        check(all(m["loss"] is not None and m["skipped"] is False for m in mb[4:]),
+              f"training goes on from the weights before the bad step: {[m['loss'] for m in mb[4:]]}")
+    # Every rank skips alike: dp2 ZeRO-2 and pp2 with the same bad step give one process's losses.
+    for extra in (["-z", "2"], ["--pp", "2", "-e", "L=4,C=32,NH=2,V=257,T=64"]):
+        one = os.path.join(tmp, "nan_one" + extra[0])
+        two = os.path.join(tmp, "nan_two" + extra[0])
+        a = args + extra[2:]
+        subprocess.run([TRAIN] + a + ["-o", one], cwd=ROOT, capture_output=True, timeout=300, env=env)
+        penv = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                    OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+        q = subprocess.run(["mpirun", "-np", "2", TRAIN] + a + extra[:2] + ["-o", two], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env=penv)
+        if not check(q.returncode == 0, f"{extra[:2]} with a bad step: {q.stderr[-300:]!r}"):
+            continue
+        l1, l2 = [m["loss"] for m in metrics(one)], [m["loss"] for m in metrics(two)]
+        check(metrics(two)[3].get("skipped") is True and max(abs(x - y) / abs(x) for x, y in zip(l1, l2)) < 1e-12,
+              f"{extra[:2]}: the bad step skipped on every rank, losses as one process: {l1} vs {l2}")
+    p = subprocess.run([TRAIN] + args + ["--max-skips", "0", "-o", os.path.join(tmp, "nan_stop")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=env)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("train_gpt")]
+    check(p.returncode != 0 and len(lines) == 1 and "--max-skips 0" in lines[0], f"--max-skips 0: {p.stderr[-300:]!r}")
+    # Spikes: a shard whose first 3200 tokens repeat 0..7 and whose rest is
+    # random; once the model has learnt the pattern, the random rows' loss is
+    # a spike: skipped from there on with --skip-spikes 3, never without.
+    data = os.path.join(tmp, "spike.bin")
+    rng = np.random.default_rng(5)
+    write_shard(data, np.concatenate([np.tile(np.arange(8), 400), rng.integers(0, 97, 2000)]))
+    sargs = ["-e", "L=2,C=32,NH=2,V=97,T=16", "-t", "16", "-b", "4", "-i", data, "-j", "", "-x", "54", "-s", "0",
+             "-v", "0", "-l", "1e-2", "-u", "2", "--dtype", "fp64"]
+    for flags, want in (([], []), (["--skip-spikes", "3", "--max-skips", "100"], [50, 51, 52, 53])):
+        d = os.path.join(tmp, "spikes" + str(len(flags)))
+        rc, out, err = run(sargs + flags + ["-o", d])
+        got = [m["step"] for m in metrics(d) if m.get("skipped")] if rc == 0 else None
+        check(got == want, f"--skip-spikes {flags}: skipped steps {got}, want {want} (rc={rc} {err[-200:]!r})")
+    rc, out, err = run(sargs + ["--skip-spikes", "3", "--max-skips", "2", "-o", os.path.join(tmp, "spikes_stop")])
+    lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+    check(rc != 0 and len(lines) == 1 and "--max-skips 2" in lines[0] and "by step 53" in lines[0],
+          f"--max-skips 2 with spikes: {err[-300:]!r}")
+
+
 def main():
     if not os.path.exists(TRAIN):
         print("train_gpt is not built (run make)")
@@ -200,6 +261,7 @@ def main():
         test_resume(tmp, "fp32")
         test_resume(tmp, "fp64")
         test_learning(tmp)
+        test_bad_steps(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{passed} passed, {failed} failed")
