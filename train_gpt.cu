@@ -27,6 +27,7 @@
 #include "llmc/base/args.h"
 #include "llmc/comm/dist.h"
 #include "llmc/plan/modes.h"
+#include "llmc/run/signals.h"
 #include "llmc/run/startup.h"
 #include "llmc/run/train_config.h"
 #include "llmc/run/trainer.h"
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
     try {
         const TrainConfig& cfg = r.cfg;
         r.setup(parser);
+        install_stop_signals();
         for (int step = r.st.step; step < cfg.max_steps; step++) {
             StepMetrics m = r.train_step(step);
             if (r.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
@@ -60,6 +62,14 @@ int main(int argc, char** argv) {
             if (r.due(cfg.sample_every, step)) r.sample();
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
             std::fflush(stdout);
+            // SIGTERM, SIGINT or SIGUSR1 on any rank: a checkpoint, then out.
+            if (step + 1 < cfg.max_steps)
+                if (const int sig = r.agreed_stop_signal()) {
+                    const int status = r.stop_on_signal(sig);
+                    run.reset();
+                    dist_finalize();
+                    return status;
+                }
         }
         r.finish();
         run.reset();

@@ -70,6 +70,13 @@ struct Trainer {
     double validate();
     void sample();
     void checkpoint();
+    // The largest stop signal any rank received (0: none; a collective,
+    // llmc/run/signals.h), and the clean stop it leads to: a checkpoint of
+    // this step (with -o, unless one was just written), one line, and the
+    // exit status 128 + the signal.
+    int agreed_stop_signal();
+    int stop_on_signal(int sig);
+    int checkpointed_step = -1;
     void finish();
     bool due(int every, int step) const { return every > 0 && ((step + 1) % every == 0 || step + 1 == cfg.max_steps); }
 };

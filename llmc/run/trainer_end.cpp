@@ -8,6 +8,7 @@
 #include "llmc/io/model_io.h"
 #include "llmc/run/report.h"
 #include "llmc/run/startup.h"
+#include "llmc/run/signals.h"
 #include "llmc/run/trace_file.h"
 #include "llmc/run/trainer.h"
 
@@ -56,10 +57,27 @@ void Trainer::report_resume(const RunInfo& saved) {
 void Trainer::checkpoint() {
     st.rng_state = rng.state;
     if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) end_job(err);
+    checkpointed_step = st.step;
     if (main_rank) {
         std::printf("checkpoint: %s\n", checkpoint_dir(cfg.output_dir, st.step).c_str());
         if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
     }
+}
+
+int Trainer::agreed_stop_signal() {
+    return (int)grid.world->host_all_reduce((double)stop_signal(), ReduceOp::Max);
+}
+
+int Trainer::stop_on_signal(int sig) {
+    const bool save = !cfg.output_dir.empty();
+    if (save && checkpointed_step != st.step) checkpoint();
+    if (main_rank) {
+        std::printf("stopped by signal %d after step %d: %s\n", sig, st.step,
+                    save ? ("checkpoint " + checkpoint_dir(cfg.output_dir, st.step) + "; resume with -y 1").c_str()
+                         : "no checkpoint (no -o)");
+        std::fflush(stdout);
+    }
+    return 128 + sig;
 }
 
 // The final weights as an llm.c model file, tensor by tensor: into -o (as

@@ -13,7 +13,10 @@
 #   - bad steps: a NaN gradient (LLMC_TEST_NAN_STEP) skips that step's
 #     update, counted in metrics.jsonl, alike on every rank (dp2 ZeRO-2 and
 #     pp2 equal one process); --skip-spikes skips loss spikes; --max-skips
-#     ends the run with one line.
+#     ends the run with one line;
+#   - signals: SIGTERM to one rank under mpirun makes every rank finish the
+#     step, write one checkpoint and exit with 128 + 15; the resume equals
+#     the uninterrupted run bit for bit.
 # Last line: "N passed, N failed".
 import glob
 import json
@@ -249,6 +252,44 @@ def test_bad_steps(tmp):
           f"--max-skips 2 with spikes: {err[-300:]!r}")
 
 
+def test_signal(tmp):
+    """SIGTERM to one rank under mpirun: every rank ends the step, one checkpoint, 128+15; the resume is bit for bit."""
+    import time
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+    args = SMALL + ["--dtype", "fp64", "-x", "80", "-d", "256", "-z", "1", "-s", "0"]
+    full, part = os.path.join(tmp, "sig_full"), os.path.join(tmp, "sig_part")
+    mpi = ["mpirun", "-np", "2", TRAIN]
+    subprocess.run(mpi + args + ["-o", full], cwd=ROOT, capture_output=True, timeout=300, env=env)
+    p = subprocess.Popen(mpi + args + ["-o", part], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        try:
+            with open(os.path.join(part, "metrics.jsonl")) as f:
+                if len(f.readlines()) >= 3:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.02)
+    # The ranks are mpirun's children; signal the last one only.
+    kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    if kids:
+        os.kill(int(kids[-1]), 15)
+    out, err = p.communicate(timeout=120)
+    done = sorted(f for f in os.listdir(part) if f.startswith("DONE_"))
+    check(kids and p.returncode != 0 and "stopped by signal 15 after step" in out and len(done) == 1,
+          f"SIGTERM to rank 1: rc={p.returncode} {done} {out[-300:]!r} {err[-300:]!r}")
+    q = subprocess.run(mpi + args + ["-o", part, "-y", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=env)
+    check(q.returncode == 0, f"resume after the signal: {q.stderr[-300:]!r}")
+    if q.returncode == 0:
+        check([m["loss"] for m in metrics(full)] == [m["loss"] for m in metrics(part)],
+              f"losses after the signal and resume equal the uninterrupted run's (stopped at {done})")
+        check(read(os.path.join(full, "model_00000080.bin")) == read(os.path.join(part, "model_00000080.bin")),
+              "final model after the signal and resume equals the uninterrupted run's")
+
+
 def main():
     if not os.path.exists(TRAIN):
         print("train_gpt is not built (run make)")
@@ -262,6 +303,7 @@ def main():
         test_resume(tmp, "fp64")
         test_learning(tmp)
         test_bad_steps(tmp)
+        test_signal(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{passed} passed, {failed} failed")
