@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "llmc/base/fileio.h"
+#include "llmc/comm/dist.h"
+#include "llmc/io/checksum.h"
 #include "llmc/io/checkpoint_legacy.h"
 
 using json = nlohmann::json;
@@ -77,6 +79,25 @@ static OwnedRuns owned_runs(const GPT& model, bool sharded, const Ownership& own
     return r;
 }
 
+// ---- checksums: one FNV-1a 64 per piece and section ------------------------------------------
+// A shard's payload is its sections (weights, Adam m, Adam v), each the
+// pieces' elements in piece order. Hashing the bytes as they stream by,
+// switching to the next hash at each piece's end, gives one checksum per
+// (section, piece); they follow the payload as a trailer (kTrailerMagic,
+// their count, the hashes), and the load recomputes them, so a changed byte
+// is found and named by its shard, section and tensor.
+constexpr uint64_t kTrailerMagic = 0x6c6c6d632d73756dull;  // "llmc-sum"
+
+// The byte length of every (section, piece) of a shard, in payload order.
+static std::vector<uint64_t> piece_bytes(const std::vector<Piece>& w, const std::vector<Piece>& o, size_t ws,
+                                         size_t os) {
+    std::vector<uint64_t> b;
+    for (const Piece& p : w) b.push_back(p.len * p.count * ws);
+    for (int k = 0; k < 2; k++)
+        for (const Piece& p : o) b.push_back(p.len * p.count * os);
+    return b;
+}
+
 // ---- writing ---------------------------------------------------------------------------------
 
 static bool write_shard(const std::string& path, GPT& model, const Ownership& own, int rank, int world,
@@ -104,16 +125,21 @@ static bool write_shard(const std::string& path, GPT& model, const Ownership& ow
         }
     // The payload, run by run: this rank's own part, never more.
     std::vector<char> host;
+    PieceHasher hasher(piece_bytes(w.pieces, o.pieces, dtype_size(wt), dtype_size(ot)));
     auto put = [&](const OwnedRuns& r, const void* buf, DType t) {
         for (const auto& run : r.runs) {
             host.resize(run.second * dtype_size(t));
             model.backend().download(host.data(), t, elem_ptr(buf, t, run.first), t, run.second);
             f.write(host.data(), host.size());
+            hasher.feed(host.data(), host.size());
         }
     };
     put(w, model.weights(), wt);
     put(o, model.adam_m(), ot);
     put(o, model.adam_v(), ot);
+    const uint64_t trailer[2] = {kTrailerMagic, (uint64_t)hasher.sums().size()};
+    f.write(trailer, sizeof(trailer));
+    f.write(hasher.sums().data(), hasher.sums().size() * sizeof(uint64_t));
     return f.commit(err);
 }
 
@@ -342,7 +368,52 @@ struct Shard {
     std::vector<Piece> w, o;
     long long w_at = 0, o_at = 0;  // payload starts: weights, then m (v follows m)
     uint64_t o_elems = 0;
+    bool checked = false;  // the shard carries checksums
 };
+
+// Reads a shard's payload through once, recomputing its checksums against
+// the trailer; a difference names the shard, the section and the tensor of
+// the piece (the first tensor it touches).
+bool verify_shard(Shard& sh, const Index& ix, const TensorTable& table, std::string* err) {
+    if (!sh.checked) return true;
+    const size_t ws = dtype_size(ix.wt), os = dtype_size(ix.ot);
+    const std::vector<uint64_t> bounds = piece_bytes(sh.w, sh.o, ws, os);
+    uint64_t total = 0;
+    for (uint64_t b : bounds) total += b;
+    PieceHasher hasher(bounds);
+    std::vector<char> buf(1 << 20);
+    std::vector<uint64_t> want(bounds.size());
+    uint64_t head[2];
+    bool ok = std::fseek(sh.f.get(), sh.w_at, SEEK_SET) == 0;
+    for (uint64_t left = total; ok && left > 0;) {
+        const size_t n = (size_t)std::min<uint64_t>(left, buf.size());
+        ok = std::fread(buf.data(), 1, n, sh.f.get()) == n;
+        hasher.feed(buf.data(), n);
+        left -= n;
+    }
+    ok = ok && std::fread(head, 8, 2, sh.f.get()) == 2 && head[0] == kTrailerMagic && head[1] == bounds.size() &&
+         std::fread(want.data(), 8, want.size(), sh.f.get()) == want.size();
+    if (!ok) {
+        *err = "checkpoint shard " + sh.path + ": cannot read its payload and checksums";
+        return false;
+    }
+    for (size_t k = 0; k < want.size(); k++) {
+        if (hasher.sums()[k] == want[k]) continue;
+        const size_t nw = sh.w.size(), no = sh.o.size();
+        const Piece& p = k < nw ? sh.w[k] : sh.o[(k - nw) % no];
+        const char* section = k < nw ? "weights" : k < nw + no ? "Adam m" : "Adam v";
+        std::string tensor = "?";
+        for (const TensorEntry& e : table.entries)
+            if (p.off >= e.file_offset && p.off < e.file_offset + (uint64_t)e.file_rows * e.file_cols) {
+                tensor = e.name();
+                break;
+            }
+        *err = "checkpoint shard " + sh.path + ": checksum mismatch in the " + section + " of tensor " + tensor +
+               " (the file changed after it was written)";
+        return false;
+    }
+    return true;
+}
 
 bool open_shard(const std::string& path, const Index& ix, Shard* sh, std::string* err) {
     sh->path = path;
@@ -385,7 +456,10 @@ bool open_shard(const std::string& path, const Index& ix, Shard* sh, std::string
     sh->o_at = sh->w_at + (long long)(elems[0] * dtype_size(ix.wt));
     sh->o_elems = elems[1];
     const long long want = sh->o_at + (long long)(2 * elems[1] * dtype_size(ix.ot));
-    if (size != want) {
+    // Checksums follow the payload (shards written before them end there).
+    const long long sums = 16 + 8 * (long long)(nw + 2 * no);
+    sh->checked = size == want + sums;
+    if (size != want && !sh->checked) {
         *err = "checkpoint shard " + path + ": size " + std::to_string(size) + " bytes, its tables promise " +
                std::to_string(want) + " (truncated or corrupt)";
         return false;
@@ -452,8 +526,12 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
         return false;
     }
     std::vector<Shard> shards(ix.shards.size());
+    // Each rank checks the checksums of every world-th shard (the caller's
+    // agreement on errors tells the others).
     for (size_t i = 0; i < shards.size(); i++)
-        if (!open_shard(cdir + "/" + ix.shards[i], ix, &shards[i], err)) return false;
+        if (!open_shard(cdir + "/" + ix.shards[i], ix, &shards[i], err) ||
+            ((int)i % dist_world_size() == dist_world_rank() && !verify_shard(shards[i], ix, model.table(), err)))
+            return false;
     // Tensor by tensor: each tensor this rank holds any part of, whole, from
     // the shards that hold its pieces, then this rank's part into its buffers.
     const Precision& p = model.precision();

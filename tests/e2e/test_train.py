@@ -4,7 +4,8 @@
 #   - resume: a run resumed from a mid-run checkpoint continues bit for bit
 #     (losses after the resume and the final model equal the uninterrupted
 #     run's), with gradient accumulation and sampling (RNG state) on; an
-#     index with out-of-range integers is refused naming the field;
+#     index with out-of-range integers is refused naming the field, a
+#     shard with a flipped bit naming the shard, section and tensor;
 #   - learning: the default model on the embedded data brings the loss well
 #     below its start and prints samples; metrics.jsonl has the fields;
 #     scripts/plot_metrics.py draws it;
@@ -101,6 +102,20 @@ def test_resume(tmp, dtype):
     check(len(sf) == 4 and len(sp) == 3 and sf[-3:] == sp, f"{dtype}: samples differ after resume (RNG state)")
     if dtype != "fp32":
         return
+    # A flipped bit anywhere in a shard's payload (weights, then Adam m and
+    # v): refused, naming the shard, the section and the tensor.
+    for where, section in ((0.05, "weights"), (0.5, "Adam m"), (0.9, "Adam v")):
+        flip = os.path.join(tmp, f"flip_{section.replace(' ', '_')}")
+        shutil.copytree(part, flip)
+        shard = os.path.join(flip, "ckpt_00000010", "shard_00000.bin")
+        data = bytearray(read(shard))
+        data[1024 + int(where * (len(data) - 1024 - 4096))] ^= 0x04
+        with open(shard, "wb") as f:
+            f.write(bytes(data))
+        rc, out, err = run(args + ["-o", flip, "-y", "1", "-x", "12"])
+        lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+        check(rc != 0 and len(lines) == 1 and "shard_00000.bin" in lines[0] and "checksum mismatch" in lines[0]
+              and f"the {section} of tensor" in lines[0], f"a bit flipped in the {section}: rc={rc} {err[-300:]!r}")
     # An index whose integers are out of range (a negative data position once
     # wrapped to 2^64-1): refused, naming the checkpoint and the field.
     for field, value in (("rows_consumed", -1), ("step", -4), ("zero", 7)):
