@@ -9,6 +9,14 @@
 #include <utility>
 #include <vector>
 
+// FNV-1a 64: the offset basis, and n bytes folded into h.
+constexpr uint64_t kFnvStart = 14695981039346656037ull;
+inline uint64_t fnv1a64(uint64_t h, const void* data, size_t n) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
 class PieceHasher {
   public:
     // bounds: the byte length of each piece, in payload order.
@@ -16,7 +24,7 @@ class PieceHasher {
     void feed(const char* p, size_t n) {
         while (n > 0 && k_ < bounds_.size()) {
             const size_t take = (size_t)std::min<uint64_t>(n, bounds_[k_] - done_);
-            for (size_t i = 0; i < take; i++) h_ = (h_ ^ (unsigned char)p[i]) * 1099511628211ull;
+            h_ = fnv1a64(h_, p, take);
             p += take, n -= take, done_ += take;
             if (done_ == bounds_[k_]) next();
         }
@@ -26,14 +34,13 @@ class PieceHasher {
   private:
     void next() {
         sums_.push_back(h_);
-        h_ = kStart, done_ = 0, k_++;
+        h_ = kFnvStart, done_ = 0, k_++;
         skip_empty();
     }
     void skip_empty() {
-        while (k_ < bounds_.size() && bounds_[k_] == 0) sums_.push_back(kStart), k_++;
+        while (k_ < bounds_.size() && bounds_[k_] == 0) sums_.push_back(kFnvStart), k_++;
     }
-    static constexpr uint64_t kStart = 1469598103934665603ull;
     std::vector<uint64_t> bounds_, sums_;
-    uint64_t h_ = kStart, done_ = 0;
+    uint64_t h_ = kFnvStart, done_ = 0;
     size_t k_ = 0;
 };

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "llmc/io/checksum.h"
+
 namespace {
 
 constexpr int32_t kMagicU16 = 20240520;
@@ -388,9 +390,9 @@ bool DataLoader::fingerprint(std::string* out, std::string* err) {
         *err = "data: fingerprint before open";
         return false;
     }
-    uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
-    auto mix = [&](uint64_t v) {
-        for (int b = 0; b < 8; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+    uint64_t h = kFnvStart;
+    auto mix = [&](uint64_t v) {  // little-endian bytes, as on every host we build for
+        h = fnv1a64(h, &v, sizeof v);
     };
     std::vector<int> tok;
     for (const Shard& s : shards_) {

@@ -67,6 +67,13 @@ def read_state(path):
     return arrays[0], arrays[1], arrays[2], (L, C, Vp, T)
 
 
+def _fnv1a64(data):
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def read_checkpoint(d, step):
     """weights, m, v of the checkpoint of `step` in output directory d as
     float64 arrays in model-file order, and (L, C, Vp, maxT). Assembled here
@@ -96,9 +103,18 @@ def read_checkpoint(d, step):
             no = (h[8] & 0xffffffff) | (h[9] << 32)
             tables = [np.frombuffer(f.read(32 * n), dtype="<u8").reshape(n, 4) for n in (nw, no)]
             sizes = {0: 4, 1: 8, 2: 2}
+            # FNV-1a 64 of each (section, piece), as the trailer must hold them
+            # (recomputed here for shards up to 4 MiB: it is a byte-by-byte loop).
+            sums, small = [], os.path.getsize(os.path.join(cdir, name)) <= (4 << 20)
             for k, (table, code) in enumerate(((tables[0], wt), (tables[1], ot), (tables[1], ot))):
                 total = int(sum(int(p[1]) * int(p[3]) for p in table))
-                vals = _floats(f.read(total * sizes[code]), code)
+                raw = f.read(total * sizes[code])
+                at_byte = 0
+                for p in table:
+                    n = int(p[1]) * int(p[3]) * sizes[code]
+                    sums.append(_fnv1a64(raw[at_byte:at_byte + n]) if small else None)
+                    at_byte += n
+                vals = _floats(raw, code)
                 at = 0
                 for off, ln, stride, count in table:
                     for i in range(int(count)):
@@ -107,7 +123,12 @@ def read_checkpoint(d, step):
                         if k < 2:
                             cover[k][b:b + int(ln)] += 1
                         at += int(ln)
-            assert f.read(1) == b"", f"{name}: bytes past its payload"
+            # The trailer: magic "llmc-sum", the count, the checksums.
+            magic, count = struct.unpack("<2Q", f.read(16))
+            assert magic == 0x6C6C6D632D73756D and count == len(sums), f"{name}: trailer {magic:#x} {count}"
+            got = list(struct.unpack(f"<{count}Q", f.read(8 * count)))
+            assert not small or got == sums, f"{name}: checksums differ from the payload's FNV-1a"
+            assert f.read(1) == b"", f"{name}: bytes past its trailer"
     assert all((c == 1).all() for c in cover), "checkpoint: an element missing or in two shards"
     return out[0], out[1], out[2], (L, C, Vp, T)
 

@@ -12,6 +12,34 @@
 
 namespace attn_tc {
 
+// A warp's finished dk and dv rows (its two rows of each 16-row fragment;
+// dk scaled): overwritten, or added to the fp32 ones of ring attention (kAcc).
+template <int DT, typename G, bool kAcc>
+TC_BODY void store_dkdv(G* dk, G* dv, size_t kvoff, int wrow0, int lane, const TcParams& p, const float (&dka)[DT][4],
+                        const float (&dva)[DT][4]) {
+    TC_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        const RC rc0 = c_elem(lane, 2 * hh);
+        const int j = wrow0 + rc0.row;
+        if (j >= p.Tk) continue;
+        G* krow = dk + kvoff + (size_t)j * p.kv_stride;
+        G* vrow = dv + kvoff + (size_t)j * p.kv_stride;
+        TC_UNROLL
+        for (int dt = 0; dt < DT; dt++) {
+            const int c = dt * 8 + rc0.col;
+            const float k0v = dka[dt][2 * hh] * p.scale, k1v = dka[dt][2 * hh + 1] * p.scale;
+            const float v0v = dva[dt][2 * hh], v1v = dva[dt][2 * hh + 1];
+            if constexpr (kAcc) {
+                store_pair(krow + c, krow[c] + k0v, krow[c + 1] + k1v);
+                store_pair(vrow + c, vrow[c] + v0v, vrow[c + 1] + v1v);
+            } else {
+                store_pair(krow + c, k0v, k1v);
+                store_pair(vrow + c, v0v, v1v);
+            }
+        }
+    }
+}
+
 // ==== backward: dq =================================================================
 // A block: 4 warps x 16 query rows = 64 rows; key tiles of BN. kARegs keeps
 // the warp's Q and dO rows in registers as A fragments (D = 64); otherwise
@@ -312,27 +340,7 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
         }
     }
     cx.cp_wait_all();
-    TC_UNROLL
-    for (int hh = 0; hh < 2; hh++) {
-        const RC rc0 = c_elem(lane, 2 * hh);
-        const int j = wrow0 + rc0.row;
-        if (j >= p.Tk) continue;
-        G* krow = dk + kvoff + (size_t)j * p.kv_stride;
-        G* vrow = dv + kvoff + (size_t)j * p.kv_stride;
-        TC_UNROLL
-        for (int dt = 0; dt < C::DT; dt++) {
-            const int c = dt * 8 + rc0.col;
-            const float k0v = dka[dt][2 * hh] * p.scale, k1v = dka[dt][2 * hh + 1] * p.scale;
-            const float v0v = dva[dt][2 * hh], v1v = dva[dt][2 * hh + 1];
-            if constexpr (kAcc) {
-                store_pair(krow + c, krow[c] + k0v, krow[c + 1] + k1v);
-                store_pair(vrow + c, vrow[c] + v0v, vrow[c + 1] + v1v);
-            } else {
-                store_pair(krow + c, k0v, k1v);
-                store_pair(vrow + c, v0v, v1v);
-            }
-        }
-    }
+    store_dkdv<C::DT, G, kAcc>(dk, dv, kvoff, wrow0, lane, p, dka, dva);
 }
 
 }  // namespace attn_tc

@@ -50,6 +50,7 @@
 #include <type_traits>
 
 #include "llmc/backend/cuda/attention_tc_kernels.h"
+#include "llmc/backend/cuda/attention_tc_kernels_bwd.h"
 
 namespace attn_tc {
 
@@ -318,27 +319,7 @@ TC_BODY void bwd5_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk
             }
     }
     cx.cp_wait(0);  // no copy left in flight
-    TC_UNROLL
-    for (int hh = 0; hh < 2; hh++) {
-        const RC rc0 = c_elem(lane, 2 * hh);
-        const int j = wrow0 + rc0.row;
-        if (j >= p.Tk) continue;
-        G* krow = dk + kvoff + (size_t)j * p.kv_stride;
-        G* vrow = dv + kvoff + (size_t)j * p.kv_stride;
-        TC_UNROLL
-        for (int dt = 0; dt < C::DT; dt++) {
-            const int c = dt * 8 + rc0.col;
-            const float k0v = dka[dt][2 * hh] * p.scale, k1v = dka[dt][2 * hh + 1] * p.scale;
-            const float v0v = dva[dt][2 * hh], v1v = dva[dt][2 * hh + 1];
-            if constexpr (kAcc) {
-                store_pair(krow + c, krow[c] + k0v, krow[c + 1] + k1v);
-                store_pair(vrow + c, vrow[c] + v0v, vrow[c + 1] + v1v);
-            } else {
-                store_pair(krow + c, k0v, k1v);
-                store_pair(vrow + c, v0v, v1v);
-            }
-        }
-    }
+    store_dkdv<C::DT, G, kAcc>(dk, dv, kvoff, wrow0, lane, p, dka, dva);
 }
 
 }  // namespace attn_tc
