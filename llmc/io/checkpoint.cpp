@@ -178,7 +178,8 @@ bool save_checkpoint(const std::string& dir, GPT& model, const Ownership& own, c
         j["loss_count"] = st.loss_count;
         j["run"] = {{"max_steps", run.max_steps}, {"total_batch", run.total_batch}, {"B", run.B}, {"T", run.T},
                     {"world", run.world}, {"pp", run.pp}, {"vpp", run.vpp}, {"dp", run.dp}, {"cp", run.cp},
-                    {"tp", run.tp}, {"sp", run.sp}, {"zero", run.zero}, {"recompute", run.recompute}};
+                    {"tp", run.tp}, {"sp", run.sp}, {"zero", run.zero}, {"recompute", run.recompute},
+                    {"data", run.data}};
         json shards = json::array();
         for (int r = 0; r < world; r++) shards.push_back(shard_name(r));
         j["shards"] = shards;
@@ -350,6 +351,7 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
         ri.sp = (int)index_int(r, "sp", 0, 1);
         ri.zero = (int)index_int(r, "zero", 0, 3);
         ri.recompute = r.at("recompute");
+        ri.data = r.value("data", std::string());
         for (const json& s : j.at("shards")) ix->shards.push_back(s.get<std::string>());
         if (ix->step != step) throw std::runtime_error("step " + std::to_string(ix->step) + " in the index");
         std::string why;

@@ -28,6 +28,7 @@ struct RunInfo {
     int B = 0, T = 0;
     int world = 1, pp = 1, vpp = 1, dp = 1, cp = 1, tp = 1, sp = 0, zero = 0;
     std::string recompute = "none";
+    std::string data;  // the training data's fingerprint (DataLoader::fingerprint; "" if not recorded)
     // "world 8 = pp 2 x dp 2 x cp 1 x tp 2, ZeRO 1, B=4, recompute none"
     std::string layout() const {
         return "world " + std::to_string(world) + " = pp " + std::to_string(pp) +

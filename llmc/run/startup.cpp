@@ -50,7 +50,7 @@ std::string output_path_problem(const std::string& path, bool directory) {
     return "";
 }
 
-void check_same_data(DataLoader& data, const char* flag, const std::string& pattern) {
+std::string check_same_data(DataLoader& data, const char* flag, const std::string& pattern) {
     std::string mine, err;
     const bool ok = data.fingerprint(&mine, &err);
     setup_check(ok, err);
@@ -59,6 +59,7 @@ void check_same_data(DataLoader& data, const char* flag, const std::string& patt
     setup_check(first == mine, std::string("flag ") + flag + " '" + pattern + "': rank " +
                                    std::to_string(dist_world_rank()) + " reads other data than rank 0 (" + mine +
                                    " against " + first + "); give every rank the same files");
+    return mine;
 }
 
 void check_same_flags(const ArgParser& parser, bool help) {

@@ -39,7 +39,8 @@ std::string output_path_problem(const std::string& path, bool directory);
 // (another working directory, another copy) ends the job with one line
 // naming the flag and the pattern, instead of training on other data and
 // hanging at the end of a shorter epoch.
-void check_same_data(DataLoader& data, const char* flag, const std::string& pattern);
+// Returns the fingerprint (checkpoints keep it, so a resume sees other data).
+std::string check_same_data(DataLoader& data, const char* flag, const std::string& pattern);
 
 // CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
 // share its cores (every rank starting as many threads as the node has

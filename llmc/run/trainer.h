@@ -77,6 +77,7 @@ struct Trainer {
     int agreed_stop_signal();
     int stop_on_signal(int sig);
     int checkpointed_step = -1;
+    std::string data_fingerprint;  // of the training data (checkpoints keep it)
     void finish();
     bool due(int every, int step) const { return every > 0 && ((step + 1) % every == 0 || step + 1 == cfg.max_steps); }
 };

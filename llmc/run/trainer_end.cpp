@@ -30,6 +30,7 @@ RunInfo Trainer::run_info() const {
     r.cp = grid.cp;
     r.tp = grid.tp;
     r.sp = cfg.sp;
+    r.data = data_fingerprint;
     r.zero = cfg.zero;
     r.recompute = cfg.recompute;
     return r;
@@ -48,6 +49,18 @@ void Trainer::report_resume(const RunInfo& saved) {
         std::fprintf(stderr, "train_gpt: warning: resuming with -d %lld where the checkpoint's run had -d %lld: each step "
                              "now takes another number of rows of the data\n",
                      now.total_batch, saved.total_batch);
+    // The data position is kept in rows of T tokens: other data, or another
+    // T, makes it point elsewhere. Said clearly; the run goes on (a change
+    // of data may be meant, say fine-tuning on from a pretraining run).
+    if (!saved.data.empty() && saved.data != now.data)
+        std::fprintf(stderr, "train_gpt: warning: resuming with -i %s, other data than the checkpoint's run (%s now, %s "
+                             "then): training goes on at row %llu of this data\n",
+                     cfg.train_data.c_str(), now.data.c_str(), saved.data.c_str(), (unsigned long long)st.rows_consumed);
+    if (saved.T != now.T)
+        std::fprintf(stderr, "train_gpt: warning: resuming with -t %d where the checkpoint's run had -t %d: the data "
+                             "position is kept in rows, so training goes on at token %llu instead of %llu\n",
+                     now.T, saved.T, (unsigned long long)st.rows_consumed * (unsigned long long)now.T,
+                     (unsigned long long)st.rows_consumed * (unsigned long long)saved.T);
     if (saved.layout() != now.layout() || saved.T != now.T)
         std::printf("resume: checkpoint of step %d written at %s (T=%d); continuing at %s (T=%d)\n", st.step,
                     saved.layout().c_str(), saved.T, now.layout().c_str(), now.T);

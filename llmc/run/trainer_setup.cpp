@@ -89,7 +89,7 @@ void Trainer::setup(const ArgParser& parser) {
         const std::string why = path.empty() || !main_rank ? "" : output_path_problem(path, std::get<2>(out));
         setup_check(why.empty(), std::string("flag ") + std::get<0>(out) + " '" + path + "': " + why);
     }
-    check_same_data(train, "-i", cfg.train_data);
+    data_fingerprint = check_same_data(train, "-i", cfg.train_data);
     if (use_val) check_same_data(val, "-j", cfg.val_data);
     // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.
     if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())

@@ -5,7 +5,8 @@
 #     (losses after the resume and the final model equal the uninterrupted
 #     run's), with gradient accumulation and sampling (RNG state) on; an
 #     index with out-of-range integers is refused naming the field, a
-#     shard with a flipped bit naming the shard, section and tensor;
+#     shard with a flipped bit naming the shard, section and tensor; a
+#     resume on other data or with another T warns;
 #   - learning: the default model on the embedded data brings the loss well
 #     below its start and prints samples; metrics.jsonl has the fields;
 #     scripts/plot_metrics.py draws it;
@@ -102,6 +103,19 @@ def test_resume(tmp, dtype):
     check(len(sf) == 4 and len(sp) == 3 and sf[-3:] == sp, f"{dtype}: samples differ after resume (RNG state)")
     if dtype != "fp32":
         return
+    # A resume on other data, or with another T, says so (the data position
+    # is kept in rows of T tokens).
+    sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+    from testlib import write_shard
+    import numpy as np
+    other = os.path.join(tmp, "other_data.bin")
+    write_shard(other, np.random.default_rng(3).integers(0, 257, 20000))
+    for extra, want in ((["-i", other], "-i " + other + ", other data"), (["-t", "16"], "-t 16 where the")):
+        d = os.path.join(tmp, "resume_" + extra[0].strip("-"))
+        shutil.copytree(part, d)
+        rc, out, err = run(args + ["-o", d, "-y", "1", "-x", "12"] + extra)
+        check(rc == 0 and any(l.startswith("train_gpt: warning: resuming with " + want) for l in err.splitlines()),
+              f"resume with {extra}: rc={rc} {err[-300:]!r}")
     # A flipped bit anywhere in a shard's payload (weights, then Adam m and
     # v): refused, naming the shard, the section and the tensor.
     for where, section in ((0.05, "weights"), (0.5, "Adam m"), (0.9, "Adam v")):
