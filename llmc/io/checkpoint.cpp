@@ -492,12 +492,13 @@ bool read_range(Shard& sh, const std::vector<Piece>& pieces, long long at, size_
     return true;
 }
 
-bool all_finite(const void* p, DType t, size_t n) {
+// Every element finite (and, with non_negative, not below 0).
+bool all_finite(const void* p, DType t, size_t n, bool non_negative = false) {
     for (size_t i = 0; i < n; i++) {
         const double x = t == DType::F64 ? static_cast<const double*>(p)[i]
                          : t == DType::F32 ? static_cast<const float*>(p)[i]
                                            : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-        if (!std::isfinite(x)) return false;
+        if (!std::isfinite(x) || (non_negative && x < 0)) return false;
     }
     return true;
 }
@@ -565,6 +566,13 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
         }
         if (!all_finite(w.data(), ix.wt, n)) {
             *err = "checkpoint " + cdir + ": tensor " + tensor + " holds NaN or infinite weights";
+            return false;
+        }
+        // Adam's state too: NaN there, or a negative second moment, would
+        // surface steps later as a loss that is not finite.
+        if (!all_finite(m.data(), ix.ot, n) || !all_finite(v.data(), ix.ot, n, true)) {
+            *err = "checkpoint " + cdir + ": tensor " + tensor + " holds NaN, infinite or (second moment) negative " +
+                   "Adam state";
             return false;
         }
         model.set_weights_file_range(w.data(), ix.wt, fo, fo + n);

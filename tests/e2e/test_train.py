@@ -6,7 +6,8 @@
 #     run's), with gradient accumulation and sampling (RNG state) on; an
 #     index with out-of-range integers is refused naming the field, a
 #     shard with a flipped bit naming the shard, section and tensor; a
-#     resume on other data or with another T warns;
+#     resume on other data or with another T warns; NaN or negative Adam
+#     state (checksums intact) is refused naming the tensor;
 #   - learning: the default model on the embedded data brings the loss well
 #     below its start and prints samples; metrics.jsonl has the fields;
 #     scripts/plot_metrics.py draws it;
@@ -130,6 +131,37 @@ def test_resume(tmp, dtype):
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and "shard_00000.bin" in lines[0] and "checksum mismatch" in lines[0]
               and f"the {section} of tensor" in lines[0], f"a bit flipped in the {section}: rc={rc} {err[-300:]!r}")
+    # NaN in Adam's m, or a negative v, with the checksums made to match (a
+    # shard that is intact but holds bad state): refused naming the tensor.
+    from testlib import _fnv1a64
+    for section, value in ((1, float("nan")), (2, -1.0)):
+        bad = os.path.join(tmp, f"bad_adam_{section}")
+        shutil.copytree(part, bad)
+        shard = os.path.join(bad, "ckpt_00000010", "shard_00000.bin")
+        data = bytearray(read(shard))
+        h = struct.unpack("<256i", bytes(data[:1024]))
+        nw, no = h[6] | (h[7] << 32), h[8] | (h[9] << 32)
+        tables = [np.frombuffer(bytes(data[1024 + 32 * o:1024 + 32 * (o + n)]), dtype="<u8").reshape(n, 4)
+                  for o, n in ((0, nw), (nw, no))]
+        es = {0: 4, 1: 8, 2: 2}
+        lens = [[int(q[1]) * int(q[3]) * es[h[4] if k == 0 else h[5]] for q in tables[min(k, 1)]] for k in range(3)]
+        starts = [1024 + 32 * (nw + no)]
+        for k in range(2):
+            starts.append(starts[-1] + sum(lens[k]))
+        at = starts[section]
+        data[at:at + 4] = struct.pack("<f", value)  # the first element of m (1) or v (2), fp32 Adam state
+        sums, pos = [], starts[0]
+        for k in range(3):
+            for n in lens[k]:
+                sums.append(_fnv1a64(bytes(data[pos:pos + n])))
+                pos += n
+        data[pos + 16:] = struct.pack(f"<{len(sums)}Q", *sums)
+        with open(shard, "wb") as f:
+            f.write(bytes(data))
+        rc, out, err = run(args + ["-o", bad, "-y", "1", "-x", "12"])
+        lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+        check(rc != 0 and len(lines) == 1 and "Adam state" in lines[0] and "tensor" in lines[0],
+              f"bad Adam state in section {section}: rc={rc} {err[-300:]!r}")
     # An index whose integers are out of range (a negative data position once
     # wrapped to 2^64-1): refused, naming the checkpoint and the field.
     for field, value in (("rows_consumed", -1), ("step", -4), ("zero", 7)):
