@@ -1,8 +1,9 @@
 // tests/unit/attention_emu.h: what the tests that run the tensor-core attention
 // bodies on the emulated GPU (tests/unit/mma_emulator.h) share: the check
 // counter, random bf16 data, relative errors, the in-view masks and the
-// comparison against the fp64 truth (tests/unit/attention_fp64.h), and the
-// runners of the forward and the two-kernel backward on the emulator.
+// comparison against the fp64 truth (tests/unit/attention_fp64.h), a
+// ring-attention case, and the runners of the forward and the two-kernel
+// backward on the emulator.
 #pragma once
 #include <cmath>
 #include <cstdio>
@@ -82,6 +83,24 @@ inline void compare(const std::string& what, const std::vector<T>& got, const st
     std::snprintf(buf, sizeof buf, "%s: rel err %.2e (tol %.0e)%s", what.c_str(), e, tol, untouched ? "" : ", wrote outside its view");
     check(e <= tol && untouched, buf);
 }
+// A ring-attention case: random bf16 q, k|v and dout over the whole
+// sequences, the fp64 forward of them, and the views of the two key blocks
+// [0, T1) and [T1, Tk), which address rows of the whole sequences.
+struct RingCase {
+    std::vector<float> q, kv, dout;
+    std::vector<double> rout, rlse;
+    View b1, b2;
+};
+inline RingCase ring_case(const View& full, int T1, uint32_t seed) {
+    RingCase c{rand_bf16(full.qn, 1.f, seed), rand_bf16(full.kvn, 1.f, seed + 1), rand_bf16(full.on, 1.f, seed + 2),
+               std::vector<double>(full.on, 0.0), std::vector<double>(full.ln, 0.0), full, full};
+    ref_forward(full, c.q, c.kv, c.rout, c.rlse);
+    c.b1.s.Tk = T1;
+    c.b2.s.Tk = full.s.Tk - T1;
+    c.b1.s.kv_bstride = c.b2.s.kv_bstride = full.s.kb();
+    return c;
+}
+
 inline std::vector<uint16_t> to_bits(const std::vector<float>& x) {
     std::vector<uint16_t> y(x.size());
     for (size_t i = 0; i < x.size(); i++) y[i] = f2b(x[i]);

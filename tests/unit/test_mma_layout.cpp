@@ -310,14 +310,10 @@ static void test_plain(const char* name, const View& w, uint32_t seed) {
 template <int D>
 static void test_ring(const char* name, const View& full, int T1, uint32_t seed) {
     const AttnShape& s = full.s;
-    const std::vector<float> q = rand_bf16(full.qn, 1.f, seed), kv = rand_bf16(full.kvn, 1.f, seed + 1),
-                             dout = rand_bf16(full.on, 1.f, seed + 2);
-    std::vector<double> rout(full.on, 0.0), rlse(full.ln, 0.0);
-    ref_forward(full, q, kv, rout, rlse);
-    View b1 = full, b2 = full;
-    b1.s.Tk = T1;
-    b2.s.Tk = s.Tk - T1;
-    b1.s.kv_bstride = b2.s.kv_bstride = full.s.kb();  // blocks address rows of the whole sequences
+    const RingCase rc = ring_case(full, T1, seed);
+    const std::vector<float>&q = rc.q, &kv = rc.kv, &dout = rc.dout;
+    const std::vector<double>&rout = rc.rout, &rlse = rc.rlse;
+    const View &b1 = rc.b1, &b2 = rc.b2;
     const std::vector<uint16_t> qb = to_bits(q), kvb = to_bits(kv);
     const std::vector<float> out_init = rand_bf16(full.on, 3.f, seed + 3), lse_init = rand_bf16(full.ln, 3.f, seed + 4);
     std::vector<float> out = out_init, lse = lse_init;
