@@ -57,7 +57,7 @@ CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=
 NVCCFLAGS  ?= -O3
 NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall $(MPI_DEF)
 CXXFLAGS   += -DLLMC_CUDA
-CUDA_OBJS  := $(BUILD)/llmc/backend/backend_cuda.o
+CUDA_OBJS  := $(BUILD)/llmc/backend/backend_cuda.o $(BUILD)/llmc/backend/cuda_device.o
 LDLIBS     += $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(comma)-rpath$(comma)$(CUDA_LIBDIR)) -lcublasLt -lcublas -lcudart
 ifneq ($(MPICXX),)
 # NCCL and the host-staged MPI communicator for device buffers.

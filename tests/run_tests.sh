@@ -22,8 +22,10 @@
 #                (transformers; scripts/setup.sh makes it).
 #   distributed  tests/distributed/: under mpirun, every layout (dp, ZeRO
 #                1-3, tp, sp, cp, pp, vpp and their mixes, GPT-2 and Llama)
-#                against one process; the communicators and ring attention
-#                against formulas; a job over two hosts.
+#                against one process; the step's recorded regions (CUDA
+#                graphs, emulated) against running the ops; the
+#                communicators and ring attention against formulas; a job
+#                over two hosts.
 #                Needs: Open MPI (2 cores are enough: ranks oversubscribe).
 #   e2e          tests/e2e/: the trainer as a user runs it: determinism,
 #                resume, learning, every error path, recompute modes,
@@ -188,6 +190,7 @@ distributed_tier() {
     run test_cp "$PY" tests/distributed/test_cp.py
     run test_pp "$PY" tests/distributed/test_pp.py
     run test_llama "$PY" tests/distributed/test_llama.py
+    run test_graphs "$PY" tests/distributed/test_graphs.py
     run test_multinode "$PY" tests/distributed/test_multinode.py
 }
 

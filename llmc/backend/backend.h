@@ -16,6 +16,7 @@
 //   - token and position arrays are int32 in backend memory.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "llmc/base/dtype.h"
 
@@ -324,6 +325,39 @@ class Backend {
     // so the result is bit for bit the loop of single calls; a GPU sums
     // every run in one launch and synchronises once.
     virtual double sum_squares_multi(const SumSpan* spans, int count, DType t) = 0;
+
+    // ---- recorded regions (docs/design.md section 2.9) -------------------
+    // A region is a stretch of ops that runs the same way every time: the
+    // same ops with the same arguments and pointers, no transfer to or from
+    // the host, no allocation or release, no synchronisation, no
+    // communication. A backend that records regions (CUDA with
+    // LLMC_CUDA_GRAPH=1: a CUDA graph; the CPU with LLMC_CPU_GRAPH=1: an
+    // emulation that records the calls) keeps one recording per key:
+    //   if (!be.region_replay(key)) {        // replays the recording, if any
+    //       bool rec = be.region_begin(key); // records what follows (true)
+    //       ...the ops...
+    //       if (rec) be.region_end();        // ends the recording, runs it
+    //   }
+    // While recording, ops are recorded and not yet run (as in CUDA stream
+    // capture): the host must not read what they compute before
+    // region_end(). Backends that do not record return false and run ops
+    // as they come.
+    virtual bool region_replay(uint64_t key) {
+        (void)key;
+        return false;
+    }
+    virtual bool region_begin(uint64_t key) {
+        (void)key;
+        return false;
+    }
+    virtual void region_end() {}
+    // Whether this backend records regions, and what it has done so far.
+    struct RegionStats {
+        bool on = false;
+        int recorded = 0;         // recordings kept
+        long long replays = 0;    // regions run from a recording
+    };
+    virtual RegionStats region_stats() const { return {}; }
 
   protected:
     bool over_budget(size_t more) const { return budget_ && bytes_in_use() + more > budget_; }

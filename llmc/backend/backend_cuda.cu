@@ -36,6 +36,7 @@
 #include "llmc/backend/cuda/common.cuh"
 #include "llmc/backend/cuda/encoder.cuh"
 #include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/graphs.cuh"
 #include "llmc/backend/cuda/layernorm.cuh"
 #include "llmc/backend/cuda/matmul.cuh"
 #include "llmc/backend/cuda/norm.cuh"
@@ -45,7 +46,6 @@
 #include "llmc/backend/cuda/staging.cuh"
 #include "llmc/backend/cuda/swiglu.cuh"
 #include "llmc/backend/cuda/workspace.h"
-#include "llmc/backend/device_peaks.h"
 
 using llmc_cuda::bf16;
 using llmc_cuda::device_convert;
@@ -66,7 +66,8 @@ class CudaBackend final : public Backend {
         bool bgrad = false;
         if (!llmc_switch::parse_gelu_fusion(std::getenv("LLMC_GELU_FUSION"), &gelu_fusion_, &err) ||
             !llmc_switch::parse_gemm_workspace(std::getenv("LLMC_GEMM_WORKSPACE_MB"), &workspace, &err) ||
-            !llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", std::getenv("LLMC_BIAS_GRAD_EPILOGUE"), &bgrad, &err))
+            !llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", std::getenv("LLMC_BIAS_GRAD_EPILOGUE"), &bgrad, &err) ||
+            !llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", std::getenv("LLMC_CUDA_GRAPH"), &graphs_.on, &err))
             throw std::runtime_error("cuda backend: " + err);
         mm_.init(stream_, workspace);
         mm_.bias_grad_epilogue = bgrad;
@@ -75,6 +76,7 @@ class CudaBackend final : public Backend {
     ~CudaBackend() override {
         cudaSetDevice(device_);
         cudaStreamSynchronize(stream_);
+        graphs_.release();
         for (auto& kv : sizes_) cudaFree(kv.first);
         scratch_.release();
         staging_.release();
@@ -522,6 +524,12 @@ class CudaBackend final : public Backend {
         }
     }
 
+    // ---- recorded regions: CUDA graphs under LLMC_CUDA_GRAPH=1 (cuda/graphs.cuh) ----------
+    bool region_replay(uint64_t key) override { return activate(), graphs_.replay(key, stream_); }
+    bool region_begin(uint64_t key) override { return activate(), graphs_.begin(key, stream_); }
+    void region_end() override { activate(), graphs_.end(stream_); }
+    RegionStats region_stats() const override { return {graphs_.on, graphs_.recorded(), graphs_.replays()}; }
+
   private:
     static constexpr size_t kStagingElems = (size_t)1 << 20;  // per transfer chunk (8 MiB of fp64)
 
@@ -561,6 +569,7 @@ class CudaBackend final : public Backend {
     llmc_cuda::EncoderBackwardScratch enc_;
     llmc_cuda::AdamMultiTable adam_table_;
     llmc_cuda::SumSqMulti sumsq_;
+    llmc_cuda::StepGraphs graphs_;
     std::vector<llmc_cuda::AdamPiece> pieces_;  // reused host array of adamw_update_multi
     GrowBuffer scratch_, staging_;
     std::unordered_map<void*, size_t> sizes_;
@@ -568,27 +577,6 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
-
-int cuda_device_count() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();  // no driver / no device: not an error for the caller
-        return 0;
-    }
-    return n;
-}
-
-double cuda_peak_bf16_flops(int device_index) {
-    if (device_index < 0 || device_index >= cuda_device_count()) return 0.0;
-    cudaDeviceProp prop;
-    int khz = 0;
-    if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess ||
-        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_index) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0.0;
-    }
-    return device_bf16_peak(prop.name, prop.major, prop.minor, prop.multiProcessorCount, khz).flops;
-}
 
 Backend* make_cuda_backend(int device_index, bool fp32) {
     const int n = cuda_device_count();

@@ -1,11 +1,14 @@
 // llmc/backend/backends.cpp: see backends.h.
 #include "llmc/backend/backends.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "llmc/backend/backend_cpu.h"
+#include "llmc/backend/backend_recorder.h"
+#include "llmc/backend/cuda/switches.h"
 #ifdef LLMC_CUDA
 #include "llmc/backend/backend_cuda.h"
 #endif
@@ -23,10 +26,17 @@ Backend* make_backend(const std::string& device, const std::string& dtype, int l
     }
 #endif
     if (dev == "cpu") {
-        if (dtype == "auto" || dtype == "fp32") return make_cpu_backend(DType::F32);
-        if (dtype == "fp64") return make_cpu_backend(DType::F64);
-        *err = "flag --dtype: " + dtype + " is not available on the cpu (fp32 or fp64)";
-        return nullptr;
+        // LLMC_CPU_GRAPH=1: recorded regions by recording calls (backend_recorder.h).
+        bool record = false;
+        if (!llmc_switch::parse_on_off("LLMC_CPU_GRAPH", std::getenv("LLMC_CPU_GRAPH"), &record, err)) return nullptr;
+        Backend* be = nullptr;
+        if (dtype == "auto" || dtype == "fp32") be = make_cpu_backend(DType::F32);
+        else if (dtype == "fp64") be = make_cpu_backend(DType::F64);
+        else {
+            *err = "flag --dtype: " + dtype + " is not available on the cpu (fp32 or fp64)";
+            return nullptr;
+        }
+        return record ? make_recording_backend(be) : be;
     }
 #ifdef LLMC_CUDA
     if (cuda_device_count() <= 0) {

@@ -22,6 +22,24 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) 
     const ModelChunk& ch = chunks_.at(c);
     if (slot < 0 || slot >= ch.slots) throw std::logic_error("backward: no such activation slot");
     if (ch.head && !grad_ready_[slot]) throw std::logic_error("backward: the last forward computed no loss gradient");
+    // Gradient buffers are handed out afresh for each backward (ZeRO-2/3).
+    const int final_unit = cfg_.num_layers + 1;
+    if (ch.embed || (ch.head && cfg_.tied)) unit_grads_[0] = nullptr;
+    if (ch.head) unit_grads_[final_unit] = nullptr;
+    for (int l = ch.first_layer; l < ch.first_layer + ch.layers; l++) unit_grads_[block_unit(l)] = nullptr;
+    // The next chunk's gradient of our output is the residual gradient (a
+    // pipeline receive buffer: copied before the region, which replays with
+    // fixed pointers).
+    const size_t Ns = (size_t)last_B_ * last_T_ / (tp_ && tp_->sp() ? tp_size_ : 1);
+    if (!ch.head) be_->copy(a_->dresidual, dy, Ns * cfg_.channels * dtype_size(prec_.act));
+    if (ch.head) grad_ready_[slot] = 0;
+    // The rest is device work only: a recorded region (backend.h).
+    region(last_micro_step ? Pass::backward_last : Pass::backward, c, slot, last_B_, last_T_, 0.0,
+           [&] { backward_ops(c, slot, last_micro_step); });
+}
+
+void GPT::backward_ops(int c, int slot, bool last_micro_step) {
+    const ModelChunk& ch = chunks_.at(c);
     Acts& a = *a_;
     const bool sp = tp_ && tp_->sp();
     const int L = cfg_.num_layers, C = cfg_.channels, HS = cfg_.head_size();
@@ -33,10 +51,6 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) 
     const size_t W = qkv_width();
     AttnShape shape{B, NHl, HS, T, T, W, W, (size_t)Cl, true, 1.0 / std::sqrt((double)HS)};
     shape.NKV = table_.kv_heads;
-    // Gradient buffers are handed out afresh for each backward (ZeRO-2/3).
-    if (ch.embed || (ch.head && cfg_.tied)) unit_grads_[0] = nullptr;
-    if (ch.head) unit_grads_[final_unit] = nullptr;
-    for (int l = first; l < end; l++) unit_grads_[block_unit(l)] = nullptr;
     // The conjugates' backward (identities without tp). Under SP a LayerNorm
     // output is gathered again rather than kept whole (activation memory).
     auto f_input = [&](void* local) -> const void* { return tp_ ? tp_->f_forward(local, a.ln_full, C, N, act) : local; };
@@ -65,10 +79,6 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) 
                       elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Param::lnfw, 0, Ns);
         provider_->grads_done(final_unit, last_micro_step);
         release(final_unit);
-        grad_ready_[slot] = 0;
-    } else {
-        // The next chunk's gradient of our output is the residual gradient.
-        be_->copy(a.dresidual, dy, (size_t)Ns * C * dtype_size(act));
     }
 
     for (int l = end - 1; l >= first; l--) {

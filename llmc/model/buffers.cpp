@@ -13,6 +13,7 @@
 #include "llmc/model/gpt.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "llmc/model/activations.h"
@@ -27,6 +28,7 @@ class GPT::LocalUnits : public UnitProvider {
     void release(int) override {}
     void* grads(int u) override { return elem_ptr(m_.grads_, m_.prec_.grad, m_.table_.unit_begin[u]); }
     void grads_done(int, bool) override {}
+    bool quiet(bool, bool) const override { return true; }
 
   private:
     GPT& m_;
@@ -273,6 +275,25 @@ void GPT::acquire(int unit) { unit_params_[unit] = provider_->acquire(unit); }
 void GPT::release(int unit) {
     provider_->release(unit);
     unit_params_[unit] = nullptr;
+}
+
+void GPT::region(Pass pass, int c, int slot, int B, int T, double dloss, const std::function<void()>& ops) {
+    const bool backward = pass != Pass::forward;
+    if (tp_ || cp_ || !provider_->quiet(backward, pass == Pass::backward_last)) {
+        ops();
+        return;
+    }
+    // The key: a 64-bit FNV-1a hash of the fields (a model has a handful of
+    // keys: a chance of two colliding below 1e-17).
+    uint64_t bits = 0;
+    std::memcpy(&bits, &dloss, sizeof bits);
+    uint64_t key = 1469598103934665603ull;
+    for (uint64_t v : {(uint64_t)pass, (uint64_t)c, (uint64_t)slot, (uint64_t)B, (uint64_t)T, bits})
+        for (int i = 0; i < 8; i++) key = (key ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    if (be_->region_replay(key)) return;
+    const bool recording = be_->region_begin(key);
+    ops();
+    if (recording) be_->region_end();
 }
 
 void GPT::zero_grad() {

@@ -135,52 +135,61 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
     else be_->copy(x0, x_in, (size_t)Ns * C * dtype_size(act));
     if (ch.head && targets) be_->upload(tgt, DType::I32, targets, DType::I32, N);
 
-    // Embeddings: this rank's vocabulary rows (positions added by tp rank 0
-    // only), summed over the tp group by g. When the chunk also ends the
-    // model, the embedding unit stays acquired until the LM head (tied wte).
-    if (ch.embed) {
-        acquire(0);
-        if (ch.layers > 0) provider_->prefetch(block_unit(first));
-        const bool add_pos = !tp_ || tp_->rank() == 0;
-        void* emb = sp ? a.emb : x0;
-        be_->encoder_forward(emb, tok, a.pos, P(Param::wte), add_pos ? Pb(Param::wpe) : nullptr, B, T, C,
-                             table_.vocab_begin, table_.vocab_begin + Vl);
-        if (tp_) tp_->g_forward(emb, x0, C, N, act);
-        if (!ch.head || !cfg_.tied) release(0);
-    }
-    void* lnf = ch.head ? elem_ptr(a.lnf, act, (size_t)slot * Ns * C) : nullptr;
-    void* lnf_mean = ch.head ? elem_ptr(a.lnf_mean, st, (size_t)slot * Ns) : nullptr;
-    void* lnf_rstd = ch.head ? elem_ptr(a.lnf_rstd, st, (size_t)slot * Ns) : nullptr;
-    if (ch.layers > 0) acquire(block_unit(first));
-    for (int l = first; l < end; l++) {
-        // The unit after this block: the next block of the chunk, the final
-        // LayerNorm when the chunk ends the model, else none (next stage's).
-        const int next = l + 1 < end ? block_unit(l + 1) : ch.head ? final_unit : -1;
-        if (next >= 0) provider_->prefetch(next);
-        const LayerActs la = layer_acts(l, slot, N, Ns);
-        // For later blocks, ln1 was produced by the previous block's fused
-        // residual + LayerNorm; the chunk's first block normalises its input.
-        void* mlp_out = block_forward(l, la, B, T, l == first);
-        void *x2 = la.x2, *x3 = la.x3;
-        // Residual add fused with the next LayerNorm (next block's ln1, or
-        // lnf), whose parameters belong to the next unit; at the end of a
-        // chunk that does not end the model, the residual add alone.
-        if (next >= 0) acquire(next);
-        if (l + 1 < end) {
-            const LayerActs nx = layer_acts(l + 1, slot, N, Ns);
-            residual_norm(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, Param::ln1w, l + 1, Ns);
-        } else if (ch.head) {
-            residual_norm(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, Param::lnfw, 0, Ns);
-        } else {
-            be_->residual_forward(x3, x2, mlp_out, (size_t)Ns * C);
+    // From here to the loss, device work only: a recorded region (backend.h)
+    // unless this is a sampling forward (its logits chunk is picked on the host).
+    auto compute = [&] {
+        // Embeddings: this rank's vocabulary rows (positions added by tp rank
+        // 0 only), summed over the tp group by g. When the chunk also ends
+        // the model, the embedding unit stays acquired until the LM head
+        // (tied wte).
+        if (ch.embed) {
+            acquire(0);
+            if (ch.layers > 0) provider_->prefetch(block_unit(first));
+            const bool add_pos = !tp_ || tp_->rank() == 0;
+            void* emb = sp ? a.emb : x0;
+            be_->encoder_forward(emb, tok, a.pos, P(Param::wte), add_pos ? Pb(Param::wpe) : nullptr, B, T, C,
+                                 table_.vocab_begin, table_.vocab_begin + Vl);
+            if (tp_) tp_->g_forward(emb, x0, C, N, act);
+            if (!ch.head || !cfg_.tied) release(0);
         }
-        release(block_unit(l));
-    }
-    if (!ch.head) return 0.0;
-    if (ch.layers == 0) {  // a head chunk without blocks normalises its input
-        acquire(final_unit);
-        norm(lnf, lnf_mean, lnf_rstd, x0, Param::lnfw, 0, Ns);
-    }
-    // LM head and cross-entropy (head.cpp).
-    return head_forward(ch, slot, lnf, tgt, targets != nullptr, N, dloss);
+        void* lnf = ch.head ? elem_ptr(a.lnf, act, (size_t)slot * Ns * C) : nullptr;
+        void* lnf_mean = ch.head ? elem_ptr(a.lnf_mean, st, (size_t)slot * Ns) : nullptr;
+        void* lnf_rstd = ch.head ? elem_ptr(a.lnf_rstd, st, (size_t)slot * Ns) : nullptr;
+        if (ch.layers > 0) acquire(block_unit(first));
+        for (int l = first; l < end; l++) {
+            // The unit after this block: the next block of the chunk, the final
+            // LayerNorm when the chunk ends the model, else none (next stage's).
+            const int next = l + 1 < end ? block_unit(l + 1) : ch.head ? final_unit : -1;
+            if (next >= 0) provider_->prefetch(next);
+            const LayerActs la = layer_acts(l, slot, N, Ns);
+            // For later blocks, ln1 was produced by the previous block's fused
+            // residual + LayerNorm; the chunk's first block normalises its input.
+            void* mlp_out = block_forward(l, la, B, T, l == first);
+            void *x2 = la.x2, *x3 = la.x3;
+            // Residual add fused with the next LayerNorm (next block's ln1, or
+            // lnf), whose parameters belong to the next unit; at the end of a
+            // chunk that does not end the model, the residual add alone.
+            if (next >= 0) acquire(next);
+            if (l + 1 < end) {
+                const LayerActs nx = layer_acts(l + 1, slot, N, Ns);
+                residual_norm(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, Param::ln1w, l + 1, Ns);
+            } else if (ch.head) {
+                residual_norm(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, Param::lnfw, 0, Ns);
+            } else {
+                be_->residual_forward(x3, x2, mlp_out, (size_t)Ns * C);
+            }
+            release(block_unit(l));
+        }
+        if (!ch.head) return;
+        if (ch.layers == 0) {  // a head chunk without blocks normalises its input
+            acquire(final_unit);
+            norm(lnf, lnf_mean, lnf_rstd, x0, Param::lnfw, 0, Ns);
+        }
+        head_forward(ch, slot, lnf, tgt, targets != nullptr, N, dloss);  // LM head and cross-entropy (head.cpp)
+    };
+    if (ch.head && !targets) compute();
+    else region(Pass::forward, c, slot, B, T, dloss, compute);
+    if (!ch.head || !targets) return 0.0;
+    grad_ready_[slot] = dloss != 0.0;
+    return head_loss(N, dloss);
 }

@@ -49,6 +49,14 @@ class UnitProvider {
     // this was the last micro-step of the optimizer step (the unit's
     // gradients of the whole step are complete too).
     virtual void grads_done(int unit, bool last_micro_step) = 0;
+    // Whether, during a forward (backward = false) or a backward of a
+    // micro-step, the calls above only hand out fixed pointers: no
+    // communication, no waiting, no buffer taken from a pool. Then the pass
+    // holds device work only and may be a recorded region (backend.h).
+    virtual bool quiet(bool backward, bool last_micro_step) const {
+        (void)backward, (void)last_micro_step;
+        return false;
+    }
 };
 
 // What a block keeps from its forward for its backward (--recompute):
@@ -262,10 +270,14 @@ class GPT {
     void activation(void* h, const void* fch, int N);
     // The LM head of the head chunk's micro-batch in `slot` from its final
     // norm's output lnf (head.cpp): logits, and with targets the losses
-    // (mean returned); with dloss != 0 also the head's gradients, for the
+    // (head_loss reads their mean); with dloss != 0 also the head's gradients, for the
     // backward (head_backward). Acquires and releases the head's units.
-    double head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt, bool has_targets, int N,
-                        double dloss);
+    void head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt, bool has_targets, int N,
+                      double dloss);
+    // backward_chunk's device work (the recorded region), after its bookkeeping.
+    void backward_ops(int c, int slot, bool last_micro_step);
+    // The mean of the losses the last head forward left (a download).
+    double head_loss(int N, double dloss);
     void head_forward_chunked(int slot, const void* in, const void* W, const int* tgt, bool has_targets, int N,
                               double dloss);
     // Losses of rows r0..r0+n-1 from their logits (and their gradient in
@@ -274,6 +286,15 @@ class GPT {
     // The head's backward: G(head) += its weight gradient; returns the
     // gradient of lnf's input rows to the head (all N rows, partial under tp).
     void* head_backward(int slot, const void* lnf, int N);
+    // Runs ops, a forward or backward pass, as a recorded region (backend.h,
+    // docs/design.md section 2.9) when the pass holds device work only: a
+    // quiet unit provider (UnitProvider::quiet) and no tensor or context
+    // parallelism (their collectives run between ops); otherwise runs them
+    // as they come. The region's key is what makes two runs of it differ:
+    // the pass, the chunk, the slot, the shape and the loss scale (a kernel
+    // argument).
+    enum class Pass { forward, backward_last, backward };
+    void region(Pass pass, int c, int slot, int B, int T, double dloss, const std::function<void()>& ops);
     int chunk_of_layer(int l) const;
     void* chunk_in(int c, int slot);  // the residual stream entering chunk c
     class LocalUnits;

@@ -47,8 +47,8 @@ void GPT::cross_entropy(void* logits, int r0, int n, const int* tgt, double dlos
     be_->crossentropy_finish(logits, losses, tgt, mx, sumexp, target, dloss, n, Vl, vb, V, dloss != 0.0);
 }
 
-double GPT::head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt, bool has_targets, int N,
-                         double dloss) {
+void GPT::head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt, bool has_targets, int N,
+                       double dloss) {
     Acts& a = *a_;
     const int C = cfg_.channels, Vl = table_.vocab_rows, final_unit = cfg_.num_layers + 1;
     const DType act = prec_.act;
@@ -71,8 +71,18 @@ double GPT::head_forward(const ModelChunk& ch, int slot, void* lnf, const int* t
         release(head_unit);
         if (has_targets) cross_entropy(logits, 0, N, tgt, dloss);
     }
-    if (!has_targets) return 0.0;
-    grad_ready_[slot] = dloss != 0.0;
+}
+
+// The mean of the N losses the head's forward left (a transfer: after the
+// forward's region). Chunked, the logits buffer then holds the last chunk's
+// rows, readable when the forward wrote no gradient into them.
+double GPT::head_loss(int N, double dloss) {
+    if (head_chunk_) {
+        const int R = std::min(head_chunk_, N);
+        logits_first_ = (N - 1) / R * R;
+        logits_rows_ = dloss != 0.0 ? 0 : N - logits_first_;
+    }
+    Acts& a = *a_;
     std::vector<double> losses(N);
     be_->download(losses.data(), DType::F64, a.losses, prec_.stat, N);
     double sum = 0;
@@ -107,8 +117,6 @@ void GPT::head_forward_chunked(int slot, const void* in, const void* W, const in
         be_->matmul_forward(a.logits, x, W, nullptr, n, C, Vl);
         cross_entropy(a.logits, r0, n, tgt, dloss);
         if (grad) be_->matmul_backward(elem_ptr(dlnf, act, (size_t)r0 * C), a.head_dw, nullptr, a.logits, x, W, n, C, Vl);
-        // Without a gradient the last chunk's logits stay readable.
-        logits_first_ = r0, logits_rows_ = grad ? 0 : n;
     }
 }
 

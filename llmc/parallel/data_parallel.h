@@ -55,6 +55,12 @@ class DataParallel : public UnitProvider {
     void release(int unit) override;
     void* grads(int unit) override;
     void grads_done(int unit, bool last_micro_step) override;
+    // Stages 0-1 hand out the whole buffers' pointers; their only
+    // communication is the reduction the last micro-step's backward starts
+    // (none in a world of one).
+    bool quiet(bool backward, bool last_micro_step) const override {
+        return stage_ < 2 && (comm_.size() == 1 || !backward || !last_micro_step);
+    }
 
   private:
     // A buffer holding one whole unit (parameters gathered for stage 3, or

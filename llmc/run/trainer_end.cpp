@@ -146,5 +146,10 @@ void Trainer::finish() {
         if (!ok) end_job(err);
         if (main_rank) std::printf("trace: %s\n", cfg.trace.c_str());
     }
+    // Recorded regions (LLMC_CUDA_GRAPH / LLMC_CPU_GRAPH, docs/design.md 2.9).
+    const Backend::RegionStats rs = be->region_stats();
+    if (rs.on && main_rank)
+        std::printf("step graphs: %d recorded, %lld replays%s\n", rs.recorded, rs.replays,
+                    rs.recorded ? "" : " (ZeRO-2/3, tp and cp communicate inside the forward and backward: no regions)");
     print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
 }

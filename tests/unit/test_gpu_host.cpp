@@ -136,6 +136,8 @@ static void test_switches() {
     CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", nullptr, &on, &err) && !on, "on/off unset: off");
     CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", "1", &on, &err) && on, "on/off 1: on");
     CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", "0", &on, &err) && !on, "on/off 0: off");
+    CHECK(!llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", "yes", &on, &err) && err.find("LLMC_CUDA_GRAPH='yes'") == 0,
+          "LLMC_CUDA_GRAPH=yes refused naming the variable: %s", err.c_str());
     for (const char* bad : {"2", "on", "true", "-1"}) {
         err.clear();
         CHECK(!llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", bad, &on, &err) &&

@@ -22,6 +22,11 @@
 //       column-sum kernel (0, the default; matmul.cuh says why it is the
 //       default: the += contract, a fixed summation order). The epilogue
 //       overwrites, so it writes to scratch and one small add follows.
+//   LLMC_CUDA_GRAPH=0|1  the step's forward and backward passes as CUDA
+//       graphs (1): each pass is captured the first time its shape is seen
+//       and replayed after (cuda/graphs.cuh; docs/design.md section 2.9),
+//       in the layouts whose passes hold device work only. Same kernels,
+//       same order: the numbers do not change.
 //   LLMC_GEMM_WORKSPACE_MB=N  cuBLASLt's workspace in MiB (default 32, 1 to
 //       1024): a larger one lets the heuristic pick split-K algorithms for
 //       the weight-gradient products, whose K (the B·T rows) is long and whose
