@@ -22,7 +22,8 @@
 #                (transformers; scripts/setup.sh makes it).
 #   distributed  tests/distributed/: under mpirun, every layout (dp, ZeRO
 #                1-3, tp, sp, cp, pp, vpp and their mixes, GPT-2 and Llama)
-#                against one process; the step's recorded regions (CUDA
+#                against one process, in fp64 and in bf16 mixed
+#                precision; the step's recorded regions (CUDA
 #                graphs, emulated) against running the ops; the
 #                communicators and ring attention against formulas; a job
 #                over two hosts.
@@ -119,6 +120,9 @@ reference() {
         --write-model "$REF/$name.model.bin" --write-state "$REF/$name.state.bin" "$@"
     run "test_gpt_$name" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
         --device cpu --dtype "$dtype"
+    # The CPU's bf16 mixed precision against the same reference (tests/lib/tolerances.h).
+    run "test_gpt_${name}_cpu_bf16" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
+        --device cpu --dtype bf16
     if [[ -n ${HAVE_GPU:-} && $dtype == fp32 ]]; then
         run "test_gpt_${name}_cuda_fp32" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
             --device cuda --dtype fp32
@@ -140,6 +144,8 @@ reference_hf() {
     run "hf_ref_$name" "$HFPY" tests/reference/reference_hf.py --spec "$spec" --B "$B" --T "$T" \
         --save-dir "$REF/$name.hf" --write-state "$REF/$name.state.bin" "$@"
     run "hf_gpt_$name" build/test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" --device cpu --dtype fp64
+    run "hf_gpt_${name}_cpu_bf16" build/test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" \
+        --device cpu --dtype bf16
 }
 
 reference_tier() {
@@ -191,6 +197,7 @@ distributed_tier() {
     run test_pp "$PY" tests/distributed/test_pp.py
     run test_llama "$PY" tests/distributed/test_llama.py
     run test_graphs "$PY" tests/distributed/test_graphs.py
+    run test_bf16 "$PY" tests/distributed/test_bf16.py
     run test_multinode "$PY" tests/distributed/test_multinode.py
 }
 

@@ -2,9 +2,9 @@
 //
 // The forward and backward passes (llmc/model/gpt.h), the optimizer and the
 // trainer call only these. A backend owns its memory and its element types:
-// the CPU backend runs fp32 or fp64 everywhere; the CUDA backend keeps bf16
-// parameters, gradients and activations with fp32 master weights and Adam
-// state. Every pointer passed to an op is backend memory ("device" memory,
+// the CPU backend runs fp32 or fp64 everywhere; the CUDA backend (and the
+// CPU's bf16 backend) keeps bf16 parameters, gradients and activations with
+// fp32 master weights and Adam state. Every pointer passed to an op is backend memory ("device" memory,
 // even on the CPU); sizes are in elements, offsets are size_t.
 //
 // Conventions every backend honours (the model code relies on them):
@@ -17,6 +17,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "llmc/base/dtype.h"
 
@@ -109,6 +110,9 @@ class Backend {
     virtual const char* name() const = 0;  // "cpu" or "cuda"
     virtual Precision precision() const = 0;
     virtual bool deterministic() const = 0;  // same inputs, same bits
+    // How the ops compute, when it is not plain from name() and precision()
+    // (the settings table prints it; "" when nothing to add).
+    virtual std::string compute_path() const { return ""; }
 
     // ---- memory --------------------------------------------------------
     virtual void* alloc(size_t bytes) = 0;  // zero-filled; throws std::bad_alloc

@@ -26,6 +26,7 @@ class RecordingBackend final : public Backend {
     const char* name() const override { return in_->name(); }
     Precision precision() const override { return in_->precision(); }
     bool deterministic() const override { return in_->deterministic(); }
+    std::string compute_path() const override { return in_->compute_path(); }
 
     // ---- memory and transfers: never inside a region --------------------------------
     void* alloc(size_t bytes) override {

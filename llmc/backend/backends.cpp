@@ -32,8 +32,9 @@ Backend* make_backend(const std::string& device, const std::string& dtype, int l
         Backend* be = nullptr;
         if (dtype == "auto" || dtype == "fp32") be = make_cpu_backend(DType::F32);
         else if (dtype == "fp64") be = make_cpu_backend(DType::F64);
+        else if (dtype == "bf16") be = make_cpu_bf16_backend();
         else {
-            *err = "flag --dtype: " + dtype + " is not available on the cpu (fp32 or fp64)";
+            *err = "flag --dtype: " + dtype + " is not available on the cpu (fp32, fp64 or bf16)";
             return nullptr;
         }
         return record ? make_recording_backend(be) : be;

@@ -64,6 +64,6 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "calibrate", O::String, &c.calibrate, "measure this machine at -e/-b/-t and write a profile (no training)"});
     p.add({0, "seed", O::Long, &c.seed, "seed of the initialisation and the sampling RNG", 0, 9.2e18});
     p.add({0, "device", O::String, &c.device, "where to run", 0, 0, {"auto", "cpu", "cuda"}});
-    p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda)", 0, 0,
+    p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda; bf16 on cpu: the GPU's mixed precision, fp32 compute)", 0, 0,
            {"auto", "fp32", "fp64", "bf16"}});
 }

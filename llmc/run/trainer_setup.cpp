@@ -214,6 +214,7 @@ void Trainer::print_settings(const ArgParser& parser) {
                 be->name(), dtype_name(s.model->precision().param), dtype_name(s.model->precision().grad),
                 dtype_name(s.model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp, grid.tp,
                 cfg.sp ? " (sequence parallel)" : "", cfg.zero);
+    if (!be->compute_path().empty()) std::printf("compute: %s\n", be->compute_path().c_str());
     std::printf("model %s, %zu parameters (%zu on this rank's stage and tensor-parallel slice)\n",
                 config_string(mc).c_str(), s.model->table().file_params, s.model->table().params);
     if (grid.pp > 1)

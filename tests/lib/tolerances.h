@@ -19,11 +19,30 @@ constexpr double kCpuFp32 = 1e-5;
 // A GPU in fp32: against the reference or the CPU (test_gpt, test_real_shapes,
 // the kernel lab, layouts against one process).
 constexpr double kFp32 = 1e-5;
-// bf16 against the reference (test_gpt) and the CPU fp64 at d12's shapes
-// (test_real_shapes): logits and loss; gradients; the losses of the steps.
+// The CPU's bf16 backend (the GPU's storage and roundings, fp32 compute)
+// against the fp64 PyTorch and transformers references (test_gpt: logits
+// and loss; gradients; the losses of 10 steps). Measured on the reference
+// tier's nine models (GPT-2 and Llama, GQA, tied and untied), largest
+// figure: logits 9.3e-3, loss 2.1e-4, gradients 1.23e-2, steps 9.3e-4;
+// the tolerances are those times 2 to 3.
+constexpr double kCpuBf16Forward = 2e-2;
+constexpr double kCpuBf16Grad = 3e-2;
+constexpr double kCpuBf16Steps = 3e-3;
+// A bf16 layout against one bf16 process on the CPU, 10 steps
+// (tests/distributed/test_bf16.py): losses; final master weights. Measured:
+// losses 1.9e-5, weights 4.8e-3 at most (tp2 x ZeRO-2); tolerances 5x and
+// 3x. The GPU's kBf16Layout below starts from the weights' figure.
+constexpr double kCpuBf16LayoutLoss = 1e-4;
+constexpr double kCpuBf16LayoutWeights = 1.5e-2;
+// bf16 on a GPU against the reference (test_gpt) and the CPU fp64 at d12's
+// shapes (test_real_shapes): logits and loss; gradients; the losses of the
+// steps. Starting from the CPU bf16 figures above, with room for the GPU's
+// bf16 intermediates (attention's probabilities in bf16 on the tensor
+// cores) and d12's depth: the forward as the CPU's, the gradients 3x and
+// the steps about 2x (the steps' 2e-2 before the CPU measured 9.3e-4).
 constexpr double kBf16Forward = 2e-2;
 constexpr double kBf16Grad = 1e-1;
-constexpr double kBf16Steps = 2e-2;
+constexpr double kBf16Steps = 5e-3;
 // One bf16 kernel's output against the CPU op (dev/cuda).
 constexpr double kBf16Kernel = 1e-2;
 // Kernels that round twice or cancel (dev/cuda): a bf16 round trip (RoPE

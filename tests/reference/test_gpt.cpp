@@ -218,6 +218,8 @@ int main(int argc, char** argv) {
         // tests/lib/tolerances.h holds every figure (bf16: provisional).
         if (dtype == "fp64") tol_fwd = tol_grad = tol_steps = tol::kCpuFp64;
         else if (dtype == "fp32") tol_fwd = tol_grad = tol_steps = device == "cuda" ? tol::kFp32 : tol::kCpuFp32;
+        else if (device == "cpu")
+            tol_fwd = tol::kCpuBf16Forward, tol_grad = tol::kCpuBf16Grad, tol_steps = tol::kCpuBf16Steps;
         else tol_fwd = tol::kBf16Forward, tol_grad = tol::kBf16Grad, tol_steps = tol::kBf16Steps;
     }
     std::unique_ptr<Backend> be(make_backend(device, dtype, 0, &err));
