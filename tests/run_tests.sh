@@ -210,6 +210,7 @@ e2e_tier() {
     fi
     run test_memory "$PY" tests/e2e/test_memory.py
     run test_planner "$PY" tests/e2e/test_planner.py
+    run test_under_load "$PY" tests/e2e/test_under_load.py
 }
 
 cuda_tier() {

@@ -234,7 +234,7 @@ def test_errors(tmp):
         (["-y", "1"], "-y"),
         (["-z", "4"], "-z"),
         (["--comm", "nccl"], "--comm"),      # nccl needs the CUDA backend
-        (["--dtype", "bf16"], "bf16"),
+        (["--dtype", "fp16"], "--dtype"),
         (["--device", "gpu"], "gpu"),
     ]
     for extra, name in cases:
