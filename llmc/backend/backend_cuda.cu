@@ -67,7 +67,8 @@ class CudaBackend final : public Backend {
         if (!llmc_switch::parse_gelu_fusion(std::getenv("LLMC_GELU_FUSION"), &gelu_fusion_, &err) ||
             !llmc_switch::parse_gemm_workspace(std::getenv("LLMC_GEMM_WORKSPACE_MB"), &workspace, &err) ||
             !llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", std::getenv("LLMC_BIAS_GRAD_EPILOGUE"), &bgrad, &err) ||
-            !llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", std::getenv("LLMC_CUDA_GRAPH"), &graphs_.on, &err))
+            !llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", std::getenv("LLMC_CUDA_GRAPH"), &graphs_.on, &err) ||
+            !llmc_switch::check_attention_switches(std::getenv("LLMC_ATTN_BWD"), std::getenv("LLMC_ATTN_TC"), &err))
             throw std::runtime_error("cuda backend: " + err);
         mm_.init(stream_, workspace);
         mm_.bias_grad_epilogue = bgrad;

@@ -136,6 +136,13 @@ static void test_switches() {
     CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", nullptr, &on, &err) && !on, "on/off unset: off");
     CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", "1", &on, &err) && on, "on/off 1: on");
     CHECK(llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", "0", &on, &err) && !on, "on/off 0: off");
+    CHECK(llmc_switch::check_attention_switches(nullptr, nullptr, &err) &&
+              llmc_switch::check_attention_switches("5", "0", &err) && llmc_switch::check_attention_switches("2", "1", &err),
+          "attention switches: unset, 5/0 and 2/1 accepted");
+    CHECK(!llmc_switch::check_attention_switches("4", nullptr, &err) && err.find("LLMC_ATTN_BWD='4'") == 0,
+          "LLMC_ATTN_BWD=4 refused naming it: %s", err.c_str());
+    CHECK(!llmc_switch::check_attention_switches(nullptr, "off", &err) && err.find("LLMC_ATTN_TC='off'") == 0,
+          "LLMC_ATTN_TC=off refused naming it: %s", err.c_str());
     CHECK(!llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", "yes", &on, &err) && err.find("LLMC_CUDA_GRAPH='yes'") == 0,
           "LLMC_CUDA_GRAPH=yes refused naming the variable: %s", err.c_str());
     for (const char* bad : {"2", "on", "true", "-1"}) {

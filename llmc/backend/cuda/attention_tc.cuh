@@ -372,8 +372,9 @@ inline bool attention_tc_enabled() {
 // where it applies (head size 64, plain and ring, with or without GQA, a
 // device with about 203 KB of shared memory per block); head size 128 and
 // smaller devices keep the two-kernel backward. Its dq is summed with fp32 atomics,
-// so dq is not bitwise reproducible run to run (dk, dv are). Default (unset
-// or any other value): the two-kernel backward, deterministic. Read once.
+// so dq is not bitwise reproducible run to run (dk, dv are). Default (unset,
+// or 2): the two-kernel backward, deterministic; the backend refuses other
+// values when it starts (cuda/switches.h). Read once.
 inline bool attention_bwd5_enabled() {
     static const bool on = [] {
         const char* e = std::getenv("LLMC_ATTN_BWD");

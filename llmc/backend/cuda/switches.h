@@ -70,6 +70,25 @@ inline bool parse_on_off(const char* name, const char* v, bool* on, std::string*
     return false;
 }
 
+// LLMC_ATTN_BWD (unset, empty or 2: the two-kernel attention backward; 5:
+// the one-kernel backward) and LLMC_ATTN_TC (unset, empty or 1: the
+// tensor-core attention where it applies; 0: the CUDA-core kernels). The
+// attention reads them itself (cuda/attention_tc.cuh); the backend checks
+// them here when it starts, so a typo stops the run instead of silently
+// measuring the default.
+inline bool check_attention_switches(const char* bwd, const char* tc, std::string* err) {
+    const std::string b = bwd ? bwd : "", t = tc ? tc : "";
+    if (!b.empty() && b != "2" && b != "5") {
+        *err = "LLMC_ATTN_BWD='" + b + "': expected 2 (two kernels, the default) or 5 (one kernel)";
+        return false;
+    }
+    if (!t.empty() && t != "0" && t != "1") {
+        *err = "LLMC_ATTN_TC='" + t + "': expected 0 (CUDA-core kernels) or 1 (tensor cores, the default)";
+        return false;
+    }
+    return true;
+}
+
 constexpr size_t kGemmWorkspaceDefaultMiB = 32, kGemmWorkspaceMaxMiB = 1024;
 
 // Parses LLMC_GEMM_WORKSPACE_MB's value into bytes (null or empty: 32 MiB).
