@@ -100,6 +100,7 @@ struct Workspace {
     int bias_width = 0;    // widest bias a matmul backward sums (OC)
     int vocab_rows = 0;    // embedding rows an encoder backward holds (v_end - v_begin)
     size_t attn_rows = 0;  // most B·NH·Tq of an attention backward (whole or one ring block)
+    int head_size = 0;     // head size of those attentions (C / NH)
     int runs = 0;          // most runs of one adamw_update_multi or sum_squares_multi
     size_t run_elems = 0;  // most elements of all the runs of one sum_squares_multi
 };

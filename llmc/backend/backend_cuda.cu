@@ -197,7 +197,7 @@ class CudaBackend final : public Backend {
     // here on none of them allocates.
     void reserve_workspace(const Workspace& w) override {
         activate();
-        scratch_.reserve(llmc_idx::scratch_bytes(w), stream_);
+        scratch_.reserve(llmc_idx::scratch_bytes(w, llmc_cuda::attention_bwd5_enabled()), stream_);
         llmc_cuda::encoder_backward_reserve(enc_, w.rows, w.seq, w.channels, w.vocab_rows, stream_);
         adam_table_.reserve(w.runs, stream_);
         sumsq_.reserve(w.runs, w.run_elems, stream_);

@@ -385,6 +385,7 @@ Workspace GPT::workspace() const {
     w.bias_width = (int)std::max({(size_t)cfg_.channels, qkv_width(), fch_width()});
     w.vocab_rows = table_.vocab_rows;
     w.attn_rows = (size_t)B_ * table_.heads * T_;
+    w.head_size = cfg_.head_size();
     w.runs = (int)table_.entries.size();
     w.run_elems = table_.total;
     return w;

@@ -107,6 +107,7 @@ std::vector<double> grads_of(GPT& m) {
 Result run(Backend* be, const GPTConfig& c, int B, int T, const std::vector<double>& w, const std::vector<int>& in,
            const std::vector<int>& tg) {
     GPT m(be, c, B, T);
+    be->reserve_workspace(m.workspace());  // as the trainer does (parallel/layout.cpp)
     set_weights(m, w);
     Result r;
     r.B = B;
@@ -151,6 +152,7 @@ void check_against_truth(Checker& ck, const std::string& prefix, Backend* be, co
         tg_rows[n] = tg[src];
     }
     GPT m(be, c, rows, T);
+    be->reserve_workspace(m.workspace());
     set_weights(m, w);
     const double loss = m.forward(in_rows.data(), tg_rows.data(), rows, T);
     RelErr el;
@@ -180,6 +182,8 @@ void check_chunked(Checker& ck, const std::string& prefix, Backend* be, const GP
     const size_t V = c.vocab_size, N = (size_t)big * T, n_small = (size_t)small * T;
     const double dloss = 1.0 / (double)N;
     GPT mb(be, c, big, T), ms(be, c, small, T);
+    be->reserve_workspace(mb.workspace());
+    be->reserve_workspace(ms.workspace());
     set_weights(mb, w);
     set_weights(ms, w);
     const double loss_big = mb.forward(in.data(), tg.data(), big, T);

@@ -219,6 +219,12 @@ int main() {
                   attn_bwd_scratch_bytes(64 * 12) <= cap && sum_squares_scratch_bytes((size_t)1 << 40) <= cap,
               "scratch_bytes covers each op at the workspace's shapes");
         CHECK(norm_bwd_scratch_bytes(4096, 768) > cap, "a LayerNorm backward over more rows does not fit");
+        // The one-kernel attention backward's fp32 dq accumulator (B·NH·T rows
+        // of the head size) counts only when that kernel is switched on.
+        w.attn_rows = (size_t)4 * 12 * 1024, w.head_size = 64;  // B=4, 12 heads, T=1024
+        CHECK(attn_bwd5_scratch_bytes(w.attn_rows, 64) > scratch_bytes(w, false) &&
+                  attn_bwd5_scratch_bytes(w.attn_rows, 64) <= scratch_bytes(w, true),
+              "scratch_bytes counts the one-kernel attention backward's dq accumulator when it is on");
     }
     return check_summary();
 }

@@ -30,6 +30,15 @@ class GrowBuffer {
                                          " bytes of scratch, more than the " + std::to_string(cap_) +
                                          " reserved when the model was built (Backend::reserve_workspace); "
                                          "no device memory is allocated between steps");
+            // A stream being captured into a graph (cuda/graphs.cuh) cannot
+            // allocate: say which op asked, rather than the capture's error.
+            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+            CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+            if (cs != cudaStreamCaptureStatusNone)
+                throw std::runtime_error(std::string("cuda backend: ") + what + " needs " + std::to_string(bytes) +
+                                         " bytes of scratch inside a recorded region (LLMC_CUDA_GRAPH), more than "
+                                         "the " + std::to_string(cap_) + " held; reserve it first "
+                                         "(Backend::reserve_workspace)");
             grow(std::max(bytes, cap_ + cap_ / 2), stream);
         }
         return p_;

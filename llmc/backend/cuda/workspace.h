@@ -20,14 +20,20 @@ inline size_t norm_bwd_scratch_bytes(int N, int C) {
 }
 inline size_t bias_scratch_bytes(int N, int OC) { return bias_scratch_floats(N, OC) * sizeof(float); }
 inline size_t attn_bwd_scratch_bytes(size_t rows) { return rows * sizeof(float); }
+// The one-kernel attention backward (LLMC_ATTN_BWD=5, cuda/attention_tc.cuh)
+// sums dq into a dense fp32 accumulator of B·NH·Tq rows of the head size.
+inline size_t attn_bwd5_scratch_bytes(size_t rows, int head_size) { return rows * head_size * sizeof(float); }
 inline size_t sum_squares_scratch_bytes(size_t n) { return (size_t)sum_squares_blocks(n) * sizeof(double); }
 
 // The largest of them over a Workspace: every op's count grows with its
 // rows, so the largest shapes give the largest need (a single-buffer sum
-// of squares needs at most kNormMaxBlocks doubles).
-inline size_t scratch_bytes(const Workspace& w) {
+// of squares needs at most kNormMaxBlocks doubles). attn_bwd5: the
+// one-kernel attention backward is switched on, so its dq accumulator counts.
+inline size_t scratch_bytes(const Workspace& w, bool attn_bwd5 = false) {
     return std::max({norm_bwd_scratch_bytes(w.rows, w.channels), bias_scratch_bytes(w.rows, w.bias_width),
-                     attn_bwd_scratch_bytes(w.attn_rows), (size_t)kNormMaxBlocks * sizeof(double)});
+                     attn_bwd_scratch_bytes(w.attn_rows),
+                     attn_bwd5 ? attn_bwd5_scratch_bytes(w.attn_rows, w.head_size) : (size_t)0,
+                     (size_t)kNormMaxBlocks * sizeof(double)});
 }
 
 }  // namespace llmc_idx
