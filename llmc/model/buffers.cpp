@@ -13,6 +13,7 @@
 #include "llmc/model/gpt.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 
@@ -91,9 +92,15 @@ const char* recompute_name(Recompute r) {
     return "?";
 }
 
+// A number per model built in this process, for its regions' keys.
+static uint64_t next_region_model() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
+}
+
 GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, const Sharding& sharding,
          TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks, int head_chunk)
-    : be_(be), cfg_(cfg),
+    : region_model_(next_region_model()), be_(be), cfg_(cfg),
       table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
              stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks)),
       prec_(be->precision()), B_(B), T_(T), recompute_(recompute),
@@ -288,7 +295,7 @@ void GPT::region(Pass pass, int c, int slot, int B, int T, double dloss, const s
     uint64_t bits = 0;
     std::memcpy(&bits, &dloss, sizeof bits);
     uint64_t key = 1469598103934665603ull;
-    for (uint64_t v : {(uint64_t)pass, (uint64_t)c, (uint64_t)slot, (uint64_t)B, (uint64_t)T, bits})
+    for (uint64_t v : {region_model_, (uint64_t)pass, (uint64_t)c, (uint64_t)slot, (uint64_t)B, (uint64_t)T, bits})
         for (int i = 0; i < 8; i++) key = (key ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
     if (be_->region_replay(key)) return;
     const bool recording = be_->region_begin(key);

@@ -291,10 +291,12 @@ class GPT {
     // quiet unit provider (UnitProvider::quiet) and no tensor or context
     // parallelism (their collectives run between ops); otherwise runs them
     // as they come. The region's key is what makes two runs of it differ:
-    // the pass, the chunk, the slot, the shape and the loss scale (a kernel
-    // argument).
+    // the model (region_model_, never reused: two models of one shape on one
+    // backend hold different buffers), the pass, the chunk, the slot, the
+    // shape and the loss scale (a kernel argument).
     enum class Pass { forward, backward_last, backward };
     void region(Pass pass, int c, int slot, int B, int T, double dloss, const std::function<void()>& ops);
+    const uint64_t region_model_;
     int chunk_of_layer(int l) const;
     void* chunk_in(int c, int slot);  // the residual stream entering chunk c
     class LocalUnits;

@@ -81,10 +81,10 @@ struct PassResult {
     Backend::RegionStats stats;
 };
 static PassResult run_passes(Backend* be, const GPTConfig& c, int B, int T, Recompute rc, int head_chunk, int steps,
-                             int micro) {
+                             int micro, uint64_t seed = 11) {
     PassResult r;
     GPT m(be, c, B, T, rc, Sharding(), nullptr, nullptr, {}, head_chunk);
-    m.init_random(11);
+    m.init_random(seed);
     Rng rng(5);
     std::vector<int> in(B * T), tg(B * T);
     for (int s = 0; s < steps; s++) {
@@ -130,8 +130,33 @@ static void test_model(const char* name, const char* spec, Recompute rc, int hea
           name, got.stats.recorded, got.stats.replays, runs - 4);
 }
 
+// Two models of the same shapes on one backend (a test, or an evaluation
+// beside the trained model): each replays its own regions only, never the
+// other's, whose buffers are elsewhere (on a GPU a replay of the other's
+// graph read freed memory).
+static void test_two_models() {
+    GPTConfig c;
+    std::string err;
+    parse_model_spec("L=2,C=32,NH=4,V=61,T=16", &c, &err);
+    const int B = 2, T = 8;
+    std::unique_ptr<Backend> plain(make_cpu_backend(DType::F64));
+    std::unique_ptr<Backend> rec(make_recording_backend(make_cpu_backend(DType::F64)));
+    GPT first(rec.get(), c, B, T);
+    first.init_random(3);
+    std::vector<int> in(B * T, 1);
+    for (int k = 0; k < 2; k++) {  // recorded, then replayed
+        first.forward(in.data(), in.data(), B, T, 1.0 / (B * T));
+        first.backward(true);
+    }
+    PassResult want = run_passes(plain.get(), c, B, T, Recompute::none, 0, 2, 2, 12);
+    PassResult got = run_passes(rec.get(), c, B, T, Recompute::none, 0, 2, 2, 12);
+    CHECK(want.losses == got.losses && want.grads == got.grads,
+          "a second model of the same shapes on one backend runs its own regions, not the first's");
+}
+
 int main() {
     test_rules();
+    test_two_models();
     test_model("gpt-2", "L=2,C=32,NH=4,V=61,T=16", Recompute::none, 0);
     test_model("gpt-2 head chunks of 5 rows, full recompute", "L=2,C=32,NH=4,V=61,T=16", Recompute::full, 5);
     test_model("llama", "arch=llama,L=2,C=32,NH=4,NKV=2,F=48,V=61,T=16", Recompute::selective, 0);
