@@ -8,7 +8,7 @@
 # losses of every step and the final weights (the step-10 checkpoint's state
 # file) are compared by relative error ‖a-b‖/‖b‖:
 #   fp32 (--dtype fp32): within 1e-5, as the CPU tests demand;
-#   bf16: printed, checked against a provisional tolerance (--bf16-tol)
+#   bf16: printed, checked against kBf16Layout (--bf16-tol)
 #         until measured (docs/gpu-results.md).
 # The model (L=2, C=128, NH=4, byte-level V=257, T=256, data/tiny) is small
 # so 20 runs fit a few minutes; --model llama runs a Llama of that size
@@ -62,7 +62,7 @@ def main():
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--out", help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--bf16-tol", type=float, default=TOL["kBf16Layout"],
-                    help="bf16 tolerance (default: tests/lib/tolerances.h, provisional)")
+                    help="bf16 tolerance (default: tests/lib/tolerances.h)")
     ap.add_argument("--layouts", default="all")
     ap.add_argument("--timeout", type=int, default=240, help="seconds per run")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

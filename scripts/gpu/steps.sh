@@ -107,7 +107,7 @@ step_test() {
     local name d
     for name in round_fp32 odd_fp32; do
         rm -f build/test_logs/test_gpt_"$name"_cuda_*.log
-        MIN=20 SUMMARY_MATCH='^(ref_|test_gpt_)' run_prog "test_gpt_$name" 90 30 \
+        MIN=20 SUMMARY_MATCH='^(ref_|test_gpt_)' run_prog "test_gpt_$name" 90 15 \
             env LLMC_TEST_FILTER="^(ref_${name}|test_gpt_${name}_cuda_)" bash tests/run_tests.sh reference
         for d in fp32 bf16; do
             figures "build/test_logs/test_gpt_${name}_cuda_$d.log" "test_gpt_${name}_cuda_${d}_" \
@@ -225,7 +225,7 @@ llmc_ready() {
 # BENCH_B), each switch; tokens/s from the median step time after 5
 # warm-up steps of 30, both with GELU recompute (-r 1, llm.c's default).
 # One B for the switches keeps command 1 within its budget as switches are
-# added (25 s assumed for each).
+# added (8 s assumed for each: 6 to 8 s measured on an H200 at B=32).
 step_bench() {
     local -a switches bs
     mapfile -t switches < <(bench_switches)
@@ -245,11 +245,11 @@ step_bench() {
         name=d12_b${B}_t1024_r1
         args=(-e d12 -i "$data" -j "" -b "$B" -t 1024 -r 1 --device cuda)
         FIGS=${name}_ours_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
-            run_prog "ours_b$B" 100 25 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
+            run_prog "ours_b$B" 100 8 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
         ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b$B.log" 2>/dev/null)
         lm="" ratio=""
         if [[ -n $llmc ]]; then
-            MIN=40 run_prog "llmc_b$B" 100 25 bash -c 'cd build/gpu/llmc && exec ./train_gpt2cu "$@"' llmc \
+            MIN=40 run_prog "llmc_b$B" 100 8 bash -c 'cd build/gpu/llmc && exec ./train_gpt2cu "$@"' llmc \
                 -e d12 -i "$PWD/$data" -j "$PWD/$data" -b "$B" -t 1024 -r 1 -x 30 -v 100000 -m 1 -s 0
             ms=$(llmc_median_ms "$W/llmc_b$B.log")
             [[ -n $ms ]] && lm=$(awk -v b="$B" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}')
@@ -274,7 +274,7 @@ step_bench() {
                 continue
             fi
             FIGS=${name}_sw_${sname}_ FIGCMD="${env[*]} scripts/benchmark.py -- ${args[*]} ${flags[*]}" MIN=40 \
-                run_prog "ours_b${B}_sw_$sname" 100 25 env "${env[@]}" "$PY" scripts/benchmark.py --steps 30 \
+                run_prog "ours_b${B}_sw_$sname" 100 8 env "${env[@]}" "$PY" scripts/benchmark.py --steps 30 \
                 --warmup 5 -- "${args[@]}" "${flags[@]}"
             local with
             with=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b${B}_sw_$sname.log" 2>/dev/null)
@@ -291,7 +291,7 @@ step_bench() {
 # against the CPU op, then the d12-size timings).
 lab_assumed() {
     case $1 in
-        attention_forward) echo 25 ;; attention_backward) echo 30 ;; ring_attention) echo 15 ;;
+        attention_forward) echo 10 ;; attention_backward) echo 25 ;; ring_attention) echo 15 ;;
         matmul_forward | matmul_backward | classifier | vocab_parallel_ce) echo 8 ;;
         *) echo 5 ;;
     esac
@@ -321,10 +321,10 @@ step_ranks() {
     local match='^([a-z0-9]+, one process|  (fp32|bf16) )|^FAIL'
     # GPT-2 in twelve layouts, fp32 and bf16: 26 runs of ~5 s.
     FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py (mpirun -np N train_gpt --device cuda --comm mpi)" MIN=30 \
-        SUMMARY_MATCH=$match run_prog ranks 180 130 "$PY" scripts/gpu/ranks.py --out "$W/runs" --timeout 60
+        SUMMARY_MATCH=$match run_prog ranks 180 50 "$PY" scripts/gpu/ranks.py --out "$W/runs" --timeout 60
     # A Llama (GQA, SwiGLU, RoPE, untied head) under four of them, fp32: 5 runs.
     FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py --model llama --dtypes fp32 (mpirun -np N train_gpt --device cuda --comm mpi)" \
-        MIN=20 SUMMARY_MATCH=$match run_prog ranks_llama 45 25 "$PY" scripts/gpu/ranks.py --model llama --dtypes fp32 \
+        MIN=20 SUMMARY_MATCH=$match run_prog ranks_llama 45 10 "$PY" scripts/gpu/ranks.py --model llama --dtypes fp32 \
         --out "$W/runs_llama" --layouts tp2_sp,cp2,dp2_z3,pp2_tp2_sp_z1 --timeout 60
     end_step
 }
@@ -335,26 +335,29 @@ step_curve() {
     local lim
     lim=$(fit 190)
     FIGS=curve_ FIGCMD="scripts/gpu/curve.py (train_gpt -e L=12,C=768,NH=12,V=257,T=1024 -t 1024 -b 4)" MIN=60 \
-        SUMMARY_MATCH='^(PASS|FAIL|  c)' run_prog curve 190 90 "$PY" scripts/gpu/curve.py --out "$W/runs" \
+        SUMMARY_MATCH='^(PASS|FAIL|  c)' run_prog curve 190 160 "$PY" scripts/gpu/curve.py --out "$W/runs" \
         --png "$OUTDIR/d12_tiny_curve.png" --deadline $((lim - 20))
     end_step
 }
 
 # ---- command 3 ------------------------------------------------------------------------
-# san_assumed TOOL PROG: assumed seconds of one sanitizer run: the bare run
-# (CUDA start, CPU references) times the tool's slowdown, plus its start.
+# san_assumed TOOL PROG: assumed seconds of one sanitizer run. Measured on
+# an H200 (docs/gpu-results.md): memcheck, initcheck and synccheck about 1 s
+# for each program; racecheck 2 s (attention_forward), 5 s
+# (attention_backward), 40 s (ring_attention), and test_gpt past the 18 s
+# it was given (its time here is a guess).
 san_assumed() {
-    local base factor
-    case $2 in test_gpt_*) base=4 ;; attention_forward) base=4 ;; attention_backward) base=5 ;; *) base=6 ;; esac
-    case $1 in memcheck | initcheck) factor=3 ;; racecheck) factor=8 ;; *) factor=2 ;; esac
-    echo $((base * factor + 3))
+    if [[ $1 != racecheck ]]; then echo 3; return; fi
+    case $2 in
+        test_gpt_*) echo 60 ;; attention_forward) echo 4 ;; attention_backward) echo 8 ;; *) echo 45 ;;
+    esac
 }
 
 # compute-sanitizer's tools, each over test_gpt (CUDA fp32 and bf16, the
 # round reference model) and the attention lab programs on their small
 # cases (--small). The time left is shared among the tools by their assumed
-# times, and a tool's share among its programs; time a run leaves unused
-# goes to the next.
+# times, and a tool's share among its programs by theirs; time a run leaves
+# unused goes to the next.
 step_sanitize() {
     begin_step sanitize 540
     need tests attn_lab
@@ -376,7 +379,7 @@ step_sanitize() {
     local tools=(${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck})
     local progs=(${SANITIZE_PROGS:-test_gpt_fp32 test_gpt_bf16 attention_forward attention_backward ring_attention})
     local -A weight
-    local tool p wleft=0 tool_end left k e
+    local tool p wleft=0 tool_end left k e a
     for tool in "${tools[@]}"; do
         weight[$tool]=0
         for p in "${progs[@]}"; do weight[$tool]=$((weight[$tool] + $(san_assumed "$tool" "$p"))); done
@@ -385,10 +388,11 @@ step_sanitize() {
     for tool in "${tools[@]}"; do
         tool_end=$(($(now) + (STEP_END - $(now) - 5) * weight[$tool] / wleft))
         wleft=$((wleft - weight[$tool]))
-        k=${#progs[@]}
+        k=${weight[$tool]}
         for p in "${progs[@]}"; do
-            left=$(((tool_end - $(now)) / k))
-            k=$((k - 1))
+            a=$(san_assumed "$tool" "$p")
+            left=$(((tool_end - $(now)) * a / k))
+            k=$((k - a))
             # shellcheck disable=SC2086
             MIN=10 run_prog "${tool}_$p" "$left" "$(san_assumed "$tool" "$p")" "$san" --tool "$tool" \
                 --error-exitcode 99 ${cmd[$p]}
