@@ -34,7 +34,7 @@ constexpr double kCpuBf16Steps = 3e-3;
 // A bf16 layout against one bf16 process on the CPU, 10 steps
 // (tests/distributed/test_bf16.py): losses; final master weights. Measured:
 // losses 1.9e-5, weights 4.8e-3 at most (tp2 x ZeRO-2); tolerances 5x and
-// 3x. The GPU's kBf16Layout below starts from the weights' figure.
+// 3x.
 constexpr double kCpuBf16LayoutLoss = 1e-4;
 constexpr double kCpuBf16LayoutWeights = 1.5e-2;
 // bf16 on a GPU against the reference (test_gpt) and the CPU fp64 at d12's
