@@ -385,6 +385,23 @@ bool DataLoader::read_rows(size_t first_row, int nrows, int* inputs, int* target
     return true;
 }
 
+bool DataLoader::check_ids(size_t part, size_t parts, std::string* err) {
+    if (!is_open()) {
+        *err = "data: check_ids before open";
+        return false;
+    }
+    std::vector<int> tok;
+    for (size_t i = part; i < shards_.size(); i += std::max<size_t>(parts, 1)) {
+        const Shard& s = shards_[i];
+        if (s.token_bytes == 2 && vocab_size_ >= 65536) continue;
+        const size_t chunk = kChunkBytes / s.token_bytes;
+        tok.resize(std::min(chunk, s.num_tokens));
+        for (size_t off = 0; off < s.num_tokens; off += chunk)  // read_from_shard checks each id
+            if (!read_from_shard(i, off, std::min(chunk, s.num_tokens - off), tok.data(), err)) return false;
+    }
+    return true;
+}
+
 bool DataLoader::fingerprint(std::string* out, std::string* err) {
     if (!is_open()) {
         *err = "data: fingerprint before open";

@@ -56,6 +56,15 @@ public:
     // Returns false with *err set when those tokens cannot be read.
     bool fingerprint(std::string* out, std::string* err);
 
+    // Reads every token of the shards whose index i has i % parts == part
+    // (ranks split the work: each reads 1/parts of the data once, at start)
+    // and checks each id is below the vocab size, so that a bad id stops the
+    // run before the first step rather than when the stream reaches it.
+    // Shards of uint16 tokens under a vocabulary of 65536 or more cannot
+    // hold one and are not read. Returns false with *err naming the shard,
+    // the token's offset and its id.
+    bool check_ids(size_t part, size_t parts, std::string* err);
+
     size_t total_tokens() const { return total_tokens_; }
     size_t rows_per_epoch() const { return T_ > 0 ? total_tokens_ / (size_t)T_ : 0; }
     const std::vector<std::string>& files() const { return files_; }

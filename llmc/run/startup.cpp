@@ -59,6 +59,10 @@ std::string check_same_data(DataLoader& data, const char* flag, const std::strin
     setup_check(first == mine, std::string("flag ") + flag + " '" + pattern + "': rank " +
                                    std::to_string(dist_world_rank()) + " reads other data than rank 0 (" + mine +
                                    " against " + first + "); give every rank the same files");
+    // Every token id below the vocabulary, each rank reading its share of
+    // the shards; a bad id ends the run on every rank, naming it.
+    const bool ids_ok = data.check_ids((size_t)dist_world_rank(), (size_t)dist_world_size(), &err);
+    setup_check(ids_ok, std::string("flag ") + flag + " '" + pattern + "': " + err);
     return mine;
 }
 

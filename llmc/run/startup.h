@@ -38,7 +38,9 @@ std::string output_path_problem(const std::string& path, bool directory);
 // (DataLoader::fingerprint) goes to every rank, and a rank whose files differ
 // (another working directory, another copy) ends the job with one line
 // naming the flag and the pattern, instead of training on other data and
-// hanging at the end of a shorter epoch.
+// hanging at the end of a shorter epoch. Then every token id is checked
+// against the vocabulary (DataLoader::check_ids, the ranks sharing the
+// reading), so a bad id stops the run before the first step.
 // Returns the fingerprint (checkpoints keep it, so a resume sees other data).
 std::string check_same_data(DataLoader& data, const char* flag, const std::string& pattern);
 

@@ -24,6 +24,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -244,6 +245,14 @@ def test_errors(tmp):
               f"{extra}: rc={rc}, stderr={err!r}")
     rc, out, err = run(base + ["-i", bad_id], timeout=60)
     check("offset 100" in err, f"bad token id message lacks the offset: {err!r}")
+    # An id far past what the run reaches (and away from the first and last
+    # 256 tokens that the ranks' data fingerprint reads) still stops it
+    # before the first step: the shards are read up front.
+    bad_late = os.path.join(tmp, "bad_late.bin")
+    write_shard(bad_late, [i % 250 for i in range(2950)] + [257] + [7] * 2049)
+    rc, out, err = run(base + ["-i", bad_late, "-x", "1"], timeout=60)
+    check(rc == 1 and "bad_late.bin" in err and "offset 2950" in err and not re.search(r"^step\s+\d", out, re.M),
+          f"a late bad id is refused at start: rc={rc}, stderr={err!r}")
     leftovers = glob.glob(os.path.join(out_dir, "*"))
     check(not any(".tmp." in p or "DONE" in p for p in leftovers), f"half-written files: {leftovers}")
     rc, out, err = run(["--help"])

@@ -397,6 +397,19 @@ void test_bad_token(Tally& t, const std::string& dir) {
     t.check(d3.open(d + "/b_*.bin", 13, 50, &err) && !d3.read_rows(0, 1, in.data(), tg.data(), &err) &&
                 contains(err, "offset 5"),
             "a bad id that is only a target is caught");
+    // check_ids reads the shards up front, split among parts: the part that
+    // holds b_1.bin (index 1) finds the id, the other does not.
+    DataLoader d4;
+    err.clear();
+    t.check(d4.open(d + "/b_*.bin", T, 50, &err), "open for check_ids: " + err);
+    t.check(!d4.check_ids(0, 1, &err) && contains(err, "b_1.bin") && contains(err, "offset 5") &&
+                contains(err, "vocab size 50"),
+            "check_ids over every shard finds the bad id: " + err);
+    err.clear();
+    t.check(d4.check_ids(0, 2, &err) && err.empty(), "check_ids of part 0 of 2 (b_0.bin) is clean: " + err);
+    t.check(!d4.check_ids(1, 2, &err) && contains(err, "b_1.bin"), "check_ids of part 1 of 2 finds it: " + err);
+    DataLoader d5;
+    t.check(d5.open(d + "/b_*.bin", T, 51, &err) && d5.check_ids(0, 1, &err), "with vocab 51 every id is fine");
 
     // uint32: a huge id (above INT_MAX) is reported as its unsigned value.
     std::vector<uint32_t> big = seq(6, 1);
