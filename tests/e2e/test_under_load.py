@@ -40,10 +40,16 @@ def main():
             ok = p.returncode == 0 and last and last[-1][1] == "0"
             print(f"  {test} under load: {last[-1] if last else 'no count'} in {wall:.0f} s")
             check(ok, f"{test} under two busy loops: exit {p.returncode}\n{p.stdout[-1500:]}{p.stderr[-500:]}")
-            # The loops were really running: together they had at least half
-            # of one core over the test's time (they compete with it for two).
+            # The loops were really running: still alive, and together they
+            # had at least a fifth of one core over the test's time. (They
+            # compete for two cores with the test and whatever else the
+            # machine runs, the rest of the suite included: on a quiet
+            # machine they take about a core, on a crowded one half of that
+            # or less, and the load is then heavier still.)
             used = sum(cpu_seconds(b.pid) for b in busy)
-            check(used >= 0.5 * wall, f"busy loops used {used:.0f} s of CPU in {wall:.0f} s: no real load")
+            alive = all(b.poll() is None for b in busy)
+            check(alive and used >= 0.2 * wall,
+                  f"busy loops used {used:.0f} s of CPU in {wall:.0f} s (alive: {alive}): no real load")
     finally:
         for b in busy:
             b.kill()
