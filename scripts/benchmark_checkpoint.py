@@ -46,6 +46,7 @@ def run(np_, args, out):
     steps = {int(s): float(ms) for s, ms in STEP.findall(p.stdout)}
     ckpt = {int(s): float(ms) for s, ms in CKPT.findall(p.stdout)}
     shard = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(out) for f in fs if f.startswith("shard_"))
+    shard //= max(1, len(ckpt))  # per checkpoint
     return steps, ckpt, shard, wall
 
 
@@ -71,7 +72,7 @@ def main():
             costs = [steps[s] + ckpt[s] for s in at]
             print(f"{name:5s}: plain step {plain:8.1f} ms (median) | checkpoint steps "
                   + ", ".join(f"{s}: {c:.1f} ms ({ckpt[s]:.1f} in the checkpoint)" for s, c in zip(at, costs))
-                  + f" | shards {shard / 2**20:.1f} MiB | run {wall:.1f} s")
+                  + f" | shards {shard / 2**20:.1f} MiB per checkpoint | run {wall:.1f} s")
             print(f"figure checkpoint_step_ms_{name} {statistics.median(costs) if costs else 0:.1f} ms")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
