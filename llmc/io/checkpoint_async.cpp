@@ -2,6 +2,7 @@
 // (llmc/io/checkpoint_async.h).
 #include "llmc/io/checkpoint_async.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
