@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
             if (r.main_rank && !r.metrics.write(m, &err)) end_job(err);
             if (r.due(cfg.sample_every, step)) r.sample();
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
+            else if (r.async_ckpt) r.complete_checkpoint(false);
             std::fflush(stdout);
             // SIGTERM, SIGINT or SIGUSR1 on any rank: a checkpoint, then out.
             if (step + 1 < cfg.max_steps)

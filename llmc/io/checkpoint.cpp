@@ -100,10 +100,9 @@ static std::vector<uint64_t> piece_bytes(const std::vector<Piece>& w, const std:
 
 // ---- writing ---------------------------------------------------------------------------------
 
-static bool write_shard(const std::string& path, GPT& model, const Ownership& own, int rank, int world,
-                        std::string* err) {
-    const Precision& p = model.precision();
-    const DType wt = model.weights_dtype(), ot = p.opt;
+ShardImage shard_image(const std::string& dir, int step, GPT& model, const Ownership& own) {
+    const int rank = own.world ? own.world->rank() : 0, world = own.world ? own.world->size() : 1;
+    const DType wt = model.weights_dtype(), ot = model.precision().opt;
     const OwnedRuns w = owned_runs(model, model.weights_sharded(), own);
     const OwnedRuns o = owned_runs(model, model.sharding().optimizer, own);
     int h[kHeaderInts] = {0};
@@ -115,31 +114,124 @@ static bool write_shard(const std::string& path, GPT& model, const Ownership& ow
     h[5] = (int)ot;
     put_u64(h, 6, w.pieces.size());
     put_u64(h, 8, o.pieces.size());
-    AtomicWriter f;
-    if (!f.open(path, err)) return false;
-    f.write(h, sizeof(h));
+    ShardImage im;
+    im.path = checkpoint_dir(dir, step) + "/" + shard_name(rank);
+    im.head.assign(reinterpret_cast<const char*>(h), reinterpret_cast<const char*>(h) + sizeof(h));
     for (const OwnedRuns* r : {&w, &o})
         for (const Piece& pc : r->pieces) {
-            uint64_t q[4] = {pc.off, pc.len, pc.stride, pc.count};
-            f.write(q, sizeof(q));
+            const uint64_t q[4] = {pc.off, pc.len, pc.stride, pc.count};
+            im.head.insert(im.head.end(), reinterpret_cast<const char*>(q), reinterpret_cast<const char*>(q) + sizeof(q));
         }
-    // The payload, run by run: this rank's own part, never more.
+    im.sections = piece_bytes(w.pieces, o.pieces, dtype_size(wt), dtype_size(ot));
+    im.payload_bytes = w.elems * dtype_size(wt) + 2 * o.elems * dtype_size(ot);
+    return im;
+}
+
+// Calls put(host bytes, n) for this rank's payload, run by run: its own
+// part, never more, through one run-sized host buffer.
+template <class Put>
+static void stream_payload(GPT& model, const Ownership& own, Put put) {
+    const DType wt = model.weights_dtype(), ot = model.precision().opt;
+    const OwnedRuns w = owned_runs(model, model.weights_sharded(), own);
+    const OwnedRuns o = owned_runs(model, model.sharding().optimizer, own);
     std::vector<char> host;
-    PieceHasher hasher(piece_bytes(w.pieces, o.pieces, dtype_size(wt), dtype_size(ot)));
-    auto put = [&](const OwnedRuns& r, const void* buf, DType t) {
+    auto section = [&](const OwnedRuns& r, const void* buf, DType t) {
         for (const auto& run : r.runs) {
             host.resize(run.second * dtype_size(t));
             model.backend().download(host.data(), t, elem_ptr(buf, t, run.first), t, run.second);
-            f.write(host.data(), host.size());
-            hasher.feed(host.data(), host.size());
+            put(host.data(), host.size());
         }
     };
-    put(w, model.weights(), wt);
-    put(o, model.adam_m(), ot);
-    put(o, model.adam_v(), ot);
+    section(w, model.weights(), wt);
+    section(o, model.adam_m(), ot);
+    section(o, model.adam_v(), ot);
+}
+
+void copy_shard_payload(GPT& model, const Ownership& own, char* host) {
+    size_t at = 0;
+    stream_payload(model, own, [&](const char* p, size_t n) {
+        std::memcpy(host + at, p, n);
+        at += n;
+    });
+}
+
+static void write_trailer(AtomicWriter& f, const PieceHasher& hasher) {
     const uint64_t trailer[2] = {kTrailerMagic, (uint64_t)hasher.sums().size()};
     f.write(trailer, sizeof(trailer));
     f.write(hasher.sums().data(), hasher.sums().size() * sizeof(uint64_t));
+}
+
+bool write_shard_image(const ShardImage& im, const char* payload, std::string* err,
+                       const std::function<void()>& before_commit) {
+    AtomicWriter f;
+    if (!f.open(im.path, err)) return false;
+    f.write(im.head.data(), im.head.size());
+    PieceHasher hasher(im.sections);
+    // In blocks, so the hash and the write share each block while it is in cache.
+    constexpr size_t kBlock = size_t(1) << 22;
+    for (size_t at = 0; at < im.payload_bytes; at += kBlock) {
+        const size_t n = std::min(kBlock, im.payload_bytes - at);
+        f.write(payload + at, n);
+        hasher.feed(payload + at, n);
+    }
+    write_trailer(f, hasher);
+    if (before_commit) before_commit();
+    return f.commit(err);
+}
+
+static bool write_shard(const std::string& dir, int step, GPT& model, const Ownership& own, std::string* err) {
+    const ShardImage im = shard_image(dir, step, model, own);
+    AtomicWriter f;
+    if (!f.open(im.path, err)) return false;
+    f.write(im.head.data(), im.head.size());
+    PieceHasher hasher(im.sections);
+    stream_payload(model, own, [&](const char* p, size_t n) {
+        f.write(p, n);
+        hasher.feed(p, n);
+    });
+    write_trailer(f, hasher);
+    return f.commit(err);
+}
+
+std::string checkpoint_index_text(GPT& model, int world, const TrainState& st, const RunInfo& run) {
+    const GPTConfig& c = model.config();
+    const Precision& p = model.precision();
+    json j;
+    j["format"] = "llmc-checkpoint";
+    j["version"] = 1;
+    j["step"] = st.step;
+    j["model"] = {{"maxT", c.max_seq_len}, {"V", c.vocab_size}, {"Vp", c.padded_vocab_size},
+                  {"L", c.num_layers}, {"NH", c.num_heads}, {"C", c.channels}};
+    if (c.llama()) {
+        j["model"]["arch"] = "llama";
+        j["model"]["NKV"] = c.kv_heads();
+        j["model"]["F"] = c.hidden();
+        j["model"]["theta"] = c.rope_theta;
+        j["model"]["eps"] = c.norm_eps;
+        j["model"]["tied"] = c.tied;
+    }
+    j["params"] = model.table().file_params;
+    j["weights_dtype"] = dtype_name(model.weights_dtype());
+    j["adam_dtype"] = dtype_name(p.opt);
+    j["rng_state"] = st.rng_state;
+    j["rows_consumed"] = st.rows_consumed;
+    j["skips"] = st.skips;
+    j["loss_mean"] = st.loss_mean;
+    j["loss_count"] = st.loss_count;
+    j["run"] = {{"max_steps", run.max_steps}, {"total_batch", run.total_batch}, {"B", run.B}, {"T", run.T},
+                {"world", run.world}, {"pp", run.pp}, {"vpp", run.vpp}, {"dp", run.dp}, {"cp", run.cp},
+                {"tp", run.tp}, {"sp", run.sp}, {"zero", run.zero}, {"recompute", run.recompute},
+                {"data", run.data}};
+    json shards = json::array();
+    for (int r = 0; r < world; r++) shards.push_back(shard_name(r));
+    j["shards"] = shards;
+    return j.dump(2) + "\n";
+}
+
+bool write_file_atomic(const std::string& path, const std::string& text, std::string* err) {
+    AtomicWriter f;
+    if (!f.open(path, err)) return false;
+    f.write(text.data(), text.size());  // a failed write fails the commit, which names the file
     return f.commit(err);
 }
 
@@ -149,46 +241,11 @@ bool save_checkpoint(const std::string& dir, GPT& model, const Ownership& own, c
     const std::string cdir = checkpoint_dir(dir, st.step);
     bool ok = rank != 0 || make_dirs(cdir, err);
     if (!all_ranks_ok(ok, err)) return false;
-    ok = write_shard(cdir + "/" + shard_name(rank), model, own, rank, world, err);
+    ok = write_shard(dir, st.step, model, own, err);
     if (!all_ranks_ok(ok, err)) return false;
-    if (rank == 0) {
-        const GPTConfig& c = model.config();
-        const Precision& p = model.precision();
-        json j;
-        j["format"] = "llmc-checkpoint";
-        j["version"] = 1;
-        j["step"] = st.step;
-        j["model"] = {{"maxT", c.max_seq_len}, {"V", c.vocab_size}, {"Vp", c.padded_vocab_size},
-                      {"L", c.num_layers}, {"NH", c.num_heads}, {"C", c.channels}};
-        if (c.llama()) {
-            j["model"]["arch"] = "llama";
-            j["model"]["NKV"] = c.kv_heads();
-            j["model"]["F"] = c.hidden();
-            j["model"]["theta"] = c.rope_theta;
-            j["model"]["eps"] = c.norm_eps;
-            j["model"]["tied"] = c.tied;
-        }
-        j["params"] = model.table().file_params;
-        j["weights_dtype"] = dtype_name(model.weights_dtype());
-        j["adam_dtype"] = dtype_name(p.opt);
-        j["rng_state"] = st.rng_state;
-        j["rows_consumed"] = st.rows_consumed;
-        j["skips"] = st.skips;
-        j["loss_mean"] = st.loss_mean;
-        j["loss_count"] = st.loss_count;
-        j["run"] = {{"max_steps", run.max_steps}, {"total_batch", run.total_batch}, {"B", run.B}, {"T", run.T},
-                    {"world", run.world}, {"pp", run.pp}, {"vpp", run.vpp}, {"dp", run.dp}, {"cp", run.cp},
-                    {"tp", run.tp}, {"sp", run.sp}, {"zero", run.zero}, {"recompute", run.recompute},
-                    {"data", run.data}};
-        json shards = json::array();
-        for (int r = 0; r < world; r++) shards.push_back(shard_name(r));
-        j["shards"] = shards;
-        const std::string text = j.dump(2) + "\n";
-        AtomicWriter f;
-        ok = f.open(cdir + "/index.json", err) && f.write(text.data(), text.size()) && f.commit(err);
-        if (ok && !f.open(done_path(dir, st.step), err)) ok = false;
-        if (ok) ok = f.commit(err);
-    }
+    if (rank == 0)
+        ok = write_file_atomic(cdir + "/index.json", checkpoint_index_text(model, world, st, run), err) &&
+             write_file_atomic(done_path(dir, st.step), "", err);
     return all_ranks_ok(ok, err);
 }
 

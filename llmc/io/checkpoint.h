@@ -29,11 +29,15 @@
 //
 // Files are written under temporary names and renamed; a killed run leaves
 // only temporaries and torn checkpoints, which clean_checkpoints() removes.
+// With --async-checkpoint the same files are written by a background thread
+// from a host snapshot (llmc/io/checkpoint_async.h), through the pieces
+// below: the shard's image, its payload, the index, DONE.
 // Checkpoints of the earlier format (state_SSSSSSSS.bin, one file with the
 // whole model) still load (llmc/io/checkpoint_legacy.h). The llm.c model
 // file export is llmc/io/model_io.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +53,28 @@ std::string done_path(const std::string& dir, int step);
 // every rank returns the same verdict (false with *err naming the file).
 bool save_checkpoint(const std::string& dir, GPT& model, const Ownership& own, const TrainState& st,
                      const RunInfo& run, std::string* err);
+
+// A rank's shard laid out for writing: everything but the payload. The
+// synchronous writer streams the payload from the device run by run; the
+// asynchronous one copies it whole into host memory first.
+struct ShardImage {
+    std::string path;                // the shard file
+    std::vector<char> head;          // the header and the piece tables
+    std::vector<uint64_t> sections;  // byte length of each (section, piece) of the payload: its checksums
+    size_t payload_bytes = 0;        // weights, then Adam m, then Adam v
+};
+ShardImage shard_image(const std::string& dir, int step, GPT& model, const Ownership& own);
+// Copies this rank's payload (im.payload_bytes) from the device into host.
+void copy_shard_payload(GPT& model, const Ownership& own, char* host);
+// Writes the shard file from its image and a host payload; touches neither
+// the backend nor MPI, so any thread may call it. before_commit (may be
+// empty) runs with the temporary file written but not yet renamed.
+bool write_shard_image(const ShardImage& im, const char* payload, std::string* err,
+                       const std::function<void()>& before_commit);
+// The text of ckpt_S/index.json for st.step (rank 0 writes it).
+std::string checkpoint_index_text(GPT& model, int world, const TrainState& st, const RunInfo& run);
+// Writes a small file atomically (the index, DONE).
+bool write_file_atomic(const std::string& path, const std::string& text, std::string* err);
 
 // Largest S with a complete checkpoint in dir (DONE_S written), or -1.
 int latest_checkpoint(const std::string& dir);

@@ -33,7 +33,8 @@ std::string human_bytes(double b) {
     return s;
 }
 
-std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages) {
+std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages,
+                        size_t async_host) {
     size_t bytes[6] = {};  // params grads master optimizer activations comm
     const char* names[6] = {"params", "grads", "master", "optimizer", "activations", "comm"};
     size_t per_layer = 0;
@@ -57,6 +58,9 @@ std::string memory_line(const char* when, int rank, GPT& model, size_t comm_byte
     line += " bytes=" + std::to_string(model.backend().bytes_in_use());
     line += " total=" + human_bytes((double)model.backend().bytes_in_use()) +
             " peak=" + human_bytes((double)model.backend().bytes_peak());
+    // Host memory beside the backend's (on a GPU not in bytes; on the CPU
+    // backend the same RAM): the snapshot of --async-checkpoint.
+    if (async_host) line += " async_checkpoint_host=" + std::to_string(async_host);
     return line;
 }
 

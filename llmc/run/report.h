@@ -27,7 +27,10 @@ std::string human_bytes(double bytes);
 void print_whole_line(const std::string& line);
 // Every rank's line, printed by rank 0 in rank order (a collective).
 void print_rank_lines(const std::string& line);
-std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages);
+// async_host: the host snapshot of --async-checkpoint (printed as
+// async_checkpoint_host=N at the end of the line when not 0).
+std::string memory_line(const char* when, int rank, GPT& model, size_t comm_bytes, int stage, int stages,
+                        size_t async_host = 0);
 
 // Zeroes every group's counts (traffic outside a training step).
 void reset_counts(ProcessGrid& g);

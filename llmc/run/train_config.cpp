@@ -31,6 +31,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'n', "checkpoint-every", O::Int, &c.checkpoint_every, "sharded checkpoint every N steps into -o (0: never)", 0, 1e9});
     p.add({0, "keep-checkpoints", O::Int, &c.keep_checkpoints, "keep only the newest K complete checkpoints (0: all)",
            0, 1e9});
+    p.add({0, "async-checkpoint", O::Int, &c.async_checkpoint,
+           "1: checkpoints copy their shard to host memory and are written by a background thread while training "
+           "goes on", 0, 1, {}, "1"});
     p.add({0, "export-model", O::String, &c.export_model, "also write the final weights to this llm.c model file"});
     p.add({0, "export-hf", O::String, &c.export_hf,
            "also write the final weights as a Hugging Face directory (config.json, model.safetensors)"});

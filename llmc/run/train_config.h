@@ -35,6 +35,7 @@ struct TrainConfig {
     int checkpoint_every = 0;  // -n
     int resume = 0;            // -y
     int keep_checkpoints = 0;  // newest checkpoints kept (0: all)
+    int async_checkpoint = 0;  // 1: snapshot to host, write shards in a background thread
     std::string export_model = "";  // llm.c model file written at the end
     std::string export_hf = "";     // Hugging Face directory written at the end (llmc/io/hf.h)
     // execution

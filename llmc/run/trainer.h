@@ -21,6 +21,7 @@
 #include "llmc/base/args.h"
 #include "llmc/base/rng.h"
 #include "llmc/io/checkpoint.h"
+#include "llmc/io/checkpoint_async.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/io/tokenizer.h"
 #include "llmc/model/config.h"
@@ -70,6 +71,11 @@ struct Trainer {
     double validate();
     void sample();
     void checkpoint();
+    // --async-checkpoint: the writer (null without it), and the collective
+    // check after each step that completes a checkpoint whose shards are all
+    // on disk (wait: until they are; at a signal stop and the end of a run).
+    std::unique_ptr<AsyncCheckpointer> async_ckpt;
+    void complete_checkpoint(bool wait);
     // The largest stop signal any rank received (0: none; a collective,
     // llmc/run/signals.h), and the clean stop it leads to: a checkpoint of
     // this step (with -o, unless one was just written), one line, and the

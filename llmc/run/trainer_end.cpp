@@ -1,9 +1,12 @@
 // llmc/run/trainer_end.cpp: what a run leaves behind (llmc/run/trainer.h):
 // checkpoints, the final weights as llm.c and Hugging Face files, what a
 // resume reports, and the checks at the end of a run.
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "llmc/base/trace.h"
+#include "llmc/comm/dist.h"
 #include "llmc/io/hf.h"
 #include "llmc/io/model_io.h"
 #include "llmc/run/report.h"
@@ -66,15 +69,53 @@ void Trainer::report_resume(const RunInfo& saved) {
                     saved.layout().c_str(), saved.T, now.layout().c_str(), now.T);
 }
 
-// Every rank writes its own shard; rank 0 the index, then DONE.
+// An error of the asynchronous writer, which every rank already agrees on
+// (all_ranks_ok): each rank prints the one line and leaves cleanly, rather
+// than an abort that could kill a rank before it prints.
+[[noreturn]] static void agreed_error(const std::string& msg) {
+    if (dist_world_size() > 1)
+        std::fprintf(stderr, "train_gpt: error (rank %d): %s\n", dist_world_rank(), msg.c_str());
+    else
+        std::fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
+    std::fflush(stderr);
+    dist_finalize();
+    std::exit(1);
+}
+
+// Every rank writes its own shard; rank 0 the index, then DONE. The line
+// gives the time the main thread spent (the checkpoint's cost to the step):
+// with --async-checkpoint the snapshot, the files following in the background.
 void Trainer::checkpoint() {
     st.rng_state = rng.state;
-    if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) end_job(err);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (async_ckpt) {
+        complete_checkpoint(true);  // at most one in flight
+        if (!async_ckpt->start(*s.model, st, run_info(), &err)) agreed_error(err);
+    } else if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) {
+        end_job(err);
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     checkpointed_step = st.step;
-    if (main_rank) {
-        std::printf("checkpoint: %s\n", checkpoint_dir(cfg.output_dir, st.step).c_str());
+    if (!main_rank) return;
+    const std::string d = checkpoint_dir(cfg.output_dir, st.step);
+    if (async_ckpt) {
+        std::printf("checkpoint: %s snapshot in %.1f ms, writing in the background\n", d.c_str(), ms);
+    } else {
+        std::printf("checkpoint: %s in %.1f ms\n", d.c_str(), ms);
         if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
     }
+}
+
+// With --async-checkpoint, after every step: DONE for the checkpoint in
+// flight once every rank's shard is on disk (a collective, on the main
+// thread, like every MPI call of the run).
+void Trainer::complete_checkpoint(bool wait) {
+    if (!async_ckpt || !async_ckpt->in_flight()) return;
+    int done = -1;
+    if (!async_ckpt->complete(wait, &done, &err)) agreed_error(err);
+    if (done < 0 || !main_rank) return;
+    std::printf("checkpoint: %s complete after step %d\n", checkpoint_dir(cfg.output_dir, done).c_str(), st.step);
+    if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
 }
 
 int Trainer::agreed_stop_signal() {
@@ -84,6 +125,7 @@ int Trainer::agreed_stop_signal() {
 int Trainer::stop_on_signal(int sig) {
     const bool save = !cfg.output_dir.empty();
     if (save && checkpointed_step != st.step) checkpoint();
+    complete_checkpoint(true);  // the run ends only with its checkpoint on disk
     if (main_rank) {
         std::printf("stopped by signal %d after step %d: %s\n", sig, st.step,
                     save ? ("checkpoint " + checkpoint_dir(cfg.output_dir, st.step) + "; resume with -y 1").c_str()
@@ -120,6 +162,7 @@ void Trainer::export_weights() {
 // End of the run: the replicas' agreement, the model export, the trace and
 // its bubble, memory.
 void Trainer::finish() {
+    complete_checkpoint(true);  // the last checkpoint on disk before anything else
     // Replicas of the tensor-parallel-replicated parameters must agree.
     if (grid.tp > 1) {
         double c = s.model->replicated_checksum();
@@ -151,5 +194,6 @@ void Trainer::finish() {
     if (rs.on && main_rank)
         std::printf("step graphs: %d recorded, %lld replays%s\n", rs.recorded, rs.replays,
                     rs.recorded ? "" : " (ZeRO-2/3, tp and cp communicate inside the forward and backward: no regions)");
-    print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
+    print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp,
+                                 async_ckpt ? async_ckpt->host_bytes() : 0));
 }

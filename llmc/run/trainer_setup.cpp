@@ -128,7 +128,12 @@ void Trainer::setup(const ArgParser& parser) {
 
     print_settings(parser);
     std::fflush(stdout);
-    print_rank_lines(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp));
+    // The snapshot buffer of --async-checkpoint, allocated once (with -o:
+    // a signal checkpoints even without -n).
+    if (cfg.async_checkpoint && !cfg.output_dir.empty())
+        async_ckpt = std::make_unique<AsyncCheckpointer>(cfg.output_dir, *s.model, owner());
+    print_rank_lines(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp,
+                                 async_ckpt ? async_ckpt->host_bytes() : 0));
 
     ok = true;
     if (main_rank && !cfg.output_dir.empty()) {
@@ -184,12 +189,17 @@ void Trainer::build(Backend& b, ModelStack* stack) {
 void Trainer::check_memory() {
     MeasureBackend mb(*be);
     std::string held;
+    size_t snapshot = 0;  // --async-checkpoint's host copy of the shard
     {
         ModelStack counted;
         build(mb, &counted);
-        held = memory_line("needed", rank, *counted.model, counted.comm_bytes(), grid.pp_rank, grid.pp);
+        if (cfg.async_checkpoint && !cfg.output_dir.empty())
+            snapshot = AsyncCheckpointer::host_bytes_for(*counted.model, owner());
+        held = memory_line("needed", rank, *counted.model, counted.comm_bytes(), grid.pp_rank, grid.pp, snapshot);
     }
-    const size_t need = mb.bytes_peak();
+    // The CPU backend's memory is the host's: the snapshot comes out of the
+    // same RAM. A GPU's free memory does not hold it.
+    const size_t need = mb.bytes_peak() + (std::string(be->name()) == "cpu" ? snapshot : 0);
     const size_t budget = (size_t)(cfg.memory_budget * 1024 * 1024);
     const size_t avail = budget ? budget : be->free_memory(dist_local_size());
     std::string where = budget ? "--memory-budget " + human_bytes((double)budget)
