@@ -69,6 +69,7 @@ MpiComm::MpiComm(MPI_Comm comm, const std::string& name, size_t max_count)
     const size_t g = (size_t)size_;
     sends_to_.assign(g, 0), recvs_from_.assign(g, 0);
     told_coll_.assign(g, 0), told_sends_.assign(g, 0), told_recvs_.assign(g, 0);
+    heard_.assign(g, -1);
     std::vector<int> mine(g);
     world_of_.assign(g, -1);
     for (int i = 0; i < size_; i++) mine[(size_t)i] = i;
@@ -302,8 +303,8 @@ double MpiComm::host_all_reduce(double x, ReduceOp op) {
 // Polling: MPI_Testall with a yield for the first 2 ms (most waits end
 // there, and a yield lets a rank sharing the core run), then sleeps growing
 // to 1 ms, so a long wait costs little CPU. Past a quarter of the timeout
-// (at most 2 s) the wait is long: every group hears our counts, once per
-// change, and we read theirs.
+// (at most 2 s) the wait is long: every group hears our counts, once when
+// it becomes long and then on each change, and we read theirs.
 void MpiComm::wait_pending(Pending& p) {
     if (p.reqs.empty()) return;
     if (timeout_ <= 0) {
@@ -316,6 +317,7 @@ void MpiComm::wait_pending(Pending& p) {
     drain();  // peers' notes do not pile up over a long run
     const double t0 = now_s(), slow = std::min(2.0, timeout_ / 4);
     useconds_t nap = 20;
+    bool told = false;
     for (;;) {
         MPI_Testall((int)p.reqs.size(), p.reqs.data(), &done, MPI_STATUSES_IGNORE);
         if (done) return;
@@ -324,15 +326,17 @@ void MpiComm::wait_pending(Pending& p) {
             sched_yield();
             continue;
         }
-        if (waited >= slow)
-            for (MpiComm* c : g_live) c->announce(), c->drain();
-        if (waited > timeout_) timed_out(p, waited);
+        if (waited >= slow) {
+            for (MpiComm* c : g_live) c->announce(!told), c->drain();
+            told = true;
+        }
+        if (waited > timeout_) timed_out(p, t0, waited);
         ::usleep(nap);
         nap = std::min<useconds_t>(nap * 2, 1000);
     }
 }
 
-void MpiComm::announce() {
+void MpiComm::announce(bool again) {
     for (size_t i = 0; i < notes_.size();) {  // sent ones leave
         int sent = 0;
         MPI_Test(&notes_[i]->req, &sent, MPI_STATUS_IGNORE);
@@ -341,7 +345,7 @@ void MpiComm::announce() {
     }
     uint64_t sum = coll_seq_;
     for (int q = 0; q < size_; q++) sum += sends_to_[(size_t)q] + recvs_from_[(size_t)q];
-    if (sum == announced_) return;
+    if (sum == announced_ && !again) return;
     announced_ = sum;
     for (int q = 0; q < size_; q++) {
         if (q == rank_) continue;
@@ -360,6 +364,7 @@ void MpiComm::drain() {
         uint64_t v[3];
         MPI_Recv(v, 3, MPI_UINT64_T, st.MPI_SOURCE, kNoteTag, watch_, MPI_STATUS_IGNORE);
         const size_t s = (size_t)st.MPI_SOURCE;
+        heard_[s] = now_s();
         // Counts only grow; a late note never lowers them.
         told_coll_[s] = std::max(told_coll_[s], v[0]);
         told_sends_[s] = std::max(told_sends_[s], v[1]);
@@ -370,7 +375,7 @@ void MpiComm::drain() {
 // A peer that never told us it reached what we wait for did not arrive (it
 // has not issued the call, or it is stuck before it, or it arrived in the
 // last moments and had not yet told us: the line says "as far as known").
-void MpiComm::timed_out(const Pending& p, double waited) {
+void MpiComm::timed_out(const Pending& p, double since, double waited) {
     std::vector<int> late;
     std::string what = std::string(p.kind) + " on group " + name_;
     for (const Expect& e : p.expect) {
@@ -398,6 +403,17 @@ void MpiComm::timed_out(const Pending& p, double waited) {
             m += (i ? ", " : "") + std::to_string(world_of_[(size_t)late[i]]) + " (" + name_ + " rank " +
                  std::to_string(late[i]) + ")";
     }
+    // Every rank that waits long tells every group it is in, the world among
+    // them: who was not heard from since we began waiting is in no call.
+    const int world = dist_world_size(), me = dist_world_rank();
+    std::vector<char> heard((size_t)world, 0);
+    for (MpiComm* c : g_live)
+        for (int q = 0; q < c->size_; q++)
+            if (c->heard_[(size_t)q] >= since && c->world_of_[(size_t)q] >= 0) heard[(size_t)c->world_of_[(size_t)q]] = 1;
+    std::string silent;
+    for (int w = 0; w < world; w++)
+        if (w != me && !heard[(size_t)w]) silent += (silent.empty() ? "" : ", ") + std::to_string(w);
+    if (!silent.empty()) m += "; ranks waiting in no collective (stalled or computing): " + silent;
     dist_abort(m + "; ending every rank");
 }
 

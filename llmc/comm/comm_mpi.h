@@ -13,8 +13,11 @@
 // rank whose wait grows long tells its peers on every group its counts, on
 // a duplicate communicator of each group. A rank that times out compares
 // what it waits for with what its peers told it: a peer that never said it
-// reached the call did not arrive (or is stuck before it). It prints one
-// line naming the call, the group and those ranks, and ends the job
+// reached the call did not arrive (or is stuck before it). Every long wait
+// tells its counts at least once, so a rank not heard from on any group
+// since our wait began is waiting in no call at all: stalled, or still
+// computing. The line names the call, the group, the ranks that did not
+// arrive and the ranks heard from on no group, and the job ends
 // (dist_abort: MPI_Abort).
 #pragma once
 #ifdef LLMC_MPI
@@ -79,9 +82,9 @@ class MpiComm : public Comm {
     void wait_pending(Pending& p);
     // The watchdog's exchange: tell the peers our counts (when they changed),
     // and read what they told us.
-    void announce();
+    void announce(bool again);
     void drain();
-    [[noreturn]] void timed_out(const Pending& p, double waited);
+    [[noreturn]] void timed_out(const Pending& p, double since, double waited);
     MPI_Datatype mpi_type(DType t) const;
     MPI_Op mpi_op(DType t, ReduceOp op) const;
 
@@ -101,6 +104,7 @@ class MpiComm : public Comm {
     uint64_t coll_seq_ = 0;
     std::vector<uint64_t> sends_to_, recvs_from_;
     std::vector<uint64_t> told_coll_, told_sends_, told_recvs_;  // peer's collectives, its sends to us, receives from us
+    std::vector<double> heard_;  // when each peer's last note came (host clock, s)
     uint64_t announced_ = 0;  // the sum of our counts when last told (they only grow)
     struct Note {
         uint64_t v[3];
