@@ -92,9 +92,16 @@ MpiComm::~MpiComm() {
     for (auto& kv : pending_) MPI_Waitall((int)kv.second.reqs.size(), kv.second.reqs.data(), MPI_STATUSES_IGNORE);
     pending_.clear();
     // Notes are tiny (sent at once); one a peer has not taken is dropped with
-    // the communicator.
+    // the communicator. A send MPI still holds keeps its buffer (a few bytes
+    // left allocated), since MPI may read it until the send completes.
     drain();
-    for (auto& n : notes_) MPI_Request_free(&n->req);
+    for (auto& n : notes_) {
+        int sent = 0;
+        MPI_Test(&n->req, &sent, MPI_STATUS_IGNORE);
+        if (sent) continue;
+        MPI_Request_free(&n->req);
+        n.release();
+    }
     notes_.clear();
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
