@@ -197,6 +197,7 @@ distributed_tier() {
     run test_pp "$PY" tests/distributed/test_pp.py
     run test_llama "$PY" tests/distributed/test_llama.py
     run test_graphs "$PY" tests/distributed/test_graphs.py
+    run test_watchdog "$PY" tests/distributed/test_watchdog.py
     run test_bf16 "$PY" tests/distributed/test_bf16.py
     run test_multinode "$PY" tests/distributed/test_multinode.py
 }

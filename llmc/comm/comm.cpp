@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "llmc/base/trace.h"
+#include "llmc/comm/watchdog.h"
 
 const char* comm_kind_name(CommKind k) {
     switch (k) {
@@ -79,8 +80,12 @@ CommHandle Comm::traced(CommKind k, double t0, uint64_t bytes_before, CommHandle
     return h;
 }
 
+// Every call passes the tests' stall hook first (llmc/comm/watchdog.h),
+// except those of a transport inside another (untraced: the outer call
+// passed it already).
 #define TRACED(kind, call)                                         \
-    if (!traced_ || !trace::on()) return call;                                 \
+    if (size_ > 1 && traced_) collective_test_stall();             \
+    if (!traced_ || !trace::on()) return call;                     \
     const double t0 = trace::now();                                \
     const uint64_t b0 = counted_bytes();                           \
     return traced(kind, t0, b0, call)
@@ -100,6 +105,7 @@ CommHandle Comm::start_send_recv(const void* send, int dst, void* recv, int src,
 void Comm::start_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles) {
     handles->assign(ops.size(), 0);
     if (ops.empty()) return;
+    if (size_ > 1 && traced_) collective_test_stall();
     const double t0 = traced_ && trace::on() ? trace::now() : 0;
     do_p2p(ops, t, handles);
     if (!traced_ || !trace::on() || size_ <= 1) return;
@@ -119,6 +125,7 @@ void Comm::start_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHan
 #undef TRACED
 
 void Comm::broadcast(void* buf, size_t n, DType t, int root) {
+    if (size_ > 1 && traced_) collective_test_stall();
     if (!traced_ || !trace::on()) return do_broadcast(buf, n, t, root);
     const double t0 = trace::now();
     const uint64_t b0 = counted_bytes();

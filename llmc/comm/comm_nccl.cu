@@ -132,7 +132,7 @@ class NcclRuntime {
     }
 
   private:
-    explicit NcclRuntime(int dev) : device_(dev), dog_(timeout_from_env()) {
+    explicit NcclRuntime(int dev) : device_(dev), dog_(collective_timeout()) {
         // The highest priority, so a collective's kernels start as soon as
         // its turn comes rather than behind queued compute blocks.
         int least = 0, greatest = 0;
@@ -143,12 +143,6 @@ class NcclRuntime {
         const double t = dog_.timeout();
         poll_s_ = t > 0 ? std::min(1.0, std::max(0.05, t / 10)) : 1.0;
         thread_ = std::thread([this] { loop(); });
-    }
-    static double timeout_from_env() {
-        double t = kDefaultCollectiveTimeout;
-        std::string err;
-        if (!parse_collective_timeout(std::getenv("LLMC_COLLECTIVE_TIMEOUT"), &t, &err)) fail(err);
-        return t;
     }
     // The watchdog thread: a check every poll_s_ until stopped.
     void loop() {

@@ -24,7 +24,7 @@
 // after it on the stream), and a background thread polls the events and
 // each communicator's asynchronous error (ncclCommGetAsyncError). On an
 // error, or when the oldest collective has not completed after
-// LLMC_COLLECTIVE_TIMEOUT seconds at the front of the stream (default 300;
+// --collective-timeout seconds at the front of the stream (default 300;
 // 0: no timeout), it aborts the rank's communicators (ncclCommAbort) and
 // ends the job with one line naming the group, the collective and how long
 // it waited (llmc/comm/watchdog.h holds the decisions; dist_abort the end).

@@ -1,26 +1,46 @@
-// llmc/comm/watchdog.cpp: the collective watchdog's decisions
+// llmc/comm/watchdog.cpp: the collective watchdog's settings and decisions
 // (llmc/comm/watchdog.h).
 #include "llmc/comm/watchdog.h"
 
-#include <cmath>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 
-bool parse_collective_timeout(const char* value, double* seconds, std::string* err) {
-    if (!value) {
-        *seconds = kDefaultCollectiveTimeout;
-        return true;
+#include "llmc/comm/dist.h"
+
+namespace {
+// One value per process: the transports read it when their groups are made.
+double g_timeout = kDefaultCollectiveTimeout;
+}  // namespace
+
+void set_collective_timeout(double seconds) { g_timeout = seconds > 0 ? seconds : 0; }
+double collective_timeout() { return g_timeout; }
+
+void collective_test_stall() {
+    // Parsed once; rank -1 when unset, so a normal run pays one comparison.
+    static int rank = -2;
+    static long at = 0, calls = 0;
+    if (rank == -2) {
+        rank = -1;
+        const char* v = std::getenv("LLMC_TEST_STALL_RANK");
+        if (v && *v) {
+            int r = -1, used = 0;
+            long k = 0;
+            if (std::sscanf(v, "%d:%ld%n", &r, &k, &used) != 2 || v[used] != '\0' || r < 0 || k < 1)
+                dist_abort(std::string("LLMC_TEST_STALL_RANK=") + v +
+                           ": expected R:K (world rank R >= 0 stalls before its K-th collective, K >= 1)");
+            rank = r;
+            at = k;
+        }
     }
-    char* end = nullptr;
-    const double v = std::strtod(value, &end);
-    if (end == value || *end != '\0' || !std::isfinite(v) || v < 0) {
-        if (err)
-            *err = std::string("LLMC_COLLECTIVE_TIMEOUT=") + value +
-                   ": expected the seconds a collective may wait (a number >= 0; 0 turns the timeout off)";
-        return false;
-    }
-    *seconds = v;
-    return true;
+    if (rank < 0 || rank != dist_world_rank() || ++calls != at) return;
+    std::fprintf(stderr, "train_gpt: test: rank %d stalls before its collective %ld (LLMC_TEST_STALL_RANK)\n", rank,
+                 at);
+    std::fflush(stderr);
+    // Long enough that only the others' watchdog ends the job; mpirun ends
+    // this process with them.
+    for (int i = 0; i < 3600; i++) ::sleep(1);
 }
 
 std::string watchdog_bytes(uint64_t bytes) {
@@ -75,6 +95,6 @@ std::string CollectiveWatchdog::check(double now, const std::function<bool(uint6
     std::snprintf(buf, sizeof(buf), " has not completed after %.1f s (issued %.1f s ago, %zu more queued behind it; ",
                   waited, now - c.issued, q_.size() - 1);
     std::string m = "collective timed out: " + describe(c) + buf;
-    std::snprintf(buf, sizeof(buf), "LLMC_COLLECTIVE_TIMEOUT=%g", timeout_);
+    std::snprintf(buf, sizeof(buf), "--collective-timeout %g", timeout_);
     return m + buf + "): a peer rank died, hung or never issued it; ending every rank";
 }

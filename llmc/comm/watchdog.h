@@ -1,4 +1,6 @@
-// llmc/comm/watchdog.h: the decisions of the collective watchdog, in plain
+// llmc/comm/watchdog.h: the collective watchdog's settings (the timeout of
+// --collective-timeout, shared by every transport; the stall hook of the
+// tests) and the decisions of the NCCL transport's watchdog, in plain
 // C++ so they are tested without a GPU (tests/unit/test_watchdog.cpp): which
 // collectives are in flight, when the oldest has waited too long or a
 // communicator reports an asynchronous error, and the one line the job ends
@@ -11,7 +13,11 @@
 // on a message it aborts its communicators (ncclCommAbort) and ends the job
 // (dist_abort).
 //
-// Timeout: LLMC_COLLECTIVE_TIMEOUT, in seconds (default 300; 0 turns the
+// The MPI transport (llmc/comm/comm_mpi.cpp) has no thread: it waits for
+// its requests by polling them against the same timeout, and names the
+// ranks that never reached the collective.
+//
+// Timeout: --collective-timeout, in seconds (default 300; 0 turns the
 // timeout off, errors are still polled). A collective's wait is counted
 // from when it reached the front of the rank's communication stream (the
 // collectives of all groups run there one after another, in issue order:
@@ -25,9 +31,18 @@
 
 constexpr double kDefaultCollectiveTimeout = 300.0;
 
-// The timeout from the variable's value (null when unset: the default).
-// false with *err naming the variable for anything but a number >= 0.
-bool parse_collective_timeout(const char* value, double* seconds, std::string* err);
+// The process's timeout: set from --collective-timeout before the process
+// grid is made (every rank the same value: flags are checked to agree),
+// read by every communicator made after. 0: off.
+void set_collective_timeout(double seconds);
+double collective_timeout();
+
+// Test hook: LLMC_TEST_STALL_RANK=R:K makes world rank R sleep for an hour
+// before its K-th collective (counted from 1 over every group of size > 1),
+// so the tests can watch the others' watchdog end the job. Called by every
+// collective before it is issued; a malformed value ends the job with one
+// line naming the variable.
+void collective_test_stall();
 
 struct PendingCollective {
     uint64_t id;        // the transport's token for its completion query

@@ -48,6 +48,10 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "memory-budget", O::Double, &c.memory_budget, "MiB the backend may hold per rank (0: no cap)", 0, 1e12});
     p.add({0, "comm", O::String, &c.comm, "collectives: nccl (GPU default) or mpi (host; staged on GPUs)", 0, 0,
            {"auto", "nccl", "mpi"}});
+    p.add({0, "collective-timeout", O::Double, &c.collective_timeout,
+           "seconds a collective may wait for its peers before every rank ends with a line naming it and the ranks "
+           "that did not arrive (0: no limit)",
+           0, 1e9});
     p.add({'r', "recompute", O::String, &c.recompute, "activations recomputed in backward (1 = gelu, 0 = none)", 0, 0,
            {"none", "gelu", "selective", "full", "0", "1"}, "1"});
     p.add({0, "head-chunk", O::Int, &c.head_chunk,

@@ -47,6 +47,7 @@ struct TrainConfig {
     int vpp = 1;               // model chunks per pipeline stage (interleaved 1F1B when > 1)
     std::string trace = "";    // Chrome trace-event JSON of the run
     std::string comm = "auto";
+    double collective_timeout = 300;  // seconds a collective may wait before the job ends (0: no limit)
     double memory_budget = 0;  // MiB the backend may hold (0: no cap)
     std::string recompute = "none";  // -r: none, gelu, selective, full (0 = none, 1 = gelu)
     int head_chunk = 0;        // LM head and cross-entropy in chunks of this many rows (0: all at once)

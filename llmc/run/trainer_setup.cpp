@@ -10,6 +10,7 @@
 #include "llmc/backend/backends.h"
 #include "llmc/base/fileio.h"
 #include "llmc/comm/dist.h"
+#include "llmc/comm/watchdog.h"
 #include "llmc/io/hf.h"
 #include "llmc/io/model_io.h"
 #include "llmc/run/report.h"
@@ -45,6 +46,7 @@ void Trainer::setup(const ArgParser& parser) {
     parse_recompute(cfg.recompute, &lay.recompute);
     lay.head_chunk = cfg.head_chunk;
     setup_check(check_world(lay, &err), err);
+    set_collective_timeout(cfg.collective_timeout);  // read by every group the grid makes
     setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err), err);
 
     // Model shape: from a resumed checkpoint, a model file, or sizes.

@@ -2,7 +2,7 @@
 // (llmc/comm/watchdog.h) with a fake clock, fake completion queries and a
 // fake asynchronous-error source, as the NCCL transport drives it from its
 // background thread: completed collectives are dropped, the oldest one
-// still pending times out after LLMC_COLLECTIVE_TIMEOUT seconds at the
+// still pending times out after --collective-timeout seconds at the
 // front of the stream (not counting the time it queued behind others), an
 // asynchronous error ends the job at once, and the line names the group,
 // the collective and how long it waited. Last line: "N passed, N failed".
@@ -27,19 +27,15 @@ struct Fake {
     }
 };
 
-void test_parse() {
-    double s = -1;
-    std::string err;
-    CHECK(parse_collective_timeout(nullptr, &s, &err) && s == 300.0, "unset: the default of 300 s (got %g)", s);
-    CHECK(parse_collective_timeout("120", &s, &err) && s == 120.0, "120 s");
-    CHECK(parse_collective_timeout("0.5", &s, &err) && s == 0.5, "fractions of a second");
-    CHECK(parse_collective_timeout("0", &s, &err) && s == 0.0, "0 turns the timeout off");
-    for (const char* bad : {"", "abc", "10s", "-5", "inf", "nan", "7 "}) {
-        err.clear();
-        const bool ok = parse_collective_timeout(bad, &s, &err);
-        CHECK(!ok && has(err, "LLMC_COLLECTIVE_TIMEOUT=") && has(err, bad), "'%s' refused with the variable named: %s",
-              bad, err.c_str());
-    }
+void test_setting() {
+    CHECK(collective_timeout() == 300.0, "the default of 300 s (got %g)", collective_timeout());
+    set_collective_timeout(0.5);
+    CHECK(collective_timeout() == 0.5, "fractions of a second");
+    set_collective_timeout(0);
+    CHECK(collective_timeout() == 0.0, "0 turns the timeout off");
+    set_collective_timeout(-1);
+    CHECK(collective_timeout() == 0.0, "below 0 is off too");
+    set_collective_timeout(kDefaultCollectiveTimeout);
 }
 
 void test_timeout() {
@@ -60,7 +56,7 @@ void test_timeout() {
     CHECK(has(m, "group tp") && has(m, "all-reduce") && has(m, "4.0 KiB"), "the line names the group, the collective and its size: %s",
           m.c_str());
     CHECK(has(m, "300.5 s") && has(m, "issued 600.0 s ago") && has(m, "1 more queued") &&
-              has(m, "LLMC_COLLECTIVE_TIMEOUT=300"),
+              has(m, "--collective-timeout 300"),
           "the line says how long it waited, since when, what queues behind it and the limit: %s", m.c_str());
     CHECK(m.find('\n') == std::string::npos, "one line");
     f.completed.insert(2);
@@ -112,7 +108,7 @@ void test_errors_and_off() {
 }  // namespace
 
 int main() {
-    test_parse();
+    test_setting();
     test_timeout();
     test_out_of_order_and_empty();
     test_errors_and_off();
