@@ -20,7 +20,6 @@
 #include "llmc/base/fileio.h"
 #include "llmc/comm/dist.h"
 #include "llmc/io/checksum.h"
-#include "llmc/io/checkpoint_legacy.h"
 
 using json = nlohmann::json;
 
@@ -298,8 +297,6 @@ int clean_checkpoints(const std::string& dir, int keep) {
             } else {
                 complete.push_back(s);
             }
-        } else if (std::sscanf(n.c_str(), "DONE_%d%c", &s, &tail) == 1 && file_size(legacy_state_path(dir, s)) >= 0) {
-            complete.push_back(s);  // the earlier format
         }
     }
     if (keep <= 0) return removed;
@@ -309,7 +306,6 @@ int clean_checkpoints(const std::string& dir, int keep) {
         // DONE first: a crash half-way leaves a torn checkpoint, cleaned next time.
         std::remove(done_path(dir, s).c_str());
         if (is_dir(checkpoint_dir(dir, s))) remove_tree(checkpoint_dir(dir, s));
-        std::remove(legacy_state_path(dir, s).c_str());
         char name[32];
         std::snprintf(name, sizeof(name), "/model_%08d.bin", s);
         std::remove((dir + name).c_str());
@@ -562,9 +558,20 @@ bool all_finite(const void* p, DType t, size_t n, bool non_negative = false) {
 
 }  // namespace
 
+// The earlier one-file format (DIR/state_SSSSSSSS.bin beside DONE_SSSSSSSS,
+// without checksums) is no longer read: a directory that holds one as its
+// latest checkpoint is refused by name rather than started afresh.
+static bool earlier_format(const std::string& dir, int step, std::string* err) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "/state_%08d.bin", step);
+    if (is_dir(checkpoint_dir(dir, step)) || file_size(dir + name) < 0) return false;
+    *err = "checkpoint " + dir + name + ": the earlier one-file format, no longer read (resume it with the version "
+           "that wrote it, or give another -o)";
+    return true;
+}
+
 bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, std::string* err) {
-    if (!is_dir(checkpoint_dir(dir, step)) && file_size(legacy_state_path(dir, step)) >= 0)
-        return read_legacy_config(legacy_state_path(dir, step), cfg, err);
+    if (earlier_format(dir, step, err)) return false;
     Index ix;
     if (!read_index(dir, step, &ix, err)) return false;
     *cfg = ix.cfg;
@@ -572,11 +579,7 @@ bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, st
 }
 
 bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* st, RunInfo* run, std::string* err) {
-    if (!is_dir(checkpoint_dir(dir, step)) && file_size(legacy_state_path(dir, step)) >= 0) {
-        *run = RunInfo();
-        run->world = 0;  // unknown
-        return load_legacy_state(legacy_state_path(dir, step), model, st, err);
-    }
+    if (earlier_format(dir, step, err)) return false;
     Index ix;
     if (!read_index(dir, step, &ix, err)) return false;
     const std::string cdir = checkpoint_dir(dir, step);

@@ -33,8 +33,8 @@
 // from a host snapshot (llmc/io/checkpoint_async.h), through the pieces
 // below: the shard's image, its payload, the index, DONE.
 // Checkpoints of the earlier format (state_SSSSSSSS.bin, one file with the
-// whole model) still load (llmc/io/checkpoint_legacy.h). The llm.c model
-// file export is llmc/io/model_io.h.
+// whole model and no checksums) are refused by name. The llm.c model file
+// export is llmc/io/model_io.h.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -1,11 +1,10 @@
 // llmc/io/train_state.h: what a checkpoint keeps besides the weights and
 // Adam state: where the run stands (TrainState) and the flags and layout of
-// the run that wrote it (RunInfo), shared by the checkpoint formats.
+// the run that wrote it (RunInfo).
 #pragma once
 #include <cstdint>
 #include <string>
 
-constexpr int kStateMagic = 20241122;  // the earlier, one-file checkpoint format
 constexpr int kShardMagic = 20241124;  // a shard of a sharded checkpoint
 
 struct TrainState {

@@ -219,6 +219,12 @@ def test_errors(tmp):
     with open(model_bad, "wb") as f:
         f.write(struct.pack("<256i", *([20240326, 3, 64, 257, 2, 2, 32, 384] + [0] * 248)))  # no payload
     out_dir = os.path.join(tmp, "err_out")
+    # A checkpoint of the earlier one-file format is refused by name.
+    old_ckpt = os.path.join(tmp, "old_ckpt")
+    os.makedirs(old_ckpt, exist_ok=True)
+    for name in ("DONE_00000002", "state_00000002.bin"):
+        with open(os.path.join(old_ckpt, name), "wb") as f:
+            f.write(struct.pack("<256i", *([20241122, 1, 2] + [0] * 253)))
     base = SMALL + ["-i", good, "-j", "", "-x", "2"]
     cases = [
         (["--bogus"], "--bogus"),
@@ -233,6 +239,7 @@ def test_errors(tmp):
         (["-i", trunc], "trunc.bin"),
         (["-i", bad_id, "-o", out_dir, "-n", "1"], "bad_id.bin"),
         (["-y", "1"], "-y"),
+        (["-o", old_ckpt, "-y", "1"], "state_00000002.bin"),
         (["-z", "4"], "-z"),
         (["--comm", "nccl"], "--comm"),      # nccl needs the CUDA backend
         (["--dtype", "fp16"], "--dtype"),
