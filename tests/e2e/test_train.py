@@ -240,6 +240,7 @@ def test_errors(tmp):
         (["-i", bad_id, "-o", out_dir, "-n", "1"], "bad_id.bin"),
         (["-y", "1"], "-y"),
         (["-o", old_ckpt, "-y", "1"], "state_00000002.bin"),
+        (["-e", "L=100000000,C=32,NH=2,V=257,T=64"], "L=100000000"),  # refused before the tensor table
         (["-z", "4"], "-z"),
         (["--comm", "nccl"], "--comm"),      # nccl needs the CUDA backend
         (["--dtype", "fp16"], "--dtype"),
