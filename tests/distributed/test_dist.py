@@ -172,15 +172,20 @@ def test_failures(tmp):
     check(rc != 0 and len(lines) == 1 and "-d" in lines[0], f"bad -d under mpirun: rc={rc} {err[-300:]!r}")
     rc, out, err = train(2, base("fp32", 2) + ["-b", "4", "--bogus", "1"], timeout=60)
     check(rc != 0 and err.count("--bogus") == 1, f"unknown flag under mpirun: rc={rc} {err[-300:]!r}")
-    # A bad token id in rows only rank 1 reads, at its fourth step (step k:
-    # rank 1 reads rows 8k+4 .. 8k+7 of 16 tokens), past the shard's first
-    # 256 tokens, which every rank reads at start to compare its data.
-    bad = os.path.join(tmp, "bad_rank1.bin")
+    # A bad token id in the second of two shards, away from the first and
+    # last 256 tokens that every rank reads to compare its data: the ranks
+    # share the up-front id check (shard i is read by rank i), so rank 1
+    # alone finds it, and its line ends both ranks before the first step.
+    d = os.path.join(tmp, "badtok")
+    os.makedirs(d, exist_ok=True)
+    write_shard(os.path.join(d, "bad_0.bin"), np.arange(5000) % 90)
     toks = np.arange(5000) % 90
-    toks[(8 * 3 + 4) * 16 + 5] = 120
-    write_shard(bad, toks)
-    rc, out, err = train(2, base("fp32", 5) + ["-i", bad, "-b", "4", "-z", "2"], timeout=60)
-    check(rc != 0 and "bad_rank1.bin" in err and "rank 1" in err, f"bad token on rank 1: rc={rc} {err[-400:]!r}")
+    toks[2500] = 120
+    write_shard(os.path.join(d, "bad_rank1.bin"), toks)
+    rc, out, err = train(2, base("fp32", 5) + ["-i", os.path.join(d, "bad_*.bin"), "-b", "4", "-z", "2"], timeout=60)
+    lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+    check(rc != 0 and len(lines) == 1 and "bad_rank1.bin" in lines[0] and "offset 2500" in lines[0]
+          and "step" not in out, f"bad token seen by rank 1: rc={rc} {err[-400:]!r}")
 
 
 def suite(tmp):
