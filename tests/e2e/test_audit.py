@@ -60,7 +60,10 @@ def flag_cases(base):
                              ("--max-skips", "--max-skips", ("-1",)), ("--skip-spikes", "--skip-spikes", ("-1",)),
                              ("--grad-clip", "--grad-clip", ("-1",)), ("--head-chunk", "--head-chunk", ("-4",)),
                              ("--collective-timeout", "--collective-timeout", ("-1",)),
-                             ("--memory-budget", "--memory-budget", ("-1",))):
+                             ("--memory-budget", "--memory-budget", ("-1",)), ("-u", "--warmup", ("-1",)),
+                             ("-c", "--weight-decay", ("-1",)), ("-q", "--final-lr-frac", ("2", "-1")),
+                             ("-v", "--val-every", ("-1",)), ("-n", "--checkpoint-every", ("-1",)),
+                             ("--keep-checkpoints", "--keep-checkpoints", ("-1",)), ("--eps", "--eps", ("0",))):
         for v in vals:
             bad(f"{flag} {v}", [flag, v], [f"flag {flag}:", f"{flag} {v}", long + " ", long + ":"])
     bad("--lr nan", ["--lr", "nan"], ["-l", "--lr"])
@@ -78,6 +81,12 @@ def flag_cases(base):
     bad("--comm nccl on cpu", ["--comm", "nccl"], "--comm")
     bad("-r bogus", ["-r", "bogus"], ["-r", "--recompute"])
     bad("--plan bogus", ["--plan", "bogus"], "--plan")
+    bad("--vpp 2 without --pp", ["--vpp", "2"], "--vpp")
+    bad("--sp 1 without --tp", ["--sp", "1"], "--sp")
+    bad("--memory-budget 1 MiB", ["--memory-budget", "1"], "--memory-budget")
+    # The memory check's line (README: "out of memory: rank R would hold ...") for an absurd batch.
+    bad("-b 1000000", ["-b", "1000000"], ["-b", "out of memory: rank 0 would hold"])
+    refuse_or_warn("flag -n 2 without -o", run(base + ["-n", "2"]), "-n 2")
     # Layouts checked by the planner without launching ranks: degrees that do
     # not divide the world or the model, and degrees whose product overflows.
     plan = base + ["--plan", "eval"]
@@ -89,6 +98,9 @@ def flag_cases(base):
                  ["--tp", "--cp", "--world"])
     expect_error("plan --world -1", plan + ["--world", "-1"], "--world")
     expect_error("plan --hardware missing", plan + ["--hardware", "/nonexistent/hw.json"], "hw.json")
+    expect_error("plan --hardware not JSON", plan + ["--hardware", base[base.index("-i") + 1]], "--hardware")
+    expect_error("plan --gpus-per-node -1", plan + ["--gpus-per-node", "-1"], "--gpus-per-node")
+    expect_error("plan --plan-top 0", base + ["--plan", "search", "--plan-top", "0"], "--plan-top")
 
 
 def data_cases(tmp, base):
@@ -144,6 +156,9 @@ def model_cases(tmp, base):
     os.makedirs(p("hf_empty"))
     os.makedirs(p("hf_badjson"))
     write(p("hf_badjson/config.json"), b"{not json")
+    os.makedirs(p("hf_noweights"))
+    write(p("hf_noweights/config.json"), json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 32, "n_head": 2,
+                                                     "vocab_size": 257, "n_positions": 64}).encode())
     files = [
         ("missing path", p("missing.bin"), "missing.bin"),
         ("header only", write(p("hdr.bin"), model_header()), "hdr.bin"),
@@ -158,6 +173,7 @@ def model_cases(tmp, base):
         ("empty file", write(p("empty.bin"), b""), "empty.bin"),
         ("HF dir without config", p("hf_empty"), "config.json"),
         ("HF dir, config not JSON", p("hf_badjson"), "config.json"),
+        ("HF dir without weights", p("hf_noweights"), "safetensors"),
     ]
     for name, path, needle in files:
         expect_error("model -e " + name, swap(base, "-e", path), needle)
@@ -263,6 +279,7 @@ def output_cases(tmp, base):
                                 ("--trace is a directory", ["--trace", os.path.join(tmp, "out_dir_exists")],
                                  "out_dir_exists"),
                                 ("-o under a file", ["-o", under], "a_regular_file"),
+                                ("--calibrate under a file", ["--calibrate", under + ".json"], "a_regular_file"),
                                 ("-o is a file", ["-o", blocker], "a_regular_file")):
         r = run(base + extra)
         # Refused before the first step: no step line on stdout.
@@ -289,7 +306,7 @@ def multirank_cases(tmp, base, data):
     expect_error("mpi bad token id, -z 1", swap(base, "-i", shard(os.path.join(tmp, "mpi_badid.bin"),
                                                                    [5] * 500 + [999] + [5] * 2000)) + ["-z", "1"],
                  "mpi_badid.bin", np_=2)
-    long_run = swap(base, "-x", "400")
+    long_run = swap(base, "-x", "5000")  # far more than it gets to run before the signal
     # SIGKILL to rank 1 mid-run: the job must end on its own, non-zero.
     r = signal_rank(long_run, os.path.join(tmp, "mpi_kill"), [signal.SIGKILL], np_=2)
     expect_survive("mpi SIGKILL rank 1 mid-run", r, lambda r: r.delivered == 1 and r.rc not in (0, None),
@@ -315,7 +332,7 @@ def multirank_cases(tmp, base, data):
 
 
 def signal_cases(tmp, base):
-    long_run = [a if a != "4" or base[i - 1] != "-x" else "400" for i, a in enumerate(base)]
+    long_run = swap(base, "-x", "5000")  # far more than it gets to run before the signal
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         out = os.path.join(tmp, "sig_" + sig.name)
         r = signal_rank(long_run, out, [sig])
