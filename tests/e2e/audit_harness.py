@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 # tests/e2e/audit_harness.py: the machinery of tests/e2e/test_audit.py.
 # Running train_gpt (one process, or under mpirun with each rank's exit
 # status reported) under a hard time limit that kills the whole process
@@ -50,7 +49,10 @@ def finish(p, limit, t0):
         out, err = p.communicate(timeout=max(1.0, limit - (time.time() - t0)))
         return Run(p.returncode, out, err, False, time.time() - t0)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:  # ended in the meantime
+            pass
         out, err = p.communicate()
         return Run(p.returncode, out, err, True, time.time() - t0)
 
