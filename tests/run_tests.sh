@@ -29,9 +29,10 @@
 #                over two hosts.
 #                Needs: Open MPI (2 cores are enough: ranks oversubscribe).
 #   e2e          tests/e2e/: the trainer as a user runs it: determinism,
-#                resume, learning, every error path, recompute modes,
-#                checkpoints, the memory check, the planner against measured
-#                runs. Needs: Open MPI for its multi-rank cases.
+#                resume, learning, every error path, the robustness audit
+#                (bad inputs and faults, each outcome classified), recompute
+#                modes, checkpoints, the memory check, the planner against
+#                measured runs. Needs: Open MPI for its multi-rank cases.
 #   cuda         the CUDA code compiles (the trainer's backend and the
 #                dev/cuda kernel lab); with a GPU, test_gpt on the CUDA
 #                backend joins the reference tier. Needs: nvcc.
@@ -205,6 +206,7 @@ distributed_tier() {
 e2e_tier() {
     tier "e2e: the trainer as a user runs it (tests/e2e)"
     run test_train "$PY" tests/e2e/test_train.py
+    run test_audit "$PY" tests/e2e/test_audit.py
     if [[ -z $HAVE_MPI ]]; then
         echo "(mpirun not found: test_memory and test_planner skipped; scripts/setup.sh installs Open MPI)"
         return
