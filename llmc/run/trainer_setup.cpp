@@ -26,6 +26,7 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
     setup_check(cfg.total_batch == -1 || cfg.total_batch > 0,
                 "flag -d: " + std::to_string(cfg.total_batch) + " tokens per step (give a positive count, or -1 for B*T)");
+    setup_check(cfg.max_steps != 0, "flag -x: 0 optimizer steps (give a positive count, or -1 for one epoch)");
     setup_check(cfg.eps > 0, "flag --eps: AdamW's epsilon must be positive (0 divides by zero where v is 0)");
     if (main_rank && cfg.checkpoint_every > 0 && cfg.output_dir.empty())
         std::fprintf(stderr, "train_gpt: warning: -n %d without -o: no checkpoints will be written\n",
