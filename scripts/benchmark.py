@@ -65,6 +65,12 @@ def main():
     print(f"figure bytes_moved_per_step {sum(comm.values())} B")
     print(f"figure model_state_bytes_per_rank {state} B")
     print(f"figure activation_bytes_per_rank {acts} B")
+    # The step's recorded regions (CUDA graphs under LLMC_CUDA_GRAPH=1): how
+    # many were recorded and how many passes replayed one.
+    graphs = re.search(r"^step graphs: (\d+) recorded, (\d+) replays", p.stdout, re.M)
+    if graphs:
+        print(f"figure step_graphs_recorded {graphs.group(1)} graphs")
+        print(f"figure step_graph_replays {graphs.group(2)} replays")
     bubble = re.search(r"pipeline bubble \(.*\): (.*); formula \(pp-1\)/\(m\*vpp\) = ([0-9.]+)", p.stdout)
     if bubble:
         for stage, value in re.findall(r"stage (\d+) ([0-9.]+)", bubble.group(1)):
