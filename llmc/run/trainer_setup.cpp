@@ -192,6 +192,9 @@ void Trainer::build(Backend& b, ModelStack* stack) {
 void Trainer::check_memory() {
     const size_t budget = (size_t)(cfg.memory_budget * 1024 * 1024);
     const size_t avail = budget ? budget : be->free_memory(dist_local_size());
+    const std::string where = budget ? "--memory-budget " + human_bytes((double)budget)
+                               : std::string("the ") + be->name() + " device's free memory, " + human_bytes((double)avail) +
+                                     (std::string(be->name()) == "cpu" ? " (available RAM shared by the node's ranks)" : "");
     // Before anything is built (a model of 10^8 layers would exhaust the
     // host building its tensor table): a floor no layout goes below, every
     // rank's part of the query and output projections (2·L·C² at least, in
@@ -202,10 +205,7 @@ void Trainer::check_memory() {
         dist_world_size();
     setup_check(avail == 0 || floor_bytes <= (double)avail,
                 "out of memory: flag -e '" + cfg.model + "': each of the " + std::to_string(dist_world_size()) +
-                    " rank(s) would hold at least " + human_bytes(floor_bytes) + " of weights, more than " +
-                    (budget ? "--memory-budget " + human_bytes((double)budget)
-                            : std::string("the ") + be->name() + " device's free memory, " +
-                                  human_bytes((double)avail)));
+                    " rank(s) would hold at least " + human_bytes(floor_bytes) + " of weights, more than " + where);
     MeasureBackend mb(*be);
     std::string held;
     size_t snapshot = 0;  // --async-checkpoint's host copy of the shard
@@ -219,9 +219,6 @@ void Trainer::check_memory() {
     // The CPU backend's memory is the host's: the snapshot comes out of the
     // same RAM. A GPU's free memory does not hold it.
     const size_t need = mb.bytes_peak() + (std::string(be->name()) == "cpu" ? snapshot : 0);
-    std::string where = budget ? "--memory-budget " + human_bytes((double)budget)
-                               : std::string("the ") + be->name() + " device's free memory, " + human_bytes((double)avail) +
-                                     (std::string(be->name()) == "cpu" ? " (available RAM shared by the node's ranks)" : "");
     setup_check(avail == 0 || need <= avail, "out of memory: rank " + std::to_string(rank) + " would hold " +
                                                  human_bytes((double)need) + ", more than " + where + " [" +
                                                  held.substr(held.find(':') + 2) + "]");
