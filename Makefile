@@ -19,8 +19,13 @@ ARCH     := $(shell uname -m)-linux-gnu
 comma    := ,
 BLAS_DIR ?= $(firstword $(wildcard /usr/lib/$(ARCH)/openblas-openmp /usr/lib/$(ARCH)/openblas-pthread))
 BLAS_INC ?= $(firstword $(wildcard /usr/include/$(ARCH)/openblas-openmp /usr/include/$(ARCH)/openblas-pthread /usr/include/openblas))
+# The CPU ops' loops are written for the compiler's vectoriser: -march=native
+# lets it use this machine's widest SIMD (AVX2, AVX-512). A binary built for
+# another machine (scripts/gpu/bundle.sh) sets CPU_ARCH to a baseline the
+# other machine surely has.
+CPU_ARCH ?= -march=native
 CXXFLAGS ?= -O3
-CXXFLAGS += -std=c++17 -Wall -Wextra -fopenmp -I. $(if $(BLAS_INC),-I$(BLAS_INC)) $(MPI_DEF)
+CXXFLAGS += $(CPU_ARCH) -std=c++17 -Wall -Wextra -fopenmp -I. $(if $(BLAS_INC),-I$(BLAS_INC)) $(MPI_DEF)
 BLAS_RPATH := -Wl,-rpath,$(BLAS_DIR)
 ifneq ($(BLAS_INC),)
 LDLIBS   += $(if $(BLAS_DIR),-L$(BLAS_DIR) $(BLAS_RPATH)) -lopenblas -lm

@@ -1,8 +1,9 @@
-// llmc/backend/cpu_attention.h: the CPU reference of softmax attention
-// (part of cpu_ops.h, which includes it): forward and backward, and the
-// ring-attention blocks, naive loops in the element type F, deterministic
-// like the other CPU ops (each output written by one thread in a fixed
-// order).
+// llmc/backend/cpu_attention.h: softmax attention on the CPU (part of
+// cpu_ops.h, which includes it): forward and backward, and the
+// ring-attention blocks, in the element type F. The block algorithm of the
+// GPU kernels with its products done by gemm on tiles of 64 query rows;
+// deterministic like the other CPU ops (each output written by one thread
+// in a fixed order).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -10,65 +11,85 @@
 #include <vector>
 
 #include "llmc/backend/backend.h"
+#include "llmc/backend/cpu_gemm.h"
+#include "llmc/backend/cpu_math.h"
 
 namespace cpu {
 
 // Visible keys for query i: all, or 0..i when causal.
 inline int attn_keys(const AttnShape& s, int i) { return s.causal ? i + 1 : s.Tk; }
 
-// Scores, softmax and weighted sum of one query row over its visible keys:
-// writes the row's output (normalised) and returns its log-sum-exp.
-template <typename F>
-F attention_row(F* o, const F* qi, const F* k, const F* v, const AttnShape& s, int b, int h, int i, std::vector<F>& p) {
-    int nk = attn_keys(s, i);
-    const size_t kh = (size_t)s.kv_head(h) * s.HS;
-    F mx = -INFINITY;
-    for (int j = 0; j < nk; j++) {
-        const F* kj = k + b * s.kb() + (size_t)j * s.kv_stride + kh;
-        F dot = 0;
-        for (int d = 0; d < s.HS; d++) dot += qi[d] * kj[d];
-        p[j] = dot * F(s.scale);
-        mx = std::max(mx, p[j]);
-    }
-    F sum = 0;
-    for (int j = 0; j < nk; j++) {
-        p[j] = std::exp(p[j] - mx);
-        sum += p[j];
-    }
-    for (int d = 0; d < s.HS; d++) o[d] = 0;
-    for (int j = 0; j < nk; j++) {
-        const F* vj = v + b * s.kb() + (size_t)j * s.kv_stride + kh;
-        F pj = p[j] / sum;
-        for (int d = 0; d < s.HS; d++) o[d] += pj * vj[d];
-    }
-    return mx + std::log(sum);
-}
+// Query rows per tile: the scores of one tile against every key it sees
+// (kAttnTile x Tk) are one matrix product, so the work is done by sgemm/dgemm
+// rather than by dot-product loops; 64 rows keep a tile's scores in the
+// cache for T up to a few thousand.
+constexpr int kAttnTile = 64;
 
-// Ring-attention block forward: the block's rows merged into (out, lse) by
-// log-sum-exp (stable form of docs/design.md section 5's formula).
+// One tile's geometry: rows i0..i0+mi-1 of query head h in batch b, which
+// see keys 0..nk-1 at most (causal: the tile's last row sees i0+mi keys).
+struct AttnTile {
+    int i0, mi, nk;
+    AttnTile(const AttnShape& s, int tile) {
+        i0 = tile * kAttnTile;
+        mi = std::min(kAttnTile, s.Tq - i0);
+        nk = s.causal ? i0 + mi : s.Tk;
+    }
+};
+inline int attn_tiles(const AttnShape& s) { return (s.Tq + kAttnTile - 1) / kAttnTile; }
+
+// Ring-attention block forward: per tile, scores S = scale·Q·Kᵀ (one gemm),
+// a row softmax over each row's visible keys (the rest set to 0), the
+// block's output P·V (a second gemm) and its log-sum-exp; merged into
+// (out, lse) by log-sum-exp (the stable form of docs/design.md section 5's
+// formula) unless this is the first block. Every tile is written by one
+// thread, so the result does not depend on the schedule.
 template <typename F>
 void attention_block_forward(F* out, F* lse, const F* q, const F* k, const F* v, const AttnShape& s, bool first) {
+    const int tiles = attn_tiles(s);
 #pragma omp parallel
     {
-        std::vector<F> p(s.Tk), ob(s.HS);
-#pragma omp for schedule(static) collapse(2)
+        std::vector<F> sc((size_t)kAttnTile * s.Tk), ob((size_t)kAttnTile * s.HS);
+        F lb[kAttnTile];
+#pragma omp for schedule(dynamic) collapse(3)
         for (int b = 0; b < s.B; b++)
             for (int h = 0; h < s.NH; h++)
-                for (int i = 0; i < s.Tq; i++) {
-                    const F* qi = q + b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
-                    F* oi = out + b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
-                    F& L = lse[b * s.lb() + h * s.lh() + i];
-                    F lb = attention_row(ob.data(), qi, k, v, s, b, h, i, p);
-                    if (first) {
-                        for (int d = 0; d < s.HS; d++) oi[d] = ob[d];
-                        L = lb;
-                        continue;
+                for (int tile = 0; tile < tiles; tile++) {
+                    const AttnTile t(s, tile);
+                    const size_t kvo = b * s.kb() + (size_t)s.kv_head(h) * s.HS;
+                    const F* qt = q + b * s.qb() + (size_t)t.i0 * s.q_stride + (size_t)h * s.HS;
+                    gemm(false, true, t.mi, t.nk, s.HS, F(s.scale), qt, (int)s.q_stride, k + kvo, (int)s.kv_stride,
+                         F(0), sc.data(), t.nk);
+                    for (int r = 0; r < t.mi; r++) {
+                        F* p = sc.data() + (size_t)r * t.nk;
+                        const int nr = attn_keys(s, t.i0 + r);
+                        F mx = -INFINITY;
+                        for (int j = 0; j < nr; j++) mx = std::max(mx, p[j]);
+                        for (int j = 0; j < nr; j++) p[j] = vexp(p[j] - mx);
+                        F sum = 0;
+                        for (int j = 0; j < nr; j++) sum += p[j];
+                        const F inv = F(1) / sum;
+                        for (int j = 0; j < nr; j++) p[j] *= inv;
+                        for (int j = nr; j < t.nk; j++) p[j] = 0;
+                        lb[r] = mx + std::log(sum);
                     }
-                    F mx = std::max(L, lb);
-                    F ln = mx + std::log(std::exp(L - mx) + std::exp(lb - mx));
-                    F wa = std::exp(L - ln), wb = std::exp(lb - ln);
-                    for (int d = 0; d < s.HS; d++) oi[d] = oi[d] * wa + ob[d] * wb;
-                    L = ln;
+                    gemm(false, false, t.mi, s.HS, t.nk, F(1), sc.data(), t.nk, v + kvo, (int)s.kv_stride, F(0),
+                         ob.data(), s.HS);
+                    for (int r = 0; r < t.mi; r++) {
+                        const int i = t.i0 + r;
+                        F* oi = out + b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
+                        const F* o = ob.data() + (size_t)r * s.HS;
+                        F& L = lse[b * s.lb() + h * s.lh() + i];
+                        if (first) {
+                            for (int d = 0; d < s.HS; d++) oi[d] = o[d];
+                            L = lb[r];
+                            continue;
+                        }
+                        F mx = std::max(L, lb[r]);
+                        F ln = mx + std::log(std::exp(L - mx) + std::exp(lb[r] - mx));
+                        F wa = std::exp(L - ln), wb = std::exp(lb[r] - ln);
+                        for (int d = 0; d < s.HS; d++) oi[d] = oi[d] * wa + o[d] * wb;
+                        L = ln;
+                    }
                 }
     }
 }
@@ -80,46 +101,52 @@ void attention_forward(F* out, F* lse, const F* q, const F* k, const F* v, const
 }
 
 // Gradients of one block (dq with q's strides, dk/dv with k's), accumulated.
-// Each (b, kv head) owns its slices of dk and dv, and the query heads of its
-// group run one after the other inside it, so there are no races and every
-// sum runs in a fixed order.
+// Per query tile: P = exp(scale·Q·Kᵀ - lse) recomputed, dP = dO·Vᵀ,
+// dS = P∘(dP - rowsum(dO∘O))·scale, then dQ += dS·K, dK += dSᵀ·Q and
+// dV += Pᵀ·dO, five gemms. Each (b, kv head) owns its slices of dk and dv,
+// and the query heads of its group and their tiles run one after the other
+// inside it, so there are no races and every sum runs in a fixed order.
 template <typename F>
 void attention_block_backward(F* dq, F* dk, F* dv, const F* dout, const F* q, const F* k, const F* v, const F* out,
                               const F* lse, const AttnShape& s) {
-    const int G = s.kv_heads(), per = s.NH / G;
-#pragma omp parallel for schedule(static) collapse(2)
-    for (int b = 0; b < s.B; b++)
-        for (int g = 0; g < G; g++)
-            for (int h = g * per; h < (g + 1) * per; h++)
-                for (int i = 0; i < s.Tq; i++) {
-                    size_t qo = b * s.qb() + (size_t)i * s.q_stride + (size_t)h * s.HS;
-                    size_t oo = b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS;
-                    const F* qi = q + qo;
-                    const F* oi = out + oo;
-                    const F* doi = dout + oo;
-                    F* dqi = dq + qo;
-                    F L = lse[b * s.lb() + h * s.lh() + i];
-                    F D = 0;
-                    for (int d = 0; d < s.HS; d++) D += doi[d] * oi[d];
-                    int nk = attn_keys(s, i);
-                    for (int j = 0; j < nk; j++) {
-                        size_t kvo = b * s.kb() + (size_t)j * s.kv_stride + (size_t)g * s.HS;
-                        const F* kj = k + kvo;
-                        const F* vj = v + kvo;
-                        F dot = 0, dp = 0;
-                        for (int d = 0; d < s.HS; d++) {
-                            dot += qi[d] * kj[d];
-                            dp += doi[d] * vj[d];
+    const int G = s.kv_heads(), per = s.NH / G, tiles = attn_tiles(s);
+    const int qs = (int)s.q_stride, ks = (int)s.kv_stride, os = (int)s.o_stride;
+#pragma omp parallel
+    {
+        std::vector<F> pm((size_t)kAttnTile * s.Tk), ds((size_t)kAttnTile * s.Tk);
+#pragma omp for schedule(dynamic) collapse(2)
+        for (int b = 0; b < s.B; b++)
+            for (int g = 0; g < G; g++) {
+                const size_t kvo = b * s.kb() + (size_t)g * s.HS;
+                for (int h = g * per; h < (g + 1) * per; h++)
+                    for (int tile = 0; tile < tiles; tile++) {
+                        const AttnTile t(s, tile);
+                        const size_t qo = b * s.qb() + (size_t)t.i0 * s.q_stride + (size_t)h * s.HS;
+                        const size_t oo = b * s.ob() + (size_t)t.i0 * s.o_stride + (size_t)h * s.HS;
+                        gemm(false, true, t.mi, t.nk, s.HS, F(s.scale), q + qo, qs, k + kvo, ks, F(0), pm.data(),
+                             t.nk);
+                        gemm(false, true, t.mi, t.nk, s.HS, F(1), dout + oo, os, v + kvo, ks, F(0), ds.data(), t.nk);
+                        for (int r = 0; r < t.mi; r++) {
+                            const int i = t.i0 + r, nr = attn_keys(s, i);
+                            const F* oi = out + oo + (size_t)r * s.o_stride;
+                            const F* doi = dout + oo + (size_t)r * s.o_stride;
+                            const F L = lse[b * s.lb() + h * s.lh() + i];
+                            F D = 0;
+                            for (int d = 0; d < s.HS; d++) D += doi[d] * oi[d];
+                            F* p = pm.data() + (size_t)r * t.nk;
+                            F* dsr = ds.data() + (size_t)r * t.nk;
+                            for (int j = 0; j < nr; j++) {
+                                p[j] = vexp(p[j] - L);
+                                dsr[j] = p[j] * (dsr[j] - D) * F(s.scale);
+                            }
+                            for (int j = nr; j < t.nk; j++) p[j] = dsr[j] = 0;
                         }
-                        F p = std::exp(dot * F(s.scale) - L);
-                        F ds = p * (dp - D) * F(s.scale);
-                        for (int d = 0; d < s.HS; d++) {
-                            dqi[d] += ds * kj[d];
-                            dk[kvo + d] += ds * qi[d];
-                            dv[kvo + d] += p * doi[d];
-                        }
+                        gemm(false, false, t.mi, s.HS, t.nk, F(1), ds.data(), t.nk, k + kvo, ks, F(1), dq + qo, qs);
+                        gemm(true, false, t.nk, s.HS, t.mi, F(1), ds.data(), t.nk, q + qo, qs, F(1), dk + kvo, ks);
+                        gemm(true, false, t.nk, s.HS, t.mi, F(1), pm.data(), t.nk, dout + oo, os, F(1), dv + kvo, ks);
                     }
-                }
+            }
+    }
 }
 
 // Full attention backward: zero the gradients, then one block.

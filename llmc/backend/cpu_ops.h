@@ -9,9 +9,6 @@
 // per thread), and BLAS gemm does not split the inner dimension, so the same
 // inputs give the same bits run to run.
 #pragma once
-#ifndef LLMC_NO_BLAS
-#include <cblas.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -20,92 +17,15 @@
 
 #include "llmc/backend/backend.h"
 #include "llmc/backend/cpu_attention.h"
+#include "llmc/backend/cpu_gemm.h"
+#include "llmc/backend/cpu_math.h"
 
 namespace cpu {
 
-// ---- BLAS dispatch (row-major) ---------------------------------------------
-#ifndef LLMC_NO_BLAS
-inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-                 int ldb, float beta, float* C, int ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-                lda, B, ldb, beta, C, ldc);
-}
-inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
-                 int ldb, double beta, double* C, int ldc) {
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-                lda, B, ldb, beta, C, ldc);
-}
-#else
-// Without a BLAS (e.g. on a GPU machine whose image has none, where the CPU
-// backend serves tests and references at real sizes): a blocked product.
-// Each tile of C is owned by one thread; per block of KC inner elements the
-// rows of op(A) and the columns of op(B) it needs are copied into contiguous
-// panels, so the inner loop is a dot product over contiguous memory, four at
-// a time (2x2 outputs share their loads). Every C element is summed in the
-// same order whatever the thread count: deterministic, like the BLAS path.
-template <typename F>
-void gemm(bool ta, bool tb, int M, int N, int K, F alpha, const F* A, int lda, const F* B, int ldb, F beta, F* C,
-          int ldc) {
-    constexpr int MC = 64, NC = 64, KC = 256;
-    const int mt = (M + MC - 1) / MC, nt = (N + NC - 1) / NC;
-#pragma omp parallel
-    {
-        std::vector<F> ap((size_t)MC * KC), bp((size_t)NC * KC), acc((size_t)MC * NC);
-#pragma omp for schedule(static) collapse(2)
-        for (int ib = 0; ib < mt; ib++)
-            for (int jb = 0; jb < nt; jb++) {
-                const int i0 = ib * MC, j0 = jb * NC, mi = std::min(MC, M - i0), nj = std::min(NC, N - j0);
-                std::fill(acc.begin(), acc.end(), F(0));
-                for (int k0 = 0; k0 < K; k0 += KC) {
-                    const int kk = std::min(KC, K - k0);
-                    // ap[i][k] = op(A)[i0+i][k0+k], bp[j][k] = op(B)[k0+k][j0+j]
-                    if (ta) {
-                        for (int k = 0; k < kk; k++)
-                            for (int i = 0; i < mi; i++) ap[(size_t)i * kk + k] = A[(size_t)(k0 + k) * lda + i0 + i];
-                    } else {
-                        for (int i = 0; i < mi; i++)
-                            for (int k = 0; k < kk; k++) ap[(size_t)i * kk + k] = A[(size_t)(i0 + i) * lda + k0 + k];
-                    }
-                    if (tb) {
-                        for (int j = 0; j < nj; j++)
-                            for (int k = 0; k < kk; k++) bp[(size_t)j * kk + k] = B[(size_t)(j0 + j) * ldb + k0 + k];
-                    } else {
-                        for (int k = 0; k < kk; k++)
-                            for (int j = 0; j < nj; j++) bp[(size_t)j * kk + k] = B[(size_t)(k0 + k) * ldb + j0 + j];
-                    }
-                    for (int i = 0; i < mi; i += 2)
-                        for (int j = 0; j < nj; j += 2) {
-                            // A last odd row or column repeats its neighbour; its sums are dropped.
-                            const F* a0 = &ap[(size_t)i * kk];
-                            const F* a1 = i + 1 < mi ? a0 + kk : a0;
-                            const F* b0 = &bp[(size_t)j * kk];
-                            const F* b1 = j + 1 < nj ? b0 + kk : b0;
-                            F s00 = 0, s01 = 0, s10 = 0, s11 = 0;
-#pragma omp simd reduction(+ : s00, s01, s10, s11)
-                            for (int k = 0; k < kk; k++) {
-                                s00 += a0[k] * b0[k];
-                                s01 += a0[k] * b1[k];
-                                s10 += a1[k] * b0[k];
-                                s11 += a1[k] * b1[k];
-                            }
-                            F* r0 = &acc[(size_t)i * NC + j];
-                            r0[0] += s00;
-                            if (j + 1 < nj) r0[1] += s01;
-                            if (i + 1 < mi) {
-                                r0[NC] += s10;
-                                if (j + 1 < nj) r0[NC + 1] += s11;
-                            }
-                        }
-                }
-                for (int i = 0; i < mi; i++)
-                    for (int j = 0; j < nj; j++) {
-                        F& c = C[(size_t)(i0 + i) * ldc + j0 + j];
-                        c = alpha * acc[(size_t)i * NC + j] + (beta == F(0) ? F(0) : beta * c);
-                    }
-            }
-    }
-}
-#endif
+// Sums over rows into one value per column (parameter gradients of the
+// norms and embeddings) run over blocks of this many columns: each thread
+// owns a block, reads its rows contiguously, and adds in row order.
+constexpr int kColBlock = 64;
 
 // ---- embeddings --------------------------------------------------------------
 template <typename F>
@@ -121,19 +41,26 @@ void encoder_forward(F* out, const int* tokens, const int* pos, const F* wte, co
     }
 }
 
-// Gradient rows are gathered per parameter row (parallel over channels), so
-// each row's sum runs over tokens in a fixed order.
+// Gradient rows are gathered per parameter row (parallel over blocks of
+// channels), so each row's sum runs over tokens in a fixed order.
 template <typename F>
 void encoder_backward(F* dwte, F* dwpe, const F* dout, const int* tokens, const int* pos, int B, int T, int C,
                       int v_begin, int v_end) {
     const long N = (long)B * T;
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
+    for (int c0 = 0; c0 < C; c0 += kColBlock) {
+        const int c1 = std::min(C, c0 + kColBlock);
         for (long n = 0; n < N; n++) {
-            int id = tokens[n];
-            F g = dout[(size_t)n * C + c];
-            if (id >= v_begin && id < v_end) dwte[(size_t)(id - v_begin) * C + c] += g;
-            if (dwpe) dwpe[(size_t)pos[n % T] * C + c] += g;
+            const int id = tokens[n];
+            const F* g = dout + (size_t)n * C;
+            if (id >= v_begin && id < v_end) {
+                F* w = dwte + (size_t)(id - v_begin) * C;
+                for (int c = c0; c < c1; c++) w[c] += g[c];
+            }
+            if (dwpe) {
+                F* w = dwpe + (size_t)pos[n % T] * C;
+                for (int c = c0; c < c1; c++) w[c] += g[c];
+            }
         }
     }
 }
@@ -197,15 +124,22 @@ void layernorm_backward(F* dinp, F* dw, F* db, const F* dout, const F* inp, cons
         }
     }
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        F gw = 0, gb = 0;
+    for (int c0 = 0; c0 < C; c0 += kColBlock) {
+        const int c1 = std::min(C, c0 + kColBlock);
+        F gw[kColBlock] = {}, gb[kColBlock] = {};
         for (int n = 0; n < N; n++) {
-            F dy = dout[(size_t)n * C + c];
-            gw += (inp[(size_t)n * C + c] - mean[n]) * rstd[n] * dy;
-            gb += dy;
+            const F* dy = dout + (size_t)n * C;
+            const F* x = inp + (size_t)n * C;
+            const F m = mean[n], s = rstd[n];
+            for (int c = c0; c < c1; c++) {
+                gw[c - c0] += (x[c] - m) * s * dy[c];
+                gb[c - c0] += dy[c];
+            }
         }
-        dw[c] += gw;
-        db[c] += gb;
+        for (int c = c0; c < c1; c++) {
+            dw[c] += gw[c - c0];
+            db[c] += gb[c - c0];
+        }
     }
 }
 
@@ -245,10 +179,15 @@ void rmsnorm_backward(F* dinp, F* dw, const F* dout, const F* inp, const F* w, c
         for (int c = 0; c < C; c++) dx[c] += s * w[c] * dy[c] - x[c] * s * s * s * dot;
     }
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        F gw = 0;
-        for (int n = 0; n < N; n++) gw += inp[(size_t)n * C + c] * rstd[n] * dout[(size_t)n * C + c];
-        dw[c] += gw;
+    for (int c0 = 0; c0 < C; c0 += kColBlock) {
+        const int c1 = std::min(C, c0 + kColBlock);
+        F gw[kColBlock] = {};
+        for (int n = 0; n < N; n++) {
+            const F* x = inp + (size_t)n * C;
+            const F* dy = dout + (size_t)n * C;
+            for (int c = c0; c < c1; c++) gw[c - c0] += x[c] * rstd[n] * dy[c];
+        }
+        for (int c = c0; c < c1; c++) dw[c] += gw[c - c0];
     }
 }
 
@@ -281,7 +220,7 @@ void swiglu_forward(F* out, const F* gu, int N, int H) {
         const F* g = gu + (size_t)n * 2 * H;
         const F* u = g + H;
         F* o = out + (size_t)n * H;
-        for (int i = 0; i < H; i++) o[i] = g[i] / (F(1) + std::exp(-g[i])) * u[i];
+        for (int i = 0; i < H; i++) o[i] = g[i] / (F(1) + vexp(-g[i])) * u[i];
     }
 }
 
@@ -296,7 +235,7 @@ void swiglu_backward(F* dgu, const F* gu, const F* dout, int N, int H) {
         F* dg = dgu + (size_t)n * 2 * H;
         F* du = dg + H;
         for (int i = 0; i < H; i++) {
-            const F sg = F(1) / (F(1) + std::exp(-g[i]));
+            const F sg = F(1) / (F(1) + vexp(-g[i]));
             dg[i] = dy[i] * u[i] * sg * (F(1) + g[i] * (F(1) - sg));
             du[i] = dy[i] * g[i] * sg;
         }
@@ -320,11 +259,11 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
     gemm(true, false, OC, IC, N, F(1), dout, OC, inp, IC, F(1), dweight, IC);
     if (!dbias) return;
     // Column sums in blocks of 64 columns: contiguous reads, one owner per column.
-    const int blk = 64;
+    const int blk = kColBlock;
 #pragma omp parallel for schedule(static)
     for (int o0 = 0; o0 < OC; o0 += blk) {
         int o1 = std::min(OC, o0 + blk);
-        F acc[blk] = {};
+        F acc[kColBlock] = {};
         for (int n = 0; n < N; n++) {
             const F* row = dout + (size_t)n * OC;
             for (int o = o0; o < o1; o++) acc[o - o0] += row[o];
@@ -344,21 +283,21 @@ void add_bias(F* out, const F* bias, int N, int OC) {
 template <typename F>
 void gelu_forward(F* out, const F* inp, size_t n) {
     const F k = std::sqrt(F(2) / F(M_PI));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (long i = 0; i < (long)n; i++) {
         F x = inp[i];
-        out[i] = F(0.5) * x * (F(1) + std::tanh(k * (x + F(0.044715) * x * x * x)));
+        out[i] = F(0.5) * x * (F(1) + vtanh(k * (x + F(0.044715) * x * x * x)));
     }
 }
 
 template <typename F>
 void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
     const F k = std::sqrt(F(2) / F(M_PI));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (long i = 0; i < (long)n; i++) {
         F x = inp[i];
         F u = k * (x + F(0.044715) * x * x * x);
-        F t = std::tanh(u);
+        F t = vtanh(u);
         F sech2 = F(1) - t * t;
         F grad = F(0.5) * (F(1) + t) + F(0.5) * x * sech2 * k * (F(1) + F(3) * F(0.044715) * x * x);
         dinp[i] = grad * dout[i];
@@ -383,12 +322,23 @@ void softmax_crossentropy(F* logits, F* losses, const int* targets, double dloss
         F* row = logits + (size_t)n * Vp;
         F mx = -INFINITY;
         for (int i = 0; i < V; i++) mx = std::max(mx, row[i]);
+        const int t = targets[n];
+        const F target = row[t];
+        // e^(x - max) in chunks (the exps vectorise, the sum runs in order),
+        // kept in the row when the gradient is wanted.
         F sum = 0;
-        for (int i = 0; i < V; i++) sum += std::exp(row[i] - mx);
-        int t = targets[n];
-        losses[n] = std::log(sum) + mx - row[t];
+        for (int i0 = 0; i0 < V; i0 += 256) {
+            F buf[256];
+            F* e = write_grad ? row + i0 : buf;
+            const int m = std::min(256, V - i0);
+            for (int i = 0; i < m; i++) e[i] = vexp(row[i0 + i] - mx);
+            for (int i = 0; i < m; i++) sum += e[i];
+        }
+        losses[n] = std::log(sum) + mx - target;
         if (!write_grad) continue;
-        for (int i = 0; i < V; i++) row[i] = (std::exp(row[i] - mx) / sum - (i == t ? F(1) : F(0))) * F(dloss);
+        const F scale = F(dloss) / sum;
+        for (int i = 0; i < V; i++) row[i] *= scale;
+        row[t] -= F(dloss);
         for (int i = V; i < Vp; i++) row[i] = 0;
     }
 }
@@ -419,7 +369,12 @@ void crossentropy_sumexp(const F* logits, const F* row_max, F* sumexp, int N, in
     for (int n = 0; n < N; n++) {
         const F* row = logits + (size_t)n * Vl;
         F s = 0;
-        for (int j = 0; j < nv; j++) s += std::exp(row[j] - row_max[n]);
+        for (int j0 = 0; j0 < nv; j0 += 256) {  // as softmax_crossentropy: exps vectorised, sum in order
+            F buf[256];
+            const int m = std::min(256, nv - j0);
+            for (int j = 0; j < m; j++) buf[j] = vexp(row[j0 + j] - row_max[n]);
+            for (int j = 0; j < m; j++) s += buf[j];
+        }
         sumexp[n] = s;
     }
 }
@@ -434,8 +389,9 @@ void crossentropy_finish(F* logits, F* losses, const int* targets, const F* row_
         if (!write_grad) continue;
         F* row = logits + (size_t)n * Vl;
         int t = targets[n] - v_begin;
-        for (int j = 0; j < nv; j++)
-            row[j] = (std::exp(row[j] - row_max[n]) / sumexp[n] - (j == t ? F(1) : F(0))) * F(dloss);
+        const F scale = F(dloss) / sumexp[n], mx = row_max[n];
+        for (int j = 0; j < nv; j++) row[j] = vexp(row[j] - mx) * scale;
+        if (t >= 0 && t < nv) row[t] -= F(dloss);
         for (int j = nv; j < Vl; j++) row[j] = 0;
     }
 }

@@ -129,14 +129,15 @@ fi
 # 4. With --prebuilt: every binary the checks run, built here for sm_90
 # (H100, H200) against the bundled Open MPI and OpenBLAS, in a scratch copy
 # of this tree (and llm.c's train_gpt2cu, without NVML, when its sources
-# are bundled); scripts/gpu/check.sh uses them when they match its sources
+# are bundled; CPU code for any x86-64 with AVX2, x86-64-v3, not this
+# machine's -march=native); scripts/gpu/check.sh uses them when they match its sources
 # and their libraries resolve there, and builds otherwise.
 if [[ $PREBUILT == 1 ]]; then
     S=$(mktemp -d /tmp/llmc_prebuilt_XXXXXX)
     git ls-files -z | xargs -0 cp --parents -t "$S"
     git ls-files -z --others --exclude-standard | xargs -0 -r cp --parents -t "$S"
     mkdir -p "$S/build/gpu" && cp -r "$OUTDIR" "$S/build/gpu/bundle"
-    (cd "$S" && LLMC_BUNDLED_MPI=1 LLMC_BUNDLED_BLAS=1 CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
+    (cd "$S" && LLMC_BUNDLED_MPI=1 LLMC_BUNDLED_BLAS=1 CPU_ARCH=-march=x86-64-v3 CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
         bash scripts/gpu/check.sh __build) || { echo "bundle.sh: the sm_90 build failed (see $S)" >&2; exit 1; }
     LLMC_BIN=()
     if [[ -n $LLMC ]]; then
