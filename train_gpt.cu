@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     setup_check(parser.parse(argc, argv, &help, &err), err);
     check_same_flags(parser, help);
     if (help) {
-        if (r.main_rank) std::printf("%s", parser.usage().c_str());
+        if (r.main_rank) std::printf("%s%s", parser.usage().c_str(), train_examples());
         dist_finalize();
         return 0;
     }
@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
             StepMetrics m = r.train_step(step);
             if (r.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
             if (r.main_rank && !r.metrics.write(m, &err)) end_job(err);
+            r.note_step(m);
             if (r.due(cfg.sample_every, step)) r.sample();
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
             else if (r.async_ckpt) r.complete_checkpoint(false);

@@ -1,10 +1,12 @@
 // llmc/base/args.cpp: see args.h.
 #include "llmc/base/args.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 std::string option_value_string(const Option& o) {
     std::ostringstream s;
@@ -68,6 +70,38 @@ bool ArgParser::set(const Option& o, const std::string& flag, const std::string&
 }
 
 // A word strtod reads whole ("-5", "-1e-3"): a value, not a flag.
+// Edit distance (insertions, deletions, substitutions) between two words.
+static size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); j++) row[j] = j;
+    for (size_t i = 1; i <= a.size(); i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); j++) {
+            const size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+
+// The known flag closest to an unknown one ("--lrr" -> "--lr"), or "" when
+// none is within a third of its length (at least 1, at most 3 edits).
+std::string ArgParser::nearest_flag(const std::string& flag) const {
+    std::string word = flag.substr(0, flag.find('='));
+    while (!word.empty() && word[0] == '-') word.erase(0, 1);
+    if (word.empty()) return "";
+    const size_t limit = std::min<size_t>(3, std::max<size_t>(1, word.size() / 3));
+    std::string best;
+    size_t best_d = limit + 1;
+    for (const Option& o : options_) {
+        const size_t d = edit_distance(word, o.name);
+        if (d < best_d) best_d = d, best = std::string("--") + o.name;
+    }
+    return best;
+}
+
 static bool looks_numeric(const char* w) {
     char* end = nullptr;
     std::strtod(w, &end);
@@ -100,7 +134,8 @@ bool ArgParser::parse(int argc, char** argv, bool* help, std::string* err) {
                 if (o.letter && a[1] == o.letter) opt = &o;
         }
         if (!opt) {
-            *err = "unknown flag '" + a + "' (see --help)";
+            const std::string near = nearest_flag(a);
+            *err = "unknown flag '" + a + "'" + (near.empty() ? "" : ": did you mean " + near + "?") + " (see --help)";
             return false;
         }
         if (!has_value) {

@@ -37,6 +37,7 @@ class ArgParser {
 
   private:
     bool set(const Option& o, const std::string& flag, const std::string& value, std::string* err);
+    std::string nearest_flag(const std::string& flag) const;
     std::string program_, summary_;
     std::vector<Option> options_;
     std::vector<std::string> given_;

@@ -20,15 +20,20 @@ bool check_world(const Layout& l, std::string* err) {
     };
     // The product in 64 bits: --tp 65536 --cp 65536 would wrap an int to 0.
     const long long world = l.world, ptc = (long long)l.tp * l.cp * l.pp;
+    // One process started for a parallel layout: the usual slip is a missing mpirun.
+    const std::string hint = world == 1 ? " (this is one process: start pp*tp*cp = " + std::to_string(ptc) +
+                                              " or a multiple with mpirun -np " + std::to_string(ptc) + " ./train_gpt ...)"
+                                        : "";
     if (l.pp > world)
         return fail("flag --pp: " + std::to_string(l.pp) + " stages is larger than the world size " +
-                    std::to_string(world));
+                    std::to_string(world) + hint);
     if (l.tp > world)
-        return fail("flag --tp: " + std::to_string(l.tp) + " is larger than the world size " + std::to_string(world));
+        return fail("flag --tp: " + std::to_string(l.tp) + " is larger than the world size " + std::to_string(world) +
+                    hint);
     if (ptc > world)
         return fail("flags --pp " + std::to_string(l.pp) + " --tp " + std::to_string(l.tp) + " --cp " +
                     std::to_string(l.cp) + ": pp*tp*cp = " + std::to_string(ptc) + " is larger than the world size " +
-                    std::to_string(world));
+                    std::to_string(world) + hint);
     if (world % ptc != 0)
         return fail(std::string(l.cp > 1 ? "flag --cp" : l.tp > 1 ? "flag --tp" : "flag --pp") + ": world size " +
                     std::to_string(world) + " is not a multiple of pp*tp*cp = " + std::to_string(ptc));
@@ -72,7 +77,16 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     if (micro > 1000000000LL)
         return fail("flag -d: " + std::to_string(l.total_batch) + " tokens per step is " + std::to_string(micro) +
                     " micro-steps of B*T*dp = " + std::to_string(rows_per_micro * l.T) + " tokens (at most 1e9)");
-    return pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err);
+    if (!pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err)) {
+        // Too few micro-batches for the pipeline: say which -d gives 4 per
+        // stage (bubble (pp-1)/(4·pp·vpp), under a fifth of the step).
+        if (micro < l.pp)
+            *err += " (-d is tokens per step, B*T*dp = " + std::to_string(rows_per_micro * l.T) +
+                    " per micro-batch: try -d " + std::to_string(rows_per_micro * l.T * 4 * l.pp) + ", " +
+                    std::to_string(4 * l.pp) + " micro-batches)";
+        return false;
+    }
+    return true;
 }
 
 size_t ModelStack::comm_bytes() const {

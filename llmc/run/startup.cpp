@@ -110,6 +110,12 @@ bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
         return read_model_header(cfg.model, mc, &version, err);
     }
     if (parse_model_spec(cfg.model, mc, err)) return true;
+    // No '=' and not dN: the user meant a path, and it is not there.
+    const std::string& m = cfg.model;
+    const bool descriptor = m.size() > 1 && m[0] == 'd' && m.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (m.find('=') == std::string::npos && !descriptor)
+        *err = "no such file or directory '" + m +
+               "' (a model is an llm.c model file, a Hugging Face directory, dN as d12, or sizes as L=4,C=128,NH=4,V=257)";
     *err = "flag -e: " + *err;
     return false;
 }

@@ -74,3 +74,17 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda; bf16 on cpu: the GPU's mixed precision, fp32 compute)", 0, 0,
            {"auto", "fp32", "fp64", "bf16"}});
 }
+
+const char* train_examples() {
+    return "\nmodels: GPT-2 (llm.c model files, GPT2LMHeadModel directories, dN or L=,C=,NH=,V=,T= sizes) and\n"
+           "Llama (LlamaForCausalLM directories, arch=llama sizes), randomly initialised or loaded.\n"
+           "\nexamples:\n"
+           "  ./train_gpt -o log_tiny                                  the default model on the embedded data\n"
+           "  ./train_gpt -e d12 -i 'data/fineweb/train_*.bin' -j 'data/fineweb/val_*.bin' -b 8 -t 1024 -d 524288\n"
+           "  ./train_gpt -e gpt2_124M.bin -x 100 -l 1e-4 -o ft        fine-tune an llm.c model file\n"
+           "  ./train_gpt -e path/to/hf_llama_dir --export-hf out_hf   load and export a Hugging Face directory\n"
+           "  mpirun -np 4 ./train_gpt -z 1 -o log_dp4                 data parallel, ZeRO-1, 4 ranks\n"
+           "  mpirun -np 4 ./train_gpt --tp 2 --sp 1 -z 1              tensor + sequence parallel x 2 data-parallel ranks\n"
+           "  mpirun -np 4 ./train_gpt --pp 2 --tp 2 -d 8192           pipeline x tensor parallel\n"
+           "  ./train_gpt --plan search -e d12 --world 64 -t 1024      choose a layout for 64 GPUs\n";
+}

@@ -68,3 +68,5 @@ struct TrainConfig {
 
 // Registers every option of cfg with the parser.
 void add_train_options(ArgParser& p, TrainConfig& cfg);
+// The examples --help prints after the options: a few whole commands.
+const char* train_examples();

@@ -84,6 +84,16 @@ struct Trainer {
     int stop_on_signal(int sig);
     int checkpointed_step = -1;
     std::string data_fingerprint;  // of the training data (checkpoints keep it)
+    // The end-of-run summary: what the steps of this launch did (note_step
+    // after each), printed by finish() with where the weights went.
+    struct RunTotals {
+        int steps = 0, best_val_step = -1;
+        unsigned long long first_tokens = 0, last_tokens = 0;
+        double ms = 0, mfu_ms = 0, best_val = 0, wall_start = 0;
+    } totals;
+    std::vector<std::string> weights_written_;
+    void note_step(const StepMetrics& m);
+    void print_summary() const;
     void finish();
     bool due(int every, int step) const { return every > 0 && ((step + 1) % every == 0 || step + 1 == cfg.max_steps); }
 };

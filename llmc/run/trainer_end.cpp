@@ -135,32 +135,83 @@ int Trainer::stop_on_signal(int sig) {
     return 128 + sig;
 }
 
-// The final weights as an llm.c model file, tensor by tensor: into -o (as
-// model_SSSSSSSS.bin) and to --export-model; and as a Hugging Face directory
-// to --export-hf.
+// The final weights, tensor by tensor: with -o, always in a form the
+// trainer and others load (GPT-2: llm.c's model_SSSSSSSS.bin; Llama, which
+// llm.c's files cannot hold: a Hugging Face directory hf_SSSSSSSS); and to
+// --export-model (llm.c file) and --export-hf (Hugging Face directory).
 void Trainer::export_weights() {
     const int version = s.model->precision().param == DType::BF16 ? 5 : 3;
-    std::vector<std::string> paths;
-    // llm.c's model files hold GPT-2 only; a Llama's weights are in the checkpoints.
-    if (!cfg.output_dir.empty() && !s.model->config().llama()) {
-        char name[32];
-        std::snprintf(name, sizeof(name), "/model_%08d.bin", st.step);
-        paths.push_back(cfg.output_dir + name);
+    std::vector<std::string> paths, hf_paths;
+    char name[32];
+    if (!cfg.output_dir.empty()) {
+        const bool llama = s.model->config().llama();
+        std::snprintf(name, sizeof(name), llama ? "/hf_%08d" : "/model_%08d.bin", st.step);
+        (llama ? hf_paths : paths).push_back(cfg.output_dir + name);
     }
     if (!cfg.export_model.empty()) paths.push_back(cfg.export_model);
+    if (!cfg.export_hf.empty()) hf_paths.push_back(cfg.export_hf);
     for (const std::string& p : paths) {
         if (!export_model(p, *s.model, owner(), version, &err)) end_job(err);
         if (main_rank) std::printf("model: %s\n", p.c_str());
+        weights_written_.push_back(p);
     }
-    if (!cfg.export_hf.empty()) {  // with the run's tokenizer.json, if it has one
-        const bool json = cfg.tokenizer.size() > 5 && cfg.tokenizer.compare(cfg.tokenizer.size() - 5, 5, ".json") == 0;
-        if (!export_hf(cfg.export_hf, *s.model, owner(), &err, json ? cfg.tokenizer : "")) end_job(err);
-        if (main_rank) std::printf("hugging face model: %s\n", cfg.export_hf.c_str());
+    // With the run's tokenizer.json, if it has one.
+    const bool json = cfg.tokenizer.size() > 5 && cfg.tokenizer.compare(cfg.tokenizer.size() - 5, 5, ".json") == 0;
+    for (const std::string& p : hf_paths) {
+        if (!export_hf(p, *s.model, owner(), &err, json ? cfg.tokenizer : "")) end_job(err);
+        if (main_rank) std::printf("hugging face model: %s\n", p.c_str());
+        weights_written_.push_back(p);
     }
 }
 
+static double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Trainer::note_step(const StepMetrics& m) {
+    if (totals.steps == 0) {
+        totals.first_tokens = m.tokens - (unsigned long long)cfg.total_batch;
+        totals.wall_start = now_seconds() - m.ms / 1e3;
+    }
+    totals.steps++;
+    totals.last_tokens = m.tokens;
+    totals.ms += m.ms;
+    totals.mfu_ms += m.mfu * m.ms;
+    if (m.val_loss >= 0 && (totals.best_val_step < 0 || m.val_loss < totals.best_val)) {
+        totals.best_val = m.val_loss;
+        totals.best_val_step = m.step;
+    }
+}
+
+static std::string duration(double s) {
+    char b[48];
+    if (s < 60) std::snprintf(b, sizeof b, "%.1f s", s);
+    else if (s < 3600) std::snprintf(b, sizeof b, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else std::snprintf(b, sizeof b, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
+    return b;
+}
+
+// One paragraph at the end: steps and tokens of this launch, wall time and
+// the time in training steps, mean tokens/s (and MFU on a GPU), the best
+// validation loss, and where the weights are.
+void Trainer::print_summary() const {
+    if (!main_rank || totals.steps == 0) return;
+    const unsigned long long tokens = totals.last_tokens - totals.first_tokens;
+    const double train_s = totals.ms / 1e3;
+    std::printf("run summary: %d steps, %llu tokens in %s (%s in training steps: %.0f tokens/s", totals.steps, tokens,
+                duration(now_seconds() - totals.wall_start).c_str(), duration(train_s).c_str(),
+                train_s > 0 ? tokens / train_s : 0.0);
+    if (totals.mfu_ms > 0) std::printf(", MFU %.1f%%", 100 * totals.mfu_ms / totals.ms);
+    std::printf(")");
+    if (totals.best_val_step >= 0) std::printf("; best val loss %.4f at step %d", totals.best_val, totals.best_val_step);
+    std::printf("\n");
+    if (weights_written_.empty())
+        std::printf("weights: not written (no -o, --export-model or --export-hf)\n");
+    for (const std::string& p : weights_written_) std::printf("weights: %s\n", p.c_str());
+}
+
 // End of the run: the replicas' agreement, the model export, the trace and
-// its bubble, memory.
+// its bubble, memory, the summary.
 void Trainer::finish() {
     complete_checkpoint(true);  // the last checkpoint on disk before anything else
     // Replicas of the tensor-parallel-replicated parameters must agree.
@@ -196,4 +247,5 @@ void Trainer::finish() {
                     rs.recorded ? "" : " (ZeRO-2/3, tp and cp communicate inside the forward and backward: no regions)");
     print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp,
                                  async_ckpt ? async_ckpt->host_bytes() : 0));
+    print_summary();
 }

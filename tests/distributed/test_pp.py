@@ -214,6 +214,12 @@ def test_errors(tmp):
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{extra}: rc={rc} {err[-300:]!r}")
         if lines:
             print(f"  {' '.join(extra)}: {lines[0]}")
+        # Too few micro-batches: the message suggests a -d with 4 per stage
+        # (B*T*dp = 2*T tokens per micro-batch here).
+        if extra == ["--pp", "2", "-d", "32"] and lines:
+            m = re.search(r"try -d (\d+), (\d+) micro-batches", lines[0])
+            check(m is not None and m.group(2) == "8" and int(m.group(1)) == 8 * 32,
+                  f"pp2 with one micro-batch suggests -d {8 * 32}: {lines[0]!r}")
 
 
 def suite(tmp):

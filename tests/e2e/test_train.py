@@ -74,6 +74,36 @@ def test_determinism(tmp):
     check([m["loss"] for m in metrics(os.path.join(tmp, "det_c"))] != la, "a different seed gave the same losses")
 
 
+def test_final_weights(tmp):
+    """With -o, every run leaves its final weights in a form -e loads: GPT-2 as
+    llm.c's model file, Llama (which llm.c files cannot hold) as a Hugging
+    Face directory; the summary names them; reloaded, the Llama directory
+    gives the loss a continued run sees (same weights, same first batch)."""
+    d = os.path.join(tmp, "weights_gpt2")
+    rc, out, err = run(SMALL + ["-x", "2", "-o", d])
+    path = os.path.join(d, "model_00000002.bin")
+    check(rc == 0 and os.path.isfile(path) and f"weights: {path}" in out, f"GPT-2 -o leaves model_00000002.bin: {err}")
+    check(re.search(r"^run summary: 2 steps, 256 tokens in ", out, re.M) is not None, f"run summary line: {out[-400:]!r}")
+    # --overfit 1: every step trains on the first batch, and -q 1 keeps the lr
+    # schedule the same for 3 and 4 steps, so the reloaded weights' first loss
+    # is the 4-step run's last one (the export is fp32).
+    llama = ["-e", "arch=llama,L=2,C=32,NH=4,NKV=2,F=48,V=257,T=64", "-b", "4", "-t", "32", "--device", "cpu",
+             "-v", "0", "-s", "0", "--dtype", "fp64", "--overfit", "1", "-q", "1"]
+    d = os.path.join(tmp, "weights_llama")
+    rc, out, err = run(llama + ["-x", "3", "-o", d])
+    hf = os.path.join(d, "hf_00000003")
+    check(rc == 0 and os.path.isfile(os.path.join(hf, "config.json")) and f"weights: {hf}" in out,
+          f"Llama -o leaves an HF directory: {err} {os.listdir(d) if os.path.isdir(d) else ''}")
+    d4 = os.path.join(tmp, "weights_llama4")
+    rc4, _, err4 = run(llama + ["-x", "4", "-o", d4])
+    e = os.path.join(tmp, "weights_llama_e")
+    rc, out, err = run(["-e", hf] + llama[2:] + ["-x", "1", "-o", e])
+    want = metrics(d4)[3]["loss"] if rc4 == 0 else None
+    got = metrics(e)[0]["loss"] if rc == 0 else None
+    check(got is not None and want is not None and abs(got - want) <= 1e-5 * abs(want),
+          f"reloaded Llama weights: loss {got} vs {want} ({err4[-200:]} {err[-200:]})")
+
+
 def test_resume(tmp, dtype):
     full, part = os.path.join(tmp, f"full_{dtype}"), os.path.join(tmp, f"part_{dtype}")
     args = SMALL + ["--dtype", dtype, "-x", "10", "-n", "4", "-d", "256", "-s", "3", "-g", "8", "-v", "5",
@@ -253,6 +283,22 @@ def test_errors(tmp):
               f"{extra}: rc={rc}, stderr={err!r}")
     rc, out, err = run(base + ["-i", bad_id], timeout=60)
     check("offset 100" in err, f"bad token id message lacks the offset: {err!r}")
+    # Messages that point at the fix: the nearest flag, the missing path, mpirun
+    # for a parallel layout in one process, and the -d a pipeline needs.
+    hints = [
+        (["--lrr", "1e-3"], "did you mean --lr?"),
+        (["--max-step", "3"], "did you mean --max-steps?"),
+        (["--zzzzzz", "3"], "unknown flag '--zzzzzz' (see --help)"),
+        (["-e", os.path.join(tmp, "no_such_dir")], "no such file or directory"),
+        (["--tp", "2"], "mpirun -np 2"),
+        (["--pp", "2", "--cp", "2"], "mpirun -np 4"),
+    ]
+    for extra, needle in hints:
+        rc, out, err = run(base + extra, timeout=60)
+        check(rc == 1 and needle in err and err.count("\n") == 1, f"{extra}: wanted {needle!r}: rc={rc} {err!r}")
+    rc, out, err = run(["--help"])
+    check("examples:" in out and "mpirun -np" in out and "Llama" in out and "GPT-2" in out,
+          "--help ends with examples and names GPT-2 and Llama")
     # An id far past what the run reaches (and away from the first and last
     # 256 tokens that the ranks' data fingerprint reads) still stops it
     # before the first step: the shards are read up front.
@@ -377,6 +423,7 @@ def main():
     try:
         test_errors(tmp)
         test_determinism(tmp)
+        test_final_weights(tmp)
         test_resume(tmp, "fp32")
         test_resume(tmp, "fp64")
         test_learning(tmp)
