@@ -68,6 +68,9 @@ struct Trainer {
     void read_micro_batch(DataLoader& dl, uint64_t first_row);
     void poison_gradients_for_test(int step);
     StepMetrics train_step(int step);
+    std::string progress(int step, unsigned long long tokens, double step_ms);
+    double progress_start_ = -1;  // wall time of this launch's first step
+    int progress_first_step_ = 0;
     double validate();
     void sample();
     void checkpoint();

@@ -38,6 +38,34 @@ void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
     s.cp->shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
 }
 
+// Progress after step `step`: tokens seen, wall time since this launch's
+// first step, the time left at the launch's pace so far (validation and
+// samples included), and this rank's device memory in use.
+std::string Trainer::progress(int step, unsigned long long tokens, double step_ms) {
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (progress_start_ < 0) {
+        progress_start_ = now - step_ms / 1e3;
+        progress_first_step_ = step;
+    }
+    const double elapsed = now - progress_start_;
+    const int done = step + 1 - progress_first_step_, left = cfg.max_steps - step - 1;
+    auto hms = [](double s) {
+        char b[32];
+        const long v = (long)(s + 0.5);
+        std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", v / 3600, v / 60 % 60, v % 60);
+        return std::string(b);
+    };
+    char tk[32], b[160];
+    const double x = (double)tokens;
+    if (x < 1e3) std::snprintf(tk, sizeof tk, "%.0f", x);
+    else if (x < 1e6) std::snprintf(tk, sizeof tk, "%.1fk", x / 1e3);
+    else if (x < 1e9) std::snprintf(tk, sizeof tk, "%.2fM", x / 1e6);
+    else std::snprintf(tk, sizeof tk, "%.2fG", x / 1e9);
+    std::snprintf(b, sizeof b, "%s tok | %s, ETA %s | mem %.1f MiB", tk, hms(elapsed).c_str(),
+                  hms(done > 0 ? elapsed / done * left : 0).c_str(), be->bytes_in_use() / 1048576.0);
+    return b;
+}
+
 // One optimizer step: the pipeline schedule runs the forwards and backwards
 // of the step's micro-batches (without pp: forward, backward, one after the
 // other), then the optimizer.
@@ -95,6 +123,7 @@ StepMetrics Trainer::train_step(int step) {
         std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, cfg.max_steps,
                     loss, m.lr, norm, ms, m.tokens_per_s);
         if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
+        std::printf(" | %s", progress(step, m.tokens, ms).c_str());
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
         std::printf("\n");
     }

@@ -84,6 +84,9 @@ def test_final_weights(tmp):
     path = os.path.join(d, "model_00000002.bin")
     check(rc == 0 and os.path.isfile(path) and f"weights: {path}" in out, f"GPT-2 -o leaves model_00000002.bin: {err}")
     check(re.search(r"^run summary: 2 steps, 256 tokens in ", out, re.M) is not None, f"run summary line: {out[-400:]!r}")
+    # Each step line carries the progress: tokens seen, elapsed, ETA, memory.
+    check(re.search(r"^step +2/2 \|.*\| 256 tok \| \d+:\d\d:\d\d, ETA 0:00:00 \| mem [\d.]+ MiB", out, re.M) is not None,
+          f"progress on the step line: {out[-600:]!r}")
     # --overfit 1: every step trains on the first batch, and -q 1 keeps the lr
     # schedule the same for 3 and 4 steps, so the reloaded weights' first loss
     # is the 4-step run's last one (the export is fp32).
