@@ -2,7 +2,10 @@
 // flags against the world and the model, the backend, the process grid,
 // the data, the model and its parallel modes (counted first: the memory
 // check), the weights, the outputs.
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <tuple>
 
@@ -229,8 +232,15 @@ void Trainer::check_memory() {
 void Trainer::print_settings(const ArgParser& parser) {
     if (!main_rank) return;
     std::printf("+---------------------------+--------------------------------------------------+\n");
-    for (const Option& o : parser.options())
-        std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
+    // The flags that apply to training: those of the other modes (--plan and
+    // its inputs, --calibrate) are left out.
+    static const char* const other_modes[] = {"plan",      "world",          "gpus-per-node", "hardware",
+                                              "plan-json", "plan-attention", "plan-top",      "calibrate"};
+    for (const Option& o : parser.options()) {
+        const bool other = std::any_of(std::begin(other_modes), std::end(other_modes),
+                                       [&](const char* n) { return std::strcmp(n, o.name) == 0; });
+        if (!other) std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
+    }
     std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
     std::printf("+---------------------------+--------------------------------------------------+\n");
     std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d x tp %d%s, "
