@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 # scripts/plot_metrics.py: draws the loss curves of one or more training runs
 # from their metrics.jsonl (written by train_gpt -o DIR) into a PNG:
-# training loss per step, validation loss where measured, and the learning
-# gradient norm on a second panel. --labels names the runs (default: their
-# folders); --zoom K adds a panel of the first K steps (where a short run,
-# e.g. the CPU's 20 steps, overlaps a long GPU one); --title sets a title.
+# training loss, validation loss where measured, and panels of the gradient
+# norm, the learning rate and tokens/s; x in steps or (--x tokens) tokens
+# seen. --labels names the runs (default: their folders); --zoom K adds a
+# panel of the first K steps (where a short run, e.g. the CPU's 20 steps,
+# overlaps a long GPU one); --title sets a title.
 #   usage: scripts/plot_metrics.py RUN/metrics.jsonl [MORE.jsonl ...] -o loss.png
-#          [--labels A,B] [--zoom K] [--title TEXT]
+#          [--labels A,B] [--zoom K] [--title TEXT] [--x step|tokens]
 import argparse
 import json
 import os
@@ -39,6 +40,7 @@ def main():
     ap.add_argument("--labels", help="comma-separated names of the runs (default: their folders)")
     ap.add_argument("--zoom", type=int, default=0, help="also plot the first K steps on their own panel")
     ap.add_argument("--title", default="")
+    ap.add_argument("--x", choices=("step", "tokens"), default="step", help="x axis: optimizer steps or tokens seen")
     args = ap.parse_args()
     labels = args.labels.split(",") if args.labels else []
     if labels and len(labels) != len(args.metrics):
@@ -47,24 +49,31 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if args.zoom > 0:
-        fig, (ax, axz, ax2) = plt.subplots(3, 1, figsize=(9, 10), gridspec_kw={"height_ratios": [3, 2, 1]})
-    else:
-        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-        axz = None
+    # Panels: loss (train and val), then optionally the first K steps, then
+    # gradient norm, learning rate and tokens/s; x in steps or tokens.
+    n = 5 if args.zoom > 0 else 4
+    ratios = [3, 2, 1, 1, 1] if args.zoom > 0 else [3, 1, 1, 1]
+    fig, axes = plt.subplots(n, 1, figsize=(9, 3 + 2 * n), gridspec_kw={"height_ratios": ratios})
+    ax, axz = axes[0], axes[1] if args.zoom > 0 else None
+    ax_norm, ax_lr, ax_tps = axes[-3], axes[-2], axes[-1]
     for i, path in enumerate(args.metrics):
         rows = load(path)
         name = labels[i] if labels else os.path.basename(os.path.dirname(os.path.abspath(path))) or path
         steps = [r["step"] + 1 for r in rows]
-        line, = ax.plot(steps, [r["loss"] for r in rows], lw=1, alpha=0.8, label=f"{name} train")
-        val = [(r["step"] + 1, r["val_loss"]) for r in rows if "val_loss" in r]
+        xs = [r.get("tokens", 0) for r in rows] if args.x == "tokens" else steps
+        xval = dict(zip(steps, xs))
+        line, = ax.plot(xs, [r["loss"] for r in rows], lw=1, alpha=0.8, label=f"{name} train")
+        val = [(xval[r["step"] + 1], r["val_loss"]) for r in rows if "val_loss" in r]
         if val:
             ax.plot(*zip(*val), "o-", color=line.get_color(), ms=3, label=f"{name} val")
         if axz is not None:
             first = [(st, r["loss"]) for st, r in zip(steps, rows) if st <= args.zoom]
             if first:
                 axz.plot(*zip(*first), ".-", lw=1, color=line.get_color(), label=name)
-        ax2.plot(steps, [r["grad_norm"] for r in rows], lw=0.8, color=line.get_color(), label=f"{name} grad norm")
+        c = line.get_color()
+        ax_norm.plot(xs, [r["grad_norm"] for r in rows], lw=0.8, color=c, label=name)
+        ax_lr.plot(xs, [r["lr"] for r in rows], lw=0.8, color=c, label=name)
+        ax_tps.plot(xs, [r.get("tokens_per_s", 0) for r in rows], lw=0.8, color=c, label=name)
     if args.title:
         ax.set_title(args.title)
     if axz is not None:
@@ -72,12 +81,14 @@ def main():
         axz.grid(alpha=0.3)
         axz.legend()
     ax.set_ylabel("loss")
-    ax.grid(alpha=0.3)
     ax.legend()
-    ax2.set_yscale("log")
-    ax2.set_xlabel("step")
-    ax2.set_ylabel("grad norm")
-    ax2.grid(alpha=0.3)
+    ax_norm.set_yscale("log")
+    ax_norm.set_ylabel("grad norm")
+    ax_lr.set_ylabel("lr")
+    ax_tps.set_ylabel("tokens/s")
+    for a in (ax, ax_norm, ax_lr, ax_tps):
+        a.grid(alpha=0.3)
+        a.set_xlabel("tokens" if args.x == "tokens" else "step")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")

@@ -229,10 +229,12 @@ def test_learning(tmp):
     check("val_loss" in m[39] and "val_loss" in m[-1], "val_loss missing")
     check("---- sample ----" in out, "no sample printed")
     check("parameters" in out and "| lr" in out, "no startup table")
-    png = os.path.join(d, "loss.png")
-    p = subprocess.run(["/usr/bin/python3", "scripts/plot_metrics.py", os.path.join(d, "metrics.jsonl"), "-o", png],
-                       cwd=ROOT, capture_output=True, text=True)
-    check(p.returncode == 0 and os.path.getsize(png) > 1000 and read(png)[:4] == b"\x89PNG", f"plot failed: {p.stderr}")
+    for extra in ([], ["--x", "tokens", "--zoom", "20"]):
+        png = os.path.join(d, "loss.png")
+        p = subprocess.run(["/usr/bin/python3", "scripts/plot_metrics.py", os.path.join(d, "metrics.jsonl"), "-o", png]
+                           + extra, cwd=ROOT, capture_output=True, text=True)
+        check(p.returncode == 0 and os.path.getsize(png) > 1000 and read(png)[:4] == b"\x89PNG",
+              f"plot {extra} failed: {p.stderr}")
 
 
 def write_shard(path, tokens, magic=20240520, version=1, count=None, dtype="H"):
