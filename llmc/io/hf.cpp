@@ -17,6 +17,7 @@
 
 #include "llmc/base/fileio.h"
 #include "llmc/comm/dist.h"
+#include "llmc/io/hf_meta.h"
 #include "llmc/io/safetensors.h"
 
 using json = nlohmann::json;
@@ -443,21 +444,6 @@ static ojson hf_config_json(const GPTConfig& c, const char* torch_dtype) {
     return j;
 }
 
-static bool copy_file(const std::string& from, const std::string& to, std::string* err) {
-    std::ifstream in(from, std::ios::binary);
-    if (!in) {
-        *err = from + ": cannot open";
-        return false;
-    }
-    std::ostringstream s;
-    s << in.rdbuf();
-    const std::string data = s.str();
-    AtomicWriter w;
-    if (!w.open(to, err)) return false;
-    w.write(data.data(), data.size());  // a failed write makes commit fail
-    return w.commit(err);
-}
-
 // Every rank's verdict, the same on all (the lowest failing rank's message).
 static bool agree(bool ok, std::string* err) {
     std::string msg = ok ? std::string() : *err;
@@ -477,7 +463,8 @@ static bool remove_stale_hf_files(const std::string& dir, std::string* err) {
         auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
         const bool shard = starts("model-") && name.find("-of-") != std::string::npos &&
                            name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
-        const bool tmp = starts("model.safetensors.tmp.") || starts("config.json.tmp.") || starts("tokenizer.json.tmp.");
+        bool tmp = starts("model.safetensors.tmp.") || starts("config.json.tmp.") || starts("tokenizer.json.tmp.");
+        for (int i = 0; i < kHfSideFileCount; i++) tmp = tmp || starts((std::string(kHfSideFiles[i]) + ".tmp.").c_str());
         if (name == "model.safetensors.index.json" || shard || tmp) stale.push_back(it->path());
     }
     for (const fs::path& p : stale)
@@ -488,13 +475,16 @@ static bool remove_stale_hf_files(const std::string& dir, std::string* err) {
     return true;
 }
 
-bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err,
-               const std::string& tokenizer_json) {
+bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err, const HfExtras& extras) {
     const int rank = own.world ? own.world->rank() : 0;
     const GPTConfig& c = model.config();
     const DType wt = model.weights_dtype();
-    // The file's type: the parameters' own precision (bf16), or the weights' (fp32, fp64).
-    const DType ft = model.precision().param == DType::BF16 ? DType::BF16 : wt == DType::F64 ? DType::F64 : DType::F32;
+    // The file's type: --export-dtype, or (auto) the parameters' own
+    // precision (bf16), or the weights' (fp32, fp64).
+    DType ft = model.precision().param == DType::BF16 ? DType::BF16 : wt == DType::F64 ? DType::F64 : DType::F32;
+    if (extras.dtype == "fp32") ft = DType::F32;
+    if (extras.dtype == "bf16") ft = DType::BF16;
+    if (extras.dtype == "fp64") ft = DType::F64;
     const char* torch_dtype = ft == DType::BF16 ? "bfloat16" : ft == DType::F64 ? "float64" : "float32";
     const std::vector<HfTensor> tensors = hf_tensors(c, "transformer.");
     SafetensorsWriter w;
@@ -503,7 +493,9 @@ bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::st
         std::vector<SafetensorsWriter::Entry> entries;
         for (const HfTensor& h : tensors) entries.push_back({h.name, st_dtype_name(ft), h.shape});
         AtomicWriter cj;
-        const std::string text = hf_config_json(c, torch_dtype).dump(2) + "\n";
+        ojson config = hf_config_json(c, torch_dtype);
+        hf_token_ids(config, extras);
+        const std::string text = config.dump(2) + "\n";
         ok = make_dirs(dir, err) && cj.open(dir + "/config.json", err) && cj.write(text.data(), text.size()) &&
              cj.commit(err) && w.open(dir + "/model.safetensors", entries, {{"format", "pt"}}, err);
         if (!ok && err->empty()) *err = "cannot write " + dir + "/config.json";
@@ -532,7 +524,7 @@ bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::st
     }
     if (rank == 0 && ok) {
         ok = w.commit(err);
-        if (ok && !tokenizer_json.empty()) ok = copy_file(tokenizer_json, dir + "/tokenizer.json", err);
+        if (ok) ok = hf_write_side_files(dir, extras, c.max_seq_len, err);
         if (ok) ok = remove_stale_hf_files(dir, err);
     }
     return agree(ok, err);

@@ -22,6 +22,7 @@
 #pragma once
 #include <string>
 
+#include "llmc/io/hf_meta.h"
 #include "llmc/io/weight_gather.h"
 #include "llmc/model/config.h"
 #include "llmc/model/gpt.h"
@@ -44,15 +45,15 @@ bool read_hf_config(const std::string& dir, GPTConfig* cfg, std::string* err);
 // rank reads what it needs.
 bool load_hf(const std::string& dir, GPT& model, std::string* err);
 
-// Writes DIR/config.json and DIR/model.safetensors (F32; BF16 when the
-// parameters are bf16; F64 when the weights are fp64) in the layout above,
-// loadable by transformers' from_pretrained as it is. Collective over
-// own.world, tensor by tensor as export_model (llmc/io/model_io.h): each
-// tensor is gathered from its owners and rank 0 writes it. With
-// tokenizer_json, that file is copied beside them as tokenizer.json. Every
-// rank returns the same verdict.
+// Writes DIR/config.json and DIR/model.safetensors (extras.dtype, or with
+// "auto" F32; BF16 when the parameters are bf16; F64 when the weights are
+// fp64) in the layout above, loadable by transformers' from_pretrained as it
+// is, with the token ids, tokenizer and generation files of
+// llmc/io/hf_meta.h. Collective over own.world, tensor by tensor as
+// export_model (llmc/io/model_io.h): each tensor is gathered from its owners
+// and rank 0 writes it. Every rank returns the same verdict.
 bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err,
-               const std::string& tokenizer_json = "");
+               const HfExtras& extras = HfExtras());
 
 // DIR/tokenizer.json when it exists, else "".
 std::string hf_tokenizer_path(const std::string& dir);

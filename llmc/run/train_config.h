@@ -38,6 +38,7 @@ struct TrainConfig {
     int async_checkpoint = 0;  // 1: snapshot to host, write shards in a background thread
     std::string export_model = "";  // llm.c model file written at the end
     std::string export_hf = "";     // Hugging Face directory written at the end (llmc/io/hf.h)
+    std::string export_dtype = "auto";  // its weights' type (llmc/io/hf_meta.h)
     // execution
     int zero = 0;              // -z
     int tp = 1;                // tensor-parallel degree

@@ -155,10 +155,16 @@ void Trainer::export_weights() {
         if (main_rank) std::printf("model: %s\n", p.c_str());
         weights_written_.push_back(p);
     }
-    // With the run's tokenizer.json, if it has one.
+    // With the run's tokenizer.json, if it has one, and what the Hugging Face
+    // directory the run loaded had besides the weights (llmc/io/hf_meta.h).
     const bool json = cfg.tokenizer.size() > 5 && cfg.tokenizer.compare(cfg.tokenizer.size() - 5, 5, ".json") == 0;
+    HfExtras extras;
+    extras.tokenizer_json = json ? cfg.tokenizer : "";
+    extras.source_dir = is_hf_dir(cfg.model) ? cfg.model : "";
+    extras.eot = tok.eot() >= 0 && tok.eot() < mc.vocab_size ? tok.eot() : -1;
+    extras.dtype = cfg.export_dtype;
     for (const std::string& p : hf_paths) {
-        if (!export_hf(p, *s.model, owner(), &err, json ? cfg.tokenizer : "")) end_job(err);
+        if (!export_hf(p, *s.model, owner(), &err, extras)) end_job(err);
         if (main_rank) std::printf("hugging face model: %s\n", p.c_str());
         weights_written_.push_back(p);
     }

@@ -20,6 +20,11 @@
 #   - prepare_data.py with a tokenizer.json of more than 65536 ids writes
 #     uint32 shards (magic 20240801) holding tokenizers' ids, which
 #     train_gpt trains on, decoding samples with that tokenizer.json;
+#   - the rest of a directory: token ids, tokenizer_config.json,
+#     special_tokens_map.json and generation_config.json come back in the
+#     export as they were (or are written from the run's tokenizer for a
+#     model that did not come from a directory); --export-dtype bf16;
+#     AutoTokenizer + generate work on both exports;
 #   - errors: a truncated checkpoint and a refused config end train_gpt with
 #     one line naming the file and tensor, exit status 1.
 # Last line: "N passed, N failed".
@@ -171,6 +176,84 @@ def test_round_trip(tmp, arch, spec):
         check(rc != 0, f"{arch} control: the untrained model's logits do not match the trained export")
 
 
+def generate_ok(d, name):
+    """AutoTokenizer and AutoModelForCausalLM load d; greedy generate runs and
+    stays in the vocabulary (it failed with an IndexError when config.json
+    kept transformers' default token ids)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(d)
+        model = AutoModelForCausalLM.from_pretrained(d)
+        ids = tok("The quick brown fox", return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=model.config.eos_token_id)
+        text = tok.decode(out[0])
+        ok = out.shape[1] > ids.shape[1] and int(out.max()) < model.config.vocab_size and text.startswith("The quick")
+        return check(ok, f"{name}: AutoTokenizer + generate on the export: {text!r}")
+    except Exception as e:  # noqa: BLE001 (any failure is the finding)
+        return check(False, f"{name}: AutoTokenizer + generate on the export: {type(e).__name__}: {e}")
+
+
+def test_export_meta(tmp):
+    """What a Hugging Face directory holds besides the weights comes back in
+    the export: token ids, tokenizer and generation files as they were;
+    --export-dtype sets the weights' type; a model that did not come from a
+    directory gets them from the run's tokenizer."""
+    import json
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+    src = os.path.join(tmp, "meta_src")
+    rc, text = run([PY, REF, "--spec", "L=2,C=32,NH=2,V=301,T=64", "--save-dir", src, "--steps", "0"])
+    if not check(rc == 0, "reference_hf.py makes a model: " + last_line(text)):
+        return
+    tk = make_tokenizer(os.path.join(src, "tokenizer.json"), 280)
+    eot = tk.token_to_id("<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_file=os.path.join(src, "tokenizer.json"), bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=64)
+    fast.save_pretrained(src)
+    GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, max_new_tokens=7).save_pretrained(src)
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+    with open(os.path.join(src, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    exp = os.path.join(tmp, "meta_hf")
+    rc, text = run([TRAIN, "-e", src, "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-s", "0", "--device", "cpu",
+                    "--export-hf", exp, "--export-dtype", "bf16"])
+    if not check(rc == 0, "train_gpt -e DIR --export-hf --export-dtype bf16: " + last_line(text)):
+        return
+    side = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+    same = []
+    for f in side:
+        with open(os.path.join(src, f), "rb") as a:
+            same.append(os.path.isfile(os.path.join(exp, f)) and open(os.path.join(exp, f), "rb").read() == a.read())
+    check(all(same), f"the export carries the source's {side} as they were: {same}")
+    with open(os.path.join(exp, "config.json")) as f:
+        got = json.load(f)
+    check(all(got.get(k) == eot for k in ("bos_token_id", "eos_token_id", "pad_token_id")),
+          f"config.json keeps the token ids: {[got.get(k) for k in ('bos_token_id', 'eos_token_id', 'pad_token_id')]}")
+    with open(os.path.join(exp, "model.safetensors"), "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    dtypes = {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+    check(dtypes == {"BF16"} and got.get("torch_dtype") == "bfloat16", f"--export-dtype bf16: {dtypes}, {got.get('torch_dtype')}")
+    generate_ok(exp, "export of an HF directory")
+    # Not from a directory: random weights of the same shape, the run's tokenizer.json.
+    exp2 = os.path.join(tmp, "meta_hf2")
+    rc, text = run([TRAIN, "-e", "L=2,C=32,NH=2,V=301,Vp=301,T=64", "--tokenizer", os.path.join(src, "tokenizer.json"),
+                    "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-s", "0", "--device", "cpu", "--export-hf", exp2])
+    if not check(rc == 0, "train_gpt -e SIZES --tokenizer tokenizer.json --export-hf: " + last_line(text)):
+        return
+    with open(os.path.join(exp2, "config.json")) as f:
+        got = json.load(f)
+    with open(os.path.join(exp2, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    check(got.get("bos_token_id") == eot and got.get("eos_token_id") == eot and tc.get("eos_token") == "<|endoftext|>"
+          and os.path.isfile(os.path.join(exp2, "generation_config.json")),
+          f"ids and tokenizer files from the run's tokenizer: {got.get('bos_token_id')}, {tc}")
+    generate_ok(exp2, "export of a model made from sizes")
+
+
 def test_llama_maps(tmp):
     for name, spec, extra in [
             ("gqa2_untied_fp32", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=500", []),
@@ -261,6 +344,7 @@ def main():
         test_tokenizer(tmp)
         test_round_trip(tmp, "gpt2", "L=2,C=32,NH=2,V=301,T=64")
         test_round_trip(tmp, "llama", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=500")
+        test_export_meta(tmp)
         test_llama_maps(tmp)
         test_prepare_data(tmp)
         test_errors(tmp)
