@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "llmc/comm/dist.h"
+#include "llmc/io/checkpoint.h"
 #include "llmc/io/hf.h"
 #include "llmc/io/model_io.h"
 
@@ -117,5 +118,30 @@ bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
         *err = "no such file or directory '" + m +
                "' (a model is an llm.c model file, a Hugging Face directory, dN as d12, or sizes as L=4,C=128,NH=4,V=257)";
     *err = "flag -e: " + *err;
+    return false;
+}
+
+bool convert_source(const std::string& path, std::string* root, int* step, std::string* err) {
+    std::string p = path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    struct stat sb;
+    if (stat(p.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        *err = "flag --convert: no such directory '" + path + "'";
+        return false;
+    }
+    const size_t slash = p.find_last_of('/');
+    const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+    const std::string parent = slash == std::string::npos ? "." : p.substr(0, slash);
+    if (base.size() == 13 && base.compare(0, 5, "ckpt_") == 0 &&
+        base.find_first_not_of("0123456789", 5) == std::string::npos) {
+        *root = parent;
+        *step = std::atoi(base.c_str() + 5);
+        return true;
+    }
+    *step = latest_checkpoint(p);
+    *root = p;
+    if (*step >= 0) return true;
+    *err = "flag --convert: no complete checkpoint in '" + path +
+           "' (give a run's -o directory or one of its ckpt_SSSSSSSS directories)";
     return false;
 }

@@ -53,3 +53,8 @@ std::string choose_threads();
 // The model shape named by -e: sizes, a descriptor, a model file's header,
 // or a Hugging Face directory's config.json.
 bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err);
+
+// --convert PATH: a run's output directory (its latest complete checkpoint)
+// or one of its ckpt_SSSSSSSS directories (that one): the directory the
+// checkpoints are in and the step. False with a one-line *err otherwise.
+bool convert_source(const std::string& path, std::string* root, int* step, std::string* err);

@@ -37,6 +37,8 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "export-model", O::String, &c.export_model, "also write the final weights to this llm.c model file"});
     p.add({0, "export-hf", O::String, &c.export_hf,
            "also write the final weights as a Hugging Face directory (config.json, model.safetensors, tokenizer and generation files)"});
+    p.add({0, "convert", O::String, &c.convert,
+           "no training: load this checkpoint (a run's -o directory: its latest; or its ckpt_SSSSSSSS) and write --export-hf / --export-model"});
     p.add({0, "export-dtype", O::String, &c.export_dtype,
            "type of the Hugging Face export's weights (auto: the run's parameters)", 0, 0, {"auto", "fp32", "bf16", "fp64"}});
     p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1, {}, "1"});

@@ -53,6 +53,16 @@ void Trainer::setup(const ArgParser& parser) {
     set_collective_timeout(cfg.collective_timeout);  // read by every group the grid makes
     setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err), err);
 
+    // --convert: a checkpoint to export, no training (its directory is read,
+    // never written: no metrics, no -o files; the data is not needed).
+    const bool converting = !cfg.convert.empty();
+    std::string ckpt_root = cfg.output_dir;
+    if (converting) {
+        setup_check(!cfg.export_hf.empty() || !cfg.export_model.empty(),
+                    "flag --convert: give --export-hf DIR and/or --export-model FILE to say what to write");
+        setup_check(cfg.output_dir.empty() && !cfg.resume, "flag --convert: -o and -y do not apply (nothing is trained)");
+        setup_check(convert_source(cfg.convert, &ckpt_root, &resume_step, &err), err);
+    }
     // Model shape: from a resumed checkpoint, a model file, or sizes.
     if (cfg.resume) {
         resume_step = latest_checkpoint(cfg.output_dir);
@@ -62,14 +72,14 @@ void Trainer::setup(const ArgParser& parser) {
     }
     bool ok = true;
     if (resume_step >= 0) {
-        ok = read_checkpoint_config(cfg.output_dir, resume_step, &mc, &err);
+        ok = read_checkpoint_config(ckpt_root, resume_step, &mc, &err);
         // A model named on the command line must be the checkpoint's.
         GPTConfig named;
         std::string why;
         if (ok && parser.given("model") && model_config(cfg, &named, &why) && named != mc) {
             ok = false;
             err = "flag -e: " + cfg.model + " is " + config_string(named) + ", but the checkpoint in " +
-                  cfg.output_dir + " is " + config_string(mc) + " (resume with the checkpoint's model, or drop -e)";
+                  ckpt_root + " is " + config_string(mc) + " (resume with the checkpoint's model, or drop -e)";
         }
     } else {
         ok = model_config(cfg, &mc, &err);
@@ -77,6 +87,13 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(ok, err);
     setup_check(!(mc.llama() && !cfg.export_model.empty()),
                 "flag --export-model: llm.c model files hold GPT-2 only, and the model is " + config_string(mc));
+    // Converting: the smallest batch any layout takes (one row, at most the
+    // model's context, one micro-batch per pipeline stage): nothing is trained.
+    if (converting) {
+        lay.B = cfg.B = 1;
+        lay.T = cfg.T = std::min(cfg.T, mc.max_seq_len);
+        lay.total_batch = cfg.total_batch = (long long)lay.T * lay.dp() * lay.pp;
+    }
     // The layout against the model: sequence, heads, batch, pipeline.
     setup_check(check_layout(&lay, mc, &err), err);
     T_local = lay.T_local();
@@ -84,8 +101,8 @@ void Trainer::setup(const ArgParser& parser) {
     accum = lay.micro_batches();
     rows_per_step = cfg.total_batch / cfg.T;
 
-    setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
-    use_val = !cfg.val_data.empty() && cfg.val_every > 0;
+    if (!converting) setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
+    use_val = !converting && !cfg.val_data.empty() && cfg.val_every > 0;
     setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
     // What is written only at the end must be writable now.
     for (const auto& out : {std::make_tuple("--export-model", cfg.export_model, false),
@@ -95,7 +112,7 @@ void Trainer::setup(const ArgParser& parser) {
         const std::string why = path.empty() || !main_rank ? "" : output_path_problem(path, std::get<2>(out));
         setup_check(why.empty(), std::string("flag ") + std::get<0>(out) + " '" + path + "': " + why);
     }
-    data_fingerprint = check_same_data(train, "-i", cfg.train_data);
+    if (!converting) data_fingerprint = check_same_data(train, "-i", cfg.train_data);
     if (use_val) check_same_data(val, "-j", cfg.val_data);
     // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.
     if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
@@ -110,7 +127,8 @@ void Trainer::setup(const ArgParser& parser) {
         std::fprintf(stderr, "train_gpt: warning: tokenizer %s has %d tokens, the model %d: samples print ids past "
                              "it as <?>\n", cfg.tokenizer.empty() ? "(byte-level)" : cfg.tokenizer.c_str(),
                      tok.vocab_size(), mc.vocab_size);
-    if (cfg.max_steps < 0) cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
+    if (cfg.max_steps < 0 && !converting)
+        cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
 
     // The parallel modes and the model, first counted, then built.
     check_memory();
@@ -120,9 +138,10 @@ void Trainer::setup(const ArgParser& parser) {
     rng = Rng((uint64_t)cfg.seed);
     if (resume_step >= 0) {
         RunInfo saved;
-        ok = load_checkpoint(cfg.output_dir, resume_step, *s.model, &st, &saved, &err);
+        ok = load_checkpoint(ckpt_root, resume_step, *s.model, &st, &saved, &err);
         rng.state = st.rng_state;
-        if (ok) report_resume(saved);
+        if (ok && !converting) report_resume(saved);
+        if (converting) cfg.max_steps = st.step;  // the loop trains nothing; finish() exports
     } else if (is_hf_dir(cfg.model)) {
         ok = load_hf(cfg.model, *s.model, &err);
     } else if (spec_is_file(cfg.model)) {
@@ -255,6 +274,10 @@ void Trainer::print_settings(const ArgParser& parser) {
         std::printf("pipeline: %d stages x %d chunk(s) of %d block(s), %s schedule, %d micro-batches per step\n",
                     grid.pp, cfg.vpp, mc.num_layers / (grid.pp * cfg.vpp), cfg.vpp > 1 ? "interleaved 1F1B" : "1F1B",
                     accum);
+    if (!cfg.convert.empty()) {
+        std::printf("convert: the checkpoint of step %d in %s, nothing trained\n", resume_step, cfg.convert.c_str());
+        return;
+    }
     std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; "
                 "T=%d (%d per rank); %d steps\n",
                 train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, grid.dp, cfg.T, T_local,

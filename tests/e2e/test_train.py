@@ -111,6 +111,30 @@ def test_final_weights(tmp):
           f"reloaded Llama weights: loss {got} vs {want} ({err4[-200:]} {err[-200:]})")
 
 
+def test_convert(tmp):
+    """--convert exports a checkpoint without training: the latest one of a
+    run's directory gives the run's own final model file byte for byte, a
+    named ckpt_SSSSSSSS gives that step's weights; the run's directory is
+    left as it was."""
+    d = os.path.join(tmp, "conv_run")
+    rc, out, err = run(SMALL + ["-x", "4", "-n", "2", "-o", d])
+    check(rc == 0, f"convert: the run to convert: {err}")
+    if rc != 0:
+        return
+    before = sorted(os.listdir(d))
+    x, y = os.path.join(tmp, "conv_latest.bin"), os.path.join(tmp, "conv_step2.bin")
+    rc1, out1, err1 = run(["--convert", d, "--export-model", x])
+    rc2, out2, err2 = run(["--convert", os.path.join(d, "ckpt_00000002"), "--export-model", y])
+    check(rc1 == 0 and read(x) == read(os.path.join(d, "model_00000004.bin")) and not re.search(r"^step\s", out1, re.M),
+          f"--convert DIR: the latest checkpoint's weights, nothing trained: {err1}")
+    check(rc2 == 0 and os.path.isfile(y) and read(y) != read(x), f"--convert DIR/ckpt_00000002: that step: {err2}")
+    check(sorted(os.listdir(d)) == before, f"--convert leaves the run's directory as it was: {before} -> {os.listdir(d)}")
+    for extra, needle in ((["--convert", d], "--export-hf"), (["--convert", tmp, "--export-model", x], "no complete checkpoint"),
+                          (["--convert", d, "--export-model", x, "-o", d], "-o")):
+        rc, out, err = run(extra)
+        check(rc == 1 and needle in err and err.count("\n") == 1, f"{extra}: {err!r}")
+
+
 def test_resume(tmp, dtype):
     full, part = os.path.join(tmp, f"full_{dtype}"), os.path.join(tmp, f"part_{dtype}")
     args = SMALL + ["--dtype", dtype, "-x", "10", "-n", "4", "-d", "256", "-s", "3", "-g", "8", "-v", "5",
@@ -433,6 +457,7 @@ def main():
         test_errors(tmp)
         test_determinism(tmp)
         test_final_weights(tmp)
+        test_convert(tmp)
         test_resume(tmp, "fp32")
         test_resume(tmp, "fp64")
         test_learning(tmp)
