@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
 
@@ -108,8 +110,73 @@ static bool looks_numeric(const char* w) {
     return end != w && *end == '\0';
 }
 
+// --config FILE: a JSON object of flags by long name ({"lr": 3e-4,
+// "model": "d12", "sp": true}), set before the command line so that the
+// command line overrides it. Numbers, strings and booleans (1/0); an
+// unknown name is refused like an unknown flag.
+bool ArgParser::apply_config(const std::string& path, std::string* err) {
+    std::ifstream in(path);
+    if (!in) {
+        *err = "flag --config '" + path + "': cannot open";
+        return false;
+    }
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (!j.is_object()) {
+        *err = "flag --config '" + path + "': not a JSON object of flags ({\"lr\": 3e-4, ...})";
+        return false;
+    }
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        std::string name = it.key();
+        while (!name.empty() && name[0] == '-') name.erase(0, 1);
+        const Option* opt = nullptr;
+        for (const Option& o : options_)
+            if (name == o.name) opt = &o;
+        if (!opt || name == "config") {
+            const std::string near = nearest_flag(name);
+            *err = "flag --config '" + path + "': unknown flag '" + it.key() + "'" +
+                   (near.empty() ? "" : ": did you mean " + near.substr(2) + "?");
+            return false;
+        }
+        const nlohmann::json& v = it.value();
+        std::string value;
+        if (v.is_string()) value = v.get<std::string>();
+        else if (v.is_boolean()) value = v.get<bool>() ? "1" : "0";
+        else if (v.is_number_integer()) value = std::to_string(v.get<long long>());
+        else if (v.is_number()) value = v.dump();
+        else {
+            *err = "flag --config '" + path + "': '" + it.key() + "' must be a number, a string or true/false";
+            return false;
+        }
+        if (!set(*opt, "--" + name + " (in " + path + ")", value, err)) return false;
+        given_.push_back(opt->name);
+    }
+    return true;
+}
+
+std::string ArgParser::resolved_json() const {
+    nlohmann::ordered_json j;
+    for (const Option& o : options_) {
+        if (std::string(o.name) == "config") continue;
+        switch (o.kind) {
+            case Option::Int: j[o.name] = *static_cast<int*>(o.target); break;
+            case Option::Long: j[o.name] = *static_cast<long long*>(o.target); break;
+            case Option::Double: j[o.name] = *static_cast<double*>(o.target); break;
+            case Option::String: j[o.name] = *static_cast<std::string*>(o.target); break;
+        }
+    }
+    return j.dump(2) + "\n";
+}
+
 bool ArgParser::parse(int argc, char** argv, bool* help, std::string* err) {
     *help = false;
+    // A config file first (its last --config wins), then every flag over it.
+    std::string config;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--config" && i + 1 < argc) config = argv[i + 1];
+        else if (a.rfind("--config=", 0) == 0) config = a.substr(9);
+    }
+    if (!config.empty() && !apply_config(config, err)) return false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if (a == "-h" || a == "--help") {

@@ -32,12 +32,16 @@ class ArgParser {
     // target's value when this is called) and help.
     std::string usage() const;
     const std::vector<Option>& options() const { return options_; }
-    // Whether the command line set the option (by long name).
+    // Whether the command line (or --config's file) set the option (by long name).
     bool given(const std::string& name) const;
+    // Every option's value as a JSON object by long name (what --config
+    // reads back), --config itself left out.
+    std::string resolved_json() const;
 
   private:
     bool set(const Option& o, const std::string& flag, const std::string& value, std::string* err);
     std::string nearest_flag(const std::string& flag) const;
+    bool apply_config(const std::string& path, std::string* err);
     std::string program_, summary_;
     std::vector<Option> options_;
     std::vector<std::string> given_;

@@ -37,6 +37,8 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "export-model", O::String, &c.export_model, "also write the final weights to this llm.c model file"});
     p.add({0, "export-hf", O::String, &c.export_hf,
            "also write the final weights as a Hugging Face directory (config.json, model.safetensors, tokenizer and generation files)"});
+    p.add({0, "config", O::String, &c.config,
+           "JSON file of flags by long name ({\"lr\": 3e-4, \"model\": \"d12\"}); flags on the command line override it"});
     p.add({0, "convert", O::String, &c.convert,
            "no training: load this checkpoint (a run's -o directory: its latest; or its ckpt_SSSSSSSS) and write --export-hf / --export-model"});
     p.add({0, "export-dtype", O::String, &c.export_dtype,

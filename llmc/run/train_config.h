@@ -40,6 +40,7 @@ struct TrainConfig {
     std::string export_hf = "";     // Hugging Face directory written at the end (llmc/io/hf.h)
     std::string export_dtype = "auto";  // its weights' type (llmc/io/hf_meta.h)
     std::string convert = "";       // a checkpoint to export without training (llmc/run/startup.h)
+    std::string config = "";        // a JSON file of flags (llmc/base/args.h)
     // execution
     int zero = 0;              // -z
     int tp = 1;                // tensor-parallel degree

@@ -164,6 +164,11 @@ void Trainer::setup(const ArgParser& parser) {
     if (main_rank && !cfg.output_dir.empty()) {
         ok = make_dirs(cfg.output_dir, &err) &&
              metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
+        // The run's full resolved flags beside its metrics: `--config` reads it back.
+        AtomicWriter rc;
+        const std::string flags = parser.resolved_json();
+        ok = ok && rc.open(cfg.output_dir + "/run_config.json", &err) && rc.write(flags.data(), flags.size()) &&
+             rc.commit(&err);
         // What a killed run left: temporaries and checkpoints never finished.
         if (ok) {
             const int n = clean_checkpoints(cfg.output_dir, 0);

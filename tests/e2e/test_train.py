@@ -135,6 +135,28 @@ def test_convert(tmp):
         check(rc == 1 and needle in err and err.count("\n") == 1, f"{extra}: {err!r}")
 
 
+def test_config(tmp):
+    """--config FILE.json sets flags, the command line overrides it, and the
+    run's run_config.json (its full resolved flags) reproduces the run."""
+    import json
+    cfg = os.path.join(tmp, "flags.json")
+    with open(cfg, "w") as f:
+        json.dump({"max-steps": 5, "lr": 3e-3, "seed": 7, "--warmup": 2}, f)
+    d1, d2, d3 = (os.path.join(tmp, n) for n in ("cfg_a", "cfg_b", "cfg_c"))
+    rc1, _, e1 = run(SMALL + ["--config", cfg, "-x", "3", "-o", d1])
+    rc2, _, e2 = run(SMALL + ["-x", "3", "-l", "3e-3", "--seed", "7", "-u", "2", "-o", d2])
+    check(rc1 == 0 and rc2 == 0 and [m["loss"] for m in metrics(d1)] == [m["loss"] for m in metrics(d2)]
+          and len(metrics(d1)) == 3, f"--config sets flags, -x on the command line overrides it: {e1} {e2}")
+    rc3, _, e3 = run(["--config", os.path.join(d1, "run_config.json"), "-o", d3])
+    check(rc3 == 0 and [m["loss"] for m in metrics(d3)] == [m["loss"] for m in metrics(d1)],
+          f"run_config.json reproduces the run: {e3}")
+    bad = os.path.join(tmp, "bad_flags.json")
+    with open(bad, "w") as f:
+        json.dump({"lrr": 1}, f)
+    rc, out, err = run(SMALL + ["--config", bad])
+    check(rc == 1 and "lrr" in err and "did you mean lr" in err and err.count("\n") == 1, f"unknown flag in a config: {err!r}")
+
+
 def test_resume(tmp, dtype):
     full, part = os.path.join(tmp, f"full_{dtype}"), os.path.join(tmp, f"part_{dtype}")
     args = SMALL + ["--dtype", dtype, "-x", "10", "-n", "4", "-d", "256", "-s", "3", "-g", "8", "-v", "5",
@@ -458,6 +480,7 @@ def main():
         test_determinism(tmp)
         test_final_weights(tmp)
         test_convert(tmp)
+        test_config(tmp)
         test_resume(tmp, "fp32")
         test_resume(tmp, "fp64")
         test_learning(tmp)
