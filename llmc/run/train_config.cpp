@@ -27,6 +27,7 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'v', "val-every", O::Int, &c.val_every, "validation loss every N steps (0: never)", 0, 1e9});
     p.add({'m', "val-steps", O::Int, &c.val_steps, "micro-batches per validation", 1, 1e9});
     p.add({'s', "sample-every", O::Int, &c.sample_every, "print a text sample every N steps (0: never)", 0, 1e9});
+    p.add({0, "log-every", O::Int, &c.log_every, "print the step line every N steps (and the first and last; metrics.jsonl has every step)", 1, 1e9});
     p.add({'g', "gen-tokens", O::Int, &c.gen_tokens, "tokens per sample", 1, 1e6});
     p.add({'n', "checkpoint-every", O::Int, &c.checkpoint_every, "sharded checkpoint every N steps into -o (0: never)", 0, 1e9});
     p.add({0, "keep-checkpoints", O::Int, &c.keep_checkpoints, "keep only the newest K complete checkpoints (0: all)",

@@ -41,6 +41,7 @@ struct TrainConfig {
     std::string export_dtype = "auto";  // its weights' type (llmc/io/hf_meta.h)
     std::string convert = "";       // a checkpoint to export without training (llmc/run/startup.h)
     std::string config = "";        // a JSON file of flags (llmc/base/args.h)
+    int log_every = 1;              // step lines printed every N steps
     // execution
     int zero = 0;              // -z
     int tp = 1;                // tensor-parallel degree

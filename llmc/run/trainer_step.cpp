@@ -119,7 +119,9 @@ StepMetrics Trainer::train_step(int step) {
                      : 0;
     m.val_loss = -1;
     std::string comm_text = comm_summary(grid, &m.comm_json);
-    if (main_rank) {
+    // --log-every N: the line of every Nth step, the first and the last (metrics.jsonl has them all).
+    const bool log = step == 0 || step + 1 == cfg.max_steps || (step + 1) % cfg.log_every == 0;
+    if (main_rank && log) {
         std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, cfg.max_steps,
                     loss, m.lr, norm, ms, m.tokens_per_s);
         if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);

@@ -84,6 +84,9 @@ def test_final_weights(tmp):
     path = os.path.join(d, "model_00000002.bin")
     check(rc == 0 and os.path.isfile(path) and f"weights: {path}" in out, f"GPT-2 -o leaves model_00000002.bin: {err}")
     check(re.search(r"^run summary: 2 steps, 256 tokens in ", out, re.M) is not None, f"run summary line: {out[-400:]!r}")
+    rc, out7, err = run(SMALL + ["-x", "7", "--log-every", "3"])
+    lines = re.findall(r"^step +(\d+)/7 ", out7, re.M)
+    check(rc == 0 and lines == ["1", "3", "6", "7"], f"--log-every 3 prints steps 1, 3, 6, 7: {lines}")
     # The settings table lists the flags that apply to training, not the planner's.
     table = [l for l in out.splitlines() if l.startswith("| ")]
     check(any(l.startswith("| max-steps ") for l in table) and not any(l.startswith("| plan-top ") for l in table)
