@@ -10,7 +10,7 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'o', "output-dir", O::String, &c.output_dir, "output directory: metrics.jsonl and checkpoints"});
     p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});
     p.add({'t', "seq-len", O::Int, &c.T, "sequence length T", 1, 1 << 20});
-    p.add({'d', "total-batch", O::Long, &c.total_batch, "tokens per optimizer step (-1: B*T)", -1, 1e15});
+    p.add({'d', "total-batch", O::Long, &c.total_batch, "tokens per optimizer step (-1: B*T*dp, one micro-batch on each data-parallel rank)", -1, 1e15});
     p.add({'x', "max-steps", O::Int, &c.max_steps, "optimizer steps (-1: one epoch of the training data)", -1, 1e9});
     p.add({'l', "lr", O::Double, &c.lr, "peak learning rate", 0, 10});
     p.add({'u', "warmup", O::Int, &c.warmup, "linear warmup steps", 0, 1e9});
