@@ -69,8 +69,8 @@ struct Trainer {
     void poison_gradients_for_test(int step);
     StepMetrics train_step(int step);
     std::string progress(int step, unsigned long long tokens, double step_ms);
-    double progress_start_ = -1;  // wall time of this launch's first step
-    int progress_first_step_ = 0;
+    double progress_start = -1;  // wall time of this launch's first step
+    int progress_first_step = 0;
     double validate();
     void sample();
     void checkpoint();
@@ -94,7 +94,7 @@ struct Trainer {
         unsigned long long first_tokens = 0, last_tokens = 0;
         double ms = 0, mfu_ms = 0, best_val = 0, wall_start = 0;
     } totals;
-    std::vector<std::string> weights_written_;
+    std::vector<std::string> weights_written;
     void note_step(const StepMetrics& m);
     void print_summary() const;
     void finish();

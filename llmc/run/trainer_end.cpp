@@ -153,7 +153,7 @@ void Trainer::export_weights() {
     for (const std::string& p : paths) {
         if (!export_model(p, *s.model, owner(), version, &err)) end_job(err);
         if (main_rank) std::printf("model: %s\n", p.c_str());
-        weights_written_.push_back(p);
+        weights_written.push_back(p);
     }
     // With the run's tokenizer.json, if it has one, and what the Hugging Face
     // directory the run loaded had besides the weights (llmc/io/hf_meta.h).
@@ -166,7 +166,7 @@ void Trainer::export_weights() {
     for (const std::string& p : hf_paths) {
         if (!export_hf(p, *s.model, owner(), &err, extras)) end_job(err);
         if (main_rank) std::printf("hugging face model: %s\n", p.c_str());
-        weights_written_.push_back(p);
+        weights_written.push_back(p);
     }
 }
 
@@ -211,9 +211,9 @@ void Trainer::print_summary() const {
     std::printf(")");
     if (totals.best_val_step >= 0) std::printf("; best val loss %.4f at step %d", totals.best_val, totals.best_val_step);
     std::printf("\n");
-    if (weights_written_.empty())
+    if (weights_written.empty())
         std::printf("weights: not written (no -o, --export-model or --export-hf)\n");
-    for (const std::string& p : weights_written_) std::printf("weights: %s\n", p.c_str());
+    for (const std::string& p : weights_written) std::printf("weights: %s\n", p.c_str());
 }
 
 // End of the run: the replicas' agreement, the model export, the trace and

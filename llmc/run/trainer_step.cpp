@@ -43,12 +43,12 @@ void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
 // samples included), and this rank's device memory in use.
 std::string Trainer::progress(int step, unsigned long long tokens, double step_ms) {
     const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    if (progress_start_ < 0) {
-        progress_start_ = now - step_ms / 1e3;
-        progress_first_step_ = step;
+    if (progress_start < 0) {
+        progress_start = now - step_ms / 1e3;
+        progress_first_step = step;
     }
-    const double elapsed = now - progress_start_;
-    const int done = step + 1 - progress_first_step_, left = cfg.max_steps - step - 1;
+    const double elapsed = now - progress_start;
+    const int done = step + 1 - progress_first_step, left = cfg.max_steps - step - 1;
     auto hms = [](double s) {
         char b[32];
         const long v = (long)(s + 0.5);
