@@ -40,6 +40,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         r.json_path = cfg.plan_json;
         r.attention = cfg.plan_attention;
         r.top = cfg.plan_top;
+        r.model_flag = cfg.model;
         ok = dist_world_rank() != 0 || run_planner(mc, r, &err);
     }
     setup_check(ok, err);

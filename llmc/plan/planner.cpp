@@ -347,15 +347,34 @@ json to_json(const Planned& p) {
 
 std::string gib(double b) { return human_bytes(b); }
 
-void print_row(const Planned& p, int i) {
+void print_row(const Planned& p, int i, const char* mark) {
     const Layout& l = p.l;
     const Cost& k = p.cost;
     std::printf("%3d  pp %-2d vpp %d dp %-4d cp %-2d tp %-2d sp %d z%d B %-3d %-9s %10s %s %9.1f %12.0f %7.1f %5.1f%%"
                 "  | comp %.1f tp %.1f cp %.1f pp %.1f dp %.1f bubble %.1f opt %.1f\n",
                 i, l.pp, l.vpp, l.dp(), l.cp, l.tp, l.sp, l.zero, l.B, recompute_name(l.recompute),
-                gib((double)p.max_bytes).c_str(), p.fits ? " " : "!", k.step * 1e3, p.tokens_per_s, p.tflops / 1e12,
+                gib((double)p.max_bytes).c_str(), mark, k.step * 1e3, p.tokens_per_s, p.tflops / 1e12,
                 100 * p.mfu, k.compute * 1e3, k.tp * 1e3, k.cp * 1e3, k.pp * 1e3, k.dp * 1e3, k.bubble * 1e3,
                 k.optimizer * 1e3);
+}
+
+// The winner as a command to paste: its launch, the flags that make its
+// layout, and what each device does per step.
+static void print_launch(const Planned& w, const PlanRequest& r) {
+    const Layout& l = w.l;
+    std::string cmd = (l.world > 1 ? "mpirun -np " + std::to_string(l.world) + " " : std::string()) + "./train_gpt";
+    if (!r.model_flag.empty()) cmd += " -e " + r.model_flag;
+    cmd += " -t " + std::to_string(l.T) + " -d " + std::to_string(l.total_batch) + " -b " + std::to_string(l.B);
+    if (l.zero) cmd += " -z " + std::to_string(l.zero);
+    if (l.tp > 1) cmd += " --tp " + std::to_string(l.tp) + (l.sp ? " --sp 1" : "");
+    if (l.cp > 1) cmd += " --cp " + std::to_string(l.cp);
+    if (l.pp > 1) cmd += " --pp " + std::to_string(l.pp);
+    if (l.vpp > 1) cmd += " --vpp " + std::to_string(l.vpp);
+    if (l.recompute != Recompute::none) cmd += std::string(" -r ") + recompute_name(l.recompute);
+    std::printf("launch: %s\n", cmd.c_str());
+    const long long micro = l.total_batch / ((long long)l.B * l.T * l.dp());
+    std::printf("per device: %.0f tokens/s, %lld micro-batch(es) of B=%d x T=%d per step, %s at most\n",
+                w.tokens_per_s / l.world, micro, l.B, l.T, gib((double)w.max_bytes).c_str());
 }
 
 // Why the first beats the second: the parts of the step that differ most.
@@ -483,14 +502,22 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                     fitting, gib(hw.mem_bytes).c_str(), gib(hw.reserve_bytes).c_str(), std::min<int>(r.top, (int)plans.size()));
         std::printf("  #  layout                                            memory    step ms     tokens/s  TFLOP/s   MFU"
                     "  | ms per step\n");
-        for (int i = 0; i < r.top && i < (int)plans.size(); i++) print_row(plans[i], i + 1);
         const Planned& w = plans.front();
+        auto tie = [&](const Planned& p) { return p.fits && w.fits && p.tokens_per_s >= (1 - kPlanTieBand) * w.tokens_per_s; };
+        for (int i = 0; i < r.top && i < (int)plans.size(); i++)
+            print_row(plans[i], i + 1, !plans[i].fits ? "!" : i > 0 && tie(plans[i]) ? "~" : " ");
         if (!w.fits) {
             std::printf("no layout fits: the smallest needs %s per device\n", gib((double)w.max_bytes).c_str());
         } else {
             std::printf("winner: %s", w.l.describe().c_str());
             if (plans.size() > 1 && plans[1].fits) std::printf(", %s", why(w, plans[1]).c_str());
             std::printf("\n");
+            print_launch(w, r);
+            const long ties = std::count_if(plans.begin() + 1, plans.end(), tie);
+            if (ties > 0)
+                std::printf("ties: %ld more layout(s) within %.0f%% of the winner (marked ~ above), the time model's own "
+                            "error: measure them (--plan eval, then a few steps) before committing to one\n",
+                            ties, 100 * kPlanTieBand);
             for (const Planned& p : plans)
                 if (!p.fits && p.tokens_per_s > w.tokens_per_s) {
                     std::printf("faster but does not fit: %s at %.0f tokens/s needs %s\n", p.l.describe().c_str(),

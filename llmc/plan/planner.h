@@ -50,7 +50,13 @@ struct PlanRequest {
     std::string attention = "flash";
     std::string json_path;        // one JSON object per layout
     int top = 10;                 // layouts printed
+    std::string model_flag;       // -e as given, for the winner's launch command
 };
+
+// Layouts whose predicted tokens/s is within this fraction of the winner's
+// are ties: the time model's error against measured and published runs
+// (docs/planner.md) is about this size, so it cannot order them.
+constexpr double kPlanTieBand = 0.10;
 
 // Runs the request and prints its report; false with *err (one line, naming
 // the flag) when nothing could be planned.

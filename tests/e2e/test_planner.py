@@ -165,6 +165,19 @@ def test_search_and_errors(tmp):
         check(all(r["tp"] == 2 for r in rows), "a fixed --tp was not kept")
         check(rows == sorted(rows, key=lambda r: (not r["fits"], -r["tokens_per_s"])), "layouts not ranked")
         check("winner:" in out and "faster than" in out and "textbook model states" in out, "no winner line")
+        # The winner's launch command, evaluated as it stands, is the winner.
+        m = re.search(r"^launch: mpirun -np 16 \./train_gpt (.*)$", out, re.M)
+        w = re.search(r"^\s*1 .*?\s(\d+\.\d)\s+\d+\s+[\d.]+\s+[\d.]+%", out, re.M)
+        if check(m is not None and w is not None and "-e d12" in m.group(1), f"launch line: {out[-800:]!r}"):
+            rc2, out2, _ = plan(["eval", "--world", "16"] + m.group(1).split())
+            e = re.search(r"^plan eval: .*; step ([\d.]+) ms", out2, re.M)
+            check(rc2 == 0 and e is not None and abs(float(e.group(1)) - float(w.group(1))) < 0.06,
+                  f"--plan eval of the launch flags gives the winner's step time: {e and e.group(1)} vs {w.group(1)}")
+        check(re.search(r"^per device: \d+ tokens/s, \d+ micro-batch\(es\) of B=\d+ x T=1024 per step", out, re.M)
+              is not None, "per-device line")
+        ties = re.search(r"^ties: (\d+) more layout", out, re.M)
+        marked = len(re.findall(r"^\s*\d+ .* ~ ", out, re.M))
+        check(ties is None or int(ties.group(1)) >= marked, f"ties line and ~ marks: {ties and ties.group(1)} vs {marked}")
         png = os.path.join(tmp, "plan.png")
         p = subprocess.run([PY, os.path.join(ROOT, "scripts", "plot_plan.py"), jp, "-o", png, "--memory-gib", "80"],
                            capture_output=True, text=True)
