@@ -8,9 +8,13 @@
 #   usage: scripts/benchmark_precision.py [--rounds 3] [--np N] [--steps 8] -- TRAIN_GPT_ARGS...
 #   e.g.   scripts/benchmark_precision.py -- -e L=6,C=512,NH=8,V=50257,T=256 -b 4 -t 256
 # bf16 on the CPU computes in fp32 on widened operands (it exists to check
-# the mixed-precision bookkeeping without a GPU), so expect it slower than
-# fp32 and holding less: its parameters, gradients and activations are half
-# the size, its master weights and Adam state the same.
+# the mixed-precision bookkeeping without a GPU); its matrix products use
+# AVX-512 BF16 dot products where the CPU has them (the "compute:" line of a
+# run says; LLMC_CPU_BF16_DOT=0 in the environment turns them off, so run
+# this script with and without it, alternately, to compare the two). With
+# widened products expect it slower than fp32. Either way it holds less: its
+# parameters, gradients and activations are half the size, its master
+# weights and Adam state the same.
 import argparse
 import os
 import re

@@ -5,14 +5,23 @@
 // gradients and activations in bf16; master weights, Adam m and v, and the
 // per-row statistics (LayerNorm mean and rstd, attention's log-sum-exp,
 // losses and the cross-entropy's row statistics) in fp32. Every op computes
-// in fp32 with the fp32 CPU backend's code: its bf16 operands are widened
-// into fp32 scratch (exact), the fp32 op runs, and its bf16 outputs are
-// rounded back to nearest even on the store, as the GPU kernels store. An
-// op that accumulates (+=) into a bf16 buffer therefore adds in fp32 and
-// rounds once per call, as the CUDA kernels do. This is the portable path:
-// the products are sgemm on the widened operands (no AVX-512 BF16 is used:
-// the project's build machines have AVX2 only, so this is the path the
-// tests check).
+// in fp32 and rounds its bf16 outputs to nearest even on the store, as the
+// GPU kernels store; an op that accumulates (+=) into a bf16 buffer adds in
+// fp32 and rounds once per call, as the CUDA kernels do.
+//
+// The matrix products (matmul_forward, matmul_backward) run on the bf16
+// buffers themselves through gemm_bf16 (cpu_gemm_bf16.h) into fp32 scratch:
+// on a CPU with AVX-512 BF16, its dot products (vdpbf16ps, fp32
+// accumulation); elsewhere, or with LLMC_CPU_BF16_DOT=0, the operands
+// widened to fp32 and sgemm. The choice is made once, when the backend is
+// built, and compute_path() (the "compute:" line under the settings table)
+// names it. The project's build machines have AVX2 only, so the widened path
+// is the one their tests check; on a CPU with AVX-512 BF16 the model's tests
+// (the reference tier's *_cpu_bf16 runs, tests/distributed/test_bf16.py)
+// check the dot path, or the widened one with LLMC_CPU_BF16_DOT=0 exported,
+// and tests/unit/test_cpu_bf16_gemm.cpp checks both products. The bias add
+// and the bias gradient, like every other op, run the fp32 CPU backend's
+// code on widened operands.
 //
 // How operands reach fp32: each op names its bf16 operands with their
 // extents (strided views included: attention reads Q, K and V inside one
@@ -33,6 +42,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "llmc/backend/cpu_gemm_bf16.h"
+#include "llmc/backend/cpu_ops.h"
 #include "llmc/base/dtype.h"
 
 namespace {
@@ -51,7 +62,7 @@ size_t view_extent(int B, size_t bstride, int T, size_t stride, size_t width) {
 
 class CpuBf16Backend final : public Backend {
   public:
-    CpuBf16Backend() : f_(make_cpu_backend(DType::F32)) {}
+    CpuBf16Backend() : f_(make_cpu_backend(DType::F32)), dot_(cpu_bf16_dot_available()) {}
 
     const char* name() const override { return "cpu"; }
     Precision precision() const override {
@@ -59,15 +70,12 @@ class CpuBf16Backend final : public Backend {
     }
     bool deterministic() const override { return true; }
     std::string compute_path() const override {
-        // The one path this backend has (see the top of this file); said with
-        // what the CPU could offer, so a run on an AVX-512 BF16 machine shows it.
-        bool bf16_dot = false;
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-        __builtin_cpu_init();
-        bf16_dot = __builtin_cpu_supports("avx512bf16");
-#endif
-        return std::string("bf16 storage, fp32 compute: operands widened, sgemm, stores rounded to nearest even ") +
-               (bf16_dot ? "(this CPU has AVX-512 BF16, unused: no bf16 GEMM in the linked OpenBLAS)" : "(no AVX-512 BF16 on this CPU)");
+        // The path this backend uses (see the top of this file), and why.
+        const std::string base = "bf16 storage, fp32 compute, stores rounded to nearest even; matrix products: ";
+        if (dot_) return base + "AVX-512 BF16 dot products (vdpbf16ps) on the bf16 operands";
+        return base + "operands widened, sgemm " +
+               (cpu_bf16_dot_supported() ? "(AVX-512 BF16 turned off: LLMC_CPU_BF16_DOT=0)"
+                                         : "(no AVX-512 BF16 on this CPU)");
     }
 
     // ---- memory: host memory through the fp32 backend (typed transfers convert) --------
@@ -125,17 +133,35 @@ class CpuBf16Backend final : public Backend {
              {w, (size_t)C, false}},
             [&](float** x) { f_->layernorm_backward(x[0], x[1], x[2], x[3], x[4], x[5], mean, rstd, N, C); });
     }
+    // The products straight from the bf16 buffers into fp32 scratch; the
+    // bias added in fp32 (the fp32 backend's add_bias, as its matmul adds
+    // it); one rounding on the store. dweight += in fp32 (widened, gemm
+    // with beta 1), rounded once.
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {
-        run({{out, (size_t)N * OC, true}, {inp, (size_t)N * IC, false}, {weight, (size_t)OC * IC, false},
-             {bias, (size_t)OC, false}},
-            [&](float** x) { f_->matmul_forward(x[0], x[1], x[2], x[3], N, IC, OC); });
+        float* y = fp32(0, (size_t)N * OC);
+        gemm(false, true, N, OC, IC, 1.f, inp, IC, weight, IC, 0.f, y, OC);
+        if (bias) {
+            float* b = fp32(1, (size_t)OC);
+            f_->convert(b, DType::F32, bias, DType::BF16, (size_t)OC);
+            f_->add_bias(y, b, N, OC);
+        }
+        f_->convert(out, DType::BF16, y, DType::F32, (size_t)N * OC);
     }
     void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp, const void* weight,
                          int N, int IC, int OC) override {
-        run({{dinp, (size_t)N * IC, true}, {dweight, (size_t)OC * IC, true}, {dbias, (size_t)OC, true},
-             {dout, (size_t)N * OC, false}, {inp, (size_t)N * IC, false}, {weight, (size_t)OC * IC, false}},
-            [&](float** x) { f_->matmul_backward(x[0], x[1], x[2], x[3], x[4], x[5], N, IC, OC); });
+        if (dinp) {
+            float* y = fp32(0, (size_t)N * IC);
+            gemm(false, false, N, IC, OC, 1.f, dout, OC, weight, IC, 0.f, y, IC);
+            f_->convert(dinp, DType::BF16, y, DType::F32, (size_t)N * IC);
+        }
+        float* w = fp32(0, (size_t)OC * IC);
+        f_->convert(w, DType::F32, dweight, DType::BF16, (size_t)OC * IC);
+        gemm(true, false, OC, IC, N, 1.f, dout, OC, inp, IC, 1.f, w, IC);
+        f_->convert(dweight, DType::BF16, w, DType::F32, (size_t)OC * IC);
+        if (dbias)
+            run({{dbias, (size_t)OC, true}, {dout, (size_t)N * OC, false}},
+                [&](float** x) { cpu::bias_backward(x[0], x[1], N, OC); });
     }
     void add_bias(void* out, const void* bias, int N, int OC) override {
         run({{out, (size_t)N * OC, true}, {bias, (size_t)OC, false}},
@@ -258,6 +284,17 @@ class CpuBf16Backend final : public Backend {
     }
 
   private:
+    // gemm_bf16 on the path chosen when the backend was built.
+    void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const void* A, int lda, const void* B, int ldb,
+              float beta, float* C, int ldc) {
+        (dot_ ? gemm_bf16_dot : gemm_bf16_widened)(ta, tb, M, N, K, alpha, static_cast<const uint16_t*>(A), lda,
+                                                   static_cast<const uint16_t*>(B), ldb, beta, C, ldc);
+    }
+    // The matmuls' fp32 scratch i (0: the product, 1: the bias), n floats.
+    float* fp32(int i, size_t n) {
+        if (mm_[i].size() < n) mm_[i].resize(n);
+        return mm_[i].data();
+    }
     // Widens the operands (nulls stay null), runs fn on fp32 pointers in
     // the operands' order, rounds the written spans back.
     template <typename Fn>
@@ -322,6 +359,8 @@ class CpuBf16Backend final : public Backend {
 
     std::unique_ptr<Backend> f_;               // the fp32 CPU backend: memory and the fp32 ops
     std::vector<std::vector<float>> scratch_;  // one fp32 span per merged operand group, reused
+    std::vector<float> mm_[2];                 // the matmuls' fp32 product and bias, reused
+    const bool dot_;                           // the products by AVX-512 BF16 dot products
 };
 
 }  // namespace

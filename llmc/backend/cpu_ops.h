@@ -252,12 +252,10 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N,
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
+// dbias += the column sums of dout (N x OC): matmul_backward's bias part,
+// also the CPU bf16 backend's (its product runs apart, on bf16 operands).
 template <typename F>
-void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int N, int IC,
-                     int OC) {
-    if (dinp) gemm(false, false, N, IC, OC, F(1), dout, OC, weight, IC, F(0), dinp, IC);
-    gemm(true, false, OC, IC, N, F(1), dout, OC, inp, IC, F(1), dweight, IC);
-    if (!dbias) return;
+void bias_backward(F* dbias, const F* dout, int N, int OC) {
     // Column sums in blocks of 64 columns: contiguous reads, one owner per column.
     const int blk = kColBlock;
 #pragma omp parallel for schedule(static)
@@ -270,6 +268,14 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
         }
         for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
     }
+}
+
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int N, int IC,
+                     int OC) {
+    if (dinp) gemm(false, false, N, IC, OC, F(1), dout, OC, weight, IC, F(0), dinp, IC);
+    gemm(true, false, OC, IC, N, F(1), dout, OC, inp, IC, F(1), dweight, IC);
+    if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
 template <typename F>
