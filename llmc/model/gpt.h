@@ -3,10 +3,11 @@
 // (parameters, gradients, master weights, Adam m and v, all laid out by the
 // tensor table), its activations, and a forward and backward pass written
 // once against the Backend interface, so the same code runs on the CPU and
-// on CUDA. The class is implemented in five files by job: buffers.cpp (the
+// on CUDA. The class is implemented in six files by job: buffers.cpp (the
 // buffers and the units' parameters), weights.cpp (weights in file order,
-// initialisation), forward.cpp, backward.cpp and head.cpp (the LM head and
-// its cross-entropy, whole or in row chunks).
+// initialisation), forward.cpp, backward.cpp, head.cpp (the LM head and
+// its cross-entropy, whole or in row chunks) and decode.cpp (generation's
+// forward of new tokens against a KV cache, llmc/model/kv_cache.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -94,6 +95,8 @@ struct BufferInfo {
     size_t bytes;
     bool per_layer;     // one slice per transformer block (kept from forward to backward)
 };
+
+struct KVCache;  // llmc/model/kv_cache.h
 
 class GPT {
   public:
@@ -225,6 +228,14 @@ class GPT {
     // want_logits(b, pos) before it (default: the chunk of row 0).
     void logits_row(int b, int pos, void* out, DType dt);
     void want_logits(int b, int pos);
+    // Generation (decode.cpp): the forward of n new tokens of one sequence
+    // at positions kv.len .. kv.len+n-1, attending to the keys and values kv
+    // holds for the earlier positions and to their own (causally), which it
+    // then appends (kv.len += n). Writes the logits of the last new token,
+    // first V columns, to host memory of type dt. n > 1 only into an empty
+    // cache (the prompt's prefill). Whole models in one process only; uses
+    // none of the model's activation buffers (B and T may be 1).
+    void decode(KVCache& kv, const int* tokens, int n, void* logits, DType dt);
     // Activation bytes held (activations and their gradient scratch).
     size_t activation_bytes() const;
     // Bytes one transformer block keeps from its forward for its backward
