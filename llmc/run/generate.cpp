@@ -100,9 +100,9 @@ static std::vector<int> stop_ids(const TrainConfig& cfg, const Tokenizer& tok) {
 
 int generate_main(const ArgParser& parser, TrainConfig& cfg) {
     std::string err;
-    setup_check(dist_world_size() == 1, "flag --generate: generation runs in one process, and this is rank " +
-                                            std::to_string(dist_world_rank()) + " of " +
-                                            std::to_string(dist_world_size()) + " (run it without mpirun)");
+    setup_check(dist_world_size() == 1, "flag --generate: generation runs in one process, not " +
+                                            std::to_string(dist_world_size()) +
+                                            " ranks (start ./train_gpt --generate without mpirun)");
     for (const auto& f : {std::make_pair("--tp", cfg.tp != 1), std::make_pair("--cp", cfg.cp != 1),
                           std::make_pair("--pp", cfg.pp != 1), std::make_pair("--vpp", cfg.vpp != 1),
                           std::make_pair("--sp", cfg.sp != 0), std::make_pair("-z", cfg.zero != 0)})
@@ -133,15 +133,16 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
         prompt = parse_ids(cfg.prompt_ids, V);
     } else if (!cfg.generate.empty()) {
         const std::string name = cfg.tokenizer.empty() ? "(byte-level)" : "'" + cfg.tokenizer + "'";
-        setup_check(tok.encode(cfg.generate, &prompt, &err),
-                    "flag --generate: tokenizer " + name + ": " + err + ": give the prompt's ids with --prompt-ids");
+        ok = tok.encode(cfg.generate, &prompt, &err);  // before the message that quotes err is built
+        setup_check(ok, "flag --generate: tokenizer " + name + ": " + err + ": give the prompt's ids with --prompt-ids");
         for (int id : prompt)
             setup_check(id < V, "flag --generate: the prompt's token " + std::to_string(id) +
                                     " is outside the model's vocabulary of " + std::to_string(V) + " tokens");
     }
     if (prompt.empty()) prompt.push_back(tok.eot() >= 0 && tok.eot() < V ? tok.eot() : 0);
     const int P = (int)prompt.size();
-    setup_check(P <= maxT, "flag --generate: the prompt has " + std::to_string(P) +
+    setup_check(P <= maxT, std::string("flag ") + (cfg.prompt_ids.empty() ? "--generate" : "--prompt-ids") +
+                               ": the prompt has " + std::to_string(P) +
                                " tokens, more than the model's maxT of " + std::to_string(maxT));
     const int total = (int)std::min<long long>((long long)P + cfg.max_new_tokens, maxT);
 
