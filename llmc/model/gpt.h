@@ -113,9 +113,12 @@ class GPT {
     // cross-entropy in chunks of at most ROWS rows, the backward's head
     // products fused into the forward (head.cpp), so that only ROWS rows of
     // logits are ever held.
+    // training false: no gradients and no Adam state (generation: the
+    // weights and the forward only); backward and a forward with a loss
+    // gradient then refuse.
     GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute = Recompute::none,
         const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
-        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0);
+        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0, bool training = true);
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -133,7 +136,8 @@ class GPT {
     // (whole buffers, nothing to wait for; only valid without sharding).
     void set_provider(UnitProvider* p);
 
-    // Flat buffers (backend memory); master is null without mixed precision.
+    // Flat buffers (backend memory); master is null without mixed precision,
+    // grads, adam_m and adam_v in a model built with training = false.
     // Sharded buffers hold this rank's slices only (see Sharding).
     void* params() { return params_; }
     void* grads() { return grads_; }
@@ -347,6 +351,7 @@ class GPT {
     int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
     int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds
     Sharding sharding_;
+    bool training_ = true;  // gradients and Adam state allocated
     UnitProvider* provider_ = nullptr;
     LocalUnits* local_ = nullptr;
     std::vector<const void*> unit_params_;  // acquired units' parameters, else null

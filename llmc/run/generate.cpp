@@ -20,6 +20,7 @@
 #include "llmc/io/tokenizer.h"
 #include "llmc/model/gpt.h"
 #include "llmc/model/kv_cache.h"
+#include "llmc/run/report.h"
 #include "llmc/run/startup.h"
 
 bool generate_requested(const ArgParser& parser) { return parser.given("generate") || parser.given("prompt-ids"); }
@@ -151,9 +152,11 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
     be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
     choose_threads();
     try {
-        // The model holds the weights; its activations are for the no-cache
-        // check only (the KV cache path uses its own rows: B = T = 1 here).
-        GPT model(be.get(), mc, 1, cfg.kv_cache ? 1 : total);
+        // The model holds the weights (no gradients, no Adam state); its
+        // activations are for the no-cache check only (the KV cache has its
+        // own rows: B = T = 1 then).
+        GPT model(be.get(), mc, 1, cfg.kv_cache ? 1 : total, Recompute::none, Sharding(), nullptr, nullptr, {}, 0,
+                  false);
         be->reserve_workspace(model.workspace());
         if (step >= 0) {
             TrainState st;
@@ -211,10 +214,11 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
         const int made = (int)seq.size() - P;
         std::printf("%s\nids: %s\n", Tokenizer::printable(text).c_str(), ids.c_str());
         std::printf("generate: %s, %s on %s; %d prompt tokens, %d new (stopped at %s), %.1f ms (prompt %.1f ms, "
-                    "then %.2f ms per token)%s\n",
+                    "then %.2f ms per token); %s held, %s\n",
                     config_string(mc).c_str(), dtype_name(model.precision().act), be->name(), P, made, why, ms,
                     prefill_ms, made > 1 ? (ms - prefill_ms) / (made - 1) : 0.0,
-                    kv ? "" : ", no KV cache (--kv-cache 0)");
+                    human_bytes((double)be->bytes_in_use()).c_str(),
+                    kv ? ("KV cache " + human_bytes((double)kv->bytes)).c_str() : "no KV cache (--kv-cache 0)");
     } catch (const std::bad_alloc&) {
         setup_check(false, "out of memory");
     } catch (const std::exception& e) {
