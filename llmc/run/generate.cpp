@@ -120,6 +120,14 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
         step = latest_checkpoint(cfg.output_dir);
         setup_check(step >= 0, "flag -y: no complete checkpoint in " + cfg.output_dir);
         ok = read_checkpoint_config(cfg.output_dir, step, &mc, &err);
+        // As for a resumed run: a model named beside -y must be the checkpoint's.
+        GPTConfig named;
+        std::string why;
+        if (ok && parser.given("model") && model_config(cfg, &named, &why) && named != mc) {
+            ok = false;
+            err = "flag -e: " + cfg.model + " is " + config_string(named) + ", but the checkpoint in " +
+                  cfg.output_dir + " is " + config_string(mc) + " (drop -e to generate from the checkpoint)";
+        }
     } else {
         ok = model_config(cfg, &mc, &err);
     }

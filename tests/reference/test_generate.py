@@ -15,8 +15,9 @@
 #     file and the checkpoint of the run that wrote it (-o DIR -y) give the
 #     same ids; a byte-level prompt as text encodes to its bytes;
 #   - errors: a prompt longer than maxT, an id past the vocabulary, text for
-#     a tokenizer that cannot encode, --generate with --tp 2, and (with
-#     mpirun) two ranks: one line "train_gpt: error: ...", exit status 1.
+#     a tokenizer that cannot encode, --generate with --tp 2, -y with
+#     another model's -e, and (with mpirun) two ranks: one line
+#     "train_gpt: error: ...", exit status 1.
 # Last line: "N passed, N failed".
 import json
 import os
@@ -178,6 +179,9 @@ def test_sources(tmp):
           ("" if f1 else ": " + out.strip()[-300:]))
     check(ck is not None and ck == f1, "the checkpoint (-o DIR -y) gives the model file's ids" +
           ("" if ck else ": " + out2.strip()[-300:]))
+    rc, out, err = run(["-o", o, "-y", "-e", "L=2,C=32,NH=2,V=257,T=64", "--prompt-ids", "1"])
+    check(rc == 1 and "flag -e" in err and "checkpoint" in err, "-y with another model's -e is refused: " +
+          err.strip()[-200:])
 
 
 def test_errors(tmp, hf_dir):
