@@ -27,6 +27,7 @@
 #include "llmc/base/args.h"
 #include "llmc/comm/dist.h"
 #include "llmc/plan/modes.h"
+#include "llmc/run/generate.h"
 #include "llmc/run/signals.h"
 #include "llmc/run/startup.h"
 #include "llmc/run/train_config.h"
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     }
     if (!r.cfg.plan.empty()) return plan_main(parser, r.cfg);
     if (!r.cfg.calibrate.empty()) return calibrate_main(r.cfg);
+    if (generate_requested(parser)) return generate_main(parser, r.cfg);
     try {
         const TrainConfig& cfg = r.cfg;
         r.setup(parser);

@@ -351,6 +351,7 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
             return false;
         }
         model.set_weights_file_range(w.data(), ix.wt, fo, fo + n);
+        if (!model.adam_m()) continue;  // a model without training state (--generate) takes the weights only
         model.set_file_range(model.adam_m(), model.sharding().optimizer, p.opt, m.data(), ix.ot, fo, fo + n);
         model.set_file_range(model.adam_v(), model.sharding().optimizer, p.opt, v.data(), ix.ot, fo, fo + n);
     }

@@ -56,6 +56,19 @@ static bool read_json_file(const std::string& path, json* out, std::string* err)
 
 // ---- config.json --------------------------------------------------------------------------------
 
+std::vector<int> hf_eos_ids(const std::string& dir) {
+    json j;
+    std::string err;
+    std::vector<int> ids;
+    if (!read_json_file(dir + "/config.json", &j, &err) || !j.contains("eos_token_id")) return ids;
+    const json& e = j["eos_token_id"];
+    if (e.is_number_integer()) ids.push_back(e.get<int>());
+    if (e.is_array())
+        for (const json& x : e)
+            if (x.is_number_integer()) ids.push_back(x.get<int>());
+    return ids;
+}
+
 namespace {
 // Fields of config.json with transformers' defaults when absent.
 struct ConfigReader {

@@ -21,6 +21,7 @@
 // Our models from Hugging Face have Vp = V (no padding rows).
 #pragma once
 #include <string>
+#include <vector>
 
 #include "llmc/io/hf_meta.h"
 #include "llmc/io/weight_gather.h"
@@ -54,6 +55,10 @@ bool load_hf(const std::string& dir, GPT& model, std::string* err);
 // and rank 0 writes it. Every rank returns the same verdict.
 bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err,
                const HfExtras& extras = HfExtras());
+
+// The ids config.json names as eos_token_id (a number or a list; where
+// generation stops), or none when it names none or cannot be read.
+std::vector<int> hf_eos_ids(const std::string& dir);
 
 // DIR/tokenizer.json when it exists, else "".
 std::string hf_tokenizer_path(const std::string& dir);

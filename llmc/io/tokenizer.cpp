@@ -335,6 +335,37 @@ std::string Tokenizer::decode(int id) const {
     return tokens_[(size_t)id];
 }
 
+// Byte b's token: the id whose text is exactly that byte (the first such
+// id), or -1. Special tokens (EOT) never count: their text is a name.
+static std::vector<int> byte_ids(const std::vector<std::string>& tokens, int eot) {
+    std::vector<int> ids(256, -1);
+    for (size_t i = 0; i < tokens.size(); ++i)
+        if ((int)i != eot && tokens[i].size() == 1 && ids[(unsigned char)tokens[i][0]] < 0)
+            ids[(unsigned char)tokens[i][0]] = (int)i;
+    return ids;
+}
+
+bool Tokenizer::can_encode() const {
+    if (tokens_.empty()) return false;
+    for (size_t i = 0; i < tokens_.size(); ++i)
+        if ((int)i != eot_ && tokens_[i].size() > 1) return false;  // a merged token: BPE
+    for (int id : byte_ids(tokens_, eot_))
+        if (id < 0) return false;
+    return true;
+}
+
+bool Tokenizer::encode(const std::string& text, std::vector<int>* ids, std::string* err) const {
+    if (!can_encode()) {
+        *err = "this tokenizer does not encode text (only byte-level vocabularies do; BPE merges are not "
+               "implemented)";
+        return false;
+    }
+    const std::vector<int> by_byte = byte_ids(tokens_, eot_);
+    ids->clear();
+    for (char c : text) ids->push_back(by_byte[(unsigned char)c]);
+    return true;
+}
+
 std::string Tokenizer::printable(const std::string& s) {
     std::string out;
     out.reserve(s.size());

@@ -1,7 +1,9 @@
-// llmc/io/tokenizer.h: Tokenizer, decode-only, for printing samples.
+// llmc/io/tokenizer.h: Tokenizer, for printing samples and generated text.
 //
-// The trainer never encodes text (the shards hold token ids already); it only
-// turns sampled ids back into bytes. Two sources:
+// The trainer never encodes text (the shards hold token ids already); it
+// turns sampled ids back into bytes. Only a byte-level vocabulary encodes
+// (train_gpt --generate's prompt): BPE merges are not implemented, so other
+// tokenizers take the prompt as ids. Two sources:
 //   load()        an llm.c tokenizer file: 256 little-endian int32 header,
 //                 [0]=20240328 [1]=2 [2]=vocab size [3]=EOT id, then per
 //                 token a uint8 length and that many bytes. Version 1 has no
@@ -36,6 +38,14 @@ public:
     std::string decode(int id) const;
     int eot() const { return eot_; }
     int vocab_size() const { return (int)tokens_.size(); }
+
+    // Whether encode() can work: every byte has a one-byte token (the
+    // byte-level tokenizer, or a file or tokenizer.json that holds exactly
+    // such a vocabulary besides its special tokens). A vocabulary with longer
+    // tokens would need its BPE merges to encode as it was trained.
+    bool can_encode() const;
+    // text -> ids (each byte its token); false with *err when !can_encode().
+    bool encode(const std::string& text, std::vector<int>* ids, std::string* err) const;
 
     // s with bytes that could upset a terminal written as \xNN: control
     // characters other than newline and tab, DEL, and bytes that are not part

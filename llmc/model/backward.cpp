@@ -20,6 +20,7 @@ void GPT::norm_backward(void* dinp, const void* dout, const void* inp, const voi
 
 void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) {
     const ModelChunk& ch = chunks_.at(c);
+    if (!training_) throw std::logic_error("backward: the model was built without gradients (training = false)");
     if (slot < 0 || slot >= ch.slots) throw std::logic_error("backward: no such activation slot");
     if (ch.head && !grad_ready_[slot]) throw std::logic_error("backward: the last forward computed no loss gradient");
     // Gradient buffers are handed out afresh for each backward (ZeRO-2/3).

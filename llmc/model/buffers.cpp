@@ -99,14 +99,15 @@ static uint64_t next_region_model() {
 }
 
 GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, const Sharding& sharding,
-         TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks, int head_chunk)
+         TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks, int head_chunk,
+         bool training)
     : region_model_(next_region_model()), be_(be), cfg_(cfg),
       table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
              stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks)),
       prec_(be->precision()), B_(B), T_(T), recompute_(recompute),
       chunks_(chunks.empty() ? whole_model(cfg) : chunks), tp_(tp && tp->size() > 1 ? tp : nullptr),
       tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), head_chunk_(head_chunk),
-      sharding_(sharding) {
+      sharding_(sharding), training_(training) {
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
     if (head_chunk < 0) throw std::invalid_argument("GPT: negative LM-head chunk");
     const bool sp = tp_ && tp_->sp();
@@ -132,10 +133,11 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
     const size_t ES = embed_slots, HSl = head_slots;
     const DType act = prec_.act, st = prec_.stat;
     params_ = alloc_buffer("params", "params", sharding.params ? shard : full, prec_.param);
-    grads_ = alloc_buffer("grads", "grads", sharding.grads ? shard : full, prec_.grad);
+    // The master copy stays without training: the loaders write the weights through it.
+    if (training) grads_ = alloc_buffer("grads", "grads", sharding.grads ? shard : full, prec_.grad);
     if (prec_.has_master) master_ = alloc_buffer("master", "master", sharding.optimizer ? shard : full, prec_.master);
-    m_ = alloc_buffer("optimizer", "adam_m", sharding.optimizer ? shard : full, prec_.opt);
-    v_ = alloc_buffer("optimizer", "adam_v", sharding.optimizer ? shard : full, prec_.opt);
+    if (training) m_ = alloc_buffer("optimizer", "adam_m", sharding.optimizer ? shard : full, prec_.opt);
+    if (training) v_ = alloc_buffer("optimizer", "adam_v", sharding.optimizer ? shard : full, prec_.opt);
 
     a_ = new Acts();
     Acts& a = *a_;
@@ -304,6 +306,7 @@ void GPT::region(Pass pass, int c, int slot, int B, int T, double dloss, const s
 }
 
 void GPT::zero_grad() {
+    if (!training_) throw std::logic_error("GPT: built without gradients (training = false)");
     size_t n = sharding_.grads ? table_.shard_total : table_.total;
     be_->zero(grads_, n * dtype_size(prec_.grad));
 }

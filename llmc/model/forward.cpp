@@ -115,6 +115,7 @@ void GPT::activation(void* h, const void* fch, int N) {
 double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
                           double dloss) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
+    if (dloss != 0.0 && !training_) throw std::logic_error("forward: a loss gradient in a model built without gradients");
     if (cp_ && T != T_) throw std::invalid_argument("forward: context parallel runs whole local sequences");
     const ModelChunk& ch = chunks_.at(c);
     if (slot < 0 || slot >= ch.slots) throw std::logic_error("forward: no such activation slot");

@@ -3,10 +3,11 @@
 // (parameters, gradients, master weights, Adam m and v, all laid out by the
 // tensor table), its activations, and a forward and backward pass written
 // once against the Backend interface, so the same code runs on the CPU and
-// on CUDA. The class is implemented in five files by job: buffers.cpp (the
+// on CUDA. The class is implemented in six files by job: buffers.cpp (the
 // buffers and the units' parameters), weights.cpp (weights in file order,
-// initialisation), forward.cpp, backward.cpp and head.cpp (the LM head and
-// its cross-entropy, whole or in row chunks).
+// initialisation), forward.cpp, backward.cpp, head.cpp (the LM head and
+// its cross-entropy, whole or in row chunks) and decode.cpp (generation's
+// forward of new tokens against a KV cache, llmc/model/kv_cache.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -95,6 +96,8 @@ struct BufferInfo {
     bool per_layer;     // one slice per transformer block (kept from forward to backward)
 };
 
+struct KVCache;  // llmc/model/kv_cache.h
+
 class GPT {
   public:
     // Allocates every buffer for micro-batches of up to B rows of T tokens.
@@ -110,9 +113,12 @@ class GPT {
     // cross-entropy in chunks of at most ROWS rows, the backward's head
     // products fused into the forward (head.cpp), so that only ROWS rows of
     // logits are ever held.
+    // training false: no gradients and no Adam state (generation: the
+    // weights and the forward only); backward and a forward with a loss
+    // gradient then refuse.
     GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute = Recompute::none,
         const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
-        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0);
+        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0, bool training = true);
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -130,7 +136,8 @@ class GPT {
     // (whole buffers, nothing to wait for; only valid without sharding).
     void set_provider(UnitProvider* p);
 
-    // Flat buffers (backend memory); master is null without mixed precision.
+    // Flat buffers (backend memory); master is null without mixed precision,
+    // grads, adam_m and adam_v in a model built with training = false.
     // Sharded buffers hold this rank's slices only (see Sharding).
     void* params() { return params_; }
     void* grads() { return grads_; }
@@ -225,6 +232,14 @@ class GPT {
     // want_logits(b, pos) before it (default: the chunk of row 0).
     void logits_row(int b, int pos, void* out, DType dt);
     void want_logits(int b, int pos);
+    // Generation (decode.cpp): the forward of n new tokens of one sequence
+    // at positions kv.len .. kv.len+n-1, attending to the keys and values kv
+    // holds for the earlier positions and to their own (causally), which it
+    // then appends (kv.len += n). Writes the logits of the last new token,
+    // first V columns, to host memory of type dt. n > 1 only into an empty
+    // cache (the prompt's prefill). Whole models in one process only; uses
+    // none of the model's activation buffers (B and T may be 1).
+    void decode(KVCache& kv, const int* tokens, int n, void* logits, DType dt);
     // Activation bytes held (activations and their gradient scratch).
     size_t activation_bytes() const;
     // Bytes one transformer block keeps from its forward for its backward
@@ -336,6 +351,7 @@ class GPT {
     int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
     int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds
     Sharding sharding_;
+    bool training_ = true;  // gradients and Adam state allocated
     UnitProvider* provider_ = nullptr;
     LocalUnits* local_ = nullptr;
     std::vector<const void*> unit_params_;  // acquired units' parameters, else null

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "llmc/base/fileio.h"
 #include "llmc/comm/dist.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/io/hf.h"
@@ -102,6 +103,16 @@ std::string choose_threads() {
     omp_set_num_threads(n);
     return std::to_string(n) + " (" + std::to_string(cores) + " cores / " + std::to_string(local) +
            " rank(s) on this node" + (bound < cores ? ", " + std::to_string(bound) + " bound to this rank" : "") + ")";
+}
+
+void setup_tokenizer(const ArgParser& parser, TrainConfig& cfg, Tokenizer* tok) {
+    if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
+        cfg.tokenizer = hf_tokenizer_path(cfg.model);
+    setup_check(!parser.given("tokenizer") || cfg.tokenizer.empty() || file_size(cfg.tokenizer) >= 0,
+                "flag --tokenizer '" + cfg.tokenizer + "': not a readable file (give \"\" for byte-level samples)");
+    std::string err;
+    if (file_size(cfg.tokenizer) >= 0) setup_check(tok->load(cfg.tokenizer, &err), err);
+    else tok->init_bytes();
 }
 
 bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {

@@ -8,6 +8,7 @@
 
 #include "llmc/base/args.h"
 #include "llmc/io/dataloader.h"
+#include "llmc/io/tokenizer.h"
 #include "llmc/model/config.h"
 #include "llmc/run/train_config.h"
 
@@ -49,6 +50,13 @@ std::string check_same_data(DataLoader& data, const char* flag, const std::strin
 // cores runs several times slower), and no rank runs more threads than the
 // cores mpirun bound it to. Returns the line for the settings.
 std::string choose_threads();
+
+// The run's tokenizer (samples, --generate): --tokenizer, or with a Hugging
+// Face -e DIR and no --tokenizer its DIR/tokenizer.json (cfg.tokenizer is
+// set to it); byte-level when the default file is missing or with "". A
+// --tokenizer named but missing is an error (a setup_check): a typo would
+// otherwise print byte-level text without a word.
+void setup_tokenizer(const ArgParser& parser, TrainConfig& cfg, Tokenizer* tok);
 
 // The model shape named by -e: sizes, a descriptor, a model file's header,
 // or a Hugging Face directory's config.json.

@@ -76,6 +76,21 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
            {"flash", "standard"}});
     p.add({0, "plan-top", O::Int, &c.plan_top, "layouts the plan prints", 1, 1e6});
     p.add({0, "calibrate", O::String, &c.calibrate, "measure this machine at -e/-b/-t and write a profile (no training)"});
+    p.add({0, "generate", O::String, &c.generate,
+           "generate text after this prompt from -e's model (no training; one process)"});
+    p.add({0, "prompt-ids", O::String, &c.prompt_ids,
+           "generate after these token ids (\"1,2,3\"): a prompt the tokenizer cannot encode"});
+    p.add({0, "max-new-tokens", O::Int, &c.max_new_tokens,
+           "tokens --generate adds at most (it also stops at the model's maxT)", 0, 1e9});
+    p.add({0, "temperature", O::Double, &c.temperature,
+           "sampling temperature of --generate (0: greedy, the most likely token)", 0, 1e6});
+    p.add({0, "top-k", O::Int, &c.top_k, "--generate draws from the K most likely tokens only (0: all)", 0, 1e9});
+    p.add({0, "top-p", O::Double, &c.top_p,
+           "--generate draws from the fewest most likely tokens whose probability reaches P (1: all)", 0, 1});
+    p.add({0, "ignore-eos", O::Int, &c.ignore_eos, "1: --generate goes on past the end-of-text token", 0, 1, {}, "1"});
+    p.add({0, "kv-cache", O::Int, &c.kv_cache,
+           "1: --generate keeps every layer's keys and values; 0: runs the whole sequence again per token (a check)",
+           0, 1});
     p.add({0, "seed", O::Long, &c.seed, "seed of the initialisation and the sampling RNG", 0, 9.2e18});
     p.add({0, "device", O::String, &c.device, "where to run", 0, 0, {"auto", "cpu", "cuda"}});
     p.add({0, "dtype", O::String, &c.dtype, "precision (auto: fp32 on cpu, bf16 on cuda; bf16 on cpu: the GPU's mixed precision, fp32 compute)", 0, 0,
@@ -93,5 +108,7 @@ const char* train_examples() {
            "  mpirun -np 4 ./train_gpt -z 1 -o log_dp4                 data parallel, ZeRO-1, 4 ranks\n"
            "  mpirun -np 4 ./train_gpt --tp 2 --sp 1 -z 1              tensor + sequence parallel x 2 data-parallel ranks\n"
            "  mpirun -np 4 ./train_gpt --pp 2 --tp 2 -d 8192           pipeline x tensor parallel\n"
-           "  ./train_gpt --plan search -e d12 --world 64 -t 1024      choose a layout for 64 GPUs\n";
+           "  ./train_gpt --plan search -e d12 --world 64 -t 1024      choose a layout for 64 GPUs\n"
+           "  ./train_gpt -e path/to/hf_dir --generate 'Hello' --temperature 0 --max-new-tokens 20\n"
+           "                                                           greedy text from a model\n";
 }

@@ -66,6 +66,15 @@ struct TrainConfig {
     std::string plan_attention = "flash";
     int plan_top = 10;
     std::string calibrate = "";     // measure this machine, write a profile here
+    // generation (no training): llmc/run/generate.h
+    std::string generate = "";      // the prompt's text (the mode: given, or --prompt-ids)
+    std::string prompt_ids = "";    // the prompt as token ids "1,2,3"
+    int max_new_tokens = 64;
+    double temperature = 1.0;       // 0: greedy
+    int top_k = 0;                  // 0: off
+    double top_p = 1.0;             // 1: off
+    int ignore_eos = 0;
+    int kv_cache = 1;               // 0: the whole sequence again per token (a check)
     std::string device = "auto";
     std::string dtype = "auto";
 };

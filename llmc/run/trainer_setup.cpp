@@ -114,15 +114,7 @@ void Trainer::setup(const ArgParser& parser) {
     }
     if (!converting) data_fingerprint = check_same_data(train, "-i", cfg.train_data);
     if (use_val) check_same_data(val, "-j", cfg.val_data);
-    // A Hugging Face -e DIR brings its tokenizer.json unless --tokenizer says otherwise.
-    if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
-        cfg.tokenizer = hf_tokenizer_path(cfg.model);
-    // A tokenizer the user named must exist (a typo would otherwise print
-    // byte-level samples without a word); the default one may be absent.
-    setup_check(!parser.given("tokenizer") || cfg.tokenizer.empty() || file_size(cfg.tokenizer) >= 0,
-                "flag --tokenizer '" + cfg.tokenizer + "': not a readable file (give \"\" for byte-level samples)");
-    if (file_size(cfg.tokenizer) >= 0) setup_check(tok.load(cfg.tokenizer, &err), err);
-    else tok.init_bytes();
+    setup_tokenizer(parser, cfg, &tok);
     if (main_rank && tok.vocab_size() < mc.vocab_size && cfg.sample_every > 0)
         std::fprintf(stderr, "train_gpt: warning: tokenizer %s has %d tokens, the model %d: samples print ids past "
                              "it as <?>\n", cfg.tokenizer.empty() ? "(byte-level)" : cfg.tokenizer.c_str(),
