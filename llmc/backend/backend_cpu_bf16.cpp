@@ -15,8 +15,8 @@
 // accumulation); elsewhere, or with LLMC_CPU_BF16_DOT=0, the operands
 // widened to fp32 and sgemm. The choice is made once, when the backend is
 // built, and compute_path() (the "compute:" line under the settings table)
-// names it. The project's build machines have AVX2 only, so the widened path
-// is the one their tests check; on a CPU with AVX-512 BF16 the model's tests
+// names it. Machines differ (many have AVX2 only, where the widened path is
+// the one the tests check); on a CPU with AVX-512 BF16 the model's tests
 // (the reference tier's *_cpu_bf16 runs, tests/distributed/test_bf16.py)
 // check the dot path, or the widened one with LLMC_CPU_BF16_DOT=0 exported,
 // and tests/unit/test_cpu_bf16_gemm.cpp checks both products. The bias add

@@ -249,9 +249,11 @@ void Trainer::print_settings(const ArgParser& parser) {
     if (!main_rank) return;
     std::printf("+---------------------------+--------------------------------------------------+\n");
     // The flags that apply to training: those of the other modes (--plan and
-    // its inputs, --calibrate) are left out.
-    static const char* const other_modes[] = {"plan",      "world",          "gpus-per-node", "hardware",
-                                              "plan-json", "plan-attention", "plan-top",      "calibrate"};
+    // its inputs, --calibrate, --generate and its sampling) are left out.
+    static const char* const other_modes[] = {
+        "plan",     "world",      "gpus-per-node",  "hardware",    "plan-json", "plan-attention", "plan-top",
+        "calibrate", "generate", "prompt-ids",     "max-new-tokens", "temperature", "top-k",   "top-p",
+        "ignore-eos", "kv-cache", "convert"};
     for (const Option& o : parser.options()) {
         const bool other = std::any_of(std::begin(other_modes), std::end(other_modes),
                                        [&](const char* n) { return std::strcmp(n, o.name) == 0; });
