@@ -153,10 +153,10 @@ bool ArgParser::apply_config(const std::string& path, std::string* err) {
     return true;
 }
 
-std::string ArgParser::resolved_json() const {
+std::string ArgParser::resolved_json(bool (*keep)(const char* name)) const {
     nlohmann::ordered_json j;
     for (const Option& o : options_) {
-        if (std::string(o.name) == "config") continue;
+        if (std::string(o.name) == "config" || (keep && !keep(o.name))) continue;
         switch (o.kind) {
             case Option::Int: j[o.name] = *static_cast<int*>(o.target); break;
             case Option::Long: j[o.name] = *static_cast<long long*>(o.target); break;

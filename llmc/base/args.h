@@ -35,8 +35,8 @@ class ArgParser {
     // Whether the command line (or --config's file) set the option (by long name).
     bool given(const std::string& name) const;
     // Every option's value as a JSON object by long name (what --config
-    // reads back), --config itself left out.
-    std::string resolved_json() const;
+    // reads back): those keep() accepts (all without it), --config left out.
+    std::string resolved_json(bool (*keep)(const char* name) = nullptr) const;
 
   private:
     bool set(const Option& o, const std::string& flag, const std::string& value, std::string* err);

@@ -1,6 +1,8 @@
 // llmc/run/train_config.cpp: the option table of train_gpt.
 #include "llmc/run/train_config.h"
 
+#include <cstring>
+
 void add_train_options(ArgParser& p, TrainConfig& c) {
     using O = Option;
     p.add({'i', "train-data", O::String, &c.train_data, "training shards (path or glob)"});
@@ -111,4 +113,14 @@ const char* train_examples() {
            "  ./train_gpt --plan search -e d12 --world 64 -t 1024      choose a layout for 64 GPUs\n"
            "  ./train_gpt -e path/to/hf_dir --generate 'Hello' --temperature 0 --max-new-tokens 20\n"
            "                                                           greedy text from a model\n";
+}
+
+bool training_flag(const char* name) {
+    static const char* const other_modes[] = {
+        "plan",       "world",       "gpus-per-node", "hardware", "plan-json",  "plan-attention",
+        "plan-top",   "calibrate",   "convert",       "generate", "prompt-ids", "max-new-tokens",
+        "temperature", "top-k",      "top-p",         "ignore-eos", "kv-cache", "config"};
+    for (const char* n : other_modes)
+        if (std::strcmp(n, name) == 0) return false;
+    return true;
 }

@@ -81,5 +81,9 @@ struct TrainConfig {
 
 // Registers every option of cfg with the parser.
 void add_train_options(ArgParser& p, TrainConfig& cfg);
+// Whether a flag (long name) applies to training: false for those of the
+// other modes (--plan and its inputs, --calibrate, --convert, --generate and
+// its sampling), which the settings table and run_config.json leave out.
+bool training_flag(const char* name);
 // The examples --help prints after the options: a few whole commands.
 const char* train_examples();

@@ -4,8 +4,6 @@
 // check), the weights, the outputs.
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <iterator>
 #include <stdexcept>
 #include <tuple>
 
@@ -158,7 +156,7 @@ void Trainer::setup(const ArgParser& parser) {
              metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
         // The run's full resolved flags beside its metrics: `--config` reads it back.
         AtomicWriter rc;
-        const std::string flags = parser.resolved_json();
+        const std::string flags = parser.resolved_json(training_flag);
         ok = ok && rc.open(cfg.output_dir + "/run_config.json", &err) && rc.write(flags.data(), flags.size()) &&
              rc.commit(&err);
         // What a killed run left: temporaries and checkpoints never finished.
@@ -248,17 +246,9 @@ void Trainer::check_memory() {
 void Trainer::print_settings(const ArgParser& parser) {
     if (!main_rank) return;
     std::printf("+---------------------------+--------------------------------------------------+\n");
-    // The flags that apply to training: those of the other modes (--plan and
-    // its inputs, --calibrate, --generate and its sampling) are left out.
-    static const char* const other_modes[] = {
-        "plan",     "world",      "gpus-per-node",  "hardware",    "plan-json", "plan-attention", "plan-top",
-        "calibrate", "generate", "prompt-ids",     "max-new-tokens", "temperature", "top-k",   "top-p",
-        "ignore-eos", "kv-cache", "convert"};
-    for (const Option& o : parser.options()) {
-        const bool other = std::any_of(std::begin(other_modes), std::end(other_modes),
-                                       [&](const char* n) { return std::strcmp(n, o.name) == 0; });
-        if (!other) std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
-    }
+    // The flags that apply to training (not those of the other modes).
+    for (const Option& o : parser.options())
+        if (training_flag(o.name)) std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
     std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
     std::printf("+---------------------------+--------------------------------------------------+\n");
     std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d x tp %d%s, "

@@ -151,9 +151,15 @@ def test_config(tmp):
     rc2, _, e2 = run(SMALL + ["-x", "3", "-l", "3e-3", "--seed", "7", "-u", "2", "-o", d2])
     check(rc1 == 0 and rc2 == 0 and [m["loss"] for m in metrics(d1)] == [m["loss"] for m in metrics(d2)]
           and len(metrics(d1)) == 3, f"--config sets flags, -x on the command line overrides it: {e1} {e2}")
-    rc3, _, e3 = run(["--config", os.path.join(d1, "run_config.json"), "-o", d3])
-    check(rc3 == 0 and [m["loss"] for m in metrics(d3)] == [m["loss"] for m in metrics(d1)],
-          f"run_config.json reproduces the run: {e3}")
+    if rc1 != 0:
+        return
+    with open(os.path.join(d1, "run_config.json")) as f:
+        saved = json.load(f)
+    check(saved.get("max-steps") == 3 and "generate" not in saved and "plan" not in saved and "config" not in saved,
+          f"run_config.json holds the training flags only: {sorted(saved)}")
+    rc3, out3, e3 = run(["--config", os.path.join(d1, "run_config.json"), "-o", d3])
+    check(rc3 == 0 and rc1 == 0 and [m["loss"] for m in metrics(d3)] == [m["loss"] for m in metrics(d1)],
+          f"run_config.json reproduces the run: rc {rc3} {e3} {out3[-300:]}")
     bad = os.path.join(tmp, "bad_flags.json")
     with open(bad, "w") as f:
         json.dump({"lrr": 1}, f)
