@@ -33,22 +33,14 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 TRAIN = os.path.join(ROOT, "train_gpt")
 sys.path.insert(0, HERE)
 import reference_hf as rh  # noqa: E402  (random HF models, the fp64 patch)
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import Checks  # noqa: E402  (the suites' shared counter)
 
 ENV = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), OMPI_ALLOW_RUN_AS_ROOT="1",
            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
 PROMPT = [5, 17, 42, 3, 88, 11, 60]
 NEW = 20
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    print(("PASS " if ok else "FAIL ") + what, flush=True)
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-    return ok
+check = Checks()  # counts; prints each failure; summary() ends with "N passed, N failed"
 
 
 def run(args, cmd=None, timeout=300):
@@ -230,8 +222,7 @@ def main():
             test_errors(tmp, d)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return check.summary()
 
 
 if __name__ == "__main__":
