@@ -95,3 +95,10 @@ std::string comm_summary(ProcessGrid& g, std::string* json) {
     *json += "}";
     return text;
 }
+
+std::string hms(double seconds) {
+    char b[32];
+    const long v = (long)(seconds + 0.5);
+    std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", v / 3600, v / 60 % 60, v % 60);
+    return b;
+}

@@ -12,6 +12,9 @@
 // "12.3 MiB"
 std::string human_bytes(double bytes);
 
+// Seconds as H:MM:SS (the step lines' elapsed time and ETA, the run summary).
+std::string hms(double seconds);
+
 // One line per rank:
 //   memory[R] WHEN: params=.. grads=.. master=.. optimizer=.. activations=..
 //   comm=.. layer_activations=.. stage=S/P layers=N in_flight=a[,b..]

@@ -189,14 +189,6 @@ void Trainer::note_step(const StepMetrics& m) {
     }
 }
 
-static std::string duration(double s) {
-    char b[48];
-    if (s < 60) std::snprintf(b, sizeof b, "%.1f s", s);
-    else if (s < 3600) std::snprintf(b, sizeof b, "%dm%02ds", (int)s / 60, (int)s % 60);
-    else std::snprintf(b, sizeof b, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
-    return b;
-}
-
 // One paragraph at the end: steps and tokens of this launch, wall time and
 // the time in training steps, mean tokens/s (and MFU on a GPU), the best
 // validation loss, and where the weights are.
@@ -205,7 +197,7 @@ void Trainer::print_summary() const {
     const unsigned long long tokens = totals.last_tokens - totals.first_tokens;
     const double train_s = totals.ms / 1e3;
     std::printf("run summary: %d steps, %llu tokens in %s (%s in training steps: %.0f tokens/s", totals.steps, tokens,
-                duration(now_seconds() - totals.wall_start).c_str(), duration(train_s).c_str(),
+                hms(now_seconds() - totals.wall_start).c_str(), hms(train_s).c_str(),
                 train_s > 0 ? tokens / train_s : 0.0);
     if (totals.mfu_ms > 0) std::printf(", MFU %.1f%%", 100 * totals.mfu_ms / totals.ms);
     std::printf(")");

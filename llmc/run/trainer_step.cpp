@@ -49,12 +49,6 @@ std::string Trainer::progress(int step, unsigned long long tokens, double step_m
     }
     const double elapsed = now - progress_start;
     const int done = step + 1 - progress_first_step, left = cfg.max_steps - step - 1;
-    auto hms = [](double s) {
-        char b[32];
-        const long v = (long)(s + 0.5);
-        std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", v / 3600, v / 60 % 60, v % 60);
-        return std::string(b);
-    };
     char tk[32], b[160];
     const double x = (double)tokens;
     if (x < 1e3) std::snprintf(tk, sizeof tk, "%.0f", x);
