@@ -7,11 +7,31 @@
 
 #include "llmc/backend/backends.h"
 #include "llmc/comm/dist.h"
+#include "llmc/model/tensors.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/plan/calibrate.h"
 #include "llmc/plan/hardware.h"
 #include "llmc/plan/planner.h"
 #include "llmc/run/startup.h"
+
+// The global batch of a plan without -d: what published runs of a model of
+// P parameters used (Brown et al. 2020, "Language Models are Few-Shot
+// Learners", table 2.1: 0.5M tokens up to 760M parameters, 1M at 1.3B and
+// 2.7B, 2M at 6.7B and 13B, 3.2M at 175B; Llama 2 trained every size on 4M),
+// in a power-of-two count of rows of T (the layouts' divisors), at least one.
+static long long realistic_batch(size_t P, int T) {
+    const long long tokens = P < 1000000000ULL    ? 1LL << 19
+                             : P < 4000000000ULL  ? 1LL << 20
+                             : P < 20000000000ULL ? 1LL << 21
+                                                  : 1LL << 22;
+    long long rows = 1;
+    while (rows * 2 * T <= tokens) rows *= 2;
+    return rows * T;
+}
+static std::string realistic_batch_source() {
+    return "the global batch of published runs of this size, GPT-3's table 2.1 and Llama 2: 0.5M tokens under 1B "
+           "parameters, 1M under 4B, 2M under 20B, 4M above";
+}
 
 // --plan: the layouts of this model on a planned world, without training
 // (rank 0 alone; llmc/plan/planner.h).
@@ -19,6 +39,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
     std::string err;
     PlanRequest r;
     GPTConfig mc;
+    std::string defaults_note;  // what was chosen for the flags not given
     bool ok = model_config(cfg, &mc, &err) && load_hardware(cfg.hardware, &r.hw, &err);
     if (ok) {
         r.mode = cfg.plan;
@@ -26,12 +47,22 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         Layout& b = r.base;
         b.world = cfg.world > 0 ? cfg.world : dist_world_size();
         b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero;
-        b.B = cfg.B, b.T = cfg.T, b.total_batch = cfg.total_batch;
+        b.B = cfg.B, b.T = cfg.T > 0 ? cfg.T : default_seq_len(mc), b.total_batch = cfg.total_batch;
         parse_recompute(cfg.recompute, &b.recompute);
         b.head_chunk = cfg.head_chunk;
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
         const long long degrees = (long long)b.pp * b.tp * b.cp;
-        if (b.total_batch < 0) b.total_batch = (long long)b.B * b.T * std::max(1LL, b.world / std::max(1LL, degrees));
+        if (b.total_batch < 0 && r.mode == "eval" && parser.given("batch-size")) {
+            // A layout to evaluate with its -b: one micro-batch per data-parallel rank, as training does.
+            b.total_batch = (long long)b.B * b.T * std::max(1LL, b.world / std::max(1LL, degrees));
+        } else if (b.total_batch < 0) {
+            b.total_batch = realistic_batch(model_param_count(mc), b.T);
+            defaults_note += "-d " + std::to_string(b.total_batch) + " (no -d: " + realistic_batch_source() + ")";
+        }
+        if (cfg.T == 0)
+            defaults_note = "-t " + std::to_string(b.T) + " (no -t: the model's context" +
+                              (mc.max_seq_len > b.T ? ", " + std::to_string(mc.max_seq_len) + ", capped" : "") + ")" +
+                              (defaults_note.empty() ? "" : "; " + defaults_note);
         r.fix_pp = parser.given("pp"), r.fix_vpp = parser.given("vpp"), r.fix_tp = parser.given("tp");
         r.fix_cp = parser.given("cp"), r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
         r.fix_B = parser.given("batch-size"), r.fix_recompute = parser.given("recompute");
@@ -41,6 +72,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         r.attention = cfg.plan_attention;
         r.top = cfg.plan_top;
         r.model_flag = cfg.model;
+        if (dist_world_rank() == 0 && !defaults_note.empty()) std::printf("plan: %s\n", defaults_note.c_str());
         ok = dist_world_rank() != 0 || run_planner(mc, r, &err);
     }
     setup_check(ok, err);
@@ -60,7 +92,7 @@ int calibrate_main(const TrainConfig& cfg) {
     ProcessGrid grid;
     setup_check(make_process_grid(1, 1, 1, cfg.comm, *be, &grid, &err), err);
     Hardware hw;
-    bool ok = calibrate(*be, grid, mc, cfg.B, cfg.T, cfg.calibrate, &hw, &err);
+    bool ok = calibrate(*be, grid, mc, cfg.B, cfg.T > 0 ? cfg.T : default_seq_len(mc), cfg.calibrate, &hw, &err);
     if (ok && dist_world_rank() == 0) {
         ok = save_hardware(cfg.calibrate, hw, &err);
         if (ok) std::printf("calibrate: %s\n%s\n", cfg.calibrate.c_str(), hw.source.c_str());

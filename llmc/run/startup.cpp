@@ -105,15 +105,54 @@ std::string choose_threads() {
            " rank(s) on this node" + (bound < cores ? ", " + std::to_string(bound) + " bound to this rank" : "") + ")";
 }
 
+std::string shards_tokenizer(const std::string& pattern) {
+    const size_t slash = pattern.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : pattern.substr(0, slash);
+    for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+        if (file_size(dir + "/" + name) > 0) return dir + "/" + name;
+    return "";
+}
+
 void setup_tokenizer(const ArgParser& parser, TrainConfig& cfg, Tokenizer* tok) {
-    if (!parser.given("tokenizer") && is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty())
-        cfg.tokenizer = hf_tokenizer_path(cfg.model);
+    if (!parser.given("tokenizer")) {
+        if (is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty()) cfg.tokenizer = hf_tokenizer_path(cfg.model);
+        else cfg.tokenizer = shards_tokenizer(cfg.train_data);
+    }
     setup_check(!parser.given("tokenizer") || cfg.tokenizer.empty() || file_size(cfg.tokenizer) >= 0,
                 "flag --tokenizer '" + cfg.tokenizer + "': not a readable file (give \"\" for byte-level samples)");
     std::string err;
-    if (file_size(cfg.tokenizer) >= 0) setup_check(tok->load(cfg.tokenizer, &err), err);
+    if (!cfg.tokenizer.empty()) setup_check(tok->load(cfg.tokenizer, &err), err);
     else tok->init_bytes();
 }
+
+void warn_tokenizer_mismatch(const TrainConfig& cfg, const Tokenizer& tok) {
+    const std::string made_with = shards_tokenizer(cfg.train_data);
+    if (dist_world_rank() != 0 || made_with.empty() || made_with == cfg.tokenizer) return;
+    Tokenizer data;
+    std::string err;
+    if (!data.load(made_with, &err)) {
+        std::fprintf(stderr, "train_gpt: warning: cannot compare the shards' tokenizer: %s\n", err.c_str());
+        return;
+    }
+    std::string diff;
+    if (data.vocab_size() != tok.vocab_size())
+        diff = std::to_string(data.vocab_size()) + " tokens against " + std::to_string(tok.vocab_size());
+    else if (data.eot() != tok.eot())
+        diff = "end-of-text id " + std::to_string(data.eot()) + " against " + std::to_string(tok.eot());
+    else
+        for (int i = 0; i < data.vocab_size() && diff.empty(); i++)
+            if (data.decode(i) != tok.decode(i))
+                diff = "token " + std::to_string(i) + " is '" + Tokenizer::printable(data.decode(i)) + "' against '" +
+                       Tokenizer::printable(tok.decode(i)) + "'";
+    if (diff.empty()) return;
+    const std::string run = cfg.tokenizer.empty() ? "the byte-level tokenizer" : cfg.tokenizer;
+    std::fprintf(stderr, "train_gpt: warning: -i '%s' was tokenized with %s, and this run's tokenizer is %s (%s): "
+                         "the model would read the ids as other text (give the data made with the model's tokenizer, "
+                         "or --tokenizer %s if that one is right)\n",
+                 cfg.train_data.c_str(), made_with.c_str(), run.c_str(), diff.c_str(), made_with.c_str());
+}
+
+int default_seq_len(const GPTConfig& mc) { return std::min(mc.max_seq_len, kDefaultMaxT); }
 
 bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
     if (is_hf_dir(cfg.model)) return read_hf_config(cfg.model, mc, err);

@@ -51,12 +51,26 @@ std::string check_same_data(DataLoader& data, const char* flag, const std::strin
 // cores mpirun bound it to. Returns the line for the settings.
 std::string choose_threads();
 
-// The run's tokenizer (samples, --generate): --tokenizer, or with a Hugging
-// Face -e DIR and no --tokenizer its DIR/tokenizer.json (cfg.tokenizer is
-// set to it); byte-level when the default file is missing or with "". A
+// The tokenizer file scripts/prepare_data.py writes beside the shards it
+// makes (tokenizer.json or tokenizer.bin in the directory of the -i
+// pattern), or "" when there is none: the record of how the data was made.
+std::string shards_tokenizer(const std::string& pattern);
+
+// The run's tokenizer (samples, --generate): --tokenizer; without it a
+// Hugging Face -e DIR's tokenizer.json, else the shards' tokenizer, else
+// byte-level (cfg.tokenizer is set to the file chosen; "" is byte-level). A
 // --tokenizer named but missing is an error (a setup_check): a typo would
 // otherwise print byte-level text without a word.
 void setup_tokenizer(const ArgParser& parser, TrainConfig& cfg, Tokenizer* tok);
+
+// A warning on rank 0 when the training shards were made with another
+// tokenizer than the run's (vocabulary size, end-of-text id or any token's
+// bytes differ): the ids would mean other text to the model. Silent when
+// the shards carry no tokenizer.
+void warn_tokenizer_mismatch(const TrainConfig& cfg, const Tokenizer& tok);
+
+// -t when none is given: the model's context, at most kDefaultMaxT.
+int default_seq_len(const GPTConfig& mc);
 
 // The model shape named by -e: sizes, a descriptor, a model file's header,
 // or a Hugging Face directory's config.json.

@@ -7,11 +7,11 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     using O = Option;
     p.add({'i', "train-data", O::String, &c.train_data, "training shards (path or glob)"});
     p.add({'j', "val-data", O::String, &c.val_data, "validation shards (path or glob; \"\" for none)"});
-    p.add({0, "tokenizer", O::String, &c.tokenizer, "tokenizer for samples: llm.c file or tokenizer.json (default with an HF -e DIR: DIR/tokenizer.json; byte-level if the default is missing or with \"\")"});
+    p.add({0, "tokenizer", O::String, &c.tokenizer, "tokenizer for samples: llm.c file or tokenizer.json (default: an HF -e DIR's tokenizer.json, else the tokenizer.json or tokenizer.bin beside the -i shards, else byte-level; \"\": byte-level)"});
     p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=] (arch=llama,..,NKV=,F=[,theta=,eps=,tied=1]), a model file, or a Hugging Face directory"});
     p.add({'o', "output-dir", O::String, &c.output_dir, "output directory: metrics.jsonl and checkpoints"});
     p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});
-    p.add({'t', "seq-len", O::Int, &c.T, "sequence length T", 1, 1 << 20});
+    p.add({'t', "seq-len", O::Int, &c.T, "sequence length T (0: the model's context, at most 4096)", 0, 1 << 20});
     p.add({'d', "total-batch", O::Long, &c.total_batch, "tokens per optimizer step (-1: B*T*dp, one micro-batch on each data-parallel rank)", -1, 1e15});
     p.add({'x', "max-steps", O::Int, &c.max_steps, "optimizer steps (-1: one epoch of the training data)", -1, 1e9});
     p.add({'l', "lr", O::Double, &c.lr, "peak learning rate", 0, 10});
@@ -27,7 +27,8 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "beta2", O::Double, &c.beta2, "AdamW beta2", 0, 0.999999});
     p.add({0, "eps", O::Double, &c.eps, "AdamW epsilon", 0, 1});
     p.add({'v', "val-every", O::Int, &c.val_every, "validation loss every N steps (0: never)", 0, 1e9});
-    p.add({'m', "val-steps", O::Int, &c.val_steps, "micro-batches per validation", 1, 1e9});
+    p.add({'m', "val-steps", O::Int, &c.val_steps, "micro-batches of B rows per validation, as llm.c (0: --val-tokens decides)", 0, 1e9});
+    p.add({0, "val-tokens", O::Long, &c.val_tokens, "tokens per validation, the same for every -b and layout (rounded up to whole rows)", 1, 1e15});
     p.add({'s', "sample-every", O::Int, &c.sample_every, "print a text sample every N steps (0: never)", 0, 1e9});
     p.add({0, "log-every", O::Int, &c.log_every, "print the step line every N steps (and the first and last; metrics.jsonl has every step)", 1, 1e9});
     p.add({'g', "gen-tokens", O::Int, &c.gen_tokens, "tokens per sample", 1, 1e6});

@@ -6,16 +6,21 @@
 
 #include "llmc/base/args.h"
 
+// The sequence length of a run that gives no -t: the model's context, at
+// most this (Llama 2's; a 128k-context model would otherwise train on rows
+// no CPU and few GPUs hold).
+constexpr int kDefaultMaxT = 4096;
+
 struct TrainConfig {
     // data and model
     std::string train_data = "data/tiny/tiny_train_*.bin";  // -i
     std::string val_data = "data/tiny/tiny_val_*.bin";      // -j
-    std::string tokenizer = "data/tiny/tokenizer.bin";
+    std::string tokenizer = "";  // (not given: the model's, else the shards', else byte-level)
     std::string model = "L=4,C=128,NH=4,V=257,T=256";      // -e
     std::string output_dir = "";                           // -o
     // batch
     int B = 8;                 // -b micro-batch rows
-    int T = 128;               // -t sequence length
+    int T = 0;                 // -t sequence length (0: the model's context, at most kDefaultMaxT)
     long long total_batch = -1;  // -d tokens per step (-1: B·T)
     int max_steps = -1;        // -x (-1: one epoch of the training data)
     // optimizer
@@ -29,7 +34,8 @@ struct TrainConfig {
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     // evaluation, sampling, checkpoints
     int val_every = 20;        // -v
-    int val_steps = 20;        // -m
+    int val_steps = 0;         // -m micro-batches per validation (0: --val-tokens decides)
+    long long val_tokens = 20480;  // tokens per validation, whatever -b and the layout
     int sample_every = 20;     // -s
     int gen_tokens = 64;       // -g
     int checkpoint_every = 0;  // -n

@@ -46,6 +46,8 @@ struct Trainer {
     long long rows_per_step = 0;
     DataLoader train, val;
     bool use_val = false;
+    long long val_rows = 0;     // rows of T per validation (-m or --val-tokens)
+    bool t_from_model = false;  // no -t: T is the model's context
     Tokenizer tok;
     Layout lay;     // how the run splits over the ranks
     ModelStack s;   // this rank's model and parallel modes
@@ -65,7 +67,7 @@ struct Trainer {
     void report_resume(const RunInfo& saved);
     Ownership owner() const;
     void export_weights();
-    void read_micro_batch(DataLoader& dl, uint64_t first_row);
+    void read_micro_batch(DataLoader& dl, uint64_t first_row, int rows);
     void poison_gradients_for_test(int step);
     StepMetrics train_step(int step);
     std::string progress(int step, unsigned long long tokens, double step_ms);

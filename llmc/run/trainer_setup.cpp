@@ -43,7 +43,6 @@ void Trainer::setup(const ArgParser& parser) {
     lay.sp = cfg.sp;
     lay.zero = cfg.zero;
     lay.B = cfg.B;
-    lay.T = cfg.T;
     lay.total_batch = cfg.total_batch;
     parse_recompute(cfg.recompute, &lay.recompute);
     lay.head_chunk = cfg.head_chunk;
@@ -83,6 +82,10 @@ void Trainer::setup(const ArgParser& parser) {
         ok = model_config(cfg, &mc, &err);
     }
     setup_check(ok, err);
+    // No -t: the model's context (capped; llmc/run/train_config.h).
+    t_from_model = cfg.T == 0;
+    if (t_from_model) cfg.T = default_seq_len(mc);
+    lay.T = cfg.T;
     setup_check(!(mc.llama() && !cfg.export_model.empty()),
                 "flag --export-model: llm.c model files hold GPT-2 only, and the model is " + config_string(mc));
     // Converting: the smallest batch any layout takes (one row, at most the
@@ -102,6 +105,14 @@ void Trainer::setup(const ArgParser& parser) {
     if (!converting) setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
     use_val = !converting && !cfg.val_data.empty() && cfg.val_every > 0;
     setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
+    // Validation rows: -m micro-batches of B rows (llm.c's count), else
+    // --val-tokens in whole rows, so the figure is the same for every -b
+    // and layout. More rows than the files hold wrap and count some twice.
+    val_rows = cfg.val_steps > 0 ? (long long)cfg.val_steps * cfg.B : (cfg.val_tokens + cfg.T - 1) / cfg.T;
+    if (use_val && main_rank && (size_t)val_rows > val.rows_per_epoch())
+        std::fprintf(stderr, "train_gpt: warning: validation reads %lld rows of T=%d, but -j '%s' holds %zu: the rows "
+                             "wrap and some count twice (lower %s)\n", val_rows, cfg.T, cfg.val_data.c_str(),
+                     val.rows_per_epoch(), cfg.val_steps > 0 ? "-m" : "--val-tokens");
     // What is written only at the end must be writable now.
     for (const auto& out : {std::make_tuple("--export-model", cfg.export_model, false),
                             std::make_tuple("--export-hf", cfg.export_hf, true),
@@ -113,6 +124,7 @@ void Trainer::setup(const ArgParser& parser) {
     if (!converting) data_fingerprint = check_same_data(train, "-i", cfg.train_data);
     if (use_val) check_same_data(val, "-j", cfg.val_data);
     setup_tokenizer(parser, cfg, &tok);
+    if (!converting) warn_tokenizer_mismatch(cfg, tok);
     if (main_rank && tok.vocab_size() < mc.vocab_size && cfg.sample_every > 0)
         std::fprintf(stderr, "train_gpt: warning: tokenizer %s has %d tokens, the model %d: samples print ids past "
                              "it as <?>\n", cfg.tokenizer.empty() ? "(byte-level)" : cfg.tokenizer.c_str(),
@@ -271,4 +283,10 @@ void Trainer::print_settings(const ArgParser& parser) {
                 "T=%d (%d per rank); %d steps\n",
                 train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, grid.dp, cfg.T, T_local,
                 cfg.max_steps);
+    if (t_from_model)
+        std::printf("T=%d: no -t, so the model's context (maxT %d%s)\n", cfg.T, mc.max_seq_len,
+                    mc.max_seq_len > cfg.T ? ", capped" : "");
+    if (use_val)
+        std::printf("validation: %lld rows of T=%d (%lld tokens) every %d steps, micro-batches of B=%d over dp=%d\n",
+                    val_rows, cfg.T, val_rows * cfg.T, cfg.val_every, cfg.B, grid.dp);
 }

@@ -1,5 +1,6 @@
 // llmc/run/trainer_step.cpp: a training step, validation and samples
 // (llmc/run/trainer.h).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,10 +33,10 @@ static int sample_token(const std::vector<float>& logits, double u) {
 
 // B rows from first_row on, this rank's tokens of them: whole rows, or this
 // cp rank's chunks.
-void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
-    if (!dl.read_rows(first_row, cfg.B, full_in.data(), full_tg.data(), &err)) end_job(err);
-    s.cp->shard_rows(full_in.data(), cfg.B, cfg.T, inputs.data());
-    s.cp->shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
+void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row, int rows) {
+    if (!dl.read_rows(first_row, rows, full_in.data(), full_tg.data(), &err)) end_job(err);
+    s.cp->shard_rows(full_in.data(), rows, cfg.T, inputs.data());
+    s.cp->shard_rows(full_tg.data(), rows, cfg.T, targets.data());
 }
 
 // Progress after step `step`: tokens seen, wall time since this launch's
@@ -71,7 +72,7 @@ StepMetrics Trainer::train_step(int step) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
                                      : st.rows_consumed + ((uint64_t)micro * grid.dp + grid.dp_rank) * cfg.B;
-        read_micro_batch(train, first);
+        read_micro_batch(train, first, cfg.B);
         *in = inputs.data();
         *tg = targets.data();
     };
@@ -159,18 +160,22 @@ void Trainer::poison_gradients_for_test(int step) {
     be->upload(s.model->grads(), s.model->precision().grad, &nan, DType::F32, 1);
 }
 
-// Validation micro-batches are dealt round robin over the data-parallel
-// ranks; every rank runs the same number of forwards (the extra ones are
-// discarded), each through the whole pipeline.
+// Validation micro-batches of B rows (the last one shorter when B does not
+// divide the rows) are dealt round robin over the data-parallel ranks;
+// every rank runs the same number of forwards (the extra ones are
+// discarded), each through the whole pipeline. The loss is the mean over
+// all rows, each micro-batch's mean weighted by its rows.
 double Trainer::validate() {
     trace::set_step(-1);
     double sum = 0, count = 0;
-    for (int k0 = 0; k0 < cfg.val_steps; k0 += grid.dp) {
-        int k = k0 + grid.dp_rank;
-        bool mine = k < cfg.val_steps;
-        read_micro_batch(val, (size_t)(mine ? k : 0) * cfg.B);
-        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), cfg.B, T_local);
-        if (mine) sum += l, count += 1;
+    const long long micro = (val_rows + cfg.B - 1) / cfg.B;
+    for (long long k0 = 0; k0 < micro; k0 += grid.dp) {
+        const long long k = k0 + grid.dp_rank;
+        const bool mine = k < micro;
+        const int rows = mine ? (int)std::min<long long>(cfg.B, val_rows - k * cfg.B) : cfg.B;
+        read_micro_batch(val, (uint64_t)(mine ? k : 0) * cfg.B, rows);
+        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), rows, T_local);
+        if (mine) sum += l * rows, count += rows;
     }
     sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
     count = grid.dpcp_group->host_all_reduce(count, ReduceOp::Sum);

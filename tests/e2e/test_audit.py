@@ -52,13 +52,14 @@ def flag_cases(base):
     bad("-l abc", ["-l", "abc"], ["-l", "--lr"])
     bad("--seed x", ["--seed", "x"], "--seed")
     bad("-x 1e99 overflow", ["-x", "99999999999999999999"], ["-x", "--max-steps"])
-    for flag, long, vals in (("-b", "--batch-size", ("0", "-4")), ("-t", "--seq-len", ("0", "-32")),
+    for flag, long, vals in (("-b", "--batch-size", ("0", "-4")), ("-t", "--seq-len", ("-32",)),
                              ("-x", "--max-steps", ("0", "-5")), ("-d", "--total-batch", ("0", "-5")),
                              ("-y", "--resume", ("-5", "2")), ("--sp", "--sp", ("2", "-1")),
                              ("-a", "--overfit", ("2", "-1")), ("--tp", "--tp", ("0", "-2")),
                              ("--cp", "--cp", ("0", "-2")), ("--pp", "--pp", ("0", "-1")),
                              ("--vpp", "--vpp", ("0",)), ("-z", "--zero", ("4", "-1")),
                              ("-g", "--gen-tokens", ("-1",)), ("-m", "--val-steps", ("-3",)),
+                             ("--val-tokens", "--val-tokens", ("0", "-5")),
                              ("--max-skips", "--max-skips", ("-1",)), ("--skip-spikes", "--skip-spikes", ("-1",)),
                              ("--grad-clip", "--grad-clip", ("-1",)), ("--head-chunk", "--head-chunk", ("-4",)),
                              ("--collective-timeout", "--collective-timeout", ("-1",)),
