@@ -11,12 +11,16 @@ void* ContextParallel::alloc(size_t bytes) {
     return p;
 }
 
-ContextParallel::ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl)
+ContextParallel::ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl, bool a2a)
     : comm_(group), be_(be), prec_(be.precision()), B_(B), Tl_(T_local), NHl_(NHl), HS_(HS), Cl_(NHl * HS),
-      NKVl_(NKVl > 0 ? NKVl : NHl), Ckv_(NKVl_ * HS), W_(Cl_ + 2 * Ckv_) {
+      NKVl_(NKVl > 0 ? NKVl : NHl), Ckv_(NKVl_ * HS), W_(Cl_ + 2 * Ckv_), a2a_(a2a && group.size() > 1) {
     kv_[0] = kv_[1] = dkv_[0] = dkv_[1] = out_acc_ = dqkv_acc_ = nullptr;
     if (group.size() == 1) return;  // no ring: nothing to hold
     if (T_local % 2 != 0) throw std::invalid_argument("context parallel: local sequence must hold two chunks");
+    if (a2a_) {
+        a2a_alloc();
+        return;
+    }
     const size_t N = (size_t)B * T_local, a = dtype_size(prec_.act), st = dtype_size(prec_.stat);
     for (int i = 0; i < 2; i++) {
         kv_[i] = alloc(N * 2 * Ckv_ * a);
@@ -84,6 +88,7 @@ ContextParallel::Block ContextParallel::block(int s, int B, double scale) const 
 }
 
 void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, int B, double scale) {
+    if (a2a_) return a2a_forward(out, lse, qkv, B, scale);
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
     const size_t N = (size_t)B * Tl_, kvn = N * 2 * Ckv_;
@@ -104,6 +109,7 @@ void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, i
 
 void ContextParallel::attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                          const void* lse, int B, double scale) {
+    if (a2a_) return a2a_backward(dqkv, dout, qkv, out, lse, B, scale);
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
     const size_t N = (size_t)B * Tl_, kvn = N * 2 * Ckv_;

@@ -21,6 +21,10 @@
 // Backward: the ring again with the final output and global lse; dQ
 // accumulates locally, dK/dV accumulators (fp32) travel with their block and
 // reach their owner after c hops.
+//
+// --cp-impl a2a (DeepSpeed-Ulysses) keeps the same sharding and instead
+// trades sequence shards for head shards around attention with two
+// all-to-alls (llmc/model/context_parallel_a2a.cpp has its picture).
 #pragma once
 #include <vector>
 
@@ -33,7 +37,9 @@ class ContextParallel {
     // held by this rank (after tensor parallelism), and NKVl key/value heads
     // (grouped-query attention; 0: NHl). The model's QKV rows are [Q (NHl
     // heads) | K (NKVl) | V (NKVl)]; the travelling blocks carry K and V.
-    ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl = 0);
+    // a2a: all-to-all (Ulysses) instead of the ring; c must divide NHl and
+    // NKVl (std::invalid_argument naming --cp-impl otherwise).
+    ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl = 0, bool a2a = false);
     ~ContextParallel();
     int size() const { return comm_.size(); }
     int rank() const { return comm_.rank(); }
@@ -63,6 +69,18 @@ class ContextParallel {
     Block block(int s, int B, double scale) const;
     void* alloc(size_t bytes);
 
+    // All-to-all (context_parallel_a2a.cpp).
+    struct Seg;
+    void a2a_alloc();
+    void all_to_all(size_t block_elems);
+    void to_heads(const void* src, size_t ld, const std::vector<Seg>& segs, void* full, int B);
+    void to_tokens(const void* full, const std::vector<Seg>& segs, void* dst, size_t ld, int B);
+    AttnShape a2a_shape(int B, double scale) const;
+    std::vector<Seg> qkv_segs() const;
+    void a2a_forward(void* out, void* lse, const void* qkv, int B, double scale);
+    void a2a_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const void* lse, int B,
+                      double scale);
+
     Comm& comm_;
     Backend& be_;
     Precision prec_;
@@ -72,6 +90,10 @@ class ContextParallel {
     void* dkv_[2];       // their dK,dV accumulators (stat)
     void* out_acc_;      // [B·Tl, Cl] (stat)
     void* dqkv_acc_;     // [B·Tl, W] (stat)
+    bool a2a_ = false;
+    // a2a: the exchange's send and receive blocks ([B·Tl, W] each), and the
+    // head layout's Q,K,V, output, their gradients ([B, T, W/c], [B, T, Cl/c]).
+    void *send_ = nullptr, *recv_ = nullptr, *fqkv_ = nullptr, *fdqkv_ = nullptr, *fo_ = nullptr, *fdo_ = nullptr;
     std::vector<void*> owned_;
     size_t bytes_ = 0;
 };

@@ -6,7 +6,7 @@
 
 std::string Layout::describe() const {
     std::string s = "pp " + std::to_string(pp) + (vpp > 1 ? "(x" + std::to_string(vpp) + ")" : "") + " x dp " +
-                    std::to_string(dp()) + " x cp " + std::to_string(cp) + " x tp " + std::to_string(tp) +
+                    std::to_string(dp()) + " x cp " + std::to_string(cp) + (cp > 1 && cp_a2a > 1 ? " (a2a)" : "") + " x tp " + std::to_string(tp) +
                     (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
                     ", recompute " + recompute_name(recompute);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
@@ -63,6 +63,15 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     if (l.cp > 1 && l.T % (2 * l.cp) != 0)
         return fail("flag --cp: the sequence length T=" + std::to_string(l.T) + " does not cut into 2*cp = " +
                     std::to_string(2 * l.cp) + " chunks");
+    // All-to-all context parallel splits each rank's heads over its group.
+    const int heads = c.num_heads / l.tp, kv_heads = c.kv_heads() / l.tp;
+    if (l.cp > 1 && l.cp_a2a > 1 && heads % l.cp_a2a != 0)
+        return fail("flag --cp-impl a2a: --cp " + std::to_string(l.cp_a2a) + " does not divide the " +
+                    std::to_string(heads) + " attention heads of a tensor-parallel rank");
+    if (l.cp > 1 && l.cp_a2a > 1 && kv_heads % l.cp_a2a != 0)
+        return fail("flag --cp-impl a2a: --cp " + std::to_string(l.cp_a2a) + " does not divide the " +
+                    std::to_string(kv_heads) + " key/value heads of a tensor-parallel rank (grouped-query attention: "
+                    "key/value heads are split, not replicated)");
     if (l.sp && l.T_local() % l.tp != 0)
         return fail("flag --sp: the sequence length T/cp=" + std::to_string(l.T_local()) + " does not divide by --tp " +
                     std::to_string(l.tp));
@@ -107,7 +116,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     // micro-batches are the accumulation steps); the model allocates them.
     s->pipe.reset(new PipelineParallel(*g.pp, *g.embed, mc.num_layers, l.vpp, l.micro_batches()));
     s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.head_size(),
-                                    mc.kv_heads() / l.tp));
+                                    mc.kv_heads() / l.tp, l.cp > 1 && l.cp_a2a == l.cp));
     s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank()),
                            s->tp.get(), s->cp.get(), s->pipe->chunks(), l.head_chunk));
     s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));

@@ -26,6 +26,9 @@ struct Layout {
     long long total_batch = -1;  // tokens per optimizer step (-1: B·T·dp)
     Recompute recompute = Recompute::none;
     int head_chunk = 0;          // rows per LM-head chunk (0: the whole micro-batch at once)
+    // Context parallel's implementation: ranks per all-to-all group (1: the
+    // ring alone; cp: all-to-all alone, --cp-impl a2a).
+    int cp_a2a = 1;
 
     int dp() const { return world / (pp * tp * cp); }
     int T_local() const { return T / cp; }

@@ -46,7 +46,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         if (cfg.gpus_per_node > 0) r.hw.gpus_per_node = cfg.gpus_per_node;
         Layout& b = r.base;
         b.world = cfg.world > 0 ? cfg.world : dist_world_size();
-        b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero;
+        b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.cp_a2a = cfg.cp_impl == "a2a" ? cfg.cp : 1, b.sp = cfg.sp, b.zero = cfg.zero;
         b.B = cfg.B, b.T = cfg.T > 0 ? cfg.T : default_seq_len(mc), b.total_batch = cfg.total_batch;
         parse_recompute(cfg.recompute, &b.recompute);
         b.head_chunk = cfg.head_chunk;

@@ -16,7 +16,7 @@ struct TrainConfig {
     std::string train_data = "data/tiny/tiny_train_*.bin";  // -i
     std::string val_data = "data/tiny/tiny_val_*.bin";      // -j
     std::string tokenizer = "";  // (not given: the model's, else the shards', else byte-level)
-    std::string model = "L=4,C=128,NH=4,V=257,T=256";      // -e
+    std::string model = "L=4,C=128,NH=4,V=257,T=128";      // -e
     std::string output_dir = "";                           // -o
     // batch
     int B = 8;                 // -b micro-batch rows
@@ -53,6 +53,7 @@ struct TrainConfig {
     int tp = 1;                // tensor-parallel degree
     int sp = 0;                // sequence parallel (with tp > 1)
     int cp = 1;                // context-parallel degree
+    std::string cp_impl = "ring";  // ring attention, or all-to-all (Ulysses)
     int pp = 1;                // pipeline stages
     int vpp = 1;               // model chunks per pipeline stage (interleaved 1F1B when > 1)
     std::string trace = "";    // Chrome trace-event JSON of the run

@@ -40,6 +40,7 @@ void Trainer::setup(const ArgParser& parser) {
     lay.vpp = cfg.vpp;
     lay.tp = cfg.tp;
     lay.cp = cfg.cp;
+    lay.cp_a2a = cfg.cp_impl == "a2a" ? cfg.cp : 1;
     lay.sp = cfg.sp;
     lay.zero = cfg.zero;
     lay.B = cfg.B;
@@ -263,10 +264,11 @@ void Trainer::print_settings(const ArgParser& parser) {
         if (training_flag(o.name)) std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
     std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
     std::printf("+---------------------------+--------------------------------------------------+\n");
-    std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d x tp %d%s, "
+    std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d%s x tp %d%s, "
                 "ZeRO %d\n",
                 be->name(), dtype_name(s.model->precision().param), dtype_name(s.model->precision().grad),
-                dtype_name(s.model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp, grid.tp,
+                dtype_name(s.model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp,
+                grid.cp > 1 ? (lay.cp_a2a > 1 ? " (all-to-all)" : " (ring)") : "", grid.tp,
                 cfg.sp ? " (sequence parallel)" : "", cfg.zero);
     if (!be->compute_path().empty()) std::printf("compute: %s\n", be->compute_path().c_str());
     std::printf("model %s, %zu parameters (%zu on this rank's stage and tensor-parallel slice)\n",

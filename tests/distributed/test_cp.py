@@ -3,18 +3,20 @@
 # CPU under mpirun, against independent truths:
 #   - equivalence: cp in {2, 4}; cp=2 x tp=2 with and without sp; cp=2 x
 #     dp=2 with ZeRO 1 and 3: 10 steps of losses and the final weights equal
-#     one process (fp64 <= 1e-10, fp32 <= 1e-5);
+#     one process (fp64 <= 1e-10, fp32 <= 1e-5); the same with --cp-impl
+#     a2a (all-to-all to head shards), and a2a under pp=2;
 #   - activation bytes per rank fall N-fold for the same T (layer_activations
 #     of the memory report), and the counted point-to-point bytes per step
 #     equal, per layer, 2(N-1) K,V block transfers forward plus N-1 K,V and
-#     N dK,dV transfers backward;
+#     N dK,dV transfers backward; under a2a, (N-1)/N of the QKV rows and
+#     outputs per layer forward and twice that backward;
 #   - memory: at a sequence length whose activations one process cannot hold
 #     within --memory-budget, one process stops with an out-of-memory error
 #     and cp=4 trains;
 #   - validation losses and text samples under cp=2 x tp=2 x sp equal one
 #     process's, and its checkpoint resumes in one process;
-#   - errors: T not divisible by 2N, cp larger than the world: one line,
-#     every rank exits.
+#   - errors: T not divisible by 2N, cp larger than the world, a2a with cp
+#     not dividing the heads: one line, every rank exits.
 # Ring attention itself against full attention: tests/distributed/test_ring_attention.cpp.
 # Last line: "N passed, N failed".
 import os
@@ -65,6 +67,20 @@ def test_memory_and_traffic(tmp):
     if len(acts) == 3:
         print(f"  activation bytes per layer per rank: cp=1 {acts[1]}, cp=2 {acts[2]}, cp=4 {acts[4]}")
         check(acts[1] == 2 * acts[2] == 4 * acts[4], f"activations do not fall N-fold: {acts}")
+    # All-to-all: each exchange sends (c-1) of its c blocks; per layer the QKV
+    # rows (3C) and the output (C) forward, twice both backward.
+    for c in (2, 4):
+        d = os.path.join(tmp, f"traffic_a2a_{c}")
+        rc, out, err = train(c, base("fp32", T, 2) + ["-b", str(B), "-d", str(B * T), "-o", d, "--cp", str(c),
+                                                       "--cp-impl", "a2a"])
+        if not check(rc == 0, f"cp={c} a2a: {err[-300:]}"):
+            continue
+        p2p = metrics(d)[-1].get("comm", {}).get("cp_send-recv", {}).get("bytes", 0)
+        want = L * 3 * (c - 1) * (B * T // c) * (3 * C + C) // c * esize
+        print(f"  cp={c} a2a: point-to-point bytes/step {p2p} = {L} layers x 3 x (c-1)/c x {B * T // c} tokens "
+              f"x (3C + C) x {esize} bytes")
+        check(p2p == want, f"cp={c} a2a: p2p bytes {p2p}, want {want}")
+        check(int(MEM.search(out).group(2)) * c == acts.get(1, -1), f"cp={c} a2a: activations do not fall N-fold")
     # A sequence one process cannot hold in 8 MiB; cp=4 can.
     long = base("fp32", 1024, 2) + ["-b", "2", "-d", "2048", "--memory-budget", "8"]
     rc, out, err = train(0, long)
@@ -107,7 +123,9 @@ def test_samples_val_resume(tmp):
 
 def test_errors(tmp):
     for np_, extra, flag in ((2, ["--cp", "2", "-t", "18", "-d", "144"], "--cp"),  # 18 % 4
-                             (2, ["--cp", "4"], "--cp")):
+                             (2, ["--cp", "4"], "--cp"),
+                             (4, ["--cp", "4", "--tp", "1", "--cp-impl", "a2a", "-e",
+                                  MODEL.replace("NH=4", "NH=2")], "--cp-impl")):
         rc, out, err = train(np_, base("fp32", 16, 2) + ["-b", "8"] + extra, timeout=60)
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{extra}: rc={rc} {err[-300:]!r}")
@@ -120,8 +138,12 @@ def suite(tmp):
     layouts = [(2, ["--cp", "2"]), (4, ["--cp", "4"]), (4, ["--cp", "2", "--tp", "2"]),
                (4, ["--cp", "2", "--tp", "2", "--sp", "1"]), (4, ["--cp", "2", "-b", "4", "-z", "1"]),
                (4, ["--cp", "2", "-b", "4", "-z", "3"])]
+    a2a = ["--cp-impl", "a2a"]
+    layouts += [(2, ["--cp", "2"] + a2a), (4, ["--cp", "4"] + a2a), (4, ["--cp", "2", "--tp", "2", "--sp", "1"] + a2a),
+                (4, ["--cp", "2", "-b", "4", "-z", "3"] + a2a), (4, ["--cp", "2", "--pp", "2"] + a2a)]
     test_equivalence(tmp, "fp64", layouts)
-    test_equivalence(tmp, "fp32", [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp", "1"])])
+    test_equivalence(tmp, "fp32", [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp", "1"]),
+                                   (2, ["--cp", "2"] + a2a)])
     test_memory_and_traffic(tmp)
     test_samples_val_resume(tmp)
     test_errors(tmp)

@@ -8,7 +8,7 @@
 #     rank, against the formula of the architecture;
 #   - equivalence (GQA 2:1 tied and untied, GQA 4:1 with another rotary
 #     base and epsilon): dp with ZeRO 0-3, tp (the K/V heads split over the tp
-#     ranks), tp + sp, cp (ring attention with grouped K/V), pp (1F1B and
+#     ranks), tp + sp, cp (ring attention with grouped K/V; all-to-all), pp (1F1B and
 #     interleaved; the untied head on the last stage, or the tied wte copied
 #     there), recompute modes, the LM head in row chunks (--head-chunk) and
 #     mixes of them: 10 steps of losses and the
@@ -118,6 +118,7 @@ def suite(tmp):
     test_equivalence(tmp, "fp64", TIED, [(2, ["-b", "2", "--pp", "2"]), (2, ["-b", "8", "--tp", "2", "-r", "gelu"]),
                                          (4, ["-b", "2", "--pp", "2", "-z", "3"])])
     test_equivalence(tmp, "fp64", GQA4, [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"]),
+                                         (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]),
                                          (4, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"])])
     test_equivalence(tmp, "fp32", UNTIED, [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "2", "--pp", "2"])])
     test_checkpoints(tmp)
