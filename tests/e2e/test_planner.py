@@ -17,6 +17,11 @@
 #     most 7% and none above 13%; and the d12 MFU llm.c's own script
 #     states (about 300 ms per step of 524,288 tokens on 8 A100 80GB SXM:
 #     56% of 312 TFLOP/s), within 20%;
+#   - the wave model of a matrix product: with a profile whose only cost is
+#     the products, the planned compute time equals the block's and the
+#     head's products by docs/design.md section 10's formula (tiles in waves
+#     over the SMs, K split when they cannot fill them), written again in
+#     the test; without SMs, FLOPs over the rate;
 #   - search: the fixed flags are kept, the JSON lines have every field and
 #     name the model, world, hardware and usable memory, the winner line
 #     says why it wins, plot_plan.py draws the plan (the usable memory's
@@ -27,6 +32,7 @@
 #     line naming the flag (and the field).
 # Last line: "N passed, N failed".
 import json
+import math
 import os
 import re
 import subprocess
@@ -175,6 +181,47 @@ def test_published(tmp):
         check(abs(mfu / reported - 1) <= 0.20, f"llm.c d12 MFU: predicted {mfu:.3f}, reported {reported:.3f}")
 
 
+def wave_gemm(M, N, K, S, tile, rate):
+    """Seconds of an M x K by K x N product by docs/design.md section 10's wave model, written again here."""
+    if S == 0:
+        return 2.0 * M * N * K / rate
+    best = None
+    for a, b in (tile, tile[::-1]):
+        tiles = math.ceil(M / a) * math.ceil(N / b)
+        split = 1 if tiles >= S else max(1, min(S // tiles, K // 256))
+        t = math.ceil(tiles * split / S) * 2.0 * a * b * math.ceil(K / split) / (rate / S)
+        best = t if best is None else min(best, t)
+    return best
+
+
+def test_wave_model(tmp):
+    # A profile whose only cost is the matrix products (memory, attention and
+    # launches free): --plan eval's compute time is the block's products and
+    # the head's by the wave model, recomputed here from the formula; with
+    # no SMs given, FLOPs over the rate. 1024 tokens, C = 8: the forward
+    # products fill many waves, the weight gradients (K = 1024) split K.
+    S, tile, rate, L, C, V, B, T = 64, (2, 4), 1e12, 2, 8, 16, 64, 16
+    prof = os.path.join(tmp, "waves.json")
+    for sms in (S, 0):
+        with open(prof, "w") as f:
+            json.dump({"name": "waves", "matmul_flops": rate, "attn_flops": 1e30, "mem_bw": 1e30, "launch_s": 0,
+                       "sm_count": sms, "gemm_tile_m": tile[0], "gemm_tile_n": tile[1], "intra_bw": 1e11,
+                       "intra_lat": 0}, f)
+        jp = os.path.join(tmp, "waves.jsonl")
+        rc, out, err = plan(["eval", "-e", f"L={L},C={C},NH=2,V={V},Vp={V},T={T}", "-t", str(T), "-b", str(B),
+                             "-d", str(B * T), "--world", "1", "--hardware", prof, "--plan-json", jp])
+        if not check(rc == 0, f"wave model, sm_count {sms}: {err[-300:]}"):
+            continue
+        with open(jp) as f:
+            got = json.loads(f.readline())["breakdown_ms"]["compute"] / 1e3
+        N, H = B * T, 4 * C
+        g = lambda M, Nn, K: wave_gemm(M, Nn, K, sms, tile, rate)  # noqa: E731
+        block = sum(g(N, o, i) + g(N, i, o) + g(i, o, N) for i, o in ((C, 3 * C), (C, C), (C, H), (H, C)))
+        want = L * block + g(N, V, C) + g(N, C, V) + g(C, V, N)
+        print(f"  wave model, {sms} SMs: compute {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
+        check(abs(got / want - 1) < 1e-9, f"wave model, sm_count {sms}: planned {got}, formula {want}")
+
+
 def test_search_and_errors(tmp):
     jp = os.path.join(tmp, "search.jsonl")
     rc, out, err = plan(["search", "-e", "d12", "-t", "1024", "-d", "524288", "--world", "16", "--tp", "2",
@@ -263,6 +310,7 @@ def suite(tmp):
     write_shard(DATA, np.random.default_rng(19).integers(0, 97, 40000))
     test_memory(tmp)
     test_search_and_errors(tmp)
+    test_wave_model(tmp)
     test_published(tmp)
     test_time(tmp)
 
