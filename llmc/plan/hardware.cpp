@@ -27,8 +27,11 @@ Hardware h100_sxm() {
         "measured by this project "
         "(docs/design.md section 10; 792 TFLOP/s measured by the ml-engineering book's MAMF finder, CUDA 12.1). "
         "GEMM tile 128x256: cuBLAS's most efficient tiles are 256x128 and 128x256 (NVIDIA, Matrix Multiplication "
-        "Background User's Guide, sec. 2.3), which one it picks per shape is assumed. Attention 35% of peak: FlashAttention-2 on H100 (Shah et al. 2024, "
-        "FlashAttention-3, sec. 1). Collectives at what NCCL reaches of the links: on 8 A100 over NVLink about "
+        "Background User's Guide, sec. 2.3), which one it picks per shape is assumed. Attention 137 TFLOP/s, 14% of peak: "
+        "this trainer's tensor-core kernels measured in its kernel lab on an H200 (the H100's 132 SMs and clocks; "
+        "docs/gpu-results.md, 2026-11-26, head size 64): forward up to 173 TFLOP/s, backward up to 126, so "
+        "3.5/(1/173 + 2.5/126) for a forward and its 2.5x backward; FlashAttention-2 reaches 35% of an H100's "
+        "peak (Shah et al. 2024, FlashAttention-3, sec. 1), a rate this trainer's kernels do not. Collectives at what NCCL reaches of the links: on 8 A100 over NVLink about "
         "200 of 300 GB/s (github.com/NVIDIA/nccl-tests/issues/149 and /178), so 2/3 of NVLink here too (300 GB/s), and about 90% "
         "of InfiniBand's line rate (github.com/NVIDIA/nccl-tests/issues/119: 85-96 of 100 GB/s), 45 GB/s. Assumed (no "
         "datasheet; --calibrate measures them): memory-bound kernels at 80% of HBM, 5 us per kernel launch, "
@@ -36,7 +39,7 @@ Hardware h100_sxm() {
         "and allocator slack.";
     h.peak_flops = 989e12;
     h.matmul_flops = 790e12;
-    h.attn_flops = 0.35 * 989e12;
+    h.attn_flops = 3.5 / (1 / 173e12 + 2.5 / 126e12);
     h.mem_bw = 0.8 * 3.35e12;
     h.mem_bytes = 80e9;
     h.reserve_bytes = 2.0 * 1024 * 1024 * 1024;

@@ -59,8 +59,8 @@ struct PlanRequest {
 // Layouts whose predicted tokens/s is within this fraction of the winner's
 // are ties: the time model's error against measured and published runs
 // (docs/planner.md: 6.6% mean and 12.5% at most on Megatron-LM's ten runs,
-// 7% on llm.c's d12, within 25% on this CPU) is about this size, so it
-// cannot order them.
+// 7% on llm.c's d12, 1-6% on this trainer's d12 on one H200, within 25% on
+// this CPU) is about this size, so it cannot order them.
 constexpr double kPlanTieBand = 0.10;
 
 // Runs the request and prints its report; false with *err (one line, naming

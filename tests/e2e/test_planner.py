@@ -16,7 +16,8 @@
 #     block those runs ran (--plan-attention standard): the mean error at
 #     most 7% and none above 13%; and the d12 MFU llm.c's own script
 #     states (about 300 ms per step of 524,288 tokens on 8 A100 80GB SXM:
-#     56% of 312 TFLOP/s), within 20%;
+#     56% of 312 TFLOP/s), within 20%; this trainer's own d12 tokens/s on
+#     one H200 (docs/gpu-results.md) with the H100 profile, within 15%;
 #   - the wave model of a matrix product: with a profile whose only cost is
 #     the products, the planned compute time equals the block's and the
 #     head's products by docs/design.md section 10's formula (tiles in waves
@@ -62,6 +63,10 @@ MEGATRON = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1), (3.6, 32, 3072, 30, 
 # The time model's error on these runs (docs/planner.md): the mean of
 # |predicted / reported - 1| and the largest.
 MEGATRON_MEAN_ERROR, MEGATRON_MAX_ERROR = 0.07, 0.13
+# This trainer on one GPU (docs/gpu-results.md and .jsonl, 2026-11-26, one
+# NVIDIA H200, commit a26ba95: scripts/benchmark.py -- -e d12 -b B -t 1024
+# -r 1 --device cuda, median of 30 steps): B -> tokens/s.
+TRAINER_H200 = {16: 462461, 32: 482890}
 
 
 def plan(args, timeout=300):
@@ -168,6 +173,18 @@ def test_published(tmp):
         check(mean <= MEGATRON_MEAN_ERROR and worst <= MEGATRON_MAX_ERROR,
               f"Megatron-LM table 1: mean error {mean:.3f} (at most {MEGATRON_MEAN_ERROR}), largest {worst:.3f} "
               f"(at most {MEGATRON_MAX_ERROR})")
+    # This trainer's own d12 on one H200, with the H100 profile (the same
+    # SMs and clocks, less memory bandwidth): within 15%.
+    for B, measured in TRAINER_H200.items():
+        jp = os.path.join(tmp, "h200.jsonl")
+        rc, out, err = plan(["eval", "-e", "d12", "-t", "1024", "-b", str(B), "-r", "gelu", "--world", "1",
+                             "--hardware", "h100-sxm", "--plan-json", jp])
+        if check(rc == 0, f"d12 B={B} on one GPU: {err[-300:]}"):
+            with open(jp) as f:
+                predicted = json.loads(f.readline())["tokens_per_s"]
+            print(f"  this trainer's d12 B={B} on one H200: measured {measured} tokens/s, predicted {predicted:.0f} "
+                  f"({predicted / measured:.2f}x)")
+            check(abs(predicted / measured - 1) <= 0.15, f"d12 B={B}: predicted {predicted:.0f}, measured {measured}")
     # llm.c d12 on 8 A100 80GB SXM: scripts/run_gpt2_124M.sh, -b 64 -t 1024 -d 524288 -z 1, ~300 ms per step.
     jp = os.path.join(tmp, "llmc.jsonl")
     rc, out, err = plan(["eval", "-e", "d12", "-t", "1024", "-b", "64", "-d", "524288", "-z", "1", "--world", "8",
