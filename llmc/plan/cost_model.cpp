@@ -142,11 +142,17 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) c
                         (l.tp > 1 ? 3 * all_reduce(N * st_, l.tp, ltp) +
                                         (l.sp ? 3 * gather_scatter(nb, l.tp, ltp) : all_reduce(nb, l.tp, ltp))
                                   : 0);
+    // Megatron-LM (standard) adds each micro-batch's weight gradients to
+    // its 16-bit main-gradient buffer by a kernel per tensor after the
+    // backward (param.main_grad.add_(param.grad) in its DDP of 2021; this
+    // trainer accumulates inside the weight-gradient product): the stage's
+    // gradients read, the buffer read and written, per micro-batch.
+    const int blocks = c_.num_layers / l.pp, tensors = c_.llama() ? 9 : 12;
+    auto accumulate = [&](size_t P) { return standard_ ? 3 * gb_ * P / hw_.mem_bw + blocks * tensors * launch : 0; };
     // The slowest stage sets the pace.
-    const int blocks = c_.num_layers / l.pp;
     double t_max = 0, c_max = 0, tp_max = 0, cp_max = 0;
     for (int s = 0; s < l.pp; s++) {
-        double comp = blocks * blk_compute, tpc = blocks * blk_tp, cpc = blocks * blk_cp;
+        double comp = blocks * blk_compute + accumulate(stage_params[s]), tpc = blocks * blk_tp, cpc = blocks * blk_cp;
         if (s == 0) comp += emb;
         if (s == l.pp - 1) comp += head;
         if (comp + tpc + cpc > t_max) t_max = comp + tpc + cpc, c_max = comp, tp_max = tpc, cp_max = cpc;

@@ -16,7 +16,8 @@
 // The rest per block and micro-batch: the memory-bound kernels by the bytes
 // they move (with --plan-attention standard, the kernels Megatron-LM's block
 // launched in 2021: the T x T scores through memory, dropout masks on the
-// scores and on both residual branches, the attention output's transpose),
+// scores and on both residual branches, the attention output's transpose,
+// QKV's bias, the fp32 loss, the gradients accumulated by their own kernel),
 // a launch per kernel; tp's collectives blocking, as the runtime issues
 // them; the ring of cp beside its attention; the pipeline's bubble and its
 // fill and drain; dp's reductions overlapped with the backward; AdamW.

@@ -16,7 +16,7 @@
 //             recompute adds what it recomputes (with --plan-attention
 //             standard, Megatron-LM 2021's block: the T x T scores as
 //             batched products and through memory, dropout masks, its fp32
-//             loss);
+//             loss, its gradient accumulation outside the products);
 //   tp, cp    the exact collectives the runtime issues (f and g; the ring's
 //             K,V and dK,dV blocks) by the alpha-beta model, on NVLink when
 //             the group sits in a node (tp varies fastest, pp slowest),
@@ -58,7 +58,7 @@ struct PlanRequest {
 
 // Layouts whose predicted tokens/s is within this fraction of the winner's
 // are ties: the time model's error against measured and published runs
-// (docs/planner.md: 6.6% mean and 12.5% at most on Megatron-LM's ten runs,
+// (docs/planner.md: 4.5% mean and 10.3% at most on Megatron-LM's ten runs,
 // 7% on llm.c's d12, 1-6% on this trainer's d12 on one H200, within 25% on
 // this CPU) is about this size, so it cannot order them.
 constexpr double kPlanTieBand = 0.10;

@@ -14,7 +14,7 @@
 #     throughput Megatron-LM reported for its weak-scaling runs (Narayanan et
 #     al. 2021, table 1), each evaluated at its published layout with the
 #     block those runs ran (--plan-attention standard): the mean error at
-#     most 7% and none above 13%; and the d12 MFU llm.c's own script
+#     most 6% and none above 12%; and the d12 MFU llm.c's own script
 #     states (about 300 ms per step of 524,288 tokens on 8 A100 80GB SXM:
 #     56% of 312 TFLOP/s), within 20%; this trainer's own d12 tokens/s on
 #     one H200 (docs/gpu-results.md) with the H100 profile, within 15%;
@@ -62,7 +62,7 @@ MEGATRON = [(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1), (3.6, 32, 3072, 30, 
             (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1)]
 # The time model's error on these runs (docs/planner.md): the mean of
 # |predicted / reported - 1| and the largest.
-MEGATRON_MEAN_ERROR, MEGATRON_MAX_ERROR = 0.07, 0.13
+MEGATRON_MEAN_ERROR, MEGATRON_MAX_ERROR = 0.06, 0.12
 # This trainer on one GPU (docs/gpu-results.md and .jsonl, 2026-11-26, one
 # NVIDIA H200, commit a26ba95: scripts/benchmark.py -- -e d12 -b B -t 1024
 # -r 1 --device cuda, median of 30 steps): B -> tokens/s.
