@@ -2,7 +2,8 @@
 // writes a hardware profile (llmc/plan/hardware.h) for the planner. On the local
 // device it times the operations the planner's cost model counts, at the
 // shapes of the model given with -e, -b and -t: the block's four matrix
-// products forward and backward, causal attention forward and backward, the
+// products forward and backward (and one large square product, to say how
+// far below its rate the model's shapes run), causal attention forward and backward, the
 // block's memory-bound kernels (LayerNorms, residual adds, GELU) forward and
 // backward, and an empty launch. Over the ranks of the launch it times
 // all-reduces and point-to-point transfers of several sizes and fits the

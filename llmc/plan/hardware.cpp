@@ -23,22 +23,30 @@ Hardware h100_sxm() {
     h.source =
         "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB): 989 TFLOP/s dense bf16 (1979 with sparsity), "
         "3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s total (450 each way); DGX H100: one 400 Gb/s ConnectX-7 port "
-        "per GPU (50 GB/s). Large bf16 matmul about 790 TFLOP/s, 80% of peak: reported for H100 and H200, not yet "
-        "measured by this project "
-        "(docs/design.md section 10). Attention 35% of peak: FlashAttention-2 on H100 (Shah et al. 2024, "
-        "FlashAttention-3, sec. 1). Collectives at what NCCL reaches of the links: on 8 A100 over NVLink about "
-        "200 of 300 GB/s (github.com/NVIDIA/nccl-tests/issues/149 and /178), so 2/3 of NVLink here too (300 GB/s), and about 90% "
-        "of InfiniBand's line rate (github.com/NVIDIA/nccl-tests/issues/119: 85-96 of 100 GB/s), 45 GB/s. Assumed (no "
-        "datasheet; --calibrate measures them): memory-bound kernels at 80% of HBM, 5 us per kernel launch, "
-        "5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the CUDA context, NCCL "
-        "and allocator slack.";
+        "per GPU (50 GB/s); 132 SMs (H100 SXM5). Large bf16 matmul about 790 TFLOP/s, 80% of peak: reported "
+        "for H100 and H200, not yet measured by this project (docs/design.md section 10; 792 TFLOP/s measured "
+        "by the ml-engineering book's MAMF finder, CUDA 12.1). GEMM tile 128x256: cuBLAS's most efficient "
+        "tiles are 256x128 and 128x256 (NVIDIA, Matrix Multiplication Background User's Guide, sec. 2.3), "
+        "which one it picks per shape is assumed. Attention 137 TFLOP/s, 14% of peak: this trainer's "
+        "tensor-core kernels measured in its kernel lab on an H200 (the H100's 132 SMs and clocks; "
+        "docs/gpu-results.md, 2026-11-26, head size 64): forward up to 173 TFLOP/s, backward up to 126, so "
+        "3.5/(1/173 + 2.5/126) for a forward and its 2.5x backward; FlashAttention-2 reaches 35% of an H100's "
+        "peak (Shah et al. 2024, FlashAttention-3, sec. 1), a rate this trainer's kernels do not. Collectives "
+        "at what NCCL reaches of the links: on 8 A100 over NVLink about 200 of 300 GB/s "
+        "(github.com/NVIDIA/nccl-tests/issues/149 and /178), so 2/3 of NVLink here too (300 GB/s), and about "
+        "90% of InfiniBand's line rate (github.com/NVIDIA/nccl-tests/issues/119: 85-96 of 100 GB/s), 45 GB/s. "
+        "Assumed (no datasheet; --calibrate measures them): memory-bound kernels at 80% of HBM, 5 us per "
+        "kernel launch, 5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the "
+        "CUDA context, NCCL and allocator slack.";
     h.peak_flops = 989e12;
     h.matmul_flops = 790e12;
-    h.attn_flops = 0.35 * 989e12;
+    h.attn_flops = 3.5 / (1 / 173e12 + 2.5 / 126e12);
     h.mem_bw = 0.8 * 3.35e12;
     h.mem_bytes = 80e9;
     h.reserve_bytes = 2.0 * 1024 * 1024 * 1024;
     h.launch_s = 5e-6;
+    h.sm_count = 132;
+    h.gemm_tile_m = 128, h.gemm_tile_n = 256;
     h.gpus_per_node = 8;
     h.intra_bw = 300e9;
     h.intra_lat = 5e-6;
@@ -53,15 +61,18 @@ Hardware a100_sxm_80g() {
     h.name = "a100-sxm-80g";
     h.source =
         "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): 312 TFLOP/s dense bf16, 2.0 TB/s HBM2e, 80 GB, "
-        "NVLink 600 GB/s total (300 each way); DGX A100: one 200 Gb/s HDR InfiniBand port per GPU (25 GB/s). "
-        "Attention 60% of peak: FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, abstract). "
-        "Collectives at what NCCL reaches: all-reduce bus bandwidth about 200 GB/s on 8 A100 over NVLink "
-        "(github.com/NVIDIA/nccl-tests/issues/149 and /178), about 90% of InfiniBand's line rate "
-        "(github.com/NVIDIA/nccl-tests/issues/119: 85-96 "
-        "of 100 GB/s), 22.5 GB/s. Assumed (--calibrate measures them): large bf16 matmul at the 80% of peak "
-        "reported for H100 (790/989, docs/design.md section 10), memory-bound kernels at 80% of HBM, 5 us per "
-        "kernel launch, 5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB held by the "
-        "runtime.";
+        "NVLink 600 GB/s total (300 each way); DGX A100: one 200 Gb/s HDR InfiniBand port per GPU (25 GB/s); "
+        "108 SMs. GEMM tile 128x256: cuBLAS's most efficient tiles (NVIDIA, Matrix Multiplication Background "
+        "User's Guide, sec. 2.3), which one it picks per shape is assumed. Attention 60% of peak: "
+        "FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, abstract); this trainer's kernels have not "
+        "run on an A100. Collectives at what NCCL reaches: all-reduce bus bandwidth about 200 GB/s on 8 A100 "
+        "over NVLink (github.com/NVIDIA/nccl-tests/issues/149 and /178), about 90% of InfiniBand's line rate "
+        "(github.com/NVIDIA/nccl-tests/issues/119: 85-96 of 100 GB/s), 22.5 GB/s. Assumed (--calibrate "
+        "measures them): large bf16 matmul at the 80% of peak reported for H100 (790/989, docs/design.md "
+        "section 10; the ml-engineering book's MAMF finder measured 267.9 TFLOP/s, 86%, at its best shape "
+        "with CUDA 12.1, newer software than the runs compared with), memory-bound kernels at 80% of HBM, "
+        "5 us per kernel launch, 5 us (NVLink) and 10 us (InfiniBand) latency per collective step, 2 GiB "
+        "held by the runtime.";
     h.peak_flops = 312e12;
     h.matmul_flops = 0.8 * 312e12;
     h.attn_flops = 0.6 * 312e12;
@@ -69,6 +80,8 @@ Hardware a100_sxm_80g() {
     h.mem_bytes = 80e9;
     h.reserve_bytes = 2.0 * 1024 * 1024 * 1024;
     h.launch_s = 5e-6;
+    h.sm_count = 108;
+    h.gemm_tile_m = 128, h.gemm_tile_n = 256;
     h.gpus_per_node = 8;
     h.intra_bw = 200e9;
     h.intra_lat = 5e-6;
@@ -108,6 +121,10 @@ static std::string hardware_problem(const Hardware& h) {
     if (h.mem_bytes > 0 && h.reserve_bytes >= h.mem_bytes)
         return bad("reserve_bytes", h.reserve_bytes, "must be less than mem_bytes");
     if (h.gpus_per_node < 1) return bad("gpus_per_node", h.gpus_per_node, "must be at least 1");
+    const std::pair<const char*, int> counts[] = {
+        {"sm_count", h.sm_count}, {"gemm_tile_m", h.gemm_tile_m}, {"gemm_tile_n", h.gemm_tile_n}};
+    for (const auto& c : counts)
+        if (c.second < 0) return bad(c.first, c.second, "must be 0 or more");
     if (h.threads < 0) return bad("threads", h.threads, "must be 0 or more");
     if (!(h.comm_overlap >= 0 && h.comm_overlap <= 1)) return bad("comm_overlap", h.comm_overlap, "must be in [0, 1]");
     if (h.device != "cuda" && h.device != "cpu") return "device = '" + h.device + "': expected cuda or cpu";
@@ -143,6 +160,9 @@ bool load_hardware(const std::string& s, Hardware* hw, std::string* err) {
         h.mem_bytes = j.value("mem_bytes", 0.0);
         h.reserve_bytes = j.value("reserve_bytes", 0.0);
         h.launch_s = j.value("launch_s", 0.0);
+        h.sm_count = j.value("sm_count", 0);
+        h.gemm_tile_m = j.value("gemm_tile_m", 0);
+        h.gemm_tile_n = j.value("gemm_tile_n", 0);
         h.gpus_per_node = j.value("gpus_per_node", 1);
         h.intra_bw = j.at("intra_bw");
         h.intra_lat = j.at("intra_lat");
@@ -175,6 +195,9 @@ bool save_hardware(const std::string& path, const Hardware& h, std::string* err)
               {"mem_bytes", h.mem_bytes},
               {"reserve_bytes", h.reserve_bytes},
               {"launch_s", h.launch_s},
+              {"sm_count", h.sm_count},
+              {"gemm_tile_m", h.gemm_tile_m},
+              {"gemm_tile_n", h.gemm_tile_n},
               {"gpus_per_node", h.gpus_per_node},
               {"intra_bw", h.intra_bw},
               {"intra_lat", h.intra_lat},

@@ -22,6 +22,12 @@ struct Hardware {
     double mem_bytes = 0;     // device memory (bytes)
     double reserve_bytes = 0; // of it, taken by the runtime (CUDA context, NCCL, allocator slack)
     double launch_s = 0;      // fixed cost of one kernel or op
+    // The wave model of a matrix product (llmc/plan/cost_model.h): the
+    // multiprocessors the tiles run on, and the library's tile (rows x
+    // columns of the output, either way round). 0: time products by FLOPs
+    // over matmul_flops alone (a CPU, or a rate measured at the model's shapes).
+    int sm_count = 0;
+    int gemm_tile_m = 0, gemm_tile_n = 0;
     int gpus_per_node = 8;
     double intra_bw = 0, intra_lat = 0;  // within a node: bytes/s per rank (one direction), seconds
     double inter_bw = 0, inter_lat = 0;  // across nodes

@@ -1,6 +1,6 @@
 // llmc/plan/planner.cpp: the layout planner (llmc/plan/planner.h): memory by building
-// each rank on a counting backend, time by the cost model below, the search
-// over layouts, and the report.
+// each rank on a counting backend, time by the cost model
+// (llmc/plan/cost_model.h), the search over layouts, and the report.
 #include "llmc/plan/planner.h"
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 
 #include "llmc/backend/backend_cpu.h"
 #include "llmc/backend/backend_measure.h"
+#include "llmc/plan/cost_model.h"
 #include "llmc/run/report.h"
 
 using json = nlohmann::json;
@@ -134,165 +135,6 @@ std::vector<int> ranks_to_measure(const Layout& l, bool all) {
     return rs;
 }
 
-// ---- time: the cost model ------------------------------------------------------------------
-
-struct Link {
-    double bw, lat;
-};
-
-struct Cost {
-    double compute = 0, tp = 0, cp = 0, pp = 0, dp = 0, bubble = 0, optimizer = 0, step = 0;  // seconds per step
-};
-
-class CostModel {
-  public:
-    CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, const Precision& prec, int gpus_per_node,
-              bool standard_attention)
-        : c_(c), l_(l), hw_(hw), G_(std::max(1, gpus_per_node)), standard_(standard_attention) {
-        a_ = (double)dtype_size(prec.act);
-        st_ = (double)dtype_size(prec.stat);
-        pb_ = (double)dtype_size(prec.param);
-        gb_ = (double)dtype_size(prec.grad);
-        master_ = prec.has_master;
-        ov_ = std::min(1.0, std::max(0.0, hw.comm_overlap));
-    }
-
-    // stage_params[s]: parameters a rank of stage s holds; unit0: its
-    // embedding unit (for the tied all-reduce).
-    Cost predict(const std::vector<size_t>& stage_params, size_t unit0) const {
-        const Layout& l = l_;
-        const double C = c_.channels, T = l.T, Tl = l.T_local(), B = l.B, tp = l.tp, cp = l.cp;
-        const double N = B * Tl, Ns = l.sp ? N / tp : N, H = c_.hidden() / tp;
-        // Widths of the column-parallel outputs on this rank: QKV (Llama's
-        // K and V have NKV heads) and fc (Llama's gate and up: 2H).
-        const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp;
-        const double Wqkv = C / tp + 2 * Ckv, Wfc = c_.llama() ? 2 * H : H;
-        const double Vl = std::ceil((double)c_.padded_vocab_size / tp);
-        const Recompute rc = l.recompute;
-        const bool full = rc == Recompute::full, attn_again = rc == Recompute::selective || full;
-        const Link ltp = link(l.tp), lcp = link(l.tp * l.cp), ldp = link(l.tp * l.cp * l.dp()), lpp = link(l.world);
-
-        // One block, one micro-batch, this rank.
-        const double mm_f = 2.0 * N * C * (Wqkv + C / tp + Wfc + H);  // QKV, attproj, fc, fcproj (GPT-2: 24NC²/tp)
-        // Attention: flash-style, QK^T and PV over the causal half at the
-        // attention rate; or standard, the full square as batched matrix
-        // products, and the scores (B·NH/tp·T_local·T elements, 16-bit)
-        // through memory. Forward: QK^T writes them (2 bytes), the fused
-        // scale-mask-softmax reads and writes them (4), dropout reads them
-        // and writes them and its 1-byte mask (5), PV reads them (2): 13.
-        // Backward: PV's gradient reads the kept probabilities and writes
-        // their gradient (4), dropout's backward reads it and the mask and
-        // writes (5), softmax's backward reads the probabilities and the
-        // gradient and writes (6), QK^T's gradient reads it (2): 17.
-        double attn_f = 2.0 * B * Tl * T * C / tp, t_attn_f = attn_f / hw_.attn_flops, scores_f = 0, scores_b = 0;
-        if (standard_) {
-            attn_f = 4.0 * B * Tl * T * C / tp;
-            t_attn_f = attn_f / hw_.matmul_flops;
-            const double S = B * (c_.num_heads / tp) * Tl * T;
-            scores_f = 13 * S / hw_.mem_bw;
-            scores_b = 17 * S / hw_.mem_bw;
-        }
-        const double mem_f = a_ * (9 * Ns * C + N * (Wfc + H)), mem_b = a_ * (8 * Ns * C + N * (Wfc + 2 * H));
-        const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : N * (Wfc + H) * a_;
-        const int kernels = 20 + (full ? 8 : attn_again ? 2 : rc == Recompute::gelu ? 1 : 0);
-        const double blk_compute = (3 * mm_f + (full ? mm_f : 0)) / hw_.matmul_flops +
-                                   (3.5 + (attn_again ? 1 : 0)) * t_attn_f + (mem_f + mem_b + mem_rec) / hw_.mem_bw +
-                                   scores_f * (attn_again ? 2 : 1) + scores_b + kernels * hw_.launch_s;
-        // tp: f and g as the runtime issues them (blocking).
-        const double nb = N * C * a_;
-        double blk_tp = 0;
-        if (l.tp > 1) {
-            if (!l.sp) blk_tp = (4 + (full ? 2 : 0)) * all_reduce(nb, l.tp, ltp);
-            else blk_tp = ((6 + (full ? 2 : 0)) + (4 + (full ? 2 : 0))) * gather_scatter(nb, l.tp, ltp);
-        }
-        // cp: the ring's K,V blocks forward, K,V and dK,dV backward, each
-        // step's transfer beside that step's attention.
-        double blk_cp = 0;
-        if (l.cp > 1) {
-            const double kv = B * Tl * 2 * Ckv * a_, dkv = B * Tl * 2 * Ckv * st_;
-            const double f = (cp - 1) * p2p(kv, lcp), b = (cp - 1) * p2p(kv, lcp) + cp * p2p(dkv, lcp);
-            blk_cp = expose(f, t_attn_f) + expose(b, 2.5 * t_attn_f) + (attn_again ? expose(f, t_attn_f) : 0);
-        }
-        // Embeddings (first stage) and the head (last stage), per micro-batch.
-        const double emb = 3 * Ns * C * a_ / hw_.mem_bw + 4 * hw_.launch_s +
-                           (l.tp > 1 ? (l.sp ? 2 * gather_scatter(nb, l.tp, ltp) : all_reduce(nb, l.tp, ltp)) : 0);
-        const double head = 3 * 2 * N * C * Vl / hw_.matmul_flops + a_ * (3 * N * Vl + 8 * Ns * C) / hw_.mem_bw +
-                            8 * hw_.launch_s +
-                            (l.tp > 1 ? 3 * all_reduce(N * st_, l.tp, ltp) +
-                                            (l.sp ? 3 * gather_scatter(nb, l.tp, ltp) : all_reduce(nb, l.tp, ltp))
-                                      : 0);
-        // The slowest stage sets the pace.
-        const int blocks = c_.num_layers / l.pp;
-        double t_max = 0, c_max = 0, tp_max = 0, cp_max = 0;
-        for (int s = 0; s < l.pp; s++) {
-            double comp = blocks * blk_compute, tpc = blocks * blk_tp, cpc = blocks * blk_cp;
-            if (s == 0) comp += emb;
-            if (s == l.pp - 1) comp += head;
-            if (comp + tpc + cpc > t_max) t_max = comp + tpc + cpc, c_max = comp, tp_max = tpc, cp_max = cpc;
-        }
-        const double m = l.micro_batches(), V = l.vpp;
-        Cost k;
-        k.compute = m * c_max;
-        k.tp = m * tp_max;
-        k.cp = m * cp_max;
-        k.bubble = l.pp > 1 ? (l.pp - 1) / V * t_max : 0;
-        if (l.pp > 1) {
-            const double hop = p2p(Ns * C * a_, lpp);
-            k.pp = 2 * (l.pp * V - 1) * hop + (1 - ov_) * 2 * m * V * hop;  // fill and drain; and every transfer without overlap
-        }
-        // dp: the gradients of the stage over dp x cp, overlapped with the
-        // backward as the runtime does it.
-        const size_t P = *std::max_element(stage_params.begin(), stage_params.end());
-        const int D = l.dp() * l.cp;
-        const double t_bwd = 2.0 / 3.0 * t_max, t_fwd = t_max / 3.0;
-        const int units = blocks + 2;
-        double dpt = 0;
-        if (D > 1) {
-            const double red_ar = all_reduce(P * gb_, D, ldp), red_rs = gather_scatter(P * gb_, D, ldp);
-            const double gather = gather_scatter(P * pb_, D, ldp);
-            switch (l.zero) {
-                case 0: dpt = std::max(red_ar / units, expose(red_ar, t_bwd)); break;
-                case 1: dpt = std::max(red_rs / units, expose(red_rs, t_bwd)) + gather; break;
-                case 2: dpt = m * std::max(red_rs / units, expose(red_rs, t_bwd)) + gather; break;
-                default: dpt = m * (expose(gather, t_fwd) + std::max(red_rs / units, expose(gather + red_rs, t_bwd))); break;
-            }
-        }
-        if (l.pp > 1 && c_.tied) dpt += all_reduce(unit0 * gb_, 2, lpp);  // the tied embeddings
-        k.dp = dpt;
-        // AdamW over the rank's part: read params, grads, master, m, v; write params, master, m, v.
-        const double owned = l.zero >= 1 ? (double)P / D : (double)P;
-        k.optimizer = owned * (2 * pb_ + gb_ + 16 + (master_ ? 8 : 0)) / hw_.mem_bw + 4 * hw_.launch_s;
-        k.step = m * t_max + k.bubble + k.pp + k.dp + k.optimizer;
-        return k;
-    }
-
-  private:
-    // A group spanning `span` consecutive ranks sits in a node when it fits.
-    Link link(int span) const {
-        return span <= G_ ? Link{hw_.intra_bw, hw_.intra_lat} : Link{hw_.inter_bw, hw_.inter_lat};
-    }
-    // Ring collectives (docs/design.md section 10); n bytes of the full buffer.
-    static double all_reduce(double n, int g, Link k) {
-        return g > 1 ? 2.0 * (g - 1) * k.lat + 2.0 * n * (g - 1) / (g * k.bw) : 0;
-    }
-    static double gather_scatter(double n, int g, Link k) {
-        return g > 1 ? (g - 1) * k.lat + n * (g - 1) / (g * k.bw) : 0;
-    }
-    double p2p(double n, Link k) const { return hw_.p2p_lat + n / (hw_.p2p_bw > 0 ? hw_.p2p_bw : k.bw); }
-    // What of a transfer the compute beside it does not hide.
-    double expose(double comm, double compute) const {
-        return (1 - ov_) * comm + ov_ * std::max(0.0, comm - compute);
-    }
-
-    const GPTConfig& c_;
-    const Layout& l_;
-    const Hardware& hw_;
-    int G_;
-    bool standard_;
-    double a_, st_, pb_, gb_, ov_;
-    bool master_;
-};
-
 // ---- a planned layout ------------------------------------------------------------------------
 
 struct Planned {
@@ -328,14 +170,20 @@ Planned plan_one(const GPTConfig& mc, const Layout& l, const PlanRequest& r, con
     return p;
 }
 
-json to_json(const Planned& p) {
+// One layout as a JSON line; each line also names what was planned (the
+// model, the world, the hardware and the memory a rank may use: the device's
+// less the runtime's reserve), so a plot of the file needs nothing else.
+json to_json(const Planned& p, const GPTConfig& mc, const PlanRequest& r) {
     const Layout& l = p.l;
     const double ms = 1e3;
     json j = {{"dp", l.dp()}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"sp", l.sp},
               {"zero", l.zero}, {"B", l.B}, {"recompute", recompute_name(l.recompute)},
               {"micro_batches", l.micro_batches()}, {"memory_bytes", p.max_bytes}, {"fits", p.fits},
               {"step_ms", p.cost.step * ms}, {"tokens_per_s", p.tokens_per_s}, {"tflops_per_gpu", p.tflops / 1e12},
-              {"mfu", p.mfu}};
+              {"mfu", p.mfu}, {"model", config_string(mc)}, {"params", model_param_count(mc)},
+              {"world", l.world}, {"gpus_per_node", r.hw.gpus_per_node}, {"hardware", r.hw.name},
+              {"device_memory_bytes", r.hw.mem_bytes},
+              {"usable_memory_bytes", r.hw.mem_bytes > 0 ? r.hw.mem_bytes - r.hw.reserve_bytes : 0.0}};
     j["breakdown_ms"] = {{"compute", p.cost.compute * ms}, {"tp", p.cost.tp * ms},         {"cp", p.cost.cp * ms},
                          {"pp_p2p", p.cost.pp * ms},        {"dp", p.cost.dp * ms},         {"bubble", p.cost.bubble * ms},
                          {"optimizer", p.cost.optimizer * ms}};
@@ -529,7 +377,7 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
     }
     if (!r.json_path.empty()) {
         std::ofstream out(r.json_path);
-        for (const Planned& p : plans) out << to_json(p).dump() << "\n";
+        for (const Planned& p : plans) out << to_json(p, mc, r).dump() << "\n";
         if (!out) {
             *err = "flag --plan-json: cannot write " + r.json_path;
             return false;

@@ -8,12 +8,15 @@
 // counts (llmc/backend/backend_measure.h), so the planner's bytes are the trainer's
 // memory line, byte for byte. The textbook figures are printed beside them.
 //
-// Time is a cost model (docs/design.md section 10), per rank and step:
-//   compute   each op's FLOPs and bytes over the profile's rates: matrix
-//             products, attention, memory-bound kernels, launches; backward
-//             twice the forward's matrix FLOPs and 2.5 times the attention's;
+// Time is a cost model (llmc/plan/cost_model.h, docs/design.md section 10),
+// per rank and step:
+//   compute   matrix products by shape (tiles in waves over the SMs, K split
+//             when they cannot fill them, a launch each) at the large-GEMM
+//             rate; attention, memory-bound kernels by bytes, launches;
 //             recompute adds what it recomputes (with --plan-attention
-//             standard, the T x T scores' passes through memory too);
+//             standard, Megatron-LM 2021's block: the T x T scores as
+//             batched products and through memory, dropout masks, its fp32
+//             loss, its gradient accumulation outside the products);
 //   tp, cp    the exact collectives the runtime issues (f and g; the ring's
 //             K,V and dK,dV blocks) by the alpha-beta model, on NVLink when
 //             the group sits in a node (tp varies fastest, pp slowest),
@@ -55,7 +58,9 @@ struct PlanRequest {
 
 // Layouts whose predicted tokens/s is within this fraction of the winner's
 // are ties: the time model's error against measured and published runs
-// (docs/planner.md) is about this size, so it cannot order them.
+// (docs/planner.md: 4.5% mean and 10.3% at most on Megatron-LM's ten runs,
+// 7% on llm.c's d12, 1-6% on this trainer's d12 on one H200, within 25% on
+// this CPU) is about this size, so it cannot order them.
 constexpr double kPlanTieBand = 0.10;
 
 // Runs the request and prints its report; false with *err (one line, naming

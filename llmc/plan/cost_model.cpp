@@ -1,0 +1,211 @@
+// llmc/plan/cost_model.cpp: the planner's time model (llmc/plan/cost_model.h).
+#include "llmc/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, const Precision& prec, int gpus_per_node,
+                     bool standard_attention)
+    : c_(c), l_(l), hw_(hw), G_(std::max(1, gpus_per_node)), standard_(standard_attention) {
+    a_ = (double)dtype_size(prec.act);
+    st_ = (double)dtype_size(prec.stat);
+    pb_ = (double)dtype_size(prec.param);
+    gb_ = (double)dtype_size(prec.grad);
+    master_ = prec.has_master;
+    ov_ = std::min(1.0, std::max(0.0, hw.comm_overlap));
+}
+
+// Tiles of tm x tn over the M x N output (either orientation, whichever is
+// faster, as a library picks its kernel), in waves of one tile per
+// multiprocessor; each wave takes a tile's time at the large-GEMM rate.
+// When the tiles cannot fill the multiprocessors (a weight gradient: a small
+// output, a long K), K is split over the idle ones, as cuBLAS does, at the
+// cost of writing and reading back the fp32 partial sums; a split keeps at
+// least 256 of K (an assumption: the split heuristics are not published).
+double CostModel::gemm(double M, double N, double K, double batch) const {
+    const double flops = 2.0 * M * N * K * batch;
+    if (flops <= 0) return 0;
+    if (hw_.sm_count <= 0 || hw_.gemm_tile_m <= 0 || hw_.gemm_tile_n <= 0) return flops / hw_.matmul_flops + hw_.launch_s;
+    const double S = hw_.sm_count, rate_sm = hw_.matmul_flops / S;
+    auto time = [&](double tm, double tn) {
+        const double tiles = batch * std::ceil(M / tm) * std::ceil(N / tn);
+        const double split = tiles >= S ? 1 : std::max(1.0, std::min(std::floor(S / tiles), std::floor(K / 256)));
+        const double waves = std::ceil(tiles * split / S);
+        const double partials = split > 1 ? 2.0 * split * batch * M * N * 4 / hw_.mem_bw : 0;
+        return waves * 2.0 * tm * tn * std::ceil(K / split) / rate_sm + partials;
+    };
+    return std::min(time(hw_.gemm_tile_m, hw_.gemm_tile_n), time(hw_.gemm_tile_n, hw_.gemm_tile_m)) + hw_.launch_s;
+}
+
+// The block's four linear products: (in, out) of QKV, the attention's
+// projection, fc (Llama: gate and up) and its projection, on this rank.
+namespace {
+struct Linear {
+    double in, out;
+};
+}  // namespace
+
+// One block's four products forward (backward: dX and dW of each).
+double CostModel::block_gemms(bool backward) const {
+    const double C = c_.channels, tp = l_.tp, N = (double)l_.B * l_.T_local(), H = c_.hidden() / tp;
+    const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp, Wfc = c_.llama() ? 2 * H : H;
+    const Linear ls[] = {{C, C / tp + 2 * Ckv}, {C / tp, C}, {C, Wfc}, {H, C}};
+    double t = 0;
+    for (const Linear& x : ls) t += backward ? gemm(N, x.in, x.out) + gemm(x.in, x.out, N) : gemm(N, x.out, x.in);
+    return t;
+}
+
+Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) const {
+    const Layout& l = l_;
+    const double C = c_.channels, T = l.T, Tl = l.T_local(), B = l.B, tp = l.tp, cp = l.cp;
+    const double N = B * Tl, Ns = l.sp ? N / tp : N, H = c_.hidden() / tp;
+    const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp, Wfc = c_.llama() ? 2 * H : H;
+    const double Vl = std::ceil((double)c_.padded_vocab_size / tp);
+    const Recompute rc = l.recompute;
+    const bool full = rc == Recompute::full, attn_again = rc == Recompute::selective || full;
+    const Link ltp = link(l.tp), lcp = link(l.tp * l.cp), ldp = link(l.tp * l.cp * l.dp()), lpp = link(l.world);
+    const double launch = hw_.launch_s;
+
+    // One block, one micro-batch, this rank. Attention: flash-style, QK^T
+    // and PV over the causal half at the attention rate, backward 2.5 times
+    // the forward (it recomputes the scores); or standard, the full square
+    // as batched products (QK^T, PV forward; dP, dV, dQ, dK backward) by the
+    // wave model, and the scores (B·NH/tp·T_local·T elements, 16-bit)
+    // through memory, beside the products' tiles, not hidden under them.
+    // Forward: QK^T writes them (2 bytes), the fused scale-mask-softmax
+    // reads and writes them (4), dropout reads them and writes them and its
+    // 1-byte mask (5), PV reads them (2): 13. Backward: PV's gradient reads
+    // the kept probabilities and writes their gradient (4), dropout's
+    // backward reads it and the mask and writes (5), softmax's backward
+    // reads the probabilities and the gradient and writes (6), QK^T's
+    // gradient reads it (2): 17.
+    const double hs = c_.head_size(), heads = B * c_.num_heads / tp;
+    double attn_f, attn_b, scores_f = 0, scores_b = 0;
+    if (standard_) {
+        attn_f = gemm(Tl, T, hs, heads) + gemm(Tl, hs, T, heads);
+        attn_b = gemm(Tl, T, hs, heads) + gemm(T, hs, Tl, heads) + gemm(Tl, hs, T, heads) + gemm(T, hs, Tl, heads);
+        const double S = heads * Tl * T;
+        scores_f = 13 * S / hw_.mem_bw;
+        scores_b = 17 * S / hw_.mem_bw;
+    } else {
+        const double flops = 2.0 * B * Tl * T * C / tp;
+        attn_f = flops / hw_.attn_flops + launch;
+        attn_b = 2.5 * flops / hw_.attn_flops + launch;
+    }
+    // Memory-bound kernels: this trainer's LayerNorms, residual adds and
+    // activation; with standard, Megatron-LM's too: the attention output's
+    // transpose to [s, b, h] (read and written, both ways) and the 1-byte
+    // dropout masks of the two residual branches (bias-dropout-add: written
+    // forward; read backward, with the gradient read and written again).
+    double mem_f = a_ * (9 * Ns * C + N * (Wfc + H)), mem_b = a_ * (8 * Ns * C + N * (Wfc + 2 * H));
+    int kern_f = 5, kern_b = 6;  // LN, residual, LN, activation, residual; their backward and the bias gradients
+    if (standard_) {
+        // and QKV's bias, added by its own kernel after the product (a 3-D
+        // F.linear in the PyTorch of 2021).
+        mem_f += 2 * a_ * N * C / tp + 2 * Ns * C + 2 * a_ * N * (C / tp + 2 * Ckv);
+        mem_b += 2 * a_ * N * C / tp + 2 * Ns * C * (1 + 2 * a_);
+        kern_f += 4, kern_b += 3;  // softmax, dropout, transpose, bias; their backward
+    }
+    const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : N * (Wfc + H) * a_;
+    const int kern_rec = full ? kern_f : rc == Recompute::none ? 0 : 1;
+    const double gm_f = block_gemms(false), gm_b = block_gemms(true);
+    const double blk_compute = gm_f + gm_b + (full ? gm_f : 0) + attn_f + attn_b + (attn_again ? attn_f : 0) +
+                               (mem_f + mem_b + mem_rec) / hw_.mem_bw + scores_f * (attn_again ? 2 : 1) + scores_b +
+                               (kern_f + kern_b + kern_rec) * launch;
+    // tp: f and g as the runtime issues them, blocking: the compute stream
+    // waits for each (an overlapped tp would hide them behind the products
+    // they feed and leave only what does not fit under them).
+    const double nb = N * C * a_;
+    double blk_tp = 0;
+    if (l.tp > 1) {
+        if (!l.sp) blk_tp = (4 + (full ? 2 : 0)) * all_reduce(nb, l.tp, ltp);
+        else blk_tp = ((6 + (full ? 2 : 0)) + (4 + (full ? 2 : 0))) * gather_scatter(nb, l.tp, ltp);
+    }
+    // cp: the ring's K,V blocks forward, K,V and dK,dV backward, each
+    // step's transfer beside that step's attention.
+    double blk_cp = 0;
+    if (l.cp > 1) {
+        const double kv = B * Tl * 2 * Ckv * a_, dkv = B * Tl * 2 * Ckv * st_;
+        const double f = (cp - 1) * p2p(kv, lcp), b = (cp - 1) * p2p(kv, lcp) + cp * p2p(dkv, lcp);
+        blk_cp = expose(f, attn_f) + expose(b, attn_b) + (attn_again ? expose(f, attn_f) : 0);
+    }
+    // Embeddings (first stage) and the head (last stage), per micro-batch.
+    // Megatron-LM's loss (standard) runs in fp32 on a copy of the logits:
+    // the cast (2 bytes read, 4 written), max, subtract, exp, sum and
+    // divide forward (34), the gradient in place and its cast back (14): 52
+    // bytes a logit, against this trainer's 3 passes of 16 bits.
+    const double logit_bytes = standard_ ? 52 : 3 * a_;
+    const double emb = 3 * Ns * C * a_ / hw_.mem_bw + 4 * launch +
+                       (l.tp > 1 ? (l.sp ? 2 * gather_scatter(nb, l.tp, ltp) : all_reduce(nb, l.tp, ltp)) : 0);
+    const double head = gemm(N, Vl, C) + gemm(N, C, Vl) + gemm(C, Vl, N) +
+                        (logit_bytes * N * Vl + a_ * 8 * Ns * C) / hw_.mem_bw + 5 * launch +
+                        (l.tp > 1 ? 3 * all_reduce(N * st_, l.tp, ltp) +
+                                        (l.sp ? 3 * gather_scatter(nb, l.tp, ltp) : all_reduce(nb, l.tp, ltp))
+                                  : 0);
+    // Megatron-LM (standard) adds each micro-batch's weight gradients to
+    // its 16-bit main-gradient buffer by a kernel per tensor after the
+    // backward (param.main_grad.add_(param.grad) in its DDP of 2021; this
+    // trainer accumulates inside the weight-gradient product): the stage's
+    // gradients read, the buffer read and written, per micro-batch.
+    const int blocks = c_.num_layers / l.pp, tensors = c_.llama() ? 9 : 12;
+    auto accumulate = [&](size_t P) { return standard_ ? 3 * gb_ * P / hw_.mem_bw + blocks * tensors * launch : 0; };
+    // The slowest stage sets the pace.
+    double t_max = 0, c_max = 0, tp_max = 0, cp_max = 0;
+    for (int s = 0; s < l.pp; s++) {
+        double comp = blocks * blk_compute + accumulate(stage_params[s]), tpc = blocks * blk_tp, cpc = blocks * blk_cp;
+        if (s == 0) comp += emb;
+        if (s == l.pp - 1) comp += head;
+        if (comp + tpc + cpc > t_max) t_max = comp + tpc + cpc, c_max = comp, tp_max = tpc, cp_max = cpc;
+    }
+    const double m = l.micro_batches(), V = l.vpp;
+    Cost k;
+    k.compute = m * c_max;
+    k.tp = m * tp_max;
+    k.cp = m * cp_max;
+    k.bubble = l.pp > 1 ? (l.pp - 1) / V * t_max : 0;
+    if (l.pp > 1) {
+        const double hop = p2p(Ns * C * a_, lpp);
+        k.pp = 2 * (l.pp * V - 1) * hop + (1 - ov_) * 2 * m * V * hop;  // fill and drain; and every transfer without overlap
+    }
+    // dp: the gradients of the stage over dp x cp, overlapped with the
+    // backward as the runtime does it.
+    const size_t P = *std::max_element(stage_params.begin(), stage_params.end());
+    const int D = l.dp() * l.cp;
+    const double t_bwd = 2.0 / 3.0 * t_max, t_fwd = t_max / 3.0;
+    const int units = blocks + 2;
+    double dpt = 0;
+    if (D > 1) {
+        const double red_ar = all_reduce(P * gb_, D, ldp), red_rs = gather_scatter(P * gb_, D, ldp);
+        const double gather = gather_scatter(P * pb_, D, ldp);
+        switch (l.zero) {
+            case 0: dpt = std::max(red_ar / units, expose(red_ar, t_bwd)); break;
+            case 1: dpt = std::max(red_rs / units, expose(red_rs, t_bwd)) + gather; break;
+            case 2: dpt = m * std::max(red_rs / units, expose(red_rs, t_bwd)) + gather; break;
+            default: dpt = m * (expose(gather, t_fwd) + std::max(red_rs / units, expose(gather + red_rs, t_bwd))); break;
+        }
+    }
+    if (l.pp > 1 && c_.tied) dpt += all_reduce(unit0 * gb_, 2, lpp);  // the tied embeddings
+    k.dp = dpt;
+    // AdamW over the rank's part: read params, grads, master, m, v; write params, master, m, v.
+    const double owned = l.zero >= 1 ? (double)P / D : (double)P;
+    k.optimizer = owned * (2 * pb_ + gb_ + 16 + (master_ ? 8 : 0)) / hw_.mem_bw + 4 * launch;
+    k.step = m * t_max + k.bubble + k.pp + k.dp + k.optimizer;
+    return k;
+}
+
+// A group spanning `span` consecutive ranks sits in a node when it fits.
+CostModel::Link CostModel::link(int span) const {
+    return span <= G_ ? Link{hw_.intra_bw, hw_.intra_lat} : Link{hw_.inter_bw, hw_.inter_lat};
+}
+// Ring collectives (docs/design.md section 10); n bytes of the full buffer.
+double CostModel::all_reduce(double n, int g, Link k) {
+    return g > 1 ? 2.0 * (g - 1) * k.lat + 2.0 * n * (g - 1) / (g * k.bw) : 0;
+}
+double CostModel::gather_scatter(double n, int g, Link k) {
+    return g > 1 ? (g - 1) * k.lat + n * (g - 1) / (g * k.bw) : 0;
+}
+double CostModel::p2p(double n, Link k) const { return hw_.p2p_lat + n / (hw_.p2p_bw > 0 ? hw_.p2p_bw : k.bw); }
+// What of a transfer the compute beside it does not hide.
+double CostModel::expose(double comm, double compute) const {
+    return (1 - ov_) * comm + ov_ * std::max(0.0, comm - compute);
+}

@@ -1,0 +1,71 @@
+// llmc/plan/cost_model.h: the planner's time model (docs/design.md section
+// 10, docs/planner.md): one layout's step time per rank, from the model's
+// shapes and a hardware profile (llmc/plan/hardware.h).
+//
+// Every matrix product is timed by its shape, not by its FLOPs alone: on a
+// profile that names its multiprocessors and GEMM tile (the built-in GPU
+// profiles), the output is cut into tiles, the tiles run in waves over the
+// multiprocessors, each wave costs a full tile's time at the large-GEMM
+// rate, and every product pays a launch; so a product whose tiles do not
+// fill the last wave, or whose edge is narrower than a tile (an attention
+// head's 64-160 columns against a 128-wide tile), runs below the rate a
+// large product reaches. A profile without them (the CPU's, a calibrated
+// one, which measured its rate at the model's own shapes) times FLOPs over
+// its rate.
+//
+// The rest per block and micro-batch: the memory-bound kernels by the bytes
+// they move (with --plan-attention standard, the kernels Megatron-LM's block
+// launched in 2021: the T x T scores through memory, dropout masks on the
+// scores and on both residual branches, the attention output's transpose,
+// QKV's bias, the fp32 loss, the gradients accumulated by their own kernel),
+// a launch per kernel; tp's collectives blocking, as the runtime issues
+// them; the ring of cp beside its attention; the pipeline's bubble and its
+// fill and drain; dp's reductions overlapped with the backward; AdamW.
+#pragma once
+#include <vector>
+
+#include "llmc/backend/backend.h"
+#include "llmc/model/config.h"
+#include "llmc/parallel/layout.h"
+#include "llmc/plan/hardware.h"
+
+// Seconds per step of one rank, by part.
+struct Cost {
+    double compute = 0, tp = 0, cp = 0, pp = 0, dp = 0, bubble = 0, optimizer = 0, step = 0;
+};
+
+class CostModel {
+  public:
+    // standard_attention: Megatron-LM 2021's block (see above) instead of
+    // this trainer's (flash-style attention, no dropout).
+    CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, const Precision& prec, int gpus_per_node,
+              bool standard_attention);
+
+    // stage_params[s]: parameters a rank of stage s holds; unit0: its
+    // embedding unit (for the tied all-reduce).
+    Cost predict(const std::vector<size_t>& stage_params, size_t unit0) const;
+
+    // Seconds of `batch` products of an M x K by a K x N matrix (the wave
+    // model above), launch included.
+    double gemm(double M, double N, double K, double batch = 1) const;
+
+  private:
+    struct Link {
+        double bw, lat;
+    };
+    Link link(int span) const;
+    static double all_reduce(double n, int g, Link k);
+    static double gather_scatter(double n, int g, Link k);
+    double p2p(double n, Link k) const;
+    double expose(double comm, double compute) const;
+    // One block's linear products, forward or backward, one micro-batch.
+    double block_gemms(bool backward) const;
+
+    const GPTConfig& c_;
+    const Layout& l_;
+    const Hardware& hw_;
+    int G_;
+    bool standard_;
+    double a_, st_, pb_, gb_, ov_;
+    bool master_;
+};
