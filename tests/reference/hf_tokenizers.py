@@ -32,7 +32,7 @@ CORPUS = [
     "for (int i = 0; i < n; ++i) sum += a[i] * b[i];  // dot",
     "In 2024, 3.14159 and 1,000,000 people; 12345678901234 tokens, 007 and -42.",
     "I'm sure you'll see they've we're it's he'd don't", "I'M SHOUTING, THEY'LL WE'RE IT'S", "'s'll'd're've'm't",
-    "rock'n'roll 'twas", "l'été", "'ſ 'ſt", "O'Neil's",
+    "rock'n'roll 'twas", "l'été", "'ſ 'ſt", "IT'ST 'ſt", "'ſt", "x'ſt y'S", "O'Neil's",
     "café naïve résumé façade Ångström Øre Straße", "e\u0301 cafe\u0301 n\u0303",
     "Ελληνικά: γεια σου κόσμε", "Привет, мир! Как дела?", "日本語のテキストと中文文本，还有标点。", "한국어 텍스트",
     "emoji 😀🎉👍🏽 family 👨\u200d👩\u200d👧 flag 🇫🇷", "mixed: Привет мир, hello 世界 123 ٣٤٥ १२३ Ⅻ ½ ²",
@@ -53,7 +53,7 @@ TRAIN_TEXT = [
     # Characters whose class decides the split (White_Space or not, letter
     # or not): merges across them make a wrong class show in the ids.
     "nbsp\u00a0here ideographic\u3000space \x1c\x1dctl\x1f\x1c zw\u200bsp em\u2003space mongolian\u180ex "
-    "\u2028\u0085x ſ 'ſ ½² ٣٤٥\n",
+    "\u2028\u0085x ſ 'ſ 'ſt 'ſt IT'ST IT'ST ½² ٣٤٥\n",
 ]
 
 

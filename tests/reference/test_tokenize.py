@@ -15,6 +15,10 @@
 #       Replace, byte fallback, <s> from the post-processor), also with a
 #       Metaspace pre-tokenizer instead of the normalizer, and against
 #       transformers' AutoTokenizer with add_bos_token / add_eos_token;
+#   - the split patterns alone (dump_rows --split): GPT-2's and Llama 3's
+#     pieces equal tokenizers' Split pre-tokenizer's, text for text (this
+#     sees a wrong split even where no merge crosses it), also around every
+#     37th code point (the Unicode table's classes) and the white space;
 #   - refusals: a split pattern not implemented gives one line naming the
 #     file and the pattern;
 #   - the Unicode table (llmc/io/unicode_table.cpp) equals what
@@ -39,13 +43,16 @@ from checks import Checks  # noqa: E402
 check = Checks()
 
 
-def ours(path, texts, tmp):
+def ours(path, texts, tmp, mode="--encode"):
     """dump_rows --encode: a list (ids, or the error line) per text."""
     tf = os.path.join(tmp, "texts.hex")
     with open(tf, "w") as f:
         for t in texts:
             f.write(t.encode("utf-8").hex() + "\n")
-    p = subprocess.run([DUMP, "--encode", path, tf], capture_output=True, text=True)
+    p = subprocess.run([DUMP, mode, path, tf], capture_output=True, text=True)
+    if mode == "--split":
+        return [[bytes.fromhex(x).decode("utf-8") for x in line[7:].split(",") if x]
+                for line in p.stdout.splitlines() if line.startswith("pieces ")]
     out = []
     for line in p.stdout.splitlines():
         out.append([int(x) for x in line[4:].split(",") if x] if line.startswith("ids ") else line)
@@ -94,6 +101,26 @@ def test_bytelevel(tmp):
     check(isinstance(g, str) and g.startswith("error:") and "other.json" in g and json.dumps(other) in g,
           f"a pattern not implemented is refused: {g}")
     return path, tok
+
+
+def test_splits(tmp):
+    from tokenizers import Regex, pre_tokenizers
+    # "x Cy1" cuts differently for C a letter, a number, white space or
+    # other: every 37th code point (the table's classes against
+    # tokenizers' regex engine), and white space and its lookalikes.
+    probe = [0x9, 0xA, 0xB, 0xC, 0xD, 0x1C, 0x1D, 0x1E, 0x1F, 0x85, 0xA0, 0x1680, 0x180E, 0x2000, 0x200A, 0x200B,
+             0x2028, 0x2029, 0x202F, 0x205F, 0x2060, 0x3000, 0xFEFF, 0x17F]
+    probe += [c for c in range(0x80, 0x30000, 37) if not 0xD800 <= c < 0xE000]
+    texts = hft.CORPUS + hft.TRAIN_TEXT + ["x \u180ey", "1234567 ١٢٣٤"] + [f"x {chr(c)}y1" for c in probe]
+    for name, pattern in (("gpt2", hft.GPT2_PATTERN), ("llama3", hft.LLAMA3_PATTERN)):
+        split = pre_tokenizers.Split(Regex(pattern), "isolated")
+        want = [[p for p, _ in split.pre_tokenize_str(t)] for t in texts]
+        got = ours(name, texts, tmp, mode="--split")
+        bad = [(t, g, w) for t, g, w in zip(texts, got, want) if g != w] + ([("count", len(got), len(want))]
+                                                                             if len(got) != len(want) else [])
+        for t, g, w in bad[:3]:
+            print(f"  {name}: {t!r}\n    ours:       {g}\n    tokenizers: {w}")
+        check(not bad, f"{name} split pattern: {len(texts) - len(bad)} of {len(texts)} texts cut as tokenizers' Split")
 
 
 def test_llmc_file(tmp, json_path, tok):
@@ -161,6 +188,7 @@ def main():
         return check.summary()
     tmp = tempfile.mkdtemp(prefix="test_tokenize_")
     try:
+        test_splits(tmp)
         path, tok = test_bytelevel(tmp)
         test_llmc_file(tmp, path, tok)
         test_llama(tmp)
