@@ -101,7 +101,8 @@ train_gpt: train_gpt.cu $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $(CXXFLAGS) -x c++ $< -x none $(LIB_OBJS) $(CUDA_OBJS) -o $@ $(LDLIBS)
 
 # The embedded dataset, made by the project's own generator.
-$(BUILD)/make_tiny: data/make_tiny.cpp $(BUILD)/llmc/io/tokenizer.o $(BUILD)/llmc/base/fileio.o
+$(BUILD)/make_tiny: data/make_tiny.cpp $(BUILD)/llmc/io/tokenizer.o $(BUILD)/llmc/io/bpe.o $(BUILD)/llmc/io/pretokenize.o \
+                   $(BUILD)/llmc/io/unicode_table.o $(BUILD)/llmc/base/fileio.o
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
 $(DATA) &: $(BUILD)/make_tiny

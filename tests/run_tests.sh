@@ -17,7 +17,8 @@
 #   reference    tests/reference/: one process against an independent truth:
 #                the PyTorch reference (itself checked against functional
 #                PyTorch, finite differences and torch.optim.AdamW), and
-#                transformers' GPT2LMHeadModel and LlamaForCausalLM.
+#                transformers' GPT2LMHeadModel and LlamaForCausalLM, and
+#                the `tokenizers` package (BPE encoding).
 #                Needs: PyTorch (python3-torch) and build/hfenv
 #                (transformers; scripts/setup.sh makes it).
 #   distributed  tests/distributed/: under mpirun, every layout (dp, ZeRO
@@ -174,7 +175,9 @@ reference_tier() {
         reference_hf llama_gqa4_tied "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1,eps=1e-6" 2 16 \
             --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
         run hf_roundtrip "$HFPY" tests/reference/test_hf.py
-        # train_gpt --generate (KV cache) against transformers' generate.
+        # The BPE encoder against the `tokenizers` package; then train_gpt
+        # --generate (KV cache, text prompts) against transformers' generate.
+        run hf_tokenize "$HFPY" tests/reference/test_tokenize.py
         run hf_generate "$HFPY" tests/reference/test_generate.py
     else
         run hf_reference_missing sh -c "echo 'build/hfenv does not import transformers: run scripts/setup.sh'; exit 1"

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/base/fileio.h"
+#include "llmc/io/bpe.h"
+#include "llmc/io/pretokenize.h"
 
 namespace {
 
@@ -54,30 +56,6 @@ bool read_whole_file(const std::string& path, std::vector<unsigned char>* data, 
         return false;
     }
     return true;
-}
-
-bool is_cont(unsigned char c) { return (c & 0xC0) == 0x80; }
-
-// Length of the valid UTF-8 character at s[i] (2..4), or 0 if the bytes there
-// are not one. Rejects overlong forms, surrogates and code points > U+10FFFF.
-size_t utf8_len(const std::string& s, size_t i) {
-    const size_t n = s.size();
-    const unsigned char c = (unsigned char)s[i];
-    auto at = [&](size_t k) { return (unsigned char)s[i + k]; };
-    if (c >= 0xC2 && c <= 0xDF) return (i + 1 < n && is_cont(at(1))) ? 2 : 0;
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (i + 2 >= n || !is_cont(at(1)) || !is_cont(at(2))) return 0;
-        if (c == 0xE0 && at(1) < 0xA0) return 0;  // overlong
-        if (c == 0xED && at(1) > 0x9F) return 0;  // surrogate
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (i + 3 >= n || !is_cont(at(1)) || !is_cont(at(2)) || !is_cont(at(3))) return 0;
-        if (c == 0xF0 && at(1) < 0x90) return 0;  // overlong
-        if (c == 0xF4 && at(1) > 0x8F) return 0;  // above U+10FFFF
-        return 4;
-    }
-    return 0;
 }
 
 void append_hex(std::string* out, unsigned char c) {
@@ -165,21 +143,23 @@ bool Tokenizer::load(const std::string& path, std::string* err) {
     tokens_ = std::move(tokens);
     eot_ = eot;
     eot_text_ = kEotText;
+    set_encoder_from_bytes(where);
     return true;
+}
+
+void Tokenizer::set_encoder_from_bytes(const std::string& where) {
+    auto e = std::make_shared<BpeEncoder>();
+    std::string why;
+    bpe_ = e->from_token_bytes(tokens_, eot_, &why) ? e : nullptr;
+    no_encode_ = bpe_ ? "" : where + why;
 }
 
 namespace {
 
-// GPT-2's byte-level table: byte b is written as the code point bytes_cp[b]
-// (printable Latin-1 bytes as themselves, the others as 256, 257, ... in
-// byte order), so every byte string is a printable string.
+// GPT-2's byte-level table, code point -> byte (llmc/io/pretokenize.h).
 std::map<uint32_t, unsigned char> unicode_to_byte() {
     std::map<uint32_t, unsigned char> m;
-    uint32_t next = 256;
-    for (int b = 0; b < 256; b++) {
-        const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        m[direct ? (uint32_t)b : next++] = (unsigned char)b;
-    }
+    for (int b = 0; b < 256; b++) m[byte_level_cp((unsigned char)b)] = (unsigned char)b;
     return m;
 }
 
@@ -188,7 +168,7 @@ std::vector<uint32_t> code_points(const std::string& s) {
     std::vector<uint32_t> out;
     for (size_t i = 0; i < s.size();) {
         const unsigned char c = (unsigned char)s[i];
-        const size_t len = c < 0x80 ? 1 : utf8_len(s, i);
+        const size_t len = utf8_len(s, i);
         if (len == 0) {
             out.push_back(0xFFFD);
             i++;
@@ -212,6 +192,40 @@ bool has_byte_level(const nlohmann::json& j) {
             for (const auto& x : j[key])
                 if (has_byte_level(x)) return true;
     return false;
+}
+
+// transformers' LlamaTokenizerFast rebuilds the post-processor from
+// tokenizer_config.json (beside the tokenizer.json): its bos_token first when
+// add_bos_token (default true), its eos_token last when add_eos_token
+// (default false). Other classes keep the tokenizer.json's post-processor,
+// as transformers does; so does a file with no tokenizer_config.json.
+bool llama_specials(const std::string& path, BpeEncoder* e, std::string* why) {
+    using json = nlohmann::json;
+    const size_t slash = path.find_last_of('/');
+    const std::string name = (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/tokenizer_config.json";
+    std::vector<unsigned char> data;
+    std::string err;
+    if (file_size(name) < 0 || !read_whole_file(name, &data, &err)) return true;
+    const json c = json::parse(data.begin(), data.end(), nullptr, false);
+    if (!c.is_object() || !c.contains("tokenizer_class") || !c["tokenizer_class"].is_string()) return true;
+    const std::string cls = c["tokenizer_class"].get<std::string>();
+    if (cls != "LlamaTokenizer" && cls != "LlamaTokenizerFast") return true;
+    std::vector<int> ids[2];
+    const char* keys[2][3] = {{"add_bos_token", "bos_token", "<s>"}, {"add_eos_token", "eos_token", "</s>"}};
+    for (int k = 0; k < 2; k++) {
+        const bool on = c.contains(keys[k][0]) && c[keys[k][0]].is_boolean() ? c[keys[k][0]].get<bool>() : k == 0;
+        if (!on) continue;
+        json v = c.contains(keys[k][1]) ? c[keys[k][1]] : json(keys[k][2]);
+        if (v.is_object()) v = v.contains("content") ? v["content"] : json();
+        const int id = v.is_string() ? e->token_id(v.get<std::string>()) : -1;
+        if (id < 0) {
+            *why = quoted(name) + ": " + keys[k][0] + " is true but " + keys[k][1] + " " + v.dump() + " is not a token";
+            return false;
+        }
+        ids[k].push_back(id);
+    }
+    e->set_template(ids[0], ids[1]);
+    return true;
 }
 
 }  // namespace
@@ -318,6 +332,19 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
     tokens_ = std::move(tokens);
     eot_ = eot;
     eot_text_ = tokens_[(size_t)eot];
+    // The encoder: what this file's normalizer, pre-tokenizer, merges and
+    // post-processor do, if all of it is implemented; else why not (a
+    // tokenizer that only decodes samples still loads).
+    auto e = std::make_shared<BpeEncoder>();
+    std::string why;
+    try {
+        if (!e->from_json(j, &why) || !llama_specials(path, e.get(), &why)) e = nullptr;
+    } catch (const json::exception& x) {
+        why = std::string("an encoding field has an unexpected type (") + x.what() + ")";
+        e = nullptr;
+    }
+    bpe_ = e;
+    no_encode_ = bpe_ ? "" : where + why;
     return true;
 }
 
@@ -327,6 +354,7 @@ void Tokenizer::init_bytes() {
     tokens_.emplace_back(kEotText);
     eot_ = kByteEot;
     eot_text_ = kEotText;
+    set_encoder_from_bytes("byte-level tokenizer: ");
 }
 
 std::string Tokenizer::decode(int id) const {
@@ -335,35 +363,14 @@ std::string Tokenizer::decode(int id) const {
     return tokens_[(size_t)id];
 }
 
-// Byte b's token: the id whose text is exactly that byte (the first such
-// id), or -1. Special tokens (EOT) never count: their text is a name.
-static std::vector<int> byte_ids(const std::vector<std::string>& tokens, int eot) {
-    std::vector<int> ids(256, -1);
-    for (size_t i = 0; i < tokens.size(); ++i)
-        if ((int)i != eot && tokens[i].size() == 1 && ids[(unsigned char)tokens[i][0]] < 0)
-            ids[(unsigned char)tokens[i][0]] = (int)i;
-    return ids;
-}
+bool Tokenizer::can_encode() const { return bpe_ != nullptr; }
 
-bool Tokenizer::can_encode() const {
-    if (tokens_.empty()) return false;
-    for (size_t i = 0; i < tokens_.size(); ++i)
-        if ((int)i != eot_ && tokens_[i].size() > 1) return false;  // a merged token: BPE
-    for (int id : byte_ids(tokens_, eot_))
-        if (id < 0) return false;
-    return true;
-}
-
-bool Tokenizer::encode(const std::string& text, std::vector<int>* ids, std::string* err) const {
-    if (!can_encode()) {
-        *err = "this tokenizer does not encode text (only byte-level vocabularies do; BPE merges are not "
-               "implemented)";
+bool Tokenizer::encode(const std::string& text, std::vector<int>* ids, std::string* err, bool with_special) const {
+    if (!bpe_) {
+        *err = no_encode_.empty() ? std::string("no tokenizer loaded") : no_encode_;
         return false;
     }
-    const std::vector<int> by_byte = byte_ids(tokens_, eot_);
-    ids->clear();
-    for (char c : text) ids->push_back(by_byte[(unsigned char)c]);
-    return true;
+    return bpe_->encode(text, with_special, ids, err);
 }
 
 std::string Tokenizer::printable(const std::string& s) {

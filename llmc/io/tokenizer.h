@@ -1,9 +1,8 @@
 // llmc/io/tokenizer.h: Tokenizer, for printing samples and generated text.
 //
-// The trainer never encodes text (the shards hold token ids already); it
-// turns sampled ids back into bytes. Only a byte-level vocabulary encodes
-// (train_gpt --generate's prompt): BPE merges are not implemented, so other
-// tokenizers take the prompt as ids. Two sources:
+// The trainer turns sampled ids back into bytes (the shards hold token ids
+// already); train_gpt --generate encodes its text prompt with encode(), a
+// BpeEncoder (llmc/io/bpe.h) built from the same file. Two sources:
 //   load()        an llm.c tokenizer file: 256 little-endian int32 header,
 //                 [0]=20240328 [1]=2 [2]=vocab size [3]=EOT id, then per
 //                 token a uint8 length and that many bytes. Version 1 has no
@@ -18,11 +17,20 @@
 //                 style) U+2581 is a space and <0xNN> a byte. The start
 //                 token eot() is the first of <|endoftext|>,
 //                 <|begin_of_text|>, <s> present (else id 0).
+//                 Encoding follows the file's normalizer, pre-tokenizer,
+//                 merges and post-processor where bpe.h implements them
+//                 (GPT-2, Llama 3 and SentencePiece-style Llama files); for
+//                 a Llama tokenizer_config.json beside it, its add_bos_token
+//                 and add_eos_token, as transformers. An llm.c file encodes
+//                 as tiktoken encodes GPT-2 (bpe.cpp, from_token_bytes).
 //   init_bytes()  the byte-level tokenizer of the embedded dataset: ids
 //                 0..255 are the bytes themselves, 256 is EOT (vocab 257).
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
+
+class BpeEncoder;
 
 class Tokenizer {
 public:
@@ -39,13 +47,13 @@ public:
     int eot() const { return eot_; }
     int vocab_size() const { return (int)tokens_.size(); }
 
-    // Whether encode() can work: every byte has a one-byte token (the
-    // byte-level tokenizer, or a file or tokenizer.json that holds exactly
-    // such a vocabulary besides its special tokens). A vocabulary with longer
-    // tokens would need its BPE merges to encode as it was trained.
+    // Whether encode() can work: an llm.c file where every byte has a token,
+    // or a tokenizer.json whose every encoding step is implemented.
     bool can_encode() const;
-    // text -> ids (each byte its token); false with *err when !can_encode().
-    bool encode(const std::string& text, std::vector<int>* ids, std::string* err) const;
+    // text (UTF-8) -> ids, with the post-processor's special tokens (Llama's
+    // <s>) unless !with_special; false with *err (one line: why this
+    // tokenizer does not encode, or the text is not UTF-8).
+    bool encode(const std::string& text, std::vector<int>* ids, std::string* err, bool with_special = true) const;
 
     // s with bytes that could upset a terminal written as \xNN: control
     // characters other than newline and tab, DEL, and bytes that are not part
@@ -57,6 +65,9 @@ private:
     std::vector<std::string> tokens_;
     int eot_ = -1;
     std::string eot_text_;  // what decode(eot) prints
+    std::shared_ptr<const BpeEncoder> bpe_;  // null: cannot encode, no_encode_ says why
+    std::string no_encode_;
+    void set_encoder_from_bytes(const std::string& where);
 };
 
 // Writes the byte-level tokenizer (vocab 257, EOT 256) in the llm.c file

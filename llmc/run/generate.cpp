@@ -141,9 +141,11 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
     if (!cfg.prompt_ids.empty()) {
         prompt = parse_ids(cfg.prompt_ids, V);
     } else if (!cfg.generate.empty()) {
-        const std::string name = cfg.tokenizer.empty() ? "(byte-level)" : "'" + cfg.tokenizer + "'";
+        // The run's tokenizer, with the special tokens its post-processor
+        // adds (Llama's <s>), as transformers' tokenizer(text) does; err
+        // names the tokenizer's file.
         ok = tok.encode(cfg.generate, &prompt, &err);  // before the message that quotes err is built
-        setup_check(ok, "flag --generate: tokenizer " + name + ": " + err + ": give the prompt's ids with --prompt-ids");
+        setup_check(ok, "flag --generate: " + err + ": give the prompt's ids with --prompt-ids");
         for (int id : prompt)
             setup_check(id < V, "flag --generate: the prompt's token " + std::to_string(id) +
                                     " is outside the model's vocabulary of " + std::to_string(V) + " tokens");

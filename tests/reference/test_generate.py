@@ -14,8 +14,14 @@
 #   - other sources: an -e size spec with random weights, an llm.c model
 #     file and the checkpoint of the run that wrote it (-o DIR -y) give the
 #     same ids; a byte-level prompt as text encodes to its bytes;
+#   - text prompts: --generate "TEXT" on a GPT-2 directory with a byte-level
+#     BPE tokenizer.json and on a Llama directory with a SentencePiece-style
+#     one (tests/reference/hf_tokenizers.py) gives the prompt ids of
+#     transformers' AutoTokenizer (Llama's <s> first) and its greedy
+#     continuation;
 #   - errors: a prompt longer than maxT, an id past the vocabulary, text for
-#     a tokenizer that cannot encode, --generate with --tp 2, -y with
+#     a tokenizer that cannot encode (a split pattern not implemented: the
+#     file and the pattern named), --generate with --tp 2, -y with
 #     another model's -e, and (with mpirun) two ranks: one line
 #     "train_gpt: error: ...", exit status 1.
 # Last line: "N passed, N failed".
@@ -33,6 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 TRAIN = os.path.join(ROOT, "train_gpt")
 sys.path.insert(0, HERE)
 import reference_hf as rh  # noqa: E402  (random HF models, the fp64 patch)
+import hf_tokenizers as hft  # noqa: E402  (tokenizers made with the `tokenizers` package)
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 from checks import Checks  # noqa: E402  (the suites' shared counter)
 
@@ -75,9 +82,12 @@ def hf_model(spec, seed):
 
 
 def hf_greedy(model, prompt, new, eos=None):
+    # The mask given: generate would take a prompt id equal to pad_token_id
+    # (a text's <|endoftext|>, id 0) for padding and mask it out.
+    ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, eos_token_id=eos,
-                             pad_token_id=0)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                             eos_token_id=eos, pad_token_id=0)
     return out[0].tolist()
 
 
@@ -176,6 +186,34 @@ def test_sources(tmp):
           err.strip()[-200:])
 
 
+def test_text_prompts(tmp):
+    """--generate TEXT: AutoTokenizer's ids, then transformers' greedy ids (fp64)."""
+    from transformers import AutoTokenizer
+    cases = [("gpt2 text", "L=2,C=32,NH=2,V=300,T=64", "Hello world, it's 2024! café 日本<|endoftext|> done"),
+             ("llama text", "arch=llama,L=2,C=32,NH=4,NKV=2,F=64,V=420,T=64", "Hello world, it's 2024! café 日本")]
+    for name, spec, text in cases:
+        d = os.path.join(tmp, name.replace(" ", "_"))
+        model = hf_model(spec, 99)
+        model.save_pretrained(d, safe_serialization=True)
+        if "llama" in name:
+            hft.make_llama(d, 420)
+        else:
+            hft.make_bytelevel(os.path.join(d, "tokenizer.json"), 300)
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump({"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
+                           "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}, f)
+        prompt = AutoTokenizer.from_pretrained(d)(text)["input_ids"]
+        model.double()
+        want = hf_greedy(model, prompt, NEW)
+        ids, out = generate(["-e", d, "--generate", text, "--max-new-tokens", str(NEW), "--temperature", "0",
+                             "--ignore-eos", "--dtype", "fp64"])
+        check(ids is not None and ids[:len(prompt)] == prompt,
+              f"{name}: the prompt encodes to AutoTokenizer's {len(prompt)} ids" +
+              (f" (ours {ids[:len(prompt) + 3]}, theirs {prompt})" if ids else ": " + out.strip()[-300:]))
+        check(ids == want, f"{name}: {NEW} greedy ids after it equal transformers' float64 generate")
+        check(("llama" not in name) or prompt[0] == 1, f"{name}: <s> starts Llama's prompt")
+
+
 def test_errors(tmp, hf_dir):
     spec = "L=2,C=32,NH=2,V=257,T=48"
 
@@ -193,15 +231,13 @@ def test_errors(tmp, hf_dir):
     refused(["-e", spec, "--prompt-ids", "1,x"], ["--prompt-ids", "'x'"], "an id that is not a number")
     refused(["-e", spec, "--generate", "hi", "--tp", "2"], ["flag --tp", "one process"], "--generate with --tp 2")
     refused(["-e", spec, "--generate", "hi", "--prompt-ids", "1"], ["not both"], "text and ids at once")
-    # A tokenizer.json with merged tokens cannot encode text here.
+    # A tokenizer.json whose split pattern is not implemented cannot encode text.
     tj = os.path.join(tmp, "tok.json")
-    vocab = {chr(0x100 + i) if i < 33 else chr(i): i for i in range(256)}
-    vocab["ab"] = 256
-    with open(tj, "w") as f:
-        json.dump({"model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]}, "decoder": {"type": "ByteLevel"},
-                   "added_tokens": []}, f)
-    refused(["-e", spec, "--tokenizer", tj, "--generate", "hi"], ["--prompt-ids", "tok.json"],
-            "text for a tokenizer that cannot encode names --prompt-ids")
+    pattern = r"\p{L}+|\s+|."
+    hft.make_bytelevel(tj, 280)
+    hft.edit_json(tj, tj, lambda j: j.update(pre_tokenizer=hft.split_then_bytelevel(pattern)))
+    refused(["-e", spec, "--tokenizer", tj, "--generate", "hi"], ["--prompt-ids", "tok.json", json.dumps(pattern)],
+            "text for a tokenizer that cannot encode names the file, the pattern and --prompt-ids")
     if shutil.which("mpirun"):
         refused(["-np", "2", TRAIN, "-e", spec, "--generate", "hi", "--device", "cpu"], ["one process", "mpirun"],
                 "--generate under mpirun -np 2", cmd=["mpirun"])
@@ -219,6 +255,7 @@ def main():
             test_against_transformers(tmp, "llama_gqa4_tied",
                                       "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=64,tied=1,eps=1e-6")
             test_sources(tmp)
+            test_text_prompts(tmp)
             test_errors(tmp, d)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -39,6 +39,8 @@ TRAIN = os.path.join(ROOT, "train_gpt")
 TEST_GPT = os.path.join(ROOT, "build", "test_gpt")
 TEST_HF = os.path.join(ROOT, "build", "test_hf")
 REF = os.path.join(ROOT, "tests", "reference", "reference_hf.py")
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+import hf_tokenizers as hft  # noqa: E402  (tokenizers made with the `tokenizers` package)
 PY = sys.executable
 MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -67,16 +69,8 @@ def last_line(text):
 
 def make_tokenizer(path, vocab_size):
     """A byte-level BPE (GPT-2's scheme) trained here, with <|endoftext|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    text = ["The quick brown fox jumps over the lazy dog. Überall “quotes” — and ünïcödé, 日本語 too.\n"] * 50
-    tok.train_from_iterator(text, trainer)
-    tok.save(path)
-    return tok
+    return hft.make_bytelevel(path, vocab_size, texts=[
+        "The quick brown fox jumps over the lazy dog. Überall “quotes” — and ünïcödé, 日本語 too.\n"])
 
 
 def test_tokenizer(tmp):

@@ -1,24 +1,31 @@
 // tests/unit/dump_rows.cpp: dump_rows, prints what the C++ DataLoader (and
 // Tokenizer) read from files made elsewhere, so tests/unit/test_shards.py can
-// compare it with what Python wrote.
+// compare it with what Python wrote, and the ids the Tokenizer encodes texts
+// to, for tests/reference/test_tokenize.py to compare with `tokenizers`.
 //
 //   dump_rows PATTERN T VOCAB [NROWS]   rows 0..NROWS-1 (default: one epoch
 //                                       plus two rows, to cross the wrap)
 //   dump_rows --tokenizer PATH          every token of a tokenizer file
+//   dump_rows --encode PATH TEXTS       each text of TEXTS (one a line, its
+//                                       bytes in hex) encoded by PATH
+//   dump_rows --split gpt2|llama3 TEXTS each text cut by that split pattern
 //
 // Output, one item per line:
 //   total N / rows R / file PATH / row I in: t... tg: t...
 //   vocab V / eot E / token I HEX        (--tokenizer; HEX = the token's bytes)
+//   ids I,I,...  or  error: MESSAGE      (--encode, a line per text)
+//   pieces HEX,HEX,...                   (--split, a line per text)
 // On an error: "error: MESSAGE" on stdout, exit code 1.
 //
 // Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/unit/dump_rows.cpp llmc/io/dataloader.cpp llmc/io/tokenizer.cpp
-//          llmc/base/fileio.cpp -o dump_rows
+//          llmc/io/bpe.cpp llmc/io/pretokenize.cpp llmc/io/unicode_table.cpp llmc/base/fileio.cpp -o dump_rows
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "llmc/io/dataloader.h"
+#include "llmc/io/pretokenize.h"
 #include "llmc/io/tokenizer.h"
 
 namespace {
@@ -39,6 +46,66 @@ int dump_tokenizer(const std::string& path) {
             hex += b;
         }
         std::printf("token %d %s\n", i, hex.c_str());
+    }
+    return 0;
+}
+
+// The texts of a file of hex lines, or false.
+bool read_hex_lines(const std::string& path, std::vector<std::string>* texts) {
+    FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) {
+        std::printf("error: cannot open %s\n", path.c_str());
+        return false;
+    }
+    std::string line;
+    for (int ch; (ch = std::fgetc(f)) != EOF;) {
+        if (ch != '\n') {
+            line.push_back((char)ch);
+            continue;
+        }
+        std::string text;
+        for (size_t i = 0; i + 1 < line.size(); i += 2) text.push_back((char)std::stoi(line.substr(i, 2), nullptr, 16));
+        texts->push_back(text);
+        line.clear();
+    }
+    std::fclose(f);
+    return true;
+}
+
+int encode_texts(const std::string& path, const std::string& file) {
+    Tokenizer tok;
+    std::string err;
+    if (!tok.load(path, &err)) {
+        std::printf("error: %s\n", err.c_str());
+        return 1;
+    }
+    std::vector<std::string> texts;
+    if (!read_hex_lines(file, &texts)) return 1;
+    for (const std::string& text : texts) {
+        std::vector<int> ids;
+        if (!tok.encode(text, &ids, &err)) {
+            std::printf("error: %s\n", err.c_str());
+            continue;
+        }
+        std::printf("ids ");
+        for (size_t i = 0; i < ids.size(); i++) std::printf(i ? ",%d" : "%d", ids[i]);
+        std::printf("\n");
+    }
+    return 0;
+}
+
+int split_texts(const std::string& name, const std::string& file) {
+    std::vector<std::string> texts;
+    if (!read_hex_lines(file, &texts)) return 1;
+    for (const std::string& text : texts) {
+        std::vector<std::string> pieces;
+        split_text(name == "gpt2" ? SplitPattern::gpt2 : SplitPattern::llama3, text, &pieces);
+        std::printf("pieces ");
+        for (size_t i = 0; i < pieces.size(); i++) {
+            std::printf(i ? "," : "");
+            for (unsigned char c : pieces[i]) std::printf("%02x", c);
+        }
+        std::printf("\n");
     }
     return 0;
 }
@@ -72,8 +139,10 @@ int dump_rows(const std::string& pattern, int T, int vocab, long long nrows_arg)
 
 int main(int argc, char** argv) {
     if (argc == 3 && std::string(argv[1]) == "--tokenizer") return dump_tokenizer(argv[2]);
+    if (argc == 4 && std::string(argv[1]) == "--encode") return encode_texts(argv[2], argv[3]);
+    if (argc == 4 && std::string(argv[1]) == "--split") return split_texts(argv[2], argv[3]);
     if (argc != 4 && argc != 5) {
-        std::fprintf(stderr, "usage: %s PATTERN T VOCAB [NROWS] | --tokenizer PATH\n", argv[0]);
+        std::fprintf(stderr, "usage: %s PATTERN T VOCAB [NROWS] | --tokenizer PATH | --encode PATH TEXTS | --split gpt2|llama3 TEXTS\n", argv[0]);
         return 2;
     }
     const int T = std::atoi(argv[2]);

@@ -292,6 +292,8 @@ def main():
             build = subprocess.run(
                 ["g++", "-std=c++17", "-O2", "-I", ROOT, os.path.join(ROOT, "tests", "unit", "dump_rows.cpp"),
                  os.path.join(ROOT, "llmc", "io", "dataloader.cpp"), os.path.join(ROOT, "llmc", "io", "tokenizer.cpp"),
+                 os.path.join(ROOT, "llmc", "io", "bpe.cpp"), os.path.join(ROOT, "llmc", "io", "pretokenize.cpp"),
+                 os.path.join(ROOT, "llmc", "io", "unicode_table.cpp"),
                  os.path.join(ROOT, "llmc", "base", "fileio.cpp"), "-o", exe], capture_output=True, text=True)
             t.check(build.returncode == 0, "build dump_rows: " + build.stderr)
             if build.returncode != 0:
