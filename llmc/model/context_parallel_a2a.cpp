@@ -81,14 +81,14 @@ void ContextParallel::to_heads(const void* src, size_t ld, const std::vector<Seg
         }
     }
     all_to_all(N * w);
-    // Rank s sent its chunks s and 2c-1-s of every row.
+    // Rank s sent its chunks s and 2c-1-s of every row: one strided copy
+    // per chunk puts it in place in all B rows.
     for (int s = 0; s < c; s++)
-        for (int b = 0; b < B; b++)
-            for (int half = 0; half < 2; half++) {
-                const int chunk = half ? 2 * c - 1 - s : s;
-                be_.copy2d(elem_ptr(full, act, ((size_t)b * T + (size_t)chunk * ch) * w), w,
-                           elem_ptr(recv_, act, (s * N + (size_t)b * Tl_ + (size_t)half * ch) * w), w, ch, w, act);
-            }
+        for (int half = 0; half < 2; half++) {
+            const int chunk = half ? 2 * c - 1 - s : s;
+            be_.copy2d(elem_ptr(full, act, (size_t)chunk * ch * w), (size_t)T * w,
+                       elem_ptr(recv_, act, (s * N + (size_t)half * ch) * w), (size_t)Tl_ * w, B, (size_t)ch * w, act);
+        }
 }
 
 // The inverse: head layout [B, T, w] -> each rank's tokens, its columns of
@@ -100,12 +100,11 @@ void ContextParallel::to_tokens(const void* full, const std::vector<Seg>& segs, 
     size_t w = 0;
     for (const Seg& s : segs) w += s.width;
     for (int s = 0; s < c; s++)
-        for (int b = 0; b < B; b++)
-            for (int half = 0; half < 2; half++) {
-                const int chunk = half ? 2 * c - 1 - s : s;
-                be_.copy2d(elem_ptr(send_, act, (s * N + (size_t)b * Tl_ + (size_t)half * ch) * w), w,
-                           elem_ptr(full, act, ((size_t)b * T + (size_t)chunk * ch) * w), w, ch, w, act);
-            }
+        for (int half = 0; half < 2; half++) {
+            const int chunk = half ? 2 * c - 1 - s : s;
+            be_.copy2d(elem_ptr(send_, act, (s * N + (size_t)half * ch) * w), (size_t)Tl_ * w,
+                       elem_ptr(full, act, (size_t)chunk * ch * w), (size_t)T * w, B, (size_t)ch * w, act);
+        }
     all_to_all(N * w);
     for (int r = 0; r < size(); r++) {
         size_t off = 0;

@@ -124,7 +124,22 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) c
     // cp: the ring's K,V blocks forward, K,V and dK,dV backward, each
     // step's transfer beside that step's attention.
     double blk_cp = 0;
-    if (l.cp > 1) {
+    if (l.cp > 1 && l.cp_a2a > 1) {
+        // all-to-all (--cp-impl a2a): blocking exchanges of X channels per
+        // token, each sending (cp-1)/cp of N·X elements in cp-1 messages, its
+        // blocks packed and placed by copies (read and written on both sides;
+        // cp per column segment and 2·cp chunk runs, each a launch). Forward
+        // QKV (3 segments) and the output; backward QKV, output and its
+        // gradient, then dQKV back.
+        const double W = C / tp + 2 * Ckv, Cl = C / tp;
+        auto exchange = [&](double X, int segs) {
+            const double bytes = N * X * a_;
+            return p2p((cp - 1) / cp * bytes, lcp) + (cp - 2) * hw_.p2p_lat + 4 * bytes / hw_.mem_bw +
+                   (cp * segs + 2 * cp) * launch;
+        };
+        const double f = exchange(W, 3) + exchange(Cl, 1), b = 2 * exchange(W, 3) + 2 * exchange(Cl, 1);
+        blk_cp = f + b + (attn_again ? f : 0);
+    } else if (l.cp > 1) {
         const double kv = B * Tl * 2 * Ckv * a_, dkv = B * Tl * 2 * Ckv * st_;
         const double f = (cp - 1) * p2p(kv, lcp), b = (cp - 1) * p2p(kv, lcp) + cp * p2p(dkv, lcp);
         blk_cp = expose(f, attn_f) + expose(b, attn_b) + (attn_again ? expose(f, attn_f) : 0);

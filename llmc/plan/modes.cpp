@@ -47,7 +47,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         Layout& b = r.base;
         b.world = cfg.world > 0 ? cfg.world : dist_world_size();
         b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.cp_a2a = cfg.cp_impl == "a2a" ? cfg.cp : 1, b.sp = cfg.sp, b.zero = cfg.zero;
-        b.B = cfg.B, b.T = cfg.T > 0 ? cfg.T : default_seq_len(mc), b.total_batch = cfg.total_batch;
+        b.B = cfg.B, b.T = cfg.T > 0 ? cfg.T : mc.max_seq_len, b.total_batch = cfg.total_batch;
         parse_recompute(cfg.recompute, &b.recompute);
         b.head_chunk = cfg.head_chunk;
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
@@ -60,11 +60,11 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
             defaults_note += "-d " + std::to_string(b.total_batch) + " (no -d: " + realistic_batch_source() + ")";
         }
         if (cfg.T == 0)
-            defaults_note = "-t " + std::to_string(b.T) + " (no -t: the model's context" +
-                              (mc.max_seq_len > b.T ? ", " + std::to_string(mc.max_seq_len) + ", capped" : "") + ")" +
+            defaults_note = "-t " + std::to_string(b.T) + " (no -t: the model's context)" +
                               (defaults_note.empty() ? "" : "; " + defaults_note);
         r.fix_pp = parser.given("pp"), r.fix_vpp = parser.given("vpp"), r.fix_tp = parser.given("tp");
-        r.fix_cp = parser.given("cp"), r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
+        r.fix_cp = parser.given("cp"), r.fix_cp_impl = parser.given("cp-impl"), r.cp_a2a = cfg.cp_impl == "a2a";
+        r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
         r.fix_B = parser.given("batch-size"), r.fix_recompute = parser.given("recompute");
         r.device = cfg.device == "auto" ? r.hw.device : cfg.device;
         r.dtype = cfg.dtype == "auto" ? r.hw.dtype : cfg.dtype;

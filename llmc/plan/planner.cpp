@@ -176,7 +176,7 @@ Planned plan_one(const GPTConfig& mc, const Layout& l, const PlanRequest& r, con
 json to_json(const Planned& p, const GPTConfig& mc, const PlanRequest& r) {
     const Layout& l = p.l;
     const double ms = 1e3;
-    json j = {{"dp", l.dp()}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"sp", l.sp},
+    json j = {{"dp", l.dp()}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"cp_impl", l.cp > 1 && l.cp_a2a > 1 ? "a2a" : "ring"}, {"sp", l.sp},
               {"zero", l.zero}, {"B", l.B}, {"recompute", recompute_name(l.recompute)},
               {"micro_batches", l.micro_batches()}, {"memory_bytes", p.max_bytes}, {"fits", p.fits},
               {"step_ms", p.cost.step * ms}, {"tokens_per_s", p.tokens_per_s}, {"tflops_per_gpu", p.tflops / 1e12},
@@ -198,9 +198,9 @@ std::string gib(double b) { return human_bytes(b); }
 void print_row(const Planned& p, int i, const char* mark) {
     const Layout& l = p.l;
     const Cost& k = p.cost;
-    std::printf("%3d  pp %-2d vpp %d dp %-4d cp %-2d tp %-2d sp %d z%d B %-3d %-9s %10s %s %9.1f %12.0f %7.1f %5.1f%%"
+    std::printf("%3d  pp %-2d vpp %d dp %-4d cp %-2d%s tp %-2d sp %d z%d B %-3d %-9s %10s %s %9.1f %12.0f %7.1f %5.1f%%"
                 "  | comp %.1f tp %.1f cp %.1f pp %.1f dp %.1f bubble %.1f opt %.1f\n",
-                i, l.pp, l.vpp, l.dp(), l.cp, l.tp, l.sp, l.zero, l.B, recompute_name(l.recompute),
+                i, l.pp, l.vpp, l.dp(), l.cp, l.cp > 1 && l.cp_a2a > 1 ? "a" : " ", l.tp, l.sp, l.zero, l.B, recompute_name(l.recompute),
                 gib((double)p.max_bytes).c_str(), mark, k.step * 1e3, p.tokens_per_s, p.tflops / 1e12,
                 100 * p.mfu, k.compute * 1e3, k.tp * 1e3, k.cp * 1e3, k.pp * 1e3, k.dp * 1e3, k.bubble * 1e3,
                 k.optimizer * 1e3);
@@ -215,7 +215,7 @@ static void print_launch(const Planned& w, const PlanRequest& r) {
     cmd += " -t " + std::to_string(l.T) + " -d " + std::to_string(l.total_batch) + " -b " + std::to_string(l.B);
     if (l.zero) cmd += " -z " + std::to_string(l.zero);
     if (l.tp > 1) cmd += " --tp " + std::to_string(l.tp) + (l.sp ? " --sp 1" : "");
-    if (l.cp > 1) cmd += " --cp " + std::to_string(l.cp);
+    if (l.cp > 1) cmd += " --cp " + std::to_string(l.cp) + (l.cp_a2a > 1 ? " --cp-impl a2a" : "");
     if (l.pp > 1) cmd += " --pp " + std::to_string(l.pp);
     if (l.vpp > 1) cmd += " --vpp " + std::to_string(l.vpp);
     if (l.recompute != Recompute::none) cmd += std::string(" -r ") + recompute_name(l.recompute);
@@ -302,10 +302,12 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                         for (int vpp : r.fix_vpp ? std::vector<int>{b.vpp} : std::vector<int>{1, 2, 4})
                             for (int sp : r.fix_sp ? std::vector<int>{b.sp} : std::vector<int>{0, 1})
                                 for (int zero : r.fix_zero ? std::vector<int>{b.zero} : std::vector<int>{0, 1, 2, 3})
-                                    for (Recompute rc : rcs) {
+                                    for (Recompute rc : rcs)
+                                    for (int a2a : cp == 1 ? std::vector<int>{0} : r.fix_cp_impl ? std::vector<int>{r.cp_a2a} : std::vector<int>{0, 1}) {
                                         Layout l = b;
                                         l.pp = pp, l.tp = tp, l.cp = cp, l.B = B, l.vpp = vpp, l.sp = sp, l.zero = zero;
                                         l.recompute = rc;
+                                        l.cp_a2a = a2a ? cp : 1;
                                         std::string why_not;
                                         if (vpp > 1 && pp == 1) continue;
                                         if (sp && tp == 1) continue;
@@ -348,7 +350,7 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
         for (const Planned& p : plans) fitting += p.fits;
         std::printf("%zu layouts, %zu fit in %s per device (less %s for the runtime); the best %d:\n", plans.size(),
                     fitting, gib(hw.mem_bytes).c_str(), gib(hw.reserve_bytes).c_str(), std::min<int>(r.top, (int)plans.size()));
-        std::printf("  #  layout                                            memory    step ms     tokens/s  TFLOP/s   MFU"
+        std::printf("  #  layout                                             memory    step ms     tokens/s  TFLOP/s   MFU"
                     "  | ms per step\n");
         const Planned& w = plans.front();
         auto tie = [&](const Planned& p) { return p.fits && w.fits && p.tokens_per_s >= (1 - kPlanTieBand) * w.tokens_per_s; };

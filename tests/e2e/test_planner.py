@@ -23,6 +23,8 @@
 #     head's products by docs/design.md section 10's formula (tiles in waves
 #     over the SMs, K split when they cannot fill them), written again in
 #     the test; without SMs, FLOPs over the rate;
+#   - all-to-all context parallel: the cp time of --plan eval against its
+#     formula, written again here; a search weighs ring and a2a;
 #   - search: the fixed flags are kept, the JSON lines have every field and
 #     name the model, world, hardware and usable memory, the winner line
 #     says why it wins, plot_plan.py draws the plan (the usable memory's
@@ -92,10 +94,12 @@ def test_memory(tmp):
                (2, ["-b", "4", "--pp", "2"]), (2, ["-b", "2", "--pp", "2", "--vpp", "2", "-r", "gelu"]),
                (8, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"]),
                (2, ["-b", "4", "--pp", "2", "--head-chunk", "24"]),
-               (2, ["-b", "8", "--tp", "2", "--sp", "1", "--head-chunk", "24"])]
+               (2, ["-b", "8", "--tp", "2", "--sp", "1", "--head-chunk", "24"]),
+               (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"])]
     memory_equal(gpt2, layouts)
     memory_equal(llama, [(1, ["-b", "16"]), (1, ["-b", "16", "--head-chunk", "40"]), (4, ["-b", "4", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
-                         (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "4", "--pp", "2", "-r", "selective"])])
+                         (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "4", "--pp", "2", "-r", "selective"]),
+                         (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"])])
 
 
 def memory_equal(spec, layouts):
@@ -239,6 +243,45 @@ def test_wave_model(tmp):
         check(abs(got / want - 1) < 1e-9, f"wave model, sm_count {sms}: planned {got}, formula {want}")
 
 
+def test_cp_a2a(tmp):
+    # All-to-all context parallel: with a profile where only communication,
+    # copies and launches cost, --plan eval's cp time is the exchanges' by
+    # the formula of llmc/plan/cost_model.cpp, written again here: forward
+    # QKV (3 column segments) and the output, backward QKV twice and the
+    # output and its gradient; each exchange one latency per message, (c-1)/c
+    # of its bytes over the link, its blocks read and written twice, and
+    # c*segments + 2c copy launches. A search without --cp-impl weighs both.
+    L, C, B, T, c = 2, 64, 2, 256, 4
+    bw, lat, mem, launch = 1e8, 3e-6, 1e11, 1e-6
+    prof = os.path.join(tmp, "a2a.json")
+    with open(prof, "w") as f:
+        json.dump({"name": "a2a", "matmul_flops": 1e30, "attn_flops": 1e30, "mem_bw": mem, "launch_s": launch,
+                   "intra_bw": bw, "intra_lat": 0, "p2p_lat": lat, "gpus_per_node": 8}, f)
+    jp = os.path.join(tmp, "a2a.jsonl")
+    model = f"L={L},C={C},NH=4,V=97,Vp=97,T={T}"
+    rc, out, err = plan(["eval", "-e", model, "-t", str(T), "-b", str(B), "-d", str(B * T), "--world", str(c),
+                         "--cp", str(c), "--cp-impl", "a2a", "--hardware", prof, "--plan-json", jp])
+    if check(rc == 0, f"a2a eval: {err[-300:]}"):
+        with open(jp) as f:
+            got = json.loads(f.readline())["breakdown_ms"]["cp"] / 1e3
+        N, a = B * T // c, 2
+
+        def ex(X, segs):
+            n = N * X * a
+            return lat + (c - 1) / c * n / bw + (c - 2) * lat + 4 * n / mem + (c * segs + 2 * c) * launch
+        W = 3 * C
+        want = L * (ex(W, 3) + ex(C, 1) + 2 * ex(W, 3) + 2 * ex(C, 1))
+        print(f"  cp4 a2a: planned cp {got * 1e3:.4f} ms, formula {want * 1e3:.4f} ms")
+        check(abs(got / want - 1) < 1e-9, f"a2a cp time: planned {got}, formula {want}")
+    rc, out, err = plan(["search", "-e", model, "-t", str(T), "-d", str(8 * T), "--world", str(c), "--cp", str(c),
+                         "--plan-json", jp, "--plan-top", "1"])
+    impls = set()
+    if os.path.exists(jp):
+        with open(jp) as f:
+            impls = {json.loads(line)["cp_impl"] for line in f}
+    check(rc == 0 and impls == {"ring", "a2a"}, f"cp4 search weighs ring and a2a: {impls} {err[-200:]}")
+
+
 def test_search_and_errors(tmp):
     jp = os.path.join(tmp, "search.jsonl")
     rc, out, err = plan(["search", "-e", "d12", "-t", "1024", "-d", "524288", "--world", "16", "--tp", "2",
@@ -328,6 +371,7 @@ def suite(tmp):
     test_memory(tmp)
     test_search_and_errors(tmp)
     test_wave_model(tmp)
+    test_cp_a2a(tmp)
     test_published(tmp)
     test_time(tmp)
 
