@@ -109,19 +109,22 @@ bool hf_write_side_files(const std::string& dir, const HfExtras& x, int max_len,
     const ojson eos = ids.contains("eos_token_id") ? ids["eos_token_id"] : ojson();
     const int eos_id = eos.is_number_integer() ? eos.get<int>()
                        : eos.is_array() && !eos.empty() && eos[0].is_number_integer() ? eos[0].get<int>() : -1;
-    const std::string eot = tok.empty() ? "" : token_text(tok, eos_id);
-    if (!have[0] && !tok.empty()) {
-        ojson t;
-        t["tokenizer_class"] = "PreTrainedTokenizerFast";
-        t["model_max_length"] = max_len;
-        t["clean_up_tokenization_spaces"] = false;
-        if (!eot.empty()) t["bos_token"] = t["eos_token"] = eot;
-        if (!write_text(dir + "/tokenizer_config.json", t.dump(2) + "\n", err)) return false;
-    }
-    if (!have[1] && !tok.empty() && !eot.empty()) {
-        ojson s;
-        s["bos_token"] = s["eos_token"] = eot;
-        if (!write_text(dir + "/special_tokens_map.json", s.dump(2) + "\n", err)) return false;
-    }
+    const int bos_id = ids.contains("bos_token_id") && ids["bos_token_id"].is_number_integer()
+                           ? ids["bos_token_id"].get<int>() : eos_id;
+    const std::string eos_text = tok.empty() ? "" : token_text(tok, eos_id);
+    const std::string bos_text = tok.empty() ? "" : token_text(tok, bos_id);
+    // The source's own tokenizer_config.json names its special tokens (and
+    // transformers reads them there when special_tokens_map.json is absent):
+    // only a directory with neither gets them written, each from its own id.
+    if (have[0] || tok.empty()) return true;
+    ojson t;
+    t["tokenizer_class"] = "PreTrainedTokenizerFast";
+    t["model_max_length"] = max_len;
+    t["clean_up_tokenization_spaces"] = false;
+    ojson s;
+    if (!bos_text.empty()) t["bos_token"] = s["bos_token"] = bos_text;
+    if (!eos_text.empty()) t["eos_token"] = s["eos_token"] = eos_text;
+    if (!write_text(dir + "/tokenizer_config.json", t.dump(2) + "\n", err)) return false;
+    if (!have[1] && !s.empty() && !write_text(dir + "/special_tokens_map.json", s.dump(2) + "\n", err)) return false;
     return true;
 }

@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "llmc/base/fileio.h"
 #include "llmc/comm/dist.h"
@@ -113,8 +116,22 @@ std::string shards_tokenizer(const std::string& pattern) {
     return "";
 }
 
+std::string inherit_run_flags(const std::string& root, const ArgParser& parser, TrainConfig& cfg) {
+    std::ifstream f(root + "/run_config.json");
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (!f || !j.is_object()) return "";
+    std::string took;
+    for (auto flag : {std::make_pair("model", &cfg.model), std::make_pair("train-data", &cfg.train_data),
+                      std::make_pair("tokenizer", &cfg.tokenizer)}) {
+        if (parser.given(flag.first) || !j.contains(flag.first) || !j[flag.first].is_string()) continue;
+        *flag.second = j[flag.first].get<std::string>();
+        took += std::string(took.empty() ? "" : ", ") + flag.first + " " + *flag.second;
+    }
+    return took;
+}
+
 void setup_tokenizer(const ArgParser& parser, TrainConfig& cfg, Tokenizer* tok) {
-    if (!parser.given("tokenizer")) {
+    if (!parser.given("tokenizer") && cfg.tokenizer.empty()) {
         if (is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty()) cfg.tokenizer = hf_tokenizer_path(cfg.model);
         else cfg.tokenizer = shards_tokenizer(cfg.train_data);
     }

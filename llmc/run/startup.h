@@ -56,6 +56,13 @@ std::string choose_threads();
 // pattern), or "" when there is none: the record of how the data was made.
 std::string shards_tokenizer(const std::string& pattern);
 
+// --convert: the flags of the run that wrote the checkpoints in root
+// (root/run_config.json) that the export describes itself with: -e (an HF
+// source directory's tokenizer and side files), -i (the shards' tokenizer)
+// and --tokenizer, each unless given here. Returns what it took ("" for
+// nothing: no such file, or none of them in it).
+std::string inherit_run_flags(const std::string& root, const ArgParser& parser, TrainConfig& cfg);
+
 // The run's tokenizer (samples, --generate): --tokenizer; without it a
 // Hugging Face -e DIR's tokenizer.json, else the shards' tokenizer, else
 // byte-level (cfg.tokenizer is set to the file chosen; "" is byte-level). A

@@ -60,6 +60,9 @@ void Trainer::setup(const ArgParser& parser) {
                     "flag --convert: give --export-hf DIR and/or --export-model FILE to say what to write");
         setup_check(cfg.output_dir.empty() && !cfg.resume, "flag --convert: -o and -y do not apply (nothing is trained)");
         setup_check(convert_source(cfg.convert, &ckpt_root, &resume_step, &err), err);
+        const std::string took = inherit_run_flags(ckpt_root, parser, cfg);
+        if (main_rank && !took.empty())
+            std::printf("convert: as the run had them (%s/run_config.json): %s\n", ckpt_root.c_str(), took.c_str());
     }
     // Model shape: from a resumed checkpoint, a model file, or sizes.
     if (cfg.resume) {

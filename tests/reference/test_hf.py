@@ -24,7 +24,9 @@
 #     special_tokens_map.json and generation_config.json come back in the
 #     export as they were (or are written from the run's tokenizer for a
 #     model that did not come from a directory); --export-dtype bf16;
-#     AutoTokenizer + generate work on both exports;
+#     AutoTokenizer + generate work on both exports; a Llama directory with
+#     its own bos/eos fine-tuned and a checkpoint converted with --convert
+#     alone keeps them;
 #   - errors: a truncated checkpoint and a refused config end train_gpt with
 #     one line naming the file and tensor, exit status 1.
 # Last line: "N passed, N failed".
@@ -248,6 +250,54 @@ def test_export_meta(tmp):
     generate_ok(exp2, "export of a model made from sizes")
 
 
+def test_llama_journey(tmp):
+    """A Llama directory with its own tokenizer (bos <s>, eos </s>, named in
+    tokenizer_config.json, no special_tokens_map.json): fine-tuned with
+    checkpoints, then a checkpoint converted with --convert alone (the run's
+    -e and tokenizer come from its run_config.json): AutoTokenizer on the
+    export has the source's bos and eos, and generate runs."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    src = os.path.join(tmp, "journey_src")
+    tok = hft.make_llama(src, 300)
+    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,
+                      eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(src, safe_serialization=True)
+    data = os.path.join(tmp, "journey_data")
+    text = os.path.join(tmp, "journey.txt")
+    with open(text, "w") as f:
+        f.write("The quick brown fox jumps over the lazy dog.\n\n" * 200)
+    rc, out = run([PY, os.path.join(ROOT, "scripts/prepare_data.py"), "--input", text, "--out", data, "--name", "j",
+                   "--tokenizer", os.path.join(src, "tokenizer.json"), "--split-blank-lines"])
+    if not check(rc == 0, "prepare_data with the Llama tokenizer: " + last_line(out)):
+        return
+    run_dir, exp = os.path.join(tmp, "journey_run"), os.path.join(tmp, "journey_hf")
+    rc, out = run([TRAIN, "-e", src, "-i", os.path.join(data, "j_train_*.bin"), "-j", "", "-b", "2", "-x", "4",
+                   "-n", "2", "-s", "0", "--device", "cpu", "-o", run_dir])
+    if not check(rc == 0 and "tokenized with" not in out, "fine-tune the Llama directory: " + last_line(out)):
+        return
+    rc, out = run([TRAIN, "--convert", os.path.join(run_dir, "ckpt_00000002"), "--export-hf", exp])
+    if not check(rc == 0 and "as the run had them" in out, "--convert alone: " + last_line(out)):
+        return
+    try:
+        t = AutoTokenizer.from_pretrained(exp)
+    except OSError as e:
+        check(False, f"AutoTokenizer loads the converted export: {e}")
+        return
+    want = AutoTokenizer.from_pretrained(src)
+    check((t.bos_token, t.eos_token) == (want.bos_token, want.eos_token) == ("<s>", "</s>"),
+          f"the converted export's special tokens {(t.bos_token, t.eos_token)} are the source's")
+    model = LlamaForCausalLM.from_pretrained(exp)
+    ids = t("The quick brown fox", return_tensors="pt").input_ids
+    with torch.no_grad():
+        got = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=t.eos_token_id)
+    check(ids[0, 0] == 1 and got.shape[1] > ids.shape[1] and
+          t.decode(got[0], skip_special_tokens=True).startswith("The quick"),
+          f"--convert of a Llama run: AutoTokenizer (with <s>) + generate: {t.decode(got[0])!r}")
+
+
 def test_llama_maps(tmp):
     for name, spec, extra in [
             ("gqa2_untied_fp32", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=500", []),
@@ -339,6 +389,7 @@ def main():
         test_round_trip(tmp, "gpt2", "L=2,C=32,NH=2,V=301,T=64")
         test_round_trip(tmp, "llama", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=500")
         test_export_meta(tmp)
+        test_llama_journey(tmp)
         test_llama_maps(tmp)
         test_prepare_data(tmp)
         test_errors(tmp)
