@@ -31,11 +31,18 @@ static int sample_token(const std::vector<float>& logits, double u) {
 }
 
 // B rows from first_row on, this rank's tokens of them: whole rows, or this
-// cp rank's chunks.
+// cp rank's chunks. With --document-mask also their document starts, found
+// on the whole rows (a cp rank's later chunk needs the EOTs of the earlier
+// ones) and sharded alike; every pipeline stage reads the rows, so every
+// stage has them.
 void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row) {
     if (!dl.read_rows(first_row, cfg.B, full_in.data(), full_tg.data(), &err)) end_job(err);
     s.cp->shard_rows(full_in.data(), cfg.B, cfg.T, inputs.data());
     s.cp->shard_rows(full_tg.data(), cfg.B, cfg.T, targets.data());
+    if (!docs.empty()) {
+        GPT::document_starts(full_in.data(), cfg.B, cfg.T, cfg.eot_token, full_docs.data());
+        s.cp->shard_rows(full_docs.data(), cfg.B, cfg.T, docs.data());
+    }
 }
 
 // Progress after step `step`: tokens seen, wall time since this launch's
@@ -67,13 +74,14 @@ StepMetrics Trainer::train_step(int step) {
     auto t0 = std::chrono::steady_clock::now();
     trace::set_step(step);
     s.model->zero_grad();
-    auto load = [&](int micro, const int** in, const int** tg) {
+    auto load = [&](int micro, const int** in, const int** tg, const int** dc) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
                                      : st.rows_consumed + ((uint64_t)micro * grid.dp + grid.dp_rank) * cfg.B;
         read_micro_batch(train, first);
         *in = inputs.data();
         *tg = targets.data();
+        *dc = docs_or_null();
     };
     double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
     // The mean over the global batch: the last stage's sum over the dp x cp
@@ -169,7 +177,7 @@ double Trainer::validate() {
         int k = k0 + grid.dp_rank;
         bool mine = k < cfg.val_steps;
         read_micro_batch(val, (size_t)(mine ? k : 0) * cfg.B);
-        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), cfg.B, T_local);
+        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), cfg.B, T_local, docs_or_null());
         if (mine) sum += l, count += 1;
     }
     sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
@@ -188,13 +196,19 @@ void Trainer::sample() {
     trace::set_step(-1);
     const int V = mc.vocab_size, T = cfg.T;
     std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0), local(T / s.cp->size());
+    std::vector<int> full_dc(docs.empty() ? 0 : T), local_dc(full_dc.empty() ? 0 : T / s.cp->size());
     std::vector<float> logits(V);
     std::string text;
     int n = std::min(cfg.gen_tokens, T - 1);
     for (int t = 1; t <= n; t++) {
         s.cp->shard_rows(tokens.data(), 1, T, local.data());
+        if (!full_dc.empty()) {  // the document mask on the sample too (a sampled EOT starts a new document)
+            GPT::document_starts(tokens.data(), 1, T, cfg.eot_token, full_dc.data());
+            s.cp->shard_rows(full_dc.data(), 1, T, local_dc.data());
+        }
         s.model->want_logits(0, t - 1);  // --head-chunk computes only that row's chunk
-        s.pipe->forward_only(*s.model, local.data(), nullptr, 1, T / s.cp->size());
+        s.pipe->forward_only(*s.model, local.data(), nullptr, 1, T / s.cp->size(),
+                             local_dc.empty() ? nullptr : local_dc.data());
         s.pipe->logits_row(*s.model, 0, t - 1, logits.data());
         int next = sample_token(logits, rng.uniform());
         tokens[t] = next;
