@@ -126,7 +126,8 @@ void Trainer::setup(const ArgParser& parser) {
                 "flag --eot-token: " + std::to_string(cfg.eot_token) + " is not below the model's vocabulary size " +
                     std::to_string(mc.vocab_size) + " (give the id of the token that ends a document)");
     setup_check(!cfg.document_mask || std::string(be->name()) != "cuda",
-                "flag --document-mask 1: not implemented on the CUDA backend yet (run with --device cpu)");
+                "flag --document-mask 1: not available on the CUDA backend yet (its masked attention kernels have "
+                "not been checked on a GPU; run with --device cpu)");
 
     // The parallel modes and the model, first counted, then built.
     check_memory();

@@ -13,18 +13,22 @@
 #     x dp 2; Llama (GQA 2:1) under cp 2 x tp 2 and pp 2; one cp 2 run at
 #     T=160 (several 64-row tiles per ring block); 6 steps, losses and final
 #     weights (<= 1e-10), validation losses too;
+#   - recorded regions (LLMC_CPU_GRAPH=1, docs/design.md section 2.9): the
+#     document starts change every step while the recorded ops replay; the
+#     run equals the one without recording, bit for bit;
 #   - errors: --eot-token not below the vocabulary ends every rank with one
 #     line naming the flag.
 # The masked attention itself: tests/unit/test_cpu_attention.cpp; one process
 # against PyTorch and transformers: the reference tier (docmask cases).
 # Last line: "N passed, N failed".
 import os
+import subprocess
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-from testlib import Checks, equivalence, metrics, read_checkpoint, run_suite, train, write_shard
+from testlib import ENV, ROOT, TRAIN, Checks, equivalence, metrics, read_checkpoint, run_suite, train, write_shard
 
 L, C, NH, V, EOT = 4, 32, 4, 97, 7
 GPT2 = f"L={L},C={C},NH={NH},V={V},Vp={V},T=1024"
@@ -102,6 +106,18 @@ def test_val(tmp):
     check(ok, f"val losses with the mask, cp 2 x pp 2 vs one process: {vals}")
 
 
+def test_regions(tmp):
+    runs = []
+    for graphs in ("0", "1"):
+        d = os.path.join(tmp, f"regions_{graphs}")
+        args = base(GPT2, DOCS) + ["-b", "4", "-d", "64", "--document-mask", "1", "-o", d]
+        p = subprocess.run([TRAIN] + args, cwd=ROOT, capture_output=True, text=True, timeout=240,
+                           env=dict(ENV, LLMC_CPU_GRAPH=graphs))
+        runs.append(([m["loss"] for m in metrics(d)], p.stdout) if p.returncode == 0 else ([], p.stderr[-300:]))
+    ok = runs[0][0] and runs[0][0] == runs[1][0] and "replays" in runs[1][1]
+    check(ok, f"recorded regions with the mask: {runs[0][0]} vs {runs[1][0]} {runs[1][1][-200:]!r}")
+
+
 def test_errors(tmp):
     for np_ in (0, 2):
         rc, out, err = train(np_, base(GPT2, DOCS) + ["-b", "4", "--document-mask", "1", "--eot-token", str(V)],
@@ -122,6 +138,7 @@ def suite(tmp):
     test_no_eot(tmp)
     test_layouts(tmp)
     test_val(tmp)
+    test_regions(tmp)
     test_errors(tmp)
 
 
