@@ -114,17 +114,27 @@ unit_tier() {
 }
 
 REF=build/ref
+# mask_args EXTRA...: the --document-mask EOT among a reference's EXTRA
+# arguments, for test_gpt (the state holds the tokens, not the flag).
+mask_args() {
+    MASK=()
+    while [[ $# -gt 0 ]]; do
+        if [[ $1 == --document-mask ]]; then MASK=(--document-mask "$2"); fi
+        shift
+    done
+}
 # reference NAME DTYPE SPEC B T EXTRA...: reference state, then test_gpt on it.
 reference() {
     local name=$1 dtype=$2 spec=$3 B=$4 T=$5
     shift 5
+    mask_args "$@"
     run "ref_$name" "$PY" tests/reference/reference_gpt.py --spec "$spec" --dtype "$dtype" --B "$B" --T "$T" \
         --write-model "$REF/$name.model.bin" --write-state "$REF/$name.state.bin" "$@"
     run "test_gpt_$name" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
-        --device cpu --dtype "$dtype"
+        --device cpu --dtype "$dtype" "${MASK[@]}"
     # The CPU's bf16 mixed precision against the same reference (tests/lib/tolerances.h).
     run "test_gpt_${name}_cpu_bf16" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
-        --device cpu --dtype bf16
+        --device cpu --dtype bf16 "${MASK[@]}"
     if [[ -n ${HAVE_GPU:-} && $dtype == fp32 ]]; then
         run "test_gpt_${name}_cuda_fp32" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
             --device cuda --dtype fp32
@@ -142,12 +152,14 @@ hf_ready() { "$HFPY" -c "import transformers, tokenizers, safetensors" 2>/dev/nu
 reference_hf() {
     local name=$1 spec=$2 B=$3 T=$4
     shift 4
+    mask_args "$@"
     rm -rf "$REF/$name.hf"
     run "hf_ref_$name" "$HFPY" tests/reference/reference_hf.py --spec "$spec" --B "$B" --T "$T" \
         --save-dir "$REF/$name.hf" --write-state "$REF/$name.state.bin" "$@"
-    run "hf_gpt_$name" build/test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" --device cpu --dtype fp64
+    run "hf_gpt_$name" build/test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" --device cpu --dtype fp64 \
+        "${MASK[@]}"
     run "hf_gpt_${name}_cpu_bf16" build/test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" \
-        --device cpu --dtype bf16
+        --device cpu --dtype bf16 "${MASK[@]}"
 }
 
 reference_tier() {
@@ -162,6 +174,8 @@ reference_tier() {
     # the embedded data and a bf16 (version 5) model file
     reference tiny_v5_fp64 fp64 "L=2,C=64,NH=2,V=257,T=64" 2 64 --data data/tiny/tiny_val_000000.bin \
         --model-version 5 --lr 3e-3
+    # The document mask: random rows with several EOTs (token 7) each.
+    reference docmask_fp64 fp64 "$ODD" 3 24 --warmup 2 --final-frac 0.2 --steps 6 --document-mask 7
     if hf_ready; then
         run hf_reference_selfcheck "$HFPY" tests/reference/reference_hf.py --selfcheck
         # GPT-2: odd sizes; bf16 weights in shards (read through the index).
@@ -174,6 +188,10 @@ reference_tier() {
             --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
         reference_hf llama_gqa4_tied "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1,eps=1e-6" 2 16 \
             --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
+        # The document mask through transformers' attention masks: GPT-2, and Llama GQA 2:1.
+        reference_hf gpt2_docmask "L=3,C=48,NH=3,V=97,T=24" 3 24 --steps 6 --warmup 2 --document-mask 7
+        reference_hf llama_docmask "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 24 --steps 6 \
+            --warmup 2 --document-mask 7
         run hf_roundtrip "$HFPY" tests/reference/test_hf.py
         # The BPE encoder against the `tokenizers` package; then train_gpt
         # --generate (KV cache, text prompts) against transformers' generate.
@@ -201,6 +219,7 @@ distributed_tier() {
     run test_tp "$PY" tests/distributed/test_tp.py
     run test_cp "$PY" tests/distributed/test_cp.py
     run test_pp "$PY" tests/distributed/test_pp.py
+    run test_document_mask "$PY" tests/distributed/test_document_mask.py
     run test_llama "$PY" tests/distributed/test_llama.py
     run test_graphs "$PY" tests/distributed/test_graphs.py
     run test_watchdog "$PY" tests/distributed/test_watchdog.py

@@ -12,7 +12,8 @@
 //              over 128-query tiles, 5 products, D folded in, dq by fp32
 //              atomics then a conversion pass (dq not bitwise reproducible)
 // Same cases as attention_forward.cu (and attention_tc_cases() for version
-// 3), grouped-query attention included (dk, dv sum over each group's query
+// 3, attention_masked_cases(), the document mask, for versions 1 and 2),
+// grouped-query attention included (dk, dv sum over each group's query
 // heads). The output buffers start as garbage to check that they are
 // overwritten, not accumulated. Timing: d12 shapes (B=4, 8, 16; NH=12,
 // HS=64, T=1024, causal), HS=128 and non-causal, FLOPs counted as 2.5x the
@@ -47,7 +48,9 @@ __global__ void attention_backward_v1(float* dq, float* dk, float* dv, const flo
     for (int c = 0; c < s.HS; c++) D += dout[oo + c] * out[oo + c];
     for (int c = 0; c < s.HS; c++) dq[qo + c] = 0.f;
     const int nk = s.causal ? i + 1 : s.Tk;
+    const int d0 = s.doc_start ? s.doc_start[(size_t)b * s.Tq + i] : INT_MIN;  // document mask
     for (int j = 0; j < nk; j++) {
+        if ((s.key_pos ? s.key_pos[j] : j) < d0) continue;
         const size_t ko = ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)kvh * s.HS;
         float dot = 0.f, dp = 0.f;
         for (int c = 0; c < s.HS; c++) {
@@ -150,7 +153,10 @@ void check(int version, const Case& c, const char* label, double tol) {
     E* dq = c.packed ? lab::to_device<E>(lab::rand_normal(c.qbuf_n, 3.f, 99)) : lab::dev_alloc<E>(c.qbuf_n);
     E* dkv = c.packed ? dq : lab::dev_alloc<E>(c.kvbuf_n);
     float* scratch = lab::dev_alloc<float>(scratch_floats(s));
-    run<E>(version, dq, dkv + c.koff, dkv + c.voff, dout, q, kv + c.koff, kv + c.voff, out, lse, s, scratch);
+    std::vector<int*> mask;  // the document mask's device copies
+    const AttnShape ds = device_shape(c, lab::ints_to_device, &mask);
+    run<E>(version, dq, dkv + c.koff, dkv + c.voff, dout, q, kv + c.koff, kv + c.voff, out, lse, ds, scratch);
+    for (int* p : mask) lab::dev_free(p);
     const std::string l = std::string(label) + " " + c.name;
     if (c.packed) {
         lab::validate((l + " dqkv").c_str(), lab::from_device(dq, c.qbuf_n), rdq, tol);
@@ -177,6 +183,11 @@ int main(int argc, char** argv) {
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
         if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
+    }
+    for (const Case& c : attention_masked_cases()) {  // the document mask: CUDA cores
+        if (!flags.small) check<float>(1, c, "v1 fp32", tol32);
+        check<float>(2, c, "v2 fp32", tol32);
+        check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;

@@ -5,7 +5,9 @@
 // NH / NKV query heads; 2:1, 3:1 and 4:1 here). The small lists (--small:
 // one or two batch rows, one to four heads, T <= 200) take the same paths in
 // a fraction of the work, for compute-sanitizer, whose racecheck cannot
-// finish the T = 1024 cases.
+// finish the T = 1024 cases. The masked list adds the document mask
+// (AttnShape::doc_start, key_pos): causal rows of documents of mixed lengths,
+// and ring-attention-like blocks whose keys all precede the queries.
 #pragma once
 #include <cmath>
 #include <vector>
@@ -19,6 +21,7 @@ struct Case {
     AttnShape s;
     bool packed;
     size_t qbuf_n, kvbuf_n, koff, voff, out_n;
+    std::vector<int> docs, kpos;  // document mask (host): queries' document starts, keys' positions
 };
 
 // pad: extra elements per row in the strided (not packed) layout; 4 leaves
@@ -108,4 +111,65 @@ inline std::vector<Case> attention_tc_small_cases() {
         make_case("tc small GQA 2:1 HS=64 T=150 causal", 1, 4, 64, 150, 150, true, true, 4, 2),
         make_case("tc small GQA 4:1 HS=128 Tq=33 Tk=200 strided", 1, 4, 128, 33, 200, false, false, 8, 1),
     };
+}
+
+// The document mask on a case: documents of 1 to 2·mean - 1 tokens (a fixed
+// sequence, different per row) over the positions the case covers. Causal
+// cases: query and key t at position t. Non-causal (ring): keys at positions
+// 0..Tk/2-1 and Tk/2+7.., queries after them all (so some query tiles see
+// none of the keys and are skipped).
+inline Case with_documents(Case c, int mean) {
+    const AttnShape& s = c.s;
+    std::vector<int> qpos(s.Tq);
+    int last = s.Tq;
+    if (s.causal) {
+        for (int i = 0; i < s.Tq; i++) qpos[i] = i;
+    } else {
+        c.kpos.resize(s.Tk);
+        for (int j = 0; j < s.Tk; j++) c.kpos[j] = j < s.Tk / 2 ? j : j + 7;
+        for (int i = 0; i < s.Tq; i++) qpos[i] = c.kpos.back() + 4 + i;
+        last = qpos.back() + 1;
+    }
+    c.docs.resize((size_t)s.B * s.Tq);
+    unsigned x = 12345;
+    for (int b = 0; b < s.B; b++) {
+        std::vector<int> start(last);
+        int st = 0, left = 0;
+        for (int p = 0; p < last; p++) {
+            if (left == 0) {
+                st = p;
+                x = x * 1103515245u + 12345u + (unsigned)b;
+                left = 1 + (int)((x >> 8) % (unsigned)(2 * mean - 1));
+            }
+            start[p] = st;
+            left--;
+        }
+        for (int i = 0; i < s.Tq; i++) c.docs[(size_t)b * s.Tq + i] = start[qpos[i]];
+    }
+    c.s.doc_start = c.docs.data();
+    c.s.key_pos = c.kpos.empty() ? nullptr : c.kpos.data();
+    return c;
+}
+
+// Cases with the document mask (the CUDA-core kernels take it; the
+// tensor-core dispatch does not).
+inline std::vector<Case> attention_masked_cases() {
+    return {
+        with_documents(make_case("docmask HS=64 T=256 causal", 2, 4, 64, 256, 256, true, true), 20),
+        with_documents(make_case("docmask HS=16 T=100 causal short docs", 2, 3, 16, 100, 100, true, true), 3),
+        with_documents(make_case("docmask GQA 2:1 HS=64 T=256 causal", 2, 8, 64, 256, 256, true, true, 4, 4), 40),
+        with_documents(make_case("docmask ring HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false), 25),
+        with_documents(make_case("docmask ring GQA 3:1 HS=64 Tq=64 Tk=96", 2, 6, 64, 64, 96, false, false, 4, 2), 30),
+    };
+}
+
+// The case's shape with its mask in device memory (from dev_ints: host ints
+// to a device copy the caller frees) for the GPU run; the case's own shape
+// (host pointers) is for the CPU op.
+template <typename Upload>
+inline AttnShape device_shape(const Case& c, Upload dev_ints, std::vector<int*>* owned) {
+    AttnShape s = c.s;
+    if (!c.docs.empty()) owned->push_back(const_cast<int*>(s.doc_start = dev_ints(c.docs)));
+    if (!c.kpos.empty()) owned->push_back(const_cast<int*>(s.key_pos = dev_ints(c.kpos)));
+    return s;
 }

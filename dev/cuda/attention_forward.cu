@@ -12,7 +12,8 @@
 // non-causal Tq != Tk with padded strides and K, V packed in one buffer,
 // grouped-query attention (2:1, 3:1, 4:1; Llama's [Q | K | V] rows);
 // version 3 also on attention_tc_cases() (aligned strided layouts, d12-like
-// T=1024). Timing: d12 shapes (B=4, 8, 16; NH=12, HS=64, T=1024, causal),
+// T=1024); version 2 (and v1) also on attention_masked_cases(): the
+// document mask, causal and ring-attention-like blocks. Timing: d12 shapes (B=4, 8, 16; NH=12, HS=64, T=1024, causal),
 // HS=128 and a non-causal block, in TFLOP/s and as a fraction of the
 // device's dense bf16 peak; FLOPs 4·B·NH·Tq·Tk·HS, halved when causal.
 // Flags: --no-timing; --quick (no T=1024 case, no timing); --small (the
@@ -36,6 +37,9 @@ __global__ void attention_forward_v1(E* out, float* lse, const E* q, const E* k,
     const E* qi = q + ((size_t)b * s.Tq + i) * s.q_stride + (size_t)h * s.HS;
     const int nk = s.causal ? i + 1 : s.Tk;
     const int kvh = s.NKV ? h / (s.NH / s.NKV) : h;  // grouped-query attention
+    // document mask: keys before the query's document start are invisible
+    const int d0 = s.doc_start ? s.doc_start[(size_t)b * s.Tq + i] : INT_MIN;
+    auto seen = [&](int j) { return (s.key_pos ? s.key_pos[j] : j) >= d0; };
     auto score = [&](int j) {
         const E* kj = k + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)kvh * s.HS;
         float d = 0.f;
@@ -43,19 +47,21 @@ __global__ void attention_forward_v1(E* out, float* lse, const E* q, const E* k,
         return d * (float)s.scale;
     };
     float mx = -INFINITY;
-    for (int j = 0; j < nk; j++) mx = fmaxf(mx, score(j));
+    for (int j = 0; j < nk; j++)
+        if (seen(j)) mx = fmaxf(mx, score(j));
     float acc[attn::kMaxHeadSize];
     for (int c = 0; c < s.HS; c++) acc[c] = 0.f;
     float sum = 0.f;
     for (int j = 0; j < nk; j++) {
+        if (!seen(j)) continue;
         const float p = expf(score(j) - mx);
         sum += p;
         const E* vj = v + ((size_t)b * s.Tk + j) * s.kv_stride + (size_t)kvh * s.HS;
         for (int c = 0; c < s.HS; c++) acc[c] += p * to_float(vj[c]);
     }
     E* oi = out + ((size_t)b * s.Tq + i) * s.o_stride + (size_t)h * s.HS;
-    for (int c = 0; c < s.HS; c++) oi[c] = from_float<E>(acc[c] / sum);
-    lse[((size_t)b * s.NH + h) * s.Tq + i] = mx + logf(sum);
+    for (int c = 0; c < s.HS; c++) oi[c] = from_float<E>(sum > 0.f ? acc[c] / sum : 0.f);
+    lse[((size_t)b * s.NH + h) * s.Tq + i] = sum > 0.f ? mx + logf(sum) : -INFINITY;
 }
 
 template <typename E>
@@ -90,7 +96,10 @@ void check(int version, const Case& c, const char* label, double tol) {
     E* dkv = c.packed ? dq : lab::to_device<E>(kvbuf);
     E* dout = lab::dev_alloc<E>(c.out_n);
     float* dlse = lab::dev_alloc<float>(rlse.size());
-    run<E>(version, dout, dlse, dq, dkv + c.koff, dkv + c.voff, s);
+    std::vector<int*> mask;  // the document mask's device copies
+    const AttnShape ds = device_shape(c, lab::ints_to_device, &mask);
+    run<E>(version, dout, dlse, dq, dkv + c.koff, dkv + c.voff, ds);
+    for (int* p : mask) lab::dev_free(p);
     const std::string l = std::string(label) + " " + c.name;
     lab::validate((l + " out").c_str(), lab::from_device(dout, c.out_n), rout, tol);
     lab::validate((l + " lse").c_str(), lab::from_device(dlse, rlse.size()), rlse, lab::kTolF32);
@@ -109,6 +118,11 @@ int main(int argc, char** argv) {
         check<float>(2, c, "v2 fp32", lab::kTolF32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+    }
+    for (const Case& c : attention_masked_cases()) {  // the document mask: CUDA cores
+        if (!flags.small) check<float>(1, c, "v1 fp32", lab::kTolF32);
+        check<float>(2, c, "v2 fp32", lab::kTolF32);
+        check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;

@@ -25,7 +25,11 @@
 // q comes from a packed qkv buffer (q_stride 3C; C + 2·NKV·HS with
 // grouped-query attention, Llama's [Q | K | V] rows); k and v from a K|V
 // buffer (kv_stride 2C or 2·NKV·HS, as ring attention packs them for
-// sending). GQA setups (2:1, 4:1) run every check above. References run
+// sending). GQA setups (2:1, 4:1) run every check above. Document-mask
+// setups (doc > 0: documents of 1 to 2·doc-1 tokens) give every block the
+// queries' document starts and the keys' positions, as ring attention does,
+// on the CUDA-core kernels (the tensor-core ones do not take the mask); the
+// reference is the masked CPU attention over the whole sequence. References run
 // in fp64 on the CPU, so the tolerances measure the GPU's error alone; the
 // bf16 runs differ from fp32 only by the inputs' type (the block outputs and
 // gradients are fp32), except strided plain, whose outputs are bf16.
@@ -48,6 +52,7 @@ struct Setup {
     const char* name;
     int B, NH, HS, R, c;  // c rows per chunk; T = 2*R*c
     int NKV = 0;          // grouped-query attention: key/value heads (0: NH)
+    int doc = 0;          // document mask: mean document length (0: no mask)
     int T() const { return 2 * R * c; }
     size_t C() const { return (size_t)NH * HS; }
     size_t KC() const { return (size_t)(NKV ? NKV : NH) * HS; }  // channels of K (and of V)
@@ -78,6 +83,42 @@ AttnShape chunk_shape(const Setup& u, bool causal) {
     s.o_bstride = T * C;
     s.lse_hstride = T;
     s.lse_bstride = (size_t)u.NH * T;
+    return s;
+}
+
+// The document mask of a setup (host): each position's document start, [B, T]
+// (documents of 1 to 2·doc-1 tokens, a fixed sequence per row), and the
+// positions 0..T-1 (the keys' positions of chunk kc start at kc·c).
+struct Mask {
+    std::vector<int> docs, pos;
+};
+Mask make_mask(const Setup& u) {
+    Mask m;
+    if (!u.doc) return m;
+    m.pos.resize(u.T());
+    for (int t = 0; t < u.T(); t++) m.pos[t] = t;
+    m.docs.resize((size_t)u.B * u.T());
+    unsigned x = 777;
+    for (int b = 0; b < u.B; b++)
+        for (int t = 0, start = 0, left = 0; t < u.T(); t++) {
+            if (left == 0) {
+                start = t;
+                x = x * 1103515245u + 12345u;
+                left = 1 + (int)((x >> 8) % (unsigned)(2 * u.doc - 1));
+            }
+            m.docs[(size_t)b * u.T() + t] = start;
+            left--;
+        }
+    return m;
+}
+// Block (qc, kc) of the ring with the mask (device docs and pos, or null).
+AttnShape masked_chunk(const Setup& u, bool causal, int qc, int kc, const int* docs, const int* pos) {
+    AttnShape s = chunk_shape(u, causal);
+    if (docs) {
+        s.doc_start = docs + u.l_off(qc);
+        s.doc_bstride = u.T();
+        s.key_pos = pos + (size_t)kc * u.c;
+    }
     return s;
 }
 
@@ -115,12 +156,15 @@ struct Data {
     std::vector<float> out_in;         // out rounded to bf16: the backward's input in both precisions
     std::vector<float> gq0, gkv0;      // starting values of the fp32 gradient accumulators
     std::vector<float> dq, dkv;        // gq0, gkv0 plus the full backward (fp64, then fp32)
+    Mask mask;                         // the document mask (doc > 0)
 };
 
 Data make_data(const Setup& u, uint64_t seed) {
     const size_t C = u.C(), KC = u.KC(), QW = u.QW(), BT = (size_t)u.B * u.T();
-    const AttnShape s = full_shape(u);
+    AttnShape s = full_shape(u);
     Data d;
+    d.mask = make_mask(u);
+    if (u.doc) s.doc_start = d.mask.docs.data();
     d.qkv = lab::rand_normal(BT * QW, 1.f, seed);
     d.kv.resize(BT * 2 * KC);
     for (size_t r = 0; r < BT; r++)
@@ -149,9 +193,10 @@ Data make_data(const Setup& u, uint64_t seed) {
 
 // tc: the tensor-core kernels (E = bf16 only).
 template <typename E>
-void ring_forward(const Setup& u, float* out, float* lse, const E* qkv, const E* kv, bool tc = false) {
+void ring_forward(const Setup& u, float* out, float* lse, const E* qkv, const E* kv, bool tc = false,
+                  const int* docs = nullptr, const int* pos = nullptr) {
     zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool first) {
-        const AttnShape s = chunk_shape(u, causal);
+        const AttnShape s = masked_chunk(u, causal, qc, kc, docs, pos);
         float* o = out + u.o_off(qc);
         float* l = lse + u.l_off(qc);
         const E* q = qkv + u.q_off(qc);
@@ -169,9 +214,10 @@ void ring_forward(const Setup& u, float* out, float* lse, const E* qkv, const E*
 
 template <typename E>
 void ring_backward(const Setup& u, float* dq, float* dkv, const E* dout, const E* qkv, const E* kv, const E* out,
-                   const float* lse, float* scratch, bool tc = false) {
+                   const float* lse, float* scratch, bool tc = false, const int* docs = nullptr,
+                   const int* pos = nullptr) {
     zigzag_ring(u.R, [&](int qc, int kc, bool causal, bool) {
-        const AttnShape s = chunk_shape(u, causal);
+        const AttnShape s = masked_chunk(u, causal, qc, kc, docs, pos);
         float *gq = dq + u.q_off(qc), *gk = dkv + u.kv_off(kc), *gv = dkv + u.kv_off(kc) + u.KC();
         const E *go = dout + u.o_off(qc), *q = qkv + u.q_off(qc), *k = kv + u.kv_off(kc),
                 *v = kv + u.kv_off(kc) + u.KC(), *o = out + u.o_off(qc);
@@ -208,7 +254,9 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol, bo
     // Garbage in the accumulators: each chunk's first block must overwrite it.
     float* out = lab::to_device<float>(lab::rand_normal(BT * C, 3.f, 77));
     float* lse = lab::to_device<float>(lab::rand_normal(nlse, 3.f, 78));
-    ring_forward<E>(u, out, lse, qkv, kv, tc);
+    int* docs = u.doc ? lab::ints_to_device(d.mask.docs) : nullptr;
+    int* pos = u.doc ? lab::ints_to_device(d.mask.pos) : nullptr;
+    ring_forward<E>(u, out, lse, qkv, kv, tc, docs, pos);
     lab::validate((l + " fwd out").c_str(), lab::from_device(out, BT * C), d.out, tol);
     lab::validate((l + " fwd lse").c_str(), lab::from_device(lse, nlse), d.lse, kTolF32);
 
@@ -218,7 +266,8 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol, bo
     float* dq = lab::to_device<float>(d.gq0);
     float* dkv = lab::to_device<float>(d.gkv0);
     float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(chunk_shape(u, false)));
-    ring_backward<E>(u, dq, dkv, dout, qkv, kv, out_in, lse_in, scratch, tc);
+    ring_backward<E>(u, dq, dkv, dout, qkv, kv, out_in, lse_in, scratch, tc, docs, pos);
+    if (docs) lab::dev_free(docs), lab::dev_free(pos);
     lab::validate((l + " bwd dq").c_str(), lab::from_device(dq, BT * QW), d.dq, tol);
     lab::validate((l + " bwd dk|dv").c_str(), lab::from_device(dkv, BT * 2 * KC), d.dkv, tol);
     lab::dev_free(qkv), lab::dev_free(kv), lab::dev_free(out), lab::dev_free(lse), lab::dev_free(dout),
@@ -301,6 +350,8 @@ int main(int argc, char** argv) {
         {"GQA 2:1 R=2 HS=64 T=200", 2, 4, 64, 2, 50, 2},    // tensor cores and CUDA cores
         {"GQA 4:1 R=3 HS=128 T=78", 1, 8, 128, 3, 13, 2},   // tensor cores: chunks smaller than a tile
         {"GQA 3:1 R=2 HS=40 T=100", 2, 6, 40, 2, 25, 2},    // CUDA cores only
+        {"docmask R=2 HS=64 T=200", 2, 3, 64, 2, 50, 0, 15},       // document mask (CUDA cores)
+        {"docmask GQA 2:1 R=3 HS=40 T=78", 2, 4, 40, 3, 13, 2, 4},  // short documents, small chunks
     };
     // --small: one batch row; chunks past one 64-key tile and smaller than a
     // tile (tensor cores), an odd head size (CUDA cores only), GQA 2:1.
@@ -323,7 +374,7 @@ int main(int argc, char** argv) {
         const int qc = 2 * u.R - 1, kc = n % 2 ? 0 : qc;
         check_plain<float>(u, d, qc, kc, "strided fp32", kTolF32);
         check_plain<bf16>(u, d, qc, kc, "strided bf16", kTolBF16);
-        if (u.HS == 64 || u.HS == 128) {
+        if ((u.HS == 64 || u.HS == 128) && !u.doc) {
             if (!tc_takes(u)) {
                 std::printf("  tc %-40s not taken by the tensor-core dispatch  FAIL\n", u.name);
                 lab::g_failed++;

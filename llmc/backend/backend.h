@@ -49,6 +49,18 @@ struct AttnShape {
     // head h reads key/value head h / (NH / NKV); dk and dv sum over the
     // query heads of their group.
     int NKV = 0;
+    // Document masking (docs/attention.md): with doc_start set (int32,
+    // backend memory), query t of row b sees key s only when
+    // doc_start[b*db() + t] <= kpos(s), on top of the causal rule; doc_start
+    // is the global position of the first token of the query's document.
+    // key_pos (int32, backend memory, null: key s is at position s) gives
+    // the global position of each key, increasing (ring attention's blocks).
+    // Positions increase along the keys, so each query tile sees one range
+    // of keys and a tile whose keys are all before its documents is skipped.
+    const int* doc_start = nullptr;
+    const int* key_pos = nullptr;
+    size_t doc_bstride = 0;  // 0: Tq
+    size_t db() const { return doc_bstride ? doc_bstride : (size_t)Tq; }
     int kv_heads() const { return NKV ? NKV : NH; }
     int kv_head(int h) const { return NKV ? h / (NH / NKV) : h; }
     size_t qb() const { return q_bstride ? q_bstride : (size_t)Tq * q_stride; }

@@ -15,6 +15,7 @@ struct GPT::Acts {
     int* inputs = nullptr;  // [slots, N] token ids (embedding chunk)
     int* targets = nullptr;  // [slots, N] (head chunk)
     int* pos = nullptr;  // [T] positions 0..T-1
+    int* docs = nullptr;  // [chunk-slots, B·T] document starts (document mask only)
     void* encoded = nullptr;  // [chunk-slots, Ns,C] the residual stream entering each chunk
     void* emb = nullptr;      // [N,C] partial embeddings (SP: before the reduce-scatter)
     // per layer-slot, [L·slots, ...], or one block's scratch when the
@@ -51,4 +52,5 @@ struct GPT::Acts {
 // stream). Buffers the recompute mode does not keep are the block scratch.
 struct GPT::LayerActs {
     void *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *x2, *ln2, *ln2_mean, *ln2_rstd, *fch, *h, *x3;
+    const int* docs;  // the slot's document starts [B·T] (null: no document mask)
 };

@@ -111,11 +111,13 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
         be_->matmul_backward(a.datt, G(Param::attprojw, l), Gb(Param::attprojb, l), g_bwd(), la.atty,
                              P(Param::attprojw, l), N, Cl, C);
         if (cp_)
-            cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale);
-        else
+            cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale, la.docs);
+        else {
+            shape.doc_start = la.docs;
             be_->attention_backward(a.dqkv, elem_ptr(a.dqkv, act, Cl), elem_ptr(a.dqkv, act, (size_t)Cl + Ckv), a.datt,
                                     la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, (size_t)Cl + Ckv), la.atty,
                                     la.lse, shape);
+        }
         rotate(a.dqkv, B, T, true);  // back through the rotary embeddings (Llama)
         be_->matmul_backward(a.dln, G(Param::qkvw, l), Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), P(Param::qkvw, l),
                              N, C, (int)W);

@@ -351,13 +351,32 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.fch = at(a.fch, kb, N * fch_width(), act);
     r.h = at(a.fch_gelu, a.keep_gelu, N * Hl, act);
     r.x3 = act_layer(a.residual3, i, Ns * C, act);
+    r.docs = a.docs ? a.docs + (slot_base_[c] + slot) * (size_t)B_ * T_ : nullptr;
     return r;
 }
 
-double GPT::forward(const int* inputs, const int* targets, int B, int T, double dloss) {
+void GPT::set_document_mask() {
+    size_t chunk_slots = 0;
+    for (const ModelChunk& c : chunks_) chunk_slots += c.slots;
+    if (!a_->docs) a_->docs = (int*)alloc_buffer("activations", "document_starts", chunk_slots * B_ * T_, DType::I32);
+}
+
+bool GPT::document_mask() const { return a_->docs != nullptr; }
+
+void GPT::document_starts(const int* tokens, int nrows, int T, int eot, int* out) {
+    for (int r = 0; r < nrows; r++) {
+        int start = 0;
+        for (int t = 0; t < T; t++) {
+            out[(size_t)r * T + t] = start;
+            if (tokens[(size_t)r * T + t] == eot) start = t + 1;
+        }
+    }
+}
+
+double GPT::forward(const int* inputs, const int* targets, int B, int T, double dloss, const int* docs) {
     if (chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head)
         throw std::logic_error("GPT::forward: the model is split into pipeline chunks");
-    return forward_chunk(0, 0, inputs, nullptr, targets, B, T, dloss);
+    return forward_chunk(0, 0, inputs, nullptr, targets, B, T, dloss, docs);
 }
 
 void GPT::backward(bool last_micro_step) {

@@ -58,7 +58,16 @@ void ContextParallel::shard_rows(const int* full, int nrows, int T, int* local) 
         for (size_t t = 0; t < Tl; t++) local[r * Tl + t] = full[(size_t)r * T + pos[t]];
 }
 
-ContextParallel::Block ContextParallel::block(int s, int B, double scale) const {
+void ContextParallel::set_document_mask() {
+    if (size() == 1 || !key_pos_.empty()) return;
+    for (int j = 0; j < size(); j++) {
+        const std::vector<int> pos = positions(Tl_ * size(), size(), j);
+        key_pos_.push_back((int*)alloc(pos.size() * sizeof(int)));
+        be_.upload(key_pos_.back(), DType::I32, pos.data(), DType::I32, pos.size());
+    }
+}
+
+ContextParallel::Block ContextParallel::block(int s, int B, double scale, const int* docs) const {
     const int i = rank(), c = size(), j = ((i - s) % c + c) % c, half = Tl_ / 2;
     Block b{};
     AttnShape& a = b.shape;
@@ -84,11 +93,17 @@ ContextParallel::Block ContextParallel::block(int s, int B, double scale) const 
         b.o_off = (size_t)half * a.o_stride;
         b.lse_off = half;
     }
+    if (docs) {  // the queries' document starts (from the rows they start at) and the block's key positions
+        if (key_pos_.empty()) throw std::logic_error("context parallel: document mask without set_document_mask()");
+        a.doc_start = docs + b.lse_off;
+        a.doc_bstride = Tl_;
+        a.key_pos = key_pos_[j];
+    }
     return b;
 }
 
-void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, int B, double scale) {
-    if (a2a_) return a2a_forward(out, lse, qkv, B, scale);
+void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, int B, double scale, const int* docs) {
+    if (a2a_) return a2a_forward(out, lse, qkv, B, scale);  // no document mask (refused at setup)
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
     const size_t N = (size_t)B * Tl_, kvn = N * 2 * Ckv_;
@@ -97,7 +112,7 @@ void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, i
     for (int s = 0; s < c; s++) {
         CommHandle h = 0;
         if (s + 1 < c) h = comm_.start_send_recv(kv_[cur], next, kv_[1 - cur], prev, kvn, act);
-        Block b = block(s, B, scale);
+        Block b = block(s, B, scale, docs);
         be_.attention_block_forward(elem_ptr(out_acc_, st, b.o_off), elem_ptr(lse, st, b.lse_off),
                                     elem_ptr(qkv, act, b.q_off), kv_[cur], elem_ptr(kv_[cur], act, Ckv_), b.shape,
                                     s == 0);
@@ -108,7 +123,7 @@ void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, i
 }
 
 void ContextParallel::attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
-                                         const void* lse, int B, double scale) {
+                                         const void* lse, int B, double scale, const int* docs) {
     if (a2a_) return a2a_backward(dqkv, dout, qkv, out, lse, B, scale);
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
@@ -118,7 +133,7 @@ void ContextParallel::attention_backward(void* dqkv, const void* dout, const voi
     be_.copy2d(kv_[0], 2 * Ckv_, elem_ptr(qkv, act, Cl_), W_, N, 2 * Ckv_, act);
     int cur = 0;
     for (int s = 0; s < c; s++) {
-        Block b = block(s, B, scale);
+        Block b = block(s, B, scale, docs);
         be_.attention_block_backward(elem_ptr(dqkv_acc_, st, b.q_off), dkv_[cur], elem_ptr(dkv_[cur], st, Ckv_),
                                      elem_ptr(dout, act, b.o_off), elem_ptr(qkv, act, b.q_off), kv_[cur],
                                      elem_ptr(kv_[cur], act, Ckv_), elem_ptr(out, act, b.o_off),

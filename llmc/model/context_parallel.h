@@ -25,6 +25,13 @@
 // --cp-impl a2a (DeepSpeed-Ulysses) keeps the same sharding and instead
 // trades sequence shards for head shards around attention with two
 // all-to-alls (llmc/model/context_parallel_a2a.cpp has its picture).
+// Document mask: each step's block gets the queries' document starts (global
+// positions) and the global positions of the block's keys (those of rank j,
+// held here for every j), so a query sees a key of another rank only when it
+// is in the query's document; the attention op skips the tiles, and so a
+// whole block, whose keys are all before the documents of their queries. The
+// ring's transfers are the same with or without the mask (every step still
+// passes its block on).
 #pragma once
 #include <vector>
 
@@ -54,10 +61,15 @@ class ContextParallel {
 
     // Ring attention on the local tokens of B rows: qkv [B·Tl, Cl + 2·Ckv] (Q,
     // K, V heads as the model lays them out), out [B·Tl, Cl], lse [B, NHl, Tl].
-    void attention_forward(void* out, void* lse, const void* qkv, int B, double scale);
+    // docs: the local tokens' document starts ([B, Tl], backend memory;
+    // null: no document mask; set_document_mask() first).
+    void attention_forward(void* out, void* lse, const void* qkv, int B, double scale, const int* docs = nullptr);
     // dqkv (overwritten) from dout, with qkv, out and lse of the forward.
     void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const void* lse, int B,
-                            double scale);
+                            double scale, const int* docs = nullptr);
+    // Holds the global positions of every rank's tokens (the key positions
+    // of the document mask) for sequences of T = c·T_local.
+    void set_document_mask();
 
   private:
     // The shape of step s's block (see the header comment), with pointers
@@ -66,7 +78,7 @@ class ContextParallel {
         AttnShape shape;
         size_t q_off, kv_off, o_off, lse_off;  // element offsets of the first row
     };
-    Block block(int s, int B, double scale) const;
+    Block block(int s, int B, double scale, const int* docs) const;
     void* alloc(size_t bytes);
 
     // All-to-all (context_parallel_a2a.cpp).
@@ -94,6 +106,7 @@ class ContextParallel {
     // a2a: the exchange's send and receive blocks ([B·Tl, W] each), and the
     // head layout's Q,K,V, output, their gradients ([B, T, W/c], [B, T, Cl/c]).
     void *send_ = nullptr, *recv_ = nullptr, *fqkv_ = nullptr, *fdqkv_ = nullptr, *fo_ = nullptr, *fdo_ = nullptr;
+    std::vector<int*> key_pos_;  // per rank j: the global positions of its T_local tokens (document mask)
     std::vector<void*> owned_;
     size_t bytes_ = 0;
 };

@@ -69,12 +69,13 @@ void GPT::attention_core(const LayerActs& la, int B, int T) {
     const double scale = 1.0 / std::sqrt((double)HS);
     const DType act = prec_.act;
     if (cp_) {
-        cp_->attention_forward(la.atty, la.lse, la.qkv, B, scale);  // ring over the cp group
+        cp_->attention_forward(la.atty, la.lse, la.qkv, B, scale, la.docs);  // ring over the cp group
         return;
     }
     const size_t W = qkv_width();
     AttnShape shape{B, table_.heads, HS, T, T, W, W, (size_t)Cl, true, scale};
     shape.NKV = table_.kv_heads;
+    shape.doc_start = la.docs;
     be_->attention_forward(la.atty, la.lse, la.qkv, elem_ptr(la.qkv, act, Cl), elem_ptr(la.qkv, act, (size_t)Cl + Ckv),
                            shape);
 }
@@ -113,7 +114,7 @@ void GPT::activation(void* h, const void* fch, int N) {
 }
 
 double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
-                          double dloss) {
+                          double dloss, const int* docs) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
     if (dloss != 0.0 && !training_) throw std::logic_error("forward: a loss gradient in a model built without gradients");
     if (cp_ && T != T_) throw std::invalid_argument("forward: context parallel runs whole local sequences");
@@ -135,6 +136,10 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
     if (ch.embed) be_->upload(tok, DType::I32, inputs, DType::I32, N);
     else be_->copy(x0, x_in, (size_t)Ns * C * dtype_size(act));
     if (ch.head && targets) be_->upload(tgt, DType::I32, targets, DType::I32, N);
+    if (a.docs) {  // the document mask: this slot's document starts, for every block (and its backward)
+        if (!docs) throw std::invalid_argument("forward: the document mask is on and no document starts were given");
+        be_->upload(a.docs + (slot_base_[c] + slot) * (size_t)B_ * T_, DType::I32, docs, DType::I32, N);
+    }
 
     // From here to the loss, device work only: a recorded region (backend.h)
     // unless this is a sampling forward (its logits chunk is picked on the host).

@@ -188,7 +188,10 @@ class GPT {
     // classifier leaves dloss·(softmax - onehot) in the logits for backward
     // (the caller passes 1/(tokens in the global batch)). Whole models only
     // (one chunk holding the embeddings and the head).
-    double forward(const int* inputs, const int* targets, int B, int T, double dloss = 0.0);
+    // docs: with the document mask on (set_document_mask), each local
+    // token's document start (host int32 [B,T], document_starts()).
+    double forward(const int* inputs, const int* targets, int B, int T, double dloss = 0.0,
+                   const int* docs = nullptr);
     // Backward of the last forward (which must have had dloss != 0);
     // gradients accumulate (+=) into grads(). last_micro_step: whether this
     // is the optimizer step's last micro-step (told to the unit provider).
@@ -204,8 +207,19 @@ class GPT {
     // previous chunk's output, backend memory, boundary_elems() elements),
     // which is copied into the slot. The head chunk takes `targets` and
     // returns the mean loss (0 for other chunks or without targets).
+    // With the document mask on, every chunk takes `docs` (as forward()) and
+    // keeps them in the slot for its backward.
     double forward_chunk(int c, int slot, const int* inputs, const void* x, const int* targets, int B, int T,
-                         double dloss = 0.0);
+                         double dloss = 0.0, const int* docs = nullptr);
+    // Document masking (docs/attention.md): each token attends only to the
+    // earlier tokens of its own document. Allocates the per-slot document
+    // starts; from then on every forward needs its docs.
+    void set_document_mask();
+    bool document_mask() const;
+    // The document start of each token of nrows rows of T tokens (host
+    // int32): the position after the last EOT before it (a document ends with
+    // its EOT), 0 if none.
+    static void document_starts(const int* tokens, int nrows, int T, int eot, int* out);
     // The residual stream leaving chunk c for the micro-batch in `slot`
     // (valid until that slot's next forward). Not for the head chunk.
     const void* chunk_output(int c, int slot);

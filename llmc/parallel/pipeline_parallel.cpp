@@ -134,9 +134,9 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
         trace::Scope span((fwd ? "F mb" : "B mb") + std::to_string(a.mb) + " v" + std::to_string(v),
                           fwd ? "forward" : "backward");
         if (fwd) {
-            const int *inputs = nullptr, *targets = nullptr;
-            load(a.mb, &inputs, &targets);
-            loss += model.forward_chunk(a.chunk, a.slot, inputs, in, ch.head ? targets : nullptr, B, T, dloss);
+            const int *inputs = nullptr, *targets = nullptr, *docs = nullptr;
+            load(a.mb, &inputs, &targets, &docs);
+            loss += model.forward_chunk(a.chunk, a.slot, inputs, in, ch.head ? targets : nullptr, B, T, dloss, docs);
         } else {
             // Stages 0 and 1 of ZeRO reduce a unit's gradients when its last
             // micro-batch's backward is done.
@@ -154,8 +154,9 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
     return loss;
 }
 
-double PipelineParallel::forward_only(GPT& model, const int* inputs, const int* targets, int B, int T) {
-    if (pp_ == 1) return model.forward(inputs, targets, B, T);
+double PipelineParallel::forward_only(GPT& model, const int* inputs, const int* targets, int B, int T,
+                                      const int* docs) {
+    if (pp_ == 1) return model.forward(inputs, targets, B, T, 0.0, docs);
     // One virtual stage after the other; each transfer alone in its group,
     // issued in the same order on both ends.
     const int nv = pp_ * vpp_;
@@ -164,7 +165,7 @@ double PipelineParallel::forward_only(GPT& model, const int* inputs, const int* 
         const int k = v / pp_;
         if (v % pp_ != stage_) continue;
         if (v > 0) transfer({false, recv_[0], (v - 1) % pp_, elems_, msg_tag({0, v - 1, false}, nv)});
-        loss = model.forward_chunk(k, 0, inputs, recv_[0], v == nv - 1 ? targets : nullptr, B, T);
+        loss = model.forward_chunk(k, 0, inputs, recv_[0], v == nv - 1 ? targets : nullptr, B, T, 0.0, docs);
         if (v < nv - 1)
             transfer({true, const_cast<void*>(model.chunk_output(k, 0)), (v + 1) % pp_, elems_, msg_tag({0, v, false}, nv)});
     }

@@ -53,8 +53,11 @@ class PipelineParallel {
     void attach(GPT& model);
     size_t buffer_bytes() const { return bytes_; }
 
-    // Host arrays of micro-batch mb: token ids and targets, [B, T_local].
-    using Loader = std::function<void(int mb, const int** inputs, const int** targets)>;
+    // Host arrays of micro-batch mb: token ids, targets and (document mask;
+    // else null) document starts, [B, T_local]. Every stage loads the
+    // micro-batch's rows itself: later stages take no token ids, but the
+    // document starts reach every stage's attention this way.
+    using Loader = std::function<void(int mb, const int** inputs, const int** targets, const int** docs)>;
     // One step's forwards and backwards over the m micro-batches (the schedule
     // above); gradients accumulate in the model (through dp's provider).
     // Returns the sum of the micro-batches' mean losses on the last stage, 0
@@ -64,7 +67,7 @@ class PipelineParallel {
     double train_step(GPT& model, const Loader& load, int B, int T, double dloss);
     // A forward-only pass of one micro-batch through all stages (validation,
     // samples); returns its mean loss on every rank (0 without targets).
-    double forward_only(GPT& model, const int* inputs, const int* targets, int B, int T);
+    double forward_only(GPT& model, const int* inputs, const int* targets, int B, int T, const int* docs = nullptr);
     // Logits row (b, pos) of the last forward_only, first V columns, as fp32
     // on every rank (the last stage computes it; broadcast over the pp group).
     void logits_row(GPT& model, int b, int pos, float* out);

@@ -70,6 +70,11 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "head-chunk", O::Int, &c.head_chunk,
            "LM head + cross-entropy in chunks of at most ROWS rows, its backward fused in (0: all rows at once)", 0,
            1e9});
+    p.add({0, "document-mask", O::Int, &c.document_mask,
+           "1: a token attends only to the earlier tokens of its own document (documents end with --eot-token)", 0,
+           1, {}, "1"});
+    p.add({0, "eot-token", O::Int, &c.eot_token,
+           "token id that ends a document (-1: the tokenizer file's EOT, else 50256)", -1, 1 << 30});
     p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1, {}, "1"});
     p.add({0, "plan", O::String, &c.plan, "plan instead of training: search layouts, or eval the one given", 0, 0,
            {"search", "eval"}});

@@ -63,6 +63,8 @@ struct TrainConfig {
     std::string recompute = "none";  // -r: none, gelu, selective, full (0 = none, 1 = gelu)
     int head_chunk = 0;        // LM head and cross-entropy in chunks of this many rows (0: all at once)
     int overfit = 0;           // -a
+    int document_mask = 0;     // attention within documents only (docs/attention.md)
+    int eot_token = -1;        // the documents' separator (-1: the tokenizer's EOT, else 50256)
     long long seed = 1337;
     // planning (no training): llmc/plan/planner.h, llmc/plan/calibrate.h
     std::string plan = "";          // search | eval

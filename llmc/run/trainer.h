@@ -57,6 +57,8 @@ struct Trainer {
     MetricsLog metrics;
     OptimConfig oc;
     std::vector<int> full_in, full_tg, inputs, targets;  // host rows of one micro-batch
+    std::vector<int> full_docs, docs;  // their document starts (--document-mask), full rows and this rank's
+    const int* docs_or_null() const { return docs.empty() ? nullptr : docs.data(); }
     std::string err;
 
     void setup(const ArgParser& parser);

@@ -136,9 +136,24 @@ void Trainer::setup(const ArgParser& parser) {
     if (cfg.max_steps < 0 && !converting)
         cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
 
+    // Document masking: the separator must be a token of the model.
+    if (cfg.eot_token < 0) cfg.eot_token = tok.eot() >= 0 ? tok.eot() : 50256;
+    setup_check(!(cfg.document_mask || parser.given("eot-token")) || cfg.eot_token < mc.vocab_size,
+                "flag --eot-token: " + std::to_string(cfg.eot_token) + " is not below the model's vocabulary size " +
+                    std::to_string(mc.vocab_size) + " (give the id of the token that ends a document)");
+    setup_check(!cfg.document_mask || lay.cp_a2a <= 1 || lay.cp == 1,
+                "flag --document-mask 1: not available with --cp-impl a2a yet (use the ring, --cp-impl ring)");
+    setup_check(!cfg.document_mask || std::string(be->name()) != "cuda",
+                "flag --document-mask 1: not available on the CUDA backend yet (its masked attention kernels have "
+                "not been checked on a GPU; run with --device cpu)");
+
     // The parallel modes and the model, first counted, then built.
     check_memory();
     build(*be, &s);
+    if (cfg.document_mask) {
+        s.model->set_document_mask();
+        s.cp->set_document_mask();
+    }
 
     // Weights: a checkpoint, a model file, or the seeded initialisation.
     rng = Rng((uint64_t)cfg.seed);
@@ -203,6 +218,7 @@ void Trainer::setup(const ArgParser& parser) {
     full_tg.resize(BT);
     inputs.resize(BT);
     targets.resize(BT);
+    if (cfg.document_mask) full_docs.resize(BT), docs.resize(BT);
 }
 
 // The model and its parallel modes on backend b (llmc/parallel/layout.h).

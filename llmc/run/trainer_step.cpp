@@ -32,11 +32,18 @@ static int sample_token(const std::vector<float>& logits, double u) {
 }
 
 // B rows from first_row on, this rank's tokens of them: whole rows, or this
-// cp rank's chunks.
+// cp rank's chunks. With --document-mask also their document starts, found
+// on the whole rows (a cp rank's later chunk needs the EOTs of the earlier
+// ones) and sharded alike; every pipeline stage reads the rows, so every
+// stage has them.
 void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row, int rows) {
     if (!dl.read_rows(first_row, rows, full_in.data(), full_tg.data(), &err)) end_job(err);
     s.cp->shard_rows(full_in.data(), rows, cfg.T, inputs.data());
     s.cp->shard_rows(full_tg.data(), rows, cfg.T, targets.data());
+    if (!docs.empty()) {
+        GPT::document_starts(full_in.data(), rows, cfg.T, cfg.eot_token, full_docs.data());
+        s.cp->shard_rows(full_docs.data(), rows, cfg.T, docs.data());
+    }
 }
 
 // Progress after step `step`: tokens seen, wall time since this launch's
@@ -68,13 +75,14 @@ StepMetrics Trainer::train_step(int step) {
     auto t0 = std::chrono::steady_clock::now();
     trace::set_step(step);
     s.model->zero_grad();
-    auto load = [&](int micro, const int** in, const int** tg) {
+    auto load = [&](int micro, const int** in, const int** tg, const int** dc) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
                                      : st.rows_consumed + ((uint64_t)micro * grid.dp + grid.dp_rank) * cfg.B;
         read_micro_batch(train, first, cfg.B);
         *in = inputs.data();
         *tg = targets.data();
+        *dc = docs_or_null();
     };
     double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
     // The mean over the global batch: the last stage's sum over the dp x cp
@@ -174,7 +182,7 @@ double Trainer::validate() {
         const bool mine = k < micro;
         const int rows = mine ? (int)std::min<long long>(cfg.B, val_rows - k * cfg.B) : cfg.B;
         read_micro_batch(val, (uint64_t)(mine ? k : 0) * cfg.B, rows);
-        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), rows, T_local);
+        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), rows, T_local, docs_or_null());
         if (mine) sum += l * rows, count += rows;
     }
     sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
@@ -193,13 +201,19 @@ void Trainer::sample() {
     trace::set_step(-1);
     const int V = mc.vocab_size, T = cfg.T;
     std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0), local(T / s.cp->size());
+    std::vector<int> full_dc(docs.empty() ? 0 : T), local_dc(full_dc.empty() ? 0 : T / s.cp->size());
     std::vector<float> logits(V);
     std::string text;
     int n = std::min(cfg.gen_tokens, T - 1);
     for (int t = 1; t <= n; t++) {
         s.cp->shard_rows(tokens.data(), 1, T, local.data());
+        if (!full_dc.empty()) {  // the document mask on the sample too (a sampled EOT starts a new document)
+            GPT::document_starts(tokens.data(), 1, T, cfg.eot_token, full_dc.data());
+            s.cp->shard_rows(full_dc.data(), 1, T, local_dc.data());
+        }
         s.model->want_logits(0, t - 1);  // --head-chunk computes only that row's chunk
-        s.pipe->forward_only(*s.model, local.data(), nullptr, 1, T / s.cp->size());
+        s.pipe->forward_only(*s.model, local.data(), nullptr, 1, T / s.cp->size(),
+                             local_dc.empty() ? nullptr : local_dc.data());
         s.pipe->logits_row(*s.model, 0, t - 1, logits.data());
         int next = sample_token(logits, rng.uniform());
         tokens[t] = next;

@@ -218,12 +218,30 @@ def write_model(path, cfg, params, version=3):
 # ----------------------------------------------------------------------------
 # data
 
-def random_batch(B, T, V, data_seed):
-    """B rows of T+1 random tokens in [0, V): inputs the first T, targets the last T."""
+def random_batch(B, T, V, data_seed, eot=None, eot_every=4):
+    """B rows of T+1 random tokens in [0, V): inputs the first T, targets the last T.
+    With eot, about one token in eot_every becomes eot (documents of random
+    lengths, several per row, for the document mask)."""
     g = torch.Generator()
     g.manual_seed(int(data_seed))
     rows = torch.randint(0, V, (B, T + 1), generator=g, dtype=torch.int64)
+    if eot is not None:
+        ends = torch.randint(0, eot_every, (B, T + 1), generator=g) == 0
+        rows = torch.where(ends, torch.full_like(rows, eot), rows)
     return rows[:, :T].contiguous(), rows[:, 1:].contiguous()
+
+
+def document_mask(inputs, eot):
+    """(B, 1, T, T) bool, True where query t may see key s: s <= t and s in
+    t's document. A document ends with (and includes) its EOT; the next starts
+    after it. Positions are not touched."""
+    B, T = inputs.shape
+    ends = (inputs == eot).to(torch.int64)
+    # document index of each token: EOTs strictly before it
+    doc = torch.cumsum(ends, dim=1) - ends
+    same = doc[:, :, None] == doc[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return (same & causal)[:, None]
 
 
 def read_data_batch(path, B, T, V):
@@ -270,21 +288,24 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
-def causal_attention(q, k, v):
-    """q, k, v: (B, NH, T, HS) -> (B, NH, T, HS), softmax of scaled scores over keys <= query."""
+def causal_attention(q, k, v, allowed=None):
+    """q, k, v: (B, NH, T, HS) -> (B, NH, T, HS), softmax of scaled scores over keys <= query
+    (and, given allowed (B, 1, T, T) from document_mask, over the keys it allows)."""
     T, HS = q.shape[-2], q.shape[-1]
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
     future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
-    scores = scores.masked_fill(future, float("-inf"))
+    scores = scores.masked_fill(future if allowed is None else ~allowed, float("-inf"))
     scores = scores - scores.amax(dim=-1, keepdim=True)
     e = torch.exp(scores)
     return (e / e.sum(dim=-1, keepdim=True)) @ v
 
 
-def forward(params, cfg, inputs, targets=None):
-    """Returns (logits over all Vp columns (B,T,Vp), mean loss over columns < V or None)."""
+def forward(params, cfg, inputs, targets=None, eot=None):
+    """Returns (logits over all Vp columns (B,T,Vp), mean loss over columns < V or None).
+    eot: the document mask's separator (None: causal attention only)."""
     p = params
     B, T = inputs.shape
+    allowed = None if eot is None else document_mask(inputs, eot)
     C, NH = cfg.C, cfg.NH
     HS = C // NH
     x = p["wte"][inputs] + p["wpe"][:T].unsqueeze(0)
@@ -293,7 +314,7 @@ def forward(params, cfg, inputs, targets=None):
         qkv = h @ p["qkvw"][l].t() + p["qkvb"][l]          # (B,T,3C): Q | K | V
         q, k, v = qkv.split(C, dim=-1)
         q, k, v = (t.reshape(B, T, NH, HS).transpose(1, 2) for t in (q, k, v))
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        y = causal_attention(q, k, v, allowed).transpose(1, 2).reshape(B, T, C)
         x = x + (y @ p["attprojw"][l].t() + p["attprojb"][l])
         h = layernorm(x, p["ln2w"][l], p["ln2b"][l])
         h = gelu_tanh(h @ p["fcw"][l].t() + p["fcb"][l])
@@ -330,7 +351,7 @@ def lr_at(hp, s, S):
     return lr_min + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (hp.lr - lr_min)
 
 
-def train(params_fp32, cfg, inputs, targets, hp, S, dtype=torch.float64):
+def train(params_fp32, cfg, inputs, targets, hp, S, dtype=torch.float64, eot=None):
     """S AdamW steps on one batch. Returns a dict with the initial logits (first V
     columns), loss and grads, the step losses (before each update), the lr and
     grad norm of each step, and the final parameters."""
@@ -343,7 +364,7 @@ def train(params_fp32, cfg, inputs, targets, hp, S, dtype=torch.float64):
     def fwd_bwd():
         for n in names:
             params[n].grad = None
-        logits, loss = forward(params, cfg, inputs, targets)
+        logits, loss = forward(params, cfg, inputs, targets, eot)
         loss.backward()
         return logits, loss
 
@@ -472,6 +493,8 @@ def build_argparser():
     ap.add_argument("--write-model", help="write the initial model here")
     ap.add_argument("--model-version", type=int, choices=(3, 5), default=3)
     ap.add_argument("--write-state", help="write the debug state here")
+    ap.add_argument("--document-mask", type=int, default=None, metavar="EOT",
+                    help="attention within documents ending with token EOT; random data gets EOTs (about 1 token in 4)")
     return ap
 
 
@@ -503,13 +526,15 @@ def main(argv=None):
                 raise RefError(f"{args.data}: no such file")
             inputs, targets = read_data_batch(args.data, args.B, T, cfg.V)
         else:
-            inputs, targets = random_batch(args.B, T, cfg.V, args.data_seed)
+            inputs, targets = random_batch(args.B, T, cfg.V, args.data_seed, args.document_mask)
         hp = Hyper(args.lr, args.beta1, args.beta2, args.eps, args.wd, args.clip,
                    args.warmup, args.final_frac)
         dtype = torch.float64 if args.dtype == "fp64" else torch.float32
         if args.write_model:
             write_model(args.write_model, cfg, params, args.model_version)
-        res = train(params, cfg, inputs, targets, hp, args.steps, dtype)
+        if args.document_mask is not None and not 0 <= args.document_mask < cfg.V:
+            raise RefError(f"--document-mask: {args.document_mask} is not a token id below V={cfg.V}")
+        res = train(params, cfg, inputs, targets, hp, args.steps, dtype, args.document_mask)
         if args.write_state:
             write_state(args.write_state, cfg, inputs, targets, res, hp, args.steps, dtype)
     except RefError as e:

@@ -16,7 +16,8 @@
 #       docs/design.md section 9), and the losses of --steps AdamW steps
 #       with the project's semantics (docs/design.md section 2: clipped
 #       global norm, warmup + cosine, weight decay on 2-D tensors only),
-#       computed by transformers' own modules in fp64.
+#       computed by transformers' own modules in fp64. --document-mask EOT:
+#       random data with EOTs and attention within documents (below).
 #   --compare DIR --logits FILE
 #       loads DIR with from_pretrained and compares its logits on the inputs
 #       of FILE (written by test_gpt --write-logits) with FILE's logits;
@@ -32,6 +33,11 @@
 #       forward written here from docs/design.md section 9, and GPT-2
 #       against tests/reference/reference_gpt.py's model; last line "N passed, N
 #       failed".
+#
+# Document mask (--document-mask EOT): reference_gpt.document_mask as
+# transformers 4.40.2 takes it: Llama a 4-D (B, 1, T, T) mask of 1/0 that
+# replaces its causal mask; GPT2Model flattens any mask to (B, 1, 1, T), so
+# GPT-2 runs its GPT2Blocks with a 4-D additive mask (0 or the dtype's min).
 #
 # fp64: transformers computes RoPE and RMSNorm in fp32, upcasts the attention
 # softmax to fp32 and casts Llama's logits to fp32 whatever the model dtype.
@@ -167,10 +173,21 @@ def base_and_head(model):
     return (model.model, model.lm_head) if is_llama(model) else (model.transformer, model.lm_head)
 
 
-def logits_of(model, inputs):
-    """(B, T, V) logits in the model's dtype (Llama's forward would cast them to fp32)."""
+def logits_of(model, inputs, eot=None):
+    """(B, T, V) logits in the model's dtype (Llama's forward would cast them to fp32);
+    eot: attention within the documents it ends (see the header)."""
     base, head = base_and_head(model)
-    h = base(input_ids=inputs, use_cache=False).last_hidden_state
+    allowed = None if eot is None else rg.document_mask(inputs, eot)
+    if eot is None or is_llama(model):
+        mask = None if eot is None else allowed.to(torch.float64)
+        h = base(input_ids=inputs, attention_mask=mask, use_cache=False).last_hidden_state
+    else:
+        dt = base.wte.weight.dtype
+        add = torch.zeros(allowed.shape, dtype=dt).masked_fill(~allowed, torch.finfo(dt).min)
+        x = base.drop(base.wte(inputs) + base.wpe(torch.arange(inputs.shape[1])[None, :]))
+        for block in base.h:
+            x = block(x, attention_mask=add, use_cache=False)[0]
+        h = base.ln_f(x)
     return head(h)
 
 
@@ -228,7 +245,7 @@ def flat_file_order(model, grads):
 # ----------------------------------------------------------------------------
 # the run
 
-def train(model, inputs, targets, hp, S):
+def train(model, inputs, targets, hp, S, eot=None):
     """S AdamW steps on one batch with the project's semantics (as
     reference_gpt.train): the initial logits, loss and grads (file order),
     and the loss before each update."""
@@ -240,7 +257,7 @@ def train(model, inputs, targets, hp, S):
     for s in range(max(S, 1)):
         for p in params:
             p.grad = None
-        logits = logits_of(model, inputs)
+        logits = logits_of(model, inputs, eot)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
         loss.backward()
         if s == 0:
@@ -405,8 +422,8 @@ def check_weights(args):
     return 0 if ck.failed == 0 else 1
 
 
-def llama_by_hand(model, inputs):
-    """Llama from docs/design.md section 9, with the model's weights."""
+def llama_by_hand(model, inputs, eot=None):
+    """Llama from docs/design.md section 9, with the model's weights (eot: the document mask)."""
     c = model.config
     sd = {k: v for k, v in model.named_parameters()}
     C, NH, NKV = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
@@ -436,7 +453,8 @@ def llama_by_hand(model, inputs):
         q, k = rope(q), rope(k)
         g = NH // NKV
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # q head j uses kv head j // g
-        y = rg.causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        allowed = None if eot is None else rg.document_mask(inputs, eot)
+        y = rg.causal_attention(q, k, v, allowed).transpose(1, 2).reshape(B, T, C)
         x = x + y @ p("self_attn.o_proj.weight").t()
         h = rms(x, p("post_attention_layernorm.weight"))
         gate, up = h @ p("mlp.gate_proj.weight").t(), h @ p("mlp.up_proj.weight").t()
@@ -446,13 +464,27 @@ def llama_by_hand(model, inputs):
     return x @ head.t()
 
 
-def gpt2_by_reference_gpt(model, inputs):
+def gpt2_by_reference_gpt(model, inputs, eot=None):
     """tests/reference/reference_gpt.py's GPT-2 with the model's weights in its order."""
     c = model.config
     cfg = rg.Config(maxT=c.n_positions, V=c.vocab_size, L=c.n_layer, NH=c.n_head, C=c.n_embd, Vp=c.vocab_size)
     params = {n: f(lambda p: p).detach() for n, f in file_order(model)}
-    logits, _ = rg.forward(params, cfg, inputs)
+    logits, _ = rg.forward(params, cfg, inputs, None, eot)
     return logits
+
+
+def check_document_mask(ck, name, model, inputs, by_hand):
+    """logits_of's document mask against the by-hand model with reference_gpt's:
+    row 0 with several EOTs (3), row 1 without any (= plain causal attention)."""
+    eot, x = 3, inputs.clone()
+    x[0, ::3] = eot
+    x[1] = torch.where(x[1] == eot, torch.full_like(x[1], eot + 1), x[1])
+    with torch.no_grad():
+        got, want, plain = logits_of(model, x, eot), by_hand(model, x, eot), logits_of(model, x)
+        e = rel_err(got, want)
+    ck(e <= 1e-12, f"{name}: document mask ({int((x[0] == eot).sum())} EOTs in row 0) vs by hand: rel err {e:.3e}")
+    e1, e0 = rel_err(got[1], plain[1]), rel_err(got[0], plain[0])
+    ck(e1 <= 1e-14 and e0 > 1e-3, f"{name}: no EOT: mask = causal (rel err {e1:.1e}); EOTs: differs by {e0:.1e}")
 
 
 def selfcheck(args):
@@ -484,6 +516,7 @@ def selfcheck(args):
         n_file = flat_file_order(model, grads=False).numel()
         n_model = sum(p.numel() for p in model.parameters())
         ck(n_file == n_model, f"{spec}: file order holds {n_file} values, the model {n_model}")
+        check_document_mask(ck, spec, model, inputs, llama_by_hand)
     s = parse_spec("L=2,C=48,NH=3,V=97,T=16")
     model = transformers.GPT2LMHeadModel(make_config(s)).eval()
     randomize(model, 4)
@@ -494,6 +527,7 @@ def selfcheck(args):
     ck(e <= 1e-12, f"GPT2LMHeadModel fp64 vs tests/reference/reference_gpt.py forward: rel err {e:.3e}")
     n_file = flat_file_order(model, grads=False).numel()
     ck(n_file == sum(p.numel() for p in model.parameters()), f"GPT-2 file order holds {n_file} values")
+    check_document_mask(ck, "GPT-2", model, inputs, gpt2_by_reference_gpt)
     print(f"{ck.passed} passed, {ck.failed} failed")
     return 0 if ck.failed == 0 else 1
 
@@ -526,6 +560,7 @@ def main(argv=None):
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--final-frac", type=float, default=1.0)
+    ap.add_argument("--document-mask", type=int, metavar="EOT", help="documents end with EOT (1 token in 4)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     try:
@@ -545,9 +580,11 @@ def main(argv=None):
         T = args.T or s["T"]
         if not 0 < T <= s["T"]:
             raise RefError(f"--T {T} must be in 1..{s['T']}")
-        inputs, targets = rg.random_batch(args.B, T, s["V"], args.data_seed)
+        if args.document_mask is not None and not 0 <= args.document_mask < s["V"]:
+            raise RefError(f"--document-mask: {args.document_mask} is not a token id below V={s['V']}")
+        inputs, targets = rg.random_batch(args.B, T, s["V"], args.data_seed, args.document_mask)
         hp = rg.Hyper(args.lr, args.beta1, args.beta2, args.eps, args.wd, args.clip, args.warmup, args.final_frac)
-        res = train(model, inputs, targets, hp, args.steps)
+        res = train(model, inputs, targets, hp, args.steps, args.document_mask)
         if args.write_state:
             write_state(args.write_state, inputs, targets, res, hp, args.steps)
     except RefError as e:

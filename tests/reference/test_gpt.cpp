@@ -10,7 +10,7 @@
 // 1e-5 (CPU); bf16 see docs/gpu-results.md.
 //
 // usage: test_gpt --model M --state S.bin [--device cpu|cuda]
-//                 [--dtype fp32|fp64|bf16] [--tol X]
+//                 [--dtype fp32|fp64|bf16] [--tol X] [--document-mask EOT]
 //        test_gpt --model M --write-logits OUT [--B 2 --T 16 --data-seed 1]
 //        test_gpt --model M [--write-weights OUT] [--export-hf DIR]
 // M: an llm.c model file, a Hugging Face directory (config.json), or an
@@ -184,7 +184,7 @@ static int write_logits(GPT& model, const std::string& out, int B, int T, uint64
 int main(int argc, char** argv) {
     std::string model_path, state_path, device = "cpu", dtype = "fp64", logits_out, weights_out, export_dir;
     double tol = -1;
-    int lB = 2, lT = 16;
+    int lB = 2, lT = 16, eot = -1;
     long long data_seed = 1;
     ArgParser p("test_gpt", "Compares the trainer with the PyTorch reference's debug state.");
     p.add({0, "model", Option::String, &model_path,
@@ -196,6 +196,9 @@ int main(int argc, char** argv) {
     p.add({0, "write-logits", Option::String, &logits_out, "write random inputs and their logits here (no checks)"});
     p.add({0, "write-weights", Option::String, &weights_out, "write the loaded weights (fp64, file order) here"});
     p.add({0, "export-hf", Option::String, &export_dir, "export the loaded model as a Hugging Face directory"});
+    p.add({0, "document-mask", Option::Int, &eot,
+           "attention within documents ending with this token id (the reference's --document-mask; -1: off)", -1,
+           1 << 30});
     p.add({0, "B", Option::Int, &lB, "rows for --write-logits", 1, 1 << 16});
     p.add({0, "T", Option::Int, &lT, "sequence length for --write-logits", 1, 1 << 20});
     p.add({0, "data-seed", Option::Long, &data_seed, "seed of the --write-logits inputs", 0, 9e18});
@@ -267,11 +270,21 @@ int main(int argc, char** argv) {
     }
     std::printf("test_gpt: %s %s, model %s, B=%d T=%d, %d steps\n", device.c_str(), dtype.c_str(),
                 config_string(c).c_str(), s.B, s.T, s.steps);
+    std::vector<int> docs;  // the document mask: every forward takes the rows' document starts
+    if (eot >= 0) {
+        docs.resize((size_t)s.B * s.T);
+        GPT::document_starts(s.inputs.data(), s.B, s.T, eot, docs.data());
+        model.set_document_mask();
+        int n = 0;
+        for (int x : s.inputs) n += x == eot;
+        std::printf("document mask: EOT %d, %d documents ended in %d rows\n", eot, n, s.B);
+    }
+    const int* dc = docs.empty() ? nullptr : docs.data();
     Checker ck;
     const size_t N = (size_t)s.B * s.T, V = c.vocab_size, P = table.file_params;
 
     // Forward: logits and loss of the initial model.
-    double loss = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T);
+    double loss = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 0.0, dc);
     std::vector<double> logits(N * V);
     for (size_t n = 0; n < N; n++) model.logits_row((int)(n / s.T), (int)(n % s.T), &logits[n * V], DType::F64);
     ck.check("logits", logits.data(), s.logits.data(), logits.size(), tol_fwd);
@@ -279,7 +292,7 @@ int main(int argc, char** argv) {
 
     // Backward: every gradient tensor (each kind over all its layers).
     model.zero_grad();
-    model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N);
+    model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N, dc);
     model.backward();
     std::vector<double> grads(P);
     model.get_file_order(grads.data(), DType::F64, model.grads(), false, model.precision().grad);
@@ -295,7 +308,7 @@ int main(int argc, char** argv) {
     std::vector<double> losses(s.steps);
     for (int step = 0; step < s.steps; step++) {
         model.zero_grad();
-        losses[step] = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N);
+        losses[step] = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N, dc);
         model.backward();
         adamw_step(model, s.opt, step);
         std::printf("  step %2d loss %.12f (reference %.12f)\n", step, losses[step], s.step_losses[step]);

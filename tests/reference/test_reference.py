@@ -3,9 +3,10 @@
 # independent math: model-file round trips (fp32 exact, bf16 = torch's round to
 # nearest even), the hand-written model vs one built from torch.nn.functional
 # with a per-head attention loop, autograd vs central finite differences,
-# padded-vocab isolation, the hand-written AdamW vs torch.optim.AdamW (also with
-# clipping and the lr schedule), the state-file layout, data shards and the
-# error paths of the command line. Run: /usr/bin/python3 tests/reference/test_reference.py
+# padded-vocab isolation, the document mask against per-document runs, the
+# hand-written AdamW vs torch.optim.AdamW (also with clipping and the lr
+# schedule), the state-file layout, data shards and the error paths of the
+# command line. Run: /usr/bin/python3 tests/reference/test_reference.py
 # Last line: "N passed, N failed"; exit status 1 when anything failed.
 import math
 import os
@@ -68,11 +69,12 @@ def run_cli(*args):
 # --------------------------------------------------------------------------
 # an independent model: torch.nn.functional pieces, attention head by head
 
-def independent_loss(p, cfg, inputs, targets):
+def independent_loss(p, cfg, inputs, targets, pos0=0):
+    """pos0: the first token's position (a document cut out of a row keeps its positions)."""
     B, T = inputs.shape
     C, NH = cfg.C, cfg.NH
     HS = C // NH
-    x = F.embedding(inputs, p["wte"]) + F.embedding(torch.arange(T), p["wpe"])
+    x = F.embedding(inputs, p["wte"]) + F.embedding(torch.arange(pos0, pos0 + T), p["wpe"])
     mask = torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
     for l in range(cfg.L):
         h = F.layer_norm(x, (C,), p["ln1w"][l], p["ln1b"][l], eps=1e-5)
@@ -143,6 +145,32 @@ def test_loss_vs_independent():
     check(d_loss <= 1e-12, f"loss differs by {d_loss:.3e}")
     check(d_logits <= 1e-12, f"logits differ by {d_logits:.3e}")
     check(2.0 < loss.item() < 20.0, f"implausible loss {loss.item()}")
+
+
+def test_document_mask():
+    """(b') the document mask: each row's logits equal the independent model run on
+    each document alone (at its positions in the row), fp64, <= 1e-12; several
+    EOTs per row, one row without any (then the mask is plain causal)."""
+    cfg = ref.Config(maxT=24, V=37, L=2, NH=4, C=32, Vp=64)
+    p = to64(perturbed_params(cfg, 6, pad_nonzero=True))
+    eot = 5
+    inputs, targets = ref.random_batch(3, 24, cfg.V, 13, eot=eot)
+    inputs[2] = torch.where(inputs[2] == eot, torch.full_like(inputs[2], eot + 1), inputs[2])
+    logits, loss = ref.forward(p, cfg, inputs, targets, eot)
+    ends = [(inputs[r] == eot).sum().item() for r in range(3)]
+    check(min(ends[:2]) >= 3 and ends[2] == 0, f"EOTs per row {ends}")
+    worst = 0.0
+    for r in range(3):
+        a = 0
+        cuts = [t + 1 for t in range(24) if inputs[r, t].item() == eot and t + 1 < 24] + [24]
+        for b in cuts:
+            lg, _ = independent_loss(p, cfg, inputs[r:r + 1, a:b], targets[r:r + 1, a:b], pos0=a)
+            worst = max(worst, (logits[r:r + 1, a:b, :cfg.V] - lg).abs().max().item())
+            a = b
+    check(worst <= 1e-12, f"masked logits differ from per-document runs by {worst:.3e}")
+    unmasked, _ = ref.forward(p, cfg, inputs, targets)
+    check(torch.equal(unmasked[2], logits[2]), "a row without EOT: the mask changed the logits")
+    check((unmasked[:2] - logits[:2]).abs().max().item() > 1e-3, "rows with EOTs: the mask changed nothing")
 
 
 def test_gradcheck():
@@ -402,7 +430,7 @@ def test_bad_input():
 
 
 def main():
-    tests = [test_model_file_roundtrip, test_loss_vs_independent, test_gradcheck,
+    tests = [test_model_file_roundtrip, test_loss_vs_independent, test_document_mask, test_gradcheck,
              test_padded_vocab, test_adamw_vs_torch, test_clip_and_schedule, test_state_file,
              test_bf16_model_cli, test_data_shards, test_bad_input]
     passed = failed = 0

@@ -22,7 +22,13 @@ inline size_t ki_(const AttnShape& s, int b, int j, int h) {
 }
 inline size_t oi_(const AttnShape& s, int b, int i, int h) { return b * s.ob() + (size_t)i * s.o_stride + (size_t)h * s.HS; }
 inline size_t li_(const AttnShape& s, int b, int i, int h) { return b * s.lb() + h * s.lh() + (size_t)i; }
-inline bool visible(const AttnShape& s, int i, int j) { return !s.causal || j <= i; }
+// Key j visible to query i of row b: the causal rule, and with a document
+// mask only keys at or after the query's document start (AttnShape).
+inline bool visible(const AttnShape& s, int b, int i, int j) {
+    if (s.causal && j > i) return false;
+    if (!s.doc_start) return true;
+    return s.doc_start[b * s.db() + i] <= (s.key_pos ? s.key_pos[j] : j);
+}
 
 inline void ref_forward(const View& w, const std::vector<float>& q, const std::vector<float>& kv, std::vector<double>& out,
                         std::vector<double>& lse) {
@@ -33,7 +39,7 @@ inline void ref_forward(const View& w, const std::vector<float>& q, const std::v
                 std::vector<double> sc(s.Tk, -INFINITY);
                 double mx = -INFINITY;
                 for (int j = 0; j < s.Tk; j++) {
-                    if (!visible(s, i, j)) continue;
+                    if (!visible(s, b, i, j)) continue;
                     double d = 0;
                     for (int c = 0; c < s.HS; c++) d += (double)q[qi_(s, b, i, h) + c] * kv[w.koff + ki_(s, b, j, h) + c];
                     sc[j] = d * s.scale;
@@ -63,7 +69,7 @@ inline void ref_backward(const View& w, const std::vector<float>& q, const std::
                 for (int c = 0; c < s.HS; c++) D += (double)dout[oo + c] * out[oo + c];
                 const double L = lse[li_(s, b, i, h)];
                 for (int j = 0; j < s.Tk; j++) {
-                    if (!visible(s, i, j)) continue;
+                    if (!visible(s, b, i, j)) continue;
                     const size_t ko = w.koff + ki_(s, b, j, h), vo = w.voff + ki_(s, b, j, h);
                     double dot = 0, dp = 0;
                     for (int c = 0; c < s.HS; c++) dot += (double)q[qo + c] * kv[ko + c], dp += (double)dout[oo + c] * kv[vo + c];

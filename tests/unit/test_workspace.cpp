@@ -136,7 +136,7 @@ void run_case(const Case& c) {
             s.model->zero_grad();
             s.pipe->train_step(
                 *s.model,
-                [&](int, const int** a, const int** b) {
+                [&](int, const int** a, const int** b, const int**) {
                     *a = in.data();
                     *b = tg.data();
                 },
@@ -201,7 +201,7 @@ int main() {
         s.model->zero_grad();
         s.pipe->train_step(
             *s.model,
-            [&](int, const int** a, const int** b) {
+            [&](int, const int** a, const int** b, const int**) {
                 *a = in.data();
                 *b = in.data();
             },

@@ -37,6 +37,14 @@
 // head order, and written once: no atomics, same bits every run. NKV = 0 or
 // NH is exactly the kernel as before (group 1).
 //
+// Document mask (AttnShape::doc_start, key_pos): query i also needs
+// docs[i] <= the key's position. The forward and dq kernels start their key
+// loop at the first key any row of their query tile may see (the key tiles
+// before it are never loaded); the dk/dv kernel stops its query loop at the
+// first query tile whose documents all start after its last key (document
+// starts do not decrease along the queries). A tile with no visible key at
+// all costs only that test.
+//
 // Ring attention (backend.h attention_block_forward/backward) reuses both.
 // The block forward is the forward kernel with fp32 outputs: with `first` it
 // writes the block's (out_b, lse_b) as the plain forward does; otherwise each
@@ -90,18 +98,22 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(O* out, float* lse, c
         for (int dd = 0; dd < DPL; dd++) acc[r][dd] = 0.f;
     }
     const int kend = s.causal ? min(s.Tk, q0 + kTile) : s.Tk;
-    for (int k0 = 0; k0 < kend; k0 += kTile) {
+    const int* docs = s.doc_start ? s.doc_start + (size_t)b * bs.db : nullptr;
+    int dr[kRows];  // the rows' document starts (INT_MIN: no mask)
+#pragma unroll
+    for (int r = 0; r < kRows; r++) dr[r] = docs && row0 + r < s.Tq ? docs[row0 + r] : INT_MIN;
+    for (int k0 = tile_first_key(s, docs, q0, kend); k0 < kend; k0 += kTile) {
         __syncthreads();  // everyone is done with the previous K/V tile (and Qs is complete)
         load_tile(Ks, LD, HSP, kb, s.kv_stride, k0, s.Tk, s.HS, 1.f);
         load_tile(Vs, LD, HSP, vb, s.kv_stride, k0, s.Tk, s.HS, 1.f);
         __syncthreads();
         float sc[kRows];
         dot_rows_lane(sc, Qw, Ks, LD, HSP, lane);
-        const int j = k0 + lane;
+        const int j = k0 + lane, kp = key_position(s, j);
 #pragma unroll
         for (int r = 0; r < kRows; r++) {
             const int i = row0 + r;
-            const bool ok = j < s.Tk && (!s.causal || j <= i);
+            const bool ok = j < s.Tk && (!s.causal || j <= i) && dr[r] <= kp;
             const float x = ok ? sc[r] : -INFINITY;
             const float mnew = fmaxf(m[r], warp_max(x));
             const float p = ok ? exp2f(x - mnew) : 0.f;  // ok implies mnew is finite
@@ -220,7 +232,11 @@ __global__ void __launch_bounds__(kThreads)
     const float* dOw = dOs + warp * kRows * LD;
     float* Sw = Ss + warp * kRows * kTile;
     const int kend = s.causal ? min(s.Tk, q0 + kTile) : s.Tk;
-    for (int k0 = 0; k0 < kend; k0 += kTile) {
+    const int* docs = s.doc_start ? s.doc_start + (size_t)b * bs.db : nullptr;
+    int dr[kRows];  // the rows' document starts (INT_MIN: no mask)
+#pragma unroll
+    for (int r = 0; r < kRows; r++) dr[r] = docs && row0 + r < s.Tq ? docs[row0 + r] : INT_MIN;
+    for (int k0 = tile_first_key(s, docs, q0, kend); k0 < kend; k0 += kTile) {
         __syncthreads();
         load_tile(Ks, LD, HSP, kb, s.kv_stride, k0, s.Tk, s.HS, 1.f);
         load_tile(Vs, LD, HSP, vb, s.kv_stride, k0, s.Tk, s.HS, 1.f);
@@ -228,11 +244,11 @@ __global__ void __launch_bounds__(kThreads)
         float sc[kRows], dp[kRows];
         dot_rows_lane(sc, Qw, Ks, LD, HSP, lane);
         dot_rows_lane(dp, dOw, Vs, LD, HSP, lane);
-        const int j = k0 + lane;
+        const int j = k0 + lane, kp = key_position(s, j);
 #pragma unroll
         for (int r = 0; r < kRows; r++) {
             const int i = row0 + r;
-            const bool ok = j < s.Tk && (!s.causal || j <= i);
+            const bool ok = j < s.Tk && (!s.causal || j <= i) && dr[r] <= kp;
             const float p = ok ? exp2f(sc[r] - lse2[r]) : 0.f;
             Sw[r * kTile + lane] = p * (dp[r] - Dr[r]);
         }
@@ -273,6 +289,11 @@ __global__ void __launch_bounds__(kThreads)
     load_tile(Vs, LD, HSP, v + kvbase, s.kv_stride, k0, s.Tk, s.HS, 1.f);
 
     const int row0 = k0 + warp * kRows;  // this warp's first key
+    const int* docs = s.doc_start ? s.doc_start + (size_t)b * bs.db : nullptr;
+    const int klast = key_position(s, min(k0 + kTile, s.Tk) - 1);  // the tile's last key's position
+    int kp[kRows];  // the warp's keys' positions
+#pragma unroll
+    for (int r = 0; r < kRows; r++) kp[r] = key_position(s, row0 + r);
     const float* Kw = Ks + warp * kRows * LD;
     const float* Vw = Vs + warp * kRows * LD;
     float* Pw = Ps + warp * kRows * kTile;
@@ -294,6 +315,7 @@ __global__ void __launch_bounds__(kThreads)
     // Causal: queries before k0 see none of these keys; tiles share boundaries.
     // (The barrier at the top of each tile also guards Qs/dOs across heads.)
     for (int q0 = s.causal ? k0 : 0; q0 < s.Tq; q0 += kTile) {
+        if (docs && docs[q0] > klast) break;  // this tile's documents and all later ones start after our keys
         __syncthreads();
         load_tile(Qs, LD, HSP, qb, s.q_stride, q0, s.Tq, s.HS, 1.f);
         load_tile(dOs, LD, HSP, dob, s.o_stride, q0, s.Tq, s.HS, 1.f);
@@ -308,11 +330,12 @@ __global__ void __launch_bounds__(kThreads)
         dot_rows_lane(sc, Kw, Qs, LD, HSP, lane);   // lane = query q0 + lane
         dot_rows_lane(dp, Vw, dOs, LD, HSP, lane);
         const int i = q0 + lane;
+        const int di = docs && i < s.Tq ? docs[i] : INT_MIN;
         const float L2 = lse_s[lane], Di = D_s[lane];
 #pragma unroll
         for (int r = 0; r < kRows; r++) {
             const int j = row0 + r;
-            const bool ok = i < s.Tq && j < s.Tk && (!s.causal || j <= i);
+            const bool ok = i < s.Tq && j < s.Tk && (!s.causal || j <= i) && di <= kp[r];
             const float p = ok ? exp2f(sc[r] - L2) : 0.f;
             Pw[r * kTile + lane] = p;
             Sw[r * kTile + lane] = p * (dp[r] - Di);

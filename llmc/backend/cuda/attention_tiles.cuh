@@ -5,6 +5,8 @@
 // tile, warp rows x lane row dot products, weighted sums of tile rows, row
 // stores).
 #pragma once
+#include <climits>
+
 #include "llmc/backend/backend.h"
 #include "llmc/backend/cuda/common.cuh"
 
@@ -45,9 +47,35 @@ inline Geometry geometry(int HS) {
 struct Strides {
     size_t qb, kb, ob, lb, lh;
     int group;
+    size_t db;  // document starts' batch stride (document mask)
 };
 inline Strides strides(const AttnShape& s) {
-    return {s.qb(), s.kb(), s.ob(), s.lb(), s.lh(), s.NH / s.kv_heads()};
+    return {s.qb(), s.kb(), s.ob(), s.lb(), s.lh(), s.NH / s.kv_heads(), s.db()};
+}
+
+// Document mask (AttnShape::doc_start, key_pos): the global position of key
+// j (INT_MAX past the keys, so that nothing sees it), and the first key at
+// or after position d among keys 0..n-1 (positions increase along the keys).
+__device__ __forceinline__ int key_position(const AttnShape& s, int j) {
+    return j >= s.Tk ? INT_MAX : s.key_pos ? s.key_pos[j] : j;
+}
+__device__ __forceinline__ int first_key_at(const AttnShape& s, int d, int n) {
+    if (!s.key_pos) return min(max(d, 0), n);
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (s.key_pos[mid] < d) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+// The first key a query tile (rows q0..q0+kTile-1, those < Tq) may see,
+// from the earliest document start of its rows (0 without the mask).
+__device__ __forceinline__ int tile_first_key(const AttnShape& s, const int* docs, int q0, int kend) {
+    if (!docs) return 0;
+    int d = INT_MAX;
+    for (int r = 0; r < kTile && q0 + r < s.Tq; r++) d = min(d, docs[q0 + r]);
+    return first_key_at(s, d, kend);
 }
 
 // Load rows row0..row0+31 (those < nrows) of a [rows, stride] slab into dst
