@@ -60,6 +60,10 @@ void ContextParallel::shard_rows(const int* full, int nrows, int T, int* local) 
 
 void ContextParallel::set_document_mask() {
     if (size() == 1 || !key_pos_.empty()) return;
+    if (a2a_) {  // every rank's document starts, then the whole rows' in order
+        docs_gather_ = (int*)alloc((size_t)B_ * Tl_ * size() * sizeof(int));
+        docs_full_ = (int*)alloc((size_t)B_ * Tl_ * size() * sizeof(int));
+    }
     for (int j = 0; j < size(); j++) {
         const std::vector<int> pos = positions(Tl_ * size(), size(), j);
         key_pos_.push_back((int*)alloc(pos.size() * sizeof(int)));
@@ -103,7 +107,7 @@ ContextParallel::Block ContextParallel::block(int s, int B, double scale, const 
 }
 
 void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, int B, double scale, const int* docs) {
-    if (a2a_) return a2a_forward(out, lse, qkv, B, scale);  // no document mask (refused at setup)
+    if (a2a_) return a2a_forward(out, lse, qkv, B, scale, docs);
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
     const size_t N = (size_t)B * Tl_, kvn = N * 2 * Ckv_;
@@ -124,7 +128,7 @@ void ContextParallel::attention_forward(void* out, void* lse, const void* qkv, i
 
 void ContextParallel::attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                                          const void* lse, int B, double scale, const int* docs) {
-    if (a2a_) return a2a_backward(dqkv, dout, qkv, out, lse, B, scale);
+    if (a2a_) return a2a_backward(dqkv, dout, qkv, out, lse, B, scale, docs);
     const DType act = prec_.act, st = prec_.stat;
     const int c = size(), next = (rank() + 1) % c, prev = (rank() + c - 1) % c;
     const size_t N = (size_t)B * Tl_, kvn = N * 2 * Ckv_;

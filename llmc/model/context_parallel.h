@@ -89,9 +89,10 @@ class ContextParallel {
     void to_tokens(const void* full, const std::vector<Seg>& segs, void* dst, size_t ld, int B);
     AttnShape a2a_shape(int B, double scale) const;
     std::vector<Seg> qkv_segs() const;
-    void a2a_forward(void* out, void* lse, const void* qkv, int B, double scale);
+    const int* whole_docs(const int* docs, int B);
+    void a2a_forward(void* out, void* lse, const void* qkv, int B, double scale, const int* docs);
     void a2a_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const void* lse, int B,
-                      double scale);
+                      double scale, const int* docs);
 
     Comm& comm_;
     Backend& be_;
@@ -106,6 +107,7 @@ class ContextParallel {
     // a2a: the exchange's send and receive blocks ([B·Tl, W] each), and the
     // head layout's Q,K,V, output, their gradients ([B, T, W/c], [B, T, Cl/c]).
     void *send_ = nullptr, *recv_ = nullptr, *fqkv_ = nullptr, *fdqkv_ = nullptr, *fo_ = nullptr, *fdo_ = nullptr;
+    int *docs_gather_ = nullptr, *docs_full_ = nullptr;  // a2a with the document mask: [c·B·Tl], [B, T]
     std::vector<int*> key_pos_;  // per rank j: the global positions of its T_local tokens (document mask)
     std::vector<void*> owned_;
     size_t bytes_ = 0;

@@ -14,6 +14,8 @@
 // worth of buffers serves every layer), attention's backward runs there,
 // and dQ,dK,dV come back. lse stays in the head layout between the two
 // ([B, NHl/c, T]: as many elements as the token layout's [B, NHl, T/c]).
+// The document mask needs the whole rows' document starts: one all-gather
+// of every rank's (B·T/c integers) per attention call.
 // Traffic per layer and micro-batch, elements sent by each rank: (c-1)/c
 // of N·(W + Cl) forward and of N·(2·W + 2·Cl) backward (N = B·T/c tokens,
 // W a QKV row's width, Cl the output's channels), in c-1 messages each way
@@ -131,9 +133,28 @@ std::vector<ContextParallel::Seg> ContextParallel::qkv_segs() const {
     return {{0, hq}, {(size_t)Cl_, hkv}, {(size_t)Cl_ + Ckv_, hkv}};
 }
 
-void ContextParallel::a2a_forward(void* out, void* lse, const void* qkv, int B, double scale) {
+// The document mask: every rank's document starts gathered, and placed as
+// whole rows in global order for the head layout's attention (null without
+// the mask).
+const int* ContextParallel::whole_docs(const int* docs, int B) {
+    if (!docs) return nullptr;
+    if (!docs_full_) throw std::logic_error("context parallel: document mask without set_document_mask()");
+    const int c = size(), ch = Tl_ / 2, T = Tl_ * c;
+    const size_t N = (size_t)B * Tl_;
+    comm_.all_gather(docs, docs_gather_, N, DType::I32);
+    for (int r = 0; r < c; r++)
+        for (int half = 0; half < 2; half++) {
+            const int chunk = half ? 2 * c - 1 - r : r;
+            be_.copy2d(docs_full_ + (size_t)chunk * ch, T, docs_gather_ + r * N + (size_t)half * ch, Tl_, B, ch,
+                       DType::I32);
+        }
+    return docs_full_;
+}
+
+void ContextParallel::a2a_forward(void* out, void* lse, const void* qkv, int B, double scale, const int* docs) {
     const DType act = prec_.act;
-    const AttnShape s = a2a_shape(B, scale);
+    AttnShape s = a2a_shape(B, scale);
+    s.doc_start = whole_docs(docs, B);
     const size_t hq = (size_t)s.NH * HS_, hkv = (size_t)s.NKV * HS_;
     to_heads(qkv, W_, qkv_segs(), fqkv_, B);
     be_.attention_forward(fo_, lse, fqkv_, elem_ptr(fqkv_, act, hq), elem_ptr(fqkv_, act, hq + hkv), s);
@@ -141,9 +162,10 @@ void ContextParallel::a2a_forward(void* out, void* lse, const void* qkv, int B, 
 }
 
 void ContextParallel::a2a_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const void* lse,
-                                   int B, double scale) {
+                                   int B, double scale, const int* docs) {
     const DType act = prec_.act;
-    const AttnShape s = a2a_shape(B, scale);
+    AttnShape s = a2a_shape(B, scale);
+    s.doc_start = whole_docs(docs, B);
     const size_t hq = (size_t)s.NH * HS_, hkv = (size_t)s.NKV * HS_;
     to_heads(qkv, W_, qkv_segs(), fqkv_, B);
     to_heads(out, Cl_, {{0, hq}}, fo_, B);

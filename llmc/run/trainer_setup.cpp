@@ -141,8 +141,6 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(!(cfg.document_mask || parser.given("eot-token")) || cfg.eot_token < mc.vocab_size,
                 "flag --eot-token: " + std::to_string(cfg.eot_token) + " is not below the model's vocabulary size " +
                     std::to_string(mc.vocab_size) + " (give the id of the token that ends a document)");
-    setup_check(!cfg.document_mask || lay.cp_a2a <= 1 || lay.cp == 1,
-                "flag --document-mask 1: not available with --cp-impl a2a yet (use the ring, --cp-impl ring)");
     setup_check(!cfg.document_mask || std::string(be->name()) != "cuda",
                 "flag --document-mask 1: not available on the CUDA backend yet (its masked attention kernels have "
                 "not been checked on a GPU; run with --device cpu)");

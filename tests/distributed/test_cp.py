@@ -16,8 +16,7 @@
 #   - validation losses and text samples under cp=2 x tp=2 x sp equal one
 #     process's, and its checkpoint resumes in one process;
 #   - errors: T not divisible by 2N, cp larger than the world, a2a with cp
-#     not dividing the heads, a2a with the document mask (not yet): one
-#     line, every rank exits.
+#     not dividing the heads: one line, every rank exits.
 # Ring attention itself against full attention: tests/distributed/test_ring_attention.cpp.
 # Last line: "N passed, N failed".
 import os
@@ -126,8 +125,7 @@ def test_errors(tmp):
     for np_, extra, flag in ((2, ["--cp", "2", "-t", "18", "-d", "144"], "--cp"),  # 18 % 4
                              (2, ["--cp", "4"], "--cp"),
                              (4, ["--cp", "4", "--tp", "1", "--cp-impl", "a2a", "-e",
-                                  MODEL.replace("NH=4", "NH=2")], "--cp-impl"),
-                             (2, ["--cp", "2", "--cp-impl", "a2a", "--document-mask", "1"], "--document-mask")):
+                                  MODEL.replace("NH=4", "NH=2")], "--cp-impl")):
         rc, out, err = train(np_, base("fp32", 16, 2) + ["-b", "8"] + extra, timeout=60)
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{extra}: rc={rc} {err[-300:]!r}")

@@ -83,10 +83,12 @@ def test_layouts(tmp):
     layouts = [(2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
                (2, ["-b", "4", "--pp", "2"]), (2, ["-b", "4", "--pp", "2", "--vpp", "2"]),
                (2, ["-b", "8", "--cp", "2"]), (4, ["-b", "8", "--cp", "4"]),
+               (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]), (4, ["-b", "8", "--cp", "4", "--cp-impl", "a2a"]),
                (4, ["-b", "4", "--tp", "2", "--sp", "1", "--pp", "2"]), (4, ["-b", "4", "--cp", "2", "-z", "1"])]
     equivalence(check, tmp, "fp64", args, one, layouts, steps=6)
     llama = base(LLAMA, DOCS) + ["--document-mask", "1", "-d", "128"]
     equivalence(check, tmp, "fp64", llama, one, [(4, ["-b", "8", "--cp", "2", "--tp", "2"]),
+                                                 (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]),
                                                  (2, ["-b", "4", "--pp", "2"])], steps=6)
     # Longer rows: several query tiles per ring block.
     equivalence(check, tmp, "fp64", base(GPT2, DOCS, T=160, steps=3) + ["--document-mask", "1", "-d", "320"],
