@@ -22,11 +22,10 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
-from checks import Checks  # noqa: E402
+from testlib import Checks, run_suite  # noqa: E402
 
 TRAIN = os.path.join(ROOT, "train_gpt")
 MODEL = ["-e", "L=2,C=32,NH=2,V=257,T=64", "--device", "cpu", "-s", "0"]
@@ -138,20 +137,15 @@ def test_plan_defaults():
             "-d 2097152 (no -d:" in out, f"the 8B plan's defaults: {err}{out[:400]}")
 
 
+def suite(tmp):
+    test_seq_len(tmp)
+    test_val_tokens(tmp)
+    test_shards_tokenizer(tmp)
+    test_plan_defaults()
+
+
 def main():
-    if not os.path.exists(TRAIN):
-        print("train_gpt is not built (run make)")
-        print("0 passed, 1 failed")
-        sys.exit(1)
-    tmp = tempfile.mkdtemp(prefix="llmc_defaults_")
-    try:
-        test_seq_len(tmp)
-        test_val_tokens(tmp)
-        test_shards_tokenizer(tmp)
-        test_plan_defaults()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    sys.exit(c.summary())
+    run_suite(c, "llmc_defaults_", suite)
 
 
 if __name__ == "__main__":
