@@ -137,9 +137,9 @@ reference() {
         --device cpu --dtype bf16 "${MASK[@]}"
     if [[ -n ${HAVE_GPU:-} && $dtype == fp32 ]]; then
         run "test_gpt_${name}_cuda_fp32" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
-            --device cuda --dtype fp32
+            --device cuda --dtype fp32 "${MASK[@]}"
         run "test_gpt_${name}_cuda_bf16" build/test_gpt --model "$REF/$name.model.bin" --state "$REF/$name.state.bin" \
-            --device cuda --dtype bf16
+            --device cuda --dtype bf16 "${MASK[@]}"
     fi
 }
 # The Hugging Face reference's python (scripts/setup.sh makes it). Its tests
@@ -176,6 +176,7 @@ reference_tier() {
         --model-version 5 --lr 3e-3
     # The document mask: random rows with several EOTs (token 7) each.
     reference docmask_fp64 fp64 "$ODD" 3 24 --warmup 2 --final-frac 0.2 --steps 6 --document-mask 7
+    reference docmask_fp32 fp32 "$ODD" 3 24 --warmup 2 --final-frac 0.2 --steps 6 --document-mask 7
     if hf_ready; then
         run hf_reference_selfcheck "$HFPY" tests/reference/reference_hf.py --selfcheck
         # GPT-2: odd sizes; bf16 weights in shards (read through the index).

@@ -104,14 +104,17 @@ step_test() {
     need tests
     # tests/run_tests.sh's reference models with a CUDA run: the PyTorch
     # reference's state, then test_gpt on CUDA fp32 and bf16 against it.
-    local name d
-    for name in round_fp32 odd_fp32; do
+    # docmask_fp32: the document mask (its CUDA-core kernels).
+    local name d mask
+    for name in round_fp32 odd_fp32 docmask_fp32; do
+        mask=""
+        [[ $name == docmask_* ]] && mask=" --document-mask 7"
         rm -f build/test_logs/test_gpt_"$name"_cuda_*.log
         MIN=20 SUMMARY_MATCH='^(ref_|test_gpt_)' run_prog "test_gpt_$name" 90 15 \
             env LLMC_TEST_FILTER="^(ref_${name}|test_gpt_${name}_cuda_)" bash tests/run_tests.sh reference
         for d in fp32 bf16; do
             figures "build/test_logs/test_gpt_${name}_cuda_$d.log" "test_gpt_${name}_cuda_${d}_" \
-                "build/test_gpt --model build/ref/$name.model.bin --state build/ref/$name.state.bin --device cuda --dtype $d"
+                "build/test_gpt --model build/ref/$name.model.bin --state build/ref/$name.state.bin --device cuda --dtype $d$mask"
         done
     done
     FIGS=real_shapes_small_ SUMMARY_MATCH='^FAIL' run_prog real_shapes_small 60 15 build/test_real_shapes --shape small
