@@ -74,7 +74,7 @@ struct Data {
 };
 
 Data make_data(const Case& c, uint64_t seed) {
-    const AttnShape& s = c.s;
+    const AttnShape s = host_shape(c);
     Data d;
     d.qbuf = lab::rand_normal(c.qbuf_n, 1.f, seed);
     d.kvbuf = c.packed ? d.qbuf : lab::rand_normal(c.kvbuf_n, 1.f, seed + 1);
@@ -137,7 +137,7 @@ bool v5_takes(const Case& c) {
 
 template <typename E>
 void check(int version, const Case& c, const char* label, double tol) {
-    const AttnShape& s = c.s;
+    const AttnShape s = host_shape(c);
     const Data d = make_data(c, 1);
     std::vector<float> rdq(c.qbuf_n, 0.f), rdkv(c.kvbuf_n, 0.f);  // packed: rdq == rdkv (one dqkv)
     float* rdk = (c.packed ? rdq.data() : rdkv.data()) + c.koff;

@@ -146,8 +146,9 @@ inline Case with_documents(Case c, int mean) {
         }
         for (int i = 0; i < s.Tq; i++) c.docs[(size_t)b * s.Tq + i] = start[qpos[i]];
     }
-    c.s.doc_start = c.docs.data();
-    c.s.key_pos = c.kpos.empty() ? nullptr : c.kpos.data();
+    // c.s keeps null mask pointers: a Case is copied (into the case lists),
+    // so a pointer into its own vectors would dangle; host_shape and
+    // device_shape point at the copy in use.
     return c;
 }
 
@@ -163,9 +164,17 @@ inline std::vector<Case> attention_masked_cases() {
     };
 }
 
+// The case's shape with its mask (if any) in the case's host vectors, for
+// the CPU op.
+inline AttnShape host_shape(const Case& c) {
+    AttnShape s = c.s;
+    if (!c.docs.empty()) s.doc_start = c.docs.data();
+    if (!c.kpos.empty()) s.key_pos = c.kpos.data();
+    return s;
+}
+
 // The case's shape with its mask in device memory (from dev_ints: host ints
-// to a device copy the caller frees) for the GPU run; the case's own shape
-// (host pointers) is for the CPU op.
+// to a device copy the caller frees) for the GPU run.
 template <typename Upload>
 inline AttnShape device_shape(const Case& c, Upload dev_ints, std::vector<int*>* owned) {
     AttnShape s = c.s;

@@ -87,7 +87,7 @@ bool tc_takes(const Case& c) {
 
 template <typename E>
 void check(int version, const Case& c, const char* label, double tol) {
-    const AttnShape& s = c.s;
+    const AttnShape s = host_shape(c);
     std::vector<float> qbuf = lab::rand_normal(c.qbuf_n, 1.f, 1);
     std::vector<float> kvbuf = c.packed ? qbuf : lab::rand_normal(c.kvbuf_n, 1.f, 2);
     std::vector<float> rout(c.out_n, 0.f), rlse((size_t)s.B * s.NH * s.Tq);
