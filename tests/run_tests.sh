@@ -177,6 +177,8 @@ reference_tier() {
     # The document mask: random rows with several EOTs (token 7) each.
     reference docmask_fp64 fp64 "$ODD" 3 24 --warmup 2 --final-frac 0.2 --steps 6 --document-mask 7
     reference docmask_fp32 fp32 "$ODD" 3 24 --warmup 2 --final-frac 0.2 --steps 6 --document-mask 7
+    # heads of 64: on a GPU, bf16 runs the tensor-core kernels with the mask
+    reference docmask64_fp32 fp32 "L=2,C=128,NH=2,V=97,T=80" 2 80 --warmup 2 --steps 6 --document-mask 7
     if hf_ready; then
         run hf_reference_selfcheck "$HFPY" tests/reference/reference_hf.py --selfcheck
         # GPT-2: odd sizes; bf16 weights in shards (read through the index).

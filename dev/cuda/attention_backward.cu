@@ -184,10 +184,11 @@ int main(int argc, char** argv) {
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
         if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
     }
-    for (const Case& c : attention_masked_cases()) {  // the document mask: CUDA cores
+    for (const Case& c : attention_masked_cases()) {  // the document mask (not the one-kernel backward)
         if (!flags.small) check<float>(1, c, "v1 fp32", tol32);
         check<float>(2, c, "v2 fp32", tol32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
+        if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;

@@ -152,8 +152,8 @@ inline Case with_documents(Case c, int mean) {
     return c;
 }
 
-// Cases with the document mask (the CUDA-core kernels take it; the
-// tensor-core dispatch does not).
+// Cases with the document mask: every kernel but the one-kernel backward
+// takes it; the tensor-core ones where the rows are 16-byte aligned.
 inline std::vector<Case> attention_masked_cases() {
     return {
         with_documents(make_case("docmask HS=64 T=256 causal", 2, 4, 64, 256, 256, true, true), 20),
@@ -161,6 +161,9 @@ inline std::vector<Case> attention_masked_cases() {
         with_documents(make_case("docmask GQA 2:1 HS=64 T=256 causal", 2, 8, 64, 256, 256, true, true, 4, 4), 40),
         with_documents(make_case("docmask ring HS=40 Tq=70 Tk=130 strided", 2, 3, 40, 70, 130, false, false), 25),
         with_documents(make_case("docmask ring GQA 3:1 HS=64 Tq=64 Tk=96", 2, 6, 64, 64, 96, false, false, 4, 2), 30),
+        // 16-byte aligned rows: the tensor-core kernels take these too
+        with_documents(make_case("docmask ring HS=64 Tq=64 Tk=96 aligned", 2, 4, 64, 64, 96, false, false, 8), 30),
+        with_documents(make_case("docmask HS=128 T=192 causal", 1, 2, 128, 192, 192, true, true), 50),
     };
 }
 

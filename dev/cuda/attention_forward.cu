@@ -119,10 +119,11 @@ int main(int argc, char** argv) {
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
     }
-    for (const Case& c : attention_masked_cases()) {  // the document mask: CUDA cores
+    for (const Case& c : attention_masked_cases()) {  // the document mask
         if (!flags.small) check<float>(1, c, "v1 fp32", lab::kTolF32);
         check<float>(2, c, "v2 fp32", lab::kTolF32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
+        if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;

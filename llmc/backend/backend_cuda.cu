@@ -354,11 +354,11 @@ class CudaBackend final : public Backend {
     // Attention: bf16 activations with head size 64 or 128 (and 16-byte
     // aligned rows) run on tensor cores (cuda/attention_tc.cuh); fp32 mode,
     // other head sizes and odd layouts on the CUDA-core kernels
-    // (cuda/attention.cuh). LLMC_ATTN_TC=0 forces the latter. The document
-    // mask (AttnShape::doc_start) runs on the CUDA-core kernels only: the
-    // tensor-core kernels do not take it yet.
+    // (cuda/attention.cuh). LLMC_ATTN_TC=0 forces the latter. Both take the
+    // document mask (AttnShape::doc_start); the one-kernel backward
+    // (LLMC_ATTN_BWD=5) does not, so masked calls keep the two kernels.
     static bool use_tc(const AttnShape& s, std::initializer_list<const void*> ptrs) {
-        return !s.doc_start && llmc_cuda::attention_tc_enabled() && llmc_cuda::attention_tc_supported(s, ptrs);
+        return llmc_cuda::attention_tc_enabled() && llmc_cuda::attention_tc_supported(s, ptrs);
     }
     void attention_forward(void* out, void* lse, const void* q, const void* k, const void* v,
                            const AttnShape& s) override {

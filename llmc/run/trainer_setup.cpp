@@ -141,11 +141,6 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(!(cfg.document_mask || parser.given("eot-token")) || cfg.eot_token < mc.vocab_size,
                 "flag --eot-token: " + std::to_string(cfg.eot_token) + " is not below the model's vocabulary size " +
                     std::to_string(mc.vocab_size) + " (give the id of the token that ends a document)");
-    // On CUDA the mask runs on the CUDA-core attention kernels: the
-    // tensor-core ones do not take it yet (backend_cuda.cu, use_tc).
-    if (cfg.document_mask && std::string(be->name()) == "cuda" && main_rank)
-        std::fprintf(stderr, "train_gpt: warning: --document-mask 1 on CUDA: attention runs on the CUDA-core kernels, "
-                             "slower than the tensor-core ones, which do not take the mask yet\n");
 
     // The parallel modes and the model, first counted, then built.
     check_memory();

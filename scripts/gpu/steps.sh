@@ -104,11 +104,12 @@ step_test() {
     need tests
     # tests/run_tests.sh's reference models with a CUDA run: the PyTorch
     # reference's state, then test_gpt on CUDA fp32 and bf16 against it.
-    # docmask_fp32: the document mask (its CUDA-core kernels).
+    # docmask_fp32, docmask64_fp32: the document mask (heads of 16: the
+    # CUDA-core kernels; of 64: in bf16 the tensor-core ones).
     local name d mask
-    for name in round_fp32 odd_fp32 docmask_fp32; do
+    for name in round_fp32 odd_fp32 docmask_fp32 docmask64_fp32; do
         mask=""
-        [[ $name == docmask_* ]] && mask=" --document-mask 7"
+        [[ $name == docmask* ]] && mask=" --document-mask 7"
         rm -f build/test_logs/test_gpt_"$name"_cuda_*.log
         MIN=20 SUMMARY_MATCH='^(ref_|test_gpt_)' run_prog "test_gpt_$name" 90 15 \
             env LLMC_TEST_FILTER="^(ref_${name}|test_gpt_${name}_cuda_)" bash tests/run_tests.sh reference

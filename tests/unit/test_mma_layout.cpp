@@ -313,7 +313,13 @@ static void test_ring(const char* name, const View& full, int T1, uint32_t seed)
     const RingCase rc = ring_case(full, T1, seed);
     const std::vector<float>&q = rc.q, &kv = rc.kv, &dout = rc.dout;
     const std::vector<double>&rout = rc.rout, &rlse = rc.rlse;
-    const View &b1 = rc.b1, &b2 = rc.b2;
+    const View& b1 = rc.b1;
+    View b2 = rc.b2;
+    std::vector<int> kpos2;  // with the document mask: the second block's keys are at T1, T1+1, ...
+    if (s.doc_start) {
+        for (int j = T1; j < s.Tk; j++) kpos2.push_back(j);
+        b2.s.key_pos = kpos2.data();
+    }
     const std::vector<uint16_t> qb = to_bits(q), kvb = to_bits(kv);
     const std::vector<float> out_init = rand_bf16(full.on, 3.f, seed + 3), lse_init = rand_bf16(full.ln, 3.f, seed + 4);
     std::vector<float> out = out_init, lse = lse_init;
@@ -347,6 +353,52 @@ static void test_ring(const char* name, const View& full, int T1, uint32_t seed)
     compare(n + ": block backward dk|dv (fp32 +=)", dkv, rdkv, kvm, dkv0, 1e-2);
 }
 
+// Document starts for B rows of queries at positions pos0, pos0+1, ...:
+// documents of random lengths from 1 to 2·mean-1 over positions 0.. (the
+// same draw as the kernel lab's masked cases).
+static std::vector<int> doc_starts(int B, int Tq, int pos0, int mean, unsigned seed) {
+    std::vector<int> d((size_t)B * Tq);
+    for (int b = 0; b < B; b++) {
+        int st = 0, left = 0;
+        for (int p = 0; p < pos0 + Tq; p++) {
+            if (left == 0) {
+                st = p;
+                seed = seed * 1103515245u + 12345u + (unsigned)b;
+                left = 1 + (int)((seed >> 8) % (unsigned)(2 * mean - 1));
+            }
+            if (p >= pos0) d[(size_t)b * Tq + p - pos0] = st;
+            left--;
+        }
+    }
+    return d;
+}
+// The document mask: causal rows of documents of mixed lengths (shorter and
+// longer than the tiles), and ring blocks whose queries come after all keys
+// (rows whose document starts after the last key see none: lse -inf).
+template <int D>
+static void plain_with_docs(const char* name, View w, int mean, unsigned seed) {
+    const std::vector<int> d = doc_starts(w.s.B, w.s.Tq, 0, mean, seed);
+    w.s.doc_start = d.data();
+    test_plain<D>(name, w, 120 + 10 * seed);
+}
+template <int D>
+static void ring_with_docs(const char* name, View w, int T1, int mean, unsigned seed) {
+    const std::vector<int> d = doc_starts(w.s.B, w.s.Tq, w.s.Tk + 4, mean, seed);  // queries after all keys
+    w.s.doc_start = d.data();
+    test_ring<D>(name, w, T1, 120 + 10 * seed);
+}
+static void test_document_mask() {
+    std::printf("the document mask\n");
+    plain_with_docs<64>("docmask causal B=1 NH=2 T=200 (mean 30)", make_view(1, 2, 64, 200, 200, true, 0, false), 30, 1);
+    plain_with_docs<128>("docmask causal B=1 NH=1 T=150 (mean 6)", make_view(1, 1, 128, 150, 150, true, 0, false), 6, 2);
+    plain_with_docs<64>("docmask GQA 2:1 causal B=2 NH=2 T=140 strided (mean 90)",
+                        make_view(2, 2, 64, 140, 140, true, 0, true, 1), 90, 3);
+    ring_with_docs<64>("docmask ring B=2 NH=1 Tq=72 Tk=40+60 (mean 40)", make_view(2, 1, 64, 72, 100, false, 8, true), 40,
+                       40, 4);
+    ring_with_docs<128>("docmask GQA 4:1 ring B=1 NH=4 Tq=40 Tk=64+66 (mean 60)",
+                        make_view(1, 4, 128, 40, 130, false, 0, false, 1), 64, 60, 5);
+}
+
 int main() {
     test_mappings();
     test_addressing();
@@ -372,6 +424,7 @@ int main() {
                   100);
     test_ring<128>("GQA 4:1 ring B=1 NH=4 NKV=1 Tq=20 Tk=30+40", make_view(1, 4, 128, 20, 70, false, 0, false, 1), 30,
                    110);
+    test_document_mask();
     std::printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

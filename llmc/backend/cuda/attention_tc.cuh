@@ -157,36 +157,36 @@ struct DevCtx {
 #define TC_MINB 2
 #endif
 
-template <int D, int MT, int BN, typename O, bool kMerge>
+template <int D, int MT, int BN, typename O, bool kMerge, bool kDoc>
 __global__ void __launch_bounds__(attn_tc::kThreads, TC_MINB)
     fwd_kernel(O* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v, TcParams p) {
 #if TC_ARCH_OK
     DevCtx cx;
-    attn_tc::fwd_body<DevCtx, D, MT, BN, O, kMerge>(cx, out, lse, q, k, v, p);
+    attn_tc::fwd_body<DevCtx, D, MT, BN, O, kMerge, kDoc>(cx, out, lse, q, k, v, p);
 #else
     __trap();
 #endif
 }
 
-template <int D, int BN, bool kARegs, typename G, bool kAcc>
+template <int D, int BN, bool kARegs, typename G, bool kAcc, bool kDoc>
 __global__ void __launch_bounds__(attn_tc::kThreads, TC_MINB)
     dq_kernel(G* dq, const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* lse,
               const float* Dvec, TcParams p) {
 #if TC_ARCH_OK
     DevCtx cx;
-    attn_tc::dq_body<DevCtx, D, BN, kARegs, G, kAcc>(cx, dq, dout, q, k, v, lse, Dvec, p);
+    attn_tc::dq_body<DevCtx, D, BN, kARegs, G, kAcc, kDoc>(cx, dq, dout, q, k, v, lse, Dvec, p);
 #else
     __trap();
 #endif
 }
 
-template <int D, int BQ, bool kARegs, typename G, bool kAcc>
+template <int D, int BQ, bool kARegs, typename G, bool kAcc, bool kDoc>
 __global__ void __launch_bounds__(attn_tc::kThreads, TC_MINB)
     dkdv_kernel(G* dk, G* dv, const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                 const float* lse, const float* Dvec, TcParams p) {
 #if TC_ARCH_OK
     DevCtx cx;
-    attn_tc::dkdv_body<DevCtx, D, BQ, kARegs, G, kAcc>(cx, dk, dv, dout, q, k, v, lse, Dvec, p);
+    attn_tc::dkdv_body<DevCtx, D, BQ, kARegs, G, kAcc, kDoc>(cx, dk, dv, dout, q, k, v, lse, Dvec, p);
 #else
     __trap();
 #endif
@@ -236,7 +236,9 @@ void forward_launch(O* out, float* lse, const bf16* q, const bf16* k, const bf16
                     cudaStream_t st) {
     using Cfg = attn_tc::TcConfig<D>;
     using F = attn_tc::FwdCfg<D, Cfg::kFwdMT, Cfg::kFwdBN>;
-    auto kern = fwd_kernel<D, Cfg::kFwdMT, Cfg::kFwdBN, typename Raw<O>::type, kMerge>;
+    // The document mask in its own instantiation (the plain one keeps its registers).
+    auto kern = s.doc_start ? fwd_kernel<D, Cfg::kFwdMT, Cfg::kFwdBN, typename Raw<O>::type, kMerge, true>
+                            : fwd_kernel<D, Cfg::kFwdMT, Cfg::kFwdBN, typename Raw<O>::type, kMerge, false>;
     allow_smem(kern, F::smem_bytes);
     const dim3 grid((unsigned)ceil_div(s.Tq, F::BM), (unsigned)(s.B * s.NH));
     kern<<<grid, attn_tc::kThreads, F::smem_bytes, st>>>(raw(out), lse, raw(q), raw(k), raw(v),
@@ -262,7 +264,8 @@ void backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const
         CUDA_CHECK_LAUNCH();
     }
     if (s.Tq > 0) {
-        auto kern = dq_kernel<D, Cfg::kDqBN, Cfg::kDqARegs, GR, kAcc>;
+        auto kern = p.doc ? dq_kernel<D, Cfg::kDqBN, Cfg::kDqARegs, GR, kAcc, true>
+                          : dq_kernel<D, Cfg::kDqBN, Cfg::kDqARegs, GR, kAcc, false>;
         allow_smem(kern, Q::smem_bytes);
         const dim3 grid((unsigned)ceil_div(s.Tq, Q::BM), (unsigned)(s.B * s.NH));
         kern<<<grid, attn_tc::kThreads, Q::smem_bytes, st>>>(raw(dq), raw(dout), raw(q), raw(k), raw(v), lse, Dvec,
@@ -270,7 +273,8 @@ void backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const
         CUDA_CHECK_LAUNCH();
     }
     if (s.Tk > 0) {
-        auto kern = dkdv_kernel<D, Cfg::kDkvBQ, Cfg::kDkvARegs, GR, kAcc>;
+        auto kern = p.doc ? dkdv_kernel<D, Cfg::kDkvBQ, Cfg::kDkvARegs, GR, kAcc, true>
+                          : dkdv_kernel<D, Cfg::kDkvBQ, Cfg::kDkvARegs, GR, kAcc, false>;
         allow_smem(kern, K::smem_bytes);
         const dim3 grid((unsigned)ceil_div(s.Tk, K::BN), (unsigned)(s.B * s.kv_heads()));  // per kv head (GQA)
         kern<<<grid, attn_tc::kThreads, K::smem_bytes, st>>>(raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v),
@@ -382,10 +386,12 @@ inline bool attention_bwd5_enabled() {
     }();
     return on;
 }
-// Head size 64 on a device with the shared memory for it (else the two kernels).
+// Head size 64 on a device with the shared memory for it, without the
+// document mask (else the two kernels, which take it).
 inline bool attention_bwd5_takes(const AttnShape& s) {
     using C = attn_tc::Bwd5Cfg<64, 128, TC_BWD5_STAGES, true>;
-    return attention_bwd5_enabled() && s.HS == 64 && attn_tc_dev::device_smem_optin() >= C::smem_bytes;
+    return attention_bwd5_enabled() && s.HS == 64 && !s.doc_start &&
+           attn_tc_dev::device_smem_optin() >= C::smem_bytes;
 }
 
 // Scratch of attention_backward_tc: the D vector, or with the one-kernel

@@ -28,6 +28,7 @@
 // bf16 data is handled as raw uint16_t bits here (the CUDA wrappers cast
 // __nv_bfloat16 pointers), so the code compiles without CUDA headers.
 #pragma once
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -64,6 +65,12 @@ struct TcParams {
     float sl2;    // scale * log2(e): scores go to the log2 domain in one multiply
     int group;    // grouped-query attention: query head h reads kv head h / group (1 without GQA)
     int KVH;      // key/value heads (NH / group)
+    // The document mask (AttnShape::doc_start, key_pos): query i of batch
+    // row b sees key j only if doc[b·db + i] <= the key's position (kpos[j],
+    // or j when kpos is null). Null doc: no mask.
+    const int* doc;
+    size_t db;
+    const int* kpos;
 };
 inline TcParams tc_params(const AttnShape& s) {
     TcParams p;
@@ -75,10 +82,38 @@ inline TcParams tc_params(const AttnShape& s) {
     p.sl2 = (float)(s.scale * 1.4426950408889634);
     p.KVH = s.kv_heads();
     p.group = s.NH / p.KVH;
+    p.doc = s.doc_start;
+    p.db = s.db();
+    p.kpos = s.key_pos;
     return p;
 }
 
 TC_BODY int imin(int a, int b) { return a < b ? a : b; }
+TC_BODY int imax(int a, int b) { return a > b ? a : b; }
+
+// ---- the document mask -------------------------------------------------------------
+// Key j's position (INT_MAX past the keys: such a key is never stored).
+TC_BODY int key_at(const TcParams& p, int j) { return j >= p.Tk ? INT_MAX : p.kpos ? p.kpos[j] : j; }
+// The first key below n at position d or later (positions increase along
+// the keys: a block of a zigzag ring chunk, or the whole sequence).
+TC_BODY int first_key_from(const TcParams& p, int d, int n) {
+    if (!p.kpos) return imin(imax(d, 0), n);
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (p.kpos[mid] < d)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+// The earliest and latest document start of rows r0..r0+n-1 (those below
+// Tq) of one batch row's starts; (INT_MAX, INT_MIN) when there is none.
+TC_BODY void doc_range(const int* docs, int Tq, int r0, int n, int* lo, int* hi) {
+    *lo = INT_MAX, *hi = INT_MIN;
+    for (int r = r0; r < r0 + n && r < Tq; r++) *lo = imin(*lo, docs[r]), *hi = imax(*hi, docs[r]);
+}
 TC_BODY float fexp2(float x) {
 #if defined(__CUDA_ARCH__)
     return exp2f(x);
@@ -176,8 +211,10 @@ struct FwdCfg {
 };
 
 // out (type O: bf16 bits or fp32) and lse. kMerge: merge into the running
-// (out, lse) by log-sum-exp instead of overwriting (ring attention).
-template <class Ctx, int D, int MT, int BN, typename O, bool kMerge>
+// (out, lse) by log-sum-exp instead of overwriting (ring attention). kDoc:
+// with the document mask (p.doc set); without it the mask's code folds away
+// and the registers are those of the plain kernel.
+template <class Ctx, int D, int MT, int BN, typename O, bool kMerge, bool kDoc = false>
 TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                       const TcParams& p) {
     using C = FwdCfg<D, MT, BN>;
@@ -196,15 +233,35 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
     const uint16_t* vg = v + (size_t)b * p.kb + (size_t)kvh * D;
     const int kend = p.causal ? imin(p.Tk, q0 + C::BM) : p.Tk;
     const int nkt = (kend + BN - 1) / BN;
+    const int wrow0 = q0 + warp * 16 * MT;  // this warp's first query row
+
+    // The document mask: the block starts at the key tile of the first key
+    // any of its rows sees (earlier tiles are never loaded); a warp skips
+    // the tiles before its own rows' documents, and tests elements only in
+    // tiles that start before its latest document start.
+    const int* docs = kDoc ? p.doc + (size_t)b * p.db : nullptr;
+    int kt0 = 0, wdlo = INT_MIN, wdhi = INT_MIN;
+    int dr[MT][2];  // this lane's rows' document starts (INT_MIN: no mask)
+    TC_UNROLL
+    for (int mt = 0; mt < MT; mt++)
+        TC_UNROLL
+        for (int hh = 0; hh < 2; hh++) {
+            const int i = wrow0 + mt * 16 + c_elem(lane, 2 * hh).row;
+            dr[mt][hh] = docs && i < p.Tq ? docs[i] : INT_MIN;
+        }
+    if (docs) {
+        int blo, bhi;
+        doc_range(docs, p.Tq, q0, C::BM, &blo, &bhi);
+        kt0 = blo == INT_MAX ? nkt : first_key_from(p, blo, kend) / BN;
+        doc_range(docs, p.Tq, wrow0, 16 * MT, &wdlo, &wdhi);
+    }
 
     load_rows<Ctx, C::BM, D>(cx, Qs, qg, p.q_stride, q0, p.Tq);
-    if (nkt > 0) {
-        load_rows<Ctx, BN, D>(cx, Ks, kg, p.kv_stride, 0, p.Tk);
-        load_rows<Ctx, BN, D>(cx, Vs, vg, p.kv_stride, 0, p.Tk);
+    if (kt0 < nkt) {
+        load_rows<Ctx, BN, D>(cx, Ks + (kt0 & 1) * BN * LD, kg, p.kv_stride, kt0 * BN, p.Tk);
+        load_rows<Ctx, BN, D>(cx, Vs + (kt0 & 1) * BN * LD, vg, p.kv_stride, kt0 * BN, p.Tk);
     }
     cx.cp_commit();
-
-    const int wrow0 = q0 + warp * 16 * MT;  // this warp's first query row
     float o[MT][C::DT][4], m[MT][2], l[MT][2];
     TC_UNROLL
     for (int mt = 0; mt < MT; mt++) {
@@ -217,10 +274,10 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
     }
     uint32_t qf[MT][C::KD][4];  // the warp's Q rows as A fragments, loaded once
 
-    for (int kt = 0; kt < nkt; kt++) {
+    for (int kt = kt0; kt < nkt; kt++) {
         cx.cp_wait_all();
         cx.sync();  // tile kt (and Q) landed for everyone; everyone is done with tile kt-1
-        if (kt == 0) {
+        if (kt == kt0) {
             const RC rc = ldsm_a_rc(lane);
             TC_UNROLL
             for (int mt = 0; mt < MT; mt++)
@@ -236,6 +293,7 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
         }
         const int k0 = kt * BN;
         if (p.causal && k0 > wrow0 + 16 * MT - 1) continue;  // every key after every row of this warp
+        if (docs && key_at(p, imin(k0 + BN, p.Tk) - 1) < wdlo) continue;  // every key before every row's document
         const uint16_t* Kb = Ks + (kt & 1) * BN * LD;
         const uint16_t* Vb = Vs + (kt & 1) * BN * LD;
 
@@ -266,7 +324,8 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
         // Online softmax in the log2 domain. A lane holds rows g and g+8 of
         // each m-tile (c0,c1 and c2,c3); the other 3 lanes of its quad hold
         // the rest of those rows, hence the xor-1/xor-2 shuffles.
-        const bool masked = (k0 + BN > p.Tk) || (p.causal && k0 + BN - 1 > wrow0);
+        const bool dmask = docs && key_at(p, k0) < wdhi;  // some key of the tile before some row's document
+        const bool masked = (k0 + BN > p.Tk) || (p.causal && k0 + BN - 1 > wrow0) || dmask;
         TC_UNROLL
         for (int mt = 0; mt < MT; mt++)
             TC_UNROLL
@@ -279,7 +338,8 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
                         const RC rc = c_elem(lane, e);
                         const int i = wrow0 + mt * 16 + rc.row, j = k0 + nt * 8 + rc.col;
                         float x = sc[mt][nt][e] * p.sl2;
-                        if (masked && (j >= p.Tk || (p.causal && j > i))) x = -INFINITY;
+                        if (masked && (j >= p.Tk || (p.causal && j > i) || (dmask && key_at(p, j) < dr[mt][hh])))
+                            x = -INFINITY;
                         sc[mt][nt][e] = x;
                         mx = fmaxf(mx, x);
                     }

@@ -51,8 +51,9 @@ struct DqCfg {
 };
 
 // dq (type G) = scale · Σ_j dS_ij k_j with dS = P ∘ (dP − D), P = exp(S − lse),
-// dP = dout · v^T. kAcc adds to dq (fp32, ring attention) instead of overwriting.
-template <class Ctx, int D, int BN, bool kARegs, typename G, bool kAcc>
+// dP = dout · v^T. kAcc adds to dq (fp32, ring attention) instead of
+// overwriting. kDoc: with the document mask, as in the forward.
+template <class Ctx, int D, int BN, bool kARegs, typename G, bool kAcc, bool kDoc = false>
 TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, const uint16_t* k, const uint16_t* v,
                      const float* lse, const float* Dvec, const TcParams& p) {
     using C = DqCfg<D, BN>;
@@ -71,11 +72,27 @@ TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, co
     const uint16_t* vg = v + (size_t)b * p.kb + (size_t)kvh * D;
     const int kend = p.causal ? imin(p.Tk, q0 + BM) : p.Tk;
     const int nkt = (kend + BN - 1) / BN;
+    // The document mask (kDoc), as in the forward: the block's first key
+    // tile, the warp's range of document starts, this lane's rows' starts.
+    const int* docs = kDoc ? p.doc + (size_t)b * p.db : nullptr;
+    int kt0 = 0, wdlo = INT_MIN, wdhi = INT_MIN, dr[2] = {INT_MIN, INT_MIN};
+    if constexpr (kDoc) {
+        const int w0 = q0 + warp * 16;
+        TC_UNROLL
+        for (int hh = 0; hh < 2; hh++) {
+            const int i = w0 + c_elem(lane, 2 * hh).row;
+            dr[hh] = i < p.Tq ? docs[i] : INT_MIN;
+        }
+        int blo, bhi;
+        doc_range(docs, p.Tq, q0, BM, &blo, &bhi);
+        kt0 = blo == INT_MAX ? nkt : first_key_from(p, blo, kend) / BN;
+        doc_range(docs, p.Tq, w0, 16, &wdlo, &wdhi);
+    }
     load_rows<Ctx, BM, D>(cx, Qs, q + (size_t)b * p.qb + (size_t)h * D, p.q_stride, q0, p.Tq);
     load_rows<Ctx, BM, D>(cx, dOs, dout + (size_t)b * p.ob + (size_t)h * D, p.o_stride, q0, p.Tq);
-    if (nkt > 0) {
-        load_rows<Ctx, BN, D>(cx, Ks, kg, p.kv_stride, 0, p.Tk);
-        load_rows<Ctx, BN, D>(cx, Vs, vg, p.kv_stride, 0, p.Tk);
+    if (kt0 < nkt) {
+        load_rows<Ctx, BN, D>(cx, Ks + (kt0 & 1) * BN * LD, kg, p.kv_stride, kt0 * BN, p.Tk);
+        load_rows<Ctx, BN, D>(cx, Vs + (kt0 & 1) * BN * LD, vg, p.kv_stride, kt0 * BN, p.Tk);
     }
     cx.cp_commit();
 
@@ -99,10 +116,10 @@ TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, co
     uint32_t qf[KR][4], df[KR][4];
     const RC rca = ldsm_a_rc(lane), rcn = ldsm_b_nk_rc(lane), rck = ldsm_b_kn_rc(lane);
 
-    for (int kt = 0; kt < nkt; kt++) {
+    for (int kt = kt0; kt < nkt; kt++) {
         cx.cp_wait_all();
         cx.sync();
-        if (kARegs && kt == 0) {
+        if (kARegs && kt == kt0) {
             TC_UNROLL
             for (int kk = 0; kk < KR; kk++) {
                 cx.ldsm_x4(qf[kk], Qs + smem_off(warp * 16 + rca.row, kk * 16 + rca.col, LD));
@@ -117,6 +134,7 @@ TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, co
         }
         const int k0 = kt * BN;
         if (p.causal && k0 > wrow0 + 15) continue;
+        if (docs && key_at(p, imin(k0 + BN, p.Tk) - 1) < wdlo) continue;  // every key before every row's document
         const uint16_t* Kb = Ks + (kt & 1) * BN * LD;
         const uint16_t* Vb = Vs + (kt & 1) * BN * LD;
 
@@ -146,7 +164,8 @@ TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, co
                 cx.mma(dp[2 * np + 1], ad, bv[2], bv[3]);
             }
         }
-        const bool masked = (k0 + BN > p.Tk) || (p.causal && k0 + BN - 1 > wrow0);
+        const bool dmask = kDoc && key_at(p, k0) < wdhi;  // some key of the tile before some row's document
+        const bool masked = (k0 + BN > p.Tk) || (p.causal && k0 + BN - 1 > wrow0) || dmask;
         TC_UNROLL
         for (int nt = 0; nt < C::NT; nt++)
             TC_UNROLL
@@ -154,7 +173,12 @@ TC_BODY void dq_body(Ctx& cx, G* dq, const uint16_t* dout, const uint16_t* q, co
                 const RC rc = c_elem(lane, e);
                 const int i = wrow0 + rc.row, j = k0 + nt * 8 + rc.col, hh = e >> 1;
                 float pe = fexp2(sc[nt][e] * p.sl2 - lse2[hh]);
-                if (masked && (j >= p.Tk || (p.causal && j > i))) pe = 0.f;
+                // (the plain kernel's test on its own: the same registers as before the mask)
+                if constexpr (kDoc) {
+                    if (masked && (j >= p.Tk || (p.causal && j > i) || (dmask && key_at(p, j) < dr[hh]))) pe = 0.f;
+                } else {
+                    if (masked && (j >= p.Tk || (p.causal && j > i))) pe = 0.f;
+                }
                 sc[nt][e] = pe * (dp[nt][e] - Dr[hh]);
             }
         // dq += dS K: dS's accumulators are the A operand; K via ldmatrix.trans.
@@ -198,13 +222,13 @@ template <int D, int BQ>
 struct DkvCfg {
     static constexpr int BN = 64, LD = D + kSmemPad, KD = D / 16, NQ = BQ / 8, DT = D / 8;
     static constexpr size_t smem_bytes =
-        (size_t)(2 * BN + 4 * BQ) * LD * sizeof(uint16_t) + (size_t)4 * BQ * sizeof(float);
+        (size_t)(2 * BN + 4 * BQ) * LD * sizeof(uint16_t) + (size_t)4 * BQ * sizeof(float) + (size_t)2 * BQ * sizeof(int);
 };
 
 // dv_j = Σ_i P_ij dout_i, dk_j = scale · Σ_i dS_ij q_i, computed transposed:
 // S^T = K Q^T and dP^T = V dout^T give P^T and dS^T with the warp's keys as
 // rows, which are the A operands of dv += P^T dout and dk += dS^T Q.
-template <class Ctx, int D, int BQ, bool kARegs, typename G, bool kAcc>
+template <class Ctx, int D, int BQ, bool kARegs, typename G, bool kAcc, bool kDoc = false>
 TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16_t* q, const uint16_t* k,
                        const uint16_t* v, const float* lse, const float* Dvec, const TcParams& p) {
     using C = DkvCfg<D, BQ>;
@@ -216,6 +240,7 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
     uint16_t* dOs = Qs + 2 * BQ * LD;  // two buffers
     float* Ls = reinterpret_cast<float*>(dOs + 2 * BQ * LD);  // [2][BQ] lse·log2(e) (+inf: no row)
     float* Ds = Ls + 2 * BQ;                                   // [2][BQ] D
+    int* Dcs = reinterpret_cast<int*>(Ds + 2 * BQ);            // [2][BQ] document starts (INT_MAX: no row)
     const int tid = cx.tid(), warp = tid >> 5, lane = tid & 31;
     // by() = b * KVH + g over the key/value heads (GQA; KVH = NH, g = h
     // without it). The block's iterations run over (query head of g's group,
@@ -226,7 +251,25 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
     const int b = cx.by() / p.KVH, g = cx.by() % p.KVH;
     const int k0 = cx.bx() * BN;  // causal: the first key tiles see the most queries, and start first
     const int qstart = p.causal ? (k0 / BQ) * BQ : 0;
-    const int nqt = p.Tq > qstart ? (p.Tq - qstart + BQ - 1) / BQ : 0;
+    // The document mask: queries from the first whose document starts after
+    // this block's last key see none of its keys, and neither do later ones
+    // (document starts do not decrease along the queries), so the query
+    // tiles end there.
+    const int* docs = kDoc ? p.doc + (size_t)b * p.db : nullptr;
+    int qend = p.Tq;
+    if (docs) {
+        const int klast = key_at(p, imin(k0 + BN, p.Tk) - 1);
+        int lo = qstart, hi = p.Tq;
+        while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (docs[mid] <= klast)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        qend = lo;
+    }
+    const int nqt = qend > qstart ? (qend - qstart + BQ - 1) / BQ : 0;
     const int nit = p.group * nqt;
     const size_t kvoff = (size_t)b * p.kb + (size_t)g * D;
     auto qhead = [&](int it) { return g * p.group + it / nqt; };
@@ -245,6 +288,7 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
             const float L = i < p.Tq ? lse_bh[i] : -INFINITY;
             Ls[buf * BQ + tid] = L > -INFINITY ? L * kLog2e : INFINITY;
             Ds[buf * BQ + tid] = i < p.Tq ? D_bh[i] : 0.f;
+            if (kDoc) Dcs[buf * BQ + tid] = i < p.Tq ? docs[i] : INT_MAX;
         }
     };
     load_rows<Ctx, BN, D>(cx, Ks, k + kvoff, p.kv_stride, k0, p.Tk);
@@ -253,6 +297,10 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
     cx.cp_commit();
 
     const int wrow0 = k0 + warp * 16;  // this warp's first key
+    const int wkfirst = key_at(p, wrow0), wklast = key_at(p, imin(wrow0 + 16, p.Tk) - 1);
+    int kp[2];  // this lane's keys' positions (rows g and g+8)
+    TC_UNROLL
+    for (int hh = 0; hh < 2; hh++) kp[hh] = key_at(p, wrow0 + c_elem(lane, 2 * hh).row);
     float dka[C::DT][4], dva[C::DT][4];
     TC_UNROLL
     for (int dt = 0; dt < C::DT; dt++)
@@ -278,6 +326,8 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
             cx.cp_commit();
         }
         if (p.causal && q0 + BQ - 1 < wrow0) continue;  // every query before every key of this warp
+        const int* Dcb = Dcs + buf * BQ;
+        if (docs && Dcb[0] > wklast) continue;  // every query's document starts after this warp's keys
         const uint16_t* Qb = Qs + buf * BQ * LD;
         const uint16_t* dOb = dOs + buf * BQ * LD;
         const float* Lb = Ls + buf * BQ;
@@ -310,6 +360,7 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
             }
         }
         const bool masked = p.causal && q0 < wrow0 + 15;  // some query of the tile precedes some key
+        const bool dmask = kDoc && Dcb[BQ - 1] > wkfirst;  // some query's document starts after some key
         TC_UNROLL
         for (int nq = 0; nq < C::NQ; nq++)
             TC_UNROLL
@@ -317,7 +368,11 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
                 const RC rc = c_elem(lane, e);
                 const int j = wrow0 + rc.row, ci = nq * 8 + rc.col, i = q0 + ci;
                 float pe = fexp2(sc[nq][e] * p.sl2 - Lb[ci]);
-                if (masked && j > i) pe = 0.f;
+                if constexpr (kDoc) {
+                    if ((masked && j > i) || (dmask && Dcb[ci] > kp[e >> 1])) pe = 0.f;
+                } else {
+                    if (masked && j > i) pe = 0.f;
+                }
                 sc[nq][e] = pe;
                 dp[nq][e] = pe * (dp[nq][e] - Db[ci]);
             }
