@@ -11,14 +11,22 @@ void* ContextParallel::alloc(size_t bytes) {
     return p;
 }
 
-ContextParallel::ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl, bool a2a)
-    : comm_(group), be_(be), prec_(be.precision()), B_(B), Tl_(T_local), NHl_(NHl), HS_(HS), Cl_(NHl * HS),
-      NKVl_(NKVl > 0 ? NKVl : NHl), Ckv_(NKVl_ * HS), W_(Cl_ + 2 * Ckv_), a2a_(a2a && group.size() > 1) {
+ContextParallel::ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl,
+                                 Comm* a2a_group, Comm* ring_group)
+    : comm_(group), xc_(a2a_group), be_(be), prec_(be.precision()), B_(B), Tl_(T_local), NHl_(NHl), HS_(HS),
+      Cl_(NHl * HS), NKVl_(NKVl > 0 ? NKVl : NHl), Ckv_(NKVl_ * HS), W_(Cl_ + 2 * Ckv_),
+      a2a_(a2a_group && group.size() > 1) {
     kv_[0] = kv_[1] = dkv_[0] = dkv_[1] = out_acc_ = dqkv_acc_ = nullptr;
     if (group.size() == 1) return;  // no ring: nothing to hold
     if (T_local % 2 != 0) throw std::invalid_argument("context parallel: local sequence must hold two chunks");
     if (a2a_) {
+        const int n = xc_->size(), c = group.size();
+        // hybrid: the all-to-all over n ranks, then the ring over c/n groups.
+        if (n < c && (c % n != 0 || !ring_group || ring_group->size() * n != c))
+            throw std::logic_error("context parallel: hybrid needs a ring group of cp/N ranks");
         a2a_alloc();
+        if (n < c)
+            ring_.reset(new ContextParallel(*ring_group, be, B, T_local * n, NHl / n, HS, NKVl_ / n));
         return;
     }
     const size_t N = (size_t)B * T_local, a = dtype_size(prec_.act), st = dtype_size(prec_.stat);
@@ -59,10 +67,13 @@ void ContextParallel::shard_rows(const int* full, int nrows, int T, int* local) 
 }
 
 void ContextParallel::set_document_mask() {
-    if (size() == 1 || !key_pos_.empty()) return;
-    if (a2a_) {  // every rank's document starts, then the whole rows' in order
-        docs_gather_ = (int*)alloc((size_t)B_ * Tl_ * size() * sizeof(int));
-        docs_full_ = (int*)alloc((size_t)B_ * Tl_ * size() * sizeof(int));
+    if (size() == 1 || !key_pos_.empty() || docs_full_) return;
+    if (a2a_) {  // the group's document starts, then its whole rows' in order
+        const size_t n = xc_->size();
+        docs_gather_ = (int*)alloc((size_t)B_ * Tl_ * n * sizeof(int));
+        docs_full_ = (int*)alloc((size_t)B_ * Tl_ * n * sizeof(int));
+        if (ring_) ring_->set_document_mask();  // and the ring's key positions
+        return;
     }
     for (int j = 0; j < size(); j++) {
         const std::vector<int> pos = positions(Tl_ * size(), size(), j);

@@ -25,6 +25,11 @@
 // --cp-impl a2a (DeepSpeed-Ulysses) keeps the same sharding and instead
 // trades sequence shards for head shards around attention with two
 // all-to-alls (llmc/model/context_parallel_a2a.cpp has its picture).
+// --cp-impl hybrid (all-to-all inside groups of N consecutive cp ranks, the
+// ring across the c/N groups) runs the all-to-all over its group and, in
+// the head layout, this same ring over the ranks that hold the same heads
+// in every group: the group's zigzag chunks, placed in global order, are
+// chunks g and 2c/N-1-g of a sequence cut into 2c/N, a ring rank's shard.
 // Document mask: each step's block gets the queries' document starts (global
 // positions) and the global positions of the block's keys (those of rank j,
 // held here for every j), so a query sees a key of another rank only when it
@@ -33,6 +38,7 @@
 // ring's transfers are the same with or without the mask (every step still
 // passes its block on).
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "llmc/backend/backend.h"
@@ -44,14 +50,18 @@ class ContextParallel {
     // held by this rank (after tensor parallelism), and NKVl key/value heads
     // (grouped-query attention; 0: NHl). The model's QKV rows are [Q (NHl
     // heads) | K (NKVl) | V (NKVl)]; the travelling blocks carry K and V.
-    // a2a: all-to-all (Ulysses) instead of the ring; c must divide NHl and
-    // NKVl (std::invalid_argument naming --cp-impl otherwise).
-    ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl = 0, bool a2a = false);
+    // a2a_group: the all-to-all's ranks, null for the ring alone; the cp
+    // group itself for --cp-impl a2a (Ulysses); N < c consecutive cp ranks
+    // for --cp-impl hybrid, with ring_group the c/N ranks of the same place
+    // in every group. N must divide NHl and NKVl (std::invalid_argument
+    // naming the flag otherwise).
+    ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl = 0,
+                    Comm* a2a_group = nullptr, Comm* ring_group = nullptr);
     ~ContextParallel();
     int size() const { return comm_.size(); }
     int rank() const { return comm_.rank(); }
     Comm& comm() { return comm_; }
-    size_t buffer_bytes() const { return bytes_; }
+    size_t buffer_bytes() const { return bytes_ + (ring_ ? ring_->buffer_bytes() : 0); }
 
     // The global positions of this rank's T/c tokens, for a sequence of T.
     static std::vector<int> positions(int T, int c, int rank);
@@ -95,6 +105,10 @@ class ContextParallel {
                       double scale, const int* docs);
 
     Comm& comm_;
+    Comm* xc_ = nullptr;  // the all-to-all's group (a2a and hybrid)
+    // hybrid: the ring over the groups, on the head layout (B rows of N·T_local
+    // tokens, NHl/N heads)
+    std::unique_ptr<ContextParallel> ring_;
     Backend& be_;
     Precision prec_;
     int B_, Tl_, NHl_, HS_, Cl_;
@@ -105,9 +119,10 @@ class ContextParallel {
     void* dqkv_acc_;     // [B·Tl, W] (stat)
     bool a2a_ = false;
     // a2a: the exchange's send and receive blocks ([B·Tl, W] each), and the
-    // head layout's Q,K,V, output, their gradients ([B, T, W/c], [B, T, Cl/c]).
+    // head layout's Q,K,V, output, their gradients ([B, N·Tl, W/N], [B, N·Tl,
+    // Cl/N] for a group of N).
     void *send_ = nullptr, *recv_ = nullptr, *fqkv_ = nullptr, *fdqkv_ = nullptr, *fo_ = nullptr, *fdo_ = nullptr;
-    int *docs_gather_ = nullptr, *docs_full_ = nullptr;  // a2a with the document mask: [c·B·Tl], [B, T]
+    int *docs_gather_ = nullptr, *docs_full_ = nullptr;  // a2a with the document mask: [N·B·Tl], [B, N·Tl]
     std::vector<int*> key_pos_;  // per rank j: the global positions of its T_local tokens (document mask)
     std::vector<void*> owned_;
     size_t bytes_ = 0;

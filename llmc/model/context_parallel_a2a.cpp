@@ -20,6 +20,16 @@
 // of N·(W + Cl) forward and of N·(2·W + 2·Cl) backward (N = B·T/c tokens,
 // W a QKV row's width, Cl the output's channels), in c-1 messages each way
 // per exchange.
+//
+// Hybrid (--cp-impl hybrid --cp-a2a n): the same exchanges inside a group
+// of n consecutive cp ranks (everything above with c = n: the group's n·T/c
+// tokens for NHl/n heads), and between them the ring of context_parallel.cpp
+// over the c/n ranks holding the same heads in each group. The group holds
+// chunks gn..gn+n-1 and 2c-gn-n..2c-1-gn, which the placement above puts in
+// global order: super-chunks g and 2c/n-1-g of the sequence cut into 2c/n,
+// the ring's zigzag shard of rank g, so the ring runs unchanged on the head
+// layout (its key positions, for the document mask, are the ring's own);
+// the document starts gathered here are the head layout's queries'.
 #include <stdexcept>
 
 #include "llmc/model/context_parallel.h"
@@ -31,12 +41,13 @@ struct ContextParallel::Seg {
 };
 
 void ContextParallel::a2a_alloc() {
-    const int c = size();
+    const int c = xc_->size();
+    const std::string flag = c == size() ? "flag --cp-impl a2a: --cp " : "flag --cp-a2a: N=";
     if (NHl_ % c != 0)
-        throw std::invalid_argument("flag --cp-impl a2a: --cp " + std::to_string(c) + " does not divide the " +
-                                    std::to_string(NHl_) + " attention heads of a rank");
+        throw std::invalid_argument(flag + std::to_string(c) + " does not divide the " + std::to_string(NHl_) +
+                                    " attention heads of a rank");
     if (NKVl_ % c != 0)
-        throw std::invalid_argument("flag --cp-impl a2a: --cp " + std::to_string(c) + " does not divide the " +
+        throw std::invalid_argument(flag + std::to_string(c) + " does not divide the " +
                                     std::to_string(NKVl_) + " key/value heads of a rank (grouped-query attention; "
                                     "key/value heads are split, not replicated)");
     const size_t N = (size_t)B_ * Tl_, a = dtype_size(prec_.act);
@@ -52,7 +63,7 @@ void ContextParallel::a2a_alloc() {
 // recv_ from rank s; this rank's own block is copied.
 void ContextParallel::all_to_all(size_t block_elems) {
     const DType act = prec_.act;
-    const int c = size(), me = rank();
+    const int c = xc_->size(), me = xc_->rank();
     std::vector<P2POp> ops;
     for (int r = 0; r < c; r++) {
         if (r == me) continue;
@@ -60,17 +71,17 @@ void ContextParallel::all_to_all(size_t block_elems) {
         ops.push_back({false, elem_ptr(recv_, act, r * block_elems), r, block_elems, 0});
     }
     std::vector<CommHandle> hs;
-    comm_.start_p2p(ops, act, &hs);
+    xc_->start_p2p(ops, act, &hs);
     be_.copy2d(elem_ptr(recv_, act, me * block_elems), block_elems, elem_ptr(send_, act, me * block_elems),
                block_elems, 1, block_elems, act);
-    for (CommHandle h : hs) comm_.wait(h);
+    for (CommHandle h : hs) xc_->wait(h);
 }
 
 // Token layout [B·Tl, ld] -> head layout [B, T, w] (w: the segments' widths
 // summed), the sequence whole and in global order.
 void ContextParallel::to_heads(const void* src, size_t ld, const std::vector<Seg>& segs, void* full, int B) {
     const DType act = prec_.act;
-    const int c = size(), ch = Tl_ / 2, T = Tl_ * c;
+    const int c = xc_->size(), ch = Tl_ / 2, T = Tl_ * c;
     const size_t N = (size_t)B * Tl_;
     size_t w = 0;
     for (const Seg& s : segs) w += s.width;
@@ -97,7 +108,7 @@ void ContextParallel::to_heads(const void* src, size_t ld, const std::vector<Seg
 // every rank's heads in dst [B·Tl, ld].
 void ContextParallel::to_tokens(const void* full, const std::vector<Seg>& segs, void* dst, size_t ld, int B) {
     const DType act = prec_.act;
-    const int c = size(), ch = Tl_ / 2, T = Tl_ * c;
+    const int c = xc_->size(), ch = Tl_ / 2, T = Tl_ * c;
     const size_t N = (size_t)B * Tl_;
     size_t w = 0;
     for (const Seg& s : segs) w += s.width;
@@ -108,7 +119,7 @@ void ContextParallel::to_tokens(const void* full, const std::vector<Seg>& segs, 
                        elem_ptr(full, act, (size_t)chunk * ch * w), (size_t)T * w, B, (size_t)ch * w, act);
         }
     all_to_all(N * w);
-    for (int r = 0; r < size(); r++) {
+    for (int r = 0; r < xc_->size(); r++) {
         size_t off = 0;
         for (const Seg& s : segs) {
             be_.copy2d(elem_ptr(dst, act, s.base + r * s.width), ld, elem_ptr(recv_, act, r * N * w + off), w, N,
@@ -121,7 +132,7 @@ void ContextParallel::to_tokens(const void* full, const std::vector<Seg>& segs, 
 // This rank's share of the heads in the head layout: attention over the
 // whole sequence, with the model's scale.
 AttnShape ContextParallel::a2a_shape(int B, double scale) const {
-    const int c = size(), h = NHl_ / c, kvh = NKVl_ / c, T = Tl_ * c;
+    const int c = xc_->size(), h = NHl_ / c, kvh = NKVl_ / c, T = Tl_ * c;
     const size_t w = (size_t)W_ / c;
     AttnShape s{B, h, HS_, T, T, w, w, (size_t)h * HS_, true, scale};
     s.NKV = kvh;
@@ -129,7 +140,7 @@ AttnShape ContextParallel::a2a_shape(int B, double scale) const {
 }
 
 std::vector<ContextParallel::Seg> ContextParallel::qkv_segs() const {
-    const size_t hq = (size_t)NHl_ / size() * HS_, hkv = (size_t)NKVl_ / size() * HS_;
+    const size_t hq = (size_t)NHl_ / xc_->size() * HS_, hkv = (size_t)NKVl_ / xc_->size() * HS_;
     return {{0, hq}, {(size_t)Cl_, hkv}, {(size_t)Cl_ + Ckv_, hkv}};
 }
 
@@ -139,9 +150,9 @@ std::vector<ContextParallel::Seg> ContextParallel::qkv_segs() const {
 const int* ContextParallel::whole_docs(const int* docs, int B) {
     if (!docs) return nullptr;
     if (!docs_full_) throw std::logic_error("context parallel: document mask without set_document_mask()");
-    const int c = size(), ch = Tl_ / 2, T = Tl_ * c;
+    const int c = xc_->size(), ch = Tl_ / 2, T = Tl_ * c;
     const size_t N = (size_t)B * Tl_;
-    comm_.all_gather(docs, docs_gather_, N, DType::I32);
+    xc_->all_gather(docs, docs_gather_, N, DType::I32);
     for (int r = 0; r < c; r++)
         for (int half = 0; half < 2; half++) {
             const int chunk = half ? 2 * c - 1 - r : r;
@@ -157,7 +168,10 @@ void ContextParallel::a2a_forward(void* out, void* lse, const void* qkv, int B, 
     s.doc_start = whole_docs(docs, B);
     const size_t hq = (size_t)s.NH * HS_, hkv = (size_t)s.NKV * HS_;
     to_heads(qkv, W_, qkv_segs(), fqkv_, B);
-    be_.attention_forward(fo_, lse, fqkv_, elem_ptr(fqkv_, act, hq), elem_ptr(fqkv_, act, hq + hkv), s);
+    // hybrid: the head layout is a ring rank's shard of the whole sequence
+    // (its rows are [Q | K | V] of this rank's heads, as the ring expects).
+    if (ring_) ring_->attention_forward(fo_, lse, fqkv_, B, scale, s.doc_start);
+    else be_.attention_forward(fo_, lse, fqkv_, elem_ptr(fqkv_, act, hq), elem_ptr(fqkv_, act, hq + hkv), s);
     to_tokens(fo_, {{0, hq}}, out, Cl_, B);
 }
 
@@ -170,7 +184,10 @@ void ContextParallel::a2a_backward(void* dqkv, const void* dout, const void* qkv
     to_heads(qkv, W_, qkv_segs(), fqkv_, B);
     to_heads(out, Cl_, {{0, hq}}, fo_, B);
     to_heads(dout, Cl_, {{0, hq}}, fdo_, B);
-    be_.attention_backward(fdqkv_, elem_ptr(fdqkv_, act, hq), elem_ptr(fdqkv_, act, hq + hkv), fdo_, fqkv_,
-                           elem_ptr(fqkv_, act, hq), elem_ptr(fqkv_, act, hq + hkv), fo_, lse, s);
+    if (ring_)
+        ring_->attention_backward(fdqkv_, fdo_, fqkv_, fo_, lse, B, scale, s.doc_start);
+    else
+        be_.attention_backward(fdqkv_, elem_ptr(fdqkv_, act, hq), elem_ptr(fdqkv_, act, hq + hkv), fdo_, fqkv_,
+                               elem_ptr(fqkv_, act, hq), elem_ptr(fqkv_, act, hq + hkv), fo_, lse, s);
     to_tokens(fdqkv_, qkv_segs(), dqkv, W_, B);
 }

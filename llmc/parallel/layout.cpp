@@ -5,12 +5,34 @@
 #include <stdexcept>
 
 std::string Layout::describe() const {
+    const std::string cp_words = cp_hybrid() ? " (a2a " + std::to_string(cp_a2a) + " x ring " +
+                                                   std::to_string(cp / cp_a2a) + ")"
+                                 : cp > 1 && cp_a2a == cp ? " (a2a)"
+                                                          : "";
     std::string s = "pp " + std::to_string(pp) + (vpp > 1 ? "(x" + std::to_string(vpp) + ")" : "") + " x dp " +
-                    std::to_string(dp()) + " x cp " + std::to_string(cp) + (cp > 1 && cp_a2a > 1 ? " (a2a)" : "") + " x tp " + std::to_string(tp) +
+                    std::to_string(dp()) + " x cp " + std::to_string(cp) + cp_words + " x tp " + std::to_string(tp) +
                     (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
                     ", recompute " + recompute_name(recompute);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
     return s;
+}
+
+bool cp_a2a_of(const std::string& impl, int cp, int n, int* cp_a2a, std::string* err) {
+    const std::string N = std::to_string(n), c = std::to_string(cp);
+    if (impl != "hybrid" && n != 0)
+        *err = "flag --cp-a2a: an all-to-all group size is for --cp-impl hybrid only (--cp-impl is " + impl + ")";
+    else if (impl == "hybrid" && n == 0)
+        *err = "flag --cp-a2a: --cp-impl hybrid needs the all-to-all group size N (1 < N < cp, N divides cp)";
+    else if (impl == "hybrid" && (n <= 1 || n >= cp))
+        *err = "flag --cp-a2a: N=" + N + " must be above 1 and below --cp " + c +
+               " (N=1 is --cp-impl ring, N=cp is --cp-impl a2a)";
+    else if (impl == "hybrid" && cp % n != 0)
+        *err = "flag --cp-a2a: N=" + N + " does not divide --cp " + c;
+    else {
+        *cp_a2a = impl == "a2a" ? cp : impl == "hybrid" ? n : 1;
+        return true;
+    }
+    return false;
 }
 
 bool check_world(const Layout& l, std::string* err) {
@@ -37,6 +59,8 @@ bool check_world(const Layout& l, std::string* err) {
     if (world % ptc != 0)
         return fail(std::string(l.cp > 1 ? "flag --cp" : l.tp > 1 ? "flag --tp" : "flag --pp") + ": world size " +
                     std::to_string(world) + " is not a multiple of pp*tp*cp = " + std::to_string(ptc));
+    if (l.cp_a2a < 1 || l.cp_a2a > l.cp || l.cp % l.cp_a2a != 0)
+        return fail("flag --cp-a2a: N=" + std::to_string(l.cp_a2a) + " does not divide --cp " + std::to_string(l.cp));
     if (l.sp && l.tp == 1) return fail("flag --sp: sequence parallel needs --tp > 1");
     if (l.vpp > 1 && l.pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
     return true;
@@ -65,11 +89,12 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
                     std::to_string(2 * l.cp) + " chunks");
     // All-to-all context parallel splits each rank's heads over its group.
     const int heads = c.num_heads / l.tp, kv_heads = c.kv_heads() / l.tp;
+    const std::string a2a_flag = l.cp_hybrid() ? "flag --cp-a2a: N=" : "flag --cp-impl a2a: --cp ";
     if (l.cp > 1 && l.cp_a2a > 1 && heads % l.cp_a2a != 0)
-        return fail("flag --cp-impl a2a: --cp " + std::to_string(l.cp_a2a) + " does not divide the " +
+        return fail(a2a_flag + std::to_string(l.cp_a2a) + " does not divide the " +
                     std::to_string(heads) + " attention heads of a tensor-parallel rank");
     if (l.cp > 1 && l.cp_a2a > 1 && kv_heads % l.cp_a2a != 0)
-        return fail("flag --cp-impl a2a: --cp " + std::to_string(l.cp_a2a) + " does not divide the " +
+        return fail(a2a_flag + std::to_string(l.cp_a2a) + " does not divide the " +
                     std::to_string(kv_heads) + " key/value heads of a tensor-parallel rank (grouped-query attention: "
                     "key/value heads are split, not replicated)");
     if (l.sp && l.T_local() % l.tp != 0)
@@ -115,8 +140,12 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     // The pipeline says which chunks of blocks this stage runs (its
     // micro-batches are the accumulation steps); the model allocates them.
     s->pipe.reset(new PipelineParallel(*g.pp, *g.embed, mc.num_layers, l.vpp, l.micro_batches()));
+    // The all-to-all's group: the cp group (a2a), its part (hybrid), none (ring).
+    Comm* a2a = l.cp > 1 && l.cp_a2a == l.cp ? g.cp : l.cp > 1 && l.cp_a2a > 1 ? g.cp_a2a : nullptr;
+    if (l.cp_hybrid() && (!g.cp_a2a || !g.cp_ring))
+        throw std::logic_error("build_stack: hybrid context parallel without its a2a and ring groups");
     s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.head_size(),
-                                    mc.kv_heads() / l.tp, l.cp > 1 && l.cp_a2a == l.cp));
+                                    mc.kv_heads() / l.tp, a2a, l.cp_hybrid() ? g.cp_ring : nullptr));
     s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank()),
                            s->tp.get(), s->cp.get(), s->pipe->chunks(), l.head_chunk));
     s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));

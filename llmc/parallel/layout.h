@@ -27,8 +27,10 @@ struct Layout {
     Recompute recompute = Recompute::none;
     int head_chunk = 0;          // rows per LM-head chunk (0: the whole micro-batch at once)
     // Context parallel's implementation: ranks per all-to-all group (1: the
-    // ring alone; cp: all-to-all alone, --cp-impl a2a).
+    // ring alone; cp: all-to-all alone, --cp-impl a2a; between: --cp-impl
+    // hybrid, all-to-all in groups of cp_a2a and a ring over cp/cp_a2a).
     int cp_a2a = 1;
+    bool cp_hybrid() const { return cp_a2a > 1 && cp_a2a < cp; }
 
     int dp() const { return world / (pp * tp * cp); }
     int T_local() const { return T / cp; }
@@ -37,6 +39,12 @@ struct Layout {
     // "pp 2 x dp 2 x cp 1 x tp 2 (sp), ZeRO 1, B=4, recompute none"
     std::string describe() const;
 };
+
+// Layout::cp_a2a of --cp-impl impl (ring, a2a, hybrid) and --cp-a2a n (0: not
+// given) under --cp cp: 1, cp or n; false with *err naming the flag when
+// they do not go together (n without hybrid; hybrid without 1 < n < cp
+// dividing cp).
+bool cp_a2a_of(const std::string& impl, int cp, int n, int* cp_a2a, std::string* err);
 
 // The degrees against the world size alone (before the model is known);
 // false with *err naming the flag.
@@ -47,10 +55,12 @@ bool check_world(const Layout& l, std::string* err);
 bool check_layout(Layout* l, const GPTConfig& c, std::string* err);
 
 // A rank's groups: its communicators (real, or shapes only for the planner)
-// and its place along the context-parallel axis.
+// and its place along the context-parallel axis; hybrid context parallel's
+// two splits of the cp group (null otherwise).
 struct RankGroups {
     Comm *tp, *cp, *dpcp, *pp, *embed;
     int cp_rank;
+    Comm *cp_a2a = nullptr, *cp_ring = nullptr;
 };
 
 // A rank's model and parallel modes, destroyed in the right order.

@@ -16,7 +16,7 @@ enum class Transport { Mpi, Nccl, Staged };
 }
 
 bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend& be, ProcessGrid* grid,
-                       std::string* err) {
+                       std::string* err, int cp_a2a) {
     auto fail = [&](const std::string& m) {
         if (err) *err = m;
         return false;
@@ -24,6 +24,8 @@ bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend&
     if (tp < 1) return fail("--tp " + std::to_string(tp) + ": must be at least 1");
     if (cp < 1) return fail("--cp " + std::to_string(cp) + ": must be at least 1");
     if (pp < 1) return fail("--pp " + std::to_string(pp) + ": must be at least 1");
+    if (cp_a2a < 1 || cp % cp_a2a != 0)
+        return fail("--cp-a2a " + std::to_string(cp_a2a) + ": must divide --cp " + std::to_string(cp));
     if (comm != "auto" && comm != "nccl" && comm != "mpi")
         return fail("--comm " + comm + ": expected auto, nccl or mpi");
     const std::string dev = be.name();
@@ -106,5 +108,12 @@ bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend&
     g.pp_group = make("pp", in_stage, g.pp_rank, pp);
     const bool end_stage = g.pp_rank == 0 || g.pp_rank == pp - 1;
     g.embed_group = make("embed", end_stage ? in_stage : -1, g.pp_rank, pp > 1 ? 2 : 1);
+    // Hybrid context parallel: the cp group's a2a groups and rings.
+    g.cp_a2a = cp_a2a;
+    if (cp_a2a > 1 && cp_a2a < cp) {
+        const int cp_color = (g.pp_rank * g.dp + g.dp_rank) * tp + g.tp_rank, groups = cp / cp_a2a;
+        g.cp_a2a_group = make("cp_a2a", cp_color * groups + g.cp_rank / cp_a2a, g.cp_rank % cp_a2a, cp_a2a);
+        g.cp_ring_group = make("cp_ring", cp_color * cp_a2a + g.cp_rank % cp_a2a, g.cp_rank / cp_a2a, groups);
+    }
     return true;
 }

@@ -121,28 +121,36 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) c
         if (!l.sp) blk_tp = (4 + (full ? 2 : 0)) * all_reduce(nb, l.tp, ltp);
         else blk_tp = ((6 + (full ? 2 : 0)) + (4 + (full ? 2 : 0))) * gather_scatter(nb, l.tp, ltp);
     }
-    // cp: the ring's K,V blocks forward, K,V and dK,dV backward, each
-    // step's transfer beside that step's attention.
+    // cp, hybrid (--cp-impl hybrid): the all-to-all over a group of n =
+    // cp_a2a consecutive ranks and the ring over the cp/n groups; a2a alone
+    // is n = cp (no ring), the ring alone n = 1 (no all-to-all).
     double blk_cp = 0;
-    if (l.cp > 1 && l.cp_a2a > 1) {
-        // all-to-all (--cp-impl a2a): blocking exchanges of X channels per
-        // token, each sending (cp-1)/cp of N·X elements in cp-1 messages, its
-        // blocks packed and placed by copies (read and written on both sides;
-        // cp per column segment and 2·cp chunk runs, each a launch). Forward
-        // QKV (3 segments) and the output; backward QKV, output and its
-        // gradient, then dQKV back.
+    const double n = l.cp > 1 ? l.cp_a2a : 1, ring = cp / n;
+    if (n > 1) {
+        // all-to-all: blocking exchanges of X channels per token, each
+        // sending (n-1)/n of N·X elements in n-1 messages, its blocks packed
+        // and placed by copies (read and written on both sides; n per column
+        // segment and 2·n chunk runs, each a launch). Forward QKV (3
+        // segments) and the output; backward QKV, output and its gradient,
+        // then dQKV back. The group spans tp·n ranks.
         const double W = C / tp + 2 * Ckv, Cl = C / tp;
+        const Link la = link(l.tp * (int)n);
         auto exchange = [&](double X, int segs) {
             const double bytes = N * X * a_;
-            return p2p((cp - 1) / cp * bytes, lcp) + (cp - 2) * hw_.p2p_lat + 4 * bytes / hw_.mem_bw +
-                   (cp * segs + 2 * cp) * launch;
+            return p2p((n - 1) / n * bytes, la) + (n - 2) * hw_.p2p_lat + 4 * bytes / hw_.mem_bw +
+                   (n * segs + 2 * n) * launch;
         };
         const double f = exchange(W, 3) + exchange(Cl, 1), b = 2 * exchange(W, 3) + 2 * exchange(Cl, 1);
-        blk_cp = f + b + (attn_again ? f : 0);
-    } else if (l.cp > 1) {
+        blk_cp += f + b + (attn_again ? f : 0);
+    }
+    if (ring > 1) {
+        // the ring: K,V blocks forward, K,V and dK,dV backward, each step's
+        // transfer beside that step's attention. In the hybrid's head layout
+        // a block is n times the tokens for 1/n of the heads: the same bytes.
+        // Its ranks are n·tp apart: the ring spans the cp group.
         const double kv = B * Tl * 2 * Ckv * a_, dkv = B * Tl * 2 * Ckv * st_;
-        const double f = (cp - 1) * p2p(kv, lcp), b = (cp - 1) * p2p(kv, lcp) + cp * p2p(dkv, lcp);
-        blk_cp = expose(f, attn_f) + expose(b, attn_b) + (attn_again ? expose(f, attn_f) : 0);
+        const double f = (ring - 1) * p2p(kv, lcp), b = (ring - 1) * p2p(kv, lcp) + ring * p2p(dkv, lcp);
+        blk_cp += expose(f, attn_f) + expose(b, attn_b) + (attn_again ? expose(f, attn_f) : 0);
     }
     // Embeddings (first stage) and the head (last stage), per micro-batch.
     // Megatron-LM's loss (standard) runs in fp32 on a copy of the logits:

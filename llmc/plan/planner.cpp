@@ -95,6 +95,10 @@ RankMemory measure_rank(const GPTConfig& mc, const Layout& l, int r, const Proto
     const int dp = l.dp();
     ShapeComm tp("tp", l.tp, p.tp), cp("cp", l.cp, p.cp), dpcp("dpcp", dp * l.cp, p.dp * l.cp + p.cp),
         pp("pp", l.pp, p.pp);
+    // Hybrid context parallel: the all-to-all group of consecutive cp ranks
+    // and the ring across the groups (llmc/parallel/process_grid.h).
+    const int n = l.cp_hybrid() ? l.cp_a2a : 1;
+    ShapeComm cp_a2a("cp_a2a", n, p.cp % n), cp_ring("cp_ring", l.cp / n, p.cp / n);
     const bool end = p.pp == 0 || p.pp == l.pp - 1;
     ShapeComm embed("embed", l.pp > 1 && end ? 2 : 1, l.pp > 1 && p.pp == l.pp - 1 ? 1 : 0);
     std::unique_ptr<MeasureBackend> mb(proto.cpu ? new MeasureBackend(*proto.cpu)
@@ -104,7 +108,7 @@ RankMemory measure_rank(const GPTConfig& mc, const Layout& l, int r, const Proto
     m.stage = p.pp;
     {
         ModelStack s;
-        build_stack(*mb, mc, l, {&tp, &cp, &dpcp, &pp, &embed, p.cp}, &s);
+        build_stack(*mb, mc, l, {&tp, &cp, &dpcp, &pp, &embed, p.cp, &cp_a2a, &cp_ring}, &s);
         m.line = memory_line("plan", r, *s.model, s.comm_bytes(), p.pp, l.pp);
         for (const BufferInfo& b : s.model->buffers()) {
             if (b.group == "params" || b.group == "grads" || b.group == "master" || b.group == "optimizer")
@@ -170,13 +174,22 @@ Planned plan_one(const GPTConfig& mc, const Layout& l, const PlanRequest& r, con
     return p;
 }
 
+// --cp-impl of a layout, and its mark in the table (a: a2a, h: hybrid).
+const char* cp_impl_name(const Layout& l) {
+    return l.cp_hybrid() ? "hybrid" : l.cp > 1 && l.cp_a2a > 1 ? "a2a" : "ring";
+}
+const char* cp_impl_mark(const Layout& l) {
+    return l.cp_hybrid() ? "h" : l.cp > 1 && l.cp_a2a > 1 ? "a" : " ";
+}
+
 // One layout as a JSON line; each line also names what was planned (the
 // model, the world, the hardware and the memory a rank may use: the device's
 // less the runtime's reserve), so a plot of the file needs nothing else.
 json to_json(const Planned& p, const GPTConfig& mc, const PlanRequest& r) {
     const Layout& l = p.l;
     const double ms = 1e3;
-    json j = {{"dp", l.dp()}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"cp_impl", l.cp > 1 && l.cp_a2a > 1 ? "a2a" : "ring"}, {"sp", l.sp},
+    json j = {{"dp", l.dp()}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"cp_impl", cp_impl_name(l)},
+              {"cp_a2a", l.cp_hybrid() ? l.cp_a2a : 0}, {"sp", l.sp},
               {"zero", l.zero}, {"B", l.B}, {"recompute", recompute_name(l.recompute)},
               {"micro_batches", l.micro_batches()}, {"memory_bytes", p.max_bytes}, {"fits", p.fits},
               {"step_ms", p.cost.step * ms}, {"tokens_per_s", p.tokens_per_s}, {"tflops_per_gpu", p.tflops / 1e12},
@@ -200,7 +213,7 @@ void print_row(const Planned& p, int i, const char* mark) {
     const Cost& k = p.cost;
     std::printf("%3d  pp %-2d vpp %d dp %-4d cp %-2d%s tp %-2d sp %d z%d B %-3d %-9s %10s %s %9.1f %12.0f %7.1f %5.1f%%"
                 "  | comp %.1f tp %.1f cp %.1f pp %.1f dp %.1f bubble %.1f opt %.1f\n",
-                i, l.pp, l.vpp, l.dp(), l.cp, l.cp > 1 && l.cp_a2a > 1 ? "a" : " ", l.tp, l.sp, l.zero, l.B, recompute_name(l.recompute),
+                i, l.pp, l.vpp, l.dp(), l.cp, cp_impl_mark(l), l.tp, l.sp, l.zero, l.B, recompute_name(l.recompute),
                 gib((double)p.max_bytes).c_str(), mark, k.step * 1e3, p.tokens_per_s, p.tflops / 1e12,
                 100 * p.mfu, k.compute * 1e3, k.tp * 1e3, k.cp * 1e3, k.pp * 1e3, k.dp * 1e3, k.bubble * 1e3,
                 k.optimizer * 1e3);
@@ -215,7 +228,9 @@ static void print_launch(const Planned& w, const PlanRequest& r) {
     cmd += " -t " + std::to_string(l.T) + " -d " + std::to_string(l.total_batch) + " -b " + std::to_string(l.B);
     if (l.zero) cmd += " -z " + std::to_string(l.zero);
     if (l.tp > 1) cmd += " --tp " + std::to_string(l.tp) + (l.sp ? " --sp 1" : "");
-    if (l.cp > 1) cmd += " --cp " + std::to_string(l.cp) + (l.cp_a2a > 1 ? " --cp-impl a2a" : "");
+    if (l.cp > 1) cmd += " --cp " + std::to_string(l.cp);
+    if (l.cp_hybrid()) cmd += " --cp-impl hybrid --cp-a2a " + std::to_string(l.cp_a2a);
+    else if (l.cp > 1 && l.cp_a2a > 1) cmd += " --cp-impl a2a";
     if (l.pp > 1) cmd += " --pp " + std::to_string(l.pp);
     if (l.vpp > 1) cmd += " --vpp " + std::to_string(l.vpp);
     if (l.recompute != Recompute::none) cmd += std::string(" -r ") + recompute_name(l.recompute);
@@ -271,6 +286,17 @@ std::vector<int> divisors(int n) {
     return d;
 }
 
+// The all-to-all group sizes (Layout::cp_a2a) a search tries under cp: as
+// --cp-impl says, or all of them (1: the ring, cp: a2a, the divisors
+// between: hybrid).
+std::vector<int> cp_a2a_sizes(const PlanRequest& r, int cp) {
+    if (cp == 1) return {1};
+    if (!r.fix_cp_impl) return divisors(cp);
+    if (r.cp_impl != "hybrid") return {r.cp_impl == "a2a" ? cp : 1};
+    if (r.cp_a2a > 1 && r.cp_a2a < cp && cp % r.cp_a2a == 0) return {r.cp_a2a};
+    return {};
+}
+
 }  // namespace
 
 bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
@@ -303,11 +329,11 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                             for (int sp : r.fix_sp ? std::vector<int>{b.sp} : std::vector<int>{0, 1})
                                 for (int zero : r.fix_zero ? std::vector<int>{b.zero} : std::vector<int>{0, 1, 2, 3})
                                     for (Recompute rc : rcs)
-                                    for (int a2a : cp == 1 ? std::vector<int>{0} : r.fix_cp_impl ? std::vector<int>{r.cp_a2a} : std::vector<int>{0, 1}) {
+                                    for (int a2a : cp_a2a_sizes(r, cp)) {
                                         Layout l = b;
                                         l.pp = pp, l.tp = tp, l.cp = cp, l.B = B, l.vpp = vpp, l.sp = sp, l.zero = zero;
                                         l.recompute = rc;
-                                        l.cp_a2a = a2a ? cp : 1;
+                                        l.cp_a2a = a2a;
                                         std::string why_not;
                                         if (vpp > 1 && pp == 1) continue;
                                         if (sp && tp == 1) continue;

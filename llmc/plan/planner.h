@@ -41,8 +41,9 @@ struct PlanRequest {
     std::string mode;    // "search" or "eval"
     Layout base;         // world, T, total batch, and the fixed dimensions
     // Which dimensions the user fixed (the rest are searched).
-    bool fix_cp_impl = false;  // --cp-impl given: ring or all-to-all (cp_a2a), as given
-    bool cp_a2a = false;
+    bool fix_cp_impl = false;  // --cp-impl given: ring, all-to-all or hybrid, as given
+    std::string cp_impl = "ring";
+    int cp_a2a = 0;            // hybrid: --cp-a2a, ranks per all-to-all group
     bool fix_pp = false, fix_vpp = false, fix_tp = false, fix_cp = false, fix_sp = false, fix_zero = false,
          fix_B = false, fix_recompute = false;
     Hardware hw;

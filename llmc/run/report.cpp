@@ -66,8 +66,13 @@ std::string memory_line(const char* when, int rank, GPT& model, size_t comm_byte
 
 // The groups whose traffic is reported, with their names in the report.
 static std::vector<std::pair<const char*, Comm*>> groups(ProcessGrid& g) {
-    return {{"dp", g.dpcp_group.get()}, {"tp", g.tp_group.get()}, {"cp", g.cp_group.get()},
-            {"pp", g.pp_group.get()}, {"embed", g.embed_group.get()}};
+    std::vector<std::pair<const char*, Comm*>> v = {{"dp", g.dpcp_group.get()}, {"tp", g.tp_group.get()},
+                                                    {"cp", g.cp_group.get()},   {"pp", g.pp_group.get()},
+                                                    {"embed", g.embed_group.get()}};
+    // Hybrid context parallel's all-to-all groups and rings, by their own names.
+    if (g.cp_a2a_group) v.push_back({"cp_a2a", g.cp_a2a_group.get()});
+    if (g.cp_ring_group) v.push_back({"cp_ring", g.cp_ring_group.get()});
+    return v;
 }
 
 void reset_counts(ProcessGrid& g) {

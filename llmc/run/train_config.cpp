@@ -53,8 +53,12 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "sp", O::Int, &c.sp, "1: sequence parallel on top of tensor parallel (needs --tp > 1)", 0, 1, {}, "1"});
     p.add({0, "cp", O::Int, &c.cp, "context-parallel degree (ring attention; 2*cp divides T)", 1, 1 << 16});
     p.add({0, "cp-impl", O::String, &c.cp_impl,
-           "context parallel by ring attention (K,V blocks travel), or a2a (all-to-all to head shards and back; cp "
-           "divides the heads)", 0, 0, {"ring", "a2a"}});
+           "context parallel by ring attention (K,V blocks travel), a2a (all-to-all to head shards and back; cp "
+           "divides the heads), or hybrid (all-to-all in groups of --cp-a2a ranks, the ring across the groups)", 0, 0,
+           {"ring", "a2a", "hybrid"}});
+    p.add({0, "cp-a2a", O::Int, &c.cp_a2a,
+           "--cp-impl hybrid: ranks N per all-to-all group (1 < N < cp; N divides cp and each tp rank's heads)", 0,
+           1 << 16});
     p.add({0, "pp", O::Int, &c.pp, "pipeline stages (1F1B; L and -d micro-batches must fit)", 1, 1 << 16});
     p.add({0, "vpp", O::Int, &c.vpp, "model chunks per pipeline stage (interleaved 1F1B when > 1)", 1, 1 << 16});
     p.add({0, "trace", O::String, &c.trace, "write a Chrome trace (Perfetto) of the run to this file"});

@@ -53,7 +53,8 @@ struct TrainConfig {
     int tp = 1;                // tensor-parallel degree
     int sp = 0;                // sequence parallel (with tp > 1)
     int cp = 1;                // context-parallel degree
-    std::string cp_impl = "ring";  // ring attention, or all-to-all (Ulysses)
+    std::string cp_impl = "ring";  // ring attention, all-to-all (Ulysses), or hybrid
+    int cp_a2a = 0;                // hybrid: ranks per all-to-all group (0: not given)
     int pp = 1;                // pipeline stages
     int vpp = 1;               // model chunks per pipeline stage (interleaved 1F1B when > 1)
     std::string trace = "";    // Chrome trace-event JSON of the run

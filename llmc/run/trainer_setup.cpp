@@ -40,7 +40,7 @@ void Trainer::setup(const ArgParser& parser) {
     lay.vpp = cfg.vpp;
     lay.tp = cfg.tp;
     lay.cp = cfg.cp;
-    lay.cp_a2a = cfg.cp_impl == "a2a" ? cfg.cp : 1;
+    setup_check(cp_a2a_of(cfg.cp_impl, cfg.cp, cfg.cp_a2a, &lay.cp_a2a, &err), err);
     lay.sp = cfg.sp;
     lay.zero = cfg.zero;
     lay.B = cfg.B;
@@ -49,7 +49,7 @@ void Trainer::setup(const ArgParser& parser) {
     lay.head_chunk = cfg.head_chunk;
     setup_check(check_world(lay, &err), err);
     set_collective_timeout(cfg.collective_timeout);  // read by every group the grid makes
-    setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err), err);
+    setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err, lay.cp_a2a), err);
 
     // --convert: a checkpoint to export, no training (its directory is read,
     // never written: no metrics, no -o files; the data is not needed).
@@ -219,7 +219,7 @@ void Trainer::setup(const ArgParser& parser) {
 // The model and its parallel modes on backend b (llmc/parallel/layout.h).
 void Trainer::build(Backend& b, ModelStack* stack) {
     RankGroups g{grid.tp_group.get(), grid.cp_group.get(), grid.dpcp_group.get(), grid.pp_group.get(),
-                 grid.embed_group.get(), grid.cp_rank};
+                 grid.embed_group.get(), grid.cp_rank, grid.cp_a2a_group.get(), grid.cp_ring_group.get()};
     bool ok = true;
     try {
         build_stack(b, mc, lay, g, stack);
@@ -278,11 +278,15 @@ void Trainer::print_settings(const ArgParser& parser) {
         if (training_flag(o.name)) std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
     std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
     std::printf("+---------------------------+--------------------------------------------------+\n");
+    const std::string cp_words = lay.cp_hybrid() ? " (hybrid: all-to-all over " + std::to_string(lay.cp_a2a) +
+                                                       ", ring over " + std::to_string(grid.cp / lay.cp_a2a) + ")"
+                                 : lay.cp_a2a > 1 ? " (all-to-all)"
+                                                  : " (ring)";
     std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d%s x tp %d%s, "
                 "ZeRO %d\n",
                 be->name(), dtype_name(s.model->precision().param), dtype_name(s.model->precision().grad),
                 dtype_name(s.model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp,
-                grid.cp > 1 ? (lay.cp_a2a > 1 ? " (all-to-all)" : " (ring)") : "", grid.tp,
+                grid.cp > 1 ? cp_words.c_str() : "", grid.tp,
                 cfg.sp ? " (sequence parallel)" : "", cfg.zero);
     if (!be->compute_path().empty()) std::printf("compute: %s\n", be->compute_path().c_str());
     std::printf("model %s, %zu parameters (%zu on this rank's stage and tensor-parallel slice)\n",

@@ -378,6 +378,13 @@ void test_p2p(Checker& ck, Comm& c, Backend& be, const std::string& label, size_
     c.counts().reset();
 }
 
+// Whether members m and q agree on the coordinates dims.
+bool same(const int* m, const int* q, std::initializer_list<int> dims) {
+    for (int d : dims)
+        if (q[d] != m[d]) return false;
+    return true;
+}
+
 void test_grid(Checker& ck, Backend& be, int tp, int cp, int pp, const std::string& comm) {
     const std::string label = "grid tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) +
                               " pp=" + std::to_string(pp) + " comm=" + comm;
@@ -391,11 +398,6 @@ void test_grid(Checker& ck, Backend& be, int tp, int cp, int pp, const std::stri
     ck(grid.world_rank == ((grid.pp_rank * grid.dp + grid.dp_rank) * cp + grid.cp_rank) * tp + grid.tp_rank,
        label + ": rank formula");
     // Coordinates: [0] dp, [1] cp, [2] tp, [3] world rank, [4] pp.
-    auto same = [](const int* m, const int* q, std::initializer_list<int> dims) {
-        for (int d : dims)
-            if (q[d] != m[d]) return false;
-        return true;
-    };
     test_group_coords(ck, *grid.world, be, grid, label + " world", world, grid.world_rank,
                       [&](const int*, const int* q, int j) { return q[3] == j; });
     test_group_coords(ck, *grid.tp_group, be, grid, label + " tp", tp, grid.tp_rank,
@@ -434,6 +436,36 @@ void test_grid(Checker& ck, Backend& be, int tp, int cp, int pp, const std::stri
     }
 }
 
+// Hybrid context parallel's two splits of the cp group (cp ranks in groups
+// of n): the all-to-all group holds consecutive cp ranks, the ring one rank
+// of each group, both in cp order; the rest of the grid is as without them.
+void test_hybrid_grid(Checker& ck, Backend& be, int tp, int cp, int n) {
+    const std::string label = "hybrid grid tp=" + std::to_string(tp) + " cp=" + std::to_string(cp) + " a2a=" +
+                              std::to_string(n);
+    ProcessGrid grid;
+    std::string err;
+    if (!ck(make_process_grid(tp, cp, 1, "auto", be, &grid, &err, n), label + ": " + err)) return;
+    if (!ck(grid.cp_a2a_group && grid.cp_ring_group && grid.cp_a2a == n, label + ": groups made")) return;
+    test_group_coords(ck, *grid.cp_a2a_group, be, grid, label + " a2a", n, grid.cp_rank % n,
+                      [&](const int* m, const int* q, int j) {
+                          return same(m, q, {0, 2, 4}) && q[1] / n == m[1] / n && q[1] % n == j;
+                      });
+    test_group_coords(ck, *grid.cp_ring_group, be, grid, label + " ring", cp / n, grid.cp_rank / n,
+                      [&](const int* m, const int* q, int j) {
+                          return same(m, q, {0, 2, 4}) && q[1] % n == m[1] % n && q[1] / n == j;
+                      });
+    test_group_coords(ck, *grid.cp_group, be, grid, label + " cp", cp, grid.cp_rank,
+                      [&](const int* m, const int* q, int j) { return same(m, q, {0, 2, 4}) && q[1] == j; });
+    test_ops(ck, *grid.cp_a2a_group, be, label + " a2a", {DType::F64}, {7});
+    test_ops(ck, *grid.cp_ring_group, be, label + " ring", {DType::F64}, {7});
+    ProcessGrid plain;
+    ck(make_process_grid(tp, cp, 1, "auto", be, &plain, &err) && !plain.cp_a2a_group && !plain.cp_ring_group,
+       label + ": no hybrid groups without cp_a2a");
+    ProcessGrid whole;  // cp_a2a = cp: the all-to-all alone, over the cp group
+    ck(make_process_grid(tp, cp, 1, "auto", be, &whole, &err, cp) && !whole.cp_a2a_group && !whole.cp_ring_group,
+       label + ": no hybrid groups when cp_a2a = cp");
+}
+
 // Asking for what cannot be: every rank gets the same refusal.
 void test_grid_errors(Checker& ck, Backend& be) {
     const int world = dist_world_size();
@@ -454,6 +486,12 @@ void test_grid_errors(Checker& ck, Backend& be) {
     refused(1, 1, "auto", "--pp", 0);
     refused(1, 1, "nccl", "--comm");  // NCCL on the CPU backend
     refused(1, 1, "carrier-pigeon", "--comm");
+    if (world % 4 == 0) {  // hybrid groups of 3 in a cp group of 4
+        err.clear();
+        const bool made = make_process_grid(1, 4, 1, "auto", be, &grid, &err, 3);
+        ck(!made && err.find("--cp-a2a") != std::string::npos, "make_process_grid(cp 4, cp_a2a 3) refused naming "
+                                                                "--cp-a2a (got: " + (made ? "success" : err) + ")");
+    }
 #ifdef LLMC_MPI
     ck(make_process_grid(1, 1, 1, "mpi", be, &grid, &err), "make_process_grid(1, 1, 1, mpi): " + err);
 #else
@@ -517,6 +555,7 @@ int main(int argc, char** argv) {
     for (const auto& d : dims)
         if (world % (d[0] * d[1] * d[2]) == 0) test_grid(ck, *be, d[0], d[1], d[2], "auto");
     if (world % 2 == 0) test_grid(ck, *be, 2, 1, 1, "mpi");
+    if (world % 4 == 0) test_hybrid_grid(ck, *be, 1, 4, 2);
     test_grid_errors(ck, *be);
     test_all_ok(ck);
 

@@ -4,19 +4,24 @@
 #   - equivalence: cp in {2, 4}; cp=2 x tp=2 with and without sp; cp=2 x
 #     dp=2 with ZeRO 1 and 3: 10 steps of losses and the final weights equal
 #     one process (fp64 <= 1e-10, fp32 <= 1e-5); the same with --cp-impl
-#     a2a (all-to-all to head shards), and a2a under pp=2;
+#     a2a (all-to-all to head shards), and a2a under pp=2; --cp-impl hybrid
+#     --cp-a2a 2 under cp=4 (two all-to-all groups of 2, a ring of 2), alone,
+#     x tp=2 with sp, and for Llama (GQA 4:2);
 #   - activation bytes per rank fall N-fold for the same T (layer_activations
 #     of the memory report), and the counted point-to-point bytes per step
 #     equal, per layer, 2(N-1) K,V block transfers forward plus N-1 K,V and
 #     N dK,dV transfers backward; under a2a, (N-1)/N of the QKV rows and
-#     outputs per layer forward and twice that backward;
+#     outputs per layer forward and twice that backward; under hybrid, the
+#     all-to-all's bytes over its group of n and the ring's over cp/n;
 #   - memory: at a sequence length whose activations one process cannot hold
 #     within --memory-budget, one process stops with an out-of-memory error
 #     and cp=4 trains;
 #   - validation losses and text samples under cp=2 x tp=2 x sp equal one
 #     process's, and its checkpoint resumes in one process;
 #   - errors: T not divisible by 2N, cp larger than the world, a2a with cp
-#     not dividing the heads: one line, every rank exits.
+#     not dividing the heads; hybrid with --cp-a2a not dividing cp, outside
+#     1 < N < cp, missing, or not dividing the heads or key/value heads of a
+#     tp rank, and --cp-a2a without hybrid: one line, every rank exits.
 # Ring attention itself against full attention: tests/distributed/test_ring_attention.cpp.
 # Last line: "N passed, N failed".
 import os
@@ -30,6 +35,8 @@ from testlib import Checks, copy_checkpoint, equivalence, metrics, run_suite, tr
 
 L, C, NH, V = 2, 32, 4, 97
 MODEL = f"L={L},C={C},NH={NH},V={V},Vp={V},T=1024"
+LLAMA = f"arch=llama,L={L},C={C},NH=4,NKV=2,F=48,V={V},T=1024,tied=0"
+HYBRID = ["--cp-impl", "hybrid", "--cp-a2a", "2"]
 check = Checks()
 DATA = None
 
@@ -81,6 +88,23 @@ def test_memory_and_traffic(tmp):
               f"x (3C + C) x {esize} bytes")
         check(p2p == want, f"cp={c} a2a: p2p bytes {p2p}, want {want}")
         check(int(MEM.search(out).group(2)) * c == acts.get(1, -1), f"cp={c} a2a: activations do not fall N-fold")
+    # Hybrid cp=4, groups of n=2: the all-to-all's exchanges as above over n
+    # ranks (its group), the ring's blocks as above over cp/n ranks (the head
+    # layout's block, n times the tokens for 1/n of the heads, is as large);
+    # nothing over the whole cp group.
+    c, n = 4, 2
+    d = os.path.join(tmp, "traffic_hybrid")
+    rc, out, err = train(c, base("fp32", T, 2) + ["-b", str(B), "-d", str(B * T), "-o", d, "--cp", str(c)] + HYBRID)
+    if check(rc == 0, f"cp={c} hybrid: {err[-300:]}"):
+        comm = metrics(d)[-1].get("comm", {})
+        got = [comm.get(k, {}).get("bytes", 0) for k in ("cp_a2a_send-recv", "cp_ring_send-recv", "cp_send-recv")]
+        r, block = c // n, B * (T // c) * C * esize
+        want = [L * 3 * (n - 1) * (B * T // c) * (3 * C + C) // n * esize,
+                L * (2 * (r - 1) + 2 * (r - 1) + 2 * r) * block, 0]
+        print(f"  cp={c} hybrid a2a {n} x ring {r}: point-to-point bytes/step a2a {got[0]}, ring {got[1]} "
+              f"(formulas {want[0]}, {want[1]})")
+        check(got == want, f"cp={c} hybrid: p2p bytes (a2a, ring, cp) {got}, want {want}")
+        check(int(MEM.search(out).group(2)) * c == acts.get(1, -1), f"cp={c} hybrid: activations do not fall N-fold")
     # A sequence one process cannot hold in 8 MiB; cp=4 can.
     long = base("fp32", 1024, 2) + ["-b", "2", "-d", "2048", "--memory-budget", "8"]
     rc, out, err = train(0, long)
@@ -125,7 +149,16 @@ def test_errors(tmp):
     for np_, extra, flag in ((2, ["--cp", "2", "-t", "18", "-d", "144"], "--cp"),  # 18 % 4
                              (2, ["--cp", "4"], "--cp"),
                              (4, ["--cp", "4", "--tp", "1", "--cp-impl", "a2a", "-e",
-                                  MODEL.replace("NH=4", "NH=2")], "--cp-impl")):
+                                  MODEL.replace("NH=4", "NH=2")], "--cp-impl"),
+                             (4, ["--cp", "4", "--cp-impl", "hybrid", "--cp-a2a", "3"], "--cp-a2a"),  # 4 % 3
+                             (4, ["--cp", "4", "--cp-impl", "hybrid", "--cp-a2a", "4"], "--cp-a2a"),  # N = cp
+                             (4, ["--cp", "4", "--cp-impl", "hybrid", "--cp-a2a", "1"], "--cp-a2a"),  # N = 1
+                             (4, ["--cp", "4", "--cp-impl", "hybrid"], "--cp-a2a"),  # no N
+                             (2, ["--cp", "2", "--cp-a2a", "2"], "--cp-a2a"),  # without hybrid
+                             (4, ["--cp", "4", "--cp-impl", "a2a", "--cp-a2a", "2"], "--cp-a2a"),
+                             (4, ["--cp", "4"] + HYBRID + ["-e", MODEL.replace("NH=4", "NH=1")], "--cp-a2a"),
+                             (4, ["--cp", "2", "--tp", "2"] + HYBRID, "--cp-a2a"),  # 2 % 2 == 0: N = cp
+                             (4, ["--cp", "4"] + HYBRID + ["-e", LLAMA.replace("NKV=2", "NKV=1")], "--cp-a2a")):
         rc, out, err = train(np_, base("fp32", 16, 2) + ["-b", "8"] + extra, timeout=60)
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{extra}: rc={rc} {err[-300:]!r}")
@@ -141,7 +174,10 @@ def suite(tmp):
     a2a = ["--cp-impl", "a2a"]
     layouts += [(2, ["--cp", "2"] + a2a), (4, ["--cp", "4"] + a2a), (4, ["--cp", "2", "--tp", "2", "--sp", "1"] + a2a),
                 (4, ["--cp", "2", "-b", "4", "-z", "3"] + a2a), (4, ["--cp", "2", "--pp", "2"] + a2a)]
+    layouts += [(4, ["--cp", "4"] + HYBRID), (8, ["--cp", "4", "--tp", "2", "--sp", "1"] + HYBRID)]
     test_equivalence(tmp, "fp64", layouts)
+    equivalence(check, tmp, "fp64", base("fp64") + ["-e", LLAMA, "-b", "8", "-d", "256"], ["-b", "8", "-d", "256"],
+                [(4, ["--cp", "4"] + HYBRID)])
     test_equivalence(tmp, "fp32", [(2, ["--cp", "2"]), (4, ["--cp", "2", "--tp", "2", "--sp", "1"]),
                                    (2, ["--cp", "2"] + a2a)])
     test_memory_and_traffic(tmp)

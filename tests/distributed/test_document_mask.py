@@ -9,8 +9,11 @@
 #     documents of 1 to 40 tokens (so at T=16 rows hold several EOTs and
 #     documents cross cp chunks, tp/sp shards and rows): dp with ZeRO 1 and
 #     3, tp + sp, pp, pp with vpp, cp 2 and 4 (ring blocks wholly before
-#     their queries' documents skipped), and the mixes tp 2 sp x pp 2 and cp 2
-#     x dp 2; Llama (GQA 2:1) under cp 2 x tp 2 and pp 2; one cp 2 run at
+#     their queries' documents skipped), cp 2 and 4 all-to-all, cp 4 hybrid
+#     (all-to-all groups of 2, a ring of 2: the group's document starts and
+#     the ring's key positions), and the mixes tp 2 sp x pp 2, cp 2 x dp 2
+#     and cp 4 hybrid x pp 2; Llama (GQA 2:1) under cp 2 x tp 2, pp 2, cp 2
+#     all-to-all and cp 4 hybrid; one cp 2 run at
 #     T=160 (several 64-row tiles per ring block); 6 steps, losses and final
 #     weights (<= 1e-10), validation losses too;
 #   - recorded regions (LLMC_CPU_GRAPH=1, docs/design.md section 2.9): the
@@ -33,6 +36,7 @@ from testlib import ENV, ROOT, TRAIN, Checks, equivalence, metrics, read_checkpo
 L, C, NH, V, EOT = 4, 32, 4, 97, 7
 GPT2 = f"L={L},C={C},NH={NH},V={V},Vp={V},T=1024"
 LLAMA = f"arch=llama,L=2,C={C},NH=4,NKV=2,F=48,V={V},T=1024,tied=0"
+HYBRID = ["--cp-impl", "hybrid", "--cp-a2a", "2"]
 check = Checks()
 DOCS = PLAIN = None
 
@@ -84,12 +88,14 @@ def test_layouts(tmp):
                (2, ["-b", "4", "--pp", "2"]), (2, ["-b", "4", "--pp", "2", "--vpp", "2"]),
                (2, ["-b", "8", "--cp", "2"]), (4, ["-b", "8", "--cp", "4"]),
                (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]), (4, ["-b", "8", "--cp", "4", "--cp-impl", "a2a"]),
-               (4, ["-b", "4", "--tp", "2", "--sp", "1", "--pp", "2"]), (4, ["-b", "4", "--cp", "2", "-z", "1"])]
+               (4, ["-b", "4", "--tp", "2", "--sp", "1", "--pp", "2"]), (4, ["-b", "4", "--cp", "2", "-z", "1"]),
+               (4, ["-b", "8", "--cp", "4"] + HYBRID), (8, ["-b", "4", "--cp", "4", "--pp", "2"] + HYBRID)]
     equivalence(check, tmp, "fp64", args, one, layouts, steps=6)
     llama = base(LLAMA, DOCS) + ["--document-mask", "1", "-d", "128"]
     equivalence(check, tmp, "fp64", llama, one, [(4, ["-b", "8", "--cp", "2", "--tp", "2"]),
                                                  (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]),
-                                                 (2, ["-b", "4", "--pp", "2"])], steps=6)
+                                                 (2, ["-b", "4", "--pp", "2"]),
+                                                 (4, ["-b", "8", "--cp", "4"] + HYBRID)], steps=6)
     # Longer rows: several query tiles per ring block.
     equivalence(check, tmp, "fp64", base(GPT2, DOCS, T=160, steps=3) + ["--document-mask", "1", "-d", "320"],
                 ["-b", "2"], [(2, ["-b", "2", "--cp", "2"])], steps=3)

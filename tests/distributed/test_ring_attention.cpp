@@ -6,8 +6,12 @@
 // rows of the output, lse, dq, dk and dv. fp64; relative error <= 1e-10.
 // Also checks the chunk rule (rank i holds chunks i and 2N-1-i) and the
 // point-to-point bytes: 2(N-1) K,V block transfers forward; N-1 K,V and N
-// dK,dV transfers backward. Last line (rank 0): "N passed, N failed",
-// summed over ranks.
+// dK,dV transfers backward. Hybrid (N = 4, 6, 8...: all-to-all in groups
+// of 2, the ring over N/2 groups): output and dq, dk, dv in the token
+// layout, and lse in the head layout (heads 2a, 2a+1 of group member a, at
+// the tokens of ring rank g's zigzag shard of the sequence cut into N),
+// against the same full attention. Last line (rank 0): "N passed, N
+// failed", summed over ranks.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -29,6 +33,62 @@ static double rel(const std::vector<double>& a, const std::vector<double>& b) {
     double d = 0, n = 0;
     for (size_t i = 0; i < a.size(); i++) d += (a[i] - b[i]) * (a[i] - b[i]), n += b[i] * b[i];
     return std::sqrt(d / n);
+}
+
+// A rank's rows of B whole sequences of T [B·T, width]: row b's local token
+// t is global token pos[t].
+static std::vector<double> rows(const std::vector<double>& full, int width, int B, int T, const std::vector<int>& pos) {
+    const size_t Tl = pos.size();
+    std::vector<double> loc((size_t)B * Tl * width);
+    for (int b = 0; b < B; b++)
+        for (size_t t = 0; t < Tl; t++)
+            for (int k = 0; k < width; k++)
+                loc[((size_t)b * Tl + t) * width + k] = full[((size_t)b * T + pos[t]) * width + k];
+    return loc;
+}
+
+// Hybrid context parallel over c ranks, all-to-all groups of n: every rank
+// draws the same whole sequences (4 heads, 2 key/value heads), runs full
+// attention on them, and compares its rows.
+static void test_hybrid(Backend& be, int c, int n) {
+    std::string err;
+    ProcessGrid grid;
+    if (!make_process_grid(1, c, 1, "auto", be, &grid, &err, n)) dist_abort(err);
+    const int r = grid.cp_rank, g = r / n, a = r % n, rings = c / n;
+    check(grid.cp_a2a_group && grid.cp_ring_group && grid.cp_a2a_group->size() == n &&
+              grid.cp_a2a_group->rank() == a && grid.cp_ring_group->size() == rings && grid.cp_ring_group->rank() == g,
+          "hybrid groups: a2a of consecutive cp ranks, ring across them");
+    const int T = 8 * c, B = 2, NH = 4, NKV = 2, HS = 3, C = NH * HS, Ckv = NKV * HS, W = C + 2 * Ckv, Tl = T / c;
+    Rng rng(5);
+    std::vector<double> qkv((size_t)B * T * W), dout((size_t)B * T * C);
+    for (double& x : qkv) x = rng.normal();
+    for (double& x : dout) x = rng.normal();
+    AttnShape s{B, NH, HS, T, T, (size_t)W, (size_t)W, (size_t)C, true, 1.0 / std::sqrt((double)HS)};
+    s.NKV = NKV;
+    std::vector<double> out((size_t)B * T * C), lse((size_t)B * NH * T), dqkv(qkv.size());
+    be.attention_forward(out.data(), lse.data(), qkv.data(), qkv.data() + C, qkv.data() + C + Ckv, s);
+    be.attention_backward(dqkv.data(), dqkv.data() + C, dqkv.data() + C + Ckv, dout.data(), qkv.data(),
+                          qkv.data() + C, qkv.data() + C + Ckv, out.data(), lse.data(), s);
+    const std::vector<int> pos = ContextParallel::positions(T, c, r), ring_pos = ContextParallel::positions(T, rings, g);
+    auto take = [&](const std::vector<double>& full, int width) { return rows(full, width, B, T, pos); };
+    std::vector<double> lqkv = take(qkv, W), ldout = take(dout, C), want_out = take(out, C), want_dqkv = take(dqkv, W);
+    // lse in the head layout: [B, NH/n, n·Tl], the group's tokens in global order.
+    const int h = NH / n, Tg = n * Tl;
+    std::vector<double> want_lse((size_t)B * h * Tg);
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < h; k++)
+            for (int t = 0; t < Tg; t++)
+                want_lse[((size_t)b * h + k) * Tg + t] = lse[((size_t)b * NH + a * h + k) * T + ring_pos[t]];
+    ContextParallel cp(*grid.cp_group, be, B, Tl, NH, HS, NKV, grid.cp_a2a_group.get(), grid.cp_ring_group.get());
+    std::vector<double> got_out(want_out.size()), got_lse(want_lse.size()), got_dqkv(want_dqkv.size());
+    cp.attention_forward(got_out.data(), got_lse.data(), lqkv.data(), B, s.scale);
+    cp.attention_backward(got_dqkv.data(), ldout.data(), lqkv.data(), got_out.data(), got_lse.data(), B, s.scale);
+    char what[160];
+    std::snprintf(what, sizeof what, "hybrid cp=%d (a2a %d x ring %d) T=%d: out %.2e lse %.2e dqkv %.2e", c, n, rings,
+                  T, rel(got_out, want_out), rel(got_lse, want_lse), rel(got_dqkv, want_dqkv));
+    check(rel(got_out, want_out) <= 1e-10 && rel(got_lse, want_lse) <= 1e-10 && rel(got_dqkv, want_dqkv) <= 1e-10,
+          what);
+    if (r == 0) std::printf("%s\n", what);
 }
 
 int main(int argc, char** argv) {
@@ -57,14 +117,7 @@ int main(int argc, char** argv) {
                                    qkv.data() + C, qkv.data() + 2 * C, out.data(), lse.data(), s);
             // This rank's rows: row b's local token t is global token pos[t].
             pos = ContextParallel::positions(T, c, r);
-            auto take = [&](const std::vector<double>& full, int width) {
-                std::vector<double> loc((size_t)Nl * width);
-                for (int b = 0; b < B; b++)
-                    for (int t = 0; t < Tl; t++)
-                        for (int k = 0; k < width; k++)
-                            loc[((size_t)b * Tl + t) * width + k] = full[((size_t)b * T + pos[t]) * width + k];
-                return loc;
-            };
+            auto take = [&](const std::vector<double>& full, int width) { return rows(full, width, B, T, pos); };
             std::vector<double> lqkv = take(qkv, 3 * C), ldout = take(dout, C), want_out = take(out, C),
                                 want_dqkv = take(dqkv, 3 * C);
             std::vector<double> want_lse((size_t)B * NH * Tl);
@@ -98,6 +151,7 @@ int main(int argc, char** argv) {
             }
         }
     }
+    if (dist_world_size() >= 4 && dist_world_size() % 2 == 0) test_hybrid(*be, dist_world_size(), 2);
     double p = g_pass, f = g_fail;
     ProcessGrid g;
     make_process_grid(1, 1, 1, "auto", *be, &g, &err);

@@ -56,7 +56,8 @@ def flag_cases(base):
                              ("-x", "--max-steps", ("0", "-5")), ("-d", "--total-batch", ("0", "-5")),
                              ("-y", "--resume", ("-5", "2")), ("--sp", "--sp", ("2", "-1")),
                              ("-a", "--overfit", ("2", "-1")), ("--tp", "--tp", ("0", "-2")),
-                             ("--cp", "--cp", ("0", "-2")), ("--pp", "--pp", ("0", "-1")),
+                             ("--cp", "--cp", ("0", "-2")), ("--cp-a2a", "--cp-a2a", ("-1",)),
+                             ("--pp", "--pp", ("0", "-1")),
                              ("--vpp", "--vpp", ("0",)), ("-z", "--zero", ("4", "-1")),
                              ("-g", "--gen-tokens", ("-1",)), ("-m", "--val-steps", ("-3",)),
                              ("--val-tokens", "--val-tokens", ("0", "-5")),
@@ -86,6 +87,8 @@ def flag_cases(base):
     bad("--plan bogus", ["--plan", "bogus"], "--plan")
     bad("--vpp 2 without --pp", ["--vpp", "2"], "--vpp")
     bad("--sp 1 without --tp", ["--sp", "1"], "--sp")
+    bad("--cp-a2a 2 without --cp-impl hybrid", ["--cp-a2a", "2"], "--cp-a2a")
+    bad("--cp-impl hybrid on 1 rank", ["--cp-impl", "hybrid", "--cp-a2a", "2"], "--cp-a2a")
     bad("--memory-budget 1 MiB", ["--memory-budget", "1"], "--memory-budget")
     # The memory check's line (README: "out of memory: rank R would hold ...") for an absurd batch.
     bad("-b 1000000", ["-b", "1000000"], ["-b", "out of memory: rank 0 would hold"])

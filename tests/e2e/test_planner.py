@@ -24,7 +24,10 @@
 #     over the SMs, K split when they cannot fill them), written again in
 #     the test; without SMs, FLOPs over the rate;
 #   - all-to-all context parallel: the cp time of --plan eval against its
-#     formula, written again here; a search weighs ring and a2a;
+#     formula, written again here; a search weighs ring, a2a and hybrid;
+#     hybrid (--cp-impl hybrid --cp-a2a 2 under cp 4): the all-to-all's
+#     formula over its group plus the ring's over the groups, a search that
+#     keeps it, its flags' errors; its memory lines (GPT-2, Llama) too;
 #   - search: the fixed flags are kept, the JSON lines have every field and
 #     name the model, world, hardware and usable memory, the winner line
 #     says why it wins, plot_plan.py draws the plan (the usable memory's
@@ -95,11 +98,13 @@ def test_memory(tmp):
                (8, ["-b", "4", "--pp", "2", "--tp", "2", "-z", "1"]),
                (2, ["-b", "4", "--pp", "2", "--head-chunk", "24"]),
                (2, ["-b", "8", "--tp", "2", "--sp", "1", "--head-chunk", "24"]),
-               (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"])]
+               (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]),
+               (4, ["-b", "8", "--cp", "4", "--cp-impl", "hybrid", "--cp-a2a", "2"])]
     memory_equal(gpt2, layouts)
     memory_equal(llama, [(1, ["-b", "16"]), (1, ["-b", "16", "--head-chunk", "40"]), (4, ["-b", "4", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
                          (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "4", "--pp", "2", "-r", "selective"]),
-                         (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"])])
+                         (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]),
+                         (4, ["-b", "8", "--cp", "4", "--cp-impl", "hybrid", "--cp-a2a", "2"])])
 
 
 def memory_equal(spec, layouts):
@@ -279,7 +284,63 @@ def test_cp_a2a(tmp):
     if os.path.exists(jp):
         with open(jp) as f:
             impls = {json.loads(line)["cp_impl"] for line in f}
-    check(rc == 0 and impls == {"ring", "a2a"}, f"cp4 search weighs ring and a2a: {impls} {err[-200:]}")
+    check(rc == 0 and impls == {"ring", "a2a", "hybrid"}, f"cp4 search weighs ring, a2a and hybrid: {impls} {err[-200:]}")
+
+
+def test_cp_hybrid(tmp):
+    # Hybrid context parallel (cp=4, all-to-all groups of n=2, a ring of
+    # r=2), with the profile of test_cp_a2a and no overlap: --plan eval's cp
+    # time is the all-to-all's formula over n plus the ring's over r, written
+    # again here: the ring's K,V blocks (the head layout's: n times the
+    # tokens, 1/n of the heads, the same bytes) r-1 times forward and
+    # backward, its fp32 dK,dV blocks r times, a latency each.
+    L, C, B, T, c, n = 2, 64, 2, 256, 4, 2
+    r = c // n
+    bw, lat, mem, launch = 1e8, 3e-6, 1e11, 1e-6
+    prof = os.path.join(tmp, "hybrid.json")
+    with open(prof, "w") as f:
+        json.dump({"name": "hybrid", "matmul_flops": 1e30, "attn_flops": 1e30, "mem_bw": mem, "launch_s": launch,
+                   "intra_bw": bw, "intra_lat": 0, "p2p_lat": lat, "gpus_per_node": 8, "comm_overlap": 0}, f)
+    jp = os.path.join(tmp, "hybrid.jsonl")
+    model = f"L={L},C={C},NH=4,V=97,Vp=97,T={T}"
+    rc, out, err = plan(["eval", "-e", model, "-t", str(T), "-b", str(B), "-d", str(B * T), "--world", str(c),
+                         "--cp", str(c), "--cp-impl", "hybrid", "--cp-a2a", str(n), "--hardware", prof,
+                         "--plan-json", jp])
+    if check(rc == 0, f"hybrid eval: {err[-300:]}"):
+        with open(jp) as f:
+            row = json.loads(f.readline())
+        got = row["breakdown_ms"]["cp"] / 1e3
+        N, a = B * T // c, 2
+
+        def ex(X, segs):
+            m = N * X * a
+            return lat + (n - 1) / n * m / bw + (n - 2) * lat + 4 * m / mem + (n * segs + 2 * n) * launch
+        W = 3 * C
+        a2a = ex(W, 3) + ex(C, 1) + 2 * ex(W, 3) + 2 * ex(C, 1)
+        kv, dkv = N * 2 * C * a, N * 2 * C * 4
+        ring = 2 * (r - 1) * (lat + kv / bw) + r * (lat + dkv / bw)
+        want = L * (a2a + ring)
+        print(f"  cp4 hybrid (a2a 2 x ring 2): planned cp {got * 1e3:.4f} ms, formula {want * 1e3:.4f} ms "
+              f"(all-to-all {L * a2a * 1e3:.4f}, ring {L * ring * 1e3:.4f})")
+        check(abs(got / want - 1) < 1e-9, f"hybrid cp time: planned {got}, formula {want}")
+        check(row["cp_impl"] == "hybrid" and row["cp_a2a"] == n, f"hybrid eval row: {row['cp_impl']} {row['cp_a2a']}")
+    # A search with hybrid fixed keeps it, and its launch line names both flags.
+    rc, out, err = plan(["search", "-e", model, "-t", str(T), "-d", str(8 * T), "--world", str(c), "--cp", str(c),
+                         "--cp-impl", "hybrid", "--cp-a2a", str(n), "--hardware", prof, "--plan-json", jp,
+                         "--plan-top", "1"])
+    rows = []
+    if os.path.exists(jp):
+        with open(jp) as f:
+            rows = [json.loads(line) for line in f]
+    check(rc == 0 and rows and all(x["cp_impl"] == "hybrid" and x["cp_a2a"] == n for x in rows) and
+          "--cp-impl hybrid --cp-a2a 2" in out, f"hybrid search: {err[-300:]} {out[-300:]}")
+    # The flags' errors, as the trainer's.
+    for extra in (["--cp", "4", "--cp-impl", "hybrid", "--cp-a2a", "3"], ["--cp", "4", "--cp-a2a", "2"],
+                  ["--cp", "4", "--cp-impl", "hybrid"]):
+        rc, out, err = plan(["eval", "-e", model, "-t", str(T), "-b", str(B), "--world", "4", "--hardware", prof]
+                            + extra)
+        lines = [x for x in err.splitlines() if x.startswith("train_gpt")]
+        check(rc != 0 and len(lines) == 1 and "--cp-a2a" in lines[0], f"plan eval {extra}: rc={rc} {err[-300:]!r}")
 
 
 def test_search_and_errors(tmp):
@@ -372,6 +433,7 @@ def suite(tmp):
     test_search_and_errors(tmp)
     test_wave_model(tmp)
     test_cp_a2a(tmp)
+    test_cp_hybrid(tmp)
     test_published(tmp)
     test_time(tmp)
 
