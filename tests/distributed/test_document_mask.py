@@ -12,8 +12,9 @@
 #     their queries' documents skipped), cp 2 and 4 all-to-all, cp 4 hybrid
 #     (all-to-all groups of 2, a ring of 2: the group's document starts and
 #     the ring's key positions), and the mixes tp 2 sp x pp 2, cp 2 x dp 2
-#     and cp 4 hybrid x pp 2; Llama (GQA 2:1) under cp 2 x tp 2, pp 2, cp 2
-#     all-to-all and cp 4 hybrid; one cp 2 run at
+#     and cp 4 hybrid x pp 2, and each cp implementation x tp 2 sp (ring,
+#     a2a cp 2, hybrid cp 4) and x pp 2 (ring, a2a cp 2); Llama (GQA 2:1)
+#     under cp 2 x tp 2, pp 2, cp 2 all-to-all and cp 4 hybrid; one cp 2 run at
 #     T=160 (several 64-row tiles per ring block); 6 steps, losses and final
 #     weights (<= 1e-10), validation losses too;
 #   - recorded regions (LLMC_CPU_GRAPH=1, docs/design.md section 2.9): the
@@ -89,7 +90,13 @@ def test_layouts(tmp):
                (2, ["-b", "8", "--cp", "2"]), (4, ["-b", "8", "--cp", "4"]),
                (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]), (4, ["-b", "8", "--cp", "4", "--cp-impl", "a2a"]),
                (4, ["-b", "4", "--tp", "2", "--sp", "1", "--pp", "2"]), (4, ["-b", "4", "--cp", "2", "-z", "1"]),
-               (4, ["-b", "8", "--cp", "4"] + HYBRID), (8, ["-b", "4", "--cp", "4", "--pp", "2"] + HYBRID)]
+               (4, ["-b", "8", "--cp", "4"] + HYBRID), (8, ["-b", "4", "--cp", "4", "--pp", "2"] + HYBRID),
+               # each implementation with tp + sp, and with pp
+               (4, ["-b", "8", "--cp", "2", "--tp", "2", "--sp", "1"]),
+               (4, ["-b", "8", "--cp", "2", "--cp-impl", "a2a", "--tp", "2", "--sp", "1"]),
+               (4, ["-b", "4", "--cp", "2", "--cp-impl", "a2a", "--pp", "2"]),
+               (4, ["-b", "4", "--cp", "2", "--pp", "2"]),
+               (8, ["-b", "8", "--cp", "4", "--tp", "2", "--sp", "1"] + HYBRID)]
     equivalence(check, tmp, "fp64", args, one, layouts, steps=6)
     llama = base(LLAMA, DOCS) + ["--document-mask", "1", "-d", "128"]
     equivalence(check, tmp, "fp64", llama, one, [(4, ["-b", "8", "--cp", "2", "--tp", "2"]),
