@@ -83,8 +83,8 @@ def test_equivalence(tmp):
     # Top-1 routing, tied head, a larger coefficient.
     equivalence(check, tmp, "fp64", base("fp64", TOP1) + ["-d", "128"], ["-b", "8"],
                 [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"])], keys=keys)
-    # Pipeline stages: the load-balancing loss off (aux=0).
-    equivalence(check, tmp, "fp64", base("fp64", MIX0) + ["-d", "128"], ["-b", "2"],
+    # Pipeline stages (1F1B, interleaved: 4 layers): the load-balancing loss off (aux=0).
+    equivalence(check, tmp, "fp64", base("fp64", MIX0.replace("L=2", "L=4")) + ["-d", "128"], ["-b", "2"],
                 [(2, ["-b", "2", "--pp", "2"]), (2, ["-b", "2", "--pp", "2", "--vpp", "2"]),
                  (4, ["-b", "2", "--pp", "2", "--tp", "2", "--sp", "1"])])
 
@@ -107,10 +107,10 @@ def test_aux_matters(tmp):
 
 def test_errors(tmp):
     cases = ((2, MIX, ["--pp", "2"], "--pp"),
-             (4, MIX.replace("F=40", "F=42"), ["--tp", "4"], "--tp"),
+             (4, MIX.replace("F=40", "F=42").replace("NKV=2", "NKV=4"), ["--tp", "4"], "--tp"),  # F=42 over 4
              (1, MIX.replace("K=2", "K=5"), [], "-e"),
              (1, MIX.replace("arch=mixtral", "arch=llama"), [], "-e"),
-             (1, MIX, ["--generate", "hello", "--max-new-tokens", "2"], "--kv-cache"))
+             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], "--kv-cache"))
     refusals(check, cases, lambda model: base("fp32", model, 2) + ["-b", "4", "-d", "64"])
 
 

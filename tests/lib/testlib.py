@@ -89,6 +89,9 @@ def read_checkpoint(d, step):
     L, C, V, Vp, T = m["L"], m["C"], m["V"], m["Vp"], m["maxT"]
     if m.get("arch", "gpt2") == "llama":
         P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"])
+    elif m.get("arch") == "mixtral":  # the MLP's 3·C·F is the router's E·C and E experts' 3·C·F
+        P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"]) + L * m["E"] * C * (1 + 3 * m["F"]) \
+            - L * 3 * C * m["F"]
     else:
         P = param_count(L, C, V, Vp, T)
     assert ix["params"] == P, f"checkpoint: index says {ix['params']} parameters, the formula {P}"
