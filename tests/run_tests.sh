@@ -17,7 +17,7 @@
 #   reference    tests/reference/: one process against an independent truth:
 #                the PyTorch reference (itself checked against functional
 #                PyTorch, finite differences and torch.optim.AdamW), and
-#                transformers' GPT2LMHeadModel and LlamaForCausalLM, and
+#                transformers' GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM, and
 #                the `tokenizers` package (BPE encoding).
 #                Needs: PyTorch (python3-torch) and build/hfenv
 #                (transformers; scripts/setup.sh makes it).
