@@ -17,6 +17,8 @@
 #     (rel err <= 1e-10);
 #   - the aux loss matters: a run with aux=0 trains to other weights, and
 #     its aux_loss is still reported;
+#   - checkpoints (the architecture in the index): saved at tp=2, resumed in
+#     one process and at cp=2, with the uninterrupted run's losses;
 #   - errors: --pp with aux > 0, tp not dividing the experts' width F, K > E,
 #     E without arch=mixtral, --generate with the KV cache: one line naming
 #     the flag, every rank exits.
@@ -28,7 +30,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-from testlib import Checks, equivalence, metrics, read_checkpoint, refusals, rel, run_suite, train, write_shard
+from testlib import (Checks, equivalence, metrics, read_checkpoint, refusals, rel, resume_check, run_suite, train,
+                     write_shard)
 
 L, C, NH, NKV, F, E, K, V = 2, 48, 4, 2, 40, 4, 2, 97
 MIX = f"arch=mixtral,L={L},C={C},NH={NH},NKV={NKV},F={F},E={E},K={K},V={V},T=64,aux=0.05"
@@ -89,6 +92,11 @@ def test_equivalence(tmp):
                  (4, ["-b", "2", "--pp", "2", "--tp", "2", "--sp", "1"])])
 
 
+def test_checkpoints(tmp):
+    resume_check(check, tmp, base("fp64", MIX) + ["-d", "128"], ["-b", "8"], (2, ["-b", "8", "--tp", "2"]),
+                 ((0, ["-b", "8"]), (2, ["-b", "8", "--cp", "2"])))
+
+
 def test_aux_matters(tmp):
     runs = {}
     for name, model in (("aux", MIX), ("noaux", MIX0)):
@@ -121,6 +129,7 @@ def suite(tmp):
     test_params()
     test_equivalence(tmp)
     test_aux_matters(tmp)
+    test_checkpoints(tmp)
     test_errors(tmp)
 
 
