@@ -14,7 +14,7 @@
 #     and all-to-all: the micro-batch's routing statistics summed over the cp
 #     group), tp x cp; pp 2 and interleaved with aux=0: 10 steps of `loss`
 #     and `aux_loss` (metrics.jsonl) and the final weights equal one process
-#     (rel err <= 1e-10);
+#     (rel err <= 1e-10); tp + sp and cp in fp32 (<= 1e-5);
 #   - the aux loss matters: a run with aux=0 trains to other weights, and
 #     its aux_loss is still reported;
 #   - checkpoints (the architecture in the index): saved at tp=2, resumed in
@@ -83,6 +83,9 @@ def test_equivalence(tmp):
                  (2, ["-b", "8", "--tp", "2", "--sp", "1", "-r", "full"]), (2, ["-b", "8", "--cp", "2"]),
                  (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]), (4, ["-b", "8", "--tp", "2", "--cp", "2"]),
                  (0, ["-b", "8", "-r", "gelu"]), (0, ["-b", "8", "-r", "full"])], keys=keys)
+    # fp32 (<= 1e-5; the CPU is deterministic, so a near-tie in a top-k would fail every run, not some).
+    equivalence(check, tmp, "fp32", base("fp32", MIX) + ["-d", "128"], ["-b", "8"],
+                [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"])], keys=keys)
     # Top-1 routing, tied head, a larger coefficient.
     equivalence(check, tmp, "fp64", base("fp64", TOP1) + ["-d", "128"], ["-b", "8"],
                 [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"])], keys=keys)
