@@ -206,6 +206,14 @@ class GPT {
         aux_sum_ = 0;
         return s;
     }
+    // Mixtral over pipeline stages (docs/moe.md): the routing statistics of
+    // this stage's blocks since the last call, [assignments per expert (E);
+    // probability sums (E)], cleared; and the load-balancing gradient of the
+    // micro-batch in chunk c's slot from its whole statistics (every
+    // stage's, summed), for the chunk's next backward (the head chunk also
+    // adds the micro-batch's loss to the sum above).
+    std::vector<double> take_moe_stats();
+    void set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss);
 
     // ---- model chunks (pipeline parallel) ----
     const std::vector<ModelChunk>& chunks() const { return chunks_; }
@@ -316,7 +324,7 @@ class GPT {
     void moe_forward(int l, const LayerActs& la, const void* xin, int N);
     void moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad);
     void moe_stats(const LayerActs& la, int N, size_t s);
-    void moe_aux(size_t s, int N, double dloss);
+    void moe_aux(size_t s, int N, double dloss, bool count = true);
     std::vector<std::vector<int>> moe_offsets_;  // per layer-slot (and one scratch): the experts' row groups
     std::vector<std::vector<double>> moe_count_, moe_psum_;  // per chunk-slot [E]: assignments, probabilities
     double aux_last_ = 0, aux_sum_ = 0;

@@ -109,7 +109,26 @@ void GPT::moe_stats(const LayerActs& la, int N, size_t s) {
 // forward computes a loss gradient (dloss = 1 / tokens of the global
 // batch), the gradient of aux_coef times this micro-batch's share of the
 // step's mean with respect to every routing probability.
-void GPT::moe_aux(size_t s, int N, double dloss) {
+std::vector<double> GPT::take_moe_stats() {
+    const size_t E = cfg_.experts;
+    std::vector<double> out(2 * E, 0.0);
+    for (size_t s = 0; s < moe_count_.size(); s++)
+        for (size_t e = 0; e < E; e++) {
+            out[e] += moe_count_[s][e];
+            out[E + e] += moe_psum_[s][e];
+            moe_count_[s][e] = moe_psum_[s][e] = 0;
+        }
+    return out;
+}
+
+void GPT::set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss) {
+    const size_t s = slot_base_.at(c) + slot, E = cfg_.experts;
+    if (stats.size() != 2 * E) throw std::invalid_argument("set_moe_aux: statistics of another expert count");
+    for (size_t e = 0; e < E; e++) moe_count_[s][e] = stats[e], moe_psum_[s][e] = stats[E + e];
+    moe_aux(s, N, dloss, chunks_.at(c).head);
+}
+
+void GPT::moe_aux(size_t s, int N, double dloss, bool count) {
     const int E = cfg_.experts;
     std::vector<double>& cnt = moe_count_[s];
     std::vector<double>& psum = moe_psum_[s];
@@ -130,5 +149,5 @@ void GPT::moe_aux(size_t s, int N, double dloss) {
     aux *= E;
     be_->upload(elem_ptr(a_->moe_aux_grad, prec_.stat, s * E), prec_.stat, grad.data(), DType::F64, E);
     aux_last_ = aux;
-    aux_sum_ += aux;
+    if (count) aux_sum_ += aux;
 }

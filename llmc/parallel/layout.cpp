@@ -60,11 +60,6 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     if (c.hidden() % l.tp != 0)
         return fail("flag --tp: " + std::to_string(l.tp) + " does not divide the MLP's " + std::to_string(c.hidden()) +
                     " hidden channels");
-    // Mixtral's load-balancing loss pools the routing of every layer of a
-    // micro-batch before any backward (docs/moe.md): one stage holds them all.
-    if (c.moe() && c.aux_coef > 0 && l.pp > 1)
-        return fail("flag --pp: arch=mixtral's load-balancing loss needs every layer on one stage (pipeline stages "
-                    "train only with aux=0 in -e)");
     if (l.cp > 1 && l.T % (2 * l.cp) != 0)
         return fail("flag --cp: the sequence length T=" + std::to_string(l.T) + " does not cut into 2*cp = " +
                     std::to_string(2 * l.cp) + " chunks");

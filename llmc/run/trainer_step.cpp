@@ -93,9 +93,9 @@ StepMetrics Trainer::train_step(int step) {
     // Mixtral's load-balancing loss, the mean over the step's micro-batches
     // (each the same on the ranks of its cp group) as the loss; not part of
     // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
-    // (aux=0 only) do not form it.
+    // form it only with aux > 0 (their forward-only pass of the statistics).
     double aux = -1;
-    if (mc.moe() && grid.pp == 1) {
+    if (mc.moe() && (grid.pp == 1 || mc.aux_coef > 0)) {
         aux = grid.dpcp_group->host_all_reduce(s.model->take_aux_sum(), ReduceOp::Sum) /
               (accum * grid.dpcp_group->size());
         aux = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? aux : 0.0);

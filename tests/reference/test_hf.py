@@ -9,7 +9,7 @@
 #     one process and under mpirun (tp 2 with a vocabulary tp does not
 #     divide, dp 2 with ZeRO-3, pp 2); the trainer picks DIR/tokenizer.json
 #     and the export carries it; the same for a LlamaForCausalLM (GQA 2:1,
-#     untied) and a MixtralForCausalLM (4 experts, top 2; no pp);
+#     untied) and a MixtralForCausalLM (4 experts, top 2);
 #   - Llama and Mixtral tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
 #     untied fp32, GQA 4:1 tied bf16 in shards) and a MixtralForCausalLM
 #     (bf16 in shards) loaded by llmc/io/hf.cpp equal
@@ -142,7 +142,7 @@ def trained_logits(tmp, name, model_dir, launch, extra):
     return exp, logits
 
 
-def test_round_trip(tmp, arch, spec, pp=True):
+def test_round_trip(tmp, arch, spec):
     a = os.path.join(tmp, arch)
     rc, text = run([PY, REF, "--spec", spec, "--save-dir", a, "--steps", "0"])
     if not check(rc == 0, f"reference_hf.py makes a {arch} model: " + last_line(text)):
@@ -151,8 +151,8 @@ def test_round_trip(tmp, arch, spec, pp=True):
     layouts = [("single", [], [])]
     if shutil.which("mpirun"):
         mpi = ["mpirun", "-np", "2"]
-        layouts += [("tp2", mpi, ["--tp", "2"]), ("zero3", mpi, ["-z", "3"])]
-        layouts += [("pp2", mpi, ["--pp", "2", "-d", "128"])] if pp else []
+        layouts += [("tp2", mpi, ["--tp", "2"]), ("zero3", mpi, ["-z", "3"]),
+                    ("pp2", mpi, ["--pp", "2", "-d", "128"])]
     first = None
     for name, launch, extra in layouts:
         name = arch + "_" + name
@@ -391,8 +391,7 @@ def main():
         test_tokenizer(tmp)
         test_round_trip(tmp, "gpt2", "L=2,C=32,NH=2,V=301,T=64")
         test_round_trip(tmp, "llama", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=500")
-        # Mixtral: its load-balancing loss keeps every layer on one stage (no pp).
-        test_round_trip(tmp, "mixtral", "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=301,T=64,theta=500", pp=False)
+        test_round_trip(tmp, "mixtral", "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=301,T=64,theta=500")
         test_export_meta(tmp)
         test_llama_journey(tmp)
         test_llama_maps(tmp)
