@@ -17,7 +17,7 @@
 #   reference    tests/reference/: one process against an independent truth:
 #                the PyTorch reference (itself checked against functional
 #                PyTorch, finite differences and torch.optim.AdamW), and
-#                transformers' GPT2LMHeadModel and LlamaForCausalLM, and
+#                transformers' GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM, and
 #                the `tokenizers` package (BPE encoding).
 #                Needs: PyTorch (python3-torch) and build/hfenv
 #                (transformers; scripts/setup.sh makes it).
@@ -191,6 +191,13 @@ reference_tier() {
             --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
         reference_hf llama_gqa4_tied "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1,eps=1e-6" 2 16 \
             --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
+        # Mixtral (docs/moe.md): 4 experts, top 2, the load-balancing loss
+        # in the objective; 3 experts, top 1 (the weight renormalised to 1),
+        # a tied head, a larger coefficient, bf16 weights in shards.
+        reference_hf mixtral_e4k2 "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=64,E=4,K=2,V=101,T=24,theta=500" 3 19 \
+            --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+        reference_hf mixtral_e3k1_tied "arch=mixtral,L=2,C=32,NH=4,NKV=1,F=48,E=3,K=1,V=97,T=16,tied=1,aux=0.1" 2 16 \
+            --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
         # The document mask through transformers' attention masks: GPT-2, and Llama GQA 2:1.
         reference_hf gpt2_docmask "L=3,C=48,NH=3,V=97,T=24" 3 24 --steps 6 --warmup 2 --document-mask 7
         reference_hf llama_docmask "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 24 --steps 6 \
@@ -224,6 +231,7 @@ distributed_tier() {
     run test_pp "$PY" tests/distributed/test_pp.py
     run test_document_mask "$PY" tests/distributed/test_document_mask.py
     run test_llama "$PY" tests/distributed/test_llama.py
+    run test_moe "$PY" tests/distributed/test_moe.py
     run test_graphs "$PY" tests/distributed/test_graphs.py
     run test_watchdog "$PY" tests/distributed/test_watchdog.py
     run test_bf16 "$PY" tests/distributed/test_bf16.py

@@ -279,6 +279,49 @@ class Backend {
         refuse("swiglu_backward");
     }
 
+    // ---- Mixtral's mixture of experts (docs/moe.md) ------------------------------
+    // Defaults that refuse, as Llama's ops. An assignment a = n·K + j is
+    // token n's j-th expert; the grouped order lists the assignments by
+    // expert, then token, then j (stable), so each expert's rows are one
+    // contiguous group.
+    // Routing of N tokens from their router logits [N, E] (type act):
+    // probs [N, E] (type stat) = softmax over E; topi [N, K] (int32) the K
+    // most probable experts, most probable first; topw [N, K] (type act) their
+    // probabilities divided by the sum of the K; offsets [E + 1] (int32):
+    // expert e's group is grouped rows [offsets[e], offsets[e+1]); perm
+    // [N·K]: the assignment at each grouped row; inv [N·K]: the grouped row
+    // of each assignment. All overwritten.
+    virtual void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits,
+                           int N, int E, int K) {
+        (void)probs, (void)topw, (void)topi, (void)offsets, (void)perm, (void)inv, (void)logits, (void)N, (void)E,
+            (void)K;
+        refuse("moe_route");
+    }
+    // dlogits [N, E] (type act, overwrite) from dtopw [N, K] (type stat, the
+    // gradient of topw) through the renormalisation and the softmax, plus
+    // aux_grad [E] (type stat; null: none), added to the gradient of every
+    // token's probability of expert e (the load-balancing loss's).
+    virtual void moe_route_backward(void* dlogits, const void* probs, const int* topi, const void* dtopw,
+                                    const void* aux_grad, int N, int E, int K) {
+        (void)dlogits, (void)probs, (void)topi, (void)dtopw, (void)aux_grad, (void)N, (void)E, (void)K;
+        refuse("moe_route_backward");
+    }
+    // To the grouped rows: xg[inv[a], :] = w[a] · x[a / K, :] for the N·K
+    // assignments (w type act; null: 1), rows of C (type act, overwrite).
+    // With dw (type stat, may be null), also dw[a] = x[a / K, :] · yg[inv[a], :]
+    // (the combine's backward: x = its output gradient, yg its input).
+    virtual void moe_dispatch(void* xg, void* dw, const void* x, const void* yg, const void* w, const int* inv, int N,
+                              int K, int C) {
+        (void)xg, (void)dw, (void)x, (void)yg, (void)w, (void)inv, (void)N, (void)K, (void)C;
+        refuse("moe_dispatch");
+    }
+    // Back to the tokens: out[n, :] = sum over j of w[n·K + j] · yg[inv[n·K + j], :]
+    // (w null: 1; the dispatch's backward), overwrite.
+    virtual void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) {
+        (void)out, (void)yg, (void)w, (void)inv, (void)N, (void)K, (void)C;
+        refuse("moe_combine");
+    }
+
     // Ring attention (context parallel, docs/design.md section 5): one block of
     // queries against one block of keys and values.
     // Forward: merges the block's result into running (out_acc, lse_acc), both

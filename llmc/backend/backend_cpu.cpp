@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "llmc/backend/cpu_moe.h"
 #include "llmc/backend/cpu_ops.h"
 
 namespace {
@@ -116,6 +117,21 @@ class CpuBackend : public Backend {
     void swiglu_forward(void* out, const void* gu, int N, int H) override { cpu::swiglu_forward(f(out), f(gu), N, H); }
     void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) override {
         cpu::swiglu_backward(f(dgu), f(gu), f(dout), N, H);
+    }
+    void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
+                   int E, int K) override {
+        cpu::moe_route(f(probs), f(topw), topi, offsets, perm, inv, f(logits), N, E, K);
+    }
+    void moe_route_backward(void* dlogits, const void* probs, const int* topi, const void* dtopw, const void* aux_grad,
+                            int N, int E, int K) override {
+        cpu::moe_route_backward(f(dlogits), f(probs), topi, f(dtopw), f(aux_grad), N, E, K);
+    }
+    void moe_dispatch(void* xg, void* dw, const void* x, const void* yg, const void* w, const int* inv, int N, int K,
+                      int C) override {
+        cpu::moe_dispatch(f(xg), f(dw), f(x), f(yg), f(w), inv, N, K, C);
+    }
+    void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
+        cpu::moe_combine(f(out), f(yg), f(w), inv, N, K, C);
     }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {

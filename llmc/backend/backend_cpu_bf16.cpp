@@ -221,6 +221,29 @@ class CpuBf16Backend final : public Backend {
         run({{dgu, (size_t)N * 2 * H, true}, {gu, (size_t)N * 2 * H, false}, {dout, (size_t)N * H, false}},
             [&](float** x) { f_->swiglu_backward(x[0], x[1], x[2], N, H); });
     }
+    // Mixtral: router probabilities, the weights' gradient and the
+    // load-balancing gradient are of type stat (fp32); the rest bf16.
+    void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
+                   int E, int K) override {
+        run({{topw, (size_t)N * K, true}, {logits, (size_t)N * E, false}},
+            [&](float** x) { f_->moe_route(probs, x[0], topi, offsets, perm, inv, x[1], N, E, K); });
+    }
+    void moe_route_backward(void* dlogits, const void* probs, const int* topi, const void* dtopw, const void* aux_grad,
+                            int N, int E, int K) override {
+        run({{dlogits, (size_t)N * E, true}},
+            [&](float** x) { f_->moe_route_backward(x[0], probs, topi, dtopw, aux_grad, N, E, K); });
+    }
+    void moe_dispatch(void* xg, void* dw, const void* x, const void* yg, const void* w, const int* inv, int N, int K,
+                      int C) override {
+        const size_t NC = (size_t)N * C, G = NC * K;
+        run({{xg, G, true}, {x, NC, false}, {yg, yg ? G : 0, false}, {w, w ? (size_t)N * K : 0, false}},
+            [&](float** y) { f_->moe_dispatch(y[0], dw, y[1], y[2], y[3], inv, N, K, C); });
+    }
+    void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
+        const size_t NC = (size_t)N * C;
+        run({{out, NC, true}, {yg, NC * K, false}, {w, w ? (size_t)N * K : 0, false}},
+            [&](float** y) { f_->moe_combine(y[0], y[1], y[2], inv, N, K, C); });
+    }
     // Ring attention: the running output and the block gradients are of type stat (fp32).
     void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
                                  const AttnShape& s, bool first) override {

@@ -1,23 +1,19 @@
 // llmc/backend/backend_cuda.cu: the Backend on one CUDA device.
 //
-// Precision (backend.h): the default build keeps parameters, gradients and
-// activations in bf16, master weights, Adam m/v and per-row statistics in
-// fp32; the fp32 build keeps everything in fp32 (no master copy) so kernels
-// can be checked tightly against the CPU backend. Every op dispatches to the
-// kernel templates of llmc/backend/cuda/*.cuh with E = bf16 or float.
+// Precision (backend.h): the default build keeps parameters, gradients and activations in bf16,
+// master weights, Adam m/v and per-row statistics in fp32; the fp32 build keeps everything in
+// fp32 (no master copy) so kernels can be checked tightly against the CPU backend. Every op
+// dispatches to the kernel templates of llmc/backend/cuda/*.cuh with E = bf16 or float.
 //
-// All work goes to one stream owned by the backend (cuBLASLt included), so
-// ops run in call order; transfers to and from the host synchronise that
-// stream before they return. Host <-> device conversion runs on the device
-// through a fixed staging buffer allocated with the backend: the host never
-// holds a converted copy of a whole buffer (cuda/staging.cuh). Temporary
-// device memory the kernels need (partial sums, attention's D vector,
-// encoder sort keys, the multi-run tables) lives in scratch buffers that
-// the model stack reserves once (reserve_workspace, cuda/scratch.cuh and
-// cuda/workspace.h), so no device memory is allocated or freed between
-// steps; they are not counted in bytes_in_use(): that figure is the model's
-// own buffers, as the memory report expects. Optimization switches come
-// from the environment once, at start (cuda/switches.h).
+// All work goes to one stream owned by the backend (cuBLASLt included), so ops run in call
+// order; transfers to and from the host synchronise that stream before they return. Host <->
+// device conversion runs on the device through a fixed staging buffer allocated with the
+// backend: the host never holds a converted copy of a whole buffer (cuda/staging.cuh).
+// Temporary device memory the kernels need (partial sums, attention's D vector, encoder sort
+// keys, the multi-run tables) lives in scratch buffers that the model stack reserves once
+// (reserve_workspace, cuda/scratch.cuh and cuda/workspace.h), so no device memory is allocated
+// or freed between steps; they are not counted in bytes_in_use(): that figure is the model's own
+// buffers, as the memory report expects. Switches come from the environment once (cuda/switches.h).
 #include "llmc/backend/backend_cuda.h"
 
 #include <algorithm>
@@ -39,6 +35,7 @@
 #include "llmc/backend/cuda/graphs.cuh"
 #include "llmc/backend/cuda/layernorm.cuh"
 #include "llmc/backend/cuda/matmul.cuh"
+#include "llmc/backend/cuda/moe.cuh"
 #include "llmc/backend/cuda/norm.cuh"
 #include "llmc/backend/cuda/rmsnorm.cuh"
 #include "llmc/backend/cuda/rope.cuh"
@@ -57,8 +54,7 @@ class CudaBackend final : public Backend {
   public:
     CudaBackend(int device, bool fp32) : device_(device), fp32_(fp32) {
         CUDA_CHECK(cudaSetDevice(device_));
-        // A blocking stream: work other code queues on the legacy default
-        // stream (a communicator's copies, say) stays ordered with ours.
+        // A blocking stream: work queued on the legacy default stream (a communicator's copies) stays ordered.
         CUDA_CHECK(cudaStreamCreate(&stream_));
         // The optimization switches (cuda/switches.h), read once.
         std::string err;
@@ -93,16 +89,13 @@ class CudaBackend final : public Backend {
         if (fp32_) return {DType::F32, DType::F32, DType::F32, false, DType::F32, DType::F32, DType::F32};
         return {DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
     }
-    // LayerNorm, RMSNorm and bias gradients, attention's dk/dv (summed over
-    // a GQA group in a fixed head order), encoder backward and the norm sum in
-    // an order that depends only on the shapes (no floating-point atomics),
-    // but cuBLASLt's algorithm choice is not promised to give the same bits
-    // on every run, so the backend does not claim determinism.
+    // LayerNorm, RMSNorm and bias gradients, attention's dk/dv (summed over a GQA group in a fixed head
+    // order), encoder backward and the norm sum in an order that depends only on the shapes (no floating-point
+    // atomics), but cuBLASLt's algorithm choice is not promised to give the same bits on every run.
     bool deterministic() const override { return false; }
 
     // ---- memory ---------------------------------------------------------------------
-    // The GPU's free memory, shared by the ranks that run on it (local ranks
-    // are dealt to the node's GPUs in turn).
+    // The GPU's free memory, shared by the ranks that run on it (local ranks are dealt to the GPUs in turn).
     size_t free_memory(int local_ranks) const override {
         activate();
         size_t free = 0, total = 0;
@@ -193,8 +186,7 @@ class CudaBackend final : public Backend {
     }
     size_t bytes_in_use() const override { return in_use_; }
     size_t bytes_peak() const override { return peak_; }
-    // Every scratch buffer at the size of the stack's largest call; from
-    // here on none of them allocates.
+    // Every scratch buffer at the size of the stack's largest call; from here on none of them allocates.
     void reserve_workspace(const Workspace& w) override {
         activate();
         scratch_.reserve(llmc_idx::scratch_bytes(w, llmc_cuda::attention_bwd5_enabled()), stream_);
@@ -287,6 +279,22 @@ class CudaBackend final : public Backend {
             using E = decltype(tag);
             llmc_cuda::swiglu_backward<E>(ptr<E>(dgu), cptr<E>(gu), cptr<E>(dout), N, H, stream_);
         });
+    }
+    // ---- Mixtral (cuda/moe.cuh: the element type from fp32_); probabilities and dw are fp32 (stat).
+    void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
+                   int NE, int K) override {
+        activate(), llmc_cuda::moe_route(fp32_, probs, topw, topi, offsets, perm, inv, logits, N, NE, K, stream_);
+    }
+    void moe_route_backward(void* dl, const void* p, const int* topi, const void* dw, const void* aux, int N, int NE,
+                            int K) override {
+        activate(), llmc_cuda::moe_route_backward(fp32_, dl, p, topi, dw, aux, N, NE, K, stream_);
+    }
+    void moe_dispatch(void* xg, void* dw, const void* x, const void* yg, const void* w, const int* inv, int N, int K,
+                      int C) override {
+        activate(), llmc_cuda::moe_dispatch(fp32_, xg, dw, x, yg, w, inv, N, K, C, stream_);
+    }
+    void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
+        activate(), llmc_cuda::moe_combine(fp32_, out, yg, w, inv, N, K, C, stream_);
     }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {

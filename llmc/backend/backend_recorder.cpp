@@ -131,6 +131,21 @@ class RecordingBackend final : public Backend {
     void swiglu_backward(void* dgu, const void* gu, const void* dout, int N, int H) override {
         op([=] { in_->swiglu_backward(dgu, gu, dout, N, H); });
     }
+    void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
+                   int E, int K) override {
+        op([=] { in_->moe_route(probs, topw, topi, offsets, perm, inv, logits, N, E, K); });
+    }
+    void moe_route_backward(void* dlogits, const void* probs, const int* topi, const void* dtopw, const void* aux_grad,
+                            int N, int E, int K) override {
+        op([=] { in_->moe_route_backward(dlogits, probs, topi, dtopw, aux_grad, N, E, K); });
+    }
+    void moe_dispatch(void* xg, void* dw, const void* x, const void* yg, const void* w, const int* inv, int N, int K,
+                      int C) override {
+        op([=] { in_->moe_dispatch(xg, dw, x, yg, w, inv, N, K, C); });
+    }
+    void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
+        op([=] { in_->moe_combine(out, yg, w, inv, N, K, C); });
+    }
     void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
                                  const AttnShape& s, bool first) override {
         op([=] { in_->attention_block_forward(out_acc, lse_acc, q, k, v, s, first); });

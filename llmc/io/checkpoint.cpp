@@ -185,6 +185,12 @@ std::string checkpoint_index_text(GPT& model, int world, const TrainState& st, c
         j["model"]["theta"] = c.rope_theta;
         j["model"]["eps"] = c.norm_eps;
         j["model"]["tied"] = c.tied;
+        if (c.moe()) {
+            j["model"]["arch"] = "mixtral";
+            j["model"]["E"] = c.experts;
+            j["model"]["K"] = c.top_k;
+            j["model"]["aux"] = c.aux_coef;
+        }
     }
     j["params"] = model.table().file_params;
     j["weights_dtype"] = dtype_name(model.weights_dtype());

@@ -73,14 +73,20 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
         ix->cfg.num_layers = m.at("L");
         ix->cfg.num_heads = m.at("NH");
         ix->cfg.channels = m.at("C");
-        if (m.value("arch", std::string("gpt2")) == "llama") {  // absent: GPT-2 (indexes before Llama)
-            ix->cfg.arch = Arch::llama;
+        const std::string arch = m.value("arch", std::string("gpt2"));  // absent: GPT-2 (indexes before Llama)
+        if (arch == "llama" || arch == "mixtral") {
+            ix->cfg.arch = arch == "llama" ? Arch::llama : Arch::mixtral;
+            if (arch == "mixtral") {
+                ix->cfg.experts = m.at("E");
+                ix->cfg.top_k = m.at("K");
+                ix->cfg.aux_coef = m.at("aux");
+            }
             ix->cfg.num_kv_heads = m.at("NKV");
             ix->cfg.ffn = m.at("F");
             ix->cfg.rope_theta = m.at("theta");
             ix->cfg.norm_eps = m.at("eps");
             ix->cfg.tied = m.at("tied");
-        } else if (m.value("arch", std::string("gpt2")) != "gpt2") {
+        } else if (arch != "gpt2") {
             throw std::runtime_error("unknown model arch " + m.at("arch").get<std::string>());
         }
         constexpr long long kInt = 2147483647;

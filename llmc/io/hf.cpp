@@ -93,11 +93,11 @@ struct ConfigReader {
         }
         return (int)v.get<long long>();
     }
-    double real(const char* key, double def) {
+    double real(const char* key, double def, bool zero_ok = false) {
         if (!j.contains(key) || j[key].is_null()) return def;
         const json& v = j[key];
-        if (!v.is_number() || !(v.get<double>() > 0)) {
-            fail(std::string(key) + " is " + v.dump() + ", not a positive number");
+        if (!v.is_number() || !(v.get<double>() > 0 || (zero_ok && v.get<double>() == 0))) {
+            fail(std::string(key) + " is " + v.dump() + (zero_ok ? ", not a number >= 0" : ", not a positive number"));
             return def;
         }
         return v.get<double>();
@@ -131,29 +131,43 @@ bool read_hf_config(const std::string& dir, GPTConfig* cfg, std::string* err) {
         j["architectures"][0].is_string())
         arch = j["architectures"][0].get<std::string>();
     const std::string type = r.str("model_type", "");
-    if (!arch.empty() && arch != "LlamaForCausalLM" && arch != "GPT2LMHeadModel")
-        return r.fail("architecture " + arch + " is not supported (LlamaForCausalLM or GPT2LMHeadModel)");
-    const bool llama = arch == "LlamaForCausalLM" || (arch.empty() && type == "llama");
+    if (!arch.empty() && arch != "LlamaForCausalLM" && arch != "GPT2LMHeadModel" && arch != "MixtralForCausalLM")
+        return r.fail("architecture " + arch +
+                      " is not supported (LlamaForCausalLM, MixtralForCausalLM or GPT2LMHeadModel)");
+    const bool mixtral = arch == "MixtralForCausalLM" || (arch.empty() && type == "mixtral");
+    const bool llama = mixtral || arch == "LlamaForCausalLM" || (arch.empty() && type == "llama");
     const bool gpt2 = arch == "GPT2LMHeadModel" || (arch.empty() && type == "gpt2");
     if (!llama && !gpt2)
-        return r.fail("model_type '" + type + "' is not supported (llama or gpt2, or architectures " +
-                      "LlamaForCausalLM or GPT2LMHeadModel)");
+        return r.fail("model_type '" + type + "' is not supported (llama, mixtral or gpt2, or architectures " +
+                      "LlamaForCausalLM, MixtralForCausalLM or GPT2LMHeadModel)");
     GPTConfig c;
     if (llama) {
-        c.arch = Arch::llama;
+        c.arch = mixtral ? Arch::mixtral : Arch::llama;
+        if (mixtral) {  // transformers' MixtralConfig defaults where a key is absent
+            c.experts = r.integer("num_local_experts", 8);
+            c.top_k = r.integer("num_experts_per_tok", 2);
+            c.aux_coef = r.real("router_aux_loss_coef", 0.001, true);
+            if (r.real("router_jitter_noise", 0.0, true) != 0.0)
+                return r.fail("router_jitter_noise " + j["router_jitter_noise"].dump() + " is not supported (0)");
+        }
         c.channels = r.integer("hidden_size");
         c.num_heads = r.integer("num_attention_heads");
         c.num_kv_heads = r.integer("num_key_value_heads", c.num_heads > 0 ? c.num_heads : 1);
         c.ffn = r.integer("intermediate_size");
         c.num_layers = r.integer("num_hidden_layers");
         c.vocab_size = r.integer("vocab_size");
-        c.max_seq_len = r.integer("max_position_embeddings", 2048);
+        c.max_seq_len = r.integer("max_position_embeddings", mixtral ? 131072 : 2048);
         c.rope_theta = r.real("rope_theta", 10000.0);
         c.norm_eps = r.real("rms_norm_eps", 1e-6);
         c.tied = r.boolean("tie_word_embeddings", false);
         if (!r.ok) return false;
         if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
             return r.fail("rope_scaling " + j["rope_scaling"].dump() + " is not supported (plain RoPE only)");
+        // Mixtral's sliding window changes attention only past its width.
+        if (mixtral && j.contains("sliding_window") && !j["sliding_window"].is_null() &&
+            r.integer("sliding_window") < c.max_seq_len)
+            return r.fail("sliding_window " + j["sliding_window"].dump() +
+                          " below max_position_embeddings is not supported (full causal attention)");
         if (r.boolean("attention_bias", false)) return r.fail("attention_bias true is not supported (Llama without biases)");
         if (r.boolean("mlp_bias", false)) return r.fail("mlp_bias true is not supported (Llama without biases)");
         const std::string act = r.str("hidden_act", "silu");
@@ -229,6 +243,17 @@ std::vector<HfTensor> hf_tensors(const GPTConfig& c, const std::string& prefix) 
             v.push_back({p + "self_attn.v_proj.weight", {KV, C}, at(Param::qkvw, li) + (Q + KV) * C, false});
             v.push_back({p + "self_attn.o_proj.weight", {C, Q}, at(Param::attprojw, li), false});
             v.push_back({p + "post_attention_layernorm.weight", {C}, at(Param::ln2w, li), false});
+            if (c.moe()) {  // the router, then each expert's w1 (gate), w3 (up), w2 (down): tensors.h
+                const std::string m = p + "block_sparse_moe.";
+                v.push_back({m + "gate.weight", {(uint64_t)c.experts, C}, at(Param::moe_gate, li), false});
+                for (uint64_t e = 0; e < (uint64_t)c.experts; e++) {
+                    const std::string x = m + "experts." + std::to_string(e) + ".";
+                    v.push_back({x + "w1.weight", {F, C}, at(Param::moe_fc, li) + e * 2 * F * C, false});
+                    v.push_back({x + "w2.weight", {C, F}, at(Param::moe_proj, li) + e * C * F, false});
+                    v.push_back({x + "w3.weight", {F, C}, at(Param::moe_fc, li) + (e * 2 + 1) * F * C, false});
+                }
+                continue;
+            }
             v.push_back({p + "mlp.gate_proj.weight", {F, C}, at(Param::fcw, li), false});
             v.push_back({p + "mlp.up_proj.weight", {F, C}, at(Param::fcw, li) + F * C, false});
             v.push_back({p + "mlp.down_proj.weight", {C, F}, at(Param::fcprojw, li), false});
@@ -284,7 +309,9 @@ void transpose_bytes(void* out, const void* in, size_t rows, size_t cols, size_t
                     std::memcpy(d + (j * rows + i) * es, s + (i * cols + j) * es, es);
 }
 
-const char* arch_name(const GPTConfig& c) { return c.llama() ? "LlamaForCausalLM" : "GPT2LMHeadModel"; }
+const char* arch_name(const GPTConfig& c) {
+    return c.moe() ? "MixtralForCausalLM" : c.llama() ? "LlamaForCausalLM" : "GPT2LMHeadModel";
+}
 }  // namespace
 
 // ---- load -------------------------------------------------------------------------------------------
@@ -430,6 +457,16 @@ static ojson hf_config_json(const GPTConfig& c, const char* torch_dtype) {
         j["attention_dropout"] = 0.0;
         j["pretraining_tp"] = 1;
         j["initializer_range"] = 0.02;
+        if (c.moe()) {  // MixtralConfig's keys (its attention and MLP have no bias keys)
+            j["model_type"] = "mixtral";
+            for (const char* k : {"head_dim", "attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+            j["num_local_experts"] = c.experts;
+            j["num_experts_per_tok"] = c.top_k;
+            j["router_aux_loss_coef"] = c.aux_coef;
+            j["output_router_logits"] = true;  // its training then adds the load-balancing loss, as ours did
+            j["router_jitter_noise"] = 0.0;
+            j["sliding_window"] = nullptr;
+        }
     } else {
         j["model_type"] = "gpt2";
         j["n_embd"] = c.channels;

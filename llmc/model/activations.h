@@ -26,6 +26,14 @@ struct GPT::Acts {
     void *residual2, *ln2, *ln2_mean, *ln2_rstd;  // [Ns,C], ...
     void *fch, *fch_gelu;                       // [N,Hl]
     void* residual3;                            // [Ns,C]
+    // Mixtral (fch and h then hold N·K grouped rows): per layer-slot
+    void *moe_probs = nullptr, *moe_topw = nullptr;  // [N,E] stat, [N,K]
+    int *moe_topi = nullptr, *moe_offsets = nullptr, *moe_perm = nullptr, *moe_inv = nullptr;  // [N,K], [E+1], [NK], [NK]
+    void *moe_xg = nullptr, *moe_yg = nullptr;     // [NK,C] the experts' grouped inputs and outputs
+    // Mixtral scratch
+    void *moe_logits = nullptr, *moe_dlogits = nullptr;  // [N,E]
+    void *moe_dg = nullptr, *moe_dtopw = nullptr, *moe_dx = nullptr;  // [NK,C], [NK] stat, [N,C]
+    void* moe_aux_grad = nullptr;  // [chunk-slots, E] stat: the load-balancing loss's gradient per probability
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
     void* logits;                               // [N,Vl]; with --head-chunk ROWS one [ROWS,Vl] for all slots
@@ -53,4 +61,7 @@ struct GPT::Acts {
 struct GPT::LayerActs {
     void *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *x2, *ln2, *ln2_mean, *ln2_rstd, *fch, *h, *x3;
     const int* docs;  // the slot's document starts [B·T] (null: no document mask)
+    void *probs, *topw, *xg, *yg;  // Mixtral (null otherwise)
+    int *topi, *offsets, *perm, *inv;
+    size_t index;  // the layer-slot (layer_slots_: the recompute scratch)
 };

@@ -92,11 +92,16 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
             block_forward(l, la, B, T, true);
         } else {
             if (!a.keep_attn) attention_core(la, B, T);
-            if (!a.keep_gelu) activation(la.h, la.fch, N);
+            if (!a.keep_gelu) activation(la.h, la.fch, mlp_rows(N));
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
-        if (cfg_.llama()) {
+        if (cfg_.moe()) {  // the MoE block (moe.cpp): dln = its input's gradient
+            const void* aux = elem_ptr(a.moe_aux_grad, prec_.stat, (slot_base_[c] + slot) * (size_t)cfg_.experts);
+            const void* dout = g_bwd();  // the tp collectives in a fixed order
+            const void* xin = f_input(la.ln2);
+            moe_backward(l, la, dout, xin, N, aux);
+        } else if (cfg_.llama()) {
             be_->matmul_backward(a.dh, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
                                  P(Param::fcprojw, l), N, Hl, C);
             be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
@@ -104,8 +109,9 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
                                       P(Param::fcprojw, l), la.fch, N, Hl, C);
         }
-        be_->matmul_backward(a.dln, G(Param::fcw, l), Gb(Param::fcb, l), a.dfch, f_input(la.ln2), P(Param::fcw, l), N,
-                             C, (int)fch_width());
+        if (!cfg_.moe())
+            be_->matmul_backward(a.dln, G(Param::fcw, l), Gb(Param::fcb, l), a.dfch, f_input(la.ln2), P(Param::fcw, l),
+                                 N, C, (int)fch_width());
         norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);
         // dresidual holds d(x2); attention path.
         be_->matmul_backward(a.datt, G(Param::attprojw, l), Gb(Param::attprojb, l), g_bwd(), la.atty,

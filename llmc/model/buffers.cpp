@@ -167,9 +167,30 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
     a.ln2 = block_buf("ln2", Ns * C, act, a.keep_block);
     a.ln2_mean = ln ? block_buf("ln2_mean", Ns, st, a.keep_block) : nullptr;
     a.ln2_rstd = block_buf("ln2_rstd", Ns, st, a.keep_block);
-    a.fch = block_buf("fch", N * Fl, act, a.keep_block);
-    a.fch_gelu = block_buf("fch_gelu", N * Hl, act, a.keep_gelu);
+    const size_t R = mlp_rows((int)N);  // rows of the MLP's hidden layer (Mixtral: N·K grouped rows)
+    a.fch = block_buf("fch", R * Fl, act, a.keep_block);
+    a.fch_gelu = block_buf("fch_gelu", R * Hl, act, a.keep_gelu);
     a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
+    if (cfg.moe()) {
+        const size_t E = cfg.experts, K = cfg.top_k;
+        a.moe_probs = block_buf("moe_probs", N * E, st, a.keep_block);
+        a.moe_topw = block_buf("moe_topw", N * K, act, a.keep_block);
+        a.moe_topi = (int*)block_buf("moe_topi", N * K, DType::I32, a.keep_block);
+        a.moe_offsets = (int*)block_buf("moe_offsets", E + 1, DType::I32, a.keep_block);
+        a.moe_perm = (int*)block_buf("moe_perm", N * K, DType::I32, a.keep_block);
+        a.moe_inv = (int*)block_buf("moe_inv", N * K, DType::I32, a.keep_block);
+        a.moe_xg = block_buf("moe_xg", R * C, act, a.keep_block);
+        a.moe_yg = block_buf("moe_yg", R * C, act, a.keep_block);
+        a.moe_logits = alloc_buffer(S, "moe_logits", N * E, act);
+        a.moe_dlogits = alloc_buffer(S, "moe_dlogits", N * E, act);
+        a.moe_dg = alloc_buffer(S, "moe_dgrouped", R * C, act);
+        a.moe_dtopw = alloc_buffer(S, "moe_dtopw", N * K, st);
+        a.moe_dx = alloc_buffer(S, "moe_drouter", N * C, act);
+        a.moe_aux_grad = alloc_buffer(S, "moe_aux_grad", chunk_slots * E, st);
+        moe_offsets_.assign(LS + 1, std::vector<int>(E + 1, 0));
+        moe_count_.assign(chunk_slots, std::vector<double>(E, 0.0));
+        moe_psum_.assign(chunk_slots, std::vector<double>(E, 0.0));
+    }
     if (HSl) {
         a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);
         a.lnf_mean = ln ? alloc_buffer(A, "lnf_mean", HSl * Ns, st) : nullptr;
@@ -207,8 +228,8 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
     a.dresidual = alloc_buffer(S, "dresidual", Ns * C, act);
     a.dln = alloc_buffer(S, "d_ln", N * C, act);
     a.datt = alloc_buffer(S, "d_atty", N * Cl, act);
-    a.dh = alloc_buffer(S, "d_hidden", N * Hl, act);
-    a.dfch = Fl == Hl ? a.dh : alloc_buffer(S, "d_gate_up", N * Fl, act);
+    a.dh = alloc_buffer(S, "d_hidden", R * Hl, act);
+    a.dfch = Fl == Hl ? a.dh : alloc_buffer(S, "d_gate_up", R * Fl, act);
     a.dqkv = alloc_buffer(S, "d_qkv", N * Wqkv, act);
     grad_ready_.assign(std::max(1, head_slots), 0);
 
@@ -288,7 +309,8 @@ void GPT::release(int unit) {
 
 void GPT::region(Pass pass, int c, int slot, int B, int T, double dloss, const std::function<void()>& ops) {
     const bool backward = pass != Pass::forward;
-    if (tp_ || cp_ || !provider_->quiet(backward, pass == Pass::backward_last)) {
+    // Mixtral's expert products need the routing's row counts on the host.
+    if (tp_ || cp_ || cfg_.moe() || !provider_->quiet(backward, pass == Pass::backward_last)) {
         ops();
         return;
     }
@@ -348,10 +370,22 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.ln2 = at(a.ln2, kb, Ns * C, act);
     r.ln2_mean = at(a.ln2_mean, kb, Ns, st);
     r.ln2_rstd = at(a.ln2_rstd, kb, Ns, st);
-    r.fch = at(a.fch, kb, N * fch_width(), act);
-    r.h = at(a.fch_gelu, a.keep_gelu, N * Hl, act);
+    const size_t R = mlp_rows(N);
+    r.fch = at(a.fch, kb, R * fch_width(), act);
+    r.h = at(a.fch_gelu, a.keep_gelu, R * Hl, act);
     r.x3 = act_layer(a.residual3, i, Ns * C, act);
     r.docs = a.docs ? a.docs + (slot_base_[c] + slot) * (size_t)B_ * T_ : nullptr;
+    const size_t E = cfg_.experts, K = cfg_.top_k;
+    auto ati = [&](int* base, size_t per) { return (int*)at(base, kb, per, DType::I32); };
+    r.probs = at(a.moe_probs, kb, (size_t)N * E, st);
+    r.topw = at(a.moe_topw, kb, (size_t)N * K, act);
+    r.topi = ati(a.moe_topi, (size_t)N * K);
+    r.offsets = ati(a.moe_offsets, E + 1);
+    r.perm = ati(a.moe_perm, (size_t)N * K);
+    r.inv = ati(a.moe_inv, (size_t)N * K);
+    r.xg = at(a.moe_xg, kb, R * C, act);
+    r.yg = at(a.moe_yg, kb, R * C, act);
+    r.index = kb ? (size_t)i : layer_slots_;
     return r;
 }
 
@@ -408,7 +442,7 @@ void* GPT::Gb(Param p, int layer) { return table_.has(p, layer) ? G(p, layer) : 
 // the norm at most once, over at most the whole flat buffer.
 Workspace GPT::workspace() const {
     Workspace w;
-    w.rows = B_ * T_;
+    w.rows = mlp_rows(B_ * T_);  // Mixtral's expert products: up to N·K rows
     w.seq = T_;
     w.channels = cfg_.channels;
     w.bias_width = (int)std::max({(size_t)cfg_.channels, qkv_width(), fch_width()});

@@ -1,6 +1,7 @@
 // llmc/model/config.cpp: parsing of model descriptors and explicit sizes.
 #include "llmc/model/config.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -41,27 +42,31 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
     } else {
         std::stringstream ss(spec);
         std::string item;
-        bool tied_given = false;
+        bool tied_given = false, aux_given = false;
         while (std::getline(ss, item, ',')) {
             size_t eq = item.find('=');
             std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
             if (key == "arch") {
                 if (val == "gpt2") c.arch = Arch::gpt2;
                 else if (val == "llama") c.arch = Arch::llama;
+                else if (val == "mixtral") c.arch = Arch::mixtral;
                 else {
-                    *err = "unknown arch '" + val + "' in '" + spec + "' (gpt2 or llama)";
+                    *err = "unknown arch '" + val + "' in '" + spec + "' (gpt2, llama or mixtral)";
                     return false;
                 }
                 continue;
             }
-            if (key == "theta" || key == "eps") {  // real numbers
+            if (key == "theta" || key == "eps" || key == "aux") {  // real numbers (aux may be 0)
                 char* end = nullptr;
                 const double d = eq == std::string::npos ? 0 : std::strtod(val.c_str(), &end);
-                if (eq == std::string::npos || !end || *end != '\0' || !(d > 0)) {
-                    *err = "bad model size '" + item + "' in '" + spec + "' (expected " + key + "=positive number)";
+                const bool aux = key == "aux";
+                if (eq == std::string::npos || !end || *end != '\0' || !(aux ? d >= 0 && std::isfinite(d) : d > 0)) {
+                    *err = "bad model size '" + item + "' in '" + spec + "' (expected " + key + "=" +
+                           (aux ? "non-negative" : "positive") + " number)";
                     return false;
                 }
-                (key == "theta" ? c.rope_theta : c.norm_eps) = d;
+                (aux ? c.aux_coef : key == "theta" ? c.rope_theta : c.norm_eps) = d;
+                aux_given = aux_given || aux;
                 continue;
             }
             int v = 0;
@@ -82,9 +87,11 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             else if (key == "V") c.vocab_size = v;
             else if (key == "Vp") c.padded_vocab_size = v;
             else if (key == "T" || key == "maxT") c.max_seq_len = v;
+            else if (key == "E") c.experts = v;
+            else if (key == "K") c.top_k = v;
             else {
                 *err = "unknown model size '" + key + "' in '" + spec +
-                       "' (keys: arch, L, C, NH, NKV, F, V, Vp, T, theta, eps, tied)";
+                       "' (keys: arch, L, C, NH, NKV, F, V, Vp, T, theta, eps, tied, E, K, aux)";
                 return false;
             }
         }
@@ -96,11 +103,20 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             *err = "model sizes '" + spec + "': NKV, F and tied=0 are Llama's (add arch=llama)";
             return false;
         }
+        if (!c.moe() && (c.experts || c.top_k || aux_given)) {
+            *err = "model sizes '" + spec + "': E, K and aux are Mixtral's (add arch=mixtral)";
+            return false;
+        }
+        if (c.moe() && (!c.experts || !c.top_k)) {
+            *err = "model sizes '" + spec + "': a Mixtral model needs E (experts) and K (experts per token)";
+            return false;
+        }
         // Llama's head is untied unless tied=1 says otherwise, as in
         // transformers' LlamaConfig (tie_word_embeddings=False); GPT-2's is tied.
         if (c.llama() && !tied_given) c.tied = false;
         if (c.llama() && !c.ffn) {
-            *err = "model sizes '" + spec + "': a Llama model needs F, its MLP's hidden size";
+            *err = "model sizes '" + spec + "': a " + (c.moe() ? "Mixtral" : "Llama") +
+                   " model needs F, its MLP's hidden size";
             return false;
         }
         if (!c.padded_vocab_size) c.padded_vocab_size = c.llama() ? c.vocab_size : default_padded_vocab(c.vocab_size);
@@ -138,14 +154,19 @@ bool validate_config(const GPTConfig& c, std::string* err) {
             return false;
         }
     }
+    if (c.moe() && (c.experts <= 0 || c.top_k <= 0 || c.top_k > c.experts || !(c.aux_coef >= 0))) {
+        *err = "a Mixtral model needs E >= 1 experts, 1 <= K <= E and aux >= 0 (" + cs + ")";
+        return false;
+    }
     return true;
 }
 
 std::string config_string(const GPTConfig& c) {
     std::ostringstream o;
-    if (c.llama()) o << "llama ";
+    if (c.llama()) o << (c.moe() ? "mixtral " : "llama ");
     o << "L=" << c.num_layers << " C=" << c.channels << " NH=" << c.num_heads;
     if (c.llama()) o << " NKV=" << c.kv_heads() << " F=" << c.hidden();
+    if (c.moe()) o << " E=" << c.experts << " K=" << c.top_k << " aux=" << c.aux_coef;
     o << " V=" << c.vocab_size << " Vp=" << c.padded_vocab_size << " maxT=" << c.max_seq_len;
     if (c.llama()) o << " theta=" << c.rope_theta << " eps=" << c.norm_eps << (c.tied ? " tied" : " untied");
     return o.str();

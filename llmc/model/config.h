@@ -8,6 +8,9 @@
 //                  [,theta=..,eps=..,tied=0|1,Vp=..]" for Llama (NKV: key
 //                  and value heads, F: the MLP's hidden size; Vp = V unless
 //                  given, as Hugging Face models have no padding);
+//                  "arch=mixtral,..,E=..,K=..[,aux=..]" for Mixtral (Llama's
+//                  keys, F the experts' width; E experts, K per token, aux
+//                  the load-balancing loss's coefficient, default 0.01);
 //   a model file   "FILE.bin", or any file that exists (the sizes come
 //                  from its header);
 //   a Hugging Face directory with config.json (llmc/io/hf.h).
@@ -17,7 +20,9 @@
 // GPT-2: learned positions, LayerNorm, GELU MLP of 4C, biases, tied head.
 // Llama: rotary positions, RMSNorm, SwiGLU MLP of F, grouped-query
 // attention, no biases, tied or untied head.
-enum class Arch : int { gpt2 = 0, llama = 1 };
+// Mixtral: Llama whose every MLP is a sparse mixture of E SwiGLU experts,
+// each token to its top K by a softmax router (docs/moe.md).
+enum class Arch : int { gpt2 = 0, llama = 1, mixtral = 2 };
 
 struct GPTConfig {
     Arch arch = Arch::gpt2;
@@ -32,8 +37,13 @@ struct GPTConfig {
     double rope_theta = 10000;  // Llama: rotary base
     double norm_eps = 1e-5;     // LayerNorm / RMSNorm epsilon
     bool tied = true;           // LM head shares wte
+    int experts = 0;            // Mixtral: E experts per layer (0: a dense MLP)
+    int top_k = 0;              // Mixtral: K experts per token
+    double aux_coef = 0.01;     // Mixtral: weight of the load-balancing loss in the objective
 
-    bool llama() const { return arch == Arch::llama; }
+    // Llama's attention, norms and SwiGLU (Llama and Mixtral).
+    bool llama() const { return arch != Arch::gpt2; }
+    bool moe() const { return arch == Arch::mixtral; }
     int head_size() const { return channels / num_heads; }
     int kv_heads() const { return num_kv_heads ? num_kv_heads : num_heads; }
     int hidden() const { return ffn ? ffn : 4 * channels; }
@@ -41,7 +51,8 @@ struct GPTConfig {
         return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
                padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&
                num_heads == o.num_heads && channels == o.channels && kv_heads() == o.kv_heads() &&
-               hidden() == o.hidden() && rope_theta == o.rope_theta && norm_eps == o.norm_eps && tied == o.tied;
+               hidden() == o.hidden() && rope_theta == o.rope_theta && norm_eps == o.norm_eps && tied == o.tied &&
+               experts == o.experts && top_k == o.top_k && aux_coef == o.aux_coef;
     }
     bool operator!=(const GPTConfig& o) const { return !(*this == o); }
 };

@@ -60,6 +60,9 @@ void* KVCache::take(size_t count, DType t) {
 void GPT::decode(KVCache& kv, const int* tokens, int n, void* logits, DType dt) {
     if (chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head || tp_ || cp_)
         throw std::logic_error("GPT::decode: a whole model in one process only");
+    if (cfg_.moe())
+        throw std::invalid_argument("flag --kv-cache: generation over a KV cache is not written for arch=mixtral "
+                                    "(--kv-cache 0 runs the whole sequence per token)");
     if (n <= 0 || n > kv.rows) throw std::invalid_argument("GPT::decode: more new tokens than the cache's rows");
     if (n > 1 && kv.len != 0) throw std::invalid_argument("GPT::decode: several new tokens only into an empty cache");
     if (kv.len + n > kv.capacity) throw std::invalid_argument("GPT::decode: the cache is full");

@@ -11,6 +11,7 @@
 // no biases and no position embeddings, RoPE on Q and K after the QKV
 // product (and its inverse on their gradients), grouped-query attention,
 // fch = [gate | up] and h = silu(gate)·up, and lm_head for wte when untied.
+// Mixtral is Llama with the MoE block of moe.cpp for the MLP.
 // Backward runs the same steps in reverse with one residual-gradient buffer
 // that LayerNorm backward accumulates into.
 //
@@ -52,6 +53,11 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
                         Cl, C);
     void* attn_out = g_fwd(Pb(Param::attprojb, l));
     residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns);
+    // Mixtral: the MoE block (moe.cpp), its experts split like the MLP.
+    if (cfg_.moe()) {
+        moe_forward(l, la, f_fwd(la.ln2), N);
+        return g_fwd(nullptr);
+    }
     // MLP: fc column-parallel, fcproj row-parallel
     if (cfg_.llama()) {
         be_->matmul_forward(la.fch, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
@@ -171,6 +177,7 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
             // For later blocks, ln1 was produced by the previous block's fused
             // residual + LayerNorm; the chunk's first block normalises its input.
             void* mlp_out = block_forward(l, la, B, T, l == first);
+            if (cfg_.moe()) moe_stats(la, N, slot_base_[c] + slot);
             void *x2 = la.x2, *x3 = la.x3;
             // Residual add fused with the next LayerNorm (next block's ln1, or
             // lnf), whose parameters belong to the next unit; at the end of a
@@ -186,6 +193,8 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
             }
             release(block_unit(l));
         }
+        // The load-balancing loss needs every block's routing: a whole model.
+        if (cfg_.moe() && ch.embed && ch.head) moe_aux(slot_base_[c] + slot, N, dloss);
         if (!ch.head) return;
         if (ch.layers == 0) {  // a head chunk without blocks normalises its input
             acquire(final_unit);

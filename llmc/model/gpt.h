@@ -196,6 +196,24 @@ class GPT {
     // gradients accumulate (+=) into grads(). last_micro_step: whether this
     // is the optimizer step's last micro-step (told to the unit provider).
     void backward(bool last_micro_step = true);
+    // Mixtral (docs/moe.md): the load-balancing loss of the last forward's
+    // micro-batch (without its coefficient; 0 for other models and for a
+    // model split into pipeline chunks), and the sum of it over the
+    // forwards since the last call (which clears it).
+    double aux_loss() const { return aux_last_; }
+    double take_aux_sum() {
+        const double s = aux_sum_;
+        aux_sum_ = 0;
+        return s;
+    }
+    // Mixtral over pipeline stages (docs/moe.md): the routing statistics of
+    // this stage's blocks since the last call, [assignments per expert (E);
+    // probability sums (E)], cleared; and the load-balancing gradient of the
+    // micro-batch in chunk c's slot from its whole statistics (every
+    // stage's, summed), for the chunk's next backward (the head chunk also
+    // adds the micro-batch's loss to the sum above).
+    std::vector<double> take_moe_stats();
+    void set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss);
 
     // ---- model chunks (pipeline parallel) ----
     const std::vector<ModelChunk>& chunks() const { return chunks_; }
@@ -297,6 +315,19 @@ class GPT {
                        int layer, int N);
     void rotate(void* qkv, int B, int T, bool inverse);
     void activation(void* h, const void* fch, int N);
+    int mlp_rows(int N) const { return cfg_.moe() ? N * cfg_.top_k : N; }  // rows of fch and h
+    // Mixtral's MoE block (moe.cpp) in place of the MLP: its forward from
+    // the (gathered) norm output xin into the row-parallel output buffer,
+    // its backward into the column-parallel input gradient, and the
+    // load-balancing loss: statistics of each block's routing for the
+    // micro-batch in chunk-slot s, then the loss and its gradient.
+    void moe_forward(int l, const LayerActs& la, const void* xin, int N);
+    void moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad);
+    void moe_stats(const LayerActs& la, int N, size_t s);
+    void moe_aux(size_t s, int N, double dloss, bool count = true);
+    std::vector<std::vector<int>> moe_offsets_;  // per layer-slot (and one scratch): the experts' row groups
+    std::vector<std::vector<double>> moe_count_, moe_psum_;  // per chunk-slot [E]: assignments, probabilities
+    double aux_last_ = 0, aux_sum_ = 0;
     // The LM head of the head chunk's micro-batch in `slot` from its final
     // norm's output lnf (head.cpp): logits, and with targets the losses
     // (head_loss reads their mean); with dloss != 0 also the head's gradients, for the

@@ -7,23 +7,28 @@
 
 static constexpr Param kNone = Param::count;
 static const ParamKind kKinds[] = {
-    {Param::wte, "wte", false, true, kNone},
-    {Param::wpe, "wpe", false, true, kNone},
-    {Param::ln1w, "ln1w", true, false, Param::ln1b},
-    {Param::ln1b, "ln1b", true, false, kNone},
-    {Param::qkvw, "qkvw", true, true, Param::qkvb},
-    {Param::qkvb, "qkvb", true, false, kNone},
-    {Param::attprojw, "attprojw", true, true, Param::attprojb},
-    {Param::attprojb, "attprojb", true, false, kNone},
-    {Param::ln2w, "ln2w", true, false, Param::ln2b},
-    {Param::ln2b, "ln2b", true, false, kNone},
-    {Param::fcw, "fcw", true, true, Param::fcb},
-    {Param::fcb, "fcb", true, false, kNone},
-    {Param::fcprojw, "fcprojw", true, true, Param::fcprojb},
-    {Param::fcprojb, "fcprojb", true, false, kNone},
-    {Param::lnfw, "lnfw", false, false, Param::lnfb},
-    {Param::lnfb, "lnfb", false, false, kNone},
-    {Param::lm_head, "lm_head", false, true, kNone},
+    {Param::wte, "wte", false, false, true, kNone},
+    {Param::wpe, "wpe", false, false, true, kNone},
+    {Param::ln1w, "ln1w", true, false, false, Param::ln1b},
+    {Param::ln1b, "ln1b", true, false, false, kNone},
+    {Param::qkvw, "qkvw", true, false, true, Param::qkvb},
+    {Param::qkvb, "qkvb", true, false, false, kNone},
+    {Param::attprojw, "attprojw", true, false, true, Param::attprojb},
+    {Param::attprojb, "attprojb", true, false, false, kNone},
+    {Param::ln2w, "ln2w", true, false, false, Param::ln2b},
+    {Param::ln2b, "ln2b", true, false, false, kNone},
+    {Param::fcw, "fcw", true, false, true, Param::fcb},
+    {Param::fcb, "fcb", true, false, false, kNone},
+    {Param::fcprojw, "fcprojw", true, false, true, Param::fcprojb},
+    {Param::fcprojb, "fcprojb", true, false, false, kNone},
+    // Mixtral's router and experts: 2-D weights in Hugging Face's model
+    // (the router, each expert's w1, w2, w3), so weight decay applies.
+    {Param::moe_gate, "moe_gate", true, false, true, kNone},
+    {Param::moe_fc, "moe_fc", true, true, true, kNone},
+    {Param::moe_proj, "moe_proj", true, true, true, kNone},
+    {Param::lnfw, "lnfw", false, false, false, Param::lnfb},
+    {Param::lnfb, "lnfb", false, false, false, kNone},
+    {Param::lm_head, "lm_head", false, false, true, kNone},
 };
 static_assert(sizeof(kKinds) / sizeof(kKinds[0]) == (size_t)Param::count, "one ParamKind per Param");
 
@@ -36,11 +41,13 @@ std::string TensorEntry::name() const {
 }
 
 bool kind_in_model(const GPTConfig& c, Param p) {
-    if (!c.llama()) return p != Param::lm_head;
+    if (!c.llama()) return p != Param::lm_head && p != Param::moe_gate && p != Param::moe_fc && p != Param::moe_proj;
     switch (p) {
         case Param::wte: case Param::ln1w: case Param::qkvw: case Param::attprojw: case Param::ln2w:
-        case Param::fcw: case Param::fcprojw: case Param::lnfw:
+        case Param::lnfw:
             return true;
+        case Param::fcw: case Param::fcprojw: return !c.moe();  // Mixtral's MLP is the MoE block
+        case Param::moe_gate: case Param::moe_fc: case Param::moe_proj: return c.moe();
         case Param::lm_head: return !c.tied;
         default: return false;  // positions, LayerNorm biases and Linear biases are GPT-2's
     }
@@ -59,6 +66,9 @@ static void kind_shape(const GPTConfig& c, Param p, size_t* rows, size_t* cols) 
         case Param::fcw: *rows = c.llama() ? 2 * H : H; *cols = C; return;
         case Param::fcb: *rows = H; *cols = 1; return;
         case Param::fcprojw: *rows = C; *cols = H; return;
+        case Param::moe_gate: *rows = c.experts; *cols = C; return;
+        case Param::moe_fc: *rows = (size_t)c.experts * 2 * H; *cols = C; return;
+        case Param::moe_proj: *rows = (size_t)c.experts * C; *cols = H; return;
         default: *rows = C; *cols = 1; return;  // norms' weights and biases, C-sized biases
     }
 }
@@ -70,8 +80,8 @@ enum class Split { replicated, parts, columns, vocab };
 static Split kind_split(Param p) {
     switch (p) {
         case Param::wte: case Param::lm_head: return Split::vocab;
-        case Param::qkvw: case Param::qkvb: case Param::fcw: case Param::fcb: return Split::parts;
-        case Param::attprojw: case Param::fcprojw: return Split::columns;
+        case Param::qkvw: case Param::qkvb: case Param::fcw: case Param::fcb: case Param::moe_fc: return Split::parts;
+        case Param::attprojw: case Param::fcprojw: case Param::moe_proj: return Split::columns;
         default: return Split::replicated;
     }
 }
@@ -82,6 +92,7 @@ static std::vector<size_t> kind_parts(const GPTConfig& c, Param p) {
     const size_t HS = c.head_size();
     if (p == Param::qkvw || p == Param::qkvb) return {c.num_heads * HS, c.kv_heads() * HS, c.kv_heads() * HS};
     if (p == Param::fcw && c.llama()) return {(size_t)c.hidden(), (size_t)c.hidden()};
+    if (p == Param::moe_fc) return std::vector<size_t>(2 * (size_t)c.experts, (size_t)c.hidden());  // w1, w3 of each expert
     return {(size_t)c.hidden()};
 }
 
@@ -172,7 +183,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
     add(Param::wpe, 0, 0);
     close_unit();
     for (int l = 0; l < L; l++) {
-        for (int k = (int)Param::ln1w; k <= (int)Param::fcprojb; k++) add((Param)k, l, l + 1);
+        for (int k = (int)Param::ln1w; k <= (int)Param::moe_proj; k++) add((Param)k, l, l + 1);
         close_unit();
     }
     add(Param::lnfw, 0, L + 1);

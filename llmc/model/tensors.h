@@ -41,10 +41,17 @@
 // over the layers. Fused kinds stack their parts by rows:
 //   qkvw  [Q heads (NH·HS); K heads (NKV·HS); V heads (NKV·HS)] x C
 //   fcw   GPT-2 [4C] x C; Llama [gate (F); up (F)] x C
+// Mixtral (docs/moe.md) has Llama's kinds with the MoE block's three for
+// fcw and fcprojw; its expert kinds stack the E experts by rows, expert
+// e's rows contiguous (an expert dimension first):
+//   moe_gate  the router, E x C
+//   moe_fc    [expert 0: w1 (F); w3 (F); expert 1: ...] x C  (E·2F rows)
+//   moe_proj  [expert 0: w2 (C rows); expert 1: ...] x F     (E·C rows)
 enum class Param : int {
     wte, wpe,
     ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
     ln2w, ln2b, fcw, fcb, fcprojw, fcprojb,
+    moe_gate, moe_fc, moe_proj,
     lnfw, lnfb,
     lm_head,
     count
@@ -55,6 +62,7 @@ struct ParamKind {
     Param id;
     const char* name;
     bool per_layer;  // one tensor per block (file stores them stacked as (L, ...))
+    bool experts;    // rows are E experts' blocks of rows, one after another (Mixtral)
     bool decay;      // weight decay applies (2-D tensors only)
     Param bias;      // the bias that goes with this weight (a norm's shift, a linear's bias); Param::count: none
 };
@@ -107,7 +115,7 @@ struct TensorTable {
     int tp = 1, tp_rank = 0;            // tensor-parallel degree and this rank's index
     int heads = 0;                      // attention heads on this rank (NH / tp)
     int kv_heads = 0;                   // key/value heads on this rank (NKV / tp)
-    int hidden = 0;                     // MLP hidden width on this rank (4C or F, / tp)
+    int hidden = 0;                     // MLP hidden width on this rank (4C or F, / tp; an expert's for Mixtral)
     int vocab_rows = 0;                 // wte rows on this rank: ceil(Vp / tp)
     int vocab_begin = 0;                // global id of this rank's first wte row
     size_t file_params = 0;             // parameters in a model file (the whole model)

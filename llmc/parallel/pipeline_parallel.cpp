@@ -109,9 +109,30 @@ void PipelineParallel::transfer(const P2POp& op) {
     comm_.wait(hs[0]);
 }
 
+// Mixtral's load-balancing loss pools the routing of every layer of a
+// micro-batch, and its gradient is needed by the first backward of it
+// (docs/moe.md): a forward-only pass of the step's micro-batches first
+// gathers each one's routing statistics, summed over the stages.
+std::vector<std::vector<double>> PipelineParallel::moe_stats(GPT& model, const Loader& load, int B, int T) {
+    std::vector<std::vector<double>> out;
+    const GPTConfig& c = model.config();
+    if (!c.moe() || c.aux_coef == 0 || pp_ == 1) return out;
+    model.take_moe_stats();
+    for (int mb = 0; mb < m_; mb++) {
+        const int *inputs = nullptr, *targets = nullptr, *docs = nullptr;
+        load(mb, &inputs, &targets, &docs);
+        forward_only(model, inputs, targets, B, T, docs);
+        std::vector<double> st = model.take_moe_stats();
+        for (double& x : st) x = comm_.host_all_reduce(x, ReduceOp::Sum);
+        out.push_back(st);
+    }
+    return out;
+}
+
 double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T, double dloss) {
     const int nv = pp_ * vpp_;
     const std::vector<ModelChunk>& chunks = model.chunks();
+    const std::vector<std::vector<double>> moe = moe_stats(model, load, B, T);
     std::vector<int> send_buf_of_msg((size_t)m_ * nv, -1);
     int next_send = 0;
     double loss = 0;
@@ -140,6 +161,7 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
         } else {
             // Stages 0 and 1 of ZeRO reduce a unit's gradients when its last
             // micro-batch's backward is done.
+            if (!moe.empty()) model.set_moe_aux(a.chunk, a.slot, moe[a.mb], B * T, dloss);
             model.backward_chunk(a.chunk, a.slot, in, a.mb == m_ - 1);
             if (!ch.embed) {  // the input's gradient goes back to the previous virtual stage
                 const int sb = next_send;
@@ -151,6 +173,7 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
         }
     }
     for (size_t i = 0; i < handles_.size(); i++) wait((int)i);
+    if (!moe.empty()) model.take_moe_stats();  // the schedule's forwards gathered them again
     return loss;
 }
 

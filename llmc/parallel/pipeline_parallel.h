@@ -65,6 +65,10 @@ class PipelineParallel {
     // The backward of a unit's last micro-batch says so to the model's unit
     // provider (ZeRO stages 0 and 1 reduce only then).
     double train_step(GPT& model, const Loader& load, int B, int T, double dloss);
+    // Mixtral with its load-balancing loss over pp > 1 stages: each
+    // micro-batch's routing statistics over all stages (a forward-only pass
+    // of the step's micro-batches); empty otherwise.
+    std::vector<std::vector<double>> moe_stats(GPT& model, const Loader& load, int B, int T);
     // A forward-only pass of one micro-batch through all stages (validation,
     // samples); returns its mean loss on every rank (0 without targets).
     double forward_only(GPT& model, const int* inputs, const int* targets, int B, int T, const int* docs = nullptr);

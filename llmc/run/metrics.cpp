@@ -45,6 +45,7 @@ bool MetricsLog::write(const StepMetrics& m, std::string* err) {
     std::fprintf(f_, "{\"step\": %d, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, \"tokens\": %llu, \"ms\": %.3f, "
                      "\"tokens_per_s\": %.1f",
                  m.step, num(m.loss).c_str(), m.lr, num(m.grad_norm).c_str(), m.tokens, m.ms, m.tokens_per_s);
+    if (m.aux_loss >= 0) std::fprintf(f_, ", \"aux_loss\": %s", num(m.aux_loss).c_str());
     if (m.skips > 0) std::fprintf(f_, ", \"skipped\": %s, \"skips\": %d", m.skipped ? "true" : "false", m.skips);
     if (m.mfu > 0) std::fprintf(f_, ", \"mfu\": %.4f", m.mfu);
     if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.17g", m.val_loss);

@@ -10,6 +10,7 @@ struct StepMetrics {
     double loss, lr, grad_norm, ms, tokens_per_s, mfu;
     unsigned long long tokens;  // tokens trained on so far
     double val_loss;            // < 0 when not measured this step
+    double aux_loss = -1;       // Mixtral: the load-balancing loss (docs/moe.md); < 0 for other models
     std::string comm_json;      // {"dp_all_reduce": {"calls": N, "bytes": N}, ...} or empty
     bool skipped = false;       // this step's update was skipped (a bad step)
     int skips = 0;              // updates skipped so far

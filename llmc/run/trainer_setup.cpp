@@ -90,6 +90,8 @@ void Trainer::setup(const ArgParser& parser) {
     t_from_model = cfg.T == 0;
     if (t_from_model) cfg.T = default_seq_len(mc);
     lay.T = cfg.T;
+    setup_check(!(mc.moe() && std::string(be->name()) == "cuda"),
+                "flag --device cuda: arch=mixtral's mixture-of-experts ops run on the CPU backend only (--device cpu)");
     setup_check(!(mc.llama() && !cfg.export_model.empty()),
                 "flag --export-model: llm.c model files hold GPT-2 only, and the model is " + config_string(mc));
     // Converting: the smallest batch any layout takes (one row, at most the

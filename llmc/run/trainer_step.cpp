@@ -84,11 +84,22 @@ StepMetrics Trainer::train_step(int step) {
         *tg = targets.data();
         *dc = docs_or_null();
     };
+    s.model->take_aux_sum();  // what validation and samples left
     double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
     // The mean over the global batch: the last stage's sum over the dp x cp
     // ranks (each a mean over its tokens), then to every stage.
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
     loss = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? loss : 0.0);
+    // Mixtral's load-balancing loss, the mean over the step's micro-batches
+    // (each the same on the ranks of its cp group) as the loss; not part of
+    // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
+    // form it only with aux > 0 (their forward-only pass of the statistics).
+    double aux = -1;
+    if (mc.moe() && (grid.pp == 1 || mc.aux_coef > 0)) {
+        aux = grid.dpcp_group->host_all_reduce(s.model->take_aux_sum(), ReduceOp::Sum) /
+              (accum * grid.dpcp_group->size());
+        aux = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? aux : 0.0);
+    }
     // A bad step (docs/design.md section 2.8): a loss that is not finite, or
     // (--skip-spikes) above FACTOR x the running mean, skips the update on
     // every rank; so does a gradient norm that is not finite (the optimizer
@@ -121,12 +132,14 @@ StepMetrics Trainer::train_step(int step) {
     m.mfu = peak > 0 ? flops_per_token(mc, s.model->table().file_params, cfg.T) * m.tokens_per_s / (peak * grid.world_size)
                      : 0;
     m.val_loss = -1;
+    m.aux_loss = aux;
     std::string comm_text = comm_summary(grid, &m.comm_json);
     // --log-every N: the line of every Nth step, the first and the last (metrics.jsonl has them all).
     const bool log = step == 0 || step + 1 == cfg.max_steps || (step + 1) % cfg.log_every == 0;
     if (main_rank && log) {
-        std::printf("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, cfg.max_steps,
-                    loss, m.lr, norm, ms, m.tokens_per_s);
+        std::printf("step %5d/%d | loss %.6f", step + 1, cfg.max_steps, loss);
+        if (aux >= 0) std::printf(" | aux %.6f", aux);
+        std::printf(" | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", m.lr, norm, ms, m.tokens_per_s);
         if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
         std::printf(" | %s", progress(step, m.tokens, ms).c_str());
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());

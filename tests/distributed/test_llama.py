@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-from testlib import Checks, equivalence, llama_param_count, resume_check, run_suite, train, write_shard
+from testlib import Checks, equivalence, llama_param_count, refusals, resume_check, run_suite, train, write_shard
 
 L, C, NH, NKV, F, V = 4, 64, 4, 2, 96, 97
 UNTIED = f"arch=llama,L={L},C={C},NH={NH},NKV={NKV},F={F},V={V},T=64,tied=0"
@@ -87,16 +87,7 @@ def test_errors(tmp):
              (1, UNTIED.replace("NKV=2", "NKV=3"), [], "-e"),
              (1, UNTIED.replace("NH=4", "NH=8").replace("C=64", "C=40").replace("NKV=2", "NKV=4"), [], "-e"),
              (1, UNTIED, ["--export-model", os.path.join(tmp, "m.bin")], "--export-model"))
-    for np_, model, extra, flag in cases:
-        rc, out, err = train(np_, base("fp32", model, 2) + ["-b", "4", "-d", "64"] + extra, timeout=60)
-        lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
-        what = f"{model.split(',', 1)[1]} {' '.join(extra)}"
-        if flag is None:
-            check(rc == 0, f"{what}: rc={rc} {err[-300:]!r}")
-            continue
-        check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{what}: rc={rc} {err[-300:]!r}")
-        if lines:
-            print(f"  {' '.join(extra) or model}: {lines[0]}")
+    refusals(check, cases, lambda model: base("fp32", model, 2) + ["-b", "4", "-d", "64"])
 
 
 def suite(tmp):

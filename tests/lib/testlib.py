@@ -89,6 +89,9 @@ def read_checkpoint(d, step):
     L, C, V, Vp, T = m["L"], m["C"], m["V"], m["Vp"], m["maxT"]
     if m.get("arch", "gpt2") == "llama":
         P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"])
+    elif m.get("arch") == "mixtral":  # the MLP's 3·C·F is the router's E·C and E experts' 3·C·F
+        P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"]) + L * m["E"] * C * (1 + 3 * m["F"]) \
+            - L * 3 * C * m["F"]
     else:
         P = param_count(L, C, V, Vp, T)
     assert ix["params"] == P, f"checkpoint: index says {ix['params']} parameters, the formula {P}"
@@ -149,11 +152,11 @@ def write_shard(path, tokens):
         f.write(tokens.tobytes())
 
 
-def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
+def equivalence(check, tmp, dtype, args, single, layouts, steps=10, keys=("loss",)):
     """Trains one process with args + single, then every (np, extra) layout
-    with args + extra; checks that the losses and the final weights (from
-    the step-`steps` checkpoint) equal the single run's: relative error
-    <= 1e-10 in fp64, <= 1e-5 in fp32."""
+    with args + extra; checks that the losses (each metrics.jsonl key of
+    `keys`) and the final weights (from the step-`steps` checkpoint) equal
+    the single run's: relative error <= 1e-10 in fp64, <= 1e-5 in fp32."""
     tol = 1e-10 if dtype == "fp64" else 1e-5
     ck = ["-n", str(steps)]
     os.makedirs(tmp, exist_ok=True)
@@ -162,20 +165,37 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10):
     rc, out, err = train(0, args + single + ck + ["-o", ref])
     if not check(rc == 0, f"single {dtype}: {err[-400:]}"):
         return
-    ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_checkpoint(ref, steps)[0]
+    ref_l, ref_w = {k: [m[k] for m in metrics(ref)] for k in keys}, read_checkpoint(ref, steps)[0]
     for np_, extra in layouts:
         d = os.path.join(tmp, f"{dtype}_{np_}_" + "_".join(extra).replace("-", ""))
         rc, out, err = train(np_, args + ck + ["-o", d] + extra)
         what = f"{dtype} np={np_} {' '.join(extra)}"
         if not check(rc == 0, f"{what}: {err[-400:]}"):
             continue
-        lr = rel([m["loss"] for m in metrics(d)], ref_l)
+        lr = {k: rel([m[k] for m in metrics(d)], ref_l[k]) for k in keys}
         wr = rel(read_checkpoint(d, steps)[0], ref_w)
-        print(f"  {what}: losses rel {lr:.2e}, final weights rel {wr:.2e}")
-        check(lr <= tol, f"{what}: losses rel err {lr:.3e}")
+        print(f"  {what}: " + ", ".join(f"{k} rel {lr[k]:.2e}" for k in keys) + f", final weights rel {wr:.2e}")
+        for k in keys:
+            check(lr[k] <= tol, f"{what}: {k} rel err {lr[k]:.3e}")
         check(wr <= tol, f"{what}: final weights rel err {wr:.3e}")
         if "--tp" in extra:
             check("tp replicas of LayerNorm, wpe and row-parallel biases: identical" in out, f"{what}: replicas differ")
+
+
+def refusals(check, cases, args_of, timeout=60):
+    """Each (np, model, extra, flag): train_gpt with args_of(model) + extra
+    ends with exit status != 0 and one line (the ranks agree) that names
+    flag; flag None: the run succeeds."""
+    for np_, model, extra, flag in cases:
+        rc, out, err = train(np_, args_of(model) + extra, timeout=timeout)
+        lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+        what = f"{model.split(',', 1)[1]} {' '.join(extra)}"
+        if flag is None:
+            check(rc == 0, f"{what}: rc={rc} {err[-300:]!r}")
+            continue
+        check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{what}: rc={rc} {err[-300:]!r}")
+        if lines:
+            print(f"  {' '.join(extra) or model}: {lines[0]}")
 
 
 def resume_check(check, tmp, args, single, saved, resumes, at=5):

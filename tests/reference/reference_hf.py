@@ -1,23 +1,20 @@
 #!/usr/bin/env python3
 # tests/reference/reference_hf.py: the Hugging Face reference for the trainer's
-# Llama and GPT-2 checkpoints. Run it with the virtual
-# environment's python that scripts/setup.sh makes (build/hfenv/bin/python:
-# transformers 4.40.2 on Debian's torch 1.13).
+# Llama, Mixtral (hf_mixtral.py) and GPT-2 checkpoints. Run it with the
+# virtual environment's python that scripts/setup.sh makes
+# (build/hfenv/bin/python: transformers 4.40.2 on Debian's torch 1.13).
 #
 # Modes:
 #   --spec SPEC --save-dir DIR [--write-state S]
-#       builds a random LlamaForCausalLM ("arch=llama,L=..,C=..,NH=..,NKV=..,
-#       F=..,V=..,T=..[,theta=..,eps=..,tied=0|1]") or GPT2LMHeadModel
-#       ("L=..,C=..,NH=..,V=..,T=.."), saves it with save_pretrained
-#       (safetensors; --save-dtype, --shard-size for sharded files) and
-#       writes the debug state test_gpt reads (the format of
-#       tests/reference/reference_gpt.py write_state): inputs, targets, logits, loss,
-#       every gradient in the trainer's model file order (llmc/model/tensors.h,
-#       docs/design.md section 9), and the losses of --steps AdamW steps
-#       with the project's semantics (docs/design.md section 2: clipped
-#       global norm, warmup + cosine, weight decay on 2-D tensors only),
-#       computed by transformers' own modules in fp64. --document-mask EOT:
-#       random data with EOTs and attention within documents (below).
+#       builds a random LlamaForCausalLM ("arch=llama,L=..,C=..,NH=..,NKV=..,F=..,V=..,T=..
+#       [,theta=..,eps=..,tied=0|1]"), MixtralForCausalLM (arch=mixtral, the same and E=..,K=..
+#       [,aux=..]) or GPT2LMHeadModel ("L=..,C=..,NH=..,V=..,T=.."), saves it with
+#       save_pretrained (safetensors; --save-dtype, --shard-size for sharded files) and writes
+#       the debug state test_gpt reads (tests/reference/reference_gpt.py write_state's format):
+#       inputs, targets, logits, loss, every gradient in the trainer's model file order
+#       (llmc/model/tensors.h), and the losses of --steps AdamW steps with the project's
+#       semantics (docs/design.md section 2), by transformers' own modules in fp64.
+#       --document-mask EOT: random data with EOTs and attention within documents (below).
 #   --compare DIR --logits FILE
 #       loads DIR with from_pretrained and compares its logits on the inputs
 #       of FILE (written by test_gpt --write-logits) with FILE's logits;
@@ -29,10 +26,8 @@
 #       DIR2 (test_gpt --export-hf of that model) must load in transformers
 #       with every parameter equal to DIR's. Last line "N passed, N failed".
 #   --selfcheck
-#       the patched fp64 transformers against independent math: a Llama
-#       forward written here from docs/design.md section 9, and GPT-2
-#       against tests/reference/reference_gpt.py's model; last line "N passed, N
-#       failed".
+#       the patched fp64 transformers against independent math
+#       (tests/reference/hf_selfcheck.py); last line "N passed, N failed".
 #
 # Document mask (--document-mask EOT): reference_gpt.document_mask as
 # transformers 4.40.2 takes it: Llama a 4-D (B, 1, T, T) mask of 1/0 that
@@ -46,7 +41,6 @@
 # is fp64 throughout.
 import argparse
 import json
-import math
 import os
 import struct
 import sys
@@ -56,6 +50,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_gpt as rg  # noqa: E402  (state-file header, AdamW schedule)
+import hf_mixtral as hm  # noqa: E402  (MixtralForCausalLM: its config, loss, file order)
 
 LOGITS_MAGIC = 20241201
 
@@ -91,6 +86,7 @@ def patch_fp64():
 
     ml.LlamaRMSNorm.forward = rms_forward
     ml.LlamaRotaryEmbedding.forward = rope_forward
+    hm.patch_fp64()
     if not getattr(torch.nn.functional.softmax, "_keeps_fp64", False):
         softmax = torch.nn.functional.softmax
 
@@ -108,33 +104,35 @@ def patch_fp64():
 
 def parse_spec(spec):
     """Our -e size syntax -> dict (arch, L, C, NH, NKV, F, V, T, theta, eps, tied)."""
-    d = {"arch": "gpt2", "theta": 10000.0, "eps": None, "tied": None}
+    d = {"arch": "gpt2", "theta": 10000.0, "eps": None, "tied": None, "aux": 0.01}
     for item in spec.split(","):
         if "=" not in item:
             raise RefError(f"--spec: bad item '{item}'")
         k, v = item.split("=", 1)
         if k == "arch":
-            if v not in ("gpt2", "llama"):
-                raise RefError(f"--spec: arch {v} (gpt2 or llama)")
+            if v not in ("gpt2", "llama", "mixtral"):
+                raise RefError(f"--spec: arch {v} (gpt2, llama or mixtral)")
             d["arch"] = v
-        elif k in ("theta", "eps"):
+        elif k in ("theta", "eps", "aux"):
             d[k] = float(v)
         elif k == "tied":
             d[k] = v == "1"
-        elif k in ("L", "C", "NH", "NKV", "F", "V", "T"):
+        elif k in ("L", "C", "NH", "NKV", "F", "V", "T", "E", "K"):
             d[k] = int(v)
         else:
             raise RefError(f"--spec: unknown key {k}")
     for k in ("L", "C", "NH", "V", "T"):
         if k not in d:
             raise RefError(f"--spec: missing {k}")
-    if d["arch"] == "llama" and "F" not in d:
-        raise RefError("--spec: a Llama model needs F")
+    if d["arch"] != "gpt2" and "F" not in d or d["arch"] == "mixtral" and not ("E" in d and "K" in d):
+        raise RefError("--spec: a Llama model needs F, a Mixtral model F, E and K")
     return d
 
 
 def make_config(s):
     import transformers
+    if s["arch"] == "mixtral":
+        return hm.make_config(s)
     if s["arch"] == "llama":
         return transformers.LlamaConfig(
             hidden_size=s["C"], num_attention_heads=s["NH"], num_key_value_heads=s.get("NKV", s["NH"]),
@@ -150,7 +148,7 @@ def make_config(s):
 
 
 def is_llama(model):
-    return model.config.model_type == "llama"
+    return model.config.model_type in ("llama", "mixtral")
 
 
 def randomize(model, seed):
@@ -177,6 +175,8 @@ def logits_of(model, inputs, eot=None):
     """(B, T, V) logits in the model's dtype (Llama's forward would cast them to fp32);
     eot: attention within the documents it ends (see the header)."""
     base, head = base_and_head(model)
+    if eot is None and hm.is_mixtral(model):
+        eot = -1  # no EOT: the causal mask, which fp64 Mixtral must be given as 4-D (its own overflows)
     allowed = None if eot is None else rg.document_mask(inputs, eot)
     if eot is None or is_llama(model):
         mask = None if eot is None else allowed.to(torch.float64)
@@ -213,9 +213,12 @@ def file_order(model):
                                                               for p in "qkv"]) for l in range(L)])))
         out.append(("attprojw", lambda t: torch.stack([t(lay(l, "self_attn.o_proj.weight")) for l in range(L)])))
         out.append(("ln2w", lambda t: torch.stack([t(lay(l, "post_attention_layernorm.weight")) for l in range(L)])))
-        out.append(("fcw", lambda t: torch.stack([torch.cat([t(lay(l, "mlp.gate_proj.weight")),
-                                                             t(lay(l, "mlp.up_proj.weight"))]) for l in range(L)])))
-        out.append(("fcprojw", lambda t: torch.stack([t(lay(l, "mlp.down_proj.weight")) for l in range(L)])))
+        if hm.is_mixtral(model):
+            out += hm.mlp_order(get, L, c.num_local_experts)
+        else:
+            out.append(("fcw", lambda t: torch.stack([torch.cat([t(lay(l, "mlp.gate_proj.weight")),
+                                                                 t(lay(l, "mlp.up_proj.weight"))]) for l in range(L)])))
+            out.append(("fcprojw", lambda t: torch.stack([t(lay(l, "mlp.down_proj.weight")) for l in range(L)])))
         out.append(("lnfw", lambda t: t(get("model.norm.weight"))))
         if not c.tie_word_embeddings:
             out.append(("lm_head", lambda t: t(get("lm_head.weight"))))
@@ -258,7 +261,7 @@ def train(model, inputs, targets, hp, S, eot=None):
         for p in params:
             p.grad = None
         logits = logits_of(model, inputs, eot)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)) + hm.objective_extra(model)
         loss.backward()
         if s == 0:
             out["logits"] = logits.detach().clone()
@@ -308,8 +311,10 @@ def build_and_save(args):
     s = parse_spec(args.spec)
     torch.manual_seed(args.seed)
     cfg = make_config(s)
-    model = (transformers.LlamaForCausalLM if s["arch"] == "llama" else transformers.GPT2LMHeadModel)(cfg)
+    model = {"llama": transformers.LlamaForCausalLM, "mixtral": transformers.MixtralForCausalLM,
+             "gpt2": transformers.GPT2LMHeadModel}[s["arch"]](cfg)
     model.eval()  # no dropout anywhere
+    hm.attach(model)
     randomize(model, args.seed)
     if args.save_dir:
         # Saved in the dtype asked for; the reference then computes in fp64
@@ -413,121 +418,11 @@ def check_weights(args):
         diff = [n for n in a if n in b and (a[n].shape != b[n].shape or not torch.equal(a[n], b[n]))]
         ck(not diff, f"{args.exported}: every parameter equal to {args.check_weights}'s"
                      + (f" (differ: {', '.join(diff[:4])})" if diff else ""))
-        keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+        keys = ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
                 "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps", "tie_word_embeddings",
                 "n_embd", "n_head", "n_layer", "n_positions", "layer_norm_epsilon", "activation_function")
         cd = [k for k in keys if getattr(model.config, k, None) != getattr(exp.config, k, None)]
         ck(not cd, f"{args.exported}: config fields equal" + (f" (differ: {cd})" if cd else ""))
-    print(f"{ck.passed} passed, {ck.failed} failed")
-    return 0 if ck.failed == 0 else 1
-
-
-def llama_by_hand(model, inputs, eot=None):
-    """Llama from docs/design.md section 9, with the model's weights (eot: the document mask)."""
-    c = model.config
-    sd = {k: v for k, v in model.named_parameters()}
-    C, NH, NKV = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
-    HS = C // NH
-    B, T = inputs.shape
-    eps = c.rms_norm_eps
-
-    def rms(x, w):
-        return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
-
-    i = torch.arange(HS // 2, dtype=torch.float64)
-    inv = c.rope_theta ** (-2.0 * i / HS)
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-
-    def rope(x):  # (B, H, T, HS)
-        a, b = x[..., :HS // 2], x[..., HS // 2:]
-        return x * cos + torch.cat([-b, a], -1) * sin
-
-    x = sd["model.embed_tokens.weight"][inputs]
-    for l in range(c.num_hidden_layers):
-        p = lambda s: sd[f"model.layers.{l}.{s}"]  # noqa: E731
-        h = rms(x, p("input_layernorm.weight"))
-        q = (h @ p("self_attn.q_proj.weight").t()).reshape(B, T, NH, HS).transpose(1, 2)
-        k = (h @ p("self_attn.k_proj.weight").t()).reshape(B, T, NKV, HS).transpose(1, 2)
-        v = (h @ p("self_attn.v_proj.weight").t()).reshape(B, T, NKV, HS).transpose(1, 2)
-        q, k = rope(q), rope(k)
-        g = NH // NKV
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # q head j uses kv head j // g
-        allowed = None if eot is None else rg.document_mask(inputs, eot)
-        y = rg.causal_attention(q, k, v, allowed).transpose(1, 2).reshape(B, T, C)
-        x = x + y @ p("self_attn.o_proj.weight").t()
-        h = rms(x, p("post_attention_layernorm.weight"))
-        gate, up = h @ p("mlp.gate_proj.weight").t(), h @ p("mlp.up_proj.weight").t()
-        x = x + (gate * torch.sigmoid(gate) * up) @ p("mlp.down_proj.weight").t()
-    x = rms(x, sd["model.norm.weight"])
-    head = sd["model.embed_tokens.weight"] if c.tie_word_embeddings else sd["lm_head.weight"]
-    return x @ head.t()
-
-
-def gpt2_by_reference_gpt(model, inputs, eot=None):
-    """tests/reference/reference_gpt.py's GPT-2 with the model's weights in its order."""
-    c = model.config
-    cfg = rg.Config(maxT=c.n_positions, V=c.vocab_size, L=c.n_layer, NH=c.n_head, C=c.n_embd, Vp=c.vocab_size)
-    params = {n: f(lambda p: p).detach() for n, f in file_order(model)}
-    logits, _ = rg.forward(params, cfg, inputs, None, eot)
-    return logits
-
-
-def check_document_mask(ck, name, model, inputs, by_hand):
-    """logits_of's document mask against the by-hand model with reference_gpt's:
-    row 0 with several EOTs (3), row 1 without any (= plain causal attention)."""
-    eot, x = 3, inputs.clone()
-    x[0, ::3] = eot
-    x[1] = torch.where(x[1] == eot, torch.full_like(x[1], eot + 1), x[1])
-    with torch.no_grad():
-        got, want, plain = logits_of(model, x, eot), by_hand(model, x, eot), logits_of(model, x)
-        e = rel_err(got, want)
-    ck(e <= 1e-12, f"{name}: document mask ({int((x[0] == eot).sum())} EOTs in row 0) vs by hand: rel err {e:.3e}")
-    e1, e0 = rel_err(got[1], plain[1]), rel_err(got[0], plain[0])
-    ck(e1 <= 1e-14 and e0 > 1e-3, f"{name}: no EOT: mask = causal (rel err {e1:.1e}); EOTs: differs by {e0:.1e}")
-
-
-def selfcheck(args):
-    import transformers
-    ck = Checks()
-    g = torch.Generator()
-    g.manual_seed(7)
-    cases = []
-    for spec in ("arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=500",
-                 "arch=llama,L=1,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1,eps=1e-6"):
-        s = parse_spec(spec)
-        model = transformers.LlamaForCausalLM(make_config(s)).eval()
-        randomize(model, 3)
-        model.to(torch.float64)
-        inputs = torch.randint(0, s["V"], (2, s["T"]), generator=g)
-        with torch.no_grad():  # before the patch (which stays for the process)
-            cases.append((spec, model, inputs, logits_of(model, inputs)))
-    patch_fp64()
-    for spec, model, inputs, unpatched in cases:
-        with torch.no_grad():
-            want = llama_by_hand(model, inputs)
-            got = logits_of(model, inputs)
-        e = rel_err(got, want)
-        ck(e <= 1e-12, f"{spec}: patched fp64 transformers vs docs/design.md section 9 by hand: rel err {e:.3e}")
-        # The patch matters: unpatched transformers computes parts in fp32.
-        e0 = rel_err(unpatched, want)
-        ck(e0 > 1e-10, f"{spec}: unpatched transformers differs by {e0:.3e} (> 1e-10, so the fp64 patch is needed)")
-        # Our file order holds every parameter exactly once.
-        n_file = flat_file_order(model, grads=False).numel()
-        n_model = sum(p.numel() for p in model.parameters())
-        ck(n_file == n_model, f"{spec}: file order holds {n_file} values, the model {n_model}")
-        check_document_mask(ck, spec, model, inputs, llama_by_hand)
-    s = parse_spec("L=2,C=48,NH=3,V=97,T=16")
-    model = transformers.GPT2LMHeadModel(make_config(s)).eval()
-    randomize(model, 4)
-    model.to(torch.float64)
-    inputs = torch.randint(0, s["V"], (2, s["T"]), generator=g)
-    with torch.no_grad():
-        e = rel_err(logits_of(model, inputs), gpt2_by_reference_gpt(model, inputs))
-    ck(e <= 1e-12, f"GPT2LMHeadModel fp64 vs tests/reference/reference_gpt.py forward: rel err {e:.3e}")
-    n_file = flat_file_order(model, grads=False).numel()
-    ck(n_file == sum(p.numel() for p in model.parameters()), f"GPT-2 file order holds {n_file} values")
-    check_document_mask(ck, "GPT-2", model, inputs, gpt2_by_reference_gpt)
     print(f"{ck.passed} passed, {ck.failed} failed")
     return 0 if ck.failed == 0 else 1
 
@@ -567,7 +462,8 @@ def main(argv=None):
         import_transformers()
         patch_fp64() if not args.selfcheck else None
         if args.selfcheck:
-            return selfcheck(args)
+            import hf_selfcheck
+            return hf_selfcheck.selfcheck(args)
         if args.check_weights:
             if not args.weights:
                 raise RefError("--check-weights needs --weights FILE")

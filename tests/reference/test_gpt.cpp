@@ -284,7 +284,11 @@ int main(int argc, char** argv) {
     const size_t N = (size_t)s.B * s.T, V = c.vocab_size, P = table.file_params;
 
     // Forward: logits and loss of the initial model.
-    double loss = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 0.0, dc);
+    // Mixtral: the objective, as transformers' loss with output_router_logits:
+    // the cross-entropy plus the load-balancing loss times its coefficient.
+    auto objective = [&](double ce) { return c.moe() ? ce + c.aux_coef * model.aux_loss() : ce; };
+    double loss = objective(model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 0.0, dc));
+    if (c.moe()) std::printf("load-balancing loss %.12f\n", model.aux_loss());
     std::vector<double> logits(N * V);
     for (size_t n = 0; n < N; n++) model.logits_row((int)(n / s.T), (int)(n % s.T), &logits[n * V], DType::F64);
     ck.check("logits", logits.data(), s.logits.data(), logits.size(), tol_fwd);
@@ -308,7 +312,7 @@ int main(int argc, char** argv) {
     std::vector<double> losses(s.steps);
     for (int step = 0; step < s.steps; step++) {
         model.zero_grad();
-        losses[step] = model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N, dc);
+        losses[step] = objective(model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N, dc));
         model.backward();
         adamw_step(model, s.opt, step);
         std::printf("  step %2d loss %.12f (reference %.12f)\n", step, losses[step], s.step_losses[step]);

@@ -9,9 +9,10 @@
 #     one process and under mpirun (tp 2 with a vocabulary tp does not
 #     divide, dp 2 with ZeRO-3, pp 2); the trainer picks DIR/tokenizer.json
 #     and the export carries it; the same for a LlamaForCausalLM (GQA 2:1,
-#     untied);
-#   - Llama tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
-#     untied fp32, GQA 4:1 tied bf16 in shards) loaded by llmc/io/hf.cpp equal
+#     untied) and a MixtralForCausalLM (4 experts, top 2);
+#   - Llama and Mixtral tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
+#     untied fp32, GQA 4:1 tied bf16 in shards) and a MixtralForCausalLM
+#     (bf16 in shards) loaded by llmc/io/hf.cpp equal
 #     transformers' tensors in model file order, and their export loads in
 #     transformers with every tensor equal (tests/reference/reference_hf.py
 #     --check-weights);
@@ -302,10 +303,12 @@ def test_llama_maps(tmp):
     for name, spec, extra in [
             ("gqa2_untied_fp32", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=500", []),
             ("gqa4_tied_bf16_sharded", "arch=llama,L=3,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1,eps=1e-6",
-             ["--save-dtype", "bf16", "--shard-size", "10KB"])]:
+             ["--save-dtype", "bf16", "--shard-size", "10KB"]),
+            ("mixtral_e4k2_bf16_sharded", "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16,aux=0.02",
+             ["--save-dtype", "bf16", "--shard-size", "20KB"])]:
         d, w, e = (os.path.join(tmp, name + s) for s in ("", ".w", "_exp"))
         rc, text = run([PY, REF, "--spec", spec, "--save-dir", d, "--steps", "0"] + extra)
-        if not check(rc == 0, f"{name}: reference_hf.py saves a LlamaForCausalLM: " + last_line(text)):
+        if not check(rc == 0, f"{name}: reference_hf.py saves the model: " + last_line(text)):
             continue
         rc, text = run([TEST_GPT, "--model", d, "--write-weights", w, "--export-hf", e])
         if not check(rc == 0, f"{name}: test_gpt loads and exports it: " + last_line(text)):
@@ -388,6 +391,7 @@ def main():
         test_tokenizer(tmp)
         test_round_trip(tmp, "gpt2", "L=2,C=32,NH=2,V=301,T=64")
         test_round_trip(tmp, "llama", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=500")
+        test_round_trip(tmp, "mixtral", "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=301,T=64,theta=500")
         test_export_meta(tmp)
         test_llama_journey(tmp)
         test_llama_maps(tmp)

@@ -230,6 +230,27 @@ static void test_config() {
     CHECK(ok && !c.llama() && c.channels == 48 && c.num_heads == 3 && c.num_layers == 2 && c.vocab_size == 97 &&
               c.padded_vocab_size == 97 && c.max_seq_len == 24 && c.tied,
           "gpt2 config read: %s", err.c_str());
+    // Mixtral: the experts' keys, and transformers' defaults where absent.
+    const std::string mixtral =
+        R"("architectures":["MixtralForCausalLM"],"model_type":"mixtral","hidden_size":48,"num_attention_heads":4,)"
+        R"("num_key_value_heads":2,"intermediate_size":40,"num_hidden_layers":2,"vocab_size":101,)"
+        R"("max_position_embeddings":64,"num_local_experts":6,"num_experts_per_tok":3,"router_aux_loss_coef":0.02,)"
+        R"("sliding_window":null)";
+    const std::string mdir = g_dir + "/cfg_mixtral";
+    mkdir(mdir.c_str(), 0755);
+    write_text(mdir + "/config.json", "{" + mixtral + "}");
+    ok = read_hf_config(mdir, &c, &err);
+    CHECK(ok && c.moe() && c.llama() && c.experts == 6 && c.top_k == 3 && c.aux_coef == 0.02 && c.hidden() == 40 &&
+              c.max_seq_len == 64 && !c.tied,
+          "mixtral config read: %s (%s)", err.c_str(), config_string(c).c_str());
+    write_text(mdir + "/config.json", R"({"model_type":"mixtral","hidden_size":48,"num_attention_heads":4,)"
+                                      R"("intermediate_size":40,"num_hidden_layers":2,"vocab_size":101})");
+    ok = read_hf_config(mdir, &c, &err);
+    CHECK(ok && c.moe() && c.experts == 8 && c.top_k == 2 && c.aux_coef == 0.001 && c.max_seq_len == 131072,
+          "mixtral defaults: %s (%s)", err.c_str(), config_string(c).c_str());
+    expect_config_error("mixtral_window", "{" + mixtral + R"(,"sliding_window":32})", "sliding_window");
+    expect_config_error("mixtral_jitter", "{" + mixtral + R"(,"router_jitter_noise":0.1})", "router_jitter_noise");
+    expect_config_error("mixtral_k", "{" + mixtral + R"(,"num_experts_per_tok":7})", "K <= E");
     expect_config_error("rope_scaling", "{" + llama + R"(,"rope_scaling":{"type":"linear","factor":2.0}})", "rope_scaling");
     expect_config_error("attention_bias", "{" + llama + R"(,"attention_bias":true})", "attention_bias");
     expect_config_error("mlp_bias", "{" + llama + R"(,"mlp_bias":true})", "mlp_bias");

@@ -48,6 +48,28 @@ static void test_config_and_table() {
               "llama spec: untied by default, NKV, F, Vp = V");
         CHECK(parse_model_spec("tied=1,arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16", &lt, &err) && lt.tied,
               "llama spec tied=1 before arch");
+        // Mixtral: E, K, aux (default 0.01); the expert kinds in the table,
+        // w1/w3 of each expert column-split and w2 row-split under tp.
+        GPTConfig m;
+        CHECK(parse_model_spec("arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16", &m, &err) && m.moe() &&
+                  m.llama() && m.experts == 4 && m.top_k == 2 && m.aux_coef == 0.01 && !m.tied,
+              "mixtral spec: %s", err.c_str());
+        TensorTable tm(m), tm1(m, 1, 2, 1);
+        const size_t block = 48 + (4 + 2 * 2) * 12 * 48 + 48 * 48 + 48 + 4 * 48 + 4 * 3 * 48 * 40;
+        CHECK(tm.total == model_param_count(m) && tm.total == 2 * 101 * 48 + 2 * block + 48 &&
+                  !tm.has(Param::fcw, 0) && tm.get(Param::moe_fc, 1).rows == 4 * 80 &&
+                  tm.get(Param::moe_proj, 1).rows == 4 * 48,
+              "mixtral table: %zu elements", tm.total);
+        const TensorEntry& fc = tm1.get(Param::moe_fc, 0);
+        CHECK(fc.rows == 4 * 40 && fc.runs.size() == 8 && fc.runs[1].global == 40 + 20 && fc.runs[2].global == 80 + 20 &&
+                  tm1.get(Param::moe_proj, 0).cols == 20 && tm1.get(Param::moe_proj, 0).col_begin == 20 &&
+                  !tm1.get(Param::moe_gate, 0).split,
+              "mixtral tp rank 1 of 2: w1/w3 halves of each expert, w2's columns, the router whole");
+        for (const char* bad : {"arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,V=101,T=16",
+                                "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=2,K=3,V=101,T=16",
+                                "arch=llama,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16",
+                                "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16,aux=-1"})
+            CHECK(!parse_model_spec(bad, &m, &err) && err.find('\n') == std::string::npos, "refused: %s", bad);
     }
     TensorTable t(c);
     CHECK(t.total == gpt2_param_count(c), "odd params %zu vs %zu", t.total, gpt2_param_count(c));

@@ -1,0 +1,153 @@
+// llmc/model/moe.cpp: Mixtral's sparse mixture-of-experts block, which takes
+// the MLP's place in every block (docs/moe.md), and its load-balancing loss.
+//
+// Forward of N tokens x (the block's second norm output, gathered whole
+// under sequence parallelism):
+//   logits = x·gate^T [N,E]; p = softmax(logits); the K most probable
+//   experts of each token, weights w = their p renormalised to sum 1;
+//   the token rows copied to the grouped order (by expert), each expert's
+//   contiguous group through its SwiGLU (w1 gate, w3 up, w2 down), and
+//   out[n] = sum_j w[n,j] · expert_j(x[n]).
+// Under tensor parallelism every rank routes all N tokens alike (the router
+// is replicated) and holds its slice of every expert (w1 and w3 by output
+// rows, w2 by input columns, as the MLP): its out is a partial sum that the
+// block's g operator reduces, the combine being linear. The gradient of
+// the weights w needs the whole expert outputs: a sum over the tp group.
+//
+// The load-balancing loss (transformers' load_balancing_loss_func, which
+// concatenates the router logits of all layers): over the L·N routings of
+// a micro-batch (a forward call; under context parallelism its tokens on
+// every rank of the cp group), f_e = (assignments to e) / (L·N), P_e = (sum
+// of p_e) / (L·N), aux = E · sum_e f_e·P_e. The objective adds
+// aux_coef · aux averaged over the step's micro-batches, so its gradient
+// with respect to each probability p_e is aux_coef · (N / global tokens) ·
+// E · f_e / (L·N): moe_aux computes it once the micro-batch's blocks have
+// all run, and each block's backward adds it to the router's gradient.
+#include <stdexcept>
+#include <vector>
+
+#include "llmc/model/activations.h"
+#include "llmc/model/gpt.h"
+
+void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
+    Acts& a = *a_;
+    const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
+    const DType act = prec_.act, pt = prec_.param;
+    be_->matmul_forward(a.moe_logits, xin, P(Param::moe_gate, l), nullptr, N, C, E);
+    be_->moe_route(la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv, a.moe_logits, N, E, K);
+    std::vector<int>& off = moe_offsets_[la.index];
+    be_->download(off.data(), DType::I32, la.offsets, DType::I32, (size_t)E + 1);
+    be_->moe_dispatch(la.xg, nullptr, xin, nullptr, nullptr, la.inv, N, K, C);
+    const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
+    for (int e = 0; e < E; e++) {  // expert e's rows: [gate | up] of its hidden layer
+        const int n = off[e + 1] - off[e];
+        if (n > 0)
+            be_->matmul_forward(elem_ptr(la.fch, act, (size_t)off[e] * 2 * Hl), elem_ptr(la.xg, act, (size_t)off[e] * C),
+                                elem_ptr(w13, pt, (size_t)e * 2 * Hl * C), nullptr, n, C, 2 * Hl);
+    }
+    activation(la.h, la.fch, N * K);
+    for (int e = 0; e < E; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n > 0)
+            be_->matmul_forward(elem_ptr(la.yg, act, (size_t)off[e] * C), elem_ptr(la.h, act, (size_t)off[e] * Hl),
+                                elem_ptr(w2, pt, (size_t)e * C * Hl), nullptr, n, Hl, C);
+    }
+    be_->moe_combine(a.proj, la.yg, la.topw, la.inv, N, K, C);
+}
+
+void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad) {
+    Acts& a = *a_;
+    const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
+    const DType act = prec_.act, pt = prec_.param, gt = prec_.grad;
+    const std::vector<int>& off = moe_offsets_[la.index];
+    // The combine's backward: each grouped row's gradient, and the weights'.
+    be_->moe_dispatch(a.moe_dg, a.moe_dtopw, dout, la.yg, la.topw, la.inv, N, K, C);
+    if (tp_) tp_->sum(a.moe_dtopw, (size_t)N * K, prec_.stat);  // the whole expert outputs' dot products
+    const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
+    void *dw13 = G(Param::moe_fc, l), *dw2 = G(Param::moe_proj, l);
+    for (int e = 0; e < E; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n > 0)
+            be_->matmul_backward(elem_ptr(a.dh, act, (size_t)off[e] * Hl), elem_ptr(dw2, gt, (size_t)e * C * Hl), nullptr,
+                                 elem_ptr(a.moe_dg, act, (size_t)off[e] * C), elem_ptr(la.h, act, (size_t)off[e] * Hl),
+                                 elem_ptr(w2, pt, (size_t)e * C * Hl), n, Hl, C);
+    }
+    be_->swiglu_backward(a.dfch, la.fch, a.dh, N * K, Hl);
+    for (int e = 0; e < E; e++) {  // the grouped input rows' gradients (moe_dg again: its rows are done)
+        const int n = off[e + 1] - off[e];
+        if (n > 0)
+            be_->matmul_backward(elem_ptr(a.moe_dg, act, (size_t)off[e] * C), elem_ptr(dw13, gt, (size_t)e * 2 * Hl * C),
+                                 nullptr, elem_ptr(a.dfch, act, (size_t)off[e] * 2 * Hl),
+                                 elem_ptr(la.xg, act, (size_t)off[e] * C), elem_ptr(w13, pt, (size_t)e * 2 * Hl * C), n,
+                                 C, 2 * Hl);
+    }
+    be_->moe_combine(a.dln, a.moe_dg, nullptr, la.inv, N, K, C);  // back to the tokens, summed over their experts
+    // The router: through the weights' renormalisation and the softmax, with
+    // the load-balancing loss's gradient. Its input gradient is whole on
+    // every tp rank: added on one, as the f operator's backward sums dln.
+    be_->moe_route_backward(a.moe_dlogits, la.probs, la.topi, a.moe_dtopw, aux_grad, N, E, K);
+    be_->matmul_backward(a.moe_dx, G(Param::moe_gate, l), nullptr, a.moe_dlogits, xin, P(Param::moe_gate, l), N, C, E);
+    if (!tp_ || tp_->rank() == 0) be_->residual_forward(a.dln, a.dln, a.moe_dx, (size_t)N * C);
+}
+
+// After block la's forward: its assignments per expert and the sums of its
+// routing probabilities, added to the micro-batch's (slot s).
+void GPT::moe_stats(const LayerActs& la, int N, size_t s) {
+    const int E = cfg_.experts;
+    const std::vector<int>& off = moe_offsets_[la.index];
+    std::vector<double> p((size_t)N * E);
+    be_->download(p.data(), DType::F64, la.probs, prec_.stat, p.size());
+    for (int e = 0; e < E; e++) {
+        moe_count_[s][e] += off[e + 1] - off[e];
+        double sum = 0;
+        for (int n = 0; n < N; n++) sum += p[(size_t)n * E + e];
+        moe_psum_[s][e] += sum;
+    }
+}
+
+// After the micro-batch's last block: the loss (docs/moe.md) and, when the
+// forward computes a loss gradient (dloss = 1 / tokens of the global
+// batch), the gradient of aux_coef times this micro-batch's share of the
+// step's mean with respect to every routing probability.
+std::vector<double> GPT::take_moe_stats() {
+    const size_t E = cfg_.experts;
+    std::vector<double> out(2 * E, 0.0);
+    for (size_t s = 0; s < moe_count_.size(); s++)
+        for (size_t e = 0; e < E; e++) {
+            out[e] += moe_count_[s][e];
+            out[E + e] += moe_psum_[s][e];
+            moe_count_[s][e] = moe_psum_[s][e] = 0;
+        }
+    return out;
+}
+
+void GPT::set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss) {
+    const size_t s = slot_base_.at(c) + slot, E = cfg_.experts;
+    if (stats.size() != 2 * E) throw std::invalid_argument("set_moe_aux: statistics of another expert count");
+    for (size_t e = 0; e < E; e++) moe_count_[s][e] = stats[e], moe_psum_[s][e] = stats[E + e];
+    moe_aux(s, N, dloss, chunks_.at(c).head);
+}
+
+void GPT::moe_aux(size_t s, int N, double dloss, bool count) {
+    const int E = cfg_.experts;
+    std::vector<double>& cnt = moe_count_[s];
+    std::vector<double>& psum = moe_psum_[s];
+    const double tokens = (double)N * (cp_ ? cp_->comm().size() : 1);  // the micro-batch's, over the cp group
+    if (cp_)
+        for (int e = 0; e < E; e++) {
+            cnt[e] = cp_->comm().host_all_reduce(cnt[e], ReduceOp::Sum);
+            psum[e] = cp_->comm().host_all_reduce(psum[e], ReduceOp::Sum);
+        }
+    const double LN = (double)cfg_.num_layers * tokens;
+    std::vector<double> grad(E);
+    double aux = 0;
+    for (int e = 0; e < E; e++) {
+        aux += (cnt[e] / LN) * (psum[e] / LN);
+        grad[e] = cfg_.aux_coef * dloss * tokens * E * (cnt[e] / LN) / LN;
+        cnt[e] = psum[e] = 0;
+    }
+    aux *= E;
+    be_->upload(elem_ptr(a_->moe_aux_grad, prec_.stat, s * E), prec_.stat, grad.data(), DType::F64, E);
+    aux_last_ = aux;
+    if (count) aux_sum_ += aux;
+}

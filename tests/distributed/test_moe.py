@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+# tests/distributed/test_moe.py: Mixtral models (arch=mixtral: Llama with a
+# sparse mixture of experts for every MLP, docs/moe.md) under the parallel
+# layouts on the CPU under mpirun, against one process. (One process against
+# transformers' MixtralForCausalLM is test_gpt on the states that
+# tests/reference/reference_hf.py writes.)
+#   - parameters: the count the trainer prints, whole and per tensor-parallel
+#     rank, against the formula (router E x C, E experts of 3·C·F; w1 and w3
+#     split by rows and w2 by columns under tp, the router replicated);
+#   - equivalence in fp64, with the load-balancing loss in the objective:
+#     dp 2 with ZeRO 0, 1, 2 and 3 against one process with the same
+#     micro-batches (the loss is per micro-batch, as transformers computes it
+#     per forward call), tp 2, tp + sp (with recompute modes), cp 2 (ring
+#     and all-to-all: the micro-batch's routing statistics summed over the cp
+#     group), tp x cp, pp 2 (1F1B and interleaved, with tp + sp, cp or
+#     ZeRO-3; the routing statistics summed over the stages by a
+#     forward-only pass) and pp with aux=0: 10 steps of `loss` and
+#     `aux_loss` (metrics.jsonl) and the final weights equal one process
+#     (rel err <= 1e-10); tp + sp and cp in fp32 (<= 1e-5);
+#   - the aux loss matters: a run with aux=0 trains to other weights, and
+#     its aux_loss is still reported;
+#   - checkpoints (the architecture in the index): saved at tp=2, resumed in
+#     one process and at cp=2, with the uninterrupted run's losses;
+#   - errors: tp not dividing the experts' width F, K > E,
+#     E without arch=mixtral, --generate with the KV cache: one line naming
+#     the flag, every rank exits.
+# Last line: "N passed, N failed".
+import os
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from testlib import (Checks, equivalence, metrics, read_checkpoint, refusals, rel, resume_check, run_suite, train,
+                     write_shard)
+
+L, C, NH, NKV, F, E, K, V = 2, 48, 4, 2, 40, 4, 2, 97
+MIX = f"arch=mixtral,L={L},C={C},NH={NH},NKV={NKV},F={F},E={E},K={K},V={V},T=64,aux=0.05"
+MIX0 = MIX.replace("aux=0.05", "aux=0")
+TOP1 = f"arch=mixtral,L={L},C={C},NH={NH},NKV={NKV},F={F},E=3,K=1,V={V},T=64,tied=1,aux=0.1"
+check = Checks()
+DATA = None
+
+
+def base(dtype, model, steps=10):
+    return ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", str(steps), "-s", "0", "-v", "0", "--dtype", dtype,
+            "-c", "0.1", "-l", "3e-3", "-u", "3", "-q", "0.2", "--grad-clip", "0.5"]
+
+
+def mixtral_params(tp, tied=False):
+    hs = C // NH
+    block = C + C * (NH + 2 * NKV) * hs // tp + (NH * hs // tp) * C + C + E * C + E * 3 * C * F // tp
+    vocab = -(-V // tp) * C
+    return vocab * (1 if tied else 2) + L * block + C
+
+
+PARAMS = re.compile(r"(\d+) parameters \((\d+) on this rank")
+
+
+def test_params():
+    for np_, extra, tp in ((0, [], 1), (2, ["--tp", "2"], 2)):
+        rc, out, err = train(np_, base("fp32", MIX, 1) + ["-b", "2"] + extra)
+        m = PARAMS.search(out)
+        if not check(rc == 0 and m, f"params tp={tp}: {err[-300:]}"):
+            continue
+        whole, here = int(m.group(1)), int(m.group(2))
+        print(f"  params tp={tp}: {whole} whole (formula {mixtral_params(1)}), {here} on rank 0 "
+              f"(formula {mixtral_params(tp)})")
+        check(whole == mixtral_params(1) and here == mixtral_params(tp), f"params tp={tp}: {whole}, {here}")
+        check(re.search(r"aux [0-9.]+ \|", out) is not None, f"tp={tp}: the step line reports aux")
+
+
+def test_equivalence(tmp):
+    keys = ("loss", "aux_loss")
+    args = base("fp64", MIX) + ["-d", "128"]  # 128 tokens per step: 8 rows of 16
+    # Micro-batches of 4 rows: one process accumulates two, dp 2 runs one each.
+    equivalence(check, tmp, "fp64", args, ["-b", "4"],
+                [(2, ["-b", "4"]), (2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "-z", "2"]),
+                 (2, ["-b", "4", "-z", "3"])], keys=keys)
+    # Micro-batches of 8 rows, split by heads and the experts' widths, or by
+    # the sequence; recompute modes.
+    equivalence(check, tmp, "fp64", args, ["-b", "8"],
+                [(2, ["-b", "8", "--tp", "2"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
+                 (2, ["-b", "8", "--tp", "2", "--sp", "1", "-r", "full"]), (2, ["-b", "8", "--cp", "2"]),
+                 (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]), (4, ["-b", "8", "--tp", "2", "--cp", "2"]),
+                 (0, ["-b", "8", "-r", "gelu"]), (0, ["-b", "8", "-r", "full"])], keys=keys)
+    # fp32 (<= 1e-5; the CPU is deterministic, so a near-tie in a top-k would fail every run, not some).
+    equivalence(check, tmp, "fp32", base("fp32", MIX) + ["-d", "128"], ["-b", "8"],
+                [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"])], keys=keys)
+    # Top-1 routing, tied head, a larger coefficient.
+    equivalence(check, tmp, "fp64", base("fp64", TOP1) + ["-d", "128"], ["-b", "8"],
+                [(2, ["-b", "8", "--tp", "2", "--sp", "1"]), (2, ["-b", "8", "--cp", "2"])], keys=keys)
+    # Pipeline stages (1F1B, interleaved: 4 layers), with the load-balancing
+    # loss (the stages' routing statistics from a forward-only pass) and without.
+    equivalence(check, tmp, "fp64", base("fp64", MIX.replace("L=2", "L=4")) + ["-d", "128"], ["-b", "2"],
+                [(2, ["-b", "2", "--pp", "2"]), (2, ["-b", "2", "--pp", "2", "--vpp", "2"]),
+                 (4, ["-b", "2", "--pp", "2", "--tp", "2", "--sp", "1"]), (4, ["-b", "2", "--pp", "2", "--cp", "2"]),
+                 (4, ["-b", "2", "--pp", "2", "-z", "3"])], keys=keys)
+    equivalence(check, tmp, "fp64", base("fp64", MIX0.replace("L=2", "L=4")) + ["-d", "128"], ["-b", "2"],
+                [(2, ["-b", "2", "--pp", "2"])])
+
+
+def test_checkpoints(tmp):
+    resume_check(check, tmp, base("fp64", MIX) + ["-d", "128"], ["-b", "8"], (2, ["-b", "8", "--tp", "2"]),
+                 ((0, ["-b", "8"]), (2, ["-b", "8", "--cp", "2"])))
+
+
+def test_aux_matters(tmp):
+    runs = {}
+    for name, model in (("aux", MIX), ("noaux", MIX0)):
+        d = os.path.join(tmp, "matters_" + name)
+        rc, out, err = train(0, base("fp64", model) + ["-b", "8", "-d", "128", "-n", "10", "-o", d])
+        if not check(rc == 0, f"{name}: {err[-300:]}"):
+            return
+        runs[name] = (metrics(d), read_checkpoint(d, 10)[0])
+    (ma, wa), (m0, w0) = runs["aux"], runs["noaux"]
+    check(ma[0]["loss"] == m0[0]["loss"] and ma[0]["aux_loss"] == m0[0]["aux_loss"] > 0,
+          f"step 1: the same cross-entropy and aux_loss with and without the coefficient "
+          f"({ma[0]['aux_loss']}, {m0[0]['aux_loss']})")
+    d = rel(wa, w0)
+    check(d > 1e-6, f"aux=0.05 trains to other weights than aux=0: rel difference {d:.2e}")
+
+
+def test_errors(tmp):
+    cases = ((4, MIX.replace("F=40", "F=42").replace("NKV=2", "NKV=4"), ["--tp", "4"], "--tp"),  # F=42 over 4
+             (1, MIX.replace("K=2", "K=5"), [], "-e"),
+             (1, MIX.replace("arch=mixtral", "arch=llama"), [], "-e"),
+             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], "--kv-cache"))
+    refusals(check, cases, lambda model: base("fp32", model, 2) + ["-b", "4", "-d", "64"])
+
+
+def suite(tmp):
+    global DATA
+    DATA = os.path.join(tmp, "data.bin")
+    write_shard(DATA, np.random.default_rng(7).integers(0, V, 40000))
+    test_params()
+    test_equivalence(tmp)
+    test_aux_matters(tmp)
+    test_checkpoints(tmp)
+    test_errors(tmp)
+
+
+def main():
+    run_suite(check, "llmc_moe_", suite)
+
+
+if __name__ == "__main__":
+    main()
