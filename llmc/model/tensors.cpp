@@ -202,15 +202,35 @@ bool TensorTable::has(Param p, int layer) const {
     return layer >= 0 && layer < cfg.num_layers && index_[(size_t)p * cfg.num_layers + layer] >= 0;
 }
 
-size_t model_param_count(const GPTConfig& c) {
-    size_t n = 0;
+// Calls f(kind, elements) for each kind of the model, elements over all layers.
+template <class F>
+static void for_each_kind(const GPTConfig& c, F f) {
     for (int k = 0; k < (int)Param::count; k++) {
         if (!kind_in_model(c, (Param)k)) continue;
         size_t r, cl;
         kind_shape(c, (Param)k, &r, &cl);
-        n += r * cl * (kKinds[k].per_layer ? c.num_layers : 1);
+        f(k, r * cl * (kKinds[k].per_layer ? c.num_layers : 1));
     }
+}
+
+size_t model_param_count(const GPTConfig& c) {
+    size_t n = 0;
+    for_each_kind(c, [&](int, size_t elems) { n += elems; });
     return n;
+}
+
+double active_param_count(const GPTConfig& c) {
+    double n = 0;
+    // A token runs through K of the E experts (an expert kind's rows are E
+    // equal blocks), so only K/E of those weights do work for it.
+    for_each_kind(c, [&](int k, size_t elems) {
+        n += kKinds[k].experts ? (double)elems * c.top_k / c.experts : (double)elems;
+    });
+    return n;
+}
+
+double train_flops_per_token(const GPTConfig& c, int T) {
+    return 6.0 * active_param_count(c) + 6.0 * c.num_layers * (double)c.channels * T;
 }
 
 size_t gpt2_param_count(const GPTConfig& c) {

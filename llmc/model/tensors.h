@@ -149,5 +149,13 @@ size_t gpt2_param_count(const GPTConfig& c);
 // The parameters of any model (the sum of its kinds' shapes): a model file's
 // or a checkpoint's element count.
 size_t model_param_count(const GPTConfig& c);
+// The parameters one token goes through: model_param_count less the experts
+// a token is not routed to (of Mixtral's E experts' tensors only K/E count;
+// the router counts whole). Equal to model_param_count without experts.
+double active_param_count(const GPTConfig& c);
+// Training FLOPs per token as llm.c counts them (docs/design.md section 10):
+// 6 per active weight plus 6·L·C·T for attention, so MFU figures compare;
+// the trainer's MFU and the planner's both use it.
+double train_flops_per_token(const GPTConfig& c, int T);
 // Whether a kind belongs to the model's architecture.
 bool kind_in_model(const GPTConfig& c, Param p);

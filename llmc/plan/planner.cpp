@@ -150,10 +150,6 @@ struct Planned {
     double tokens_per_s = 0, tflops = 0, mfu = 0;
 };
 
-double flops_per_token(const GPTConfig& c, size_t params, int T) {
-    return 6.0 * (double)params + 6.0 * c.num_layers * (double)c.channels * T;  // llm.c's convention
-}
-
 Planned plan_one(const GPTConfig& mc, const Layout& l, const PlanRequest& r, const Proto& proto, bool all_ranks) {
     Planned p;
     p.l = l;
@@ -169,7 +165,7 @@ Planned plan_one(const GPTConfig& mc, const Layout& l, const PlanRequest& r, con
     p.fits = r.hw.mem_bytes <= 0 || (double)p.max_bytes + r.hw.reserve_bytes <= r.hw.mem_bytes;
     p.cost = CostModel(mc, l, r.hw, proto.prec, r.hw.gpus_per_node, r.attention == "standard").predict(stage_params, unit0);
     p.tokens_per_s = (double)l.total_batch / p.cost.step;
-    p.tflops = flops_per_token(mc, model_param_count(mc), l.T) * p.tokens_per_s / l.world;
+    p.tflops = train_flops_per_token(mc, l.T) * p.tokens_per_s / l.world;
     p.mfu = r.hw.peak_flops > 0 ? p.tflops / r.hw.peak_flops : 0;
     return p;
 }

@@ -12,12 +12,6 @@
 #include "llmc/run/startup.h"
 #include "llmc/run/trainer.h"
 
-// Training FLOPs per token as llm.c counts them (docs/design.md section
-// 10): 6 per weight plus 6·L·C·T for attention, so MFU figures compare.
-static double flops_per_token(const GPTConfig& c, size_t params, int T) {
-    return 6.0 * (double)params + 6.0 * c.num_layers * (double)c.channels * T;
-}
-
 // Draws a token from the softmax of logits with one uniform number.
 static int sample_token(const std::vector<float>& logits, double u) {
     double mx = -INFINITY, sum = 0;
@@ -129,7 +123,7 @@ StepMetrics Trainer::train_step(int step) {
     m.tokens = (unsigned long long)st.step * (unsigned long long)cfg.total_batch;
     m.tokens_per_s = cfg.total_batch / (ms / 1000.0);
     const double peak = backend_peak_flops(*be);
-    m.mfu = peak > 0 ? flops_per_token(mc, s.model->table().file_params, cfg.T) * m.tokens_per_s / (peak * grid.world_size)
+    m.mfu = peak > 0 ? train_flops_per_token(mc, cfg.T) * m.tokens_per_s / (peak * grid.world_size)
                      : 0;
     m.val_loss = -1;
     m.aux_loss = aux;

@@ -264,8 +264,15 @@ def test_wave_model_moe(tmp):
     if not check(rc == 0, f"wave model, Mixtral: {err[-300:]}"):
         return
     with open(jp) as f:
-        got = json.loads(f.readline())["breakdown_ms"]["compute"] / 1e3
+        row = json.loads(f.readline())
+    got = row["breakdown_ms"]["compute"] / 1e3
     N, R, Ckv = B * T, B * T * K // E, NKV * C // NH
+    # TFLOP/s count what a token goes through (llm.c's 6 per weight plus
+    # 6·L·C·T): the router whole and K of the E experts, untied embeddings.
+    active = 2 * V * C + C + L * (2 * C + C * (C + 2 * Ckv) + C * C + E * C + K * 3 * C * F)
+    tflops = (6 * active + 6 * L * C * T) * row["tokens_per_s"] / 1e12
+    check(abs(row["tflops_per_gpu"] / tflops - 1) < 1e-9,
+          f"Mixtral TFLOP/s: planned {row['tflops_per_gpu']}, active-parameter formula {tflops}")
     g = lambda M, Nn, Kk: wave_gemm(M, Nn, Kk, S, tile, rate)  # noqa: E731
     both = lambda M, i, o: g(M, o, i) + g(M, i, o) + g(i, o, M)  # noqa: E731
     block = both(N, C, C + 2 * Ckv) + both(N, C, C) + both(N, C, E) + E * (both(R, C, 2 * F) + both(R, F, C))

@@ -38,6 +38,9 @@ static void test_config_and_table() {
     TensorTable t12(c);
     // GPT-2 124M: 124,475,904 parameters with Vp = 50304 (llm.c's count).
     CHECK(t12.total == 124475904ull && t12.total == gpt2_param_count(c), "d12 params %zu", t12.total);
+    // llm.c's MFU count at T=1024: 6 per parameter plus 6·L·C·T.
+    CHECK(train_flops_per_token(c, 1024) == 6.0 * 124475904 + 6.0 * 12 * 768 * 1024, "d12 flops/token %.0f",
+          train_flops_per_token(c, 1024));
     CHECK(parse_model_spec("d24", &c, &err) && c.channels == 1536 && c.num_heads == 24, "d24");
     CHECK(parse_model_spec("L=3,C=48,NH=3,V=97,T=24", &c, &err) && c.padded_vocab_size == 128, "odd spec");
     {   // Heads: GPT-2 tied; Llama untied unless tied=1 (transformers' LlamaConfig default).
@@ -60,6 +63,14 @@ static void test_config_and_table() {
                   !tm.has(Param::fcw, 0) && tm.get(Param::moe_fc, 1).rows == 4 * 80 &&
                   tm.get(Param::moe_proj, 1).rows == 4 * 48,
               "mixtral table: %zu elements", tm.total);
+        // Training FLOPs count what a token goes through: the router whole
+        // and K=2 of the E=4 experts (3·C·F each), by the formula here.
+        const double active_block = 48 + (4 + 2 * 2) * 12 * 48 + 48 * 48 + 48 + 4 * 48 + 2 * 3 * 48 * 40;
+        const double active = 2 * 101 * 48 + 2 * active_block + 48;
+        CHECK(active_param_count(m) == active && train_flops_per_token(m, 16) == 6 * active + 6 * 2 * 48 * 16,
+              "mixtral active params %.0f (want %.0f), flops/token %.0f", active_param_count(m), active,
+              train_flops_per_token(m, 16));
+        CHECK(active_param_count(l) == (double)model_param_count(l), "llama: every parameter active");
         const TensorEntry& fc = tm1.get(Param::moe_fc, 0);
         CHECK(fc.rows == 4 * 40 && fc.runs.size() == 8 && fc.runs[1].global == 40 + 20 && fc.runs[2].global == 80 + 20 &&
                   tm1.get(Param::moe_proj, 0).cols == 20 && tm1.get(Param::moe_proj, 0).col_begin == 20 &&
