@@ -62,6 +62,10 @@ bool check_world(const Layout& l, std::string* err) {
     if (l.cp_a2a < 1 || l.cp_a2a > l.cp || l.cp % l.cp_a2a != 0)
         return fail("flag --cp-a2a: N=" + std::to_string(l.cp_a2a) + " does not divide --cp " + std::to_string(l.cp));
     if (l.sp && l.tp == 1) return fail("flag --sp: sequence parallel needs --tp > 1");
+    if (l.ep < 1) return fail("flag --ep: " + std::to_string(l.ep) + " must be at least 1");
+    if (l.ep > 1 && l.dp() % l.ep != 0)
+        return fail("flag --ep: " + std::to_string(l.ep) + " does not divide the " + std::to_string(l.dp()) +
+                    " data-parallel ranks (world / (pp*tp*cp); the experts are split over dp ranks)");
     if (l.vpp > 1 && l.pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
     return true;
 }
@@ -97,6 +101,15 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
         return fail(a2a_flag + std::to_string(l.cp_a2a) + " does not divide the " +
                     std::to_string(kv_heads) + " key/value heads of a tensor-parallel rank (grouped-query attention: "
                     "key/value heads are split, not replicated)");
+    if (l.ep > 1 && !c.moe())
+        return fail("flag --ep: expert parallelism needs a mixture-of-experts model (arch=mixtral)");
+    if (l.ep > 1 && c.experts % l.ep != 0)
+        return fail("flag --ep: " + std::to_string(l.ep) + " does not divide the " + std::to_string(c.experts) +
+                    " experts");
+    // Not built yet: the experts' split of the tensor table, the all-to-all
+    // dispatch and combine, and the expert-data group's reductions
+    // (docs/moe.md's sketch).
+    if (l.ep > 1) return fail("flag --ep: expert parallelism is not built yet (only --ep 1)");
     if (l.sp && l.T_local() % l.tp != 0)
         return fail("flag --sp: the sequence length T/cp=" + std::to_string(l.T_local()) + " does not divide by --tp " +
                     std::to_string(l.tp));

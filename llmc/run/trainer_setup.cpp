@@ -40,6 +40,7 @@ void Trainer::setup(const ArgParser& parser) {
     lay.vpp = cfg.vpp;
     lay.tp = cfg.tp;
     lay.cp = cfg.cp;
+    lay.ep = cfg.ep;
     setup_check(cp_a2a_of(cfg.cp_impl, cfg.cp, cfg.cp_a2a, &lay.cp_a2a, &err), err);
     lay.sp = cfg.sp;
     lay.zero = cfg.zero;

@@ -378,6 +378,33 @@ void test_p2p(Checker& ck, Comm& c, Backend& be, const std::string& label, size_
     c.counts().reset();
 }
 
+// all_to_all_v: rank r sends 1 + (r + 2p) % 3 elements to peer p, values
+// of (r, p); its own block is left to the caller (stays as it was).
+void test_all_to_all_v(Checker& ck, Comm& c, Backend& be, const std::string& label) {
+    const int r = c.rank(), g = c.size();
+    const DType t = DType::F64;
+    std::vector<size_t> sn(g), rn(g);
+    for (int p = 0; p < g; p++) sn[p] = 1 + (r + 2 * p) % 3, rn[p] = 1 + (p + 2 * r) % 3;
+    size_t ns = 0, nr = 0;
+    for (int p = 0; p < g; p++) ns += sn[p], nr += rn[p];
+    Buf s(be, t, ns), rv(be, t, nr);
+    std::vector<size_t> so(g, 0), ro(g, 0);
+    for (int p = 1; p < g; p++) so[p] = so[p - 1] + sn[p - 1], ro[p] = ro[p - 1] + rn[p - 1];
+    s.fill([&](size_t i) {
+        int p = 0;
+        while (p + 1 < g && i >= so[p + 1]) p++;
+        return val(t, 100 * r + p, i - so[p]);
+    });
+    rv.fill([&](size_t) { return -1.0; });
+    c.counts().reset();
+    c.all_to_all_v(s.p, sn, rv.p, rn, t);
+    for (int p = 0; p < g; p++)
+        expect(ck, label + " all_to_all_v block from " + std::to_string(p), rv.p, t, ro[p], rn[p],
+               [&](size_t i) { return p == r ? -1.0 : val(t, 100 * p + r, i); });
+    ck(c.counts().calls[(int)CommKind::SendRecv] == (uint64_t)(g - 1), label + " all_to_all_v: a send per peer");
+    c.counts().reset();
+}
+
 // Whether members m and q agree on the coordinates dims.
 bool same(const int* m, const int* q, std::initializer_list<int> dims) {
     for (int d : dims)
@@ -538,6 +565,7 @@ int main(int argc, char** argv) {
     test_ops(ck, *base.world, *be, "world", all_types, {1, 7, 1000003});
     test_async(ck, *base.world, *be, "world", 1000003);
     test_async(ck, *base.world, *be, "world", 1);
+    test_all_to_all_v(ck, *base.world, *be, "world");
 
 #ifdef LLMC_MPI
     {  // MpiComm itself (also alone, where grids use LocalComm), and with

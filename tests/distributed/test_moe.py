@@ -22,8 +22,9 @@
 #   - checkpoints (the architecture in the index): saved at tp=2, resumed in
 #     one process and at cp=2, with the uninterrupted run's losses;
 #   - errors: tp not dividing the experts' width F, K > E,
-#     E without arch=mixtral, --generate with the KV cache: one line naming
-#     the flag, every rank exits.
+#     E without arch=mixtral, --generate with the KV cache, --ep not dividing
+#     E or dp, --ep with a dense model, --ep > 1 (not built yet; --ep 1
+#     runs): one line naming the flag, every rank exits.
 # Last line: "N passed, N failed".
 import os
 import re
@@ -126,7 +127,16 @@ def test_errors(tmp):
     cases = ((4, MIX.replace("F=40", "F=42").replace("NKV=2", "NKV=4"), ["--tp", "4"], "--tp"),  # F=42 over 4
              (1, MIX.replace("K=2", "K=5"), [], "-e"),
              (1, MIX.replace("arch=mixtral", "arch=llama"), [], "-e"),
-             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], "--kv-cache"))
+             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], "--kv-cache"),
+             # --ep: E=4 not divisible by 3; 3 not dividing dp=2; a dense
+             # model; and, until expert parallelism is built, any ep > 1.
+             # (The line names the flag and says which check refused.)
+             (3, MIX, ["--ep", "3"], "--ep: 3 does not divide the 4 experts"),
+             (2, MIX, ["--ep", "3"], "--ep: 3 does not divide the 2 data-parallel ranks"),
+             (2, MIX.replace("arch=mixtral", "arch=llama").replace(f",E={E},K={K}", "").replace(",aux=0.05", ""),
+              ["--ep", "2"], "--ep: expert parallelism needs a mixture-of-experts model"),
+             (2, MIX, ["--ep", "2"], "--ep: expert parallelism is not built yet"),
+             (1, MIX, ["--ep", "1"], None))
     refusals(check, cases, lambda model: base("fp32", model, 2) + ["-b", "4", "-d", "64"])
 
 
