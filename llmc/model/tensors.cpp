@@ -96,10 +96,15 @@ static std::vector<size_t> kind_parts(const GPTConfig& c, Param p) {
     return {(size_t)c.hidden()};
 }
 
-TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_)
-    : cfg(c), tp(tp_), tp_rank(tp_rank_), shards(nshards), stage(stage_) {
+TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_, int ep_,
+                         int ep_rank_)
+    : cfg(c), tp(tp_), tp_rank(tp_rank_), ep(ep_), ep_rank(ep_rank_), shards(nshards), stage(stage_) {
     if (nshards < 1 || tp < 1 || tp_rank < 0 || tp_rank >= tp)
         throw std::invalid_argument("tensor table: bad shard or tensor-parallel numbers");
+    if (ep < 1 || ep_rank < 0 || ep_rank >= ep || (ep > 1 && (!c.moe() || c.experts % ep != 0)))
+        throw std::invalid_argument("tensor table: bad expert-parallel numbers (ep must divide the experts)");
+    experts = c.experts / ep;
+    expert_begin = ep_rank * experts;
     if (!stage.held.empty() && (int)stage.held.size() != c.num_layers + 2)
         throw std::invalid_argument("tensor table: one held flag per unit");
     if (c.num_heads % tp != 0 || c.kv_heads() % tp != 0 || c.hidden() % tp != 0)
@@ -146,12 +151,23 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
         e.rows = grows;
         e.cols = gcols;
         const size_t t = tp, r = tp_rank;
+        // Expert parallel first: an expert kind keeps the rows of this
+        // rank's experts, [first, first + whole) of the file's; tp then cuts
+        // each of them as it cuts all E.
+        const bool ex = param_kind(p).experts;
+        const size_t per_expert = ex ? grows / c.experts : 0, first = ex ? expert_begin * per_expert : 0,
+                     whole = ex ? experts * per_expert : grows;
+        e.rows = whole;
         switch (kind_split(p)) {
             case Split::replicated: e.runs = {{0, 0, grows}}; break;
-            case Split::parts: {  // this rank's piece of each part (heads of Q, K, V; gate and up)
+            case Split::parts: {  // this rank's piece of each part (heads of Q, K, V; gate and up; of its experts)
                 e.rows = 0;
                 size_t start = 0;
                 for (size_t part : kind_parts(c, p)) {
+                    if (start < first || start >= first + whole) {  // another ep rank's expert
+                        start += part;
+                        continue;
+                    }
                     const size_t piece = part / t;
                     e.runs.push_back({e.rows, start + r * piece, piece});
                     e.rows += piece;
@@ -159,7 +175,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
                 }
                 break;
             }
-            case Split::columns: e.cols = gcols / t; e.col_begin = r * e.cols; e.runs = {{0, 0, grows}}; break;
+            case Split::columns: e.cols = gcols / t; e.col_begin = r * e.cols; e.runs = {{0, first, whole}}; break;
             case Split::vocab: {
                 e.rows = vocab_rows;
                 size_t first = r * e.rows, held = first < grows ? std::min(e.rows, grows - first) : 0;

@@ -118,6 +118,12 @@ struct TensorTable {
     int hidden = 0;                     // MLP hidden width on this rank (4C or F, / tp; an expert's for Mixtral)
     int vocab_rows = 0;                 // wte rows on this rank: ceil(Vp / tp)
     int vocab_begin = 0;                // global id of this rank's first wte row
+    // Expert parallel (Mixtral, docs/moe.md): the expert kinds (ParamKind::
+    // experts) hold experts [expert_begin, expert_begin + experts) only, cut
+    // before tp's split of each expert; the router stays whole.
+    int ep = 1, ep_rank = 0;
+    int experts = 0;                    // experts on this rank (E / ep)
+    int expert_begin = 0;               // global index of this rank's first expert
     size_t file_params = 0;             // parameters in a model file (the whole model)
     int shards = 1;                     // units padded to a multiple of this
     StageUnits stage;                   // units held by this pipeline stage
@@ -130,7 +136,7 @@ struct TensorTable {
     size_t shard_total = 0;             // elements in one rank's shard buffer
 
     explicit TensorTable(const GPTConfig& c, int shards = 1, int tp = 1, int tp_rank = 0,
-                         const StageUnits& stage = StageUnits());
+                         const StageUnits& stage = StageUnits(), int ep = 1, int ep_rank = 0);
     const TensorEntry& get(Param p, int layer = 0) const;
     bool has(Param p, int layer = 0) const;  // whether this stage holds the tensor
     bool held(int u) const { return stage.held.empty() || stage.held[u]; }

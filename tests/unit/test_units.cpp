@@ -65,6 +65,23 @@ static void test_config_and_table() {
                   tm1.get(Param::moe_proj, 0).cols == 20 && tm1.get(Param::moe_proj, 0).col_begin == 20 &&
                   !tm1.get(Param::moe_gate, 0).split,
               "mixtral tp rank 1 of 2: w1/w3 halves of each expert, w2's columns, the router whole");
+        // Expert parallel: ep rank j of 2 holds experts 2j, 2j+1: moe_fc's
+        // file rows [160j, 160j + 160), moe_proj's [96j, 96j + 96); with tp 2
+        // the halves of its experts' w1/w3 and w2's columns; the router whole.
+        for (int j = 0; j < 2; j++) {
+            TensorTable te(m, 1, 1, 0, StageUnits(), 2, j), tt(m, 1, 2, 1, StageUnits(), 2, j);
+            const TensorEntry &f = te.get(Param::moe_fc, 1), &w2 = te.get(Param::moe_proj, 1);
+            const TensorEntry &ft = tt.get(Param::moe_fc, 1), &w2t = tt.get(Param::moe_proj, 1);
+            size_t covered = 0;
+            for (const RowRun& rr : f.runs) covered += rr.count;
+            CHECK(te.experts == 2 && te.expert_begin == 2 * j && f.rows == 160 && covered == 160 &&
+                      f.runs.front().global == 160 * (size_t)j && f.runs.back().global + f.runs.back().count == 160 * (size_t)j + 160 &&
+                      w2.rows == 96 && w2.runs.size() == 1 && w2.runs[0].global == 96 * (size_t)j &&
+                      te.get(Param::moe_gate, 1).rows == 4 && te.total == tm.total - 2 * (2 * 80 * 48 + 2 * 48 * 40) &&
+                      ft.rows == 80 && ft.runs.size() == 4 && ft.runs[1].global == 160 * (size_t)j + 40 + 20 &&
+                      w2t.rows == 96 && w2t.cols == 20 && w2t.runs[0].global == 96 * (size_t)j,
+                  "mixtral ep rank %d of 2: its experts' rows (tp 1 and tp rank 1 of 2), the router whole", j);
+        }
         for (const char* bad : {"arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,V=101,T=16",
                                 "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=2,K=3,V=101,T=16",
                                 "arch=llama,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16",
