@@ -45,13 +45,24 @@ struct Linear {
 };
 }  // namespace
 
-// One block's four products forward (backward: dX and dW of each).
+// One block's four products forward (backward: dX and dW of each). Mixtral
+// (docs/moe.md): the MLP's two become the router's (C -> E, replicated
+// over tp) and, for each of the E experts, the two over its rows, N·K/E of
+// them under an even routing: E products of a launch each.
 double CostModel::block_gemms(bool backward) const {
     const double C = c_.channels, tp = l_.tp, N = (double)l_.B * l_.T_local(), H = c_.hidden() / tp;
     const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp, Wfc = c_.llama() ? 2 * H : H;
     const Linear ls[] = {{C, C / tp + 2 * Ckv}, {C / tp, C}, {C, Wfc}, {H, C}};
+    auto product = [&](double rows, const Linear& x) {
+        return backward ? gemm(rows, x.in, x.out) + gemm(x.in, x.out, rows) : gemm(rows, x.out, x.in);
+    };
     double t = 0;
-    for (const Linear& x : ls) t += backward ? gemm(N, x.in, x.out) + gemm(x.in, x.out, N) : gemm(N, x.out, x.in);
+    for (int i = 0; i < (c_.moe() ? 2 : 4); i++) t += product(N, ls[i]);
+    if (c_.moe()) {
+        const double E = c_.experts, rows = N * c_.top_k / E;
+        t += product(N, {C, E});
+        for (int i = 2; i < 4; i++) t += E * product(rows, ls[i]);
+    }
     return t;
 }
 
@@ -97,8 +108,15 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) c
     // transpose to [s, b, h] (read and written, both ways) and the 1-byte
     // dropout masks of the two residual branches (bias-dropout-add: written
     // forward; read backward, with the gradient read and written again).
-    double mem_f = a_ * (9 * Ns * C + N * (Wfc + H)), mem_b = a_ * (8 * Ns * C + N * (Wfc + 2 * H));
+    // Mixtral: the activation over the N·K routed rows, and the rows moved
+    // to the grouped order and back (dispatch and combine, and their
+    // backward), with the routing kernels.
+    const double Nm = c_.moe() ? N * c_.top_k : N;
+    const double moe_mv = c_.moe() ? 2 * a_ * (Nm * C + N * C) : 0;
+    double mem_f = a_ * (9 * Ns * C + Nm * (Wfc + H)) + moe_mv;
+    double mem_b = a_ * (8 * Ns * C + Nm * (Wfc + 2 * H)) + moe_mv;
     int kern_f = 5, kern_b = 6;  // LN, residual, LN, activation, residual; their backward and the bias gradients
+    if (c_.moe()) kern_f += 4, kern_b += 3;  // routing (and its grouping), dispatch, combine; their backward
     if (standard_) {
         // and QKV's bias, added by its own kernel after the product (a 3-D
         // F.linear in the PyTorch of 2021).
@@ -106,7 +124,7 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) c
         mem_b += 2 * a_ * N * C / tp + 2 * Ns * C * (1 + 2 * a_);
         kern_f += 4, kern_b += 3;  // softmax, dropout, transpose, bias; their backward
     }
-    const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : N * (Wfc + H) * a_;
+    const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : Nm * (Wfc + H) * a_;
     const int kern_rec = full ? kern_f : rc == Recompute::none ? 0 : 1;
     const double gm_f = block_gemms(false), gm_b = block_gemms(true);
     const double blk_compute = gm_f + gm_b + (full ? gm_f : 0) + attn_f + attn_b + (attn_again ? attn_f : 0) +

@@ -19,6 +19,9 @@
 #                    Makefile, train_gpt2.cu, llmc/) from LLMC_SRC, a clone of
 #                    https://github.com/karpathy/llm.c, for the bench step
 #                    (scripts/gpu/llmc_build.sh patches and builds a copy)
+#   refs_hf.tar.*    a MixtralForCausalLM and its fp64 state from transformers
+#                    (tests/reference/reference_hf.py), when build/hfenv has it:
+#                    the test step checks the MoE CUDA ops against it
 #   MANIFEST.txt     versions, sources and checksums of the above
 #   COMMIT           this tree's commit, "+dirty" when the working tree
 #                    differs (the figures' commit where the GPU machine's
@@ -65,7 +68,7 @@ ARCH=$(uname -m)-linux-gnu
 [[ $(uname -m) == x86_64 ]] || { echo "bundle.sh: the bundle is for x86-64 GPU machines; this is $(uname -m)" >&2; exit 1; }
 TMP=$PWD/build/gpu/bundle_tmp
 mkdir -p "$OUTDIR"
-rm -rf "$TMP" "$OUTDIR"/{openmpi,openblas,llmc_src,prebuilt_sm90}.tar.* "$OUTDIR"/{MANIFEST.txt,COMMIT}
+rm -rf "$TMP" "$OUTDIR"/{openmpi,openblas,llmc_src,refs_hf,prebuilt_sm90}.tar.* "$OUTDIR"/{MANIFEST.txt,COMMIT}
 mkdir -p "$TMP"
 : > "$OUTDIR/MANIFEST.txt"
 note() { echo "$*" | tee -a "$OUTDIR/MANIFEST.txt"; }
@@ -126,7 +129,27 @@ else
     note "llm.c: not bundled (--llmc DIR, a clone of https://github.com/karpathy/llm.c)"
 fi
 
-# 4. With --prebuilt: every binary the checks run, built here for sm_90
+# 4. A transformers reference for the model whose CUDA ops only that
+# reference checks (Mixtral, docs/moe.md): made here, where transformers is
+# (build/hfenv, scripts/setup.sh), since a GPU machine may lack it; the
+# test step (scripts/gpu/steps.sh) runs test_gpt on CUDA against it.
+HFPY=build/hfenv/bin/python
+if "$HFPY" -c "import transformers" 2>/dev/null; then
+    mkdir -p "$TMP/refs_hf"
+    if "$HFPY" tests/reference/reference_hf.py --spec "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=64,E=4,K=2,V=101,T=24,theta=500" \
+        --B 3 --T 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5 --save-dir "$TMP/refs_hf/mixtral_e4k2.hf" \
+        --write-state "$TMP/refs_hf/mixtral_e4k2.state.bin" > "$TMP/refs_hf.log" 2>&1; then
+        a=$(archive_pack "$OUTDIR/refs_hf" "$TMP" refs_hf)
+        note "refs_hf: MixtralForCausalLM mixtral_e4k2 (tests/reference/reference_hf.py, transformers" \
+            "$("$HFPY" -c "import transformers; print(transformers.__version__)")) -> $(basename "$a")"
+    else
+        note "refs_hf: reference_hf.py failed ($(tail -n 1 "$TMP/refs_hf.log")); not bundled"
+    fi
+else
+    note "refs_hf: no transformers here (scripts/setup.sh makes build/hfenv); not bundled"
+fi
+
+# 5. With --prebuilt: every binary the checks run, built here for sm_90
 # (H100, H200) against the bundled Open MPI and OpenBLAS, in a scratch copy
 # of this tree (and llm.c's train_gpt2cu, without NVML, when its sources
 # are bundled; CPU code for any x86-64 with AVX2, x86-64-v3, not this

@@ -118,6 +118,18 @@ step_test() {
                 "build/test_gpt --model build/ref/$name.model.bin --state build/ref/$name.state.bin --device cuda --dtype $d$mask"
         done
     done
+    # Mixtral (docs/moe.md): the bundle's transformers reference
+    # (scripts/gpu/bundle.sh, unpacked by env.sh), test_gpt on CUDA against it.
+    local R=build/gpu/deps/refs_hf st
+    for st in "$R"/*.state.bin; do
+        [[ -f $st ]] || continue
+        name=$(basename "$st" .state.bin)
+        for d in fp32 bf16; do
+            FIGS="test_gpt_${name}_cuda_${d}_" FIGCMD="build/test_gpt --model $R/$name.hf --state $st --device cuda --dtype $d" \
+                SUMMARY_MATCH='(passed|FAIL)' run_prog "test_gpt_${name}_cuda_$d" 60 5 build/test_gpt --model "$R/$name.hf" \
+                --state "$st" --device cuda --dtype "$d"
+        done
+    done
     FIGS=real_shapes_small_ SUMMARY_MATCH='^FAIL' run_prog real_shapes_small 60 15 build/test_real_shapes --shape small
     # The same checks with every switch that changes the numerics on, so a
     # switch the bench step times is also known to be right.

@@ -248,6 +248,32 @@ def test_wave_model(tmp):
         check(abs(got / want - 1) < 1e-9, f"wave model, sm_count {sms}: planned {got}, formula {want}")
 
 
+def test_wave_model_moe(tmp):
+    # Mixtral (docs/moe.md): the same profile, the MLP's two products become
+    # the router's (C -> E) and each expert's two over the N·K/E rows an even
+    # routing gives it (E products each).
+    S, tile, rate, L, C, NH, NKV, F, E, K, V, B, T = 64, (2, 4), 1e12, 2, 8, 2, 1, 12, 4, 2, 16, 64, 16
+    prof = os.path.join(tmp, "waves_moe.json")
+    with open(prof, "w") as f:
+        json.dump({"name": "waves", "matmul_flops": rate, "attn_flops": 1e30, "mem_bw": 1e30, "launch_s": 0,
+                   "sm_count": S, "gemm_tile_m": tile[0], "gemm_tile_n": tile[1], "intra_bw": 1e11, "intra_lat": 0}, f)
+    jp = os.path.join(tmp, "waves_moe.jsonl")
+    spec = f"arch=mixtral,L={L},C={C},NH={NH},NKV={NKV},F={F},E={E},K={K},V={V},T={T}"
+    rc, out, err = plan(["eval", "-e", spec, "-t", str(T), "-b", str(B), "-d", str(B * T), "--world", "1",
+                         "--hardware", prof, "--plan-json", jp])
+    if not check(rc == 0, f"wave model, Mixtral: {err[-300:]}"):
+        return
+    with open(jp) as f:
+        got = json.loads(f.readline())["breakdown_ms"]["compute"] / 1e3
+    N, R, Ckv = B * T, B * T * K // E, NKV * C // NH
+    g = lambda M, Nn, Kk: wave_gemm(M, Nn, Kk, S, tile, rate)  # noqa: E731
+    both = lambda M, i, o: g(M, o, i) + g(M, i, o) + g(i, o, M)  # noqa: E731
+    block = both(N, C, C + 2 * Ckv) + both(N, C, C) + both(N, C, E) + E * (both(R, C, 2 * F) + both(R, F, C))
+    want = L * block + both(N, C, V)  # a spec's vocabulary is not padded unless Vp says so
+    print(f"  wave model, Mixtral E={E} K={K}: compute {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
+    check(abs(got / want - 1) < 1e-9, f"wave model, Mixtral: planned {got}, formula {want}")
+
+
 def test_cp_a2a(tmp):
     # All-to-all context parallel: with a profile where only communication,
     # copies and launches cost, --plan eval's cp time is the exchanges' by
@@ -432,6 +458,7 @@ def suite(tmp):
     test_memory(tmp)
     test_search_and_errors(tmp)
     test_wave_model(tmp)
+    test_wave_model_moe(tmp)
     test_cp_a2a(tmp)
     test_cp_hybrid(tmp)
     test_published(tmp)

@@ -1,0 +1,143 @@
+// dev/cuda/moe.cu: kernel lab for Mixtral's mixture-of-experts ops
+// (backend.h, Mixtral's section; docs/moe.md), the production kernels of
+// llmc/backend/cuda/moe.cuh against the CPU ops of llmc/backend/cpu_moe.h:
+//   route      softmax over E, top-k, renormalisation, and the grouping of the
+//              N·K assignments by expert (offsets, perm, inv: exact ints)
+//   route bwd  dlogits from the gradient of the top-k weights and the
+//              load-balancing gradient
+//   dispatch   rows to the grouped order, scaled by the weights, and with dw
+//              the combine's weight gradient (row dot products)
+//   combine    back to token order, weighted sums of K rows
+// One version each (the production kernels are the simple first ones: a
+// thread per token for the routing and one thread for the stable grouping).
+// Shapes: odd sizes (N=37, E=5, K=3, C=100), Mixtral's E=8, K=2 at C=4096,
+// and E=64, K=6 (DeepSeek-like routing widths). Inputs: fp32, and bf16 with
+// the CPU fed the same rounded values. Timing (bf16, N=8192 tokens, E=8,
+// K=2, C=4096): ms per op and, for dispatch and combine, GB/s with bytes =
+// each row read once and written once.
+#include <type_traits>
+
+#include "common.h"
+#include "llmc/backend/cpu_moe.h"
+#include "llmc/backend/cuda/moe.cuh"
+
+using namespace llmc_cuda;
+
+static std::vector<int> ints_from_device(const int* d, size_t n) {
+    std::vector<int> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    return h;
+}
+// Exact equality of int outputs (a routing that differs anywhere fails).
+static void check_ints(const std::string& what, const std::vector<int>& got, const std::vector<int>& ref) {
+    size_t bad = 0;
+    for (size_t i = 0; i < ref.size(); i++) bad += got[i] != ref[i];
+    std::printf("  %-44s %zu of %zu differ  %s\n", what.c_str(), bad, ref.size(), bad ? "FAIL" : "PASS");
+    (bad ? lab::g_failed : lab::g_passed)++;
+}
+// Inputs as the GPU sees them: bf16-rounded when E is bf16.
+template <typename E>
+static std::vector<float> as_seen(std::vector<float> v) {
+    if (std::is_same<E, bf16>::value)
+        for (float& x : v) x = lab::round_bf16(x);
+    return v;
+}
+
+template <typename E>
+void check(const char* label, int N, int NE, int K, int C, double tol) {
+    const bool fp32 = std::is_same<E, float>::value;
+    const std::string l = std::string(label) + " N=" + std::to_string(N) + " E=" + std::to_string(NE) +
+                          " K=" + std::to_string(K) + " C=" + std::to_string(C);
+    const size_t NK = (size_t)N * K;
+    // route
+    const std::vector<float> logits = as_seen<E>(lab::rand_normal((size_t)N * NE, 2.f, 1));
+    std::vector<float> probs((size_t)N * NE), topw(NK);
+    std::vector<int> topi(NK), offsets(NE + 1), perm(NK), inv(NK);
+    cpu::moe_route(probs.data(), topw.data(), topi.data(), offsets.data(), perm.data(), inv.data(), logits.data(), N,
+                   NE, K);
+    E* d_logits = lab::to_device<E>(logits);
+    float* d_probs = lab::dev_alloc<float>(probs.size());
+    E* d_topw = lab::dev_alloc<E>(NK);
+    int *d_topi = lab::dev_alloc<int>(NK), *d_off = lab::dev_alloc<int>(NE + 1), *d_perm = lab::dev_alloc<int>(NK),
+        *d_inv = lab::dev_alloc<int>(NK);
+    moe_route(fp32, d_probs, d_topw, d_topi, d_off, d_perm, d_inv, d_logits, N, NE, K, 0);
+    lab::validate((l + " route probs").c_str(), lab::from_device(d_probs, probs.size()), probs, lab::kTolF32);
+    lab::validate((l + " route topw").c_str(), lab::from_device(d_topw, NK), topw, tol);
+    check_ints(l + " route topi", ints_from_device(d_topi, NK), topi);
+    check_ints(l + " route offsets", ints_from_device(d_off, NE + 1), offsets);
+    check_ints(l + " route perm", ints_from_device(d_perm, NK), perm);
+    check_ints(l + " route inv", ints_from_device(d_inv, NK), inv);
+
+    // route backward (from the CPU's probabilities and routing, on both sides)
+    const std::vector<float> dtopw = lab::rand_normal(NK, 1.f, 2), aux = lab::rand_normal(NE, 0.1f, 3);
+    std::vector<float> dlogits((size_t)N * NE);
+    cpu::moe_route_backward(dlogits.data(), probs.data(), topi.data(), dtopw.data(), aux.data(), N, NE, K);
+    float *d_p = lab::to_device<float>(probs), *d_dtopw = lab::to_device<float>(dtopw),
+          *d_aux = lab::to_device<float>(aux);
+    int* d_ti = lab::ints_to_device(topi);
+    E* d_dlogits = lab::dev_alloc<E>(dlogits.size());
+    moe_route_backward(fp32, d_dlogits, d_p, d_ti, d_dtopw, d_aux, N, NE, K, 0);
+    lab::validate((l + " route backward").c_str(), lab::from_device(d_dlogits, dlogits.size()), dlogits, tol);
+
+    // dispatch (with and without dw) and combine, on the CPU's grouping
+    const std::vector<float> x = as_seen<E>(lab::rand_normal((size_t)N * C, 1.f, 4));
+    const std::vector<float> yg = as_seen<E>(lab::rand_normal(NK * C, 1.f, 5));
+    const std::vector<float> w = as_seen<E>(topw);
+    std::vector<float> xg(NK * C), dw(NK), out((size_t)N * C);
+    cpu::moe_dispatch<float>(xg.data(), dw.data(), x.data(), yg.data(), w.data(), inv.data(), N, K, C);
+    cpu::moe_combine<float>(out.data(), yg.data(), w.data(), inv.data(), N, K, C);
+    E *d_x = lab::to_device<E>(x), *d_yg = lab::to_device<E>(yg), *d_w = lab::to_device<E>(w);
+    int* d_iv = lab::ints_to_device(inv);
+    E* d_xg = lab::to_device<E>(lab::rand_normal(NK * C, 3.f, 6));  // garbage: every row is written
+    float* d_dw = lab::dev_alloc<float>(NK);
+    moe_dispatch(fp32, d_xg, d_dw, d_x, d_yg, d_w, d_iv, N, K, C, 0);
+    lab::validate((l + " dispatch rows").c_str(), lab::from_device(d_xg, NK * C), xg, tol);
+    lab::validate((l + " dispatch dw").c_str(), lab::from_device(d_dw, NK), dw, fp32 ? 1e-5 : 1e-3);
+    E* d_out = lab::dev_alloc<E>((size_t)N * C);
+    moe_combine(fp32, d_out, d_yg, d_w, d_iv, N, K, C, 0);
+    lab::validate((l + " combine").c_str(), lab::from_device(d_out, (size_t)N * C), out, tol);
+    std::vector<float> xg1(NK * C);  // the dispatch without weights (the combine's backward)
+    cpu::moe_dispatch<float>(xg1.data(), nullptr, x.data(), nullptr, nullptr, inv.data(), N, K, C);
+    moe_dispatch(fp32, d_xg, nullptr, d_x, nullptr, nullptr, d_iv, N, K, C, 0);
+    lab::validate((l + " dispatch unweighted").c_str(), lab::from_device(d_xg, NK * C), xg1, tol);
+
+    for (void* p : {(void*)d_logits, (void*)d_probs, (void*)d_topw, (void*)d_topi, (void*)d_off, (void*)d_perm,
+                    (void*)d_inv, (void*)d_p, (void*)d_dtopw, (void*)d_aux, (void*)d_ti, (void*)d_dlogits,
+                    (void*)d_x, (void*)d_yg, (void*)d_w, (void*)d_iv, (void*)d_xg, (void*)d_dw, (void*)d_out})
+        lab::dev_free(p);
+}
+
+int main() {
+    if (!lab::have_gpu()) return lab::finish();
+    std::printf("validation\n");
+    struct Shape {
+        int N, E, K, C;
+    };
+    const Shape shapes[] = {{37, 5, 3, 100}, {1024, 8, 2, 4096}, {512, 64, 6, 256}, {3000, 8, 1, 64}};
+    for (const Shape& s : shapes) {
+        check<float>("fp32", s.N, s.E, s.K, s.C, lab::kTolF32);
+        check<bf16>("bf16", s.N, s.E, s.K, s.C, lab::kTolBF16);
+    }
+
+    if (lab::check_only()) return lab::finish();
+    const int N = 8192, NE = 8, K = 2, C = 4096;
+    const size_t NK = (size_t)N * K;
+    std::printf("timing (bf16, N=%d tokens, E=%d, K=%d, C=%d)\n", N, NE, K, C);
+    bf16* logits = lab::to_device<bf16>(lab::rand_normal((size_t)N * NE, 2.f, 7));
+    float* probs = lab::dev_alloc<float>((size_t)N * NE);
+    bf16 *topw = lab::dev_alloc<bf16>(NK), *x = lab::to_device<bf16>(lab::rand_normal((size_t)N * C, 1.f, 8));
+    bf16 *xg = lab::dev_alloc<bf16>(NK * C), *out = lab::dev_alloc<bf16>((size_t)N * C);
+    int *topi = lab::dev_alloc<int>(NK), *off = lab::dev_alloc<int>(NE + 1), *perm = lab::dev_alloc<int>(NK),
+        *inv = lab::dev_alloc<int>(NK);
+    float ms = lab::time_ms([&] { moe_route(false, probs, topw, topi, off, perm, inv, logits, N, NE, K, 0); });
+    std::printf("  %-44s %8.4f ms\n", "route (softmax, top-k, one-thread grouping)", ms);
+    std::printf("figure route_ms %g ms\n", ms);
+    ms = lab::time_ms([&] { moe_dispatch(false, xg, nullptr, x, nullptr, topw, inv, N, K, C, 0); });
+    lab::report_bw("dispatch", ms, 2.0 * NK * C * sizeof(bf16));
+    ms = lab::time_ms([&] { moe_combine(false, out, xg, topw, inv, N, K, C, 0); });
+    lab::report_bw("combine", ms, ((double)NK * C + (double)N * C) * sizeof(bf16));
+    for (void* p : {(void*)logits, (void*)probs, (void*)topw, (void*)x, (void*)xg, (void*)out, (void*)topi, (void*)off,
+                    (void*)perm, (void*)inv})
+        lab::dev_free(p);
+    return lab::finish();
+}
