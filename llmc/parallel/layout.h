@@ -64,12 +64,14 @@ struct RankGroups {
     Comm *tp, *cp, *dpcp, *pp, *embed;
     int cp_rank;
     Comm *cp_a2a = nullptr, *cp_ring = nullptr;
+    Comm *ep = nullptr, *edp = nullptr;  // expert parallel (ep > 1)
 };
 
 // A rank's model and parallel modes, destroyed in the right order.
 struct ModelStack {
     std::unique_ptr<TensorParallel> tp;
     std::unique_ptr<ContextParallel> cp;
+    std::unique_ptr<ExpertParallel> ep;
     std::unique_ptr<PipelineParallel> pipe;
     std::unique_ptr<GPT> model;
     std::unique_ptr<DataParallel> dp;
