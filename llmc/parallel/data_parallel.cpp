@@ -164,12 +164,12 @@ void DataParallel::grads_done(int unit, bool last_micro_step) {
             pending_.push_back({&c, c.start_all_reduce(elem_ptr(g, gt, s.begin), s.size, gt, ReduceOp::Sum)});
         } else if (stage_ == 1) {
             // In place: this rank's slice of the segment receives the sum of everyone's slice.
-            pending_.push_back({&c, c.start_reduce_scatter(elem_ptr(g, gt, s.begin),
-                                                           elem_ptr(g, gt, s.slice_begin(c.rank())), s.slice_size(), gt)});
+            void* mine = elem_ptr(g, gt, s.slice_begin(c.rank()));
+            pending_.push_back({&c, c.start_reduce_scatter(elem_ptr(g, gt, s.begin), mine, s.slice_size(), gt)});
         } else {
             const size_t at = s.begin - table_.unit_begin[unit], shard_at = s.shard_begin - table_.shard_begin[unit];
-            b->pending.push_back({&c, c.start_reduce_scatter(elem_ptr(b->data, gt, at), elem_ptr(b->shard_tmp, gt, shard_at),
-                                                             s.slice_size(), gt)});
+            void* out = elem_ptr(b->shard_tmp, gt, shard_at);
+            b->pending.push_back({&c, c.start_reduce_scatter(elem_ptr(b->data, gt, at), out, s.slice_size(), gt)});
         }
     }
 }
