@@ -6,6 +6,7 @@
 #include "llmc/comm/comm.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "llmc/base/trace.h"
 #include "llmc/comm/watchdog.h"
@@ -123,6 +124,22 @@ void Comm::start_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHan
     }
 }
 #undef TRACED
+
+void Comm::all_to_all_v(const void* send, const std::vector<size_t>& send_n, void* recv,
+                        const std::vector<size_t>& recv_n, DType t) {
+    if (send_n.size() != (size_t)size_ || recv_n.size() != (size_t)size_)
+        throw std::invalid_argument("all_to_all_v on " + name_ + ": sizes for another group size");
+    std::vector<P2POp> ops;
+    size_t so = 0, ro = 0;  // element offsets of peer p's blocks
+    for (int p = 0; p < size_; so += send_n[p], ro += recv_n[p], p++) {
+        if (p == rank_) continue;
+        if (recv_n[p]) ops.push_back({false, elem_ptr(recv, t, ro), p, recv_n[p], 0});
+        if (send_n[p]) ops.push_back({true, const_cast<void*>(elem_ptr(send, t, so)), p, send_n[p], 0});
+    }
+    std::vector<CommHandle> hs;
+    start_p2p(ops, t, &hs);
+    for (CommHandle h : hs) wait(h);
+}
 
 void Comm::broadcast(void* buf, size_t n, DType t, int root) {
     if (size_ > 1 && traced_) collective_test_stall();

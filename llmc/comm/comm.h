@@ -91,6 +91,15 @@ class Comm {
     // receive never waits for a send that needs the peer's progress.
     // Counted as one send-recv call per send.
     void start_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHandle>* handles);
+    // All-to-all with per-peer sizes (MPI_Alltoallv's pattern, for expert
+    // parallelism's dispatch and return): send holds send_n[p] elements for
+    // each peer p in rank order, recv gets recv_n[p] from each peer p in rank
+    // order; every pair's sizes must agree (exchange them first). Built on
+    // start_p2p, so every transport has it and it is counted as sends. The
+    // rank's own block is not sent: the caller copies it (it owns the
+    // backend; a group of size 1 moves nothing). Blocking.
+    void all_to_all_v(const void* send, const std::vector<size_t>& send_n, void* recv,
+                      const std::vector<size_t>& recv_n, DType t);
     void wait(CommHandle h);
     // Blocking forms.
     void all_reduce(void* buf, size_t n, DType t, ReduceOp op = ReduceOp::Sum) { wait(start_all_reduce(buf, n, t, op)); }

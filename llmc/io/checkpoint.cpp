@@ -54,7 +54,7 @@ struct OwnedRuns {
 
 static OwnedRuns owned_runs(const GPT& model, bool sharded, const Ownership& own) {
     OwnedRuns r;
-    model.for_each_owned(sharded, own.whole_owner, own.replicated_owner, [&](size_t f, size_t o, size_t n) {
+    auto add = [&](size_t f, size_t o, size_t n) {
         r.runs.push_back({o, n});
         r.elems += n;
         if (!r.pieces.empty()) {
@@ -70,7 +70,8 @@ static OwnedRuns owned_runs(const GPT& model, bool sharded, const Ownership& own
             }
         }
         r.pieces.push_back({f, n, n, 1});
-    });
+    };
+    model.for_each_owned(sharded, own.whole_owner, own.replicated_owner, own.expert_owner, add);
     return r;
 }
 

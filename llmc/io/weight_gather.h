@@ -9,14 +9,17 @@
 #include "llmc/model/gpt.h"
 
 // Which elements this rank writes: shards of ZeRO buffers belong to their
-// rank, whole buffers to dp x cp rank 0 (whole_owner), tensors replicated
-// over tp to tp rank 0 (replicated_owner), the last pipeline stage's copy
-// of the embeddings to nobody (GPT::for_each_owned). world: the group of
-// all ranks (null for one process).
+// rank, whole buffers to dp x cp rank 0 (whole_owner) but for the experts
+// of expert parallelism, which belong to the first rank of their
+// expert-data group (expert_owner), tensors replicated over tp to tp rank 0
+// (replicated_owner), the last pipeline stage's copy of the embeddings to
+// nobody (GPT::for_each_owned). world: the group of all ranks (null for one
+// process).
 struct Ownership {
     Comm* world = nullptr;
     bool whole_owner = true;
     bool replicated_owner = true;
+    bool expert_owner = true;
 };
 
 // Every rank's verdict, the same on all: false everywhere, with the lowest

@@ -33,6 +33,10 @@ struct GPT::Acts {
     // Mixtral scratch
     void *moe_logits = nullptr, *moe_dlogits = nullptr;  // [N,E]
     void *moe_dg = nullptr, *moe_dtopw = nullptr, *moe_dx = nullptr;  // [NK,C], [NK] stat, [N,C]
+    // Expert parallel: the grouped rows before they leave ([NK,C]) and the
+    // experts' output rows (or, backward, their received gradients) before
+    // they go back ([R,C]).
+    void *moe_send = nullptr, *moe_ye = nullptr;
     void* moe_aux_grad = nullptr;  // [chunk-slots, E] stat: the load-balancing loss's gradient per probability
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]

@@ -92,7 +92,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
             block_forward(l, la, B, T, true);
         } else {
             if (!a.keep_attn) attention_core(la, B, T);
-            if (!a.keep_gelu) activation(la.h, la.fch, mlp_rows(N));
+            if (!a.keep_gelu) activation(la.h, la.fch, cfg_.moe() ? moe_expert_rows(la, N) : N);
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
         // The row-parallel bias gradient sums the whole (gathered) output gradient.

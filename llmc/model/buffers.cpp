@@ -100,14 +100,15 @@ static uint64_t next_region_model() {
 
 GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, const Sharding& sharding,
          TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks, int head_chunk,
-         bool training)
+         bool training, ExpertParallel* ep)
     : region_model_(next_region_model()), be_(be), cfg_(cfg),
       table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
-             stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks)),
+             stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks), ep ? ep->size() : 1, ep ? ep->rank() : 0,
+             sharding.expert_shards),
       prec_(be->precision()), B_(B), T_(T), recompute_(recompute),
       chunks_(chunks.empty() ? whole_model(cfg) : chunks), tp_(tp && tp->size() > 1 ? tp : nullptr),
       tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), head_chunk_(head_chunk),
-      sharding_(sharding), training_(training) {
+      ep_(ep && ep->size() > 1 ? ep : nullptr), sharding_(sharding), training_(training) {
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
     if (head_chunk < 0) throw std::invalid_argument("GPT: negative LM-head chunk");
     const bool sp = tp_ && tp_->sp();
@@ -179,15 +180,23 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
         a.moe_offsets = (int*)block_buf("moe_offsets", E + 1, DType::I32, a.keep_block);
         a.moe_perm = (int*)block_buf("moe_perm", N * K, DType::I32, a.keep_block);
         a.moe_inv = (int*)block_buf("moe_inv", N * K, DType::I32, a.keep_block);
+        // R rows on the experts' side (under expert parallelism the rows
+        // this rank's experts receive, at most ep·N·min(K, E/ep)), N·K on
+        // the tokens' side.
         a.moe_xg = block_buf("moe_xg", R * C, act, a.keep_block);
-        a.moe_yg = block_buf("moe_yg", R * C, act, a.keep_block);
+        a.moe_yg = block_buf("moe_yg", N * K * C, act, a.keep_block);
+        if (ep_) {
+            a.moe_send = alloc_buffer(S, "moe_grouped_local", N * K * C, act);
+            a.moe_ye = alloc_buffer(S, "moe_expert_rows", R * C, act);
+        }
         a.moe_logits = alloc_buffer(S, "moe_logits", N * E, act);
         a.moe_dlogits = alloc_buffer(S, "moe_dlogits", N * E, act);
-        a.moe_dg = alloc_buffer(S, "moe_dgrouped", R * C, act);
+        a.moe_dg = alloc_buffer(S, "moe_dgrouped", N * K * C, act);
         a.moe_dtopw = alloc_buffer(S, "moe_dtopw", N * K, st);
         a.moe_dx = alloc_buffer(S, "moe_drouter", N * C, act);
         a.moe_aux_grad = alloc_buffer(S, "moe_aux_grad", chunk_slots * E, st);
         moe_offsets_.assign(LS + 1, std::vector<int>(E + 1, 0));
+        if (ep_) moe_routes_.assign(LS + 1, ExpertParallel::Route());
         moe_count_.assign(chunk_slots, std::vector<double>(E, 0.0));
         moe_psum_.assign(chunk_slots, std::vector<double>(E, 0.0));
     }
@@ -384,7 +393,7 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.perm = ati(a.moe_perm, (size_t)N * K);
     r.inv = ati(a.moe_inv, (size_t)N * K);
     r.xg = at(a.moe_xg, kb, R * C, act);
-    r.yg = at(a.moe_yg, kb, R * C, act);
+    r.yg = at(a.moe_yg, kb, (size_t)N * K * C, act);
     r.index = kb ? (size_t)i : layer_slots_;
     return r;
 }

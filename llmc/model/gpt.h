@@ -9,6 +9,7 @@
 // its cross-entropy, whole or in row chunks) and decode.cpp (generation's
 // forward of new tokens against a KV cache, llmc/model/kv_cache.h).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "llmc/backend/backend.h"
 #include "llmc/model/config.h"
 #include "llmc/model/context_parallel.h"
+#include "llmc/model/expert_parallel.h"
 #include "llmc/model/tensor_parallel.h"
 #include "llmc/model/tensors.h"
 
@@ -27,8 +29,14 @@ struct Sharding {
     int shards = 1;  // data-parallel ranks the units are split over
     int rank = 0;    // this rank's slice
     bool params = false, grads = false, optimizer = false;
-    static Sharding for_zero(int stage, int shards, int rank) {
-        return {shards, rank, stage >= 3, stage >= 2, stage >= 1};
+    // Expert parallel: the ranks the expert segments are split over (the
+    // expert-data group, tensors.h) and this rank's slice of them.
+    int expert_shards = 1, expert_rank = 0;
+    static Sharding for_zero(int stage, int shards, int rank, int expert_shards = 1, int expert_rank = 0) {
+        Sharding s{shards, rank, stage >= 3, stage >= 2, stage >= 1};
+        s.expert_shards = expert_shards;
+        s.expert_rank = expert_rank;
+        return s;
     }
 };
 
@@ -118,7 +126,8 @@ class GPT {
     // gradient then refuse.
     GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute = Recompute::none,
         const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
-        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0, bool training = true);
+        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0, bool training = true,
+        ExpertParallel* ep = nullptr);
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -179,7 +188,10 @@ class GPT {
     // replicated over tp to the rank with replicated_owner (tp rank 0); the
     // last pipeline stage's copy of the embeddings to nobody (the first
     // stage owns them). Runs come in memory order.
-    void for_each_owned(bool sharded, bool whole_owner, bool replicated_owner,
+    // Under expert parallelism the ep ranks hold different experts: in whole
+    // buffers an expert tensor belongs to expert_owner (the first rank of
+    // its expert-data group), the other tensors to whole_owner.
+    void for_each_owned(bool sharded, bool whole_owner, bool replicated_owner, bool expert_owner,
                         const std::function<void(size_t, size_t, size_t)>& fn) const;
     bool weights_sharded() const { return prec_.has_master ? sharding_.optimizer : sharding_.params; }
 
@@ -315,7 +327,14 @@ class GPT {
                        int layer, int N);
     void rotate(void* qkv, int B, int T, bool inverse);
     void activation(void* h, const void* fch, int N);
-    int mlp_rows(int N) const { return cfg_.moe() ? N * cfg_.top_k : N; }  // rows of fch and h
+    // Rows of fch and h: N; Mixtral's N·K grouped rows, under expert
+    // parallelism the most this rank's experts can receive.
+    int mlp_rows(int N) const {
+        if (!cfg_.moe()) return N;
+        return ep_ ? ep_->size() * N * std::min(cfg_.top_k, ep_->local_experts()) : N * cfg_.top_k;
+    }
+    // The rows the MoE block of layer-slot la's last forward gave its experts.
+    int moe_expert_rows(const LayerActs& la, int N) const;
     // Mixtral's MoE block (moe.cpp) in place of the MLP: its forward from
     // the (gathered) norm output xin into the row-parallel output buffer,
     // its backward into the column-parallel input gradient, and the
@@ -326,6 +345,7 @@ class GPT {
     void moe_stats(const LayerActs& la, int N, size_t s);
     void moe_aux(size_t s, int N, double dloss, bool count = true);
     std::vector<std::vector<int>> moe_offsets_;  // per layer-slot (and one scratch): the experts' row groups
+    std::vector<ExpertParallel::Route> moe_routes_;  // expert parallel: per layer-slot, the exchange's sizes
     std::vector<std::vector<double>> moe_count_, moe_psum_;  // per chunk-slot [E]: assignments, probabilities
     double aux_last_ = 0, aux_sum_ = 0;
     // The LM head of the head chunk's micro-batch in `slot` from its final
@@ -372,9 +392,12 @@ class GPT {
     // skip_copies: leave out the last stage's copy of the embeddings (so
     // that gathering over the pipeline stages sees every tensor once).
     // Only tensors that meet the file range [file_begin, file_end) are visited.
+    // dense / experts: whether the walk visits the tensors that are the
+    // same on every ep rank, and those of this ep rank's experts (ep > 1).
     template <typename Fn>
     void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all, bool skip_copies = false,
-                        size_t file_begin = 0, size_t file_end = SIZE_MAX) const;
+                        size_t file_begin = 0, size_t file_end = SIZE_MAX, bool dense = true,
+                        bool experts = true) const;
 
     Backend* be_;
     GPTConfig cfg_;
@@ -395,6 +418,7 @@ class GPT {
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
     int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
     int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds
+    ExpertParallel* ep_ = nullptr;  // null when ep = 1
     Sharding sharding_;
     bool training_ = true;  // gradients and Adam state allocated
     UnitProvider* provider_ = nullptr;

@@ -14,6 +14,13 @@
 // block's g operator reduces, the combine being linear. The gradient of
 // the weights w needs the whole expert outputs: a sum over the tp group.
 //
+// Under expert parallelism (llmc/model/expert_parallel.h) this rank holds
+// E/ep of the experts: the grouped rows leave for their experts' ranks
+// after the dispatch, the experts run over the rows they receive, block by
+// (peer, local expert), and the outputs come back before the combine; the
+// backward sends the combine's row gradients out and takes the input rows'
+// gradients back the same way. Routing, combine and router stay local.
+//
 // The load-balancing loss (transformers' load_balancing_loss_func, which
 // concatenates the router logits of all layers): over the L·N routings of
 // a micro-batch (a forward call; under context parallelism its tokens on
@@ -27,7 +34,32 @@
 #include <vector>
 
 #include "llmc/model/activations.h"
+#include "llmc/model/expert_parallel.h"
 #include "llmc/model/gpt.h"
+
+// The experts' side of a block: blocks of rows, each for one of this
+// rank's experts (first row, rows, local expert), in row order.
+struct ExpertBlock {
+    size_t row, n;
+    int expert;
+};
+static std::vector<ExpertBlock> expert_blocks(const std::vector<int>& off, const ExpertParallel::Route* r, int El) {
+    std::vector<ExpertBlock> out;
+    size_t row = 0;
+    if (!r) {  // every expert here, its rows as grouped
+        for (int e = 0; e + 1 < (int)off.size(); e++) out.push_back({(size_t)off[e], (size_t)(off[e + 1] - off[e]), e});
+        return out;
+    }
+    for (size_t i = 0; i < r->block_rows.size(); i++) {
+        out.push_back({row, (size_t)r->block_rows[i], (int)(i % El)});
+        row += r->block_rows[i];
+    }
+    return out;
+}
+
+int GPT::moe_expert_rows(const LayerActs& la, int N) const {
+    return ep_ ? (int)moe_routes_[la.index].expert_rows : N * cfg_.top_k;
+}
 
 void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
     Acts& a = *a_;
@@ -37,21 +69,26 @@ void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
     be_->moe_route(la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv, a.moe_logits, N, E, K);
     std::vector<int>& off = moe_offsets_[la.index];
     be_->download(off.data(), DType::I32, la.offsets, DType::I32, (size_t)E + 1);
-    be_->moe_dispatch(la.xg, nullptr, xin, nullptr, nullptr, la.inv, N, K, C);
+    // The grouped rows are the experts' input here; under ep they leave first.
+    be_->moe_dispatch(ep_ ? a.moe_send : la.xg, nullptr, xin, nullptr, nullptr, la.inv, N, K, C);
+    ExpertParallel::Route* route = ep_ ? &moe_routes_[la.index] : nullptr;
+    if (ep_) {
+        ep_->plan(off, route);
+        ep_->dispatch(a.moe_send, la.xg, *route, C, act);
+    }
+    const std::vector<ExpertBlock> blocks = expert_blocks(off, route, table_.experts);
+    void* y = ep_ ? a.moe_ye : la.yg;  // the experts' outputs, in the experts' row order
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
-    for (int e = 0; e < E; e++) {  // expert e's rows: [gate | up] of its hidden layer
-        const int n = off[e + 1] - off[e];
-        if (n > 0)
-            be_->matmul_forward(elem_ptr(la.fch, act, (size_t)off[e] * 2 * Hl), elem_ptr(la.xg, act, (size_t)off[e] * C),
-                                elem_ptr(w13, pt, (size_t)e * 2 * Hl * C), nullptr, n, C, 2 * Hl);
-    }
-    activation(la.h, la.fch, N * K);
-    for (int e = 0; e < E; e++) {
-        const int n = off[e + 1] - off[e];
-        if (n > 0)
-            be_->matmul_forward(elem_ptr(la.yg, act, (size_t)off[e] * C), elem_ptr(la.h, act, (size_t)off[e] * Hl),
-                                elem_ptr(w2, pt, (size_t)e * C * Hl), nullptr, n, Hl, C);
-    }
+    for (const ExpertBlock& b : blocks)  // expert rows: [gate | up] of its hidden layer
+        if (b.n > 0)
+            be_->matmul_forward(elem_ptr(la.fch, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
+                                elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), nullptr, (int)b.n, C, 2 * Hl);
+    activation(la.h, la.fch, moe_expert_rows(la, N));
+    for (const ExpertBlock& b : blocks)
+        if (b.n > 0)
+            be_->matmul_forward(elem_ptr(y, act, b.row * C), elem_ptr(la.h, act, b.row * Hl),
+                                elem_ptr(w2, pt, (size_t)b.expert * C * Hl), nullptr, (int)b.n, Hl, C);
+    if (ep_) ep_->combine(a.moe_ye, la.yg, *route, C, act);
     be_->moe_combine(a.proj, la.yg, la.topw, la.inv, N, K, C);
 }
 
@@ -59,28 +96,28 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     Acts& a = *a_;
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param, gt = prec_.grad;
-    const std::vector<int>& off = moe_offsets_[la.index];
+    const ExpertParallel::Route* route = ep_ ? &moe_routes_[la.index] : nullptr;
+    const std::vector<ExpertBlock> blocks = expert_blocks(moe_offsets_[la.index], route, table_.experts);
     // The combine's backward: each grouped row's gradient, and the weights'.
     be_->moe_dispatch(a.moe_dg, a.moe_dtopw, dout, la.yg, la.topw, la.inv, N, K, C);
     if (tp_) tp_->sum(a.moe_dtopw, (size_t)N * K, prec_.stat);  // the whole expert outputs' dot products
+    // The experts' side: the rows' gradients (sent to the experts' ranks under ep).
+    void* dg = ep_ ? a.moe_ye : a.moe_dg;
+    if (ep_) ep_->dispatch(a.moe_dg, dg, *route, C, act);
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
     void *dw13 = G(Param::moe_fc, l), *dw2 = G(Param::moe_proj, l);
-    for (int e = 0; e < E; e++) {
-        const int n = off[e + 1] - off[e];
-        if (n > 0)
-            be_->matmul_backward(elem_ptr(a.dh, act, (size_t)off[e] * Hl), elem_ptr(dw2, gt, (size_t)e * C * Hl), nullptr,
-                                 elem_ptr(a.moe_dg, act, (size_t)off[e] * C), elem_ptr(la.h, act, (size_t)off[e] * Hl),
-                                 elem_ptr(w2, pt, (size_t)e * C * Hl), n, Hl, C);
-    }
-    be_->swiglu_backward(a.dfch, la.fch, a.dh, N * K, Hl);
-    for (int e = 0; e < E; e++) {  // the grouped input rows' gradients (moe_dg again: its rows are done)
-        const int n = off[e + 1] - off[e];
-        if (n > 0)
-            be_->matmul_backward(elem_ptr(a.moe_dg, act, (size_t)off[e] * C), elem_ptr(dw13, gt, (size_t)e * 2 * Hl * C),
-                                 nullptr, elem_ptr(a.dfch, act, (size_t)off[e] * 2 * Hl),
-                                 elem_ptr(la.xg, act, (size_t)off[e] * C), elem_ptr(w13, pt, (size_t)e * 2 * Hl * C), n,
-                                 C, 2 * Hl);
-    }
+    for (const ExpertBlock& b : blocks)
+        if (b.n > 0)
+            be_->matmul_backward(elem_ptr(a.dh, act, b.row * Hl), elem_ptr(dw2, gt, (size_t)b.expert * C * Hl), nullptr,
+                                 elem_ptr(dg, act, b.row * C), elem_ptr(la.h, act, b.row * Hl),
+                                 elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C);
+    be_->swiglu_backward(a.dfch, la.fch, a.dh, moe_expert_rows(la, N), Hl);
+    for (const ExpertBlock& b : blocks)  // the experts' input rows' gradients (dg again: its rows are done)
+        if (b.n > 0)
+            be_->matmul_backward(elem_ptr(dg, act, b.row * C), elem_ptr(dw13, gt, (size_t)b.expert * 2 * Hl * C),
+                                 nullptr, elem_ptr(a.dfch, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
+                                 elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl);
+    if (ep_) ep_->combine(dg, a.moe_dg, *route, C, act);  // back to the tokens' rank, in the grouped order
     be_->moe_combine(a.dln, a.moe_dg, nullptr, la.inv, N, K, C);  // back to the tokens, summed over their experts
     // The router: through the weights' renormalisation and the softmax, with
     // the load-balancing loss's gradient. Its input gradient is whole on

@@ -96,10 +96,16 @@ static std::vector<size_t> kind_parts(const GPTConfig& c, Param p) {
     return {(size_t)c.hidden()};
 }
 
-TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_)
-    : cfg(c), tp(tp_), tp_rank(tp_rank_), shards(nshards), stage(stage_) {
-    if (nshards < 1 || tp < 1 || tp_rank < 0 || tp_rank >= tp)
+TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_, int ep_,
+                         int ep_rank_, int expert_shards_)
+    : cfg(c), tp(tp_), tp_rank(tp_rank_), ep(ep_), ep_rank(ep_rank_), expert_shards(expert_shards_), shards(nshards),
+      stage(stage_) {
+    if (nshards < 1 || expert_shards < 1 || tp < 1 || tp_rank < 0 || tp_rank >= tp)
         throw std::invalid_argument("tensor table: bad shard or tensor-parallel numbers");
+    if (ep < 1 || ep_rank < 0 || ep_rank >= ep || (ep > 1 && (!c.moe() || c.experts % ep != 0)))
+        throw std::invalid_argument("tensor table: bad expert-parallel numbers (ep must divide the experts)");
+    experts = c.experts / ep;
+    expert_begin = ep_rank * experts;
     if (!stage.held.empty() && (int)stage.held.size() != c.num_layers + 2)
         throw std::invalid_argument("tensor table: one held flag per unit");
     if (c.num_heads % tp != 0 || c.kv_heads() % tp != 0 || c.hidden() % tp != 0)
@@ -122,14 +128,28 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
         kind_file_offset[k] = foff;
         foff += r * cl * (kKinds[k].per_layer ? L : 1);
     }
-    // Memory: unit-major, each unit padded to a multiple of the shard count.
-    auto close_unit = [&]() {
-        size_t begin = unit_begin.back();
-        unit_used.push_back(total - begin);
-        size_t padded = (total - begin + nshards - 1) / nshards * nshards;
-        shard_begin.push_back(shard_total);
-        shard_total += padded / nshards;
-        total = begin + padded;
+    // Memory: unit-major, each segment of a unit padded to a multiple of
+    // its shard count (one segment per unit, but for ep's expert tensors).
+    std::vector<UnitSegment> open;  // the unit's segments so far
+    size_t used = 0;                // elements of the unit's tensors
+    auto close_segment = [&](bool ex) {
+        UnitSegment g;
+        g.begin = open.empty() ? unit_begin.back() : open.back().begin + open.back().size;
+        g.shards = ex ? expert_shards : nshards;
+        g.experts = ex;
+        g.size = (total - g.begin + g.shards - 1) / g.shards * g.shards;
+        g.shard_begin = shard_total;
+        shard_total += g.slice_size();
+        total = g.begin + g.size;
+        open.push_back(g);
+    };
+    auto close_unit = [&](bool ex) {
+        close_segment(ex);
+        unit_used.push_back(used);
+        used = 0;
+        shard_begin.push_back(open.front().shard_begin);
+        segments.push_back(open);
+        open.clear();
         unit_begin.push_back(total);
     };
     auto add = [&](Param p, int layer, int unit) {
@@ -146,12 +166,24 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
         e.rows = grows;
         e.cols = gcols;
         const size_t t = tp, r = tp_rank;
+        // Expert parallel first: an expert kind keeps the rows of this
+        // rank's experts, [first, first + whole) of the file's; tp then cuts
+        // each of them as it cuts all E.
+        const bool ex = param_kind(p).experts;
+        if (ex && ep > 1 && open.empty()) close_segment(false);  // the block's dense tensors end here
+        const size_t per_expert = ex ? grows / c.experts : 0, first = ex ? expert_begin * per_expert : 0,
+                     whole = ex ? experts * per_expert : grows;
+        e.rows = whole;
         switch (kind_split(p)) {
             case Split::replicated: e.runs = {{0, 0, grows}}; break;
-            case Split::parts: {  // this rank's piece of each part (heads of Q, K, V; gate and up)
+            case Split::parts: {  // this rank's piece of each part (heads of Q, K, V; gate and up; of its experts)
                 e.rows = 0;
                 size_t start = 0;
                 for (size_t part : kind_parts(c, p)) {
+                    if (start < first || start >= first + whole) {  // another ep rank's expert
+                        start += part;
+                        continue;
+                    }
                     const size_t piece = part / t;
                     e.runs.push_back({e.rows, start + r * piece, piece});
                     e.rows += piece;
@@ -159,7 +191,7 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
                 }
                 break;
             }
-            case Split::columns: e.cols = gcols / t; e.col_begin = r * e.cols; e.runs = {{0, 0, grows}}; break;
+            case Split::columns: e.cols = gcols / t; e.col_begin = r * e.cols; e.runs = {{0, first, whole}}; break;
             case Split::vocab: {
                 e.rows = vocab_rows;
                 size_t first = r * e.rows, held = first < grows ? std::min(e.rows, grows - first) : 0;
@@ -176,21 +208,34 @@ TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_,
         index_[(size_t)p * L + layer] = (int)entries.size();
         entries.push_back(e);
         total += e.numel;
+        used += e.numel;
         params += e.numel;
     };
     unit_begin.push_back(0);
     add(Param::wte, 0, 0);
     add(Param::wpe, 0, 0);
-    close_unit();
+    close_unit(false);
     for (int l = 0; l < L; l++) {
         for (int k = (int)Param::ln1w; k <= (int)Param::moe_proj; k++) add((Param)k, l, l + 1);
-        close_unit();
+        close_unit(!open.empty());  // an expert segment follows a closed dense one
     }
     add(Param::lnfw, 0, L + 1);
     add(Param::lnfb, 0, L + 1);
     add(Param::lm_head, 0, L + 1);
-    close_unit();
+    close_unit(false);
     if (foff != file_params) throw std::logic_error("tensor table: file size differs from the formula");
+}
+
+size_t TensorTable::shard_size(int u) const {
+    size_t n = 0;
+    for (const UnitSegment& g : segments[u]) n += g.slice_size();
+    return n;
+}
+
+const UnitSegment& TensorTable::segment_of(int u, size_t i) const {
+    for (const UnitSegment& g : segments[u])
+        if (i < g.begin + g.size) return g;
+    return segments[u].back();
 }
 
 const TensorEntry& TensorTable::get(Param p, int layer) const {

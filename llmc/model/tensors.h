@@ -26,6 +26,15 @@
 // contiguous slices, rank r owning slice r of every unit. A rank's shard
 // buffer is its slices of all units, one after another. Padding elements
 // exist in every flat buffer, are zero, and are never read by the model.
+//
+// Expert parallel (Mixtral, degree ep, docs/moe.md): the expert kinds hold
+// only this ep rank's experts, which the other ep ranks of the dp group do
+// not share. A block unit then has two segments: its dense tensors (padded
+// and sliced over the `shards` dp ranks as above) and, last, its expert
+// tensors (padded and sliced over the `expert_shards` ranks of the
+// expert-data group, which hold the same experts). Every other unit, and
+// every unit when ep = 1, is one segment. A rank's shard of a unit is its
+// slice of each segment, one after the other.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -110,6 +119,18 @@ struct StageUnits {
     bool embedding_copy = false;  // unit 0 here is a copy of the first stage's
 };
 
+// A contiguous range of a unit whose slices belong to the ranks of one
+// group: the data-parallel group (dense) or the expert-data group (experts).
+struct UnitSegment {
+    size_t begin = 0;        // first flat-buffer element
+    size_t size = 0;         // elements, padded to a multiple of shards
+    size_t shard_begin = 0;  // this segment's slice in a shard buffer
+    int shards = 1;
+    bool experts = false;
+    size_t slice_size() const { return size / shards; }
+    size_t slice_begin(int r) const { return begin + (size_t)r * slice_size(); }  // rank r's slice
+};
+
 struct TensorTable {
     GPTConfig cfg;
     int tp = 1, tp_rank = 0;            // tensor-parallel degree and this rank's index
@@ -118,27 +139,38 @@ struct TensorTable {
     int hidden = 0;                     // MLP hidden width on this rank (4C or F, / tp; an expert's for Mixtral)
     int vocab_rows = 0;                 // wte rows on this rank: ceil(Vp / tp)
     int vocab_begin = 0;                // global id of this rank's first wte row
+    // Expert parallel (Mixtral, docs/moe.md): the expert kinds (ParamKind::
+    // experts) hold experts [expert_begin, expert_begin + experts) only, cut
+    // before tp's split of each expert; the router stays whole.
+    int ep = 1, ep_rank = 0;
+    int experts = 0;                    // experts on this rank (E / ep)
+    int expert_begin = 0;               // global index of this rank's first expert
+    int expert_shards = 1;              // expert segments padded to a multiple of this (ep > 1)
     size_t file_params = 0;             // parameters in a model file (the whole model)
     int shards = 1;                     // units padded to a multiple of this
     StageUnits stage;                   // units held by this pipeline stage
     std::vector<TensorEntry> entries;   // in memory order
     std::vector<size_t> unit_begin;     // unit u occupies [unit_begin[u], unit_begin[u+1]) (padded)
     std::vector<size_t> unit_used;      // elements of unit u before its padding
-    std::vector<size_t> shard_begin;    // unit u's slice starts here in a shard buffer
+    std::vector<size_t> shard_begin;    // unit u's slices start here in a shard buffer
+    std::vector<std::vector<UnitSegment>> segments;  // unit u's segments (one; two for ep's blocks)
     size_t total = 0;                   // elements in a flat buffer (padding included)
     size_t params = 0;                  // elements of this rank's tensors (no unit padding)
     size_t shard_total = 0;             // elements in one rank's shard buffer
 
     explicit TensorTable(const GPTConfig& c, int shards = 1, int tp = 1, int tp_rank = 0,
-                         const StageUnits& stage = StageUnits());
+                         const StageUnits& stage = StageUnits(), int ep = 1, int ep_rank = 0, int expert_shards = 1);
     const TensorEntry& get(Param p, int layer = 0) const;
+    // Whether the entry holds only this ep rank's experts (ep > 1).
+    bool ep_split(const TensorEntry& e) const { return ep > 1 && param_kind(e.kind).experts; }
     bool has(Param p, int layer = 0) const;  // whether this stage holds the tensor
     bool held(int u) const { return stage.held.empty() || stage.held[u]; }
     int num_units() const { return (int)unit_begin.size() - 1; }
     size_t unit_size(int u) const { return unit_begin[u + 1] - unit_begin[u]; }
-    size_t shard_size(int u) const { return unit_size(u) / shards; }
-    // First flat-buffer element of rank r's slice of unit u.
-    size_t slice_begin(int u, int r) const { return unit_begin[u] + (size_t)r * shard_size(u); }
+    // Elements of a rank's shard of unit u (its slice of each segment).
+    size_t shard_size(int u) const;
+    // The segment holding flat element i of unit u.
+    const UnitSegment& segment_of(int u, size_t i) const;
 
   private:
     std::vector<int> index_;  // (kind, layer) -> entry

@@ -11,19 +11,22 @@
 #include "llmc/model/gpt.h"
 
 template <typename Fn>
-void GPT::for_each_piece(bool sharded, Fn fn, Tensors which, bool skip_copies, size_t file_begin,
-                         size_t file_end) const {
+void GPT::for_each_piece(bool sharded, Fn fn, Tensors which, bool skip_copies, size_t file_begin, size_t file_end,
+                         bool dense, bool experts) const {
     // One run of the tensor's local memory <-> the file, cut to this rank's
-    // slice of the unit when the buffer is sharded.
+    // slice of the tensor's unit segment when the buffer is sharded (the
+    // expert segments are sliced over the expert-data group).
     auto emit = [&](const TensorEntry& e, size_t local, size_t file, size_t n) {
         size_t g = e.offset + local;
         if (!sharded) return fn(file, g, n);
-        size_t lo = table_.slice_begin(e.unit, sharding_.rank), hi = lo + table_.shard_size(e.unit);
+        const UnitSegment& s = table_.segment_of(e.unit, e.offset);
+        size_t lo = s.slice_begin(s.experts ? sharding_.expert_rank : sharding_.rank), hi = lo + s.slice_size();
         size_t b = std::max(lo, g), en = std::min(hi, g + n);
-        if (b < en) fn(file + (b - g), table_.shard_begin[e.unit] + (b - lo), en - b);
+        if (b < en) fn(file + (b - g), s.shard_begin + (b - lo), en - b);
     };
     for (const TensorEntry& e : table_.entries) {
         if ((which == Tensors::split && !e.split) || (which == Tensors::replicated && e.split)) continue;
+        if (!(table_.ep_split(e) ? experts : dense)) continue;
         if (skip_copies && e.tied_copy) continue;
         if (e.file_offset >= file_end || e.file_offset + e.file_rows * e.file_cols <= file_begin) continue;
         for (const RowRun& r : e.runs) {
@@ -50,10 +53,11 @@ void GPT::set_file_range(void* buf, bool sharded, DType buf_t, const void* host,
         Tensors::all, false, file_begin, file_end);
 }
 
-void GPT::for_each_owned(bool sharded, bool whole_owner, bool replicated_owner,
+void GPT::for_each_owned(bool sharded, bool whole_owner, bool replicated_owner, bool expert_owner,
                          const std::function<void(size_t, size_t, size_t)>& fn) const {
-    if (!sharded && !whole_owner) return;
-    for_each_piece(sharded, fn, replicated_owner ? Tensors::all : Tensors::split, true);
+    if (!sharded && !whole_owner && !expert_owner) return;
+    for_each_piece(sharded, fn, replicated_owner ? Tensors::all : Tensors::split, true, 0, SIZE_MAX,
+                   sharded || whole_owner, sharded || expert_owner);
 }
 
 void GPT::set_weights_file_range(const void* host, DType t, size_t file_begin, size_t file_end) {

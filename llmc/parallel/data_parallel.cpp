@@ -12,23 +12,28 @@ void* DataParallel::alloc(size_t bytes) {
     return p;
 }
 
-DataParallel::DataParallel(GPT& model, Comm& comm, int zero_stage)
-    : model_(model), comm_(comm), be_(model.backend()), table_(model.table()), prec_(model.precision()),
-      stage_(zero_stage), rank_(comm.rank()), size_(comm.size()) {
+DataParallel::DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* expert_comm)
+    : model_(model), comm_(comm), ecomm_(expert_comm ? expert_comm : &comm), be_(model.backend()),
+      table_(model.table()), prec_(model.precision()), stage_(zero_stage), rank_(comm.rank()), size_(comm.size()) {
     const Sharding& sh = model.sharding();
-    Sharding want = Sharding::for_zero(zero_stage, size_, rank_);
+    Sharding want = Sharding::for_zero(zero_stage, size_, rank_, ecomm_->size(), ecomm_->rank());
     if (sh.shards != want.shards || sh.rank != want.rank || sh.params != want.params || sh.grads != want.grads ||
-        sh.optimizer != want.optimizer)
+        sh.optimizer != want.optimizer || (table_.ep > 1 && (sh.expert_shards != want.expert_shards ||
+                                                             sh.expert_rank != want.expert_rank)))
         throw std::logic_error("DataParallel: the model's sharding does not match ZeRO stage and group");
-    // Rotating buffers must hold the largest unit other than the embeddings.
-    size_t max_other = 0;
-    for (int u = 1; u < table_.num_units(); u++) max_other = std::max(max_other, table_.unit_size(u));
+    // Rotating buffers must hold the largest unit other than the embeddings
+    // (and its shard).
+    size_t max_other = 0, max_shard = 0;
+    for (int u = 1; u < table_.num_units(); u++) {
+        max_other = std::max(max_other, table_.unit_size(u));
+        max_shard = std::max(max_shard, table_.shard_size(u));
+    }
     auto make_pool = [&](std::vector<UnitBuffer>& pool, DType t, bool with_shard_tmp) {
         pool.resize(3);  // [0] embeddings, [1], [2] rotating
         for (int i = 0; i < 3; i++) {
             size_t n = i == 0 ? table_.unit_size(0) : max_other;
             pool[i].data = alloc(n * dtype_size(t));
-            if (with_shard_tmp) pool[i].shard_tmp = alloc(n / size_ * dtype_size(t));
+            if (with_shard_tmp) pool[i].shard_tmp = alloc((i == 0 ? table_.shard_size(0) : max_shard) * dtype_size(t));
         }
     };
     if (stage_ >= 3) make_pool(param_bufs_, prec_.param, false);
@@ -46,6 +51,11 @@ DataParallel::~DataParallel() {
 }
 
 void* DataParallel::shard_ptr(void* buf, DType t, int unit) const { return elem_ptr(buf, t, table_.shard_begin[unit]); }
+
+void DataParallel::wait_all(std::vector<Pending>& hs) {
+    for (const Pending& p : hs) p.comm->wait(p.handle);
+    hs.clear();
+}
 
 DataParallel::UnitBuffer* DataParallel::find(std::vector<UnitBuffer>& pool, int unit) {
     for (UnitBuffer& b : pool)
@@ -72,8 +82,13 @@ DataParallel::UnitBuffer* DataParallel::take_free(std::vector<UnitBuffer>& pool,
 void DataParallel::start_gather(UnitBuffer& b, int unit) {
     b.unit = unit;
     b.state = Gathering;
-    b.pending = comm_.start_all_gather(shard_ptr(model_.params(), prec_.param, unit), b.data, table_.shard_size(unit),
-                                       prec_.param);
+    const DType pt = prec_.param;
+    for (const UnitSegment& g : table_.segments[unit]) {
+        Comm& c = comm_of(g);
+        b.pending.push_back({&c, c.start_all_gather(elem_ptr(model_.params(), pt, g.shard_begin),
+                                                    elem_ptr(b.data, pt, g.begin - table_.unit_begin[unit]),
+                                                    g.slice_size(), pt)});
+    }
 }
 
 void DataParallel::prefetch(int unit) {
@@ -90,7 +105,7 @@ const void* DataParallel::acquire(int unit) {
         start_gather(*b, unit);
     }
     if (b->state == Gathering) {
-        comm_.wait(b->pending);
+        wait_all(b->pending);
         b->state = InUse;
     }
     return b->data;
@@ -141,19 +156,21 @@ void DataParallel::grads_done(int unit, bool last_micro_step) {
     // accumulate in place) and every micro-step for stages 2-3.
     if (stage_ >= 2) model_.sum_partial_grads(unit, b->data);
     else if (last_micro_step) model_.sum_partial_grads(unit, elem_ptr(g, gt, table_.unit_begin[unit]));
-    if (stage_ == 0) {
-        if (last_micro_step)
-            pending_.push_back(comm_.start_all_reduce(elem_ptr(g, gt, table_.unit_begin[unit]), table_.unit_size(unit), gt,
-                                                      ReduceOp::Sum));
-    } else if (stage_ == 1) {
-        // In place: this rank's slice of the unit receives the sum of everyone's slice.
-        if (last_micro_step)
-            pending_.push_back(comm_.start_reduce_scatter(elem_ptr(g, gt, table_.unit_begin[unit]),
-                                                          elem_ptr(g, gt, table_.slice_begin(unit, rank_)),
-                                                          table_.shard_size(unit), gt));
-    } else {
-        b->state = Reducing;
-        b->pending = comm_.start_reduce_scatter(b->data, b->shard_tmp, table_.shard_size(unit), gt);
+    if (stage_ < 2 && !last_micro_step) return;
+    if (stage_ >= 2) b->state = Reducing;
+    for (const UnitSegment& s : table_.segments[unit]) {
+        Comm& c = comm_of(s);
+        if (stage_ == 0) {
+            pending_.push_back({&c, c.start_all_reduce(elem_ptr(g, gt, s.begin), s.size, gt, ReduceOp::Sum)});
+        } else if (stage_ == 1) {
+            // In place: this rank's slice of the segment receives the sum of everyone's slice.
+            void* mine = elem_ptr(g, gt, s.slice_begin(c.rank()));
+            pending_.push_back({&c, c.start_reduce_scatter(elem_ptr(g, gt, s.begin), mine, s.slice_size(), gt)});
+        } else {
+            const size_t at = s.begin - table_.unit_begin[unit], shard_at = s.shard_begin - table_.shard_begin[unit];
+            void* out = elem_ptr(b->shard_tmp, gt, shard_at);
+            b->pending.push_back({&c, c.start_reduce_scatter(elem_ptr(b->data, gt, at), out, s.slice_size(), gt)});
+        }
     }
 }
 
@@ -161,14 +178,13 @@ void DataParallel::grads_done(int unit, bool last_micro_step) {
 // gradient shard (micro-steps accumulate there).
 void DataParallel::finish_grad_reduce(UnitBuffer& b) {
     if (b.state != Reducing) return;
-    comm_.wait(b.pending);
+    wait_all(b.pending);
     be_.accumulate(shard_ptr(model_.grads(), prec_.grad, b.unit), b.shard_tmp, table_.shard_size(b.unit));
     b.unit = -1;
     b.state = Free;
 }
 
 void DataParallel::finish_reductions() {
-    for (CommHandle h : pending_) comm_.wait(h);
-    pending_.clear();
+    wait_all(pending_);
     for (UnitBuffer& b : grad_bufs_) finish_grad_reduce(b);
 }

@@ -26,9 +26,15 @@
 // prefetching the next unit while the current one computes, and frees them
 // after use.
 //
+// Expert parallel (docs/moe.md): a block's expert tensors are the unit's
+// second segment (tensors.h), held alike only by the ranks of the
+// expert-data group; every collective above is issued once per segment,
+// the expert segment's over that group, so its gradients are summed (and
+// its ZeRO slices owned) there and not across ranks holding other experts.
+//
 // The optimizer step that follows (the norm over the shards, AdamW on this
 // rank's part, and the all-gather of updated parameters at stages 1 and 2)
-// is llmc/parallel/optimizer_step.h, over the same group.
+// is llmc/parallel/optimizer_step.h, over the same groups.
 #pragma once
 #include <vector>
 
@@ -37,8 +43,10 @@
 
 class DataParallel : public UnitProvider {
   public:
-    // The model must have been built with Sharding::for_zero(stage, comm.size(), comm.rank()).
-    DataParallel(GPT& model, Comm& comm, int zero_stage);
+    // The model must have been built with Sharding::for_zero(stage,
+    // comm.size(), comm.rank(), expert_comm's size and rank). expert_comm:
+    // the expert-data group (ep > 1 only).
+    DataParallel(GPT& model, Comm& comm, int zero_stage, Comm* expert_comm = nullptr);
     ~DataParallel() override;
 
     int stage() const { return stage_; }
@@ -66,11 +74,15 @@ class DataParallel : public UnitProvider {
     // A buffer holding one whole unit (parameters gathered for stage 3, or
     // gradients in flight for stages 2 and 3).
     enum State { Free, Gathering, InUse, Reducing };
+    struct Pending {  // a collective in flight and the group that issued it
+        Comm* comm;
+        CommHandle handle;
+    };
     struct UnitBuffer {
         void* data = nullptr;
         int unit = -1;              // unit held, -1 when free
         State state = Free;
-        CommHandle pending = 0;     // the gather or reduce-scatter in flight
+        std::vector<Pending> pending;  // the gathers or reduce-scatters in flight (one per segment)
         void* shard_tmp = nullptr;  // reduce-scatter output (gradients)
     };
     UnitBuffer* find(std::vector<UnitBuffer>& pool, int unit);
@@ -78,10 +90,13 @@ class DataParallel : public UnitProvider {
     void start_gather(UnitBuffer& b, int unit);
     void finish_grad_reduce(UnitBuffer& b);
     void* shard_ptr(void* buf, DType t, int unit) const;
+    Comm& comm_of(const UnitSegment& s) const { return s.experts ? *ecomm_ : comm_; }
+    static void wait_all(std::vector<Pending>& hs);
     void* alloc(size_t bytes);
 
     GPT& model_;
     Comm& comm_;
+    Comm* ecomm_;  // the expert segments' group (comm_ when ep = 1)
     Backend& be_;
     const TensorTable& table_;
     Precision prec_;
@@ -93,7 +108,7 @@ class DataParallel : public UnitProvider {
     // Stages 2 and 3: gradients of the embedding unit (complete only at the
     // end of backward) and two rotating buffers for the others.
     std::vector<UnitBuffer> grad_bufs_;
-    std::vector<CommHandle> pending_;  // stages 0 and 1: gradient reductions in flight
+    std::vector<Pending> pending_;  // stages 0 and 1: gradient reductions in flight
     std::vector<void*> owned_;
     size_t comm_bytes_ = 0;
 };

@@ -13,6 +13,7 @@ std::string Layout::describe() const {
                     std::to_string(dp()) + " x cp " + std::to_string(cp) + cp_words + " x tp " + std::to_string(tp) +
                     (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
                     ", recompute " + recompute_name(recompute);
+    if (ep > 1) s += ", ep " + std::to_string(ep);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
     return s;
 }
@@ -62,6 +63,10 @@ bool check_world(const Layout& l, std::string* err) {
     if (l.cp_a2a < 1 || l.cp_a2a > l.cp || l.cp % l.cp_a2a != 0)
         return fail("flag --cp-a2a: N=" + std::to_string(l.cp_a2a) + " does not divide --cp " + std::to_string(l.cp));
     if (l.sp && l.tp == 1) return fail("flag --sp: sequence parallel needs --tp > 1");
+    if (l.ep < 1) return fail("flag --ep: " + std::to_string(l.ep) + " must be at least 1");
+    if (l.ep > 1 && l.dp() % l.ep != 0)
+        return fail("flag --ep: " + std::to_string(l.ep) + " does not divide the " + std::to_string(l.dp()) +
+                    " data-parallel ranks (world / (pp*tp*cp); the experts are split over dp ranks)");
     if (l.vpp > 1 && l.pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
     return true;
 }
@@ -97,6 +102,11 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
         return fail(a2a_flag + std::to_string(l.cp_a2a) + " does not divide the " +
                     std::to_string(kv_heads) + " key/value heads of a tensor-parallel rank (grouped-query attention: "
                     "key/value heads are split, not replicated)");
+    if (l.ep > 1 && !c.moe())
+        return fail("flag --ep: expert parallelism needs a mixture-of-experts model (arch=mixtral)");
+    if (l.ep > 1 && c.experts % l.ep != 0)
+        return fail("flag --ep: " + std::to_string(l.ep) + " does not divide the " + std::to_string(c.experts) +
+                    " experts");
     if (l.sp && l.T_local() % l.tp != 0)
         return fail("flag --sp: the sequence length T/cp=" + std::to_string(l.T_local()) + " does not divide by --tp " +
                     std::to_string(l.tp));
@@ -124,12 +134,14 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
 }
 
 size_t ModelStack::comm_bytes() const {
-    return (dp ? dp->comm_buffer_bytes() : 0) + (cp ? cp->buffer_bytes() : 0) + (pipe ? pipe->buffer_bytes() : 0);
+    return (dp ? dp->comm_buffer_bytes() : 0) + (cp ? cp->buffer_bytes() : 0) + (pipe ? pipe->buffer_bytes() : 0) +
+           (ep ? ep->buffer_bytes() : 0);
 }
 
 ModelStack::~ModelStack() {
     dp.reset();
     model.reset();
+    ep.reset();
     pipe.reset();
     cp.reset();
     tp.reset();
@@ -146,12 +158,19 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
         throw std::logic_error("build_stack: hybrid context parallel without its a2a and ring groups");
     s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.head_size(),
                                     mc.kv_heads() / l.tp, a2a, l.cp_hybrid() ? g.cp_ring : nullptr));
-    s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank()),
-                           s->tp.get(), s->cp.get(), s->pipe->chunks(), l.head_chunk));
+    // Expert parallel: the ep group's experts, and the expert-data group
+    // that reduces (and, under ZeRO, shards) them.
+    if (l.ep > 1 && (!g.ep || !g.edp || g.ep->size() != l.ep))
+        throw std::logic_error("build_stack: expert parallel without its ep and expert-data groups");
+    if (l.ep > 1) s->ep.reset(new ExpertParallel(*g.ep, be, mc.experts));
+    Comm* edp = l.ep > 1 ? g.edp : g.dpcp;
+    const Sharding sharding = Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank(), edp->size(), edp->rank());
+    s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, sharding, s->tp.get(), s->cp.get(),
+                           s->pipe->chunks(), l.head_chunk, true, s->ep.get()));
     s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));
     s->pipe->attach(*s->model);
-    s->dp.reset(new DataParallel(*s->model, *g.dpcp, l.zero));
-    s->groups = {g.dpcp, g.tp, g.pp, g.embed};
+    s->dp.reset(new DataParallel(*s->model, *g.dpcp, l.zero, l.ep > 1 ? g.edp : nullptr));
+    s->groups = {g.dpcp, g.tp, g.pp, g.embed, l.ep > 1 ? g.ep : nullptr, l.ep > 1 ? g.edp : nullptr};
     // The ops' temporary memory, now, before any step (a GPU must not
     // allocate while collectives are in flight).
     be.reserve_workspace(s->model->workspace());

@@ -22,6 +22,9 @@
 struct Layout {
     int world = 1;
     int pp = 1, vpp = 1, tp = 1, cp = 1, sp = 0, zero = 0;
+    // Expert parallel (Mixtral, docs/moe.md): the experts split over groups
+    // of ep data-parallel ranks (ep divides dp and the expert count).
+    int ep = 1;
     int B = 1, T = 1;            // micro-batch rows and sequence length
     long long total_batch = -1;  // tokens per optimizer step (-1: B·T·dp)
     Recompute recompute = Recompute::none;
@@ -61,12 +64,14 @@ struct RankGroups {
     Comm *tp, *cp, *dpcp, *pp, *embed;
     int cp_rank;
     Comm *cp_a2a = nullptr, *cp_ring = nullptr;
+    Comm *ep = nullptr, *edp = nullptr;  // expert parallel (ep > 1)
 };
 
 // A rank's model and parallel modes, destroyed in the right order.
 struct ModelStack {
     std::unique_ptr<TensorParallel> tp;
     std::unique_ptr<ContextParallel> cp;
+    std::unique_ptr<ExpertParallel> ep;
     std::unique_ptr<PipelineParallel> pipe;
     std::unique_ptr<GPT> model;
     std::unique_ptr<DataParallel> dp;

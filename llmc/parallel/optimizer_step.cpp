@@ -19,16 +19,17 @@ struct Step {
     Backend& be;
     const TensorTable& table;
     Precision prec;
-    int stage, rank;
-    Comm *dp, *tp, *pp, *embed;
+    int stage, rank, erank;
+    Comm *dp, *tp, *pp, *embed, *ep;
 
-    // The flat-buffer range [lo, hi) of unit u whose reduced gradients this
-    // rank owns (all of it at stage 0, its slice otherwise), and where lo
-    // lives in the gradient buffer (at).
-    void owned_range(int u, size_t* lo, size_t* hi, size_t* at) const {
-        *lo = stage == 0 ? table.unit_begin[u] : table.slice_begin(u, rank);
-        *hi = *lo + (stage == 0 ? table.unit_size(u) : table.shard_size(u));
-        *at = stage >= 2 ? table.shard_begin[u] : *lo;
+    // The flat-buffer range [lo, hi) of segment g whose reduced gradients
+    // this rank owns (all of it at stage 0, its slice otherwise: of the dp
+    // group's, or of the expert-data group's for an expert segment), and
+    // where lo lives in the gradient buffer (at).
+    void owned_range(const UnitSegment& g, size_t* lo, size_t* hi, size_t* at) const {
+        *lo = stage == 0 ? g.begin : g.slice_begin(g.experts ? erank : rank);
+        *hi = *lo + (stage == 0 ? g.size : g.slice_size());
+        *at = stage >= 2 ? g.shard_begin : *lo;
     }
 
     double sum_over_stages(double x) { return pp ? pp->host_all_reduce(x, ReduceOp::Sum) : x; }
@@ -40,31 +41,40 @@ struct Step {
     // ones, equal on every tp rank, are counted by tp rank 0 only. Under
     // pipeline parallelism the stages' sums are added and the last stage's
     // copy of the embeddings is left out (the first stage counts them).
+    // Under expert parallelism the expert segments differ across the ep
+    // group: at stage 0 their sums are added over it; at stages 1-3 the
+    // dp x cp ranks' slices of them are disjoint, so the one sum over the
+    // dp group counts every expert once.
     double grad_sum_squares() {
         const DType gt = prec.grad;
         void* grads = model.grads();
         const bool count_replicated = !tp || tp->rank() == 0;
         double ss = 0;
-        if (!tp && stage != 1 && !table.stage.embedding_copy) {
+        if (!tp && stage != 1 && !table.stage.embedding_copy && table.ep == 1) {
             // Nothing to tell apart: one sum over the whole buffer (padding is zero).
             ss = be.sum_squares(grads, gt, stage == 0 ? table.total : table.shard_total);
             if (stage >= 2 && dp) ss = dp->host_all_reduce(ss, ReduceOp::Sum);
             return sum_over_stages(ss);
         }
         // The tensors' pieces this rank counts, summed in one backend call
-        // (one synchronisation on a GPU), in this order.
-        std::vector<SumSpan> spans;
+        // per kind of segment (one synchronisation each on a GPU), in this order.
+        std::vector<SumSpan> spans[2];  // dense, experts
         for (int u = 0; u < table.num_units(); u++) {
             if (table.unit_size(u) == 0) continue;  // another stage's
-            size_t lo, hi, at;
-            owned_range(u, &lo, &hi, &at);
-            for (const TensorEntry& e : table.entries) {
-                if (e.unit != u || (!e.split && !count_replicated) || e.tied_copy) continue;
-                size_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
-                if (b < en) spans.push_back({elem_ptr(grads, gt, at + (b - lo)), en - b});
+            for (const UnitSegment& g : table.segments[u]) {
+                size_t lo, hi, at;
+                owned_range(g, &lo, &hi, &at);
+                for (const TensorEntry& e : table.entries) {
+                    if (e.unit != u || (!e.split && !count_replicated) || e.tied_copy) continue;
+                    size_t b = std::max(lo, e.offset), en = std::min(hi, e.offset + e.numel);
+                    if (b < en) spans[g.experts].push_back({elem_ptr(grads, gt, at + (b - lo)), en - b});
+                }
             }
         }
-        ss = be.sum_squares_multi(spans.data(), (int)spans.size(), gt);
+        ss = be.sum_squares_multi(spans[0].data(), (int)spans[0].size(), gt);
+        double sx = spans[1].empty() ? 0.0 : be.sum_squares_multi(spans[1].data(), (int)spans[1].size(), gt);
+        if (stage == 0 && ep) sx = ep->host_all_reduce(sx, ReduceOp::Sum);
+        ss += sx;
         if (stage >= 1 && dp) ss = dp->host_all_reduce(ss, ReduceOp::Sum);
         if (tp) ss = tp->host_all_reduce(ss, ReduceOp::Sum);
         return sum_over_stages(ss);
@@ -76,10 +86,10 @@ struct Step {
 double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip, bool* skipped) {
     const TensorTable& table = model.table();
     Step s{model, model.backend(), table, model.precision(), zero_stage(model.sharding()), model.sharding().rank,
-           real(g.dp), real(g.tp), real(g.pp), real(g.embed)};
+           model.sharding().expert_rank, real(g.dp), real(g.tp), real(g.pp), real(g.embed), real(g.ep)};
     const Precision& prec = s.prec;
     const DType pt = prec.param, gt = prec.grad, mt = prec.master, ot = prec.opt;
-    const int U = table.num_units(), stage = s.stage, rank = s.rank;
+    const int U = table.num_units(), stage = s.stage;
     void *params = model.params(), *grads = model.grads(), *master = model.master();
     void *m = model.adam_m(), *v = model.adam_v();
 
@@ -88,7 +98,7 @@ double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int
     // model's last stage holds no embedding unit: nothing to add).
     if (s.pp && model.config().tied && table.held(0) && s.embed) {
         size_t lo, hi, at;
-        s.owned_range(0, &lo, &hi, &at);
+        s.owned_range(table.segments[0].front(), &lo, &hi, &at);
         s.embed->all_reduce(elem_ptr(grads, gt, at), hi - lo, gt, ReduceOp::Sum);
     }
     // 2. The global norm, and 3. clipping and AdamW on this rank's part of
@@ -100,29 +110,29 @@ double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int
     std::vector<UpdateSpan> spans;
     for (int u = 0; u < U; u++) {
         if (table.unit_size(u) == 0) continue;  // another stage's
-        UpdateSpan sp;
-        if (stage == 0) {
-            size_t b = table.unit_begin[u];
-            sp = {b, table.unit_size(u), elem_ptr(params, pt, b), master ? elem_ptr(master, mt, b) : nullptr,
-                  elem_ptr(grads, gt, b), elem_ptr(m, ot, b), elem_ptr(v, ot, b)};
-        } else {
-            size_t g0 = table.slice_begin(u, rank), sb = table.shard_begin[u];
-            sp = {g0, table.shard_size(u), elem_ptr(params, pt, stage >= 3 ? sb : g0),
-                  master ? elem_ptr(master, mt, sb) : nullptr, elem_ptr(grads, gt, stage == 1 ? g0 : sb),
-                  elem_ptr(m, ot, sb), elem_ptr(v, ot, sb)};
+        for (const UnitSegment& sg : table.segments[u]) {
+            size_t g0, hi, at;  // the owned range; at: where it lives in the sharded buffers
+            s.owned_range(sg, &g0, &hi, &at);
+            const size_t sb = stage == 0 ? g0 : sg.shard_begin;
+            spans.push_back({g0, hi - g0, elem_ptr(params, pt, stage >= 3 ? sb : g0),
+                             master ? elem_ptr(master, mt, sb) : nullptr, elem_ptr(grads, gt, at), elem_ptr(m, ot, sb),
+                             elem_ptr(v, ot, sb)});
         }
-        spans.push_back(sp);
     }
     adamw_spans(s.be, prec, table, spans, o, args);
 
     // 4. ZeRO stages 1 and 2: every rank needs every updated parameter again.
+    // (Each segment over its group: the expert segments over the expert-data one.)
     if ((stage == 1 || stage == 2) && g.dp) {
-        std::vector<CommHandle> hs;
+        std::vector<std::pair<Comm*, CommHandle>> hs;
         for (int u = 0; u < U; u++)
-            if (table.unit_size(u) > 0)
-                hs.push_back(g.dp->start_all_gather(elem_ptr(params, pt, table.slice_begin(u, rank)),
-                                                    elem_ptr(params, pt, table.unit_begin[u]), table.shard_size(u), pt));
-        for (CommHandle h : hs) g.dp->wait(h);
+            for (const UnitSegment& sg : table.segments[u]) {
+                if (sg.size == 0) continue;
+                Comm* c = sg.experts && g.edp ? g.edp : g.dp;
+                hs.push_back({c, c->start_all_gather(elem_ptr(params, pt, sg.slice_begin(c->rank())),
+                                                     elem_ptr(params, pt, sg.begin), sg.slice_size(), pt)});
+            }
+        for (auto& h : hs) h.first->wait(h.second);
     }
     return norm;
 }

@@ -10,12 +10,14 @@
 //      (all of it at ZeRO 0, its slices at 1-3, summed over the dp group;
 //      tensors split by tp summed over the tp group, replicated ones counted
 //      by tp rank 0; the stages' sums added over the pp group, the last
-//      stage's copy of the embeddings left out);
+//      stage's copy of the embeddings left out; expert parallel's experts
+//      summed over the ep group at ZeRO 0, whose ranks hold different ones);
 //   3. clipping and AdamW on this rank's part of every unit, in one
 //      multi-tensor backend call (llmc/model/optimizer.h);
 //   4. ZeRO stages 1 and 2: every rank needs every updated parameter, so the
-//      updated slices are all-gathered over the dp group (stage 3 gathers
-//      them only when a unit is next used; stage 0 updated everything).
+//      updated slices are all-gathered over the dp group, an expert
+//      segment's over the expert-data group (stage 3 gathers them only when
+//      a unit is next used; stage 0 updated everything).
 #pragma once
 #include "llmc/comm/comm.h"
 #include "llmc/model/gpt.h"
@@ -28,6 +30,8 @@ struct StepGroups {
     Comm* tp = nullptr;     // tensor parallel
     Comm* pp = nullptr;     // one rank per pipeline stage
     Comm* embed = nullptr;  // the first and the last stage (tied embeddings)
+    Comm* ep = nullptr;     // expert parallel: the ranks holding the other experts
+    Comm* edp = nullptr;    // expert parallel: the dp × cp ranks holding the same experts
 };
 
 // One optimizer step of `model` (built with the ZeRO sharding of g.dp):

@@ -16,7 +16,7 @@ enum class Transport { Mpi, Nccl, Staged };
 }
 
 bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend& be, ProcessGrid* grid,
-                       std::string* err, int cp_a2a) {
+                       std::string* err, int cp_a2a, int ep) {
     auto fail = [&](const std::string& m) {
         if (err) *err = m;
         return false;
@@ -46,6 +46,9 @@ bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend&
 #endif
         return fail(m);
     }
+    if (ep < 1 || (world / degrees) % ep != 0)
+        return fail("--ep " + std::to_string(ep) + ": must divide the " + std::to_string(world / degrees) +
+                    " data-parallel ranks");
     Transport kind = Transport::Mpi;
     if (dev == "cuda") kind = comm == "mpi" ? Transport::Staged : Transport::Nccl;
 
@@ -114,6 +117,14 @@ bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend&
         const int cp_color = (g.pp_rank * g.dp + g.dp_rank) * tp + g.tp_rank, groups = cp / cp_a2a;
         g.cp_a2a_group = make("cp_a2a", cp_color * groups + g.cp_rank / cp_a2a, g.cp_rank % cp_a2a, cp_a2a);
         g.cp_ring_group = make("cp_ring", cp_color * cp_a2a + g.cp_rank % cp_a2a, g.cp_rank / cp_a2a, groups);
+    }
+    g.ep = ep;
+    if (ep > 1) {  // (ep divides dp: checked above)
+        const int dp_color = (g.pp_rank * cp + g.cp_rank) * tp + g.tp_rank, groups = g.dp / ep;
+        g.ep_group = make("ep", dp_color * groups + g.dp_rank / ep, g.dp_rank % ep, ep);
+        // Over dp x cp, as the dense weights' group (dpcp): cp ranks hold the same weights.
+        g.edp_group = make("edp", (g.pp_rank * tp + g.tp_rank) * ep + g.dp_rank % ep, (g.dp_rank / ep) * cp + g.cp_rank,
+                           groups * cp);
     }
     return true;
 }

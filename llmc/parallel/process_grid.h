@@ -32,6 +32,13 @@ struct ProcessGrid {
     std::unique_ptr<Comm> world, dp_group, cp_group, tp_group, dpcp_group, pp_group, embed_group;
     int cp_a2a = 1;
     std::unique_ptr<Comm> cp_a2a_group, cp_ring_group;  // hybrid only (null otherwise)
+    // Expert parallel (ep > 1 only, null otherwise): ep groups of ep
+    // consecutive dp ranks (same dp_rank / ep, same cp rank: the experts'
+    // all-to-all) and expert-data groups (same dp_rank % ep, every cp rank:
+    // the dp x cp ranks holding the same experts, which reduce their
+    // gradients and shard them under ZeRO).
+    int ep = 1;
+    std::unique_ptr<Comm> ep_group, edp_group;
 };
 
 // comm: "auto" (nccl on cuda, mpi on cpu), "nccl" or "mpi". Fails (false,
@@ -39,4 +46,4 @@ struct ProcessGrid {
 // on the CPU, when cp_a2a does not divide cp, or when the build lacks what
 // is asked for.
 bool make_process_grid(int tp, int cp, int pp, const std::string& comm, Backend& be, ProcessGrid* grid,
-                       std::string* err, int cp_a2a = 1);
+                       std::string* err, int cp_a2a = 1, int ep = 1);

@@ -48,7 +48,9 @@ struct Linear {
 // One block's four products forward (backward: dX and dW of each). Mixtral
 // (docs/moe.md): the MLP's two become the router's (C -> E, replicated
 // over tp) and, for each of the E experts, the two over its rows, N·K/E of
-// them under an even routing: E products of a launch each.
+// them under an even routing: E products of a launch each. Under expert
+// parallelism the same: each of the E/ep local experts takes a block of
+// N·K/E rows from each of the ep ranks, E blocks in all.
 double CostModel::block_gemms(bool backward) const {
     const double C = c_.channels, tp = l_.tp, N = (double)l_.B * l_.T_local(), H = c_.hidden() / tp;
     const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp, Wfc = c_.llama() ? 2 * H : H;
@@ -66,7 +68,8 @@ double CostModel::block_gemms(bool backward) const {
     return t;
 }
 
-Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) const {
+Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
+                        const std::vector<size_t>& stage_experts) const {
     const Layout& l = l_;
     const double C = c_.channels, T = l.T, Tl = l.T_local(), B = l.B, tp = l.tp, cp = l.cp;
     const double N = B * Tl, Ns = l.sp ? N / tp : N, H = c_.hidden() / tp;
@@ -170,6 +173,19 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) c
         const double f = (ring - 1) * p2p(kv, lcp), b = (ring - 1) * p2p(kv, lcp) + ring * p2p(dkv, lcp);
         blk_cp += expose(f, attn_f) + expose(b, attn_b) + (attn_again ? expose(f, attn_f) : 0);
     }
+    // ep (Mixtral, --ep): the grouped rows (N·K of C, whole on every tp
+    // rank) to the experts' ranks and back, forward and backward, (ep-1)/ep
+    // of them leaving in ep-1 messages (an even routing), blocking; the
+    // counts' all-gather before each forward's. The group's ranks are
+    // tp·cp apart (dp ranks).
+    double blk_ep = 0;
+    if (l.ep > 1 && c_.moe()) {
+        const double e = l.ep, rows = N * c_.top_k * C * a_;
+        const Link le = link(l.tp * l.cp * l.ep);
+        const double x = p2p((e - 1) / e * rows, le) + (e - 2) * hw_.p2p_lat + 2 * launch;
+        const double counts = gather_scatter(e * c_.experts * 4, l.ep, le);
+        blk_ep = (full ? 2 : 1) * (2 * x + counts) + 2 * x;
+    }
     // Embeddings (first stage) and the head (last stage), per micro-batch.
     // Megatron-LM's loss (standard) runs in fp32 on a copy of the logits:
     // the cast (2 bytes read, 4 written), max, subtract, exp, sum and
@@ -191,44 +207,51 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0) c
     const int blocks = c_.num_layers / l.pp, tensors = c_.llama() ? 9 : 12;
     auto accumulate = [&](size_t P) { return standard_ ? 3 * gb_ * P / hw_.mem_bw + blocks * tensors * launch : 0; };
     // The slowest stage sets the pace.
-    double t_max = 0, c_max = 0, tp_max = 0, cp_max = 0;
+    double t_max = 0, c_max = 0, tp_max = 0, cp_max = 0, ep_max = 0;
     for (int s = 0; s < l.pp; s++) {
         double comp = blocks * blk_compute + accumulate(stage_params[s]), tpc = blocks * blk_tp, cpc = blocks * blk_cp;
+        const double epc = blocks * blk_ep;
         if (s == 0) comp += emb;
         if (s == l.pp - 1) comp += head;
-        if (comp + tpc + cpc > t_max) t_max = comp + tpc + cpc, c_max = comp, tp_max = tpc, cp_max = cpc;
+        if (comp + tpc + cpc + epc > t_max)
+            t_max = comp + tpc + cpc + epc, c_max = comp, tp_max = tpc, cp_max = cpc, ep_max = epc;
     }
     const double m = l.micro_batches(), V = l.vpp;
     Cost k;
     k.compute = m * c_max;
     k.tp = m * tp_max;
     k.cp = m * cp_max;
+    k.ep = m * ep_max;
     k.bubble = l.pp > 1 ? (l.pp - 1) / V * t_max : 0;
     if (l.pp > 1) {
         const double hop = p2p(Ns * C * a_, lpp);
         k.pp = 2 * (l.pp * V - 1) * hop + (1 - ov_) * 2 * m * V * hop;  // fill and drain; and every transfer without overlap
     }
     // dp: the gradients of the stage over dp x cp, overlapped with the
-    // backward as the runtime does it.
-    const size_t P = *std::max_element(stage_params.begin(), stage_params.end());
-    const int D = l.dp() * l.cp;
+    // backward as the runtime does it; under expert parallelism the experts'
+    // over the expert-data group (dp/ep x cp ranks, every ep-th dp rank).
+    size_t P = 0, Pe = 0;
+    for (int s = 0; s < l.pp; s++)
+        if (stage_params[s] >= P) P = stage_params[s], Pe = s < (int)stage_experts.size() ? stage_experts[s] : 0;
+    const int D = l.dp() * l.cp, De = D / std::max(1, l.ep);
     const double t_bwd = 2.0 / 3.0 * t_max, t_fwd = t_max / 3.0;
     const int units = blocks + 2;
-    double dpt = 0;
-    if (D > 1) {
-        const double red_ar = all_reduce(P * gb_, D, ldp), red_rs = gather_scatter(P * gb_, D, ldp);
-        const double gather = gather_scatter(P * pb_, D, ldp);
+    auto reduce = [&](double Pn, int g, Link k) {
+        if (g <= 1 || Pn <= 0) return 0.0;
+        const double red_ar = all_reduce(Pn * gb_, g, k), red_rs = gather_scatter(Pn * gb_, g, k);
+        const double gather = gather_scatter(Pn * pb_, g, k);
         switch (l.zero) {
-            case 0: dpt = std::max(red_ar / units, expose(red_ar, t_bwd)); break;
-            case 1: dpt = std::max(red_rs / units, expose(red_rs, t_bwd)) + gather; break;
-            case 2: dpt = m * std::max(red_rs / units, expose(red_rs, t_bwd)) + gather; break;
-            default: dpt = m * (expose(gather, t_fwd) + std::max(red_rs / units, expose(gather + red_rs, t_bwd))); break;
+            case 0: return std::max(red_ar / units, expose(red_ar, t_bwd));
+            case 1: return std::max(red_rs / units, expose(red_rs, t_bwd)) + gather;
+            case 2: return m * std::max(red_rs / units, expose(red_rs, t_bwd)) + gather;
+            default: return m * (expose(gather, t_fwd) + std::max(red_rs / units, expose(gather + red_rs, t_bwd)));
         }
-    }
+    };
+    double dpt = reduce((double)(P - Pe), D, ldp) + reduce((double)Pe, De, ldp);
     if (l.pp > 1 && c_.tied) dpt += all_reduce(unit0 * gb_, 2, lpp);  // the tied embeddings
     k.dp = dpt;
     // AdamW over the rank's part: read params, grads, master, m, v; write params, master, m, v.
-    const double owned = l.zero >= 1 ? (double)P / D : (double)P;
+    const double owned = l.zero >= 1 ? (double)(P - Pe) / D + (double)Pe / De : (double)P;
     k.optimizer = owned * (2 * pb_ + gb_ + 16 + (master_ ? 8 : 0)) / hw_.mem_bw + 4 * launch;
     k.step = m * t_max + k.bubble + k.pp + k.dp + k.optimizer;
     return k;

@@ -19,8 +19,9 @@
 // scores and on both residual branches, the attention output's transpose,
 // QKV's bias, the fp32 loss, the gradients accumulated by their own kernel),
 // a launch per kernel; tp's collectives blocking, as the runtime issues
-// them; the ring of cp beside its attention; the pipeline's bubble and its
-// fill and drain; dp's reductions overlapped with the backward; AdamW.
+// them; the ring of cp beside its attention; the experts' all-to-all,
+// blocking; the pipeline's bubble and its fill and drain; dp's reductions
+// overlapped with the backward; AdamW.
 #pragma once
 #include <vector>
 
@@ -31,7 +32,7 @@
 
 // Seconds per step of one rank, by part.
 struct Cost {
-    double compute = 0, tp = 0, cp = 0, pp = 0, dp = 0, bubble = 0, optimizer = 0, step = 0;
+    double compute = 0, tp = 0, cp = 0, pp = 0, dp = 0, bubble = 0, optimizer = 0, ep = 0, step = 0;
 };
 
 class CostModel {
@@ -42,8 +43,11 @@ class CostModel {
               bool standard_attention);
 
     // stage_params[s]: parameters a rank of stage s holds; unit0: its
-    // embedding unit (for the tied all-reduce).
-    Cost predict(const std::vector<size_t>& stage_params, size_t unit0) const;
+    // embedding unit (for the tied all-reduce); stage_experts[s]: of its
+    // parameters, the experts' under expert parallelism (reduced over the
+    // expert-data group; empty: none).
+    Cost predict(const std::vector<size_t>& stage_params, size_t unit0,
+                 const std::vector<size_t>& stage_experts = {}) const;
 
     // Seconds of `batch` products of an M x K by a K x N matrix (the wave
     // model above), launch included.

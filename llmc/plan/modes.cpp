@@ -46,7 +46,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         if (cfg.gpus_per_node > 0) r.hw.gpus_per_node = cfg.gpus_per_node;
         Layout& b = r.base;
         b.world = cfg.world > 0 ? cfg.world : dist_world_size();
-        b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero;
+        b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero, b.ep = cfg.ep;
         b.B = cfg.B, b.T = cfg.T > 0 ? cfg.T : mc.max_seq_len, b.total_batch = cfg.total_batch;
         parse_recompute(cfg.recompute, &b.recompute);
         b.head_chunk = cfg.head_chunk;
@@ -63,7 +63,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
             defaults_note = "-t " + std::to_string(b.T) + " (no -t: the model's context)" +
                               (defaults_note.empty() ? "" : "; " + defaults_note);
         r.fix_pp = parser.given("pp"), r.fix_vpp = parser.given("vpp"), r.fix_tp = parser.given("tp");
-        r.fix_cp = parser.given("cp"), r.fix_cp_impl = parser.given("cp-impl");
+        r.fix_cp = parser.given("cp"), r.fix_cp_impl = parser.given("cp-impl"), r.fix_ep = parser.given("ep");
         r.cp_impl = cfg.cp_impl, r.cp_a2a = cfg.cp_a2a;
         r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
         r.fix_B = parser.given("batch-size"), r.fix_recompute = parser.given("recompute");

@@ -52,6 +52,7 @@ struct RankMemory {
     size_t model_states = 0;   // params + grads + master + optimizer
     size_t params_elems = 0;   // parameters of this rank (its tensors, unpadded)
     size_t unit0_elems = 0;    // its embedding unit (padded), 0 when it holds none
+    size_t expert_elems = 0;   // of params_elems, its experts' under expert parallelism
     size_t layer_acts = 0, stage_acts = 0;
     std::string line;          // the memory line
 };
@@ -99,6 +100,8 @@ RankMemory measure_rank(const GPTConfig& mc, const Layout& l, int r, const Proto
     // and the ring across the groups (llmc/parallel/process_grid.h).
     const int n = l.cp_hybrid() ? l.cp_a2a : 1;
     ShapeComm cp_a2a("cp_a2a", n, p.cp % n), cp_ring("cp_ring", l.cp / n, p.cp / n);
+    // Expert parallel: ep consecutive dp ranks, and the dp x cp ranks holding the same experts.
+    ShapeComm ep("ep", l.ep, p.dp % l.ep), edp("edp", dp / l.ep * l.cp, p.dp / l.ep * l.cp + p.cp);
     const bool end = p.pp == 0 || p.pp == l.pp - 1;
     ShapeComm embed("embed", l.pp > 1 && end ? 2 : 1, l.pp > 1 && p.pp == l.pp - 1 ? 1 : 0);
     std::unique_ptr<MeasureBackend> mb(proto.cpu ? new MeasureBackend(*proto.cpu)
@@ -108,7 +111,7 @@ RankMemory measure_rank(const GPTConfig& mc, const Layout& l, int r, const Proto
     m.stage = p.pp;
     {
         ModelStack s;
-        build_stack(*mb, mc, l, {&tp, &cp, &dpcp, &pp, &embed, p.cp, &cp_a2a, &cp_ring}, &s);
+        build_stack(*mb, mc, l, {&tp, &cp, &dpcp, &pp, &embed, p.cp, &cp_a2a, &cp_ring, &ep, &edp}, &s);
         m.line = memory_line("plan", r, *s.model, s.comm_bytes(), p.pp, l.pp);
         for (const BufferInfo& b : s.model->buffers()) {
             if (b.group == "params" || b.group == "grads" || b.group == "master" || b.group == "optimizer")
@@ -117,6 +120,8 @@ RankMemory measure_rank(const GPTConfig& mc, const Layout& l, int r, const Proto
         }
         m.layer_acts = s.model->layer_activation_bytes();
         m.params_elems = s.model->table().params;
+        for (const TensorEntry& e : s.model->table().entries)
+            if (s.model->table().ep_split(e)) m.expert_elems += e.numel;
         m.unit0_elems = s.model->table().unit_size(0);
     }
     m.total = mb->bytes_peak();
@@ -153,17 +158,19 @@ struct Planned {
 Planned plan_one(const GPTConfig& mc, const Layout& l, const PlanRequest& r, const Proto& proto, bool all_ranks) {
     Planned p;
     p.l = l;
-    std::vector<size_t> stage_params(l.pp, 0);
+    std::vector<size_t> stage_params(l.pp, 0), stage_experts(l.pp, 0);
     size_t unit0 = 0;
     for (int rank : ranks_to_measure(l, all_ranks)) {
         RankMemory m = measure_rank(mc, l, rank, proto);
         p.max_bytes = std::max(p.max_bytes, m.total);
         stage_params[m.stage] = std::max(stage_params[m.stage], m.params_elems);
+        stage_experts[m.stage] = std::max(stage_experts[m.stage], m.expert_elems);
         unit0 = std::max(unit0, m.unit0_elems);
         p.mem.push_back(std::move(m));
     }
     p.fits = r.hw.mem_bytes <= 0 || (double)p.max_bytes + r.hw.reserve_bytes <= r.hw.mem_bytes;
-    p.cost = CostModel(mc, l, r.hw, proto.prec, r.hw.gpus_per_node, r.attention == "standard").predict(stage_params, unit0);
+    p.cost = CostModel(mc, l, r.hw, proto.prec, r.hw.gpus_per_node, r.attention == "standard")
+                 .predict(stage_params, unit0, stage_experts);
     p.tokens_per_s = (double)l.total_batch / p.cost.step;
     p.tflops = train_flops_per_token(mc, l.T) * p.tokens_per_s / l.world;
     p.mfu = r.hw.peak_flops > 0 ? p.tflops / r.hw.peak_flops : 0;
@@ -185,7 +192,7 @@ json to_json(const Planned& p, const GPTConfig& mc, const PlanRequest& r) {
     const Layout& l = p.l;
     const double ms = 1e3;
     json j = {{"dp", l.dp()}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"cp", l.cp}, {"cp_impl", cp_impl_name(l)},
-              {"cp_a2a", l.cp_hybrid() ? l.cp_a2a : 0}, {"sp", l.sp},
+              {"cp_a2a", l.cp_hybrid() ? l.cp_a2a : 0}, {"sp", l.sp}, {"ep", l.ep},
               {"zero", l.zero}, {"B", l.B}, {"recompute", recompute_name(l.recompute)},
               {"micro_batches", l.micro_batches()}, {"memory_bytes", p.max_bytes}, {"fits", p.fits},
               {"step_ms", p.cost.step * ms}, {"tokens_per_s", p.tokens_per_s}, {"tflops_per_gpu", p.tflops / 1e12},
@@ -195,7 +202,7 @@ json to_json(const Planned& p, const GPTConfig& mc, const PlanRequest& r) {
               {"usable_memory_bytes", r.hw.mem_bytes > 0 ? r.hw.mem_bytes - r.hw.reserve_bytes : 0.0}};
     j["breakdown_ms"] = {{"compute", p.cost.compute * ms}, {"tp", p.cost.tp * ms},         {"cp", p.cost.cp * ms},
                          {"pp_p2p", p.cost.pp * ms},        {"dp", p.cost.dp * ms},         {"bubble", p.cost.bubble * ms},
-                         {"optimizer", p.cost.optimizer * ms}};
+                         {"optimizer", p.cost.optimizer * ms}, {"ep", p.cost.ep * ms}};
     json ranks = json::array();
     for (const RankMemory& m : p.mem) ranks.push_back({{"rank", m.rank}, {"stage", m.stage}, {"bytes", m.total}});
     j["ranks"] = ranks;
@@ -203,16 +210,22 @@ json to_json(const Planned& p, const GPTConfig& mc, const PlanRequest& r) {
 }
 
 std::string gib(double b) { return human_bytes(b); }
+std::string fixed(double x, int digits) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.*f", digits, x);
+    return b;
+}
 
 void print_row(const Planned& p, int i, const char* mark) {
     const Layout& l = p.l;
     const Cost& k = p.cost;
-    std::printf("%3d  pp %-2d vpp %d dp %-4d cp %-2d%s tp %-2d sp %d z%d B %-3d %-9s %10s %s %9.1f %12.0f %7.1f %5.1f%%"
-                "  | comp %.1f tp %.1f cp %.1f pp %.1f dp %.1f bubble %.1f opt %.1f\n",
+    const std::string ep = l.ep > 1 ? " ep " + std::to_string(l.ep) : "", ep_ms = l.ep > 1 ? " ep " + fixed(k.ep * 1e3, 1) : "";
+    std::printf("%3d  pp %-2d vpp %d dp %-4d cp %-2d%s tp %-2d sp %d z%d B %-3d %-9s%s %10s %s %9.1f %12.0f %7.1f %5.1f%%"
+                "  | comp %.1f tp %.1f cp %.1f pp %.1f dp %.1f bubble %.1f opt %.1f%s\n",
                 i, l.pp, l.vpp, l.dp(), l.cp, cp_impl_mark(l), l.tp, l.sp, l.zero, l.B, recompute_name(l.recompute),
-                gib((double)p.max_bytes).c_str(), mark, k.step * 1e3, p.tokens_per_s, p.tflops / 1e12,
+                ep.c_str(), gib((double)p.max_bytes).c_str(), mark, k.step * 1e3, p.tokens_per_s, p.tflops / 1e12,
                 100 * p.mfu, k.compute * 1e3, k.tp * 1e3, k.cp * 1e3, k.pp * 1e3, k.dp * 1e3, k.bubble * 1e3,
-                k.optimizer * 1e3);
+                k.optimizer * 1e3, ep_ms.c_str());
 }
 
 // The winner as a command to paste: its launch, the flags that make its
@@ -229,6 +242,7 @@ static void print_launch(const Planned& w, const PlanRequest& r) {
     else if (l.cp > 1 && l.cp_a2a > 1) cmd += " --cp-impl a2a";
     if (l.pp > 1) cmd += " --pp " + std::to_string(l.pp);
     if (l.vpp > 1) cmd += " --vpp " + std::to_string(l.vpp);
+    if (l.ep > 1) cmd += " --ep " + std::to_string(l.ep);
     if (l.recompute != Recompute::none) cmd += std::string(" -r ") + recompute_name(l.recompute);
     std::printf("launch: %s\n", cmd.c_str());
     const long long micro = l.total_batch / ((long long)l.B * l.T * l.dp());
@@ -239,11 +253,13 @@ static void print_launch(const Planned& w, const PlanRequest& r) {
 // Why the first beats the second: the parts of the step that differ most.
 std::string why(const Planned& a, const Planned& b) {
     const char* names[] = {"compute", "tp communication", "cp communication", "pipeline transfers",
-                           "dp communication", "pipeline bubble", "optimizer"};
-    const double da[] = {a.cost.compute, a.cost.tp, a.cost.cp, a.cost.pp, a.cost.dp, a.cost.bubble, a.cost.optimizer};
-    const double db[] = {b.cost.compute, b.cost.tp, b.cost.cp, b.cost.pp, b.cost.dp, b.cost.bubble, b.cost.optimizer};
+                           "dp communication", "pipeline bubble", "optimizer", "the experts' all-to-all"};
+    const double da[] = {a.cost.compute, a.cost.tp, a.cost.cp, a.cost.pp, a.cost.dp, a.cost.bubble, a.cost.optimizer,
+                         a.cost.ep};
+    const double db[] = {b.cost.compute, b.cost.tp, b.cost.cp, b.cost.pp, b.cost.dp, b.cost.bubble, b.cost.optimizer,
+                         b.cost.ep};
     int best = 0;
-    for (int i = 1; i < 7; i++)
+    for (int i = 1; i < 8; i++)
         if (db[i] - da[i] > db[best] - da[best]) best = i;
     char s[256];
     std::snprintf(s, sizeof(s), "%.1f%% faster than %s, which spends %.1f ms more per step in %s", 
@@ -280,6 +296,16 @@ std::vector<int> divisors(int n) {
     for (int i = 1; i <= n; i++)
         if (n % i == 0) d.push_back(i);
     return d;
+}
+
+// The expert-parallel degrees a search tries: as --ep says, else every one
+// that divides dp and the experts (1 for a dense model).
+std::vector<int> ep_sizes(const PlanRequest& r, const GPTConfig& mc, int dp) {
+    if (r.fix_ep) return {r.base.ep};
+    std::vector<int> out;
+    for (int e : divisors(dp))
+        if (e == 1 || (mc.moe() && mc.experts % e == 0)) out.push_back(e);
+    return out;
 }
 
 // The all-to-all group sizes (Layout::cp_a2a) a search tries under cp: as
@@ -325,11 +351,13 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                             for (int sp : r.fix_sp ? std::vector<int>{b.sp} : std::vector<int>{0, 1})
                                 for (int zero : r.fix_zero ? std::vector<int>{b.zero} : std::vector<int>{0, 1, 2, 3})
                                     for (Recompute rc : rcs)
-                                    for (int a2a : cp_a2a_sizes(r, cp)) {
+                                    for (int a2a : cp_a2a_sizes(r, cp))
+                                    for (int ep : ep_sizes(r, mc, dp)) {
                                         Layout l = b;
                                         l.pp = pp, l.tp = tp, l.cp = cp, l.B = B, l.vpp = vpp, l.sp = sp, l.zero = zero;
                                         l.recompute = rc;
                                         l.cp_a2a = a2a;
+                                        l.ep = ep;
                                         std::string why_not;
                                         if (vpp > 1 && pp == 1) continue;
                                         if (sp && tp == 1) continue;
@@ -363,9 +391,10 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                     p.fits ? "" : (" (does not fit " + gib(hw.mem_bytes - hw.reserve_bytes) + ")").c_str(),
                     p.cost.step * 1e3, p.tokens_per_s, p.tflops / 1e12, 100 * p.mfu);
         std::printf("plan breakdown (ms per step): compute %.2f, tp %.2f, cp %.2f, pp transfers %.2f, dp %.2f, "
-                    "bubble %.2f, optimizer %.2f\n",
+                    "bubble %.2f, optimizer %.2f%s\n",
                     p.cost.compute * 1e3, p.cost.tp * 1e3, p.cost.cp * 1e3, p.cost.pp * 1e3, p.cost.dp * 1e3,
-                    p.cost.bubble * 1e3, p.cost.optimizer * 1e3);
+                    p.cost.bubble * 1e3, p.cost.optimizer * 1e3,
+                    p.l.ep > 1 ? (", ep all-to-all " + fixed(p.cost.ep * 1e3, 2)).c_str() : "");
         print_textbook(mc, p, proto);
     } else {
         size_t fitting = 0;

@@ -24,9 +24,13 @@
 //             transfers with the block's attention;
 //   pp        the bubble of the schedule, (pp-1)/(m·vpp) of the stage's
 //             time, and the transfers on the pipeline's fill and drain;
+//   ep        (Mixtral) the experts' all-to-all of the grouped rows, out
+//             and back, forward and backward, blocking, and the counts'
+//             all-gather before each forward's;
 //   dp        the reduction of each ZeRO stage (and ZeRO-3's gathers),
 //             overlapped with the backward as the runtime does it, and the
-//             tied embeddings' all-reduce;
+//             tied embeddings' all-reduce; under expert parallelism the
+//             experts' over the expert-data group;
 //   optimizer AdamW over the rank's part, memory-bound.
 // With a profile whose collectives do not overlap compute (comm_overlap 0:
 // the CPU, where MPI progresses only inside its calls) every transfer counts.
@@ -45,7 +49,7 @@ struct PlanRequest {
     std::string cp_impl = "ring";
     int cp_a2a = 0;            // hybrid: --cp-a2a, ranks per all-to-all group
     bool fix_pp = false, fix_vpp = false, fix_tp = false, fix_cp = false, fix_sp = false, fix_zero = false,
-         fix_B = false, fix_recompute = false;
+         fix_B = false, fix_recompute = false, fix_ep = false;
     Hardware hw;
     std::string device = "cuda";  // whose precision and allocation rounding the memory uses
     std::string dtype = "auto";

@@ -72,6 +72,9 @@ static std::vector<std::pair<const char*, Comm*>> groups(ProcessGrid& g) {
     // Hybrid context parallel's all-to-all groups and rings, by their own names.
     if (g.cp_a2a_group) v.push_back({"cp_a2a", g.cp_a2a_group.get()});
     if (g.cp_ring_group) v.push_back({"cp_ring", g.cp_ring_group.get()});
+    // Expert parallel: the tokens' all-to-all, and the experts' gradients.
+    if (g.ep_group) v.push_back({"ep", g.ep_group.get()});
+    if (g.edp_group) v.push_back({"edp", g.edp_group.get()});
     return v;
 }
 

@@ -59,6 +59,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "cp-a2a", O::Int, &c.cp_a2a,
            "--cp-impl hybrid: ranks N per all-to-all group (1 < N < cp; N divides cp and each tp rank's heads)", 0,
            1 << 16});
+    p.add({0, "ep", O::Int, &c.ep,
+           "expert-parallel degree (Mixtral: E/ep experts per rank, over ep of the dp ranks; divides E and dp)", 1,
+           1 << 16});
     p.add({0, "pp", O::Int, &c.pp, "pipeline stages (1F1B; L and -d micro-batches must fit)", 1, 1 << 16});
     p.add({0, "vpp", O::Int, &c.vpp, "model chunks per pipeline stage (interleaved 1F1B when > 1)", 1, 1 << 16});
     p.add({0, "trace", O::String, &c.trace, "write a Chrome trace (Perfetto) of the run to this file"});

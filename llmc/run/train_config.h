@@ -53,6 +53,7 @@ struct TrainConfig {
     int tp = 1;                // tensor-parallel degree
     int sp = 0;                // sequence parallel (with tp > 1)
     int cp = 1;                // context-parallel degree
+    int ep = 1;                // expert-parallel degree (Mixtral: experts split over dp ranks)
     std::string cp_impl = "ring";  // ring attention, all-to-all (Ulysses), or hybrid
     int cp_a2a = 0;                // hybrid: ranks per all-to-all group (0: not given)
     int pp = 1;                // pipeline stages

@@ -17,7 +17,8 @@
 
 // Which elements this rank writes to checkpoints and exports: each has one owner.
 Ownership Trainer::owner() const {
-    return {grid.world.get(), grid.dpcp_group->rank() == 0, grid.tp_rank == 0};
+    const bool first = grid.dpcp_group->rank() == 0;
+    return {grid.world.get(), first, grid.tp_rank == 0, grid.edp_group ? grid.edp_group->rank() == 0 : first};
 }
 
 RunInfo Trainer::run_info() const {

@@ -40,6 +40,7 @@ void Trainer::setup(const ArgParser& parser) {
     lay.vpp = cfg.vpp;
     lay.tp = cfg.tp;
     lay.cp = cfg.cp;
+    lay.ep = cfg.ep;
     setup_check(cp_a2a_of(cfg.cp_impl, cfg.cp, cfg.cp_a2a, &lay.cp_a2a, &err), err);
     lay.sp = cfg.sp;
     lay.zero = cfg.zero;
@@ -49,7 +50,7 @@ void Trainer::setup(const ArgParser& parser) {
     lay.head_chunk = cfg.head_chunk;
     setup_check(check_world(lay, &err), err);
     set_collective_timeout(cfg.collective_timeout);  // read by every group the grid makes
-    setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err, lay.cp_a2a), err);
+    setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err, lay.cp_a2a, lay.ep), err);
 
     // --convert: a checkpoint to export, no training (its directory is read,
     // never written: no metrics, no -o files; the data is not needed).
@@ -218,8 +219,10 @@ void Trainer::setup(const ArgParser& parser) {
 
 // The model and its parallel modes on backend b (llmc/parallel/layout.h).
 void Trainer::build(Backend& b, ModelStack* stack) {
-    RankGroups g{grid.tp_group.get(), grid.cp_group.get(), grid.dpcp_group.get(), grid.pp_group.get(),
-                 grid.embed_group.get(), grid.cp_rank, grid.cp_a2a_group.get(), grid.cp_ring_group.get()};
+    RankGroups g{grid.tp_group.get(),     grid.cp_group.get(), grid.dpcp_group.get(),
+                 grid.pp_group.get(),     grid.embed_group.get(), grid.cp_rank,
+                 grid.cp_a2a_group.get(), grid.cp_ring_group.get(), grid.ep_group.get(),
+                 grid.edp_group.get()};
     bool ok = true;
     try {
         build_stack(b, mc, lay, g, stack);

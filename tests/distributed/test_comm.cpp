@@ -4,8 +4,9 @@
 // of (group rank, index), so every expected result is computed locally by
 // formula: all-reduce (sum, max), reduce-scatter and all-gather (out of place
 // and in place), broadcast, send/recv around a ring, the start/wait forms
-// with several calls in flight, the counted calls and ring bytes, the groups
-// of make_process_grid and their coordinates, its errors, and dist_all_ok.
+// with several calls in flight, the counted calls and ring bytes, the
+// all-to-all with per-peer sizes, the groups of make_process_grid (expert
+// parallel's too) and their coordinates, its errors, and dist_all_ok.
 // Values are small multiples of 1/2, so every sum is exact in every type
 // (bf16 included) whatever order the reduction takes.
 //
@@ -23,102 +24,14 @@
 #include "llmc/backend/backend_cpu.h"
 #include "llmc/comm/comm.h"
 #include "llmc/parallel/process_grid.h"
+#include "tests/lib/comm_checks.h"
 #include "tests/lib/null_comm.h"
 #ifdef LLMC_MPI
 #include "llmc/comm/comm_mpi.h"  // and MPI itself
 #endif
 
 namespace {
-
-struct Checker {
-    int rank = 0;
-    long passed = 0, failed = 0;
-    bool operator()(bool ok, const std::string& what) {
-        if (ok) {
-            passed++;
-        } else {
-            failed++;
-            std::printf("rank %d: FAIL: %s\n", rank, what.c_str());
-            std::fflush(stdout);
-        }
-        return ok;
-    }
-};
-
-// ---- typed access to untyped buffers ----------------------------------
-double get(const void* p, DType t, size_t i) {
-    switch (t) {
-        case DType::F32:
-            return static_cast<const float*>(p)[i];
-        case DType::F64:
-            return static_cast<const double*>(p)[i];
-        case DType::BF16:
-            return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-        case DType::I32:
-            return static_cast<const int32_t*>(p)[i];
-    }
-    return 0;
-}
-void set(void* p, DType t, size_t i, double v) {
-    switch (t) {
-        case DType::F32:
-            static_cast<float*>(p)[i] = (float)v;
-            break;
-        case DType::F64:
-            static_cast<double*>(p)[i] = v;
-            break;
-        case DType::BF16:
-            static_cast<uint16_t*>(p)[i] = f32_to_bf16((float)v);
-            break;
-        case DType::I32:
-            static_cast<int32_t*>(p)[i] = (int32_t)v;
-            break;
-    }
-}
-
-// What rank r holds at index i: within [-8, 8.5] in steps of 1/2 (int32:
-// integers, with the rank in the thousands so a wrong source shows).
-double val(DType t, int r, size_t i) {
-    const double base = (double)((i * 7 + (size_t)r * 3) % 17) - 8;
-    if (t == DType::I32) return base + 1000.0 * r;
-    return base + 0.5 * (double)((i + (size_t)r) % 2);
-}
-double sum_over(DType t, int g, size_t i) {
-    double s = 0;
-    for (int r = 0; r < g; r++) s += val(t, r, i);
-    return s;
-}
-double max_over(DType t, int g, size_t i) {
-    double m = val(t, 0, i);
-    for (int r = 1; r < g; r++) m = std::max(m, val(t, r, i));
-    return m;
-}
-
-// Backend memory (host memory on the CPU backend), released on scope exit.
-struct Buf {
-    Backend& be;
-    DType t;
-    size_t n;
-    void* p;
-    Buf(Backend& b, DType type, size_t count) : be(b), t(type), n(count), p(b.alloc(count * dtype_size(type))) {}
-    ~Buf() { be.release(p); }
-    void* at(size_t i) { return elem_ptr(p, t, i); }
-    void fill(const std::function<double(size_t)>& f) {
-        for (size_t i = 0; i < n; i++) set(p, t, i, f(i));
-    }
-};
-
-// Elements [off, off+n) of p against f(i) for i in [0, n): exact equality.
-bool expect(Checker& ck, const std::string& what, const void* p, DType t, size_t off, size_t n,
-            const std::function<double(size_t)>& f) {
-    for (size_t i = 0; i < n; i++) {
-        const double got = get(p, t, off + i), want = f(i);
-        if (got != want)
-            return ck(false, what + ": element " + std::to_string(i) + " is " + std::to_string(got) + ", expected " +
-                                 std::to_string(want));
-    }
-    return ck(true, what);
-}
+using namespace comm_checks;
 
 // The ring-algorithm bytes of one call (comm.h), written out independently.
 uint64_t ring_bytes(CommKind k, uint64_t full, uint64_t g, DType t) {
@@ -378,6 +291,25 @@ void test_p2p(Checker& ck, Comm& c, Backend& be, const std::string& label, size_
     c.counts().reset();
 }
 
+// all_to_all_v: r sends 1 + (r + 2p) % 3 values of (r, p) to p; not its own.
+void test_all_to_all_v(Checker& ck, Comm& c, Backend& be, const std::string& label) {
+    const int r = c.rank(), g = c.size();
+    const DType t = DType::F64;
+    std::vector<size_t> sn(g), rn(g), so(g + 1, 0), ro(g + 1, 0), peer;  // peer: of each element sent
+    for (int p = 0; p < g; p++) sn[p] = 1 + (r + 2 * p) % 3, rn[p] = 1 + (p + 2 * r) % 3;  // rn: p's sn[r]
+    for (int p = 0; p < g; p++) so[p + 1] = so[p] + sn[p], ro[p + 1] = ro[p] + rn[p], peer.resize(so[p + 1], p);
+    Buf s(be, t, so[g]), rv(be, t, ro[g]);
+    s.fill([&](size_t i) { return val(t, 100 * r + (int)peer[i], i - so[peer[i]]); });
+    rv.fill([&](size_t) { return -1.0; });
+    c.counts().reset();
+    c.all_to_all_v(s.p, sn, rv.p, rn, t);
+    for (int p = 0; p < g; p++)
+        expect(ck, label + " all_to_all_v block from " + std::to_string(p), rv.p, t, ro[p], rn[p],
+               [&](size_t i) { return p == r ? -1.0 : val(t, 100 * p + r, i); });
+    ck(c.counts().calls[(int)CommKind::SendRecv] == (uint64_t)(g - 1), label + " all_to_all_v: a send per peer");
+    c.counts().reset();
+}
+
 // Whether members m and q agree on the coordinates dims.
 bool same(const int* m, const int* q, std::initializer_list<int> dims) {
     for (int d : dims)
@@ -466,14 +398,37 @@ void test_hybrid_grid(Checker& ck, Backend& be, int tp, int cp, int n) {
        label + ": no hybrid groups when cp_a2a = cp");
 }
 
+// Expert parallel's groups: ep consecutive dp ranks of one cp rank; the
+// same dp rank % ep over every cp rank (ordered dp-major, as dpcp).
+void test_ep_grid(Checker& ck, Backend& be, int ep, int cp) {
+    const std::string label = "ep grid ep=" + std::to_string(ep) + " cp=" + std::to_string(cp);
+    ProcessGrid g, plain;
+    std::string err;
+    bool made = make_process_grid(1, cp, 1, "auto", be, &g, &err, 1, ep) && g.ep_group && g.edp_group;
+    if (!ck(made, label + ": groups made " + err)) return;
+    test_group_coords(ck, *g.ep_group, be, g, label + " ep", ep, g.dp_rank % ep,
+                      [&](const int* m, const int* q, int j) {
+                          return same(m, q, {1, 2, 4}) && q[0] / ep == m[0] / ep && q[0] % ep == j;
+                      });
+    test_group_coords(ck, *g.edp_group, be, g, label + " edp", g.dp / ep * cp, g.dp_rank / ep * cp + g.cp_rank,
+                      [&](const int* m, const int* q, int j) {
+                          return same(m, q, {2, 4}) && q[0] % ep == m[0] % ep && q[0] / ep * cp + q[1] == j;
+                      });
+    test_all_to_all_v(ck, *g.ep_group, be, label + " ep");
+    test_ops(ck, *g.edp_group, be, label + " edp", {DType::F64}, {7});
+    made = make_process_grid(1, cp, 1, "auto", be, &plain, &err) && !plain.ep_group && !plain.edp_group;
+    ck(made, label + ": no ep groups with ep = 1");
+}
+
 // Asking for what cannot be: every rank gets the same refusal.
 void test_grid_errors(Checker& ck, Backend& be) {
     const int world = dist_world_size();
     ProcessGrid grid;
     std::string err;
-    auto refused = [&](int tp, int cp, const std::string& comm, const std::string& needle, int pp = 1) {
+    auto refused = [&](int tp, int cp, const std::string& comm, const std::string& needle, int pp = 1, int a2a = 1,
+                       int ep = 1) {
         err.clear();
-        const bool made = make_process_grid(tp, cp, pp, comm, be, &grid, &err);
+        const bool made = make_process_grid(tp, cp, pp, comm, be, &grid, &err, a2a, ep);
         ck(!made && err.find(needle) != std::string::npos, "make_process_grid(" + std::to_string(tp) + ", " +
                                                                std::to_string(cp) + ", " + comm + ") refused naming " +
                                                                needle + " (got: " + (made ? "success" : err) + ")");
@@ -486,12 +441,8 @@ void test_grid_errors(Checker& ck, Backend& be) {
     refused(1, 1, "auto", "--pp", 0);
     refused(1, 1, "nccl", "--comm");  // NCCL on the CPU backend
     refused(1, 1, "carrier-pigeon", "--comm");
-    if (world % 4 == 0) {  // hybrid groups of 3 in a cp group of 4
-        err.clear();
-        const bool made = make_process_grid(1, 4, 1, "auto", be, &grid, &err, 3);
-        ck(!made && err.find("--cp-a2a") != std::string::npos, "make_process_grid(cp 4, cp_a2a 3) refused naming "
-                                                                "--cp-a2a (got: " + (made ? "success" : err) + ")");
-    }
+    if (world % 4 == 0) refused(1, 4, "auto", "--cp-a2a", 1, 3);  // hybrid groups of 3 in a cp group of 4
+    refused(1, 1, "auto", "--ep", 1, 1, world + 1);               // ep must divide dp
 #ifdef LLMC_MPI
     ck(make_process_grid(1, 1, 1, "mpi", be, &grid, &err), "make_process_grid(1, 1, 1, mpi): " + err);
 #else
@@ -538,6 +489,7 @@ int main(int argc, char** argv) {
     test_ops(ck, *base.world, *be, "world", all_types, {1, 7, 1000003});
     test_async(ck, *base.world, *be, "world", 1000003);
     test_async(ck, *base.world, *be, "world", 1);
+    test_all_to_all_v(ck, *base.world, *be, "world");
 
 #ifdef LLMC_MPI
     {  // MpiComm itself (also alone, where grids use LocalComm), and with
@@ -556,6 +508,8 @@ int main(int argc, char** argv) {
         if (world % (d[0] * d[1] * d[2]) == 0) test_grid(ck, *be, d[0], d[1], d[2], "auto");
     if (world % 2 == 0) test_grid(ck, *be, 2, 1, 1, "mpi");
     if (world % 4 == 0) test_hybrid_grid(ck, *be, 1, 4, 2);
+    if (world % 2 == 0) test_ep_grid(ck, *be, 2, 1);
+    if (world % 4 == 0) test_ep_grid(ck, *be, 2, 2);
     test_grid_errors(ck, *be);
     test_all_ok(ck);
 

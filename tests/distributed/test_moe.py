@@ -21,9 +21,20 @@
 #     its aux_loss is still reported;
 #   - checkpoints (the architecture in the index): saved at tp=2, resumed in
 #     one process and at cp=2, with the uninterrupted run's losses;
+#   - expert parallelism (--ep) in fp64 against one process: ep 2 with
+#     ZeRO 0-3, x tp 2 + sp, x cp 2 (ring; a2a with ZeRO-1), full recompute;
+#     dp 4 as ep 2 x expert-data 2 (ZeRO 0, 1, 3) and ep 4 (ZeRO 0, 2); ep 2
+#     x pp 2 (1F1B; interleaved with ZeRO-1); ep 2 in fp32;
+#   - the all-to-all's bytes against the formula with every token routed to
+#     every expert (K = E: N·K·(ep-1)/ep rows leave a rank per block, four
+#     times a step), the counts' all-gather, the experts' all-reduce over
+#     the expert-data group;
+#   - checkpoints: saved at ep 2 (ZeRO-1) and resumed whole and at ep 4;
+#     saved whole and resumed at ep 2 with ZeRO-3;
 #   - errors: tp not dividing the experts' width F, K > E,
-#     E without arch=mixtral, --generate with the KV cache: one line naming
-#     the flag, every rank exits.
+#     E without arch=mixtral, --generate with the KV cache, --ep not dividing
+#     E or dp, --ep with a dense model, --ep 0: one line naming the flag,
+#     every rank exits.
 # Last line: "N passed, N failed".
 import os
 import re
@@ -101,9 +112,67 @@ def test_equivalence(tmp):
                 [(2, ["-b", "2", "--pp", "2"])])
 
 
+def test_expert_parallel(tmp):
+    keys = ("loss", "aux_loss")
+    args = base("fp64", MIX) + ["-d", "128"]
+    # ep 2 alone (the experts split over the two dp ranks; no expert-data
+    # group) with ZeRO 0-3, one micro-batch of 4 rows on each.
+    equivalence(check, tmp, "fp64", args, ["-b", "4"],
+                [(2, ["-b", "4", "--ep", "2"]), (2, ["-b", "4", "--ep", "2", "-z", "1"]),
+                 (2, ["-b", "4", "--ep", "2", "-z", "2"]), (2, ["-b", "4", "--ep", "2", "-z", "3"]),
+                 (4, ["-b", "4", "--ep", "2", "--tp", "2", "--sp", "1"]), (4, ["-b", "4", "--ep", "2", "--cp", "2"]),
+                 (4, ["-b", "4", "--ep", "2", "--cp", "2", "--cp-impl", "a2a", "-z", "1"]),
+                 (2, ["-b", "4", "--ep", "2", "-r", "full"])], keys=keys)
+    # dp 4: ep 2 x expert-data 2 (ZeRO-1 and -3 shard the experts over it), ep 4.
+    equivalence(check, tmp, "fp64", args, ["-b", "2"],
+                [(4, ["-b", "2", "--ep", "2", "-z", "1"]), (4, ["-b", "2", "--ep", "2", "-z", "3"]),
+                 (4, ["-b", "2", "--ep", "2"]), (4, ["-b", "2", "--ep", "4"]), (4, ["-b", "2", "--ep", "4", "-z", "2"])],
+                keys=keys)
+    # Pipeline stages: each stage's dp ranks exchange its layers' rows.
+    equivalence(check, tmp, "fp64", base("fp64", MIX.replace("L=2", "L=4")) + ["-d", "128"], ["-b", "2"],
+                [(4, ["-b", "2", "--ep", "2", "--pp", "2"]), (4, ["-b", "2", "--ep", "2", "--pp", "2", "--vpp", "2",
+                                                              "-z", "1"])], keys=keys)
+    equivalence(check, tmp, "fp32", base("fp32", MIX) + ["-d", "128"], ["-b", "4"],
+                [(2, ["-b", "4", "--ep", "2"])], keys=keys)
+
+
+def test_ep_traffic(tmp):
+    """Every token to every expert (K = E): the rows that leave a rank are
+    exactly N·K·(ep-1)/ep per block, four times a step (forward out and back,
+    backward out and back); the counts are E ints per block and forward; the
+    experts' gradients are all-reduced over the expert-data group alone."""
+    Ek = 4
+    model = MIX.replace("K=2", f"K={Ek}")
+    for np_, ep, B in ((2, 2, 4), (4, 2, 2), (4, 4, 2)):
+        d = os.path.join(tmp, f"traffic_ep{ep}_np{np_}")
+        rc, out, err = train(np_, base("fp64", model, 2) + ["-b", str(B), "-d", "128", "--ep", str(ep), "-o", d])
+        if not check(rc == 0, f"traffic ep={ep}: {err[-300:]}"):
+            continue
+        comm = metrics(d)[-1].get("comm", {})
+        N = B * 16
+        rows = L * 4 * N * Ek * (ep - 1) // ep
+        want = {"ep_send-recv": rows * C * 8, "ep_all-gather": L * (ep - 1) * E * 4}  # E int32 counts
+        edp = np_ // ep
+        expert_elems = L * (E // ep) * 3 * C * F  # a block's local experts (a multiple of 2: no padding)
+        if edp > 1:
+            want["edp_all-reduce"] = 2 * (edp - 1) * expert_elems * 8 // edp
+        for k, w in want.items():
+            got = comm.get(k, {}).get("bytes", 0)
+            check(got == w, f"traffic ep={ep} np={np_}: {k} {got} bytes, formula {w}")
+        dense = comm.get("dp_all-reduce", {}).get("bytes", 0)
+        print(f"  ep={ep} np={np_}: ep_send-recv {comm.get('ep_send-recv', {}).get('bytes', 0)} B "
+              f"(formula {want['ep_send-recv']}), dp_all-reduce {dense} B, edp {want.get('edp_all-reduce', 0)} B")
+
+
 def test_checkpoints(tmp):
     resume_check(check, tmp, base("fp64", MIX) + ["-d", "128"], ["-b", "8"], (2, ["-b", "8", "--tp", "2"]),
                  ((0, ["-b", "8"]), (2, ["-b", "8", "--cp", "2"])))
+    # Saved with the experts split (ep 2, the expert slices under ZeRO-1),
+    # resumed whole, and the other way round.
+    resume_check(check, os.path.join(tmp, "ep_saved"), base("fp64", MIX) + ["-d", "256"], ["-b", "4"],
+                 (2, ["-b", "4", "--ep", "2", "-z", "1"]), ((0, ["-b", "4"]), (4, ["-b", "4", "--ep", "4"])))
+    resume_check(check, os.path.join(tmp, "ep_resumed"), base("fp64", MIX) + ["-d", "128"], ["-b", "4"],
+                 (0, ["-b", "4"]), ((2, ["-b", "4", "--ep", "2", "-z", "3"]),))
 
 
 def test_aux_matters(tmp):
@@ -126,7 +195,17 @@ def test_errors(tmp):
     cases = ((4, MIX.replace("F=40", "F=42").replace("NKV=2", "NKV=4"), ["--tp", "4"], "--tp"),  # F=42 over 4
              (1, MIX.replace("K=2", "K=5"), [], "-e"),
              (1, MIX.replace("arch=mixtral", "arch=llama"), [], "-e"),
-             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], "--kv-cache"))
+             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], "--kv-cache"),
+             # --ep: E=4 not divisible by 3; 3 not dividing dp=2; a dense
+             # model. (The line names the flag and says which check refused.)
+             (3, MIX, ["--ep", "3"], "--ep: 3 does not divide the 4 experts"),
+             (2, MIX, ["--ep", "3"], "--ep: 3 does not divide the 2 data-parallel ranks"),
+             (4, MIX, ["--ep", "4", "--tp", "2"], "--ep: 4 does not divide the 2 data-parallel ranks"),
+             (2, MIX.replace("arch=mixtral", "arch=llama").replace(f",E={E},K={K}", "").replace(",aux=0.05", ""),
+              ["--ep", "2"], "--ep: expert parallelism needs a mixture-of-experts model"),
+             (1, MIX, ["--ep", "0"], "--ep"),
+             (2, MIX, ["--ep", "2", "-b", "2"], None),
+             (1, MIX, ["--ep", "1"], None))
     refusals(check, cases, lambda model: base("fp32", model, 2) + ["-b", "4", "-d", "64"])
 
 
@@ -136,6 +215,8 @@ def suite(tmp):
     write_shard(DATA, np.random.default_rng(7).integers(0, V, 40000))
     test_params()
     test_equivalence(tmp)
+    test_expert_parallel(tmp)
+    test_ep_traffic(tmp)
     test_aux_matters(tmp)
     test_checkpoints(tmp)
     test_errors(tmp)

@@ -28,6 +28,13 @@
 #     hybrid (--cp-impl hybrid --cp-a2a 2 under cp 4): the all-to-all's
 #     formula over its group plus the ring's over the groups, a search that
 #     keeps it, its flags' errors; its memory lines (GPT-2, Llama) too;
+#   - expert parallelism (Mixtral, --ep): the memory lines of ep 2 and 4
+#     with ZeRO 0-3, x tp + sp, x pp, x cp; the ep time of --plan eval
+#     against the all-to-all's formula (the grouped rows out and back,
+#     forward and backward, the counts' all-gather) and the dp time against
+#     the dense weights' all-reduce over dp plus the experts' over the
+#     expert-data group, written again here; a search weighs ep 1, 2 and 4
+#     and its launch line names --ep;
 #   - search: the fixed flags are kept, the JSON lines have every field and
 #     name the model, world, hardware and usable memory, the winner line
 #     says why it wins, plot_plan.py draws the plan (the usable memory's
@@ -105,6 +112,65 @@ def test_memory(tmp):
                          (2, ["-b", "8", "--cp", "2"]), (2, ["-b", "4", "--pp", "2", "-r", "selective"]),
                          (2, ["-b", "8", "--cp", "2", "--cp-impl", "a2a"]),
                          (4, ["-b", "8", "--cp", "4", "--cp-impl", "hybrid", "--cp-a2a", "2"])])
+
+
+def test_memory_ep(tmp):
+    mix = "arch=mixtral,L=4,C=32,NH=4,NKV=2,F=24,E=4,K=2,V=97,T=64"
+    memory_equal(mix, [(1, ["-b", "16"]), (2, ["-b", "8", "--ep", "2"]), (2, ["-b", "8", "--ep", "2", "-z", "1"]),
+                       (4, ["-b", "4", "--ep", "2", "-z", "3"]), (4, ["-b", "4", "--ep", "4", "-z", "2"]),
+                       (4, ["-b", "8", "--ep", "2", "--tp", "2", "--sp", "1"]), (4, ["-b", "4", "--ep", "2", "--pp", "2"]),
+                       (4, ["-b", "8", "--ep", "2", "--cp", "2", "-z", "1"])])
+
+
+def test_ep_time(tmp):
+    # With no compute cost and no overlap, --plan eval's ep time is the
+    # all-to-all's formula per block: 4 exchanges (forward out and back,
+    # backward out and back) of (e-1)/e of the N·K grouped rows of C, each
+    # a message latency per peer and 2 launches (the own rows' copy and the
+    # grouping), and the forward's all-gather of e·E int32 counts; its dp
+    # time the dense weights' all-reduce over dp plus the experts' over the
+    # expert-data group (dp/e ranks).
+    L, C, NH, NKV, F, E, K, V, B, T, world, e = 2, 32, 4, 2, 24, 4, 2, 97, 2, 64, 4, 2
+    bw, lat, launch = 1e9, 2e-6, 1e-6
+    prof = os.path.join(tmp, "ep.json")
+    with open(prof, "w") as f:
+        json.dump({"name": "ep", "matmul_flops": 1e30, "attn_flops": 1e30, "mem_bw": 1e30, "launch_s": launch,
+                   "intra_bw": bw, "intra_lat": 0, "p2p_lat": lat, "gpus_per_node": 8, "comm_overlap": 0}, f)
+    spec = f"arch=mixtral,L={L},C={C},NH={NH},NKV={NKV},F={F},E={E},K={K},V={V},T={T}"
+    jp = os.path.join(tmp, "ep.jsonl")
+    rc, out, err = plan(["eval", "-e", spec, "-t", str(T), "-b", str(B), "-d", str(B * T * world), "--world", str(world),
+                         "--ep", str(e), "--hardware", prof, "--device", "cpu", "--dtype", "fp64", "--plan-json", jp])
+    if not check(rc == 0, f"ep eval: {err[-300:]}"):
+        return
+    with open(jp) as f:
+        row = json.loads(f.readline())
+    N, a = B * T, 8
+    x = lat + (e - 1) / e * N * K * C * a / bw + (e - 2) * lat + 2 * launch
+    counts = (e - 1) * e * E * 4 / (e * bw)
+    want_ep = L * (4 * x + counts)
+    experts = L * (E // e) * 3 * C * F
+    dense = V * C * 2 + L * (2 * C + C * (C + 2 * NKV * C // NH) + C * C + E * C) + C
+    ar = lambda n, g: 2 * n * (g - 1) / (g * bw)  # noqa: E731 (latency 0)
+    want_dp = ar(dense * a, world) + ar(experts * a, world // e)
+    got_ep, got_dp = row["breakdown_ms"]["ep"] / 1e3, row["breakdown_ms"]["dp"] / 1e3
+    print(f"  ep 2 of dp 4: planned ep {got_ep * 1e6:.3f} us (formula {want_ep * 1e6:.3f}), "
+          f"dp {got_dp * 1e6:.3f} us (formula {want_dp * 1e6:.3f})")
+    check(abs(got_ep / want_ep - 1) < 1e-9, f"ep time: planned {got_ep}, formula {want_ep}")
+    check(abs(got_dp / want_dp - 1) < 1e-9, f"dp time under ep: planned {got_dp}, formula {want_dp}")
+    check(row["ep"] == e, f"ep eval row: ep {row.get('ep')}")
+    rc, out, err = plan(["search", "-e", spec, "-t", str(T), "-d", str(B * T * world), "--world", str(world),
+                         "--hardware", prof, "--device", "cpu", "--dtype", "fp64", "--plan-json", jp, "--tp", "1",
+                         "--pp", "1", "--cp", "1"])
+    eps = set()
+    if check(rc == 0, f"ep search: {err[-300:]}"):
+        with open(jp) as f:
+            eps = {json.loads(line)["ep"] for line in f}
+    check(eps == {1, 2, 4}, f"a search over dp 4 weighs ep 1, 2 and 4: {eps}")
+    rc, out, err = plan(["search", "-e", spec, "-t", str(T), "-d", str(B * T * world), "--world", str(world),
+                         "--hardware", prof, "--device", "cpu", "--dtype", "fp64", "--ep", "2", "--plan-json", jp])
+    rows = [json.loads(line) for line in open(jp)] if rc == 0 else []
+    check(rc == 0 and rows and all(r["ep"] == 2 for r in rows) and "--ep 2" in out,
+          f"a search with --ep 2 keeps it and its launch line names it: {err[-300:]} {out[-300:]}")
 
 
 def memory_equal(spec, layouts):
@@ -463,6 +529,8 @@ def suite(tmp):
     DATA = os.path.join(tmp, "data.bin")
     write_shard(DATA, np.random.default_rng(19).integers(0, 97, 40000))
     test_memory(tmp)
+    test_memory_ep(tmp)
+    test_ep_time(tmp)
     test_search_and_errors(tmp)
     test_wave_model(tmp)
     test_wave_model_moe(tmp)

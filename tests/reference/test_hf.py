@@ -9,7 +9,8 @@
 #     one process and under mpirun (tp 2 with a vocabulary tp does not
 #     divide, dp 2 with ZeRO-3, pp 2); the trainer picks DIR/tokenizer.json
 #     and the export carries it; the same for a LlamaForCausalLM (GQA 2:1,
-#     untied) and a MixtralForCausalLM (4 experts, top 2);
+#     untied) and a MixtralForCausalLM (4 experts, top 2; also under expert
+#     parallelism, ep 2 with ZeRO-1);
 #   - Llama and Mixtral tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
 #     untied fp32, GQA 4:1 tied bf16 in shards) and a MixtralForCausalLM
 #     (bf16 in shards) loaded by llmc/io/hf.cpp equal
@@ -153,6 +154,8 @@ def test_round_trip(tmp, arch, spec):
         mpi = ["mpirun", "-np", "2"]
         layouts += [("tp2", mpi, ["--tp", "2"]), ("zero3", mpi, ["-z", "3"]),
                     ("pp2", mpi, ["--pp", "2", "-d", "128"])]
+        if arch == "mixtral":  # the experts split over the two ranks: loaded by piece, exported by their owners
+            layouts += [("ep2_zero1", mpi, ["--ep", "2", "-z", "1"])]
     first = None
     for name, launch, extra in layouts:
         name = arch + "_" + name

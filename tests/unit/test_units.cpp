@@ -76,6 +76,49 @@ static void test_config_and_table() {
                   tm1.get(Param::moe_proj, 0).cols == 20 && tm1.get(Param::moe_proj, 0).col_begin == 20 &&
                   !tm1.get(Param::moe_gate, 0).split,
               "mixtral tp rank 1 of 2: w1/w3 halves of each expert, w2's columns, the router whole");
+        // Expert parallel: ep rank j of 2 holds experts 2j, 2j+1: moe_fc's
+        // file rows [160j, 160j + 160), moe_proj's [96j, 96j + 96); with tp 2
+        // the halves of its experts' w1/w3 and w2's columns; the router whole.
+        for (int j = 0; j < 2; j++) {
+            TensorTable te(m, 1, 1, 0, StageUnits(), 2, j), tt(m, 1, 2, 1, StageUnits(), 2, j);
+            const TensorEntry &f = te.get(Param::moe_fc, 1), &w2 = te.get(Param::moe_proj, 1);
+            const TensorEntry &ft = tt.get(Param::moe_fc, 1), &w2t = tt.get(Param::moe_proj, 1);
+            size_t covered = 0;
+            for (const RowRun& rr : f.runs) covered += rr.count;
+            CHECK(te.experts == 2 && te.expert_begin == 2 * j && f.rows == 160 && covered == 160 &&
+                      f.runs.front().global == 160 * (size_t)j && f.runs.back().global + f.runs.back().count == 160 * (size_t)j + 160 &&
+                      w2.rows == 96 && w2.runs.size() == 1 && w2.runs[0].global == 96 * (size_t)j &&
+                      te.get(Param::moe_gate, 1).rows == 4 && te.total == tm.total - 2 * (2 * 80 * 48 + 2 * 48 * 40) &&
+                      ft.rows == 80 && ft.runs.size() == 4 && ft.runs[1].global == 160 * (size_t)j + 40 + 20 &&
+                      w2t.rows == 96 && w2t.cols == 20 && w2t.runs[0].global == 96 * (size_t)j,
+                  "mixtral ep rank %d of 2: its experts' rows (tp 1 and tp rank 1 of 2), the router whole", j);
+        }
+        // Segments: with ep 2 a block unit is its dense tensors (padded to
+        // the 4 dp shards) then its experts (padded to the 3 expert-data
+        // shards); the other units one segment; a rank's shard of a unit is
+        // its slice of each.
+        TensorTable ts(m, 4, 1, 0, StageUnits(), 2, 1, 3);
+        bool segs_ok = ts.segments.size() == 4 && ts.segments[0].size() == 1 && ts.segments[3].size() == 1;
+        size_t shard_sum = 0;
+        for (int u = 0; u < ts.num_units(); u++) {
+            const std::vector<UnitSegment>& sg = ts.segments[u];
+            size_t at = ts.unit_begin[u];
+            for (const UnitSegment& g : sg) {
+                segs_ok = segs_ok && g.begin == at && g.size % g.shards == 0 && g.shards == (g.experts ? 3 : 4) &&
+                          g.shard_begin == shard_sum;
+                at += g.size, shard_sum += g.slice_size();
+            }
+            segs_ok = segs_ok && at == ts.unit_begin[u + 1];
+        }
+        for (int l = 0; l < 2; l++) {
+            const std::vector<UnitSegment>& sg = ts.segments[block_unit(l)];
+            const TensorEntry &gate = ts.get(Param::moe_gate, l), &w13 = ts.get(Param::moe_fc, l),
+                              &w2 = ts.get(Param::moe_proj, l);
+            segs_ok = segs_ok && sg.size() == 2 && !sg[0].experts && sg[1].experts && w13.offset == sg[1].begin &&
+                      w2.offset + w2.numel <= sg[1].begin + sg[1].size && gate.offset + gate.numel <= sg[0].begin + sg[0].size &&
+                      &ts.segment_of(block_unit(l), w2.offset) == &sg[1] && ts.ep_split(w13) && !ts.ep_split(gate);
+        }
+        CHECK(segs_ok && shard_sum == ts.shard_total, "mixtral ep 2: block units in a dense and an expert segment");
         for (const char* bad : {"arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,V=101,T=16",
                                 "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=2,K=3,V=101,T=16",
                                 "arch=llama,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16",
