@@ -8,6 +8,8 @@
 //   dispatch   rows to the grouped order, scaled by the weights, and with dw
 //              the combine's weight gradient (row dot products)
 //   combine    back to token order, weighted sums of K rows
+// The route is checked with and without the balancing bias of --moe-balance
+// bias (it moves the choice of the K, not their weights).
 // One version each (the production kernels are the simple first ones: a
 // thread per token for the routing and one thread for the stable grouping).
 // Shapes: odd sizes (N=37, E=5, K=3, C=100), Mixtral's E=8, K=2 at C=4096,
@@ -44,23 +46,26 @@ static std::vector<float> as_seen(std::vector<float> v) {
 }
 
 template <typename E>
-void check(const char* label, int N, int NE, int K, int C, double tol) {
+void check(const char* label, int N, int NE, int K, int C, double tol, bool with_bias) {
     const bool fp32 = std::is_same<E, float>::value;
     const std::string l = std::string(label) + " N=" + std::to_string(N) + " E=" + std::to_string(NE) +
-                          " K=" + std::to_string(K) + " C=" + std::to_string(C);
+                          " K=" + std::to_string(K) + " C=" + std::to_string(C) + (with_bias ? " bias" : "");
     const size_t NK = (size_t)N * K;
     // route
     const std::vector<float> logits = as_seen<E>(lab::rand_normal((size_t)N * NE, 2.f, 1));
     std::vector<float> probs((size_t)N * NE), topw(NK);
     std::vector<int> topi(NK), offsets(NE + 1), perm(NK), inv(NK);
+    // The balancing bias (--moe-balance bias) moves the choice, not the weights.
+    const std::vector<float> bias = lab::rand_normal(NE, 0.05f, 4);
     cpu::moe_route(probs.data(), topw.data(), topi.data(), offsets.data(), perm.data(), inv.data(), logits.data(), N,
-                   NE, K);
+                   NE, K, with_bias ? bias.data() : nullptr);
+    float* d_bias = with_bias ? lab::to_device<float>(bias) : nullptr;
     E* d_logits = lab::to_device<E>(logits);
     float* d_probs = lab::dev_alloc<float>(probs.size());
     E* d_topw = lab::dev_alloc<E>(NK);
     int *d_topi = lab::dev_alloc<int>(NK), *d_off = lab::dev_alloc<int>(NE + 1), *d_perm = lab::dev_alloc<int>(NK),
         *d_inv = lab::dev_alloc<int>(NK);
-    moe_route(fp32, d_probs, d_topw, d_topi, d_off, d_perm, d_inv, d_logits, N, NE, K, 0);
+    moe_route(fp32, d_probs, d_topw, d_topi, d_off, d_perm, d_inv, d_logits, N, NE, K, d_bias, 0);
     lab::validate((l + " route probs").c_str(), lab::from_device(d_probs, probs.size()), probs, lab::kTolF32);
     lab::validate((l + " route topw").c_str(), lab::from_device(d_topw, NK), topw, tol);
     check_ints(l + " route topi", ints_from_device(d_topi, NK), topi);
@@ -105,6 +110,7 @@ void check(const char* label, int N, int NE, int K, int C, double tol) {
                     (void*)d_inv, (void*)d_p, (void*)d_dtopw, (void*)d_aux, (void*)d_ti, (void*)d_dlogits,
                     (void*)d_x, (void*)d_yg, (void*)d_w, (void*)d_iv, (void*)d_xg, (void*)d_dw, (void*)d_out})
         lab::dev_free(p);
+    if (d_bias) lab::dev_free(d_bias);
 }
 
 int main() {
@@ -115,9 +121,11 @@ int main() {
     };
     const Shape shapes[] = {{37, 5, 3, 100}, {1024, 8, 2, 4096}, {512, 64, 6, 256}, {3000, 8, 1, 64}};
     for (const Shape& s : shapes) {
-        check<float>("fp32", s.N, s.E, s.K, s.C, lab::kTolF32);
-        check<bf16>("bf16", s.N, s.E, s.K, s.C, lab::kTolBF16);
+        check<float>("fp32", s.N, s.E, s.K, s.C, lab::kTolF32, false);
+        check<bf16>("bf16", s.N, s.E, s.K, s.C, lab::kTolBF16, false);
     }
+    check<float>("fp32", 1024, 8, 2, 64, lab::kTolF32, true);
+    check<bf16>("bf16", 37, 5, 3, 100, lab::kTolBF16, true);
 
     if (lab::check_only()) return lab::finish();
     const int N = 8192, NE = 8, K = 2, C = 4096;
@@ -129,7 +137,7 @@ int main() {
     bf16 *xg = lab::dev_alloc<bf16>(NK * C), *out = lab::dev_alloc<bf16>((size_t)N * C);
     int *topi = lab::dev_alloc<int>(NK), *off = lab::dev_alloc<int>(NE + 1), *perm = lab::dev_alloc<int>(NK),
         *inv = lab::dev_alloc<int>(NK);
-    float ms = lab::time_ms([&] { moe_route(false, probs, topw, topi, off, perm, inv, logits, N, NE, K, 0); });
+    float ms = lab::time_ms([&] { moe_route(false, probs, topw, topi, off, perm, inv, logits, N, NE, K, nullptr, 0); });
     std::printf("  %-44s %8.4f ms\n", "route (softmax, top-k, one-thread grouping)", ms);
     std::printf("figure route_ms %g ms\n", ms);
     ms = lab::time_ms([&] { moe_dispatch(false, xg, nullptr, x, nullptr, topw, inv, N, K, C, 0); });

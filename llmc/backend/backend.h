@@ -290,11 +290,14 @@ class Backend {
     // probabilities divided by the sum of the K; offsets [E + 1] (int32):
     // expert e's group is grouped rows [offsets[e], offsets[e+1]); perm
     // [N·K]: the assignment at each grouped row; inv [N·K]: the grouped row
-    // of each assignment. All overwritten.
+    // of each assignment. All overwritten. bias [E] (type stat; null: none):
+    // added to the probabilities for the choice of the K only (DeepSeek-V3's
+    // balancing without a loss); the weights stay the chosen probabilities
+    // renormalised.
     virtual void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits,
-                           int N, int E, int K) {
+                           int N, int E, int K, const void* bias) {
         (void)probs, (void)topw, (void)topi, (void)offsets, (void)perm, (void)inv, (void)logits, (void)N, (void)E,
-            (void)K;
+            (void)K, (void)bias;
         refuse("moe_route");
     }
     // dlogits [N, E] (type act, overwrite) from dtopw [N, K] (type stat, the

@@ -119,8 +119,8 @@ class CpuBackend : public Backend {
         cpu::swiglu_backward(f(dgu), f(gu), f(dout), N, H);
     }
     void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
-                   int E, int K) override {
-        cpu::moe_route(f(probs), f(topw), topi, offsets, perm, inv, f(logits), N, E, K);
+                   int E, int K, const void* bias) override {
+        cpu::moe_route(f(probs), f(topw), topi, offsets, perm, inv, f(logits), N, E, K, bias ? f(bias) : nullptr);
     }
     void moe_route_backward(void* dlogits, const void* probs, const int* topi, const void* dtopw, const void* aux_grad,
                             int N, int E, int K) override {

@@ -224,9 +224,9 @@ class CpuBf16Backend final : public Backend {
     // Mixtral: router probabilities, the weights' gradient and the
     // load-balancing gradient are of type stat (fp32); the rest bf16.
     void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
-                   int E, int K) override {
+                   int E, int K, const void* bias) override {
         run({{topw, (size_t)N * K, true}, {logits, (size_t)N * E, false}},
-            [&](float** x) { f_->moe_route(probs, x[0], topi, offsets, perm, inv, x[1], N, E, K); });
+            [&](float** x) { f_->moe_route(probs, x[0], topi, offsets, perm, inv, x[1], N, E, K, bias); });
     }
     void moe_route_backward(void* dlogits, const void* probs, const int* topi, const void* dtopw, const void* aux_grad,
                             int N, int E, int K) override {

@@ -282,8 +282,9 @@ class CudaBackend final : public Backend {
     }
     // ---- Mixtral (cuda/moe.cuh: the element type from fp32_); probabilities and dw are fp32 (stat).
     void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
-                   int NE, int K) override {
-        activate(), llmc_cuda::moe_route(fp32_, probs, topw, topi, offsets, perm, inv, logits, N, NE, K, stream_);
+                   int NE, int K, const void* bias) override {
+        activate(),
+            llmc_cuda::moe_route(fp32_, probs, topw, topi, offsets, perm, inv, logits, N, NE, K, bias, stream_);
     }
     void moe_route_backward(void* dl, const void* p, const int* topi, const void* dw, const void* aux, int N, int NE,
                             int K) override {

@@ -53,7 +53,7 @@ class MeasureBackend : public Backend {
     void rope(void*, size_t, int, int, const int*, int, int, double, bool) override {}
     void swiglu_forward(void*, const void*, int, int) override {}
     void swiglu_backward(void*, const void*, const void*, int, int) override {}
-    void moe_route(void*, void*, int*, int*, int*, int*, const void*, int, int, int) override {}
+    void moe_route(void*, void*, int*, int*, int*, int*, const void*, int, int, int, const void*) override {}
     void moe_route_backward(void*, const void*, const int*, const void*, const void*, int, int, int) override {}
     void moe_dispatch(void*, void*, const void*, const void*, const void*, const int*, int, int, int) override {}
     void moe_combine(void*, const void*, const void*, const int*, int, int, int) override {}

@@ -132,8 +132,8 @@ class RecordingBackend final : public Backend {
         op([=] { in_->swiglu_backward(dgu, gu, dout, N, H); });
     }
     void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
-                   int E, int K) override {
-        op([=] { in_->moe_route(probs, topw, topi, offsets, perm, inv, logits, N, E, K); });
+                   int E, int K, const void* bias) override {
+        op([=] { in_->moe_route(probs, topw, topi, offsets, perm, inv, logits, N, E, K, bias); });
     }
     void moe_route_backward(void* dlogits, const void* probs, const int* topi, const void* dtopw, const void* aux_grad,
                             int N, int E, int K) override {

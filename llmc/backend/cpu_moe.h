@@ -23,7 +23,7 @@ namespace cpu {
 // vanishingly rare.
 template <typename F>
 void moe_route(F* probs, F* topw, int* topi, int* offsets, int* perm, int* inv, const F* logits, int N, int E,
-               int K) {
+               int K, const F* bias = nullptr) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const F* l = logits + (size_t)n * E;
@@ -34,13 +34,14 @@ void moe_route(F* probs, F* topw, int* topi, int* offsets, int* perm, int* inv, 
         for (int e = 0; e < E; e++) sum += p[e] = vexp(l[e] - mx);
         for (int e = 0; e < E; e++) p[e] /= sum;
         int* ti = topi + (size_t)n * K;
+        auto score = [&](int e) { return bias ? p[e] + bias[e] : p[e]; };  // the choice's; the weights are p's
         F ksum = 0;
         for (int j = 0; j < K; j++) {
             int best = -1;
             for (int e = 0; e < E; e++) {
                 bool taken = false;
                 for (int i = 0; i < j; i++) taken = taken || ti[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                if (!taken && (best < 0 || score(e) > score(best))) best = e;
             }
             ti[j] = best;
             ksum += p[best];

@@ -156,6 +156,13 @@ void dist_abort(const std::string& msg) {
     std::exit(1);
 }
 
+void dist_sum(std::vector<double>* x) {
+    if (dist_world_size() == 1 || x->empty()) return;
+#ifdef LLMC_MPI
+    MPI_Allreduce(MPI_IN_PLACE, x->data(), (int)x->size(), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+#endif
+}
+
 bool dist_all_ok(bool ok, const std::string& msg, std::string* err) {
     if (dist_world_size() == 1) {
         if (!ok && err) *err = msg;

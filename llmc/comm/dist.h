@@ -41,6 +41,11 @@ int dist_local_size();  // processes on this node
 // every rank, with *err set to the message of the lowest failing rank.
 bool dist_all_ok(bool ok, const std::string& msg, std::string* err);
 
+// The element-wise sum of every rank's x, on every rank (a no-op alone):
+// small host vectors (the experts' loads), uncounted like the other host
+// helpers.
+void dist_sum(std::vector<double>* x);
+
 // Rank 0's string, on every rank (a no-op alone).
 void dist_broadcast(std::string* s);
 

@@ -102,6 +102,11 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
             ix->st.loss_count = (int)index_int(j, "loss_count", 0, kInt);
             ix->st.loss_mean = j.at("loss_mean").get<double>();
         }
+        if (j.contains("moe_bias")) {  // --moe-balance bias: one per layer and expert
+            ix->st.moe_bias = j.at("moe_bias").get<std::vector<double>>();
+            if (ix->st.moe_bias.size() != (size_t)ix->cfg.num_layers * ix->cfg.experts)
+                throw std::runtime_error("moe_bias is not one per layer and expert");
+        }
         const json& r = j.at("run");
         RunInfo& ri = ix->run;
         ri.max_steps = (int)index_int(r, "max_steps", -1, kInt);

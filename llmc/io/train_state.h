@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 constexpr int kShardMagic = 20241124;  // a shard of a sharded checkpoint
 
@@ -17,6 +18,8 @@ struct TrainState {
     int skips = 0;
     double loss_mean = 0;
     int loss_count = 0;
+    // --moe-balance bias: the routing bias [L, E] (empty otherwise).
+    std::vector<double> moe_bias;
 };
 
 // The flags and layout of the run that wrote a checkpoint (a resume compares

@@ -37,6 +37,7 @@ struct GPT::Acts {
     // experts' output rows (or, backward, their received gradients) before
     // they go back ([R,C]).
     void *moe_send = nullptr, *moe_ye = nullptr;
+    void* moe_bias = nullptr;  // [L, E] stat: --moe-balance bias's routing bias
     void* moe_aux_grad = nullptr;  // [chunk-slots, E] stat: the load-balancing loss's gradient per probability
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]

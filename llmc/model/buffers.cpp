@@ -195,6 +195,10 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
         a.moe_dtopw = alloc_buffer(S, "moe_dtopw", N * K, st);
         a.moe_dx = alloc_buffer(S, "moe_drouter", N * C, act);
         a.moe_aux_grad = alloc_buffer(S, "moe_aux_grad", chunk_slots * E, st);
+        // --moe-balance bias's [L, E] (zero, and unused, until set_moe_bias).
+        a.moe_bias = alloc_buffer(S, "moe_bias", (size_t)cfg.num_layers * E, st);
+        be_->zero(a.moe_bias, (size_t)cfg.num_layers * E * dtype_size(st));
+        moe_load_.assign((size_t)cfg.num_layers * E, 0.0);
         moe_offsets_.assign(LS + 1, std::vector<int>(E + 1, 0));
         if (ep_) moe_routes_.assign(LS + 1, ExpertParallel::Route());
         moe_count_.assign(chunk_slots, std::vector<double>(E, 0.0));

@@ -177,7 +177,7 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
             // For later blocks, ln1 was produced by the previous block's fused
             // residual + LayerNorm; the chunk's first block normalises its input.
             void* mlp_out = block_forward(l, la, B, T, l == first);
-            if (cfg_.moe()) moe_stats(la, N, slot_base_[c] + slot);
+            if (cfg_.moe()) moe_stats(l, la, N, slot_base_[c] + slot);
             void *x2 = la.x2, *x3 = la.x3;
             // Residual add fused with the next LayerNorm (next block's ln1, or
             // lnf), whose parameters belong to the next unit; at the end of a

@@ -106,6 +106,14 @@ struct BufferInfo {
 
 struct KVCache;  // llmc/model/kv_cache.h
 
+// --moe-balance bias's update (DeepSeek-V3) from a step's loads [L, E]
+// (assignments per layer and expert, over the whole batch): every expert's
+// bias moves by rate toward an even load, b_e += rate · sign(mean - load_e),
+// the mean over the layer's E experts. And the loads' imbalance, the mean
+// over layers of max_e load_e / mean - 1 (0: even; "MaxVio").
+void moe_bias_update(std::vector<double>* bias, const std::vector<double>& loads, int E, double rate);
+double moe_max_violation(const std::vector<double>& loads, int E);
+
 class GPT {
   public:
     // Allocates every buffer for micro-batches of up to B rows of T tokens.
@@ -226,6 +234,20 @@ class GPT {
     // adds the micro-batch's loss to the sum above).
     std::vector<double> take_moe_stats();
     void set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss);
+    // Mixtral's experts' loads: with counting on, each training forward adds
+    // its blocks' assignments per expert ([L, E], this stage's layers);
+    // take_moe_loads returns them and clears them. Off for validation and
+    // samples (and the pipeline's forward-only pass of the statistics).
+    void count_moe_loads(bool on) { count_loads_ = on; }
+    bool counting_moe_loads() const { return count_loads_; }
+    std::vector<double> take_moe_loads();
+    // --moe-balance bias (DeepSeek-V3): the per-layer, per-expert bias [L, E]
+    // the routing adds to the probabilities for its choice of the K (not to
+    // their weights); setting it turns it on.
+    void set_moe_bias(const std::vector<double>& bias);
+    // The load-balancing loss's coefficient for the rest of the run (0 under
+    // --moe-balance bias).
+    void set_aux_coef(double c) { cfg_.aux_coef = c; }
 
     // ---- model chunks (pipeline parallel) ----
     const std::vector<ModelChunk>& chunks() const { return chunks_; }
@@ -342,12 +364,14 @@ class GPT {
     // micro-batch in chunk-slot s, then the loss and its gradient.
     void moe_forward(int l, const LayerActs& la, const void* xin, int N);
     void moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad);
-    void moe_stats(const LayerActs& la, int N, size_t s);
+    void moe_stats(int l, const LayerActs& la, int N, size_t s);
     void moe_aux(size_t s, int N, double dloss, bool count = true);
     std::vector<std::vector<int>> moe_offsets_;  // per layer-slot (and one scratch): the experts' row groups
     std::vector<ExpertParallel::Route> moe_routes_;  // expert parallel: per layer-slot, the exchange's sizes
     std::vector<std::vector<double>> moe_count_, moe_psum_;  // per chunk-slot [E]: assignments, probabilities
     double aux_last_ = 0, aux_sum_ = 0;
+    std::vector<double> moe_load_;  // [L, E]: the training forwards' assignments since the last take
+    bool count_loads_ = false, moe_bias_on_ = false;
     // The LM head of the head chunk's micro-batch in `slot` from its final
     // norm's output lnf (head.cpp): logits, and with targets the losses
     // (head_loss reads their mean); with dloss != 0 also the head's gradients, for the

@@ -21,6 +21,12 @@
 // backward sends the combine's row gradients out and takes the input rows'
 // gradients back the same way. Routing, combine and router stay local.
 //
+// --moe-balance bias (DeepSeek-V3's balancing without a loss): the routing
+// adds a per-layer, per-expert bias to the probabilities for its choice of
+// the K only; the weights stay the chosen probabilities renormalised, so
+// the bias has no gradient. The trainer moves it after each step from the
+// step's loads (moe_bias_update).
+//
 // The load-balancing loss (transformers' load_balancing_loss_func, which
 // concatenates the router logits of all layers): over the L·N routings of
 // a micro-batch (a forward call; under context parallelism its tokens on
@@ -30,6 +36,7 @@
 // with respect to each probability p_e is aux_coef · (N / global tokens) ·
 // E · f_e / (L·N): moe_aux computes it once the micro-batch's blocks have
 // all run, and each block's backward adds it to the router's gradient.
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -66,7 +73,8 @@ void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param;
     be_->matmul_forward(a.moe_logits, xin, P(Param::moe_gate, l), nullptr, N, C, E);
-    be_->moe_route(la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv, a.moe_logits, N, E, K);
+    const void* bias = moe_bias_on_ ? elem_ptr(a.moe_bias, prec_.stat, (size_t)l * E) : nullptr;
+    be_->moe_route(la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv, a.moe_logits, N, E, K, bias);
     std::vector<int>& off = moe_offsets_[la.index];
     be_->download(off.data(), DType::I32, la.offsets, DType::I32, (size_t)E + 1);
     // The grouped rows are the experts' input here; under ep they leave first.
@@ -127,11 +135,14 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     if (!tp_ || tp_->rank() == 0) be_->residual_forward(a.dln, a.dln, a.moe_dx, (size_t)N * C);
 }
 
-// After block la's forward: its assignments per expert and the sums of its
-// routing probabilities, added to the micro-batch's (slot s).
-void GPT::moe_stats(const LayerActs& la, int N, size_t s) {
+// After block l's forward (activations la): its assignments per expert and
+// the sums of its routing probabilities, added to the micro-batch's (slot
+// s); and, counting, to the layer's loads.
+void GPT::moe_stats(int l, const LayerActs& la, int N, size_t s) {
     const int E = cfg_.experts;
     const std::vector<int>& off = moe_offsets_[la.index];
+    if (count_loads_)
+        for (int e = 0; e < E; e++) moe_load_[(size_t)l * E + e] += off[e + 1] - off[e];
     std::vector<double> p((size_t)N * E);
     be_->download(p.data(), DType::F64, la.probs, prec_.stat, p.size());
     for (int e = 0; e < E; e++) {
@@ -187,4 +198,42 @@ void GPT::moe_aux(size_t s, int N, double dloss, bool count) {
     be_->upload(elem_ptr(a_->moe_aux_grad, prec_.stat, s * E), prec_.stat, grad.data(), DType::F64, E);
     aux_last_ = aux;
     if (count) aux_sum_ += aux;
+}
+
+std::vector<double> GPT::take_moe_loads() {
+    std::vector<double> out = moe_load_;
+    std::fill(moe_load_.begin(), moe_load_.end(), 0.0);
+    return out;
+}
+
+void GPT::set_moe_bias(const std::vector<double>& bias) {
+    const size_t n = (size_t)cfg_.num_layers * cfg_.experts;
+    if (!cfg_.moe() || bias.size() != n) throw std::invalid_argument("set_moe_bias: not [L, E] of a Mixtral model");
+    be_->upload(a_->moe_bias, prec_.stat, bias.data(), DType::F64, n);
+    moe_bias_on_ = true;
+}
+
+void moe_bias_update(std::vector<double>* bias, const std::vector<double>& loads, int E, double rate) {
+    if (bias->size() != loads.size() || E < 1 || loads.size() % E != 0)
+        throw std::invalid_argument("moe_bias_update: loads and bias of other shapes");
+    for (size_t l = 0; l < loads.size() / E; l++) {
+        double mean = 0;
+        for (int e = 0; e < E; e++) mean += loads[l * E + e] / E;
+        for (int e = 0; e < E; e++) {
+            const double err = mean - loads[l * E + e];
+            (*bias)[l * E + e] += rate * (err > 0 ? 1 : err < 0 ? -1 : 0);
+        }
+    }
+}
+
+double moe_max_violation(const std::vector<double>& loads, int E) {
+    if (E < 1 || loads.empty() || loads.size() % E != 0) return 0;
+    const size_t L = loads.size() / E;
+    double v = 0;
+    for (size_t l = 0; l < L; l++) {
+        double mean = 0, mx = 0;
+        for (int e = 0; e < E; e++) mean += loads[l * E + e] / E, mx = std::max(mx, loads[l * E + e]);
+        v += mean > 0 ? mx / mean - 1 : 0;
+    }
+    return v / L;
 }

@@ -118,6 +118,8 @@ std::vector<std::vector<double>> PipelineParallel::moe_stats(GPT& model, const L
     const GPTConfig& c = model.config();
     if (!c.moe() || c.aux_coef == 0 || pp_ == 1) return out;
     model.take_moe_stats();
+    const bool counting = model.counting_moe_loads();
+    model.count_moe_loads(false);  // the schedule's forwards count the step's loads, once
     for (int mb = 0; mb < m_; mb++) {
         const int *inputs = nullptr, *targets = nullptr, *docs = nullptr;
         load(mb, &inputs, &targets, &docs);
@@ -126,6 +128,7 @@ std::vector<std::vector<double>> PipelineParallel::moe_stats(GPT& model, const L
         for (double& x : st) x = comm_.host_all_reduce(x, ReduceOp::Sum);
         out.push_back(st);
     }
+    model.count_moe_loads(counting);
     return out;
 }
 

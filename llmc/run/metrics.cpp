@@ -46,6 +46,7 @@ bool MetricsLog::write(const StepMetrics& m, std::string* err) {
                      "\"tokens_per_s\": %.1f",
                  m.step, num(m.loss).c_str(), m.lr, num(m.grad_norm).c_str(), m.tokens, m.ms, m.tokens_per_s);
     if (m.aux_loss >= 0) std::fprintf(f_, ", \"aux_loss\": %s", num(m.aux_loss).c_str());
+    if (m.moe_maxvio >= 0) std::fprintf(f_, ", \"moe_maxvio\": %s", num(m.moe_maxvio).c_str());
     if (m.skips > 0) std::fprintf(f_, ", \"skipped\": %s, \"skips\": %d", m.skipped ? "true" : "false", m.skips);
     if (m.mfu > 0) std::fprintf(f_, ", \"mfu\": %.4f", m.mfu);
     if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.17g", m.val_loss);

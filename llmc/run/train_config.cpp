@@ -62,6 +62,14 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "ep", O::Int, &c.ep,
            "expert-parallel degree (Mixtral: E/ep experts per rank, over ep of the dp ranks; divides E and dp)", 1,
            1 << 16});
+    p.add({0, "moe-balance", O::String, &c.moe_balance,
+           "Mixtral's expert balancing: aux (the load-balancing loss, coefficient aux=) or bias (DeepSeek-V3: a "
+           "per-expert bias on the routing scores for the choice only, moved each step toward even loads; no loss)",
+           0, 0, {"aux", "bias"}});
+    p.add({0, "moe-bias-rate", O::Double, &c.moe_bias_rate,
+           "--moe-balance bias: each step every expert's bias moves by this toward even loads (sign of the load "
+           "error)",
+           0, 1e3});
     p.add({0, "pp", O::Int, &c.pp, "pipeline stages (1F1B; L and -d micro-batches must fit)", 1, 1 << 16});
     p.add({0, "vpp", O::Int, &c.vpp, "model chunks per pipeline stage (interleaved 1F1B when > 1)", 1, 1 << 16});
     p.add({0, "trace", O::String, &c.trace, "write a Chrome trace (Perfetto) of the run to this file"});

@@ -54,6 +54,8 @@ struct TrainConfig {
     int sp = 0;                // sequence parallel (with tp > 1)
     int cp = 1;                // context-parallel degree
     int ep = 1;                // expert-parallel degree (Mixtral: experts split over dp ranks)
+    std::string moe_balance = "aux";  // Mixtral's balancing: the loss (aux) or DeepSeek-V3's routing bias (bias)
+    double moe_bias_rate = 1e-3;      // bias: the update's step per optimizer step
     std::string cp_impl = "ring";  // ring attention, all-to-all (Ulysses), or hybrid
     int cp_a2a = 0;                // hybrid: ranks per all-to-all group (0: not given)
     int pp = 1;                // pipeline stages

@@ -164,6 +164,9 @@ void Trainer::export_weights() {
     extras.source_dir = is_hf_dir(cfg.model) ? cfg.model : "";
     extras.eot = tok.eot() >= 0 && tok.eot() < mc.vocab_size ? tok.eot() : -1;
     extras.dtype = cfg.export_dtype;
+    if (main_rank && !hf_paths.empty() && cfg.moe_balance == "bias")
+        std::fprintf(stderr, "train_gpt: warning: --moe-balance bias: a MixtralForCausalLM has no routing bias; the "
+                             "Hugging Face export chooses experts by the router's probabilities alone\n");
     for (const std::string& p : hf_paths) {
         if (!export_hf(p, *s.model, owner(), &err, extras)) end_job(err);
         if (main_rank) std::printf("hugging face model: %s\n", p.c_str());

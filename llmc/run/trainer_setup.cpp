@@ -78,7 +78,9 @@ void Trainer::setup(const ArgParser& parser) {
         // A model named on the command line must be the checkpoint's.
         GPTConfig named;
         std::string why;
-        if (ok && parser.given("model") && model_config(cfg, &named, &why) && named != mc) {
+        const bool named_ok = ok && parser.given("model") && model_config(cfg, &named, &why);
+        if (named_ok && cfg.moe_balance == "bias") named.aux_coef = 0;  // as a bias run's checkpoint records it (below)
+        if (named_ok && named != mc) {
             ok = false;
             err = "flag -e: " + cfg.model + " is " + config_string(named) + ", but the checkpoint in " +
                   ckpt_root + " is " + config_string(mc) + " (resume with the checkpoint's model, or drop -e)";
@@ -91,6 +93,9 @@ void Trainer::setup(const ArgParser& parser) {
     t_from_model = cfg.T == 0;
     if (t_from_model) cfg.T = default_seq_len(mc);
     lay.T = cfg.T;
+    setup_check(cfg.moe_balance != "bias" || mc.moe(),
+                "flag --moe-balance: bias balances the experts of a mixture-of-experts model (arch=mixtral), and the "
+                "model is " + config_string(mc));
     setup_check(!(mc.llama() && !cfg.export_model.empty()),
                 "flag --export-model: llm.c model files hold GPT-2 only, and the model is " + config_string(mc));
     // Converting: the smallest batch any layout takes (one row, at most the
@@ -167,6 +172,16 @@ void Trainer::setup(const ArgParser& parser) {
         s.model->init_random((uint64_t)cfg.seed);
     }
     setup_check(ok, err);
+    // --moe-balance bias: the routing bias (a resumed run's, else zero) in
+    // place of the load-balancing loss, whose coefficient the run sets to 0
+    // (so its checkpoints and exports record aux=0).
+    if (cfg.moe_balance == "bias") {
+        if (st.moe_bias.size() != (size_t)mc.num_layers * mc.experts)
+            st.moe_bias.assign((size_t)mc.num_layers * mc.experts, 0.0);
+        s.model->set_moe_bias(st.moe_bias);
+        s.model->set_aux_coef(0.0);
+        mc.aux_coef = 0;
+    }
 
     print_settings(parser);
     std::fflush(stdout);

@@ -79,7 +79,9 @@ StepMetrics Trainer::train_step(int step) {
         *dc = docs_or_null();
     };
     s.model->take_aux_sum();  // what validation and samples left
+    s.model->count_moe_loads(true);  // the experts' loads of this step's training forwards
     double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
+    s.model->count_moe_loads(false);
     // The mean over the global batch: the last stage's sum over the dp x cp
     // ranks (each a mean over its tokens), then to every stage.
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
@@ -109,6 +111,21 @@ StepMetrics Trainer::train_step(int step) {
         trace::Scope span("optimizer", "optimizer");
         norm = s.step(oc, step, bad, &skipped);
     }
+    // Mixtral: the step's loads over the whole batch (every rank counted its
+    // own tokens for its stage's layers; the tp ranks of a group the same
+    // ones), their imbalance, and --moe-balance bias's update (not on a
+    // skipped step: nothing is updated then).
+    double maxvio = -1;
+    if (mc.moe()) {
+        std::vector<double> loads = s.model->take_moe_loads();
+        dist_sum(&loads);
+        for (double& x : loads) x /= grid.tp;
+        maxvio = moe_max_violation(loads, mc.experts);
+        if (cfg.moe_balance == "bias" && !skipped) {
+            moe_bias_update(&st.moe_bias, loads, mc.experts, cfg.moe_bias_rate);
+            s.model->set_moe_bias(st.moe_bias);
+        }
+    }
     be->synchronize();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     st.rows_consumed += (uint64_t)rows_per_step;
@@ -127,12 +144,14 @@ StepMetrics Trainer::train_step(int step) {
                      : 0;
     m.val_loss = -1;
     m.aux_loss = aux;
+    m.moe_maxvio = maxvio;
     std::string comm_text = comm_summary(grid, &m.comm_json);
     // --log-every N: the line of every Nth step, the first and the last (metrics.jsonl has them all).
     const bool log = step == 0 || step + 1 == cfg.max_steps || (step + 1) % cfg.log_every == 0;
     if (main_rank && log) {
         std::printf("step %5d/%d | loss %.6f", step + 1, cfg.max_steps, loss);
         if (aux >= 0) std::printf(" | aux %.6f", aux);
+        if (maxvio >= 0) std::printf(" | maxvio %.3f", maxvio);
         std::printf(" | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", m.lr, norm, ms, m.tokens_per_s);
         if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
         std::printf(" | %s", progress(step, m.tokens, ms).c_str());

@@ -31,10 +31,17 @@
 #     the expert-data group;
 #   - checkpoints: saved at ep 2 (ZeRO-1) and resumed whole and at ep 4;
 #     saved whole and resumed at ep 2 with ZeRO-3;
+#   - --moe-balance bias (DeepSeek-V3's routing bias, no loss): fp64 layouts
+#     against one process (dp 2, ep 2 with ZeRO-1, ep 2 x tp 2 + sp, cp 2,
+#     ep 2 x pp 2: the loads summed over the whole batch, so the biases
+#     agree); rate 0 is the unbalanced run (aux=0) exactly; a rate lowers
+#     the loads' imbalance (metrics' moe_maxvio) and changes the weights;
+#     the bias is in the checkpoint (resumed whole and at ep 2);
 #   - errors: tp not dividing the experts' width F, K > E,
 #     E without arch=mixtral, --generate with the KV cache, --ep not dividing
-#     E or dp, --ep with a dense model, --ep 0: one line naming the flag,
-#     every rank exits.
+#     E or dp, --ep with a dense model, --ep 0, --moe-balance bias with a
+#     dense model, an unknown --moe-balance, a negative --moe-bias-rate:
+#     one line naming the flag, every rank exits.
 # Last line: "N passed, N failed".
 import os
 import re
@@ -164,6 +171,46 @@ def test_ep_traffic(tmp):
               f"(formula {want['ep_send-recv']}), dp_all-reduce {dense} B, edp {want.get('edp_all-reduce', 0)} B")
 
 
+def test_bias(tmp):
+    """--moe-balance bias (DeepSeek-V3): the routing bias in place of the loss."""
+    bias = ["--moe-balance", "bias", "--moe-bias-rate", "0.02"]
+    keys = ("loss", "moe_maxvio")
+    # Every layout sums the step's loads over the whole batch, so the biases,
+    # the routing and the weights stay those of one process.
+    equivalence(check, tmp, "fp64", base("fp64", MIX) + ["-d", "128"] + bias, ["-b", "4"],
+                [(2, ["-b", "4"]), (2, ["-b", "4", "--ep", "2", "-z", "1"]), (4, ["-b", "4", "--ep", "2", "--tp", "2",
+                                                                               "--sp", "1"]),
+                 (2, ["-b", "4", "--cp", "2"])], keys=keys)
+    equivalence(check, tmp, "fp64", base("fp64", MIX.replace("L=2", "L=4")) + ["-d", "128"] + bias, ["-b", "2"],
+                [(4, ["-b", "2", "--pp", "2", "--ep", "2"])], keys=keys)
+    # Rate 0 is the run without any balancing (aux=0): the same losses; a
+    # rate balances the experts' loads (the mean imbalance of the last 20 of
+    # 60 steps, at a learning rate that lets the routing drift, well below
+    # the unbalanced run's) and so trains to other weights.
+    runs = {}
+    for name, model, extra in (("none", MIX0, []), ("rate0", MIX, ["--moe-balance", "bias", "--moe-bias-rate", "0"]),
+                               ("bias", MIX0, ["--moe-balance", "bias", "--moe-bias-rate", "0.01"])):
+        d = os.path.join(tmp, "bias_" + name)
+        args = base("fp64", model, 60) + ["-b", "8", "-d", "128", "-l", "1e-2", "-c", "0", "--grad-clip", "1",
+                                          "-n", "60", "-o", d] + extra
+        rc, out, err = train(0, args)
+        if not check(rc == 0, f"bias {name}: {err[-300:]}"):
+            return
+        runs[name] = (metrics(d), read_checkpoint(d, 60)[0])
+    (mn, wn), (m0, w0), (mb, wb) = runs["none"], runs["rate0"], runs["bias"]
+    check([x["loss"] for x in mn] == [x["loss"] for x in m0],
+          "--moe-bias-rate 0 trains as no balancing at all (aux=0): the same losses")
+    late = lambda m: sum(x["moe_maxvio"] for x in m[-20:]) / 20  # noqa: E731
+    print(f"  expert imbalance (max/mean - 1) over steps 41-60: {late(mn):.3f} unbalanced, "
+          f"{late(mb):.3f} with the bias")
+    check(late(mb) < 0.85 * late(mn), f"the bias balances the loads: {late(mb):.3f} against {late(mn):.3f}")
+    check(rel(wb, wn) > 1e-6, f"the bias trains to other weights: rel difference {rel(wb, wn):.2e}")
+    # The bias is in the checkpoint: a resumed run (whole, or at ep 2)
+    # continues the uninterrupted one's losses.
+    resume_check(check, os.path.join(tmp, "bias_resume"), base("fp64", MIX) + ["-d", "128"] + bias, ["-b", "4"],
+                 (0, ["-b", "4"]), ((0, ["-b", "4"]), (2, ["-b", "4", "--ep", "2"])))
+
+
 def test_checkpoints(tmp):
     resume_check(check, tmp, base("fp64", MIX) + ["-d", "128"], ["-b", "8"], (2, ["-b", "8", "--tp", "2"]),
                  ((0, ["-b", "8"]), (2, ["-b", "8", "--cp", "2"])))
@@ -205,6 +252,11 @@ def test_errors(tmp):
               ["--ep", "2"], "--ep: expert parallelism needs a mixture-of-experts model"),
              (1, MIX, ["--ep", "0"], "--ep"),
              (2, MIX, ["--ep", "2", "-b", "2"], None),
+             # --moe-balance: a dense model, an unknown mode, a negative rate.
+             (1, MIX.replace("arch=mixtral", "arch=llama").replace(f",E={E},K={K}", "").replace(",aux=0.05", ""),
+              ["--moe-balance", "bias"], "--moe-balance"),
+             (1, MIX, ["--moe-balance", "loss-free"], "--moe-balance"),
+             (1, MIX, ["--moe-balance", "bias", "--moe-bias-rate", "-1"], "--moe-bias-rate"),
              (1, MIX, ["--ep", "1"], None))
     refusals(check, cases, lambda model: base("fp32", model, 2) + ["-b", "4", "-d", "64"])
 
@@ -217,6 +269,7 @@ def suite(tmp):
     test_equivalence(tmp)
     test_expert_parallel(tmp)
     test_ep_traffic(tmp)
+    test_bias(tmp)
     test_aux_matters(tmp)
     test_checkpoints(tmp)
     test_errors(tmp)

@@ -16,6 +16,7 @@
 
 #include "llmc/base/args.h"
 #include "llmc/backend/backend_cpu.h"
+#include "llmc/backend/cpu_moe.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/model/config.h"
 #include "llmc/base/fileio.h"
@@ -402,7 +403,36 @@ static void test_model_io_and_checkpoint() {
     std::system(("rm -rf " + dir).c_str());
 }
 
+// --moe-balance bias: the routing's choice by probability + bias, the
+// weights from the probabilities alone; the update b_e += rate·sign(mean -
+// load_e) per layer; the imbalance max/mean - 1, averaged over layers.
+static void test_moe_bias() {
+    // logits ln(4, 3, 2, 1): p = 0.4, 0.3, 0.2, 0.1. Without a bias the top 2
+    // are experts 0 and 1; a bias of 0.15 on expert 2 (0.35 > 0.3) takes 2.
+    const double logits[4] = {std::log(4.0), std::log(3.0), std::log(2.0), std::log(1.0)};
+    const double no_bias[4] = {0, 0, 0, 0}, bias[4] = {0, 0, 0.15, 0};
+    for (int with = 0; with < 2; with++) {
+        double probs[4], topw[2];
+        int topi[2], off[5], perm[2], inv[2];
+        cpu::moe_route(probs, topw, topi, off, perm, inv, logits, 1, 4, 2, with ? bias : no_bias);
+        const int second = with ? 2 : 1;
+        const double w0 = 0.4 / (0.4 + (with ? 0.2 : 0.3));
+        CHECK(topi[0] == 0 && topi[1] == second && std::fabs(topw[0] - w0) < 1e-15 &&
+                  std::fabs(topw[1] - (1 - w0)) < 1e-15 && off[1] == 1 && off[second + 1] - off[second] == 1,
+              "moe route %s bias: top 2 = %d %d, weights %.6f %.6f", with ? "with" : "without", topi[0], topi[1],
+              topw[0], topw[1]);
+    }
+    // Two layers of 4 experts: loads (6, 2, 4, 4) (mean 4) and (4, 4, 4, 4).
+    std::vector<double> b = {0.5, 0, 0, 0, 0, 0, 0, 0}, loads = {6, 2, 4, 4, 4, 4, 4, 4};
+    moe_bias_update(&b, loads, 4, 0.25);
+    const std::vector<double> want = {0.25, 0.25, 0, 0, 0, 0, 0, 0};
+    CHECK(b == want, "moe bias update: %g %g %g %g", b[0], b[1], b[2], b[3]);
+    CHECK(std::fabs(moe_max_violation(loads, 4) - 0.25) < 1e-15, "moe max violation: (6/4 - 1 + 0) / 2 = 0.25, got %g",
+          moe_max_violation(loads, 4));
+}
+
 int main() {
+    test_moe_bias();
     test_config_and_table();
     test_args();
     test_args_values();

@@ -18,7 +18,8 @@
 namespace llmc_cuda {
 
 template <typename E>
-__global__ void moe_route_kernel(float* probs, E* topw, int* topi, const E* logits, int N, int NE, int K) {
+__global__ void moe_route_kernel(float* probs, E* topw, int* topi, const E* logits, int N, int NE, int K,
+                                 const float* bias) {
     const int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const E* l = logits + (size_t)n * NE;
@@ -32,10 +33,12 @@ __global__ void moe_route_kernel(float* probs, E* topw, int* topi, const E* logi
     float ksum = 0.f;
     for (int j = 0; j < K; j++) {
         int best = -1;
+        float best_score = 0.f;
         for (int e = 0; e < NE; e++) {
             bool taken = false;
             for (int i = 0; i < j; i++) taken = taken || ti[i] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            const float s = bias ? p[e] + bias[e] : p[e];  // the choice's score; the weights are p's
+            if (!taken && (best < 0 || s > best_score)) best = e, best_score = s;
         }
         ti[j] = best;
         ksum += p[best];
@@ -125,12 +128,13 @@ void moe_typed(bool fp32, Fn&& fn) {
 }
 
 inline void moe_route(bool fp32, void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv,
-                      const void* logits, int N, int NE, int K, cudaStream_t stream) {
+                      const void* logits, int N, int NE, int K, const void* bias, cudaStream_t stream) {
     if (N <= 0) return;
     moe_typed(fp32, [&](auto t) {
         using E = decltype(t);
         moe_route_kernel<E><<<(unsigned)ceil_div(N, 128), 128, 0, stream>>>((float*)probs, (E*)topw, topi,
-                                                                            (const E*)logits, N, NE, K);
+                                                                            (const E*)logits, N, NE, K,
+                                                                            (const float*)bias);
     });
     moe_group_kernel<<<1, 32, (NE + 1) * sizeof(int), stream>>>(offsets, perm, inv, topi, N * K, NE);
     CUDA_CHECK_LAUNCH();
