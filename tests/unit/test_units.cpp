@@ -364,7 +364,8 @@ static void test_model_io_and_checkpoint() {
 
     // Checkpoint round trip, including Adam state and the RNG.
     for (size_t i = 0; i < m.table().total; i++) ((float*)m.adam_m())[i] = 0.001f * (float)i, ((float*)m.adam_v())[i] = 1e-6f * (float)i;
-    TrainState st{7, 0x123456789abcdefull, 4242};
+    TrainState st;
+    st.step = 7, st.rng_state = 0x123456789abcdefull, st.rows_consumed = 4242;
     std::string ck = dir + "/ck";
     RunInfo run;
     run.max_steps = 11;

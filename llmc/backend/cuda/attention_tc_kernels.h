@@ -176,7 +176,7 @@ TC_BODY void load_rows(Ctx& cx, uint16_t* sm, const uint16_t* g, size_t stride, 
 
 // Tile configuration per head size, shared by the CUDA launchers and the CPU
 // test. Register budgets (ptxas -v, docs/attention.md) decided these; the
-// macros let a GPU session try others without editing (e.g. -DTC_FWD64_BN=32:
+// macros let a GPU run try others without editing (e.g. -DTC_FWD64_BN=32:
 // fewer registers, 207 instead of 255, twice the tiles).
 #ifndef TC_FWD64_BN
 #define TC_FWD64_BN 64
