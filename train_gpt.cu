@@ -14,7 +14,7 @@
 //
 // Where each parallel mode lives (its splits and every collective it
 // issues): llmc/parallel/data_parallel.h (dp, ZeRO 1-3),
-// llmc/model/tensor_parallel.h (tp, sp), llmc/model/context_parallel.h (cp),
+// llmc/parallel/tensor_parallel.h (tp, sp), llmc/parallel/context_parallel.h (cp),
 // llmc/parallel/pipeline_parallel.h with pipeline_schedule.h (pp, vpp), and
 // llmc/parallel/optimizer_step.h (the step after them). README.md has the
 // map of the folders.

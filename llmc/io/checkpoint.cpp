@@ -71,7 +71,7 @@ static OwnedRuns owned_runs(const GPT& model, bool sharded, const Ownership& own
         }
         r.pieces.push_back({f, n, n, 1});
     };
-    model.for_each_owned(sharded, own.whole_owner, own.replicated_owner, own.expert_owner, add);
+    for_each_owned(model.table(), model.sharding(), sharded, own.whole_owner, own.replicated_owner, own.expert_owner, add);
     return r;
 }
 

@@ -363,8 +363,11 @@ bool load_checkpoint(const std::string& dir, int step, GPT& model, TrainState* s
         }
         model.set_weights_file_range(w.data(), ix.wt, fo, fo + n);
         if (!model.adam_m()) continue;  // a model without training state (--generate) takes the weights only
-        model.set_file_range(model.adam_m(), model.sharding().optimizer, p.opt, m.data(), ix.ot, fo, fo + n);
-        model.set_file_range(model.adam_v(), model.sharding().optimizer, p.opt, v.data(), ix.ot, fo, fo + n);
+        const bool opt_sharded = model.sharding().optimizer;
+        upload_file_range(model.backend(), model.table(), model.sharding(), model.adam_m(), opt_sharded, p.opt,
+                          m.data(), ix.ot, fo, fo + n);
+        upload_file_range(model.backend(), model.table(), model.sharding(), model.adam_v(), opt_sharded, p.opt,
+                          v.data(), ix.ot, fo, fo + n);
     }
     *st = ix.st;
     *run = ix.run;

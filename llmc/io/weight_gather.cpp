@@ -20,13 +20,13 @@ const std::vector<char>& WeightGather::gather(size_t fo, size_t n) {
     const DType wt = model_.weights_dtype();
     const size_t ws = dtype_size(wt);
     host_.assign(n * ws, 0);
-    model_.for_each_owned(model_.weights_sharded(), own_.whole_owner, own_.replicated_owner, own_.expert_owner,
-                          [&](size_t fr, size_t o, size_t k) {
-                              const size_t b = std::max(fr, fo), en = std::min(fr + k, fo + n);
-                              if (b < en)
-                                  be.download(host_.data() + (b - fo) * ws, wt,
-                                              elem_ptr(model_.weights(), wt, o + (b - fr)), wt, en - b);
-                          });
+    for_each_owned(model_.table(), model_.sharding(), model_.weights_sharded(), own_.whole_owner,
+                   own_.replicated_owner, own_.expert_owner, [&](size_t fr, size_t o, size_t k) {
+                       const size_t b = std::max(fr, fo), en = std::min(fr + k, fo + n);
+                       if (b < en)
+                           be.download(host_.data() + (b - fo) * ws, wt, elem_ptr(model_.weights(), wt, o + (b - fr)),
+                                       wt, en - b);
+                   });
     if (own_.world && own_.world->size() > 1) {
         if (n > tmp_elems_) {
             if (tmp_) be.release(tmp_);

@@ -98,17 +98,28 @@ static uint64_t next_region_model() {
     return ++n;
 }
 
-GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, const Sharding& sharding,
-         TensorParallel* tp, ContextParallel* cp, const std::vector<ModelChunk>& chunks, int head_chunk,
-         bool training, ExpertParallel* ep)
-    : region_model_(next_region_model()), be_(be), cfg_(cfg),
-      table_(cfg, sharding.shards, tp ? tp->size() : 1, tp ? tp->rank() : 0,
-             stage_units(cfg, chunks.empty() ? whole_model(cfg) : chunks), ep ? ep->size() : 1, ep ? ep->rank() : 0,
-             sharding.expert_shards),
-      prec_(be->precision()), B_(B), T_(T), recompute_(recompute),
-      chunks_(chunks.empty() ? whole_model(cfg) : chunks), tp_(tp && tp->size() > 1 ? tp : nullptr),
-      tp_size_(tp ? tp->size() : 1), cp_(cp && cp->size() > 1 ? cp : nullptr), head_chunk_(head_chunk),
-      ep_(ep && ep->size() > 1 ? ep : nullptr), sharding_(sharding), training_(training) {
+// The tensor table's cut of the model for this rank: its degrees from the
+// parallel modes' hooks and the sharding, its units from the chunks.
+static TableSplit table_split(const GPTConfig& cfg, const ModelOptions& o) {
+    TableSplit t;
+    t.shards = o.sharding.shards;
+    t.expert_shards = o.sharding.expert_shards;
+    if (o.tp) t.tp = o.tp->size(), t.tp_rank = o.tp->rank();
+    if (o.ep) t.ep = o.ep->size(), t.ep_rank = o.ep->rank();
+    t.stage = stage_units(cfg, o.chunks.empty() ? whole_model(cfg) : o.chunks);
+    return t;
+}
+
+GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
+    : region_model_(next_region_model()), be_(be), cfg_(cfg), table_(cfg, table_split(cfg, o)),
+      prec_(be->precision()), B_(o.B), T_(o.T), recompute_(o.recompute),
+      chunks_(o.chunks.empty() ? whole_model(cfg) : o.chunks), tp_(o.tp && o.tp->size() > 1 ? o.tp : nullptr),
+      tp_size_(o.tp ? o.tp->size() : 1), cp_(o.cp && o.cp->size() > 1 ? o.cp : nullptr), head_chunk_(o.head_chunk),
+      ep_(o.ep && o.ep->size() > 1 ? o.ep : nullptr), sharding_(o.sharding), training_(o.training) {
+    const int B = o.B, T = o.T, head_chunk = o.head_chunk;
+    const Recompute recompute = o.recompute;
+    const Sharding& sharding = o.sharding;
+    const bool training = o.training;
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
     if (head_chunk < 0) throw std::invalid_argument("GPT: negative LM-head chunk");
     const bool sp = tp_ && tp_->sp();
@@ -198,11 +209,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute, c
         // --moe-balance bias's [L, E] (zero, and unused, until set_moe_bias).
         a.moe_bias = alloc_buffer(S, "moe_bias", (size_t)cfg.num_layers * E, st);
         be_->zero(a.moe_bias, (size_t)cfg.num_layers * E * dtype_size(st));
-        moe_load_.assign((size_t)cfg.num_layers * E, 0.0);
-        moe_offsets_.assign(LS + 1, std::vector<int>(E + 1, 0));
-        if (ep_) moe_routes_.assign(LS + 1, ExpertParallel::Route());
-        moe_count_.assign(chunk_slots, std::vector<double>(E, 0.0));
-        moe_psum_.assign(chunk_slots, std::vector<double>(E, 0.0));
+        moe_.init(cfg.num_layers, (int)E, LS, chunk_slots, ep_ != nullptr);
     }
     if (HSl) {
         a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);

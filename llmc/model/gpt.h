@@ -1,13 +1,17 @@
-// llmc/model/gpt.h: the model, GPT-2 or Llama (one code for both; the
-// tensor table says which tensors an architecture has): its flat buffers
-// (parameters, gradients, master weights, Adam m and v, all laid out by the
-// tensor table), its activations, and a forward and backward pass written
-// once against the Backend interface, so the same code runs on the CPU and
-// on CUDA. The class is implemented in six files by job: buffers.cpp (the
-// buffers and the units' parameters), weights.cpp (weights in file order,
-// initialisation), forward.cpp, backward.cpp, head.cpp (the LM head and
-// its cross-entropy, whole or in row chunks) and decode.cpp (generation's
-// forward of new tokens against a KV cache, llmc/model/kv_cache.h).
+// llmc/model/gpt.h: the model, GPT-2, Llama or Mixtral (one code for all;
+// the tensor table says which tensors an architecture has): its flat
+// buffers (parameters, gradients, master weights, Adam m and v, all laid
+// out by the tensor table), its activations, and a forward and backward
+// pass written once against the Backend interface, so the same code runs on
+// the CPU and on CUDA. The model holds no parallel code: where a parallel
+// mode must act it calls the hooks of llmc/model/parallel_hooks.h, which
+// llmc/parallel/ implements. The class is implemented in files by job:
+// buffers.cpp (the buffers and the units' parameters), weights.cpp (weights
+// in file order, initialisation; the walks themselves are weight_walk.h),
+// forward.cpp, backward.cpp, moe.cpp (Mixtral's block; its state between
+// calls is moe_state.h), head.cpp (the LM head and its cross-entropy, whole
+// or in row chunks) and decode.cpp (generation's forward of new tokens
+// against a KV cache, llmc/model/kv_cache.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -17,56 +21,10 @@
 
 #include "llmc/backend/backend.h"
 #include "llmc/model/config.h"
-#include "llmc/model/context_parallel.h"
-#include "llmc/model/expert_parallel.h"
-#include "llmc/model/tensor_parallel.h"
+#include "llmc/model/moe_state.h"
+#include "llmc/model/parallel_hooks.h"
 #include "llmc/model/tensors.h"
-
-// Which flat buffers a rank holds only its shard of (ZeRO stage 1: the
-// optimizer state; 2: and gradients; 3: and parameters). Sharded buffers hold
-// TensorTable::shard_total elements, the others TensorTable::total.
-struct Sharding {
-    int shards = 1;  // data-parallel ranks the units are split over
-    int rank = 0;    // this rank's slice
-    bool params = false, grads = false, optimizer = false;
-    // Expert parallel: the ranks the expert segments are split over (the
-    // expert-data group, tensors.h) and this rank's slice of them.
-    int expert_shards = 1, expert_rank = 0;
-    static Sharding for_zero(int stage, int shards, int rank, int expert_shards = 1, int expert_rank = 0) {
-        Sharding s{shards, rank, stage >= 3, stage >= 2, stage >= 1};
-        s.expert_shards = expert_shards;
-        s.expert_rank = expert_rank;
-        return s;
-    }
-};
-
-// Where the model finds a unit's parameters and puts its gradients, and
-// when. The model calls these around every unit it computes (units: 0
-// embeddings, 1..L blocks, L+1 final LayerNorm; see tensors.h), so a
-// parallel mode can gather parameters just in time (ZeRO-3) and reduce each
-// unit's gradients as soon as its backward is done, overlapped with the
-// backward of the units below. Pointers are to the unit's first element,
-// laid out as in the table (element i of the unit at unit_begin[u] + i).
-class UnitProvider {
-  public:
-    virtual ~UnitProvider() {}
-    virtual void prefetch(int unit) { (void)unit; }  // a hint: acquire(unit) comes soon
-    virtual const void* acquire(int unit) = 0;       // parameters, ready for compute
-    virtual void release(int unit) = 0;
-    virtual void* grads(int unit) = 0;  // gradients of this micro-step accumulate here
-    // The unit's gradients of this micro-step are complete; last_micro_step:
-    // this was the last micro-step of the optimizer step (the unit's
-    // gradients of the whole step are complete too).
-    virtual void grads_done(int unit, bool last_micro_step) = 0;
-    // Whether, during a forward (backward = false) or a backward of a
-    // micro-step, the calls above only hand out fixed pointers: no
-    // communication, no waiting, no buffer taken from a pool. Then the pass
-    // holds device work only and may be a recorded region (backend.h).
-    virtual bool quiet(bool backward, bool last_micro_step) const {
-        (void)backward, (void)last_micro_step;
-        return false;
-    }
-};
+#include "llmc/model/weight_walk.h"
 
 // What a block keeps from its forward for its backward (--recompute):
 //   none       everything the backward reads;
@@ -106,36 +64,40 @@ struct BufferInfo {
 
 struct KVCache;  // llmc/model/kv_cache.h
 
-// --moe-balance bias's update (DeepSeek-V3) from a step's loads [L, E]
-// (assignments per layer and expert, over the whole batch): every expert's
-// bias moves by rate toward an even load, b_e += rate · sign(mean - load_e),
-// the mean over the layer's E experts. And the loads' imbalance, the mean
-// over layers of max_e load_e / mean - 1 (0: even; "MaxVio").
-void moe_bias_update(std::vector<double>* bias, const std::vector<double>& loads, int E, double rate);
-double moe_max_violation(const std::vector<double>& loads, int E);
+// How a model is built: the micro-batch it holds, what it keeps for its
+// backward, which buffers are sharded, the pipeline chunks it runs, and the
+// parallel modes' hooks it calls (llmc/parallel/model_stack.h derives them
+// from the run's layout; a model of one process needs only B and T).
+struct ModelOptions {
+    ModelOptions() {}
+    ModelOptions(int B_, int T_) : B(B_), T(T_) {}
+    // Micro-batches of up to B rows of T tokens (under context parallelism
+    // T is the local sequence length T/c and set_positions() gives the
+    // global positions).
+    int B = 1, T = 1;
+    Recompute recompute = Recompute::none;  // what each block keeps for its backward
+    Sharding sharding;                      // which flat buffers hold only this rank's shard
+    // What this pipeline stage runs (empty: the whole model).
+    std::vector<ModelChunk> chunks;
+    // 0 computes the LM head's logits for every row of every micro-batch in
+    // flight at once; ROWS > 0 runs the head and its cross-entropy in chunks
+    // of at most ROWS rows, the backward's head products fused into the
+    // forward (head.cpp), so that only ROWS rows of logits are ever held.
+    int head_chunk = 0;
+    // false: no gradients and no Adam state (generation: the weights and the
+    // forward only); backward and a forward with a loss gradient then refuse.
+    bool training = true;
+    // The parallel modes (null: off). Under sequence parallelism B·T must
+    // divide by the tp degree.
+    TensorParallelOps* tp = nullptr;
+    ContextParallelOps* cp = nullptr;
+    ExpertParallelOps* ep = nullptr;
+};
 
 class GPT {
   public:
-    // Allocates every buffer for micro-batches of up to B rows of T tokens.
-    // recompute: what each block keeps for its backward (see Recompute).
-    // sharding: which flat buffers hold only this rank's shard (default: none).
-    // tp: tensor (and sequence) parallelism; null for none. Under sequence
-    // parallelism B·T must divide by the tp degree.
-    // cp: context parallelism (ring attention); T is then the local sequence
-    // length T/c and set_positions() gives the global positions.
-    // chunks: what this pipeline stage runs (empty: the whole model).
-    // head_chunk: 0 computes the LM head's logits for every row of every
-    // micro-batch in flight at once; ROWS > 0 runs the head and its
-    // cross-entropy in chunks of at most ROWS rows, the backward's head
-    // products fused into the forward (head.cpp), so that only ROWS rows of
-    // logits are ever held.
-    // training false: no gradients and no Adam state (generation: the
-    // weights and the forward only); backward and a forward with a loss
-    // gradient then refuse.
-    GPT(Backend* be, const GPTConfig& cfg, int B, int T, Recompute recompute = Recompute::none,
-        const Sharding& sharding = Sharding(), TensorParallel* tp = nullptr, ContextParallel* cp = nullptr,
-        const std::vector<ModelChunk>& chunks = {}, int head_chunk = 0, bool training = true,
-        ExpertParallel* ep = nullptr);
+    // Allocates every buffer the options ask for (see ModelOptions).
+    GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& opt);
     ~GPT();
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
@@ -170,37 +132,19 @@ class GPT {
     // GPT-2 initialisation, deterministic for a seed and independent of the
     // memory layout: values are drawn tensor by tensor in model-file order.
     void init_random(uint64_t seed);
-    // Host arrays in model-file order <-> this rank's part of a flat buffer.
-    // `sharded` says whether buf is a shard buffer. get_file_order writes only
-    // the elements this rank holds and leaves the rest of host untouched.
-    // Which tensors a walk over the buffers visits: all, or only those split
-    // over (or only those replicated across) the tensor-parallel ranks.
-    enum class Tensors { all, split, replicated };
-    // `which` = split lets one rank of a tp group contribute the replicated
-    // tensors when gathering.
+    // Host arrays in model-file order <-> this rank's part of a flat buffer
+    // (the walks over the tensor table are llmc/model/weight_walk.h; these
+    // apply them to this model's buffers). get_file_order writes only the
+    // elements this rank holds of buf (a shard buffer when sharded) and
+    // leaves the rest of host untouched.
     void get_file_order(void* host, DType dst_t, const void* buf, bool sharded, DType src_t,
                         Tensors which = Tensors::all);
-    void set_file_order(void* buf, bool sharded, DType buf_t, const void* host, DType src_t);
     // Sets every weight this rank holds (params, and master when present)
-    // from host values of type t in model-file order.
+    // from host values of type t in model-file order; the _range form only
+    // the file elements [file_begin, file_end) (one tensor, say), host
+    // pointing at element file_begin.
     void set_weights_file_order(const void* host, DType t);
-    // The same for the file elements [file_begin, file_end) only (one
-    // tensor, say); host points at element file_begin.
-    void set_file_range(void* buf, bool sharded, DType buf_t, const void* host, DType src_t, size_t file_begin,
-                        size_t file_end);
     void set_weights_file_range(const void* host, DType t, size_t file_begin, size_t file_end);
-    // Calls fn(file_offset, buffer_offset, n) for every run of elements this
-    // rank owns of a flat buffer (sharded: its shard) when every element of
-    // the model has exactly one owner: shards belong to their rank; a whole
-    // buffer to the rank with whole_owner (dp x cp rank 0); tensors
-    // replicated over tp to the rank with replicated_owner (tp rank 0); the
-    // last pipeline stage's copy of the embeddings to nobody (the first
-    // stage owns them). Runs come in memory order.
-    // Under expert parallelism the ep ranks hold different experts: in whole
-    // buffers an expert tensor belongs to expert_owner (the first rank of
-    // its expert-data group), the other tensors to whole_owner.
-    void for_each_owned(bool sharded, bool whole_owner, bool replicated_owner, bool expert_owner,
-                        const std::function<void(size_t, size_t, size_t)>& fn) const;
     bool weights_sharded() const { return prec_.has_master ? sharding_.optimizer : sharding_.params; }
 
     // Forward over inputs (host int32 [B,T]); returns the mean loss over the
@@ -216,31 +160,14 @@ class GPT {
     // gradients accumulate (+=) into grads(). last_micro_step: whether this
     // is the optimizer step's last micro-step (told to the unit provider).
     void backward(bool last_micro_step = true);
-    // Mixtral (docs/moe.md): the load-balancing loss of the last forward's
-    // micro-batch (without its coefficient; 0 for other models and for a
-    // model split into pipeline chunks), and the sum of it over the
-    // forwards since the last call (which clears it).
-    double aux_loss() const { return aux_last_; }
-    double take_aux_sum() {
-        const double s = aux_sum_;
-        aux_sum_ = 0;
-        return s;
-    }
-    // Mixtral over pipeline stages (docs/moe.md): the routing statistics of
-    // this stage's blocks since the last call, [assignments per expert (E);
-    // probability sums (E)], cleared; and the load-balancing gradient of the
-    // micro-batch in chunk c's slot from its whole statistics (every
-    // stage's, summed), for the chunk's next backward (the head chunk also
-    // adds the micro-batch's loss to the sum above).
-    std::vector<double> take_moe_stats();
+    // Mixtral (docs/moe.md): the MoE blocks' state between calls (the
+    // load-balancing loss, routing statistics, the experts' loads).
+    MoeState& moe() { return moe_; }
+    // Over pipeline stages: the load-balancing gradient of the micro-batch
+    // in chunk c's slot from its whole statistics (every stage's
+    // MoeState::take_stats, summed), for the chunk's next backward (the head
+    // chunk also adds the micro-batch's loss to MoeState's sum).
     void set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss);
-    // Mixtral's experts' loads: with counting on, each training forward adds
-    // its blocks' assignments per expert ([L, E], this stage's layers);
-    // take_moe_loads returns them and clears them. Off for validation and
-    // samples (and the pipeline's forward-only pass of the statistics).
-    void count_moe_loads(bool on) { count_loads_ = on; }
-    bool counting_moe_loads() const { return count_loads_; }
-    std::vector<double> take_moe_loads();
     // --moe-balance bias (DeepSeek-V3): the per-layer, per-expert bias [L, E]
     // the routing adds to the probabilities for its choice of the K (not to
     // their weights); setting it turns it on.
@@ -311,14 +238,6 @@ class GPT {
     // Bytes one transformer block keeps from its forward for its backward
     // (what docs/design.md section 4 counts per layer).
     size_t layer_activation_bytes() const;
-    // Sum of squares of the tensor-parallel-replicated parameters this rank
-    // holds: equal on every rank of a tp group while the replicas agree.
-    double replicated_checksum();
-    // Sum of squares of the parameters this rank holds of unit u (whole or
-    // its shard): equal on the first and last pipeline stage while their
-    // copies of the embedding unit agree.
-    double unit_checksum(int u);
-
     const std::vector<BufferInfo>& buffers() const { return buffers_; }
     // The largest shapes this model passes to the backend's ops that need
     // temporary memory (Backend::reserve_workspace), from its B, T, tensor
@@ -366,12 +285,7 @@ class GPT {
     void moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad);
     void moe_stats(int l, const LayerActs& la, int N, size_t s);
     void moe_aux(size_t s, int N, double dloss, bool count = true);
-    std::vector<std::vector<int>> moe_offsets_;  // per layer-slot (and one scratch): the experts' row groups
-    std::vector<ExpertParallel::Route> moe_routes_;  // expert parallel: per layer-slot, the exchange's sizes
-    std::vector<std::vector<double>> moe_count_, moe_psum_;  // per chunk-slot [E]: assignments, probabilities
-    double aux_last_ = 0, aux_sum_ = 0;
-    std::vector<double> moe_load_;  // [L, E]: the training forwards' assignments since the last take
-    bool count_loads_ = false, moe_bias_on_ = false;
+    MoeState moe_;
     // The LM head of the head chunk's micro-batch in `slot` from its final
     // norm's output lnf (head.cpp): logits, and with targets the losses
     // (head_loss reads their mean); with dloss != 0 also the head's gradients, for the
@@ -411,17 +325,6 @@ class GPT {
     void* G(Param p, int layer = 0);
     void acquire(int unit);
     void release(int unit);
-    // Calls fn(file_offset, buffer_offset, n) for every run of elements of a
-    // (sharded or whole) flat buffer that holds real parameters.
-    // skip_copies: leave out the last stage's copy of the embeddings (so
-    // that gathering over the pipeline stages sees every tensor once).
-    // Only tensors that meet the file range [file_begin, file_end) are visited.
-    // dense / experts: whether the walk visits the tensors that are the
-    // same on every ep rank, and those of this ep rank's experts (ep > 1).
-    template <typename Fn>
-    void for_each_piece(bool sharded, Fn fn, Tensors which = Tensors::all, bool skip_copies = false,
-                        size_t file_begin = 0, size_t file_end = SIZE_MAX, bool dense = true,
-                        bool experts = true) const;
 
     Backend* be_;
     GPTConfig cfg_;
@@ -434,15 +337,15 @@ class GPT {
     std::vector<size_t> slot_base_;   // per chunk: its first chunk-slot (chunk inputs)
     size_t layer_slots_ = 0;          // layer-slots of per-layer activations held
     int last_B_ = 0, last_T_ = 0;
-    TensorParallel* tp_ = nullptr;
+    TensorParallelOps* tp_ = nullptr;  // null when tp = 1
     int tp_size_ = 1;
-    ContextParallel* cp_ = nullptr;
+    ContextParallelOps* cp_ = nullptr;  // null when cp = 1
     std::vector<int> pos_host_;  // global position of each local token
     std::vector<char> grad_ready_;  // per slot of the head chunk
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
     int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
     int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds
-    ExpertParallel* ep_ = nullptr;  // null when ep = 1
+    ExpertParallelOps* ep_ = nullptr;  // null when ep = 1
     Sharding sharding_;
     bool training_ = true;  // gradients and Adam state allocated
     UnitProvider* provider_ = nullptr;

@@ -174,6 +174,6 @@ void GPT::logits_row(int b, int pos, void* out, DType dt) {
     be_->zero(a_->logit_row, V * dtype_size(prec_.act));
     if (src && held) be_->copy(elem_ptr(a_->logit_row, prec_.act, vb), src, held * dtype_size(prec_.act));
     if (tp_) tp_->sum(a_->logit_row, V, prec_.act);
-    if (cp_) cp_->comm().all_reduce(a_->logit_row, V, prec_.act, ReduceOp::Sum);
+    if (cp_) cp_->sum(a_->logit_row, V, prec_.act);
     be_->download(out, dt, a_->logit_row, prec_.act, V);
 }

@@ -14,7 +14,7 @@
 // block's g operator reduces, the combine being linear. The gradient of
 // the weights w needs the whole expert outputs: a sum over the tp group.
 //
-// Under expert parallelism (llmc/model/expert_parallel.h) this rank holds
+// Under expert parallelism (llmc/parallel/expert_parallel.h) this rank holds
 // E/ep of the experts: the grouped rows leave for their experts' ranks
 // after the dispatch, the experts run over the rows they receive, block by
 // (peer, local expert), and the outputs come back before the combine; the
@@ -41,7 +41,6 @@
 #include <vector>
 
 #include "llmc/model/activations.h"
-#include "llmc/model/expert_parallel.h"
 #include "llmc/model/gpt.h"
 
 // The experts' side of a block: blocks of rows, each for one of this
@@ -50,7 +49,7 @@ struct ExpertBlock {
     size_t row, n;
     int expert;
 };
-static std::vector<ExpertBlock> expert_blocks(const std::vector<int>& off, const ExpertParallel::Route* r, int El) {
+static std::vector<ExpertBlock> expert_blocks(const std::vector<int>& off, const ExpertParallelOps::Route* r, int El) {
     std::vector<ExpertBlock> out;
     size_t row = 0;
     if (!r) {  // every expert here, its rows as grouped
@@ -65,7 +64,7 @@ static std::vector<ExpertBlock> expert_blocks(const std::vector<int>& off, const
 }
 
 int GPT::moe_expert_rows(const LayerActs& la, int N) const {
-    return ep_ ? (int)moe_routes_[la.index].expert_rows : N * cfg_.top_k;
+    return ep_ ? (int)moe_.routes_[la.index].expert_rows : N * cfg_.top_k;
 }
 
 void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
@@ -73,13 +72,13 @@ void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param;
     be_->matmul_forward(a.moe_logits, xin, P(Param::moe_gate, l), nullptr, N, C, E);
-    const void* bias = moe_bias_on_ ? elem_ptr(a.moe_bias, prec_.stat, (size_t)l * E) : nullptr;
+    const void* bias = moe_.bias_on_ ? elem_ptr(a.moe_bias, prec_.stat, (size_t)l * E) : nullptr;
     be_->moe_route(la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv, a.moe_logits, N, E, K, bias);
-    std::vector<int>& off = moe_offsets_[la.index];
+    std::vector<int>& off = moe_.offsets_[la.index];
     be_->download(off.data(), DType::I32, la.offsets, DType::I32, (size_t)E + 1);
     // The grouped rows are the experts' input here; under ep they leave first.
     be_->moe_dispatch(ep_ ? a.moe_send : la.xg, nullptr, xin, nullptr, nullptr, la.inv, N, K, C);
-    ExpertParallel::Route* route = ep_ ? &moe_routes_[la.index] : nullptr;
+    ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[la.index] : nullptr;
     if (ep_) {
         ep_->plan(off, route);
         ep_->dispatch(a.moe_send, la.xg, *route, C, act);
@@ -104,8 +103,8 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     Acts& a = *a_;
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param, gt = prec_.grad;
-    const ExpertParallel::Route* route = ep_ ? &moe_routes_[la.index] : nullptr;
-    const std::vector<ExpertBlock> blocks = expert_blocks(moe_offsets_[la.index], route, table_.experts);
+    const ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[la.index] : nullptr;
+    const std::vector<ExpertBlock> blocks = expert_blocks(moe_.offsets_[la.index], route, table_.experts);
     // The combine's backward: each grouped row's gradient, and the weights'.
     be_->moe_dispatch(a.moe_dg, a.moe_dtopw, dout, la.yg, la.topw, la.inv, N, K, C);
     if (tp_) tp_->sum(a.moe_dtopw, (size_t)N * K, prec_.stat);  // the whole expert outputs' dot products
@@ -140,51 +139,39 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
 // s); and, counting, to the layer's loads.
 void GPT::moe_stats(int l, const LayerActs& la, int N, size_t s) {
     const int E = cfg_.experts;
-    const std::vector<int>& off = moe_offsets_[la.index];
-    if (count_loads_)
-        for (int e = 0; e < E; e++) moe_load_[(size_t)l * E + e] += off[e + 1] - off[e];
+    const std::vector<int>& off = moe_.offsets_[la.index];
+    if (moe_.count_loads_)
+        for (int e = 0; e < E; e++) moe_.load_[(size_t)l * E + e] += off[e + 1] - off[e];
     std::vector<double> p((size_t)N * E);
     be_->download(p.data(), DType::F64, la.probs, prec_.stat, p.size());
     for (int e = 0; e < E; e++) {
-        moe_count_[s][e] += off[e + 1] - off[e];
+        moe_.count_[s][e] += off[e + 1] - off[e];
         double sum = 0;
         for (int n = 0; n < N; n++) sum += p[(size_t)n * E + e];
-        moe_psum_[s][e] += sum;
+        moe_.psum_[s][e] += sum;
     }
+}
+
+void GPT::set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss) {
+    const size_t s = slot_base_.at(c) + slot, E = cfg_.experts;
+    if (stats.size() != 2 * E) throw std::invalid_argument("set_moe_aux: statistics of another expert count");
+    for (size_t e = 0; e < E; e++) moe_.count_[s][e] = stats[e], moe_.psum_[s][e] = stats[E + e];
+    moe_aux(s, N, dloss, chunks_.at(c).head);
 }
 
 // After the micro-batch's last block: the loss (docs/moe.md) and, when the
 // forward computes a loss gradient (dloss = 1 / tokens of the global
 // batch), the gradient of aux_coef times this micro-batch's share of the
 // step's mean with respect to every routing probability.
-std::vector<double> GPT::take_moe_stats() {
-    const size_t E = cfg_.experts;
-    std::vector<double> out(2 * E, 0.0);
-    for (size_t s = 0; s < moe_count_.size(); s++)
-        for (size_t e = 0; e < E; e++) {
-            out[e] += moe_count_[s][e];
-            out[E + e] += moe_psum_[s][e];
-            moe_count_[s][e] = moe_psum_[s][e] = 0;
-        }
-    return out;
-}
-
-void GPT::set_moe_aux(int c, int slot, const std::vector<double>& stats, int N, double dloss) {
-    const size_t s = slot_base_.at(c) + slot, E = cfg_.experts;
-    if (stats.size() != 2 * E) throw std::invalid_argument("set_moe_aux: statistics of another expert count");
-    for (size_t e = 0; e < E; e++) moe_count_[s][e] = stats[e], moe_psum_[s][e] = stats[E + e];
-    moe_aux(s, N, dloss, chunks_.at(c).head);
-}
-
 void GPT::moe_aux(size_t s, int N, double dloss, bool count) {
     const int E = cfg_.experts;
-    std::vector<double>& cnt = moe_count_[s];
-    std::vector<double>& psum = moe_psum_[s];
-    const double tokens = (double)N * (cp_ ? cp_->comm().size() : 1);  // the micro-batch's, over the cp group
+    std::vector<double>& cnt = moe_.count_[s];
+    std::vector<double>& psum = moe_.psum_[s];
+    const double tokens = (double)N * (cp_ ? cp_->size() : 1);  // the micro-batch's, over the cp group
     if (cp_)
         for (int e = 0; e < E; e++) {
-            cnt[e] = cp_->comm().host_all_reduce(cnt[e], ReduceOp::Sum);
-            psum[e] = cp_->comm().host_all_reduce(psum[e], ReduceOp::Sum);
+            cnt[e] = cp_->host_sum(cnt[e]);
+            psum[e] = cp_->host_sum(psum[e]);
         }
     const double LN = (double)cfg_.num_layers * tokens;
     std::vector<double> grad(E);
@@ -196,44 +183,13 @@ void GPT::moe_aux(size_t s, int N, double dloss, bool count) {
     }
     aux *= E;
     be_->upload(elem_ptr(a_->moe_aux_grad, prec_.stat, s * E), prec_.stat, grad.data(), DType::F64, E);
-    aux_last_ = aux;
-    if (count) aux_sum_ += aux;
-}
-
-std::vector<double> GPT::take_moe_loads() {
-    std::vector<double> out = moe_load_;
-    std::fill(moe_load_.begin(), moe_load_.end(), 0.0);
-    return out;
+    moe_.aux_last_ = aux;
+    if (count) moe_.aux_sum_ += aux;
 }
 
 void GPT::set_moe_bias(const std::vector<double>& bias) {
     const size_t n = (size_t)cfg_.num_layers * cfg_.experts;
     if (!cfg_.moe() || bias.size() != n) throw std::invalid_argument("set_moe_bias: not [L, E] of a Mixtral model");
     be_->upload(a_->moe_bias, prec_.stat, bias.data(), DType::F64, n);
-    moe_bias_on_ = true;
-}
-
-void moe_bias_update(std::vector<double>* bias, const std::vector<double>& loads, int E, double rate) {
-    if (bias->size() != loads.size() || E < 1 || loads.size() % E != 0)
-        throw std::invalid_argument("moe_bias_update: loads and bias of other shapes");
-    for (size_t l = 0; l < loads.size() / E; l++) {
-        double mean = 0;
-        for (int e = 0; e < E; e++) mean += loads[l * E + e] / E;
-        for (int e = 0; e < E; e++) {
-            const double err = mean - loads[l * E + e];
-            (*bias)[l * E + e] += rate * (err > 0 ? 1 : err < 0 ? -1 : 0);
-        }
-    }
-}
-
-double moe_max_violation(const std::vector<double>& loads, int E) {
-    if (E < 1 || loads.empty() || loads.size() % E != 0) return 0;
-    const size_t L = loads.size() / E;
-    double v = 0;
-    for (size_t l = 0; l < L; l++) {
-        double mean = 0, mx = 0;
-        for (int e = 0; e < E; e++) mean += loads[l * E + e] / E, mx = std::max(mx, loads[l * E + e]);
-        v += mean > 0 ? mx / mean - 1 : 0;
-    }
-    return v / L;
+    moe_.bias_on_ = true;
 }

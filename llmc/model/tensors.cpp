@@ -96,10 +96,10 @@ static std::vector<size_t> kind_parts(const GPTConfig& c, Param p) {
     return {(size_t)c.hidden()};
 }
 
-TensorTable::TensorTable(const GPTConfig& c, int nshards, int tp_, int tp_rank_, const StageUnits& stage_, int ep_,
-                         int ep_rank_, int expert_shards_)
-    : cfg(c), tp(tp_), tp_rank(tp_rank_), ep(ep_), ep_rank(ep_rank_), expert_shards(expert_shards_), shards(nshards),
-      stage(stage_) {
+TensorTable::TensorTable(const GPTConfig& c, const TableSplit& sp)
+    : cfg(c), tp(sp.tp), tp_rank(sp.tp_rank), ep(sp.ep), ep_rank(sp.ep_rank), expert_shards(sp.expert_shards),
+      shards(sp.shards), stage(sp.stage) {
+    const int nshards = shards;
     if (nshards < 1 || expert_shards < 1 || tp < 1 || tp_rank < 0 || tp_rank >= tp)
         throw std::invalid_argument("tensor table: bad shard or tensor-parallel numbers");
     if (ep < 1 || ep_rank < 0 || ep_rank >= ep || (ep > 1 && (!c.moe() || c.experts % ep != 0)))

@@ -119,6 +119,35 @@ struct StageUnits {
     bool embedding_copy = false;  // unit 0 here is a copy of the first stage's
 };
 
+// How one rank's table is cut from the whole model's: the parallel degrees
+// and this rank's place along each (llmc/parallel/model_stack.h derives it
+// from the run's layout). The default is the whole model in one process.
+struct TableSplit {
+    int shards = 1;          // units padded to a multiple of this (ZeRO's data-parallel ranks)
+    int tp = 1, tp_rank = 0;  // tensor parallel
+    StageUnits stage;        // the units this pipeline stage holds
+    int ep = 1, ep_rank = 0;  // expert parallel
+    int expert_shards = 1;   // expert segments padded to a multiple of this (ep > 1)
+};
+
+// Which flat buffers a rank holds only its shard of (ZeRO stage 1: the
+// optimizer state; 2: and gradients; 3: and parameters). Sharded buffers hold
+// TensorTable::shard_total elements, the others TensorTable::total.
+struct Sharding {
+    int shards = 1;  // data-parallel ranks the units are split over
+    int rank = 0;    // this rank's slice
+    bool params = false, grads = false, optimizer = false;
+    // Expert parallel: the ranks the expert segments are split over (the
+    // expert-data group) and this rank's slice of them.
+    int expert_shards = 1, expert_rank = 0;
+    static Sharding for_zero(int stage, int shards, int rank, int expert_shards = 1, int expert_rank = 0) {
+        Sharding s{shards, rank, stage >= 3, stage >= 2, stage >= 1};
+        s.expert_shards = expert_shards;
+        s.expert_rank = expert_rank;
+        return s;
+    }
+};
+
 // A contiguous range of a unit whose slices belong to the ranks of one
 // group: the data-parallel group (dense) or the expert-data group (experts).
 struct UnitSegment {
@@ -158,8 +187,7 @@ struct TensorTable {
     size_t params = 0;                  // elements of this rank's tensors (no unit padding)
     size_t shard_total = 0;             // elements in one rank's shard buffer
 
-    explicit TensorTable(const GPTConfig& c, int shards = 1, int tp = 1, int tp_rank = 0,
-                         const StageUnits& stage = StageUnits(), int ep = 1, int ep_rank = 0, int expert_shards = 1);
+    explicit TensorTable(const GPTConfig& c, const TableSplit& split = TableSplit());
     const TensorEntry& get(Param p, int layer = 0) const;
     // Whether the entry holds only this ep rank's experts (ep > 1).
     bool ep_split(const TensorEntry& e) const { return ep > 1 && param_kind(e.kind).experts; }

@@ -1,8 +1,8 @@
-// llmc/parallel/layout.cpp: layouts, their checks, and a rank's model stack
-// (llmc/parallel/layout.h).
+// llmc/parallel/layout.cpp: a layout's description and its checks, every
+// message naming its flag (llmc/parallel/layout.h).
 #include "llmc/parallel/layout.h"
 
-#include <stdexcept>
+#include "llmc/parallel/pipeline_parallel.h"
 
 std::string Layout::describe() const {
     const std::string cp_words = cp_hybrid() ? " (a2a " + std::to_string(cp_a2a) + " x ring " +
@@ -41,6 +41,9 @@ bool check_world(const Layout& l, std::string* err) {
         *err = m;
         return false;
     };
+    for (const auto& d : {std::make_pair("--pp", l.pp), std::make_pair("--tp", l.tp), std::make_pair("--cp", l.cp),
+                          std::make_pair("--ep", l.ep), std::make_pair("--vpp", l.vpp)})
+        if (d.second < 1) return fail(std::string("flag ") + d.first + ": " + std::to_string(d.second) + " must be at least 1");
     // The product in 64 bits: --tp 65536 --cp 65536 would wrap an int to 0.
     const long long world = l.world, ptc = (long long)l.tp * l.cp * l.pp;
     // One process started for a parallel layout: the usual slip is a missing mpirun.
@@ -63,7 +66,6 @@ bool check_world(const Layout& l, std::string* err) {
     if (l.cp_a2a < 1 || l.cp_a2a > l.cp || l.cp % l.cp_a2a != 0)
         return fail("flag --cp-a2a: N=" + std::to_string(l.cp_a2a) + " does not divide --cp " + std::to_string(l.cp));
     if (l.sp && l.tp == 1) return fail("flag --sp: sequence parallel needs --tp > 1");
-    if (l.ep < 1) return fail("flag --ep: " + std::to_string(l.ep) + " must be at least 1");
     if (l.ep > 1 && l.dp() % l.ep != 0)
         return fail("flag --ep: " + std::to_string(l.ep) + " does not divide the " + std::to_string(l.dp()) +
                     " data-parallel ranks (world / (pp*tp*cp); the experts are split over dp ranks)");
@@ -131,52 +133,4 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
         return false;
     }
     return true;
-}
-
-size_t ModelStack::comm_bytes() const {
-    return (dp ? dp->comm_buffer_bytes() : 0) + (cp ? cp->buffer_bytes() : 0) + (pipe ? pipe->buffer_bytes() : 0) +
-           (ep ? ep->buffer_bytes() : 0);
-}
-
-ModelStack::~ModelStack() {
-    dp.reset();
-    model.reset();
-    ep.reset();
-    pipe.reset();
-    cp.reset();
-    tp.reset();
-}
-
-void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGroups& g, ModelStack* s) {
-    s->tp.reset(new TensorParallel(*g.tp, l.sp != 0));
-    // The pipeline says which chunks of blocks this stage runs (its
-    // micro-batches are the accumulation steps); the model allocates them.
-    s->pipe.reset(new PipelineParallel(*g.pp, *g.embed, mc.num_layers, l.vpp, l.micro_batches()));
-    // The all-to-all's group: the cp group (a2a), its part (hybrid), none (ring).
-    Comm* a2a = l.cp > 1 && l.cp_a2a == l.cp ? g.cp : l.cp > 1 && l.cp_a2a > 1 ? g.cp_a2a : nullptr;
-    if (l.cp_hybrid() && (!g.cp_a2a || !g.cp_ring))
-        throw std::logic_error("build_stack: hybrid context parallel without its a2a and ring groups");
-    s->cp.reset(new ContextParallel(*g.cp, be, l.B, l.T_local(), mc.num_heads / l.tp, mc.head_size(),
-                                    mc.kv_heads() / l.tp, a2a, l.cp_hybrid() ? g.cp_ring : nullptr));
-    // Expert parallel: the ep group's experts, and the expert-data group
-    // that reduces (and, under ZeRO, shards) them.
-    if (l.ep > 1 && (!g.ep || !g.edp || g.ep->size() != l.ep))
-        throw std::logic_error("build_stack: expert parallel without its ep and expert-data groups");
-    if (l.ep > 1) s->ep.reset(new ExpertParallel(*g.ep, be, mc.experts));
-    Comm* edp = l.ep > 1 ? g.edp : g.dpcp;
-    const Sharding sharding = Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank(), edp->size(), edp->rank());
-    s->model.reset(new GPT(&be, mc, l.B, l.T_local(), l.recompute, sharding, s->tp.get(), s->cp.get(),
-                           s->pipe->chunks(), l.head_chunk, true, s->ep.get()));
-    s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));
-    s->pipe->attach(*s->model);
-    s->dp.reset(new DataParallel(*s->model, *g.dpcp, l.zero, l.ep > 1 ? g.edp : nullptr));
-    s->groups = {g.dpcp, g.tp, g.pp, g.embed, l.ep > 1 ? g.ep : nullptr, l.ep > 1 ? g.edp : nullptr};
-    // The ops' temporary memory, now, before any step (a GPU must not
-    // allocate while collectives are in flight).
-    be.reserve_workspace(s->model->workspace());
-}
-
-double ModelStack::step(const OptimConfig& o, int step, bool skip, bool* skipped) {
-    dp->finish_reductions();
-    return optimizer_step(*model, groups, o, step, skip, skipped);
 }

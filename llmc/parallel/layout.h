@@ -1,24 +1,16 @@
-// llmc/parallel/layout.h: a layout, how a run is split over its ranks (pipeline
-// stages and chunks, data, context and tensor parallel degrees, sequence
-// parallel, ZeRO stage, micro-batch, recompute, LM-head chunk); the checks that say whether
-// it fits a world and a model; and the one function that builds a rank's
-// model with its parallel modes. The trainer builds its own rank's stack on
-// its backend; the planner (llmc/plan/planner.h) builds any rank's stack of any
-// layout on a backend that only counts, so both allocate through the same
-// code and the planner's memory is the trainer's, byte for byte.
+// llmc/parallel/layout.h: a layout, the one value that says how a run is
+// split over its ranks (pipeline stages and chunks, data, context, tensor and
+// expert parallel degrees, sequence parallel, ZeRO stage, micro-batch,
+// recompute, LM-head chunk), and its checks: against the world size (before
+// the model is known) and against the model. The run makes it once from its
+// flags and checks it here, with every message naming its flag; the process
+// grid (process_grid.h), the tensor table's split and the model's options
+// (model_stack.h) are derived from it.
 #pragma once
-#include <memory>
 #include <string>
 
-#include "llmc/comm/comm.h"
-#include "llmc/model/context_parallel.h"
+#include "llmc/model/config.h"
 #include "llmc/model/gpt.h"
-#include "llmc/model/optimizer.h"
-#include "llmc/model/tensor_parallel.h"
-#include "llmc/parallel/data_parallel.h"
-#include "llmc/parallel/optimizer_step.h"
-#include "llmc/parallel/pipeline_parallel.h"
-
 struct Layout {
     int world = 1;
     int pp = 1, vpp = 1, tp = 1, cp = 1, sp = 0, zero = 0;
@@ -49,43 +41,12 @@ struct Layout {
 // dividing cp).
 bool cp_a2a_of(const std::string& impl, int cp, int n, int* cp_a2a, std::string* err);
 
-// The degrees against the world size alone (before the model is known);
-// false with *err naming the flag.
+// The degrees against the world size alone (before the model is known):
+// each at least 1, their product dividing the world, cp_a2a dividing cp, ep
+// dividing dp; false with *err naming the flag. The process grid is made
+// only of a layout that passes.
 bool check_world(const Layout& l, std::string* err);
 // Everything against the world and the model, in the order the trainer
 // reports them: check_world, then the sequence, the heads, the batch and the
 // pipeline. Sets total_batch when it was -1.
 bool check_layout(Layout* l, const GPTConfig& c, std::string* err);
-
-// A rank's groups: its communicators (real, or shapes only for the planner)
-// and its place along the context-parallel axis; hybrid context parallel's
-// two splits of the cp group (null otherwise).
-struct RankGroups {
-    Comm *tp, *cp, *dpcp, *pp, *embed;
-    int cp_rank;
-    Comm *cp_a2a = nullptr, *cp_ring = nullptr;
-    Comm *ep = nullptr, *edp = nullptr;  // expert parallel (ep > 1)
-};
-
-// A rank's model and parallel modes, destroyed in the right order.
-struct ModelStack {
-    std::unique_ptr<TensorParallel> tp;
-    std::unique_ptr<ContextParallel> cp;
-    std::unique_ptr<ExpertParallel> ep;
-    std::unique_ptr<PipelineParallel> pipe;
-    std::unique_ptr<GPT> model;
-    std::unique_ptr<DataParallel> dp;
-    StepGroups groups;  // what the optimizer step reduces over
-    // Bytes of the parallel modes' own buffers (the memory line's comm).
-    size_t comm_bytes() const;
-    // The optimizer step after a train step's forwards and backwards: waits
-    // for the gradient reductions in flight, then optimizer_step(). Returns
-    // the global gradient norm before clipping. skip / *skipped: as
-    // optimizer_step's (a bad step leaves the model as it was).
-    double step(const OptimConfig& o, int step, bool skip = false, bool* skipped = nullptr);
-    ~ModelStack();
-};
-
-// Builds the stack of a checked layout on backend be (throws
-// std::invalid_argument naming the flag if the pipeline does not fit).
-void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGroups& g, ModelStack* s);

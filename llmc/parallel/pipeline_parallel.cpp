@@ -117,18 +117,18 @@ std::vector<std::vector<double>> PipelineParallel::moe_stats(GPT& model, const L
     std::vector<std::vector<double>> out;
     const GPTConfig& c = model.config();
     if (!c.moe() || c.aux_coef == 0 || pp_ == 1) return out;
-    model.take_moe_stats();
-    const bool counting = model.counting_moe_loads();
-    model.count_moe_loads(false);  // the schedule's forwards count the step's loads, once
+    model.moe().take_stats();
+    const bool counting = model.moe().counting_loads();
+    model.moe().count_loads(false);  // the schedule's forwards count the step's loads, once
     for (int mb = 0; mb < m_; mb++) {
         const int *inputs = nullptr, *targets = nullptr, *docs = nullptr;
         load(mb, &inputs, &targets, &docs);
         forward_only(model, inputs, targets, B, T, docs);
-        std::vector<double> st = model.take_moe_stats();
+        std::vector<double> st = model.moe().take_stats();
         for (double& x : st) x = comm_.host_all_reduce(x, ReduceOp::Sum);
         out.push_back(st);
     }
-    model.count_moe_loads(counting);
+    model.moe().count_loads(counting);
     return out;
 }
 
@@ -176,7 +176,7 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
         }
     }
     for (size_t i = 0; i < handles_.size(); i++) wait((int)i);
-    if (!moe.empty()) model.take_moe_stats();  // the schedule's forwards gathered them again
+    if (!moe.empty()) model.moe().take_stats();  // the schedule's forwards gathered them again
     return loss;
 }
 
@@ -212,7 +212,12 @@ void PipelineParallel::logits_row(GPT& model, int b, int pos, float* out) {
 bool PipelineParallel::tied_embeddings_agree(GPT& model) {
     if (pp_ == 1 || !model.config().tied) return true;
     // The embedding group pairs ranks that hold the same slice of the unit.
-    double c = embed_.size() > 1 ? model.unit_checksum(0) : 0.0;
+    // The sum of squares of this rank's part of the embedding unit (whole or its shard).
+    const TensorTable& t = model.table();
+    const bool sharded = model.sharding().params;
+    const size_t at = sharded ? t.shard_begin[0] : t.unit_begin[0], n = sharded ? t.shard_size(0) : t.unit_size(0);
+    const DType pt = model.precision().param;
+    double c = embed_.size() > 1 && n > 0 ? model.backend().sum_squares(elem_ptr(model.params(), pt, at), pt, n) : 0.0;
     double hi = embed_.host_all_reduce(c, ReduceOp::Max), lo = -embed_.host_all_reduce(-c, ReduceOp::Max);
     return comm_.host_all_reduce(hi == lo ? 0.0 : 1.0, ReduceOp::Max) == 0.0;
 }

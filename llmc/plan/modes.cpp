@@ -96,7 +96,9 @@ int calibrate_main(const TrainConfig& cfg) {
     setup_check(be != nullptr, err);
     choose_threads();
     ProcessGrid grid;
-    setup_check(make_process_grid(1, 1, 1, cfg.comm, *be, &grid, &err), err);
+    Layout world;  // every rank its own: only the world group is measured
+    world.world = dist_world_size();
+    setup_check(make_process_grid(world, cfg.comm, *be, &grid, &err), err);
     Hardware hw;
     bool ok = calibrate(*be, grid, mc, cfg.B, cfg.T > 0 ? cfg.T : default_seq_len(mc), cfg.calibrate, &hw, &err);
     if (ok && dist_world_rank() == 0) {

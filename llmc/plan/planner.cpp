@@ -14,6 +14,7 @@
 
 #include "llmc/backend/backend_cpu.h"
 #include "llmc/backend/backend_measure.h"
+#include "llmc/parallel/model_stack.h"
 #include "llmc/plan/cost_model.h"
 #include "llmc/run/report.h"
 
@@ -22,28 +23,6 @@ using json = nlohmann::json;
 namespace {
 
 // ---- memory: every rank built on a counting backend -------------------------------------------
-
-// A group of the planned world, for its shape only: the stack's constructors
-// ask for sizes and ranks and never communicate.
-class ShapeComm : public Comm {
-  public:
-    ShapeComm(const std::string& name, int size, int rank) {
-        name_ = name;
-        size_ = size;
-        rank_ = rank;
-    }
-    double host_all_reduce(double x, ReduceOp) override { return x; }
-
-  protected:
-    [[noreturn]] static void none() { throw std::logic_error("planner: a planned group does not communicate"); }
-    CommHandle do_all_reduce(void*, size_t, DType, ReduceOp) override { none(); }
-    CommHandle do_reduce_scatter(const void*, void*, size_t, DType) override { none(); }
-    CommHandle do_all_gather(const void*, void*, size_t, DType) override { none(); }
-    void do_broadcast(void*, size_t, DType, int) override { none(); }
-    CommHandle do_send_recv(const void*, int, void*, int, size_t, DType) override { none(); }
-    void do_p2p(const std::vector<P2POp>&, DType, std::vector<CommHandle>*) override { none(); }
-    void do_wait(CommHandle) override {}
-};
 
 // What one rank holds, as the memory line says it.
 struct RankMemory {
@@ -81,29 +60,12 @@ bool make_proto(const std::string& device, const std::string& dtype, Proto* p, s
     return true;
 }
 
-// Rank r's coordinates: tp fastest, then cp, dp, and pp outermost
-// (llmc/parallel/process_grid.h).
-struct Place {
-    int tp, cp, dp, pp;
-};
-Place place_of(const Layout& l, int r) {
-    const int dp = l.dp();
-    return {r % l.tp, (r / l.tp) % l.cp, (r / (l.tp * l.cp)) % dp, r / (l.tp * l.cp * dp)};
-}
-
 RankMemory measure_rank(const GPTConfig& mc, const Layout& l, int r, const Proto& proto) {
-    const Place p = place_of(l, r);
-    const int dp = l.dp();
-    ShapeComm tp("tp", l.tp, p.tp), cp("cp", l.cp, p.cp), dpcp("dpcp", dp * l.cp, p.dp * l.cp + p.cp),
-        pp("pp", l.pp, p.pp);
-    // Hybrid context parallel: the all-to-all group of consecutive cp ranks
-    // and the ring across the groups (llmc/parallel/process_grid.h).
-    const int n = l.cp_hybrid() ? l.cp_a2a : 1;
-    ShapeComm cp_a2a("cp_a2a", n, p.cp % n), cp_ring("cp_ring", l.cp / n, p.cp / n);
-    // Expert parallel: ep consecutive dp ranks, and the dp x cp ranks holding the same experts.
-    ShapeComm ep("ep", l.ep, p.dp % l.ep), edp("edp", dp / l.ep * l.cp, p.dp / l.ep * l.cp + p.cp);
-    const bool end = p.pp == 0 || p.pp == l.pp - 1;
-    ShapeComm embed("embed", l.pp > 1 && end ? 2 : 1, l.pp > 1 && p.pp == l.pp - 1 ? 1 : 0);
+    // The groups of rank r, shapes only: the stack's constructors ask for
+    // sizes and ranks and never communicate (llmc/parallel/process_grid.h).
+    ShapeGroups g;
+    make_shape_groups(l, r, true, &g);
+    const GridPlace p = grid_place(l, r);
     std::unique_ptr<MeasureBackend> mb(proto.cpu ? new MeasureBackend(*proto.cpu)
                                                  : new MeasureBackend(proto.name.c_str(), proto.prec));
     RankMemory m;
@@ -111,7 +73,7 @@ RankMemory measure_rank(const GPTConfig& mc, const Layout& l, int r, const Proto
     m.stage = p.pp;
     {
         ModelStack s;
-        build_stack(*mb, mc, l, {&tp, &cp, &dpcp, &pp, &embed, p.cp, &cp_a2a, &cp_ring, &ep, &edp}, &s);
+        build_stack(*mb, mc, l, g.groups, &s);
         m.line = memory_line("plan", r, *s.model, s.comm_bytes(), p.pp, l.pp);
         for (const BufferInfo& b : s.model->buffers()) {
             if (b.group == "params" || b.group == "grads" || b.group == "master" || b.group == "optimizer")

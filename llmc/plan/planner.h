@@ -4,7 +4,7 @@
 // each would run, without running them.
 //
 // Memory is not a formula: every rank's model and parallel modes are built
-// (llmc/parallel/layout.h build_stack, the trainer's own code) on a backend that only
+// (llmc/parallel/model_stack.h build_stack, the trainer's own code) on a backend that only
 // counts (llmc/backend/backend_measure.h), so the planner's bytes are the trainer's
 // memory line, byte for byte. The textbook figures are printed beside them.
 //

@@ -167,8 +167,9 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
         // The model holds the weights (no gradients, no Adam state); its
         // activations are for the no-cache check only (the KV cache has its
         // own rows: B = T = 1 then).
-        GPT model(be.get(), mc, 1, cfg.kv_cache ? 1 : total, Recompute::none, Sharding(), nullptr, nullptr, {}, 0,
-                  false);
+        ModelOptions o(1, cfg.kv_cache ? 1 : total);
+        o.training = false;
+        GPT model(be.get(), mc, o);
         be->reserve_workspace(model.workspace());
         if (step >= 0) {
             TrainState st;

@@ -149,3 +149,25 @@ bool training_flag(const char* name) {
         if (std::strcmp(n, name) == 0) return false;
     return true;
 }
+
+bool layout_from_flags(const TrainConfig& cfg, int world, Layout* lp, std::string* err) {
+    Layout& l = *lp;
+    l = Layout();
+    l.world = world;
+    l.pp = cfg.pp;
+    l.vpp = cfg.vpp;
+    l.tp = cfg.tp;
+    l.cp = cfg.cp;
+    l.ep = cfg.ep;
+    l.sp = cfg.sp;
+    l.zero = cfg.zero;
+    l.B = cfg.B;
+    l.T = cfg.T;
+    l.total_batch = cfg.total_batch;
+    l.head_chunk = cfg.head_chunk;
+    if (!parse_recompute(cfg.recompute, &l.recompute)) {
+        *err = "flag -r: " + cfg.recompute + ": expected none, gelu, selective or full";
+        return false;
+    }
+    return cp_a2a_of(cfg.cp_impl, cfg.cp, cfg.cp_a2a, &l.cp_a2a, err) && check_world(l, err);
+}

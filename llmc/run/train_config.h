@@ -5,6 +5,7 @@
 #include <string>
 
 #include "llmc/base/args.h"
+#include "llmc/parallel/layout.h"
 
 // The sequence length of a run that gives no -t: the model's context, at
 // most this (Llama 2's; a 128k-context model would otherwise train on rows
@@ -98,5 +99,11 @@ void add_train_options(ArgParser& p, TrainConfig& cfg);
 // other modes (--plan and its inputs, --calibrate, --convert, --generate and
 // its sampling), which the settings table and run_config.json leave out.
 bool training_flag(const char* name);
+// The run's layout from its flags, over a world of `world` ranks: the
+// degrees, --cp-impl/--cp-a2a as Layout::cp_a2a, the batch and what each
+// block keeps, checked against the world (check_world), so a run makes and
+// checks it in one place; the model's checks come later (check_layout).
+// False with *err naming the flag.
+bool layout_from_flags(const TrainConfig& cfg, int world, Layout* l, std::string* err);
 // The examples --help prints after the options: a few whole commands.
 const char* train_examples();

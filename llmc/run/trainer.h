@@ -26,7 +26,7 @@
 #include "llmc/io/tokenizer.h"
 #include "llmc/model/config.h"
 #include "llmc/model/optimizer.h"
-#include "llmc/parallel/layout.h"
+#include "llmc/parallel/model_stack.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/metrics.h"
 #include "llmc/run/train_config.h"

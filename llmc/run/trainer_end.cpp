@@ -27,12 +27,12 @@ RunInfo Trainer::run_info() const {
     r.total_batch = cfg.total_batch;
     r.B = cfg.B;
     r.T = cfg.T;
-    r.world = grid.world_size;
-    r.pp = grid.pp;
+    r.world = lay.world;
+    r.pp = lay.pp;
     r.vpp = cfg.vpp;
-    r.dp = grid.dp;
-    r.cp = grid.cp;
-    r.tp = grid.tp;
+    r.dp = lay.dp();
+    r.cp = lay.cp;
+    r.tp = lay.tp;
     r.sp = cfg.sp;
     r.data = data_fingerprint;
     r.zero = cfg.zero;
@@ -217,15 +217,17 @@ void Trainer::print_summary() const {
 void Trainer::finish() {
     complete_checkpoint(true);  // the last checkpoint on disk before anything else
     // Replicas of the tensor-parallel-replicated parameters must agree.
-    if (grid.tp > 1) {
-        double c = s.model->replicated_checksum();
+    if (lay.tp > 1) {
+        GPT& m = *s.model;
+        double c = sum_squares(m.backend(), m.table(), m.sharding(), m.params(), m.sharding().params,
+                               m.precision().param, Tensors::replicated);
         double hi = grid.tp_group->host_all_reduce(c, ReduceOp::Max);
         double lo = -grid.tp_group->host_all_reduce(-c, ReduceOp::Max);
         if (main_rank) std::printf("tp replicas of LayerNorm, wpe and row-parallel biases: %s\n", hi == lo ? "identical" : "DIFFER");
         if (hi != lo) end_job("replicated parameters differ across the tensor-parallel group");
     }
     // The two copies of the tied embeddings (first and last stage) must agree.
-    if (grid.pp > 1 && mc.tied) {
+    if (lay.pp > 1 && mc.tied) {
         const bool same = s.pipe->tied_embeddings_agree(*s.model);
         if (main_rank) std::printf("pp tied embeddings (first and last stage): %s\n", same ? "identical" : "DIFFER");
         if (!same) end_job("the tied embeddings of the first and the last pipeline stage differ");
@@ -233,7 +235,7 @@ void Trainer::finish() {
     export_weights();
     if (!cfg.trace.empty()) {
         std::vector<double> bubble = s.pipe->measured_bubble();
-        if (main_rank && grid.pp > 1 && !bubble.empty()) {
+        if (main_rank && lay.pp > 1 && !bubble.empty()) {
             std::printf("pipeline bubble (idle / busy, steps 2..%d, from the trace):", cfg.max_steps);
             for (size_t s = 0; s < bubble.size(); s++) std::printf(" stage %zu %.3f", s, bubble[s]);
             std::printf("; formula (pp-1)/(m*vpp) = %.3f\n", s.pipe->bubble_formula());
@@ -247,7 +249,7 @@ void Trainer::finish() {
     if (rs.on && main_rank)
         std::printf("step graphs: %d recorded, %lld replays%s\n", rs.recorded, rs.replays,
                     rs.recorded ? "" : " (ZeRO-2/3, tp and cp communicate inside the forward and backward: no regions)");
-    print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp,
+    print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, lay.pp,
                                  async_ckpt ? async_ckpt->host_bytes() : 0));
     print_summary();
 }

@@ -35,22 +35,10 @@ void Trainer::setup(const ArgParser& parser) {
     be.reset(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
     setup_check(be != nullptr, err);
     be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
-    lay.world = dist_world_size();
-    lay.pp = cfg.pp;
-    lay.vpp = cfg.vpp;
-    lay.tp = cfg.tp;
-    lay.cp = cfg.cp;
-    lay.ep = cfg.ep;
-    setup_check(cp_a2a_of(cfg.cp_impl, cfg.cp, cfg.cp_a2a, &lay.cp_a2a, &err), err);
-    lay.sp = cfg.sp;
-    lay.zero = cfg.zero;
-    lay.B = cfg.B;
-    lay.total_batch = cfg.total_batch;
-    parse_recompute(cfg.recompute, &lay.recompute);
-    lay.head_chunk = cfg.head_chunk;
-    setup_check(check_world(lay, &err), err);
+    // The layout, made and checked once; the grid's groups come from it.
+    setup_check(layout_from_flags(cfg, dist_world_size(), &lay, &err), err);
     set_collective_timeout(cfg.collective_timeout);  // read by every group the grid makes
-    setup_check(make_process_grid(cfg.tp, cfg.cp, cfg.pp, cfg.comm, *be, &grid, &err, lay.cp_a2a, lay.ep), err);
+    setup_check(make_process_grid(lay, cfg.comm, *be, &grid, &err), err);
 
     // --convert: a checkpoint to export, no training (its directory is read,
     // never written: no metrics, no -o files; the data is not needed).
@@ -189,7 +177,7 @@ void Trainer::setup(const ArgParser& parser) {
     // a signal checkpoints even without -n).
     if (cfg.async_checkpoint && !cfg.output_dir.empty())
         async_ckpt = std::make_unique<AsyncCheckpointer>(cfg.output_dir, *s.model, owner());
-    print_rank_lines(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, grid.pp,
+    print_rank_lines(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, lay.pp,
                                  async_ckpt ? async_ckpt->host_bytes() : 0));
 
     ok = true;
@@ -232,15 +220,11 @@ void Trainer::setup(const ArgParser& parser) {
     if (cfg.document_mask) full_docs.resize(BT), docs.resize(BT);
 }
 
-// The model and its parallel modes on backend b (llmc/parallel/layout.h).
+// The model and its parallel modes on backend b (llmc/parallel/model_stack.h).
 void Trainer::build(Backend& b, ModelStack* stack) {
-    RankGroups g{grid.tp_group.get(),     grid.cp_group.get(), grid.dpcp_group.get(),
-                 grid.pp_group.get(),     grid.embed_group.get(), grid.cp_rank,
-                 grid.cp_a2a_group.get(), grid.cp_ring_group.get(), grid.ep_group.get(),
-                 grid.edp_group.get()};
     bool ok = true;
     try {
-        build_stack(b, mc, lay, g, stack);
+        build_stack(b, mc, lay, grid.groups(), stack);
     } catch (const std::invalid_argument& e) {
         ok = false;
         err = e.what();
@@ -276,7 +260,7 @@ void Trainer::check_memory() {
         build(mb, &counted);
         if (cfg.async_checkpoint && !cfg.output_dir.empty())
             snapshot = AsyncCheckpointer::host_bytes_for(*counted.model, owner());
-        held = memory_line("needed", rank, *counted.model, counted.comm_bytes(), grid.pp_rank, grid.pp, snapshot);
+        held = memory_line("needed", rank, *counted.model, counted.comm_bytes(), grid.pp_rank, lay.pp, snapshot);
     }
     // The CPU backend's memory is the host's: the snapshot comes out of the
     // same RAM. A GPU's free memory does not hold it.
@@ -297,21 +281,21 @@ void Trainer::print_settings(const ArgParser& parser) {
     std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
     std::printf("+---------------------------+--------------------------------------------------+\n");
     const std::string cp_words = lay.cp_hybrid() ? " (hybrid: all-to-all over " + std::to_string(lay.cp_a2a) +
-                                                       ", ring over " + std::to_string(grid.cp / lay.cp_a2a) + ")"
+                                                       ", ring over " + std::to_string(lay.cp / lay.cp_a2a) + ")"
                                  : lay.cp_a2a > 1 ? " (all-to-all)"
                                                   : " (ring)";
     std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d%s x tp %d%s, "
                 "ZeRO %d\n",
                 be->name(), dtype_name(s.model->precision().param), dtype_name(s.model->precision().grad),
-                dtype_name(s.model->precision().act), grid.world_size, grid.pp, grid.dp, grid.cp,
-                grid.cp > 1 ? cp_words.c_str() : "", grid.tp,
+                dtype_name(s.model->precision().act), lay.world, lay.pp, lay.dp(), lay.cp,
+                lay.cp > 1 ? cp_words.c_str() : "", lay.tp,
                 cfg.sp ? " (sequence parallel)" : "", cfg.zero);
     if (!be->compute_path().empty()) std::printf("compute: %s\n", be->compute_path().c_str());
     std::printf("model %s, %zu parameters (%zu on this rank's stage and tensor-parallel slice)\n",
                 config_string(mc).c_str(), s.model->table().file_params, s.model->table().params);
-    if (grid.pp > 1)
+    if (lay.pp > 1)
         std::printf("pipeline: %d stages x %d chunk(s) of %d block(s), %s schedule, %d micro-batches per step\n",
-                    grid.pp, cfg.vpp, mc.num_layers / (grid.pp * cfg.vpp), cfg.vpp > 1 ? "interleaved 1F1B" : "1F1B",
+                    lay.pp, cfg.vpp, mc.num_layers / (lay.pp * cfg.vpp), cfg.vpp > 1 ? "interleaved 1F1B" : "1F1B",
                     accum);
     if (!cfg.convert.empty()) {
         std::printf("convert: the checkpoint of step %d in %s, nothing trained\n", resume_step, cfg.convert.c_str());
@@ -319,12 +303,12 @@ void Trainer::print_settings(const ArgParser& parser) {
     }
     std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; "
                 "T=%d (%d per rank); %d steps\n",
-                train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, grid.dp, cfg.T, T_local,
+                train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, lay.dp(), cfg.T, T_local,
                 cfg.max_steps);
     if (t_from_model)
         std::printf("T=%d: no -t, so the model's context (maxT %d%s)\n", cfg.T, mc.max_seq_len,
                     mc.max_seq_len > cfg.T ? ", capped" : "");
     if (use_val)
         std::printf("validation: %lld rows of T=%d (%lld tokens) every %d steps, micro-batches of B=%d over dp=%d\n",
-                    val_rows, cfg.T, val_rows * cfg.T, cfg.val_every, cfg.B, grid.dp);
+                    val_rows, cfg.T, val_rows * cfg.T, cfg.val_every, cfg.B, lay.dp());
 }

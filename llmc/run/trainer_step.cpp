@@ -72,29 +72,29 @@ StepMetrics Trainer::train_step(int step) {
     auto load = [&](int micro, const int** in, const int** tg, const int** dc) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
-                                     : st.rows_consumed + ((uint64_t)micro * grid.dp + grid.dp_rank) * cfg.B;
+                                     : st.rows_consumed + ((uint64_t)micro * lay.dp() + grid.dp_rank) * cfg.B;
         read_micro_batch(train, first, cfg.B);
         *in = inputs.data();
         *tg = targets.data();
         *dc = docs_or_null();
     };
-    s.model->take_aux_sum();  // what validation and samples left
-    s.model->count_moe_loads(true);  // the experts' loads of this step's training forwards
+    s.model->moe().take_aux_sum();  // what validation and samples left
+    s.model->moe().count_loads(true);  // the experts' loads of this step's training forwards
     double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
-    s.model->count_moe_loads(false);
+    s.model->moe().count_loads(false);
     // The mean over the global batch: the last stage's sum over the dp x cp
     // ranks (each a mean over its tokens), then to every stage.
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
-    loss = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? loss : 0.0);
+    loss = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? loss : 0.0);
     // Mixtral's load-balancing loss, the mean over the step's micro-batches
     // (each the same on the ranks of its cp group) as the loss; not part of
     // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
     // form it only with aux > 0 (their forward-only pass of the statistics).
     double aux = -1;
-    if (mc.moe() && (grid.pp == 1 || mc.aux_coef > 0)) {
-        aux = grid.dpcp_group->host_all_reduce(s.model->take_aux_sum(), ReduceOp::Sum) /
+    if (mc.moe() && (lay.pp == 1 || mc.aux_coef > 0)) {
+        aux = grid.dpcp_group->host_all_reduce(s.model->moe().take_aux_sum(), ReduceOp::Sum) /
               (accum * grid.dpcp_group->size());
-        aux = s.pipe->sum_over_stages(grid.pp_rank == grid.pp - 1 ? aux : 0.0);
+        aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? aux : 0.0);
     }
     // A bad step (docs/design.md section 2.8): a loss that is not finite, or
     // (--skip-spikes) above FACTOR x the running mean, skips the update on
@@ -117,9 +117,9 @@ StepMetrics Trainer::train_step(int step) {
     // skipped step: nothing is updated then).
     double maxvio = -1;
     if (mc.moe()) {
-        std::vector<double> loads = s.model->take_moe_loads();
+        std::vector<double> loads = s.model->moe().take_loads();
         dist_sum(&loads);
-        for (double& x : loads) x /= grid.tp;
+        for (double& x : loads) x /= lay.tp;
         maxvio = moe_max_violation(loads, mc.experts);
         if (cfg.moe_balance == "bias" && !skipped) {
             moe_bias_update(&st.moe_bias, loads, mc.experts, cfg.moe_bias_rate);
@@ -140,7 +140,7 @@ StepMetrics Trainer::train_step(int step) {
     m.tokens = (unsigned long long)st.step * (unsigned long long)cfg.total_batch;
     m.tokens_per_s = cfg.total_batch / (ms / 1000.0);
     const double peak = backend_peak_flops(*be);
-    m.mfu = peak > 0 ? train_flops_per_token(mc, cfg.T) * m.tokens_per_s / (peak * grid.world_size)
+    m.mfu = peak > 0 ? train_flops_per_token(mc, cfg.T) * m.tokens_per_s / (peak * lay.world)
                      : 0;
     m.val_loss = -1;
     m.aux_loss = aux;
@@ -203,7 +203,7 @@ double Trainer::validate() {
     trace::set_step(-1);
     double sum = 0, count = 0;
     const long long micro = (val_rows + cfg.B - 1) / cfg.B;
-    for (long long k0 = 0; k0 < micro; k0 += grid.dp) {
+    for (long long k0 = 0; k0 < micro; k0 += lay.dp()) {
         const long long k = k0 + grid.dp_rank;
         const bool mine = k < micro;
         const int rows = mine ? (int)std::min<long long>(cfg.B, val_rows - k * cfg.B) : cfg.B;

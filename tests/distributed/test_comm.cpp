@@ -23,9 +23,9 @@
 
 #include "llmc/backend/backend_cpu.h"
 #include "llmc/comm/comm.h"
+#include "llmc/comm/comm_shape.h"
 #include "llmc/parallel/process_grid.h"
 #include "tests/lib/comm_checks.h"
-#include "tests/lib/null_comm.h"
 #ifdef LLMC_MPI
 #include "llmc/comm/comm_mpi.h"  // and MPI itself
 #endif
@@ -201,8 +201,8 @@ void test_async(Checker& ck, Comm& c, Backend& be, const std::string& label, siz
 
 // Comm::count on literal numbers, through a group that pretends to have g
 // ranks and moves nothing.
-struct CountProbe : NullComm {
-    explicit CountProbe(int g) : NullComm("probe", g, 0) {}
+struct CountProbe : ShapeComm {
+    explicit CountProbe(int g) : ShapeComm("probe", g, 0) {}
     void add(CommKind k, size_t full, DType t) { count(k, full, t); }
 };
 
@@ -256,7 +256,7 @@ void test_group_coords(Checker& ck, Comm& c, Backend& be, const ProcessGrid& gri
     for (int j = 0; j < c.size(); j++) {
         const int* q = a + 5 * j;
         // World rank = ((pp·dp + dp_rank)·cp + cp_rank)·tp + tp_rank for every member.
-        if (q[3] != ((q[4] * grid.dp + q[0]) * grid.cp + q[1]) * grid.tp + q[2]) good = false;
+        if (q[3] != ((q[4] * grid.dp_group->size() + q[0]) * grid.cp_group->size() + q[1]) * grid.tp_group->size() + q[2]) good = false;
         if (!ok(m, q, j)) good = false;
     }
     ck(good, label + ": coordinates of the members");
@@ -322,12 +322,12 @@ void test_grid(Checker& ck, Backend& be, int tp, int cp, int pp, const std::stri
                               " pp=" + std::to_string(pp) + " comm=" + comm;
     ProcessGrid grid;
     std::string err;
-    if (!ck(make_process_grid(tp, cp, pp, comm, be, &grid, &err), label + ": " + err)) return;
+    if (!ck(make_process_grid(grid_layout(tp, cp, pp), comm, be, &grid, &err), label + ": " + err)) return;
     const int world = dist_world_size();
-    ck(grid.world_size == world && grid.world_rank == dist_world_rank() && grid.tp == tp && grid.cp == cp &&
-           grid.pp == pp && grid.dp * cp * tp * pp == world,
+    ck(grid.world->size() == world && grid.world_rank == dist_world_rank() && grid.tp_group->size() == tp && grid.cp_group->size() == cp &&
+           grid.pp_group->size() == pp && grid.dp_group->size() * cp * tp * pp == world,
        label + ": dimensions");
-    ck(grid.world_rank == ((grid.pp_rank * grid.dp + grid.dp_rank) * cp + grid.cp_rank) * tp + grid.tp_rank,
+    ck(grid.world_rank == ((grid.pp_rank * grid.dp_group->size() + grid.dp_rank) * cp + grid.cp_rank) * tp + grid.tp_rank,
        label + ": rank formula");
     // Coordinates: [0] dp, [1] cp, [2] tp, [3] world rank, [4] pp.
     test_group_coords(ck, *grid.world, be, grid, label + " world", world, grid.world_rank,
@@ -336,9 +336,9 @@ void test_grid(Checker& ck, Backend& be, int tp, int cp, int pp, const std::stri
                       [&](const int* m, const int* q, int j) { return same(m, q, {0, 1, 4}) && q[2] == j; });
     test_group_coords(ck, *grid.cp_group, be, grid, label + " cp", cp, grid.cp_rank,
                       [&](const int* m, const int* q, int j) { return same(m, q, {0, 2, 4}) && q[1] == j; });
-    test_group_coords(ck, *grid.dp_group, be, grid, label + " dp", grid.dp, grid.dp_rank,
+    test_group_coords(ck, *grid.dp_group, be, grid, label + " dp", grid.dp_group->size(), grid.dp_rank,
                       [&](const int* m, const int* q, int j) { return same(m, q, {1, 2, 4}) && q[0] == j; });
-    test_group_coords(ck, *grid.dpcp_group, be, grid, label + " dpcp", grid.dp * cp, grid.dp_rank * cp + grid.cp_rank,
+    test_group_coords(ck, *grid.dpcp_group, be, grid, label + " dpcp", grid.dp_group->size() * cp, grid.dp_rank * cp + grid.cp_rank,
                       [&](const int* m, const int* q, int j) { return same(m, q, {2, 4}) && q[0] * cp + q[1] == j; });
     test_group_coords(ck, *grid.pp_group, be, grid, label + " pp", pp, grid.pp_rank,
                       [&](const int* m, const int* q, int j) { return same(m, q, {0, 1, 2}) && q[4] == j; });
@@ -376,8 +376,8 @@ void test_hybrid_grid(Checker& ck, Backend& be, int tp, int cp, int n) {
                               std::to_string(n);
     ProcessGrid grid;
     std::string err;
-    if (!ck(make_process_grid(tp, cp, 1, "auto", be, &grid, &err, n), label + ": " + err)) return;
-    if (!ck(grid.cp_a2a_group && grid.cp_ring_group && grid.cp_a2a == n, label + ": groups made")) return;
+    if (!ck(make_process_grid(grid_layout(tp, cp, 1, n), "auto", be, &grid, &err), label + ": " + err)) return;
+    if (!ck(grid.cp_a2a_group && grid.cp_ring_group && grid.cp_a2a_group->size() == n, label + ": groups made")) return;
     test_group_coords(ck, *grid.cp_a2a_group, be, grid, label + " a2a", n, grid.cp_rank % n,
                       [&](const int* m, const int* q, int j) {
                           return same(m, q, {0, 2, 4}) && q[1] / n == m[1] / n && q[1] % n == j;
@@ -391,10 +391,10 @@ void test_hybrid_grid(Checker& ck, Backend& be, int tp, int cp, int n) {
     test_ops(ck, *grid.cp_a2a_group, be, label + " a2a", {DType::F64}, {7});
     test_ops(ck, *grid.cp_ring_group, be, label + " ring", {DType::F64}, {7});
     ProcessGrid plain;
-    ck(make_process_grid(tp, cp, 1, "auto", be, &plain, &err) && !plain.cp_a2a_group && !plain.cp_ring_group,
+    ck(make_process_grid(grid_layout(tp, cp, 1), "auto", be, &plain, &err) && !plain.cp_a2a_group && !plain.cp_ring_group,
        label + ": no hybrid groups without cp_a2a");
     ProcessGrid whole;  // cp_a2a = cp: the all-to-all alone, over the cp group
-    ck(make_process_grid(tp, cp, 1, "auto", be, &whole, &err, cp) && !whole.cp_a2a_group && !whole.cp_ring_group,
+    ck(make_process_grid(grid_layout(tp, cp, 1, cp), "auto", be, &whole, &err) && !whole.cp_a2a_group && !whole.cp_ring_group,
        label + ": no hybrid groups when cp_a2a = cp");
 }
 
@@ -404,19 +404,19 @@ void test_ep_grid(Checker& ck, Backend& be, int ep, int cp) {
     const std::string label = "ep grid ep=" + std::to_string(ep) + " cp=" + std::to_string(cp);
     ProcessGrid g, plain;
     std::string err;
-    bool made = make_process_grid(1, cp, 1, "auto", be, &g, &err, 1, ep) && g.ep_group && g.edp_group;
+    bool made = make_process_grid(grid_layout(1, cp, 1, 1, ep), "auto", be, &g, &err) && g.ep_group && g.edp_group;
     if (!ck(made, label + ": groups made " + err)) return;
     test_group_coords(ck, *g.ep_group, be, g, label + " ep", ep, g.dp_rank % ep,
                       [&](const int* m, const int* q, int j) {
                           return same(m, q, {1, 2, 4}) && q[0] / ep == m[0] / ep && q[0] % ep == j;
                       });
-    test_group_coords(ck, *g.edp_group, be, g, label + " edp", g.dp / ep * cp, g.dp_rank / ep * cp + g.cp_rank,
+    test_group_coords(ck, *g.edp_group, be, g, label + " edp", g.dp_group->size() / ep * cp, g.dp_rank / ep * cp + g.cp_rank,
                       [&](const int* m, const int* q, int j) {
                           return same(m, q, {2, 4}) && q[0] % ep == m[0] % ep && q[0] / ep * cp + q[1] == j;
                       });
     test_all_to_all_v(ck, *g.ep_group, be, label + " ep");
     test_ops(ck, *g.edp_group, be, label + " edp", {DType::F64}, {7});
-    made = make_process_grid(1, cp, 1, "auto", be, &plain, &err) && !plain.ep_group && !plain.edp_group;
+    made = make_process_grid(grid_layout(1, cp, 1), "auto", be, &plain, &err) && !plain.ep_group && !plain.edp_group;
     ck(made, label + ": no ep groups with ep = 1");
 }
 
@@ -428,7 +428,7 @@ void test_grid_errors(Checker& ck, Backend& be) {
     auto refused = [&](int tp, int cp, const std::string& comm, const std::string& needle, int pp = 1, int a2a = 1,
                        int ep = 1) {
         err.clear();
-        const bool made = make_process_grid(tp, cp, pp, comm, be, &grid, &err, a2a, ep);
+        const bool made = make_process_grid(grid_layout(tp, cp, pp, a2a, ep), comm, be, &grid, &err);
         ck(!made && err.find(needle) != std::string::npos, "make_process_grid(" + std::to_string(tp) + ", " +
                                                                std::to_string(cp) + ", " + comm + ") refused naming " +
                                                                needle + " (got: " + (made ? "success" : err) + ")");
@@ -444,7 +444,7 @@ void test_grid_errors(Checker& ck, Backend& be) {
     if (world % 4 == 0) refused(1, 4, "auto", "--cp-a2a", 1, 3);  // hybrid groups of 3 in a cp group of 4
     refused(1, 1, "auto", "--ep", 1, 1, world + 1);               // ep must divide dp
 #ifdef LLMC_MPI
-    ck(make_process_grid(1, 1, 1, "mpi", be, &grid, &err), "make_process_grid(1, 1, 1, mpi): " + err);
+    ck(make_process_grid(grid_layout(1, 1, 1), "mpi", be, &grid, &err), "make_process_grid(1, 1, 1, mpi): " + err);
 #else
     refused(1, 1, "mpi", "--comm");  // the build lacks MPI
 #endif
@@ -480,7 +480,7 @@ int main(int argc, char** argv) {
 
     ProcessGrid base;  // tp = cp = 1: its world group sums the results
     std::string err;
-    if (!make_process_grid(1, 1, 1, "auto", *be, &base, &err)) dist_abort("make_process_grid(1, 1, 1): " + err);
+    if (!make_process_grid(grid_layout(1, 1, 1), "auto", *be, &base, &err)) dist_abort("make_process_grid(1, 1, 1): " + err);
     ck(dist_local_rank() >= 0 && dist_local_rank() < world, "dist_local_rank in range");
 
     test_count_formula(ck);

@@ -19,9 +19,10 @@
 #include <vector>
 
 #include "llmc/backend/backend_cpu.h"
-#include "llmc/model/context_parallel.h"
+#include "llmc/parallel/context_parallel.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/base/rng.h"
+#include "tests/lib/comm_checks.h"
 
 static int g_pass = 0, g_fail = 0;
 static void check(bool ok, const std::string& what) {
@@ -53,7 +54,7 @@ static std::vector<double> rows(const std::vector<double>& full, int width, int 
 static void test_hybrid(Backend& be, int c, int n) {
     std::string err;
     ProcessGrid grid;
-    if (!make_process_grid(1, c, 1, "auto", be, &grid, &err, n)) dist_abort(err);
+    if (!make_process_grid(grid_layout(1, c, 1, n), "auto", be, &grid, &err)) dist_abort(err);
     const int r = grid.cp_rank, g = r / n, a = r % n, rings = c / n;
     check(grid.cp_a2a_group && grid.cp_ring_group && grid.cp_a2a_group->size() == n &&
               grid.cp_a2a_group->rank() == a && grid.cp_ring_group->size() == rings && grid.cp_ring_group->rank() == g,
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
     std::string err;
     for (int c : {dist_world_size()}) {
         ProcessGrid grid;
-        if (!make_process_grid(1, c, 1, "auto", *be, &grid, &err)) dist_abort(err);
+        if (!make_process_grid(grid_layout(1, c, 1), "auto", *be, &grid, &err)) dist_abort(err);
         const int r = grid.cp_rank;
         // Chunk rule.
         std::vector<int> pos = ContextParallel::positions(16 * c, c, r);
@@ -154,7 +155,7 @@ int main(int argc, char** argv) {
     if (dist_world_size() >= 4 && dist_world_size() % 2 == 0) test_hybrid(*be, dist_world_size(), 2);
     double p = g_pass, f = g_fail;
     ProcessGrid g;
-    make_process_grid(1, 1, 1, "auto", *be, &g, &err);
+    make_process_grid(grid_layout(1, 1, 1), "auto", *be, &g, &err);
     p = g.world->host_all_reduce(p, ReduceOp::Sum);
     f = g.world->host_all_reduce(f, ReduceOp::Sum);
     if (dist_world_rank() == 0) std::printf("%d passed, %d failed\n", (int)p, (int)f);

@@ -2,7 +2,8 @@
 // counter that prints each failure with its rank, typed access to untyped
 // buffers, the known value rank r holds at index i (small multiples of 1/2,
 // so every sum is exact in every type, bf16 included), backend buffers
-// released on scope exit, and an exact comparison of a range.
+// released on scope exit, an exact comparison of a range, and the layout of
+// a grid's degrees over this job's ranks.
 #pragma once
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,8 @@
 #include <string>
 
 #include "llmc/backend/backend.h"
+#include "llmc/comm/dist.h"
+#include "llmc/parallel/layout.h"
 
 namespace comm_checks {
 
@@ -104,3 +107,12 @@ inline bool expect(Checker& ck, const std::string& what, const void* p, DType t,
 }
 
 }  // namespace comm_checks
+
+// The degrees of a process grid over this job's ranks (the rest of the
+// layout left at its defaults): what make_process_grid takes.
+inline Layout grid_layout(int tp, int cp, int pp, int cp_a2a = 1, int ep = 1) {
+    Layout l;
+    l.world = dist_world_size();
+    l.tp = tp, l.cp = cp, l.pp = pp, l.cp_a2a = cp_a2a, l.ep = ep;
+    return l;
+}

@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
     }
     if (state_path.empty()) {  // the file modes: no checks here
         lT = std::min(lT, c.max_seq_len);
-        GPT model(be.get(), c, lB, lT);
+        GPT model(be.get(), c, {lB, lT});
         bool ok = load_weights(model_path, src, model, &err);
         if (ok && !weights_out.empty()) {
             std::vector<double> w(model.table().file_params);
@@ -263,7 +263,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
     }
-    GPT model(be.get(), c, s.B, s.T);
+    GPT model(be.get(), c, {s.B, s.T});
     if (!load_weights(model_path, src, model, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
@@ -286,9 +286,9 @@ int main(int argc, char** argv) {
     // Forward: logits and loss of the initial model.
     // Mixtral: the objective, as transformers' loss with output_router_logits:
     // the cross-entropy plus the load-balancing loss times its coefficient.
-    auto objective = [&](double ce) { return c.moe() ? ce + c.aux_coef * model.aux_loss() : ce; };
+    auto objective = [&](double ce) { return c.moe() ? ce + c.aux_coef * model.moe().aux_loss() : ce; };
     double loss = objective(model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 0.0, dc));
-    if (c.moe()) std::printf("load-balancing loss %.12f\n", model.aux_loss());
+    if (c.moe()) std::printf("load-balancing loss %.12f\n", model.moe().aux_loss());
     std::vector<double> logits(N * V);
     for (size_t n = 0; n < N; n++) model.logits_row((int)(n / s.T), (int)(n % s.T), &logits[n * V], DType::F64);
     ck.check("logits", logits.data(), s.logits.data(), logits.size(), tol_fwd);

@@ -311,7 +311,7 @@ static void rewrite(const std::string& src, const std::string& dir, Edit edit, c
 
 static void expect_load_error(Backend* be, const GPTConfig& c, const std::string& name, const std::string& dir,
                               const std::string& tensor, const std::string& what) {
-    GPT m(be, c, 1, 8);
+    GPT m(be, c, {1, 8});
     std::string err;
     CHECK(!load_hf(dir, m, &err), "%s: loaded", name.c_str());
     CHECK(err.find(dir) != std::string::npos && err.find("tensor " + tensor) != std::string::npos &&
@@ -327,14 +327,14 @@ static void test_checkpoints() {
     parse_model_spec("L=2,C=32,NH=2,V=67,Vp=67,T=16", &c, &err);
     // A model exported and loaded back holds the same weights.
     const std::string src = g_dir + "/gpt2";
-    GPT a(be.get(), c, 1, 8);
+    GPT a(be.get(), c, {1, 8});
     a.init_random(5);
     bool ok = export_hf(src, a, Ownership(), &err);
     CHECK(ok, "export: %s", err.c_str());
     GPTConfig read;
     ok = read_hf_config(src, &read, &err);
     CHECK(ok && read == c, "exported config.json reads back as the model's shape: %s", err.c_str());
-    GPT b(be.get(), c, 1, 8);
+    GPT b(be.get(), c, {1, 8});
     ok = load_hf(src, b, &err);
     CHECK(ok, "load: %s", err.c_str());
     const size_t P = a.table().file_params;
@@ -383,7 +383,7 @@ static void test_checkpoints() {
     // The shape in config.json must be the model's.
     GPTConfig other = c;
     other.num_layers = 3;
-    GPT m3(be.get(), other, 1, 8);
+    GPT m3(be.get(), other, {1, 8});
     CHECK(!load_hf(src, m3, &err) && err.find("config.json describes") != std::string::npos, "shape mismatch: %s",
           err.c_str());
     // A sharded checkpoint whose index names a tensor its file lacks.
@@ -395,7 +395,7 @@ static void test_checkpoints() {
     write_text(sh + "/model-00001-of-00001.safetensors", bytes);
     write_text(sh + "/model.safetensors.index.json",
                R"({"metadata":{},"weight_map":{"transformer.wte.weight":"model-00001-of-00001.safetensors","transformer.h.9.ln_1.weight":"model-00001-of-00001.safetensors"}})");
-    GPT m4(be.get(), c, 1, 8);
+    GPT m4(be.get(), c, {1, 8});
     CHECK(!load_hf(sh, m4, &err) && err.find("tensor transformer.h.9.ln_1.weight") != std::string::npos &&
               err.find("model-00001-of-00001.safetensors") != std::string::npos,
           "index names a tensor the shard lacks: %s", err.c_str());

@@ -322,7 +322,9 @@ static void test_adamw_spans_cpu() {
     GPTConfig cfg;
     std::string err;
     parse_model_spec("L=2,C=16,NH=2,V=50,T=8", &cfg, &err);
-    const TensorTable t(cfg, 3);  // 3 shards: units padded, odd offsets
+    TableSplit three;
+    three.shards = 3;
+    const TensorTable t(cfg, three);  // 3 shards: units padded, odd offsets
     std::unique_ptr<Backend> be(make_cpu_backend(DType::F32));
     const Precision p = be->precision();
     const size_t n = t.total;

@@ -106,7 +106,7 @@ std::vector<double> grads_of(GPT& m) {
 // Forward (logits and loss), then forward + backward with dloss = 1/N.
 Result run(Backend* be, const GPTConfig& c, int B, int T, const std::vector<double>& w, const std::vector<int>& in,
            const std::vector<int>& tg) {
-    GPT m(be, c, B, T);
+    GPT m(be, c, {B, T});
     be->reserve_workspace(m.workspace());  // as the trainer does (parallel/layout.cpp)
     set_weights(m, w);
     Result r;
@@ -151,7 +151,7 @@ void check_against_truth(Checker& ck, const std::string& prefix, Backend* be, co
         in_rows[n] = in[src];
         tg_rows[n] = tg[src];
     }
-    GPT m(be, c, rows, T);
+    GPT m(be, c, {rows, T});
     be->reserve_workspace(m.workspace());
     set_weights(m, w);
     const double loss = m.forward(in_rows.data(), tg_rows.data(), rows, T);
@@ -181,7 +181,7 @@ void check_chunked(Checker& ck, const std::string& prefix, Backend* be, const GP
     const auto t0 = std::chrono::steady_clock::now();
     const size_t V = c.vocab_size, N = (size_t)big * T, n_small = (size_t)small * T;
     const double dloss = 1.0 / (double)N;
-    GPT mb(be, c, big, T), ms(be, c, small, T);
+    GPT mb(be, c, {big, T}), ms(be, c, {small, T});
     be->reserve_workspace(mb.workspace());
     be->reserve_workspace(ms.workspace());
     set_weights(mb, w);
@@ -218,7 +218,7 @@ void check_chunked(Checker& ck, const std::string& prefix, Backend* be, const GP
 // GPT-2 initialisation (the trainer's), wte and qkvw x2, rounded to fp32.
 std::vector<double> make_weights(const GPTConfig& c, uint64_t seed) {
     std::unique_ptr<Backend> be(make_backend("cpu", "fp64", 0, nullptr));
-    GPT m(be.get(), c, 1, 1);
+    GPT m(be.get(), c, {1, 1});
     m.init_random(seed);
     std::vector<double> w(m.table().file_params);
     m.get_file_order(w.data(), DType::F64, m.weights(), false, m.weights_dtype());

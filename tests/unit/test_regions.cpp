@@ -83,7 +83,10 @@ struct PassResult {
 static PassResult run_passes(Backend* be, const GPTConfig& c, int B, int T, Recompute rc, int head_chunk, int steps,
                              int micro, uint64_t seed = 11) {
     PassResult r;
-    GPT m(be, c, B, T, rc, Sharding(), nullptr, nullptr, {}, head_chunk);
+    ModelOptions o(B, T);
+    o.recompute = rc;
+    o.head_chunk = head_chunk;
+    GPT m(be, c, o);
     m.init_random(seed);
     Rng rng(5);
     std::vector<int> in(B * T), tg(B * T);
@@ -141,7 +144,7 @@ static void test_two_models() {
     const int B = 2, T = 8;
     std::unique_ptr<Backend> plain(make_cpu_backend(DType::F64));
     std::unique_ptr<Backend> rec(make_recording_backend(make_cpu_backend(DType::F64)));
-    GPT first(rec.get(), c, B, T);
+    GPT first(rec.get(), c, {B, T});
     first.init_random(3);
     std::vector<int> in(B * T, 1);
     for (int k = 0; k < 2; k++) {  // recorded, then replayed

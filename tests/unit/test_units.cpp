@@ -58,7 +58,14 @@ static void test_config_and_table() {
         CHECK(parse_model_spec("arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16", &m, &err) && m.moe() &&
                   m.llama() && m.experts == 4 && m.top_k == 2 && m.aux_coef == 0.01 && !m.tied,
               "mixtral spec: %s", err.c_str());
-        TensorTable tm(m), tm1(m, 1, 2, 1);
+        // A table's cut by its degrees (llmc/model/tensors.h TableSplit).
+        auto cut = [](int shards, int tp, int tp_rank, int ep, int ep_rank, int expert_shards) {
+            TableSplit t;
+            t.shards = shards, t.tp = tp, t.tp_rank = tp_rank, t.ep = ep, t.ep_rank = ep_rank;
+            t.expert_shards = expert_shards;
+            return t;
+        };
+        TensorTable tm(m), tm1(m, cut(1, 2, 1, 1, 0, 1));
         const size_t block = 48 + (4 + 2 * 2) * 12 * 48 + 48 * 48 + 48 + 4 * 48 + 4 * 3 * 48 * 40;
         CHECK(tm.total == model_param_count(m) && tm.total == 2 * 101 * 48 + 2 * block + 48 &&
                   !tm.has(Param::fcw, 0) && tm.get(Param::moe_fc, 1).rows == 4 * 80 &&
@@ -81,7 +88,7 @@ static void test_config_and_table() {
         // file rows [160j, 160j + 160), moe_proj's [96j, 96j + 96); with tp 2
         // the halves of its experts' w1/w3 and w2's columns; the router whole.
         for (int j = 0; j < 2; j++) {
-            TensorTable te(m, 1, 1, 0, StageUnits(), 2, j), tt(m, 1, 2, 1, StageUnits(), 2, j);
+            TensorTable te(m, cut(1, 1, 0, 2, j, 1)), tt(m, cut(1, 2, 1, 2, j, 1));
             const TensorEntry &f = te.get(Param::moe_fc, 1), &w2 = te.get(Param::moe_proj, 1);
             const TensorEntry &ft = tt.get(Param::moe_fc, 1), &w2t = tt.get(Param::moe_proj, 1);
             size_t covered = 0;
@@ -98,7 +105,7 @@ static void test_config_and_table() {
         // the 4 dp shards) then its experts (padded to the 3 expert-data
         // shards); the other units one segment; a rank's shard of a unit is
         // its slice of each.
-        TensorTable ts(m, 4, 1, 0, StageUnits(), 2, 1, 3);
+        TensorTable ts(m, cut(4, 1, 0, 2, 1, 3));
         bool segs_ok = ts.segments.size() == 4 && ts.segments[0].size() == 1 && ts.segments[3].size() == 1;
         size_t shard_sum = 0;
         for (int u = 0; u < ts.num_units(); u++) {
@@ -246,7 +253,7 @@ static void test_init() {
     GPTConfig c;
     std::string err;
     parse_model_spec("L=4,C=64,NH=4,V=500,T=64", &c, &err);
-    GPT m(be.get(), c, 1, 8);
+    GPT m(be.get(), c, {1, 8});
     m.init_random(7);
     auto stats = [&](Param p, int layer, double* mean, double* sd) {
         const TensorEntry& e = m.table().get(p, layer);
@@ -275,7 +282,7 @@ static void test_init() {
     for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++)
         pad_zero &= wte[i] == 0.0;
     CHECK(pad_zero, "padded wte rows not zero");
-    GPT m2(be.get(), c, 1, 8), m3(be.get(), c, 1, 8);
+    GPT m2(be.get(), c, {1, 8}), m3(be.get(), c, {1, 8});
     m2.init_random(7);
     m3.init_random(8);
     size_t bytes = m.table().total * sizeof(double);
@@ -309,7 +316,7 @@ static void test_model_io_and_checkpoint() {
     std::unique_ptr<Backend> be(make_cpu_backend(DType::F32));
     GPTConfig c;
     parse_model_spec("L=2,C=48,NH=3,V=97,T=16", &c, &err);
-    GPT m(be.get(), c, 2, 8);
+    GPT m(be.get(), c, {2, 8});
     m.init_random(3);
     std::string path = dir + "/m.bin";
     CHECK(save_model(path, m, 3, &err), "save: %s", err.c_str());
@@ -323,13 +330,13 @@ static void test_model_io_and_checkpoint() {
     const float* payload = (const float*)(bytes.data() + 1024);
     const TensorEntry& q1 = m.table().get(Param::qkvw, 1);
     CHECK(std::memcmp(payload + q1.file_offset, m.param(Param::qkvw, 1), q1.numel * 4) == 0, "qkvw[1] in file");
-    GPT m2(be.get(), c, 2, 8);
+    GPT m2(be.get(), c, {2, 8});
     CHECK(load_model(path, m2, &err) && std::memcmp(m.params(), m2.params(), m.table().total * 4) == 0,
           "round trip: %s", err.c_str());
     // bf16 version: values within bf16 rounding.
     std::string p5 = dir + "/m5.bin";
     CHECK(save_model(p5, m, 5, &err) && file_size(p5) == (long long)(1024 + 2 * m.table().total), "v5 save");
-    GPT m5(be.get(), c, 2, 8);
+    GPT m5(be.get(), c, {2, 8});
     CHECK(load_model(p5, m5, &err), "v5 load: %s", err.c_str());
     double maxrel = 0;
     for (size_t i = 0; i < m.table().total; i++) {
@@ -359,7 +366,7 @@ static void test_model_io_and_checkpoint() {
     err.clear();
     GPTConfig other;
     parse_model_spec("L=2,C=48,NH=3,V=98,T=16", &other, &err);
-    GPT mo(be.get(), other, 1, 4);
+    GPT mo(be.get(), other, {1, 4});
     CHECK(!load_model(path, mo, &err) && contains(err, "does not match"), "shape mismatch accepted");
 
     // Checkpoint round trip, including Adam state and the RNG.
@@ -372,7 +379,7 @@ static void test_model_io_and_checkpoint() {
     run.total_batch = 64;
     CHECK(save_checkpoint(ck, m, Ownership(), st, run, &err), "checkpoint: %s", err.c_str());
     CHECK(latest_checkpoint(ck) == 7, "latest %d", latest_checkpoint(ck));
-    GPT m3(be.get(), c, 2, 8);
+    GPT m3(be.get(), c, {2, 8});
     TrainState st3;
     RunInfo run3;
     CHECK(load_checkpoint(ck, 7, m3, &st3, &run3, &err), "load checkpoint: %s", err.c_str());

@@ -19,9 +19,8 @@
 #include "llmc/backend/cuda/index.h"
 #include "llmc/backend/cuda/workspace.h"
 #include "llmc/model/config.h"
-#include "llmc/parallel/layout.h"
+#include "llmc/parallel/model_stack.h"
 #include "tests/lib/check.h"
-#include "tests/lib/null_comm.h"
 
 using namespace llmc_idx;
 
@@ -102,7 +101,7 @@ struct Case {
     Recompute rc;
 };
 
-// Rank r's place: tp fastest, then cp, dp, pp (llmc/parallel/process_grid.h).
+// Every rank of the layout, its groups as the grid would make them (llmc/parallel/process_grid.h).
 void run_case(const Case& c) {
     GPTConfig mc;
     std::string err;
@@ -119,15 +118,12 @@ void run_case(const Case& c) {
         return;
     }
     const std::string name = std::string(c.model) + ", " + l.describe();
-    const int dp = l.dp();
     for (int r = 0; r < c.world; r++) {
-        const int tp = r % c.tp, cp = (r / c.tp) % c.cp, dr = (r / (c.tp * c.cp)) % dp, pr = r / (c.tp * c.cp * dp);
-        NullComm gtp("tp", c.tp, tp), gcp("cp", c.cp, cp), gdpcp("dpcp", dp * c.cp, dr * c.cp + cp), gpp("pp", c.pp, pr);
-        const bool end = pr == 0 || pr == c.pp - 1;
-        NullComm gembed("embed", c.pp > 1 && end ? 2 : 1, c.pp > 1 && pr == c.pp - 1 ? 1 : 0);
+        ShapeGroups g;  // rank r's groups, shapes only (every call completes at once)
+        make_shape_groups(l, r, false, &g);
         Probe be;
         ModelStack s;
-        build_stack(be, mc, l, {&gtp, &gcp, &gdpcp, &gpp, &gembed, cp}, &s);
+        build_stack(be, mc, l, g.groups, &s);
         const int Tl = l.T_local();
         std::vector<int> in((size_t)c.B * Tl), tg((size_t)c.B * Tl);
         for (size_t i = 0; i < in.size(); i++) in[i] = (int)(i * 7 % 257), tg[i] = (int)(i * 5 % 257);
@@ -193,10 +189,11 @@ int main() {
         Layout l;
         l.B = 4, l.T = 64;
         check_layout(&l, mc, &err);
-        NullComm one_tp("tp", 1, 0), one_cp("cp", 1, 0), one_dp("dpcp", 1, 0), one_pp("pp", 1, 0), one_e("embed", 1, 0);
+        ShapeGroups one;
+        make_shape_groups(l, 0, false, &one);
         Short be;
         ModelStack s;
-        build_stack(be, mc, l, {&one_tp, &one_cp, &one_dp, &one_pp, &one_e, 0}, &s);
+        build_stack(be, mc, l, one.groups, &s);
         std::vector<int> in(256, 1);
         s.model->zero_grad();
         s.pipe->train_step(

@@ -1,6 +1,7 @@
-// llmc/model/context_parallel.h: context parallelism, ring attention with
+// llmc/parallel/context_parallel.h: context parallelism, ring attention with
 // load-balanced (zigzag) causal chunks over the cp group (docs/design.md
-// section 5). This file holds every collective the cp group issues and the
+// section 5), the model's ContextParallelOps (llmc/model/parallel_hooks.h).
+// This file holds every collective the cp group issues and the
 // rule that splits a sequence over its ranks.
 //
 // Sharding: each sequence of T tokens is cut into 2c chunks of T/(2c); rank
@@ -24,7 +25,7 @@
 //
 // --cp-impl a2a (DeepSpeed-Ulysses) keeps the same sharding and instead
 // trades sequence shards for head shards around attention with two
-// all-to-alls (llmc/model/context_parallel_a2a.cpp has its picture).
+// all-to-alls (llmc/parallel/context_parallel_a2a.cpp has its picture).
 // --cp-impl hybrid (all-to-all inside groups of N consecutive cp ranks, the
 // ring across the c/N groups) runs the all-to-all over its group and, in
 // the head layout, this same ring over the ranks that hold the same heads
@@ -43,8 +44,9 @@
 
 #include "llmc/backend/backend.h"
 #include "llmc/comm/comm.h"
+#include "llmc/model/parallel_hooks.h"
 
-class ContextParallel {
+class ContextParallel final : public ContextParallelOps {
   public:
     // B rows of T_local = T/c tokens; Cl attention channels (NHl heads of HS)
     // held by this rank (after tensor parallelism), and NKVl key/value heads
@@ -58,8 +60,8 @@ class ContextParallel {
     ContextParallel(Comm& group, Backend& be, int B, int T_local, int NHl, int HS, int NKVl = 0,
                     Comm* a2a_group = nullptr, Comm* ring_group = nullptr);
     ~ContextParallel();
-    int size() const { return comm_.size(); }
-    int rank() const { return comm_.rank(); }
+    int size() const override { return comm_.size(); }
+    int rank() const override { return comm_.rank(); }
     Comm& comm() { return comm_; }
     size_t buffer_bytes() const { return bytes_ + (ring_ ? ring_->buffer_bytes() : 0); }
 
@@ -73,10 +75,14 @@ class ContextParallel {
     // K, V heads as the model lays them out), out [B·Tl, Cl], lse [B, NHl, Tl].
     // docs: the local tokens' document starts ([B, Tl], backend memory;
     // null: no document mask; set_document_mask() first).
-    void attention_forward(void* out, void* lse, const void* qkv, int B, double scale, const int* docs = nullptr);
+    void attention_forward(void* out, void* lse, const void* qkv, int B, double scale,
+                           const int* docs = nullptr) override;
     // dqkv (overwritten) from dout, with qkv, out and lse of the forward.
     void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const void* lse, int B,
-                            double scale, const int* docs = nullptr);
+                            double scale, const int* docs = nullptr) override;
+    // Sums over the cp group (a logits row, the MoE routing statistics).
+    void sum(void* x, size_t n, DType t) override { comm_.all_reduce(x, n, t, ReduceOp::Sum); }
+    double host_sum(double x) override { return comm_.host_all_reduce(x, ReduceOp::Sum); }
     // Holds the global positions of every rank's tokens (the key positions
     // of the document mask) for sequences of T = c·T_local.
     void set_document_mask();

@@ -1,6 +1,6 @@
-// llmc/model/expert_parallel.cpp: see expert_parallel.h. Every collective of
+// llmc/parallel/expert_parallel.cpp: see expert_parallel.h. Every collective of
 // expert parallelism is issued in this file.
-#include "llmc/model/expert_parallel.h"
+#include "llmc/parallel/expert_parallel.h"
 
 #include <stdexcept>
 #include <string>

@@ -1,5 +1,6 @@
-// llmc/model/tensor_parallel.cpp: see tensor_parallel.h.
-#include "llmc/model/tensor_parallel.h"
+// llmc/parallel/tensor_parallel.cpp: the f and g operators over the tp group
+// (llmc/parallel/tensor_parallel.h).
+#include "llmc/parallel/tensor_parallel.h"
 
 // Sequence-parallel rows: rank r holds rows [r·N/t, (r+1)·N/t), so the
 // gathers and scatters are over contiguous equal blocks.

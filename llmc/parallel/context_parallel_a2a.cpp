@@ -1,5 +1,5 @@
-// llmc/model/context_parallel_a2a.cpp: all-to-all context parallelism
-// (DeepSpeed-Ulysses), the --cp-impl a2a half of llmc/model/context_parallel.h.
+// llmc/parallel/context_parallel_a2a.cpp: all-to-all context parallelism
+// (DeepSpeed-Ulysses), the --cp-impl a2a half of llmc/parallel/context_parallel.h.
 //
 // Every rank holds T/c tokens of each sequence (the same zigzag chunks as
 // the ring) for all NHl heads. Before attention one all-to-all turns that
@@ -32,7 +32,7 @@
 // the document starts gathered here are the head layout's queries'.
 #include <stdexcept>
 
-#include "llmc/model/context_parallel.h"
+#include "llmc/parallel/context_parallel.h"
 
 // Columns of a token-layout row that belong to rank r's heads: for each
 // segment, width columns starting at base + r·width.

@@ -1,7 +1,8 @@
-// llmc/model/expert_parallel.h: expert parallelism (Mixtral, docs/moe.md)
-// over the ep group: the ep ranks of one group each hold E/ep of a block's
-// experts (the tensor table's expert split) and route their own tokens. This
-// file holds every collective the ep group issues, all inside the MoE block
+// llmc/parallel/expert_parallel.h: expert parallelism (Mixtral, docs/moe.md)
+// over the ep group, the model's ExpertParallelOps (llmc/model/parallel_hooks.h):
+// the ep ranks of one group each hold E/ep of a block's experts (the tensor
+// table's expert split) and route their own tokens. This file holds every
+// collective the ep group issues, called from the MoE block
 // (llmc/model/moe.cpp):
 //
 //   plan      the counts first: each rank's rows per expert (E ints), all-
@@ -26,32 +27,24 @@
 
 #include "llmc/backend/backend.h"
 #include "llmc/comm/comm.h"
+#include "llmc/model/parallel_hooks.h"
 
-class ExpertParallel {
+class ExpertParallel final : public ExpertParallelOps {
   public:
     // group: the ep group; experts: E of the model (ep must divide it).
     ExpertParallel(Comm& group, Backend& be, int experts);
     ~ExpertParallel();
     ExpertParallel(const ExpertParallel&) = delete;
     ExpertParallel& operator=(const ExpertParallel&) = delete;
-    int size() const { return comm_.size(); }
-    int rank() const { return comm_.rank(); }
-    int local_experts() const { return experts_ / comm_.size(); }
+    int size() const override { return comm_.size(); }
+    int rank() const override { return comm_.rank(); }
+    int local_experts() const override { return experts_ / comm_.size(); }
     Comm& comm() { return comm_; }
     size_t buffer_bytes() const { return (size_t)comm_.size() * experts_ * sizeof(int); }  // the counts'
 
-    // One block's exchange for one micro-batch.
-    struct Route {
-        std::vector<size_t> send_rows, recv_rows;  // per peer
-        std::vector<int> block_rows;               // [peer][local expert]: the expert side's blocks, in order
-        size_t expert_rows = 0;                    // rows on the expert side (the sum of recv_rows)
-    };
-    // offsets: this rank's grouped rows per expert (E + 1 prefix sums, host).
-    void plan(const std::vector<int>& offsets, Route* r);
-    // rows of `width` elements of type t: token side -> expert side.
-    void dispatch(const void* grouped, void* expert_side, const Route& r, size_t width, DType t);
-    // expert side -> token side (the inverse of dispatch).
-    void combine(const void* expert_side, void* grouped, const Route& r, size_t width, DType t);
+    void plan(const std::vector<int>& offsets, Route* r) override;
+    void dispatch(const void* grouped, void* expert_side, const Route& r, size_t width, DType t) override;
+    void combine(const void* expert_side, void* grouped, const Route& r, size_t width, DType t) override;
 
   private:
     void exchange(const void* send, const std::vector<size_t>& send_rows, void* recv,

@@ -1,5 +1,5 @@
-// llmc/model/context_parallel.cpp: see context_parallel.h.
-#include "llmc/model/context_parallel.h"
+// llmc/parallel/context_parallel.cpp: see context_parallel.h.
+#include "llmc/parallel/context_parallel.h"
 
 #include <algorithm>
 #include <stdexcept>
