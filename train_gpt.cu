@@ -1,4 +1,4 @@
-// train_gpt.cu: the trainer's entry point, GPT-2 and Llama. main() is the
+// train_gpt.cu: the trainer's entry point, GPT-2, Llama and Mixtral. main() is the
 // outline of a run: flags, then the run set up (llmc/run/trainer.h: the
 // process grid, the data, the model and its parallel modes, the weights),
 // then per optimizer step the pipeline schedule over the micro-batches and
@@ -9,15 +9,18 @@
 // device-specific is behind the Backend and Comm interfaces.
 //
 // Launch: ./train_gpt (one process) or mpirun -np N ./train_gpt (parallel
-// over N ranks, laid out by --pp, --tp, --cp and what remains for data
+// over N ranks, laid out by --pp, --tp, --cp, --ep and what remains for data
 // parallel; the global batch, and so the run, is the same).
 //
-// Where each parallel mode lives (its splits and every collective it
-// issues): llmc/parallel/data_parallel.h (dp, ZeRO 1-3),
-// llmc/parallel/tensor_parallel.h (tp, sp), llmc/parallel/context_parallel.h (cp),
-// llmc/parallel/pipeline_parallel.h with pipeline_schedule.h (pp, vpp), and
-// llmc/parallel/optimizer_step.h (the step after them). README.md has the
-// map of the folders.
+// Each parallel mode has one home in llmc/parallel/, with its splits and
+// every collective it issues: data_parallel.h (dp, ZeRO 1-3),
+// tensor_parallel.h (tp, sp), context_parallel.h (cp: ring, all-to-all,
+// hybrid), expert_parallel.h (ep), pipeline_parallel.h with
+// pipeline_schedule.h (pp, vpp), and optimizer_step.h (the step after
+// them); layout.h is the one value that says how a run is split, and
+// model_stack.h builds a rank's model with its modes. The model
+// (llmc/model/) holds no parallel code: it calls the hooks it declares in
+// llmc/model/parallel_hooks.h. README.md has the map of the folders.
 #include <cstdio>
 #include <memory>
 #include <new>
@@ -59,12 +62,12 @@ int main(int argc, char** argv) {
         install_stop_signals();
         for (int step = r.st.step; step < cfg.max_steps; step++) {
             StepMetrics m = r.train_step(step);
-            if (r.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
-            if (r.main_rank && !r.metrics.write(m, &err)) end_job(err);
-            r.note_step(m);
+            if (r.data.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
+            if (r.main_rank && !r.report.metrics.write(m, &err)) end_job(err);
+            r.report.note_step(m, cfg.total_batch);
             if (r.due(cfg.sample_every, step)) r.sample();
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
-            else if (r.async_ckpt) r.complete_checkpoint(false);
+            else if (r.ckpt.async) r.complete_checkpoint(false);
             std::fflush(stdout);
             // SIGTERM, SIGINT or SIGUSR1 on any rank: a checkpoint, then out.
             if (step + 1 < cfg.max_steps)

@@ -31,12 +31,12 @@
 #include "llmc/backend/cuda/classifier.cuh"
 #include "llmc/backend/cuda/common.cuh"
 #include "llmc/backend/cuda/encoder.cuh"
-#include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/graphs.cuh"
 #include "llmc/backend/cuda/layernorm.cuh"
 #include "llmc/backend/cuda/matmul.cuh"
 #include "llmc/backend/cuda/moe.cuh"
-#include "llmc/backend/cuda/norm.cuh"
+#include "llmc/backend/cuda/global_norm.cuh"
 #include "llmc/backend/cuda/rmsnorm.cuh"
 #include "llmc/backend/cuda/rope.cuh"
 #include "llmc/backend/cuda/scratch.cuh"
@@ -189,7 +189,7 @@ class CudaBackend final : public Backend {
     // Every scratch buffer at the size of the stack's largest call; from here on none of them allocates.
     void reserve_workspace(const Workspace& w) override {
         activate();
-        scratch_.reserve(llmc_idx::scratch_bytes(w, llmc_cuda::attention_bwd5_enabled()), stream_);
+        scratch_.reserve(llmc_idx::scratch_bytes(w, llmc_cuda::attention_bwd_fused_enabled()), stream_);
         llmc_cuda::encoder_backward_reserve(enc_, w.rows, w.seq, w.channels, w.vocab_rows, stream_);
         adam_table_.reserve(w.runs, stream_);
         sumsq_.reserve(w.runs, w.run_elems, stream_);
@@ -525,7 +525,7 @@ class CudaBackend final : public Backend {
             default: throw std::invalid_argument("cuda sum_squares: unsupported type");
         }
     }
-    // One launch over every run, one synchronisation (cuda/norm.cuh).
+    // One launch over every run, one synchronisation (cuda/global_norm.cuh).
     double sum_squares_multi(const SumSpan* spans, int count, DType t) override {
         activate();
         switch (t) {

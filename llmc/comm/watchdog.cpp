@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "llmc/base/test_hooks.h"
 #include "llmc/comm/dist.h"
 
 namespace {
@@ -22,17 +23,8 @@ void collective_test_stall() {
     static int rank = -2;
     static long at = 0, calls = 0;
     if (rank == -2) {
-        rank = -1;
-        const char* v = std::getenv("LLMC_TEST_STALL_RANK");
-        if (v && *v) {
-            int r = -1, used = 0;
-            long k = 0;
-            if (std::sscanf(v, "%d:%ld%n", &r, &k, &used) != 2 || v[used] != '\0' || r < 0 || k < 1)
-                dist_abort(std::string("LLMC_TEST_STALL_RANK=") + v +
-                           ": expected R:K (world rank R >= 0 stalls before its K-th collective, K >= 1)");
-            rank = r;
-            at = k;
-        }
+        std::string err;
+        if (!test_hooks::stall_rank(&rank, &at, &err)) dist_abort(err);
     }
     if (rank < 0 || rank != dist_world_rank() || ++calls != at) return;
     std::fprintf(stderr, "train_gpt: test: rank %d stalls before its collective %ld (LLMC_TEST_STALL_RANK)\n", rank,

@@ -37,11 +37,11 @@ constexpr double kDefaultCollectiveTimeout = 300.0;
 void set_collective_timeout(double seconds);
 double collective_timeout();
 
-// Test hook: LLMC_TEST_STALL_RANK=R:K makes world rank R sleep for an hour
-// before its K-th collective (counted from 1 over every group of size > 1),
-// so the tests can watch the others' watchdog end the job. Called by every
-// collective before it is issued; a malformed value ends the job with one
-// line naming the variable.
+// Test hook (llmc/base/test_hooks.h): LLMC_TEST_STALL_RANK=R:K makes world
+// rank R sleep for an hour before its K-th collective (counted from 1 over
+// every group of size > 1), so the tests can watch the others' watchdog end
+// the job. Called by every collective before it is issued; a malformed
+// value ends the job with one line naming the variable.
 void collective_test_stall();
 
 struct PendingCollective {

@@ -8,14 +8,14 @@
 #include <exception>
 
 #include "llmc/base/fileio.h"
+#include "llmc/base/test_hooks.h"
 
 AsyncCheckpointer::AsyncCheckpointer(const std::string& dir, GPT& model, const Ownership& own)
     : dir_(dir), own_(own), rank_(own.world ? own.world->rank() : 0) {
     // Allocated (and touched) once, so a checkpoint step neither waits for
     // the allocation nor finds the memory missing half-way through the run.
     buf_.assign(host_bytes_for(model, own), 0);
-    const char* e = std::getenv("LLMC_TEST_CHECKPOINT_DELAY_MS");
-    delay_ms_ = e && *e ? std::max(0, std::atoi(e)) : 0;
+    delay_ms_ = test_hooks::checkpoint_delay_ms();
 }
 
 AsyncCheckpointer::~AsyncCheckpointer() { join(); }

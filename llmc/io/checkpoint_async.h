@@ -14,9 +14,10 @@
 // The background thread calls neither MPI (the library runs at
 // MPI_THREAD_FUNNELED: only the main thread may) nor the backend.
 //
-// Test hook: LLMC_TEST_CHECKPOINT_DELAY_MS=N makes each writer wait N ms
-// with its shard written under the temporary name, before the rename, so
-// the tests can watch training go on, and kill a run, mid-write.
+// Test hook (llmc/base/test_hooks.h): LLMC_TEST_CHECKPOINT_DELAY_MS=N makes
+// each writer wait N ms with its shard written under the temporary name,
+// before the rename, so the tests can watch training go on, and kill a
+// run, mid-write.
 #pragma once
 #include <atomic>
 #include <string>

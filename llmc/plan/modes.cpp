@@ -12,6 +12,7 @@
 #include "llmc/plan/calibrate.h"
 #include "llmc/plan/hardware.h"
 #include "llmc/plan/planner.h"
+#include "llmc/run/model_source.h"
 #include "llmc/run/startup.h"
 
 // The global batch of a plan without -d: what published runs of a model of

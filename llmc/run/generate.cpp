@@ -21,6 +21,7 @@
 #include "llmc/model/gpt.h"
 #include "llmc/model/kv_cache.h"
 #include "llmc/run/report.h"
+#include "llmc/run/model_source.h"
 #include "llmc/run/startup.h"
 
 bool generate_requested(const ArgParser& parser) { return parser.given("generate") || parser.given("prompt-ids"); }

@@ -1,15 +1,14 @@
 // llmc/run/startup.h: what every mode of train_gpt does first, on every
 // rank: agree on errors found while setting up (so all ranks exit together
-// with one message), check that the ranks were given the same flags, share
-// the node's CPU cores between its ranks, and read the model shape that -e
-// names.
+// with one message), check that the ranks were given the same flags and
+// read the same data, that the outputs can be written, and share the node's
+// CPU cores between its ranks. What -e, --convert and --tokenizer name is
+// llmc/run/model_source.h.
 #pragma once
 #include <string>
 
 #include "llmc/base/args.h"
 #include "llmc/io/dataloader.h"
-#include "llmc/io/tokenizer.h"
-#include "llmc/model/config.h"
 #include "llmc/run/train_config.h"
 
 // Setup errors: every rank reaches the same check, so the ranks agree on
@@ -50,40 +49,3 @@ std::string check_same_data(DataLoader& data, const char* flag, const std::strin
 // cores runs several times slower), and no rank runs more threads than the
 // cores mpirun bound it to. Returns the line for the settings.
 std::string choose_threads();
-
-// The tokenizer file scripts/prepare_data.py writes beside the shards it
-// makes (tokenizer.json or tokenizer.bin in the directory of the -i
-// pattern), or "" when there is none: the record of how the data was made.
-std::string shards_tokenizer(const std::string& pattern);
-
-// --convert: the flags of the run that wrote the checkpoints in root
-// (root/run_config.json) that the export describes itself with: -e (an HF
-// source directory's tokenizer and side files), -i (the shards' tokenizer)
-// and --tokenizer, each unless given here. Returns what it took ("" for
-// nothing: no such file, or none of them in it).
-std::string inherit_run_flags(const std::string& root, const ArgParser& parser, TrainConfig& cfg);
-
-// The run's tokenizer (samples, --generate): --tokenizer; without it a
-// Hugging Face -e DIR's tokenizer.json, else the shards' tokenizer, else
-// byte-level (cfg.tokenizer is set to the file chosen; "" is byte-level). A
-// --tokenizer named but missing is an error (a setup_check): a typo would
-// otherwise print byte-level text without a word.
-void setup_tokenizer(const ArgParser& parser, TrainConfig& cfg, Tokenizer* tok);
-
-// A warning on rank 0 when the training shards were made with another
-// tokenizer than the run's (vocabulary size, end-of-text id or any token's
-// bytes differ): the ids would mean other text to the model. Silent when
-// the shards carry no tokenizer.
-void warn_tokenizer_mismatch(const TrainConfig& cfg, const Tokenizer& tok);
-
-// -t when none is given: the model's context, at most kDefaultMaxT.
-int default_seq_len(const GPTConfig& mc);
-
-// The model shape named by -e: sizes, a descriptor, a model file's header,
-// or a Hugging Face directory's config.json.
-bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err);
-
-// --convert PATH: a run's output directory (its latest complete checkpoint)
-// or one of its ckpt_SSSSSSSS directories (that one): the directory the
-// checkpoints are in and the step. False with a one-line *err otherwise.
-bool convert_source(const std::string& path, std::string* root, int* step, std::string* err);

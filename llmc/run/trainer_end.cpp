@@ -34,7 +34,7 @@ RunInfo Trainer::run_info() const {
     r.cp = lay.cp;
     r.tp = lay.tp;
     r.sp = cfg.sp;
-    r.data = data_fingerprint;
+    r.data = data.fingerprint;
     r.zero = cfg.zero;
     r.recompute = cfg.recompute;
     return r;
@@ -70,53 +70,15 @@ void Trainer::report_resume(const RunInfo& saved) {
                     saved.layout().c_str(), saved.T, now.layout().c_str(), now.T);
 }
 
-// An error of the asynchronous writer, which every rank already agrees on
-// (all_ranks_ok): each rank prints the one line and leaves cleanly, rather
-// than an abort that could kill a rank before it prints.
-[[noreturn]] static void agreed_error(const std::string& msg) {
-    if (dist_world_size() > 1)
-        std::fprintf(stderr, "train_gpt: error (rank %d): %s\n", dist_world_rank(), msg.c_str());
-    else
-        std::fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
-    std::fflush(stderr);
-    dist_finalize();
-    std::exit(1);
-}
-
-// Every rank writes its own shard; rank 0 the index, then DONE. The line
-// gives the time the main thread spent (the checkpoint's cost to the step):
-// with --async-checkpoint the snapshot, the files following in the background.
+// Every rank writes its own shard; rank 0 the index, then DONE
+// (llmc/run/run_checkpoints.h).
 void Trainer::checkpoint() {
     st.rng_state = rng.state;
-    const auto t0 = std::chrono::steady_clock::now();
-    if (async_ckpt) {
-        complete_checkpoint(true);  // at most one in flight
-        if (!async_ckpt->start(*s.model, st, run_info(), &err)) agreed_error(err);
-    } else if (!save_checkpoint(cfg.output_dir, *s.model, owner(), st, run_info(), &err)) {
-        end_job(err);
-    }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    checkpointed_step = st.step;
-    if (!main_rank) return;
-    const std::string d = checkpoint_dir(cfg.output_dir, st.step);
-    if (async_ckpt) {
-        std::printf("checkpoint: %s snapshot in %.1f ms, writing in the background\n", d.c_str(), ms);
-    } else {
-        std::printf("checkpoint: %s in %.1f ms\n", d.c_str(), ms);
-        if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
-    }
+    ckpt.write(cfg.output_dir, *s.model, owner(), st, run_info(), cfg.keep_checkpoints, main_rank);
 }
 
-// With --async-checkpoint, after every step: DONE for the checkpoint in
-// flight once every rank's shard is on disk (a collective, on the main
-// thread, like every MPI call of the run).
 void Trainer::complete_checkpoint(bool wait) {
-    if (!async_ckpt || !async_ckpt->in_flight()) return;
-    int done = -1;
-    if (!async_ckpt->complete(wait, &done, &err)) agreed_error(err);
-    if (done < 0 || !main_rank) return;
-    std::printf("checkpoint: %s complete after step %d\n", checkpoint_dir(cfg.output_dir, done).c_str(), st.step);
-    if (cfg.keep_checkpoints > 0) clean_checkpoints(cfg.output_dir, cfg.keep_checkpoints);
+    ckpt.complete(wait, cfg.output_dir, cfg.keep_checkpoints, st.step, main_rank);
 }
 
 int Trainer::agreed_stop_signal() {
@@ -125,7 +87,7 @@ int Trainer::agreed_stop_signal() {
 
 int Trainer::stop_on_signal(int sig) {
     const bool save = !cfg.output_dir.empty();
-    if (save && checkpointed_step != st.step) checkpoint();
+    if (save && ckpt.last_step != st.step) checkpoint();
     complete_checkpoint(true);  // the run ends only with its checkpoint on disk
     if (main_rank) {
         std::printf("stopped by signal %d after step %d: %s\n", sig, st.step,
@@ -154,7 +116,7 @@ void Trainer::export_weights() {
     for (const std::string& p : paths) {
         if (!export_model(p, *s.model, owner(), version, &err)) end_job(err);
         if (main_rank) std::printf("model: %s\n", p.c_str());
-        weights_written.push_back(p);
+        report.weights_written.push_back(p);
     }
     // With the run's tokenizer.json, if it has one, and what the Hugging Face
     // directory the run loaded had besides the weights (llmc/io/hf_meta.h).
@@ -162,7 +124,7 @@ void Trainer::export_weights() {
     HfExtras extras;
     extras.tokenizer_json = json ? cfg.tokenizer : "";
     extras.source_dir = is_hf_dir(cfg.model) ? cfg.model : "";
-    extras.eot = tok.eot() >= 0 && tok.eot() < mc.vocab_size ? tok.eot() : -1;
+    extras.eot = data.tok.eot() >= 0 && data.tok.eot() < mc.vocab_size ? data.tok.eot() : -1;
     extras.dtype = cfg.export_dtype;
     if (main_rank && !hf_paths.empty() && cfg.moe_balance == "bias")
         std::fprintf(stderr, "train_gpt: warning: --moe-balance bias: a MixtralForCausalLM has no routing bias; the "
@@ -170,46 +132,8 @@ void Trainer::export_weights() {
     for (const std::string& p : hf_paths) {
         if (!export_hf(p, *s.model, owner(), &err, extras)) end_job(err);
         if (main_rank) std::printf("hugging face model: %s\n", p.c_str());
-        weights_written.push_back(p);
+        report.weights_written.push_back(p);
     }
-}
-
-static double now_seconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void Trainer::note_step(const StepMetrics& m) {
-    if (totals.steps == 0) {
-        totals.first_tokens = m.tokens - (unsigned long long)cfg.total_batch;
-        totals.wall_start = now_seconds() - m.ms / 1e3;
-    }
-    totals.steps++;
-    totals.last_tokens = m.tokens;
-    totals.ms += m.ms;
-    totals.mfu_ms += m.mfu * m.ms;
-    if (m.val_loss >= 0 && (totals.best_val_step < 0 || m.val_loss < totals.best_val)) {
-        totals.best_val = m.val_loss;
-        totals.best_val_step = m.step;
-    }
-}
-
-// One paragraph at the end: steps and tokens of this launch, wall time and
-// the time in training steps, mean tokens/s (and MFU on a GPU), the best
-// validation loss, and where the weights are.
-void Trainer::print_summary() const {
-    if (!main_rank || totals.steps == 0) return;
-    const unsigned long long tokens = totals.last_tokens - totals.first_tokens;
-    const double train_s = totals.ms / 1e3;
-    std::printf("run summary: %d steps, %llu tokens in %s (%s in training steps: %.0f tokens/s", totals.steps, tokens,
-                hms(now_seconds() - totals.wall_start).c_str(), hms(train_s).c_str(),
-                train_s > 0 ? tokens / train_s : 0.0);
-    if (totals.mfu_ms > 0) std::printf(", MFU %.1f%%", 100 * totals.mfu_ms / totals.ms);
-    std::printf(")");
-    if (totals.best_val_step >= 0) std::printf("; best val loss %.4f at step %d", totals.best_val, totals.best_val_step);
-    std::printf("\n");
-    if (weights_written.empty())
-        std::printf("weights: not written (no -o, --export-model or --export-hf)\n");
-    for (const std::string& p : weights_written) std::printf("weights: %s\n", p.c_str());
 }
 
 // End of the run: the replicas' agreement, the model export, the trace and
@@ -250,6 +174,6 @@ void Trainer::finish() {
         std::printf("step graphs: %d recorded, %lld replays%s\n", rs.recorded, rs.replays,
                     rs.recorded ? "" : " (ZeRO-2/3, tp and cp communicate inside the forward and backward: no regions)");
     print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, lay.pp,
-                                 async_ckpt ? async_ckpt->host_bytes() : 0));
-    print_summary();
+                                 ckpt.host_bytes()));
+    report.print_summary(main_rank);
 }

@@ -15,6 +15,7 @@
 #include "llmc/io/hf.h"
 #include "llmc/io/model_io.h"
 #include "llmc/run/report.h"
+#include "llmc/run/model_source.h"
 #include "llmc/run/startup.h"
 #include "llmc/run/trace_file.h"
 #include "llmc/run/trainer.h"
@@ -100,17 +101,17 @@ void Trainer::setup(const ArgParser& parser) {
     accum = lay.micro_batches();
     rows_per_step = cfg.total_batch / cfg.T;
 
-    if (!converting) setup_check(train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
-    use_val = !converting && !cfg.val_data.empty() && cfg.val_every > 0;
-    setup_check(!use_val || val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
+    if (!converting) setup_check(data.train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
+    data.use_val = !converting && !cfg.val_data.empty() && cfg.val_every > 0;
+    setup_check(!data.use_val || data.val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
     // Validation rows: -m micro-batches of B rows (llm.c's count), else
     // --val-tokens in whole rows, so the figure is the same for every -b
     // and layout. More rows than the files hold wrap and count some twice.
-    val_rows = cfg.val_steps > 0 ? (long long)cfg.val_steps * cfg.B : (cfg.val_tokens + cfg.T - 1) / cfg.T;
-    if (use_val && main_rank && (size_t)val_rows > val.rows_per_epoch())
+    data.val_rows = cfg.val_steps > 0 ? (long long)cfg.val_steps * cfg.B : (cfg.val_tokens + cfg.T - 1) / cfg.T;
+    if (data.use_val && main_rank && (size_t)data.val_rows > data.val.rows_per_epoch())
         std::fprintf(stderr, "train_gpt: warning: validation reads %lld rows of T=%d, but -j '%s' holds %zu: the rows "
-                             "wrap and some count twice (lower %s)\n", val_rows, cfg.T, cfg.val_data.c_str(),
-                     val.rows_per_epoch(), cfg.val_steps > 0 ? "-m" : "--val-tokens");
+                             "wrap and some count twice (lower %s)\n", data.val_rows, cfg.T, cfg.val_data.c_str(),
+                     data.val.rows_per_epoch(), cfg.val_steps > 0 ? "-m" : "--val-tokens");
     // What is written only at the end must be writable now.
     for (const auto& out : {std::make_tuple("--export-model", cfg.export_model, false),
                             std::make_tuple("--export-hf", cfg.export_hf, true),
@@ -119,19 +120,19 @@ void Trainer::setup(const ArgParser& parser) {
         const std::string why = path.empty() || !main_rank ? "" : output_path_problem(path, std::get<2>(out));
         setup_check(why.empty(), std::string("flag ") + std::get<0>(out) + " '" + path + "': " + why);
     }
-    if (!converting) data_fingerprint = check_same_data(train, "-i", cfg.train_data);
-    if (use_val) check_same_data(val, "-j", cfg.val_data);
-    setup_tokenizer(parser, cfg, &tok);
-    if (!converting) warn_tokenizer_mismatch(cfg, tok);
-    if (main_rank && tok.vocab_size() < mc.vocab_size && cfg.sample_every > 0)
+    if (!converting) data.fingerprint = check_same_data(data.train, "-i", cfg.train_data);
+    if (data.use_val) check_same_data(data.val, "-j", cfg.val_data);
+    setup_tokenizer(parser, cfg, &data.tok);
+    if (!converting) warn_tokenizer_mismatch(cfg, data.tok);
+    if (main_rank && data.tok.vocab_size() < mc.vocab_size && cfg.sample_every > 0)
         std::fprintf(stderr, "train_gpt: warning: tokenizer %s has %d tokens, the model %d: samples print ids past "
                              "it as <?>\n", cfg.tokenizer.empty() ? "(byte-level)" : cfg.tokenizer.c_str(),
-                     tok.vocab_size(), mc.vocab_size);
+                     data.tok.vocab_size(), mc.vocab_size);
     if (cfg.max_steps < 0 && !converting)
-        cfg.max_steps = (int)std::max<long long>(1, (long long)train.rows_per_epoch() / rows_per_step);
+        cfg.max_steps = (int)std::max<long long>(1, (long long)data.train.rows_per_epoch() / rows_per_step);
 
     // Document masking: the separator must be a token of the model.
-    if (cfg.eot_token < 0) cfg.eot_token = tok.eot() >= 0 ? tok.eot() : 50256;
+    if (cfg.eot_token < 0) cfg.eot_token = data.tok.eot() >= 0 ? data.tok.eot() : 50256;
     setup_check(!(cfg.document_mask || parser.given("eot-token")) || cfg.eot_token < mc.vocab_size,
                 "flag --eot-token: " + std::to_string(cfg.eot_token) + " is not below the model's vocabulary size " +
                     std::to_string(mc.vocab_size) + " (give the id of the token that ends a document)");
@@ -176,14 +177,14 @@ void Trainer::setup(const ArgParser& parser) {
     // The snapshot buffer of --async-checkpoint, allocated once (with -o:
     // a signal checkpoints even without -n).
     if (cfg.async_checkpoint && !cfg.output_dir.empty())
-        async_ckpt = std::make_unique<AsyncCheckpointer>(cfg.output_dir, *s.model, owner());
+        ckpt.async = std::make_unique<AsyncCheckpointer>(cfg.output_dir, *s.model, owner());
     print_rank_lines(memory_line("start", rank, *s.model, s.comm_bytes(), grid.pp_rank, lay.pp,
-                                 async_ckpt ? async_ckpt->host_bytes() : 0));
+                                 ckpt.host_bytes()));
 
     ok = true;
     if (main_rank && !cfg.output_dir.empty()) {
         ok = make_dirs(cfg.output_dir, &err) &&
-             metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
+             report.metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
         // The run's full resolved flags beside its metrics: `--config` reads it back.
         AtomicWriter rc;
         const std::string flags = parser.resolved_json(training_flag);
@@ -213,11 +214,7 @@ void Trainer::setup(const ArgParser& parser) {
     oc.final_lr_frac = cfg.final_lr_frac;
     oc.max_steps = cfg.max_steps;
     const size_t BT = (size_t)cfg.B * cfg.T;
-    full_in.resize(BT);
-    full_tg.resize(BT);
-    inputs.resize(BT);
-    targets.resize(BT);
-    if (cfg.document_mask) full_docs.resize(BT), docs.resize(BT);
+    data.size_rows(BT, cfg.document_mask);
 }
 
 // The model and its parallel modes on backend b (llmc/parallel/model_stack.h).
@@ -303,12 +300,12 @@ void Trainer::print_settings(const ArgParser& parser) {
     }
     std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; "
                 "T=%d (%d per rank); %d steps\n",
-                train.total_tokens(), train.files().size(), rows_per_step, accum, cfg.B, lay.dp(), cfg.T, T_local,
+                data.train.total_tokens(), data.train.files().size(), rows_per_step, accum, cfg.B, lay.dp(), cfg.T, T_local,
                 cfg.max_steps);
     if (t_from_model)
         std::printf("T=%d: no -t, so the model's context (maxT %d%s)\n", cfg.T, mc.max_seq_len,
                     mc.max_seq_len > cfg.T ? ", capped" : "");
-    if (use_val)
+    if (data.use_val)
         std::printf("validation: %lld rows of T=%d (%lld tokens) every %d steps, micro-batches of B=%d over dp=%d\n",
-                    val_rows, cfg.T, val_rows * cfg.T, cfg.val_every, cfg.B, lay.dp());
+                    data.val_rows, cfg.T, data.val_rows * cfg.T, cfg.val_every, cfg.B, lay.dp());
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "llmc/backend/backends.h"
+#include "llmc/base/test_hooks.h"
 #include "llmc/base/trace.h"
 #include "llmc/run/report.h"
 #include "llmc/run/startup.h"
@@ -25,43 +26,6 @@ static int sample_token(const std::vector<float>& logits, double u) {
     return (int)logits.size() - 1;
 }
 
-// B rows from first_row on, this rank's tokens of them: whole rows, or this
-// cp rank's chunks. With --document-mask also their document starts, found
-// on the whole rows (a cp rank's later chunk needs the EOTs of the earlier
-// ones) and sharded alike; every pipeline stage reads the rows, so every
-// stage has them.
-void Trainer::read_micro_batch(DataLoader& dl, uint64_t first_row, int rows) {
-    if (!dl.read_rows(first_row, rows, full_in.data(), full_tg.data(), &err)) end_job(err);
-    s.cp->shard_rows(full_in.data(), rows, cfg.T, inputs.data());
-    s.cp->shard_rows(full_tg.data(), rows, cfg.T, targets.data());
-    if (!docs.empty()) {
-        GPT::document_starts(full_in.data(), rows, cfg.T, cfg.eot_token, full_docs.data());
-        s.cp->shard_rows(full_docs.data(), rows, cfg.T, docs.data());
-    }
-}
-
-// Progress after step `step`: tokens seen, wall time since this launch's
-// first step, the time left at the launch's pace so far (validation and
-// samples included), and this rank's device memory in use.
-std::string Trainer::progress(int step, unsigned long long tokens, double step_ms) {
-    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    if (progress_start < 0) {
-        progress_start = now - step_ms / 1e3;
-        progress_first_step = step;
-    }
-    const double elapsed = now - progress_start;
-    const int done = step + 1 - progress_first_step, left = cfg.max_steps - step - 1;
-    char tk[32], b[160];
-    const double x = (double)tokens;
-    if (x < 1e3) std::snprintf(tk, sizeof tk, "%.0f", x);
-    else if (x < 1e6) std::snprintf(tk, sizeof tk, "%.1fk", x / 1e3);
-    else if (x < 1e9) std::snprintf(tk, sizeof tk, "%.2fM", x / 1e6);
-    else std::snprintf(tk, sizeof tk, "%.2fG", x / 1e9);
-    std::snprintf(b, sizeof b, "%s tok | %s, ETA %s | mem %.1f MiB", tk, hms(elapsed).c_str(),
-                  hms(done > 0 ? elapsed / done * left : 0).c_str(), be->bytes_in_use() / 1048576.0);
-    return b;
-}
-
 // One optimizer step: the pipeline schedule runs the forwards and backwards
 // of the step's micro-batches (without pp: forward, backward, one after the
 // other), then the optimizer.
@@ -73,10 +37,10 @@ StepMetrics Trainer::train_step(int step) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
                                      : st.rows_consumed + ((uint64_t)micro * lay.dp() + grid.dp_rank) * cfg.B;
-        read_micro_batch(train, first, cfg.B);
-        *in = inputs.data();
-        *tg = targets.data();
-        *dc = docs_or_null();
+        data.read_micro_batch(data.train, first, cfg.B, cfg.T, cfg.eot_token, *s.cp);
+        *in = data.inputs.data();
+        *tg = data.targets.data();
+        *dc = data.docs_or_null();
     };
     s.model->moe().take_aux_sum();  // what validation and samples left
     s.model->moe().count_loads(true);  // the experts' loads of this step's training forwards
@@ -104,7 +68,13 @@ StepMetrics Trainer::train_step(int step) {
     bool bad = !std::isfinite(loss) ||
                (cfg.skip_spikes > 0 && st.loss_count >= 5 && loss > cfg.skip_spikes * st.loss_mean);
     bad = grid.world->host_all_reduce(bad ? 1.0 : 0.0, ReduceOp::Max) > 0;
-    poison_gradients_for_test(step);
+    // Test hook (llmc/base/test_hooks.h, docs/design.md section 2.8): rank 0
+    // sets one gradient element to NaN before this step's optimizer step, so
+    // the tests can check that the bad step is skipped on every rank.
+    if (step == test_hooks::nan_step() && rank == 0) {
+        const float nan = std::nanf("");
+        be->upload(s.model->grads(), s.model->precision().grad, &nan, DType::F32, 1);
+    }
     double norm;
     bool skipped = false;
     {
@@ -154,7 +124,7 @@ StepMetrics Trainer::train_step(int step) {
         if (maxvio >= 0) std::printf(" | maxvio %.3f", maxvio);
         std::printf(" | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", m.lr, norm, ms, m.tokens_per_s);
         if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
-        std::printf(" | %s", progress(step, m.tokens, ms).c_str());
+        std::printf(" | %s", report.progress(step, cfg.max_steps, m.tokens, ms, *be).c_str());
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
         std::printf("\n");
     }
@@ -181,19 +151,6 @@ StepMetrics Trainer::train_step(int step) {
     return m;
 }
 
-// LLMC_TEST_NAN_STEP=K (a test hook, docs/design.md section 2.8): rank 0 sets
-// one gradient element to NaN before step K's optimizer step, so the tests
-// can check that a bad step is skipped on every rank and counted.
-void Trainer::poison_gradients_for_test(int step) {
-    static const int nan_step = [] {
-        const char* e = std::getenv("LLMC_TEST_NAN_STEP");
-        return e && *e ? std::atoi(e) : -1;
-    }();
-    if (step != nan_step || rank != 0) return;
-    const float nan = std::nanf("");
-    be->upload(s.model->grads(), s.model->precision().grad, &nan, DType::F32, 1);
-}
-
 // Validation micro-batches of B rows (the last one shorter when B does not
 // divide the rows) are dealt round robin over the data-parallel ranks;
 // every rank runs the same number of forwards (the extra ones are
@@ -202,13 +159,13 @@ void Trainer::poison_gradients_for_test(int step) {
 double Trainer::validate() {
     trace::set_step(-1);
     double sum = 0, count = 0;
-    const long long micro = (val_rows + cfg.B - 1) / cfg.B;
+    const long long micro = (data.val_rows + cfg.B - 1) / cfg.B;
     for (long long k0 = 0; k0 < micro; k0 += lay.dp()) {
         const long long k = k0 + grid.dp_rank;
         const bool mine = k < micro;
-        const int rows = mine ? (int)std::min<long long>(cfg.B, val_rows - k * cfg.B) : cfg.B;
-        read_micro_batch(val, (uint64_t)(mine ? k : 0) * cfg.B, rows);
-        double l = s.pipe->forward_only(*s.model, inputs.data(), targets.data(), rows, T_local, docs_or_null());
+        const int rows = mine ? (int)std::min<long long>(cfg.B, data.val_rows - k * cfg.B) : cfg.B;
+        data.read_micro_batch(data.val, (uint64_t)(mine ? k : 0) * cfg.B, rows, cfg.T, cfg.eot_token, *s.cp);
+        double l = s.pipe->forward_only(*s.model, data.inputs.data(), data.targets.data(), rows, T_local, data.docs_or_null());
         if (mine) sum += l * rows, count += rows;
     }
     sum = grid.dpcp_group->host_all_reduce(sum, ReduceOp::Sum);
@@ -226,8 +183,8 @@ double Trainer::validate() {
 void Trainer::sample() {
     trace::set_step(-1);
     const int V = mc.vocab_size, T = cfg.T;
-    std::vector<int> tokens(T, tok.eot() < V ? tok.eot() : 0), local(T / s.cp->size());
-    std::vector<int> full_dc(docs.empty() ? 0 : T), local_dc(full_dc.empty() ? 0 : T / s.cp->size());
+    std::vector<int> tokens(T, data.tok.eot() < V ? data.tok.eot() : 0), local(T / s.cp->size());
+    std::vector<int> full_dc(data.docs.empty() ? 0 : T), local_dc(full_dc.empty() ? 0 : T / s.cp->size());
     std::vector<float> logits(V);
     std::string text;
     int n = std::min(cfg.gen_tokens, T - 1);
@@ -243,7 +200,7 @@ void Trainer::sample() {
         s.pipe->logits_row(*s.model, 0, t - 1, logits.data());
         int next = sample_token(logits, rng.uniform());
         tokens[t] = next;
-        text += tok.decode(next);
+        text += data.tok.decode(next);
     }
     if (main_rank) std::printf("---- sample ----\n%s\n----------------\n", Tokenizer::printable(text).c_str());
     reset_counts(grid);

@@ -1,6 +1,6 @@
 // tests/unit/encoder_replay.h: the CUDA encoder backward's bucket sums
 // (llmc/backend/cuda/encoder.cuh) replayed on the host with the kernels' own
-// index functions (llmc/backend/cuda/index.h): the stable sort CUB's radix
+// index functions (llmc/backend/cuda/kernel_index.h): the stable sort CUB's radix
 // sort gives, pass 1 over chunks of kEncChunk sorted items (each segment
 // into its row or a partial slot), pass 2 from each owner chunk. Shared by
 // tests/unit/test_kernel_index.cpp and tests/unit/test_encoder_buckets.cpp.
@@ -10,7 +10,7 @@
 #include <numeric>
 #include <vector>
 
-#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/kernel_index.h"
 
 // What the replay touched, to check ownership: uses of each sorted item by
 // pass 1, writes into each destination row (a row has one writer: a direct

@@ -3,7 +3,7 @@
 // encoder.cuh cuts the sorted items into chunks of kEncChunk so such a
 // bucket is summed by many blocks (pass 1) and its partials added in chunk
 // order by one owner (pass 2). This replays both passes with the kernels'
-// own index functions (llmc/backend/cuda/index.h, via
+// own index functions (llmc/backend/cuda/kernel_index.h, via
 // tests/unit/encoder_replay.h) over key sets built to stress the chunk
 // boundaries, and checks: every owned item is summed once, every row that
 // collects items has exactly one writer, every partial slot written is read
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/kernel_index.h"
 #include "tests/lib/check.h"
 #include "tests/unit/encoder_replay.h"
 

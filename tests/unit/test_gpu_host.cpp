@@ -7,7 +7,7 @@
 //     variables of Open MPI, PMIx, PMI, hydra and Slurm, and a process
 //     started without any of them runs as a world of one without MPI;
 //   - a matmul's bias goes to cuBLASLt's epilogue only when 16-byte aligned,
-//     else to the separate bias kernel (llmc/backend/cuda/index.h);
+//     else to the separate bias kernel (llmc/backend/cuda/kernel_index.h);
 //   - the optimization switches (llmc/backend/cuda/switches.h): each value
 //     LLMC_GELU_FUSION, LLMC_BIAS_GRAD_EPILOGUE and LLMC_GEMM_WORKSPACE_MB
 //     accept or refuse, and
@@ -21,7 +21,7 @@
 #include <map>
 #include <string>
 
-#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/kernel_index.h"
 #include "llmc/backend/cuda/switches.h"
 #include "llmc/backend/device_peaks.h"
 #include "llmc/comm/dist.h"

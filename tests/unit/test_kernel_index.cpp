@@ -1,5 +1,5 @@
 // tests/unit/test_kernel_index.cpp: the CUDA kernels' index arithmetic, run on
-// the host (no GPU needed). llmc/backend/cuda/index.h holds every "which thread
+// the host (no GPU needed). llmc/backend/cuda/kernel_index.h holds every "which thread
 // takes which element, in which order are partial sums added" decision of
 // the memory-bound kernels; this test runs those same functions over every
 // thread of a grid and checks that each element is visited exactly once,
@@ -21,7 +21,7 @@
 
 #include "llmc/backend/backend_cpu.h"
 #include "llmc/backend/cpu_ops.h"
-#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/kernel_index.h"
 #include "llmc/model/optimizer.h"
 #include "llmc/model/tensors.h"
 #include "tests/lib/check.h"

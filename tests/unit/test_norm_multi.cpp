@@ -2,7 +2,7 @@
 // many runs (Backend::sum_squares_multi, used by llmc/parallel/optimizer_step.cpp
 // under ZeRO and tensor parallelism). On the CPU backend it must give the
 // bits of the loop of sum_squares it replaced (the runs' sums added in
-// order); the CUDA kernel's partition (llmc/backend/cuda/index.h: chunks of
+// order); the CUDA kernel's partition (llmc/backend/cuda/kernel_index.h: chunks of
 // kSumSqChunk, blocks numbered run after run, find_piece) is replayed on the
 // host: every element of every run summed once, the partials bounded by the
 // reserved count, the sum equal to the loop's up to rounding.
@@ -16,7 +16,7 @@
 
 #include "llmc/backend/backend_cpu.h"
 #include "llmc/backend/backend_measure.h"
-#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/kernel_index.h"
 #include "tests/lib/check.h"
 
 using namespace llmc_idx;

@@ -8,7 +8,7 @@
 // a shape, then a whole step runs (pipeline schedule, ZeRO's reductions,
 // the optimizer step), a validation forward and a sampled row; the probe
 // computes, for every call, what the CUDA backend would ask of each buffer
-// (the formulas of llmc/backend/cuda/workspace.h and index.h, the ones
+// (the formulas of llmc/backend/cuda/workspace.h and kernel_index.h, the ones
 // backend_cuda.cu uses) and checks it against what the reservation holds.
 // Last line: "N passed, N failed".
 #include <cstdio>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "llmc/backend/backend_measure.h"
-#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/kernel_index.h"
 #include "llmc/backend/cuda/workspace.h"
 #include "llmc/model/config.h"
 #include "llmc/parallel/model_stack.h"
@@ -219,8 +219,8 @@ int main() {
         // The one-kernel attention backward's fp32 dq accumulator (B·NH·T rows
         // of the head size) counts only when that kernel is switched on.
         w.attn_rows = (size_t)4 * 12 * 1024, w.head_size = 64;  // B=4, 12 heads, T=1024
-        CHECK(attn_bwd5_scratch_bytes(w.attn_rows, 64) > scratch_bytes(w, false) &&
-                  attn_bwd5_scratch_bytes(w.attn_rows, 64) <= scratch_bytes(w, true),
+        CHECK(attn_bwd_fused_scratch_bytes(w.attn_rows, 64) > scratch_bytes(w, false) &&
+                  attn_bwd_fused_scratch_bytes(w.attn_rows, 64) <= scratch_bytes(w, true),
               "scratch_bytes counts the one-kernel attention backward's dq accumulator when it is on");
     }
     return check_summary();

@@ -12,7 +12,7 @@
 //
 // Work is cut into "pieces" (a contiguous run with one weight decay) and
 // each piece into items of 8 elements, one item per thread (llmc_idx's
-// AdamW layout, index.h): an item whose pointers are all 16-byte aligned is
+// AdamW layout, kernel_index.h): an item whose pointers are all 16-byte aligned is
 // read and written with 16-byte accesses (grad and bf16 param: one each;
 // fp32 master, m, v: two each), the few elements before the first aligned
 // item and after the last whole one are done one at a time, and a piece

@@ -3,7 +3,7 @@
 // up): forward (out, lse), backward (dq, dk, dv) and the ring-attention block
 // ops, with the layout and stride conventions of backend.h AttnShape. The
 // kernel bodies live in attention_tc_kernels.h, attention_tc_kernels_bwd.h
-// and attention_tc_kernels_bwd5.h (shared with a CPU emulation in
+// and attention_tc_kernels_bwd_fused.h (shared with a CPU emulation in
 // tests/unit/test_mma_layout.cpp); this file holds the PTX context, the __global__ wrappers, the launchers and the
 // dispatch test. Other head sizes, fp32 activations and unaligned layouts use
 // attention.cuh (CUDA cores).
@@ -63,7 +63,7 @@
 // fp32 ones (+=).
 //
 // LLMC_ATTN_BWD=5 (off by default) swaps in a one-kernel backward for head
-// size 64 (attention_tc_kernels_bwd5.h): 5 products instead of 7, dq summed
+// size 64 (attention_tc_kernels_bwd_fused.h): 5 products instead of 7, dq summed
 // with fp32 atomics (not bitwise reproducible run to run), D folded into the
 // kernel, 128-query tiles in a 3-stage cp.async ring. Plain, ring and GQA
 // shapes all take it; head size 128 keeps the two kernels.
@@ -86,7 +86,7 @@
 #include "llmc/backend/cuda/attention.cuh"
 #include "llmc/backend/cuda/attention_tc_kernels.h"
 #include "llmc/backend/cuda/attention_tc_kernels_bwd.h"
-#include "llmc/backend/cuda/attention_tc_kernels_bwd5.h"
+#include "llmc/backend/cuda/attention_tc_kernels_bwd_fused.h"
 #include "llmc/backend/cuda/common.cuh"
 
 namespace llmc_cuda {
@@ -192,16 +192,16 @@ __global__ void __launch_bounds__(attn_tc::kThreads, TC_MINB)
 #endif
 }
 
-// The one-kernel backward (attention_tc_kernels_bwd5.h): a block of 64 keys
+// The one-kernel backward (attention_tc_kernels_bwd_fused.h): a block of 64 keys
 // per (key tile, b * KVH + kv head); one block per SM at its shared memory.
 template <int BQ, int STAGES, bool kFoldD, typename G, bool kAcc>
 __global__ void __launch_bounds__(attn_tc::kThreads, 1)
-    bwd5_kernel(float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk, G* dv, const uint16_t* dout, const uint16_t* q,
+    bwd_fused_kernel(float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk, G* dv, const uint16_t* dout, const uint16_t* q,
                 const uint16_t* k, const uint16_t* v, const uint16_t* out, const float* lse, const float* Dvec,
                 TcParams p) {
 #if TC_ARCH_OK
     DevCtx cx;
-    attn_tc::bwd5_body<DevCtx, 64, BQ, STAGES, kFoldD, G, kAcc>(cx, dq_acc, dq_bs, dq_rs, dk, dv, dout, q, k, v, out,
+    attn_tc::bwd_fused_body<DevCtx, 64, BQ, STAGES, kFoldD, G, kAcc>(cx, dq_acc, dq_bs, dq_rs, dk, dv, dout, q, k, v, out,
                                                                  lse, Dvec, p);
 #else
     __trap();
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(attn_tc::kThreads, 1)
 }
 
 // fp32 accumulator -> bf16 dq (q's strides), two elements per thread.
-__global__ void bwd5_dq_convert_kernel(uint16_t* dq, const float* acc, TcParams p, int D, size_t pairs) {
+__global__ void bwd_fused_dq_convert_kernel(uint16_t* dq, const float* acc, TcParams p, int D, size_t pairs) {
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < pairs) attn_tc::dq_convert_elem(dq, acc, p, D, idx);
 }
@@ -285,10 +285,10 @@ void backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const
 
 // The one-kernel backward, HS 64, 128-query tiles, D folded in. Plain
 // (kAcc false, bf16 dq, dk, dv): dq accumulates in fp32 in dq_acc
-// (attn_tc::bwd5_dq_acc_floats floats, zeroed here) and a second kernel
+// (attn_tc::bwd_fused_dq_acc_floats floats, zeroed here) and a second kernel
 // converts it; ring (kAcc, fp32 +=): the atomics add into dq itself.
 template <typename G, bool kAcc>
-void bwd5_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+void bwd_fused_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                  const bf16* out, const float* lse, const AttnShape& s, float* dq_acc, cudaStream_t st) {
     constexpr int BQ = 128, STAGES = TC_BWD5_STAGES;
     using C = attn_tc::Bwd5Cfg<64, BQ, STAGES, true>;
@@ -300,10 +300,10 @@ void bwd5_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const bf1
         acc = dq, bs = p.qb, rs = p.q_stride;
     } else {
         acc = dq_acc, rs = (size_t)s.NH * 64, bs = (size_t)s.Tq * rs;
-        CUDA_CHECK(cudaMemsetAsync(acc, 0, attn_tc::bwd5_dq_acc_floats(p, 64) * sizeof(float), st));
+        CUDA_CHECK(cudaMemsetAsync(acc, 0, attn_tc::bwd_fused_dq_acc_floats(p, 64) * sizeof(float), st));
     }
     if (s.Tk > 0) {
-        auto kern = bwd5_kernel<BQ, STAGES, true, GR, kAcc>;
+        auto kern = bwd_fused_kernel<BQ, STAGES, true, GR, kAcc>;
         allow_smem(kern, C::smem_bytes);
         const dim3 grid((unsigned)ceil_div(s.Tk, C::BN), (unsigned)(s.B * s.kv_heads()));
         kern<<<grid, attn_tc::kThreads, C::smem_bytes, st>>>(acc, bs, rs, raw(dk), raw(dv), raw(dout), raw(q), raw(k),
@@ -311,9 +311,9 @@ void bwd5_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const bf1
         CUDA_CHECK_LAUNCH();
     }
     if constexpr (!kAcc) {
-        const size_t pairs = attn_tc::bwd5_dq_acc_floats(p, 64) / 2;
+        const size_t pairs = attn_tc::bwd_fused_dq_acc_floats(p, 64) / 2;
         if (pairs > 0) {
-            bwd5_dq_convert_kernel<<<(unsigned)ceil_div(pairs, 256), 256, 0, st>>>(raw(dq), acc, p, 64, pairs);
+            bwd_fused_dq_convert_kernel<<<(unsigned)ceil_div(pairs, 256), 256, 0, st>>>(raw(dq), acc, p, 64, pairs);
             CUDA_CHECK_LAUNCH();
         }
     }
@@ -372,14 +372,14 @@ inline bool attention_tc_enabled() {
     return on;
 }
 
-// LLMC_ATTN_BWD=5 selects the one-kernel backward (attention_tc_kernels_bwd5.h)
+// LLMC_ATTN_BWD=5 selects the one-kernel backward (attention_tc_kernels_bwd_fused.h)
 // where it applies (head size 64, plain and ring, with or without GQA, a
 // device with about 203 KB of shared memory per block); head size 128 and
 // smaller devices keep the two-kernel backward. Its dq is summed with fp32 atomics,
 // so dq is not bitwise reproducible run to run (dk, dv are). Default (unset,
 // or 2): the two-kernel backward, deterministic; the backend refuses other
 // values when it starts (cuda/switches.h). Read once.
-inline bool attention_bwd5_enabled() {
+inline bool attention_bwd_fused_enabled() {
     static const bool on = [] {
         const char* e = std::getenv("LLMC_ATTN_BWD");
         return e && e[0] == '5' && e[1] == 0;
@@ -388,16 +388,16 @@ inline bool attention_bwd5_enabled() {
 }
 // Head size 64 on a device with the shared memory for it, without the
 // document mask (else the two kernels, which take it).
-inline bool attention_bwd5_takes(const AttnShape& s) {
+inline bool attention_bwd_fused_takes(const AttnShape& s) {
     using C = attn_tc::Bwd5Cfg<64, 128, TC_BWD5_STAGES, true>;
-    return attention_bwd5_enabled() && s.HS == 64 && !s.doc_start &&
+    return attention_bwd_fused_enabled() && s.HS == 64 && !s.doc_start &&
            attn_tc_dev::device_smem_optin() >= C::smem_bytes;
 }
 
 // Scratch of attention_backward_tc: the D vector, or with the one-kernel
 // backward the fp32 dq accumulator (D is computed in the kernel there).
 inline size_t attention_backward_tc_scratch_floats(const AttnShape& s) {
-    if (attention_bwd5_takes(s)) return attn_tc::bwd5_dq_acc_floats(attn_tc::tc_params(s), 64);
+    if (attention_bwd_fused_takes(s)) return attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), 64);
     return attention_backward_scratch_floats(s);
 }
 
@@ -437,8 +437,8 @@ inline void attention_backward_tc(bf16* dq, bf16* dk, bf16* dv, const bf16* dout
                                   float* scratch, cudaStream_t stream) {
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0) return;
-    if (attention_bwd5_takes(s)) {
-        attn_tc_dev::bwd5_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+    if (attention_bwd_fused_takes(s)) {
+        attn_tc_dev::bwd_fused_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
         return;
     }
     if (s.HS == 64)
@@ -453,8 +453,8 @@ inline void attention_block_backward_tc(float* dq, float* dk, float* dv, const b
                                         const AttnShape& s, float* scratch, cudaStream_t stream) {
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0 || s.Tk == 0) return;  // nothing to add
-    if (attention_bwd5_takes(s))  // atomics straight into the fp32 dq; no scratch
-        attn_tc_dev::bwd5_launch<float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, nullptr, stream);
+    if (attention_bwd_fused_takes(s))  // atomics straight into the fp32 dq; no scratch
+        attn_tc_dev::bwd_fused_launch<float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, nullptr, stream);
     else if (s.HS == 64)
         attn_tc_dev::backward_launch<64, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
     else

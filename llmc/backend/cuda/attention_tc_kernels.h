@@ -2,7 +2,7 @@
 // kernels, written once for two executors: here the forward and what every
 // body shares (the context contract, TcParams, load_rows, the tile
 // configurations); the backward (dq, dk/dv) is in attention_tc_kernels_bwd.h,
-// the one-kernel backward (LLMC_ATTN_BWD=5) in attention_tc_kernels_bwd5.h.
+// the one-kernel backward (LLMC_ATTN_BWD=5) in attention_tc_kernels_bwd_fused.h.
 // attention_tc.cuh runs them as CUDA kernels through a context
 // whose operations are PTX (ldmatrix, mma.sync, cp.async, shuffles);
 // tests/unit/test_mma_layout.cpp runs the very same code on the CPU, one host

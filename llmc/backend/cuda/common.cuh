@@ -20,7 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "llmc/backend/cuda/index.h"
+#include "llmc/backend/cuda/kernel_index.h"
 
 // A failed CUDA call is a broken machine or a bug: name the place and stop.
 #define CUDA_CHECK(call)                                                                                  \

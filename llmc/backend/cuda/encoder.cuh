@@ -17,7 +17,7 @@
 //      output is the one ordering by (key, source row): the same on every
 //      run whatever the GPU's scheduling;
 //   3. the sorted items are cut into chunks of 64 (llmc_idx::kEncChunk,
-//      index.h), so a frequent token's bucket (~3% of real text) is summed
+//      kernel_index.h), so a frequent token's bucket (~3% of real text) is summed
 //      by many blocks rather than one: a block per run of one key inside a
 //      chunk (a grid-stride loop over sorted positions) sums it in sorted
 //      order in fp32, 16 bytes at a time; a bucket inside one chunk goes
@@ -127,7 +127,7 @@ static __global__ void encoder_position_keys_kernel(unsigned* keys, int* vals, c
     vals[t] = t;
 }
 
-// Pass 1, a block per segment start (index.h: a run of one key inside one
+// Pass 1, a block per segment start (kernel_index.h: a run of one key inside one
 // chunk of kEncChunk sorted items; a grid-stride loop over sorted
 // positions): the segment summed in item order, then r order, in fp32; item
 // k stands for source rows vals[k] + r*rep_stride, r < rep (rep 1 for

@@ -37,7 +37,7 @@
 #include <tuple>
 
 #include "llmc/backend/cuda/common.cuh"
-#include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/switches.h"
 
 namespace llmc_cuda {

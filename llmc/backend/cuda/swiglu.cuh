@@ -6,7 +6,7 @@
 //             into dgu [N, 2H] (overwrite), the layout of gu.
 //
 // Memory-bound elementwise maps over the N·H outputs, computing in fp32, in
-// the grid-stride pattern of gelu.cuh: llmc_idx::for_each_pack over packs of
+// the grid-stride pattern of elementwise.cuh: llmc_idx::for_each_pack over packs of
 // W output elements. With H % W == 0 a pack never crosses a row, so its
 // gate and up operands are packs too (at n·2H + i and n·2H + H + i): 16-byte
 // accesses (8 bf16 or 4 fp32) when H % W == 0 and every pointer is 16-byte

@@ -1,10 +1,10 @@
-// llmc/backend/cuda/gelu.cuh: the elementwise ops: GELU (tanh approximation)
+// llmc/backend/cuda/elementwise.cuh: the elementwise ops: GELU (tanh approximation)
 // forward and backward, and the residual add out = a + b (also the
 // gradient accumulation dst += src).
 //
 // Memory-bound grid-stride loops computing in fp32, 16 bytes per access
 // (8 bf16 or 4 fp32) when every pointer is 16-byte aligned, element by
-// element otherwise; llmc_idx::for_each_pack (index.h) decides which thread
+// element otherwise; llmc_idx::for_each_pack (kernel_index.h) decides which thread
 // takes which pack and the tail after the last whole pack. No __restrict__:
 // the contract lets gelu_backward's dinp alias dout and residual_forward's
 // out alias a or b, which is safe because every pack is read whole and then

@@ -1,4 +1,4 @@
-// llmc/backend/cuda/index.h: the index arithmetic of the CUDA kernels, in plain C++.
+// llmc/backend/cuda/kernel_index.h: the index arithmetic of the CUDA kernels, in plain C++.
 //
 // Which thread touches which element, and in which order partial sums are
 // added, is decided here and nowhere else: the kernels in llmc/backend/cuda/*.cuh

@@ -1,5 +1,5 @@
-// tests/unit/test_attention_bwd5.cpp: CPU check of the one-kernel tensor-core
-// attention backward (llmc/backend/cuda/attention_tc_kernels_bwd5.h, the
+// tests/unit/test_attention_bwd_fused.cpp: CPU check of the one-kernel tensor-core
+// attention backward (llmc/backend/cuda/attention_tc_kernels_bwd_fused.h, the
 // LLMC_ATTN_BWD=5 path), compiled by g++ without CUDA. Its body runs on the
 // emulated GPU of tests/unit/mma_emulator.h (one host thread per CUDA
 // thread, shared memory starting as NaN, cp.async landing only at the
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/backend/cuda/attention_tc_kernels_bwd5.h"
+#include "llmc/backend/cuda/attention_tc_kernels_bwd_fused.h"
 #include "tests/unit/attention_emu.h"
 #include "tests/unit/attention_fp64.h"
 #include "tests/unit/mma_emulator.h"
@@ -27,7 +27,7 @@
 // fp32 accumulator (zeroed, as the launcher's memset) and the conversion
 // pass; ring (kAcc): fp32 dq, dk, dv +=, dq's own strides for the atomics.
 template <int STAGES, bool kFoldD, typename G, bool kAcc>
-static bool run_bwd5(const View& w, size_t kv_row0, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb,
+static bool run_bwd_fused(const View& w, size_t kv_row0, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb,
                      const std::vector<uint16_t>& dob, const std::vector<uint16_t>& outb, const std::vector<float>& lse,
                      const std::vector<float>& Dv, std::vector<G>& dq, std::vector<G>& dkv) {
     using C = attn_tc::Bwd5Cfg<64, 128, STAGES, kFoldD>;
@@ -39,11 +39,11 @@ static bool run_bwd5(const View& w, size_t kv_row0, const std::vector<uint16_t>&
     if constexpr (kAcc) {
         dq_acc = dq.data(), bs = p.qb, rs = p.q_stride;
     } else {
-        acc.assign(attn_tc::bwd5_dq_acc_floats(p, 64), 0.f);
+        acc.assign(attn_tc::bwd_fused_dq_acc_floats(p, 64), 0.f);
         dq_acc = acc.data(), rs = (size_t)p.NH * 64, bs = (size_t)p.Tq * rs;
     }
     const bool ok = run_grid((w.s.Tk + C::BN - 1) / C::BN, w.s.B * w.s.kv_heads(), C::smem_bytes, [&](HostCtx& cx) {
-        attn_tc::bwd5_body<HostCtx, 64, 128, STAGES, kFoldD, G, kAcc>(
+        attn_tc::bwd_fused_body<HostCtx, 64, 128, STAGES, kFoldD, G, kAcc>(
             cx, dq_acc, bs, rs, dkv.data() + w.koff + o, dkv.data() + w.voff + o, dob.data(), qb.data(),
             kvb.data() + w.koff + o, kvb.data() + w.voff + o, outb.data(), lse.data(), Dv.data(), p);
     });
@@ -98,8 +98,8 @@ static void test_plain(const char* name, const View& w, uint32_t seed) {
     const std::vector<float> Dv = d_vector(s, dout, outf);
     const std::vector<uint16_t> dq_init(w.qn, 0x7fc1), dkv_init(w.kvn, 0x7fc1);  // NaN: all must be written
     std::vector<uint16_t> dq = dq_init, dkv = dkv_init, odq = dq_init, odkv = dkv_init;
-    const bool ok = run_bwd5<STAGES, kFoldD, uint16_t, false>(w, 0, qb, kvb, dob, outb, lse, Dv, dq, dkv);
-    const std::string n = std::string("bwd5 HS=64 ") + name;
+    const bool ok = run_bwd_fused<STAGES, kFoldD, uint16_t, false>(w, 0, qb, kvb, dob, outb, lse, Dv, dq, dkv);
+    const std::string n = std::string("bwd_fused HS=64 ") + name;
     check(ok, n + ": shared-memory accesses in range and aligned");
     compare(n + ": dq", dq, rdq, dq_mask(w), dq_init, 1e-2);
     compare(n + ": dk|dv", dkv, rdkv, dkv_mask(w), dkv_init, 1e-2);
@@ -127,9 +127,9 @@ static void test_ring(const char* name, const View& full, int T1, uint32_t seed)
     const std::vector<uint16_t> qb = to_bits(q), kvb = to_bits(kv), dob = to_bits(dout), outb = to_bits(outf);
     const std::vector<float> Dv = d_vector(s, dout, outf);
     std::vector<float> dq = dq0, dkv = dkv0, odq = dq0, odkv = dkv0;
-    bool ok = run_bwd5<3, true, float, true>(b1, 0, qb, kvb, dob, outb, lse, Dv, dq, dkv);
-    ok &= run_bwd5<3, true, float, true>(b2, T1, qb, kvb, dob, outb, lse, Dv, dq, dkv);
-    const std::string n = std::string("bwd5 HS=64 ") + name;
+    bool ok = run_bwd_fused<3, true, float, true>(b1, 0, qb, kvb, dob, outb, lse, Dv, dq, dkv);
+    ok &= run_bwd_fused<3, true, float, true>(b2, T1, qb, kvb, dob, outb, lse, Dv, dq, dkv);
+    const std::string n = std::string("bwd_fused HS=64 ") + name;
     check(ok, n + ": shared-memory accesses in range and aligned");
     compare(n + ": block dq (fp32 +=, atomics)", dq, rdq, dq_mask(full), dq0, 1e-2);
     compare(n + ": block dk|dv (fp32 +=)", dkv, rdkv, dkv_mask(full), dkv0, 1e-2);

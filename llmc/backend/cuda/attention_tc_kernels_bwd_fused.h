@@ -1,4 +1,4 @@
-// llmc/backend/cuda/attention_tc_kernels_bwd5.h: the body of the one-kernel
+// llmc/backend/cuda/attention_tc_kernels_bwd_fused.h: the body of the one-kernel
 // tensor-core attention backward (selected by LLMC_ATTN_BWD=5, see
 // attention_tc.cuh), written once for two executors like the bodies of
 // attention_tc_kernels.h and attention_tc_kernels_bwd.h, whose context
@@ -96,7 +96,7 @@ TC_BODY void load8(float (&f)[8], const uint16_t* p) {
 }
 
 // The fp32 dq accumulator of the plain backward: dense [B][Tq][NH][HS].
-inline size_t bwd5_dq_acc_floats(const TcParams& p, int D) { return (size_t)p.B * p.Tq * p.NH * D; }
+inline size_t bwd_fused_dq_acc_floats(const TcParams& p, int D) { return (size_t)p.B * p.Tq * p.NH * D; }
 
 // Element pair idx (2 idx, 2 idx + 1 of the dense accumulator) into bf16
 // dq with q's strides, times nothing: the kernel already applied the scale.
@@ -113,7 +113,7 @@ TC_BODY void dq_convert_elem(uint16_t* dq, const float* acc, const TcParams& p, 
 // Dvec: the precomputed D [B][NH][Tq] when !kFoldD (unused otherwise); out:
 // the forward's output (o_stride, ob) when kFoldD.
 template <class Ctx, int D, int BQ, int STAGES, bool kFoldD, typename G, bool kAcc>
-TC_BODY void bwd5_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk, G* dv, const uint16_t* dout,
+TC_BODY void bwd_fused_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk, G* dv, const uint16_t* dout,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* out,
                        const float* lse, const float* Dvec, const TcParams& p) {
     using C = Bwd5Cfg<D, BQ, STAGES, kFoldD>;

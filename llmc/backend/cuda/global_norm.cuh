@@ -1,11 +1,11 @@
-// llmc/backend/cuda/norm.cuh: sum of squares of a buffer, or of many runs at
+// llmc/backend/cuda/global_norm.cuh: sum of squares of a buffer, or of many runs at
 // once (the global gradient norm for clipping), returned to the host as a
 // double.
 //
 // One buffer: a fixed grid of blocks (independent of the GPU) each sums a
 // grid-stride slice in double and writes one double partial; the host adds
 // the partials in block order. Many runs (sum_squares_multi): one launch
-// over every run's fixed chunks (llmc_idx::kSumSqChunk, index.h), one
+// over every run's fixed chunks (llmc_idx::kSumSqChunk, kernel_index.h), one
 // partial per chunk, one copy to the host and one synchronisation; the host
 // adds each run's partials in order, then the runs in order. Double
 // accumulation keeps 124M-element sums accurate, and the operation is

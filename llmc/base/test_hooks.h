@@ -1,0 +1,31 @@
+// llmc/base/test_hooks.h: the one seam through which the tests reach into a
+// run, every hook read from the environment here and nowhere else, so a
+// reader sees at once what a test can make the trainer do. Unset (the
+// normal run), each costs one comparison. The tests that use them:
+// tests/e2e/test_train.py (bad steps), tests/distributed/test_watchdog.py
+// (a stalled rank), tests/e2e/test_async_checkpoint.py (a slow writer).
+//
+//   LLMC_TEST_NAN_STEP=K            rank 0 sets one gradient element to NaN
+//                                   before step K's optimizer step (K from 0),
+//                                   so a bad step must be skipped everywhere
+//   LLMC_TEST_STALL_RANK=R:K        world rank R sleeps for an hour before its
+//                                   K-th collective (from 1, over every group
+//                                   of size > 1): the others' watchdog must
+//                                   end the job
+//   LLMC_TEST_CHECKPOINT_DELAY_MS=N each asynchronous checkpoint writer waits
+//                                   N ms with its shard under the temporary
+//                                   name, before the rename
+#pragma once
+#include <string>
+
+namespace test_hooks {
+
+// The step whose gradients are poisoned (-1: none).
+int nan_step();
+// The stalling rank and the collective it stalls before (rank -1: none).
+// False with *err naming the variable when its value is malformed.
+bool stall_rank(int* rank, long* at, std::string* err);
+// Milliseconds each checkpoint writer waits before its rename (0: none).
+int checkpoint_delay_ms();
+
+}  // namespace test_hooks

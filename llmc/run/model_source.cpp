@@ -1,0 +1,123 @@
+// llmc/run/model_source.cpp: what -e, --convert and --tokenizer name
+// (llmc/run/model_source.h).
+#include "llmc/run/model_source.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "llmc/base/fileio.h"
+#include "llmc/comm/dist.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/hf.h"
+#include "llmc/io/model_io.h"
+#include "llmc/run/startup.h"
+
+std::string shards_tokenizer(const std::string& pattern) {
+    const size_t slash = pattern.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : pattern.substr(0, slash);
+    for (const char* name : {"tokenizer.json", "tokenizer.bin"})
+        if (file_size(dir + "/" + name) > 0) return dir + "/" + name;
+    return "";
+}
+
+std::string inherit_run_flags(const std::string& root, const ArgParser& parser, TrainConfig& cfg) {
+    std::ifstream f(root + "/run_config.json");
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (!f || !j.is_object()) return "";
+    std::string took;
+    for (auto flag : {std::make_pair("model", &cfg.model), std::make_pair("train-data", &cfg.train_data),
+                      std::make_pair("tokenizer", &cfg.tokenizer)}) {
+        if (parser.given(flag.first) || !j.contains(flag.first) || !j[flag.first].is_string()) continue;
+        *flag.second = j[flag.first].get<std::string>();
+        took += std::string(took.empty() ? "" : ", ") + flag.first + " " + *flag.second;
+    }
+    return took;
+}
+
+void setup_tokenizer(const ArgParser& parser, TrainConfig& cfg, Tokenizer* tok) {
+    if (!parser.given("tokenizer") && cfg.tokenizer.empty()) {
+        if (is_hf_dir(cfg.model) && !hf_tokenizer_path(cfg.model).empty()) cfg.tokenizer = hf_tokenizer_path(cfg.model);
+        else cfg.tokenizer = shards_tokenizer(cfg.train_data);
+    }
+    setup_check(!parser.given("tokenizer") || cfg.tokenizer.empty() || file_size(cfg.tokenizer) >= 0,
+                "flag --tokenizer '" + cfg.tokenizer + "': not a readable file (give \"\" for byte-level samples)");
+    std::string err;
+    if (!cfg.tokenizer.empty()) setup_check(tok->load(cfg.tokenizer, &err), err);
+    else tok->init_bytes();
+}
+
+void warn_tokenizer_mismatch(const TrainConfig& cfg, const Tokenizer& tok) {
+    const std::string made_with = shards_tokenizer(cfg.train_data);
+    if (dist_world_rank() != 0 || made_with.empty() || made_with == cfg.tokenizer) return;
+    Tokenizer data;
+    std::string err;
+    if (!data.load(made_with, &err)) {
+        std::fprintf(stderr, "train_gpt: warning: cannot compare the shards' tokenizer: %s\n", err.c_str());
+        return;
+    }
+    std::string diff;
+    if (data.vocab_size() != tok.vocab_size())
+        diff = std::to_string(data.vocab_size()) + " tokens against " + std::to_string(tok.vocab_size());
+    else if (data.eot() != tok.eot())
+        diff = "end-of-text id " + std::to_string(data.eot()) + " against " + std::to_string(tok.eot());
+    else
+        for (int i = 0; i < data.vocab_size() && diff.empty(); i++)
+            if (data.decode(i) != tok.decode(i))
+                diff = "token " + std::to_string(i) + " is '" + Tokenizer::printable(data.decode(i)) + "' against '" +
+                       Tokenizer::printable(tok.decode(i)) + "'";
+    if (diff.empty()) return;
+    const std::string run = cfg.tokenizer.empty() ? "the byte-level tokenizer" : cfg.tokenizer;
+    std::fprintf(stderr, "train_gpt: warning: -i '%s' was tokenized with %s, and this run's tokenizer is %s (%s): "
+                         "the model would read the ids as other text (give the data made with the model's tokenizer, "
+                         "or --tokenizer %s if that one is right)\n",
+                 cfg.train_data.c_str(), made_with.c_str(), run.c_str(), diff.c_str(), made_with.c_str());
+}
+
+int default_seq_len(const GPTConfig& mc) { return std::min(mc.max_seq_len, kDefaultMaxT); }
+
+bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
+    if (is_hf_dir(cfg.model)) return read_hf_config(cfg.model, mc, err);
+    if (spec_is_file(cfg.model)) {
+        int version;
+        return read_model_header(cfg.model, mc, &version, err);
+    }
+    if (parse_model_spec(cfg.model, mc, err)) return true;
+    // No '=' and not dN: the user meant a path, and it is not there.
+    const std::string& m = cfg.model;
+    const bool descriptor = m.size() > 1 && m[0] == 'd' && m.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (m.find('=') == std::string::npos && !descriptor)
+        *err = "no such file or directory '" + m +
+               "' (a model is an llm.c model file, a Hugging Face directory, dN as d12, or sizes as L=4,C=128,NH=4,V=257)";
+    *err = "flag -e: " + *err;
+    return false;
+}
+
+bool convert_source(const std::string& path, std::string* root, int* step, std::string* err) {
+    std::string p = path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    struct stat sb;
+    if (stat(p.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        *err = "flag --convert: no such directory '" + path + "'";
+        return false;
+    }
+    const size_t slash = p.find_last_of('/');
+    const std::string base = slash == std::string::npos ? p : p.substr(slash + 1);
+    const std::string parent = slash == std::string::npos ? "." : p.substr(0, slash);
+    if (base.size() == 13 && base.compare(0, 5, "ckpt_") == 0 &&
+        base.find_first_not_of("0123456789", 5) == std::string::npos) {
+        *root = parent;
+        *step = std::atoi(base.c_str() + 5);
+        return true;
+    }
+    *step = latest_checkpoint(p);
+    *root = p;
+    if (*step >= 0) return true;
+    *err = "flag --convert: no complete checkpoint in '" + path +
+           "' (give a run's -o directory or one of its ckpt_SSSSSSSS directories)";
+    return false;
+}
