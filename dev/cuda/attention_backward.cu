@@ -7,7 +7,7 @@
 //              tile on CUDA cores, no atomics)
 //   version 3: llmc/backend/cuda/attention_tc.cuh (production for bf16 with HS 64 or
 //              128: the same two-kernel split on tensor cores, mma.sync)
-//   version 5: llmc/backend/cuda/attention_tc_kernels_bwd5.h (bf16, HS 64; what
+//   version 5: llmc/backend/cuda/attention_tc_kernels_bwd_fused.h (bf16, HS 64; what
 //              LLMC_ATTN_BWD=5 selects): one kernel per 64-key tile looping
 //              over 128-query tiles, 5 products, D folded in, dq by fp32
 //              atomics then a conversion pass (dq not bitwise reproducible)
@@ -109,7 +109,7 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
     } else if constexpr (std::is_same<E, bf16>::value) {
         if (version == 5) {  // called directly: the environment switch is read once per process
             if (s.B > 0 && s.NH > 0)
-                attn_tc_dev::bwd5_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+                attn_tc_dev::bwd_fused_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
         } else {
             attention_backward_tc(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
         }
@@ -118,7 +118,7 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
 
 // Scratch floats of every version: the D vector, or version 5's fp32 dq accumulator.
 size_t scratch_floats(const AttnShape& s) {
-    return std::max(attention_backward_scratch_floats(s), attn_tc::bwd5_dq_acc_floats(attn_tc::tc_params(s), 64));
+    return std::max(attention_backward_scratch_floats(s), attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), 64));
 }
 
 // Whether version 3 takes this case (the backend's dispatch test).

@@ -5,14 +5,14 @@
 //   version 1: one thread per element, no grid-stride loop (naive)
 //   version 2: the previous production kernels (dev/cuda/previous.h:
 //              grid-stride, one element per access)
-//   version 3: llmc/backend/cuda/gelu.cuh (production: 16-byte packs, scalar tail,
+//   version 3: llmc/backend/cuda/elementwise.cuh (production: 16-byte packs, scalar tail,
 //              scalar fallback for unaligned pointers)
 // Besides the d12 size, version 3 is checked on an odd length (a tail after
 // the last pack) and on pointers one element off 16-byte alignment (the
 // fallback).
 #include "common.h"
 #include "llmc/backend/cpu_ops.h"
-#include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/elementwise.cuh"
 #include "previous.h"
 
 using namespace llmc_cuda;

@@ -1,7 +1,7 @@
 // dev/cuda/global_norm.cu: kernel lab for the sum of squares of a gradient
 // buffer (global norm for clipping), returned to the host as a double.
 //   version 1: a single block with a grid-stride loop (naive: one SM)
-//   version 2: llmc/backend/cuda/norm.cuh (production: fixed grid, double partials,
+//   version 2: llmc/backend/cuda/global_norm.cuh (production: fixed grid, double partials,
 //              summed on the host in block order)
 // and the sum over many runs (the norm of ZeRO shards and tp slices):
 //   loop:  version 2 once per run, one synchronisation each (what the
@@ -11,7 +11,7 @@
 //          CPU, and timed against the loop over a d12-like table of runs.
 #include "common.h"
 #include "llmc/backend/cpu_ops.h"
-#include "llmc/backend/cuda/norm.cuh"
+#include "llmc/backend/cuda/global_norm.cuh"
 
 using namespace llmc_cuda;
 

@@ -1,5 +1,5 @@
 // dev/cuda/previous_elementwise.h: the previous element-wise and per-column
-// kernels (from gelu.cuh, adamw.cuh and matmul.cuh): GELU and the residual
+// kernels (from elementwise.cuh, adamw.cuh and matmul.cuh): GELU and the residual
 // add, the AdamW update, the bias add and the bias gradient (column sums).
 // Kept verbatim in namespace llmc_prev (see previous.h).
 #pragma once
@@ -10,7 +10,7 @@ namespace llmc_prev {
 
 using namespace llmc_cuda;
 
-// ==== from llmc/backend/cuda/gelu.cuh ====
+// ==== from llmc/backend/cuda/elementwise.cuh ====
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCube = 0.044715f;
 

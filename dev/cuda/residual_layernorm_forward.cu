@@ -10,7 +10,7 @@
 // Also checks the aliasing the contract allows (residual == a, residual == b).
 #include "common.h"
 #include "llmc/backend/cpu_ops.h"
-#include "llmc/backend/cuda/gelu.cuh"
+#include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/layernorm.cuh"
 #include "previous.h"
 

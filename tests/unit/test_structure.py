@@ -15,6 +15,12 @@ reads every #include "..." of the C++ and CUDA sources and checks:
   - every source file under llmc/ opens with a comment naming its own path;
   - the README's code map has one line per folder of llmc/ and names only
     paths that exist;
+  - each parallel mode has its one home in llmc/parallel/ (no file named for
+    a mode elsewhere), and no file of llmc/model/ names a collective or a
+    communicator: the model reaches the modes through the hooks it declares
+    (llmc/model/parallel_hooks.h);
+  - the README is the front door, under 300 lines, and every relative link
+    of README.md and docs/*.md (and every docs/NAME.md they name) resolves;
   - the repository stands alone: no text cites notes kept outside it.
 Run: python3 tests/unit/test_structure.py. Last line: "N passed, N failed".
 """
@@ -168,6 +174,44 @@ def main():
         check(len(rows) >= len(layers), f"README code map has a row per path ({len(rows)} rows)")
         for p in rows:
             check(os.path.exists(os.path.join(ROOT, p.rstrip("/"))), f"README code map names {p}, which exists")
+
+    # ---- one home per parallel mode --------------------------------------------------
+    modes = ["data_parallel", "tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel"]
+    for mode in modes:
+        check(os.path.isfile(os.path.join(ROOT, f"llmc/parallel/{mode}.h")), f"llmc/parallel/{mode}.h: the mode's home")
+        elsewhere = [f for f in files if mode in os.path.basename(f) and f.startswith("llmc/")
+                     and not f.startswith("llmc/parallel/")]
+        check(not elsewhere, f"{mode} has its home in llmc/parallel/ only (also: {elsewhere})")
+    # The model's sources name no collective and no communicator: their
+    # identifiers (comments and strings aside) are the hooks' and the backend's.
+    collective = re.compile(r"\b(all_reduce|reduce_scatter|all_gather|all_to_all\w*|send_recv|broadcast|"
+                            r"host_all_reduce|start_\w+|p2p\w*|Comm|MPI_\w+|nccl\w*|ReduceOp)\b")
+    model_files = [f for f in cxx if f.startswith("llmc/model/")]
+    check(len(model_files) > 10, f"the model's sources were read ({len(model_files)})")
+    for f in model_files:
+        code = re.sub(r"//[^\n]*|\"(?:\\.|[^\"\\])*\"", "", read(f))
+        names = sorted(set(m.group(1) for m in collective.finditer(code)))
+        check(not names, f"{f} names no collective or communicator (it names {names})")
+
+    # ---- the README as the front door; docs links ------------------------------------
+    n = readme.count("\n")
+    check(n < 300, f"README.md is the front door: {n} lines (under 300; the rest lives in docs/)")
+    docs = ["README.md"] + sorted(f for f in files if f.startswith("docs/") and f.endswith(".md"))
+    n_links = 0
+    for f in docs:
+        base = os.path.dirname(f)
+        text = read(f)
+        # Markdown links and images to relative paths (anchors and URLs aside).
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = target.split("#", 1)[0]
+            n_links += 1
+            check(os.path.exists(os.path.join(ROOT, base, path)), f"{f}: the link ({target}) resolves")
+        # A docs page named by its path, from the root.
+        for path in sorted(set(re.findall(r"(?<![\w/.-])(docs/[\w.-]+\.md)\b", text))):
+            check(os.path.isfile(os.path.join(ROOT, path)), f"{f}: {path} exists")
+    check(n_links > 10, f"the docs' links were read ({n_links})")
 
     # ---- a repository that stands alone --------------------------------------------
     outside = [
