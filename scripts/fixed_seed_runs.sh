@@ -12,7 +12,7 @@ set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUT" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$1"
-out=$(cd "$1" && pwd)
+dest=$(cd "$1" && pwd)
 trainer="$root/train_gpt"
 [ -x "$trainer" ] || { echo "$0: $trainer not built (run make)" >&2; exit 2; }
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
@@ -27,15 +27,15 @@ run() {  # name, then the launcher and flags (llm.c files hold GPT-2 only)
     shift
     local llmc=(--export-model "$name/model.bin")
     case "$*" in *arch=*) llmc=() ;; esac
-    rm -rf "${out:?}/$name"
-    mkdir -p "$out/$name"
-    (cd "$out" && "$@" "${data[@]}" "${common[@]}" -o "$name" "${llmc[@]}" \
-        --export-hf "$name/hf" > "$name.log" 2>&1) || { echo "$name failed: $out/$name.log" >&2; exit 1; }
+    rm -rf "${dest:?}/$name"
+    mkdir -p "$dest/$name"
+    (cd "$dest" && "$@" "${data[@]}" "${common[@]}" -o "$name" "${llmc[@]}" \
+        --export-hf "$name/hf" > "$name.log" 2>&1) || { echo "$name failed: $dest/$name.log" >&2; exit 1; }
     # What holds no timing: losses, norms and learning rates of the step
     # lines, the samples, and metrics.jsonl without its timing keys.
-    grep -E '^step|^val|^---- sample|^[^|]*$' "$out/$name.log" | grep -v -E '^(run summary|memory|compute|threads|train_gpt|weights)' |
-        sed -E -e 's/\| [0-9.]+ ms .*//' -e 's/ in [0-9.]+ ms$//' > "$out/$name/log.kept" || true
-    python3 - "$out/$name/metrics.jsonl" > "$out/$name/metrics.kept" <<'EOF'
+    grep -E '^step|^val|^---- sample|^[^|]*$' "$dest/$name.log" | grep -v -E '^(run summary|memory|compute|threads|train_gpt|weights)' |
+        sed -E -e 's/\| [0-9.]+ ms .*//' -e 's/ in [0-9.]+ ms$//' > "$dest/$name/log.kept" || true
+    python3 - "$dest/$name/metrics.jsonl" > "$dest/$name/metrics.kept" <<'EOF'
 import json, sys
 for line in open(sys.argv[1]):
     d = json.loads(line)
@@ -43,7 +43,7 @@ for line in open(sys.argv[1]):
         d.pop(k, None)
     print(json.dumps(d, sort_keys=True))
 EOF
-    echo "$name: $(tail -n 1 "$out/$name/metrics.kept" | cut -c1-100)"
+    echo "$name: $(tail -n 1 "$dest/$name/metrics.kept" | cut -c1-100)"
 }
 
 run single "$trainer"
@@ -55,6 +55,6 @@ run pp2_interleaved "${mpi[@]}" "$trainer" --pp 2 --vpp 2 -d 4096
 run llama_bf16_zero3 "${mpi[@]}" "$trainer" -e "$llama" --dtype bf16 -z 3
 run mixtral_ep2 "${mpi[@]}" "$trainer" -e "$mixtral" --ep 2 -z 1 -b 4
 
-cd "$out"
+cd "$dest"
 find . -type f ! -name '*.log' ! -name 'metrics.jsonl' ! -name SHA256SUMS | LC_ALL=C sort | xargs sha256sum > SHA256SUMS
-echo "$(wc -l < SHA256SUMS) files: $out/SHA256SUMS"
+echo "$(wc -l < SHA256SUMS) files: $dest/SHA256SUMS"
