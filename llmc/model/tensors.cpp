@@ -274,8 +274,18 @@ double active_param_count(const GPTConfig& c) {
     return n;
 }
 
+double matmul_param_count(const GPTConfig& c) {
+    double n = active_param_count(c);
+    if (!c.tied) {  // the token embedding is a lookup; the LM head (lm_head) is the product
+        size_t r, cl;
+        kind_shape(c, Param::wte, &r, &cl);
+        n -= (double)r * cl;
+    }
+    return n;
+}
+
 double train_flops_per_token(const GPTConfig& c, int T) {
-    return 6.0 * active_param_count(c) + 6.0 * c.num_layers * (double)c.channels * T;
+    return 6.0 * matmul_param_count(c) + 6.0 * c.num_layers * (double)c.channels * T;
 }
 
 size_t gpt2_param_count(const GPTConfig& c) {

@@ -213,9 +213,13 @@ size_t model_param_count(const GPTConfig& c);
 // a token is not routed to (of Mixtral's E experts' tensors only K/E count;
 // the router counts whole). Equal to model_param_count without experts.
 double active_param_count(const GPTConfig& c);
+// The active parameters less an untied model's token embedding: its lookup
+// reads V·C weights' rows and multiplies none (a tied wte is also the LM
+// head's matrix, and counts). GPT-2's positions count, as llm.c counts them.
+double matmul_param_count(const GPTConfig& c);
 // Training FLOPs per token as llm.c counts them (docs/design.md section 10):
-// 6 per active weight plus 6·L·C·T for attention, so MFU figures compare;
-// the trainer's MFU and the planner's both use it.
+// 6 per weight of matmul_param_count plus 6·L·C·T for attention, so MFU
+// figures compare; the trainer's MFU and the planner's both use it.
 double train_flops_per_token(const GPTConfig& c, int T);
 // Whether a kind belongs to the model's architecture.
 bool kind_in_model(const GPTConfig& c, Param p);

@@ -333,9 +333,10 @@ def test_wave_model_moe(tmp):
         row = json.loads(f.readline())
     got = row["breakdown_ms"]["compute"] / 1e3
     N, R, Ckv = B * T, B * T * K // E, NKV * C // NH
-    # TFLOP/s count what a token goes through (llm.c's 6 per weight plus
-    # 6·L·C·T): the router whole and K of the E experts, untied embeddings.
-    active = 2 * V * C + C + L * (2 * C + C * (C + 2 * Ckv) + C * C + E * C + K * 3 * C * F)
+    # TFLOP/s count what a token goes through (llm.c's 6 per weight of a
+    # product plus 6·L·C·T): the router whole and K of the E experts, the
+    # untied LM head (the embedding is a lookup, no product).
+    active = V * C + C + L * (2 * C + C * (C + 2 * Ckv) + C * C + E * C + K * 3 * C * F)
     tflops = (6 * active + 6 * L * C * T) * row["tokens_per_s"] / 1e12
     check(abs(row["tflops_per_gpu"] / tflops - 1) < 1e-9,
           f"Mixtral TFLOP/s: planned {row['tflops_per_gpu']}, active-parameter formula {tflops}")

@@ -52,6 +52,20 @@ static void test_config_and_table() {
               "llama spec: untied by default, NKV, F, Vp = V");
         CHECK(parse_model_spec("tied=1,arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16", &lt, &err) && lt.tied,
               "llama spec tied=1 before arch");
+        // Training FLOPs by hand (6 per weight of a product, 6·L·C·T): each
+        // block's norms (2C), QKV (C·(C + 2·Ckv), Ckv = NKV·C/NH = 24),
+        // o_proj (C²), gate/up/down (3·C·F); the final norm (C); the head
+        // V·C. The untied embedding is a lookup, left out; tied, wte is the
+        // head and counts once.
+        const double llama_block = 2 * 48 + 48 * (48 + 2 * 24) + 48 * 48 + 3 * 48 * 72;
+        const double llama_mm = 2 * llama_block + 48 + 101 * 48;
+        CHECK(train_flops_per_token(l, 16) == 6 * llama_mm + 6 * 2 * 48 * 16 &&
+                  model_param_count(l) == llama_mm + 101 * 48,
+              "llama untied flops/token %.0f (want %.0f): the embedding lookup is no product",
+              train_flops_per_token(l, 16), 6 * llama_mm + 6 * 2 * 48 * 16);
+        CHECK(train_flops_per_token(lt, 16) == 6 * llama_mm + 6 * 2 * 48 * 16 &&
+                  model_param_count(lt) == llama_mm,
+              "llama tied flops/token %.0f: wte is the head, counted once", train_flops_per_token(lt, 16));
         // Mixtral: E, K, aux (default 0.01); the expert kinds in the table,
         // w1/w3 of each expert column-split and w2 row-split under tp.
         GPTConfig m;
@@ -75,7 +89,9 @@ static void test_config_and_table() {
         // and K=2 of the E=4 experts (3·C·F each), by the formula here.
         const double active_block = 48 + (4 + 2 * 2) * 12 * 48 + 48 * 48 + 48 + 4 * 48 + 2 * 3 * 48 * 40;
         const double active = 2 * 101 * 48 + 2 * active_block + 48;
-        CHECK(active_param_count(m) == active && train_flops_per_token(m, 16) == 6 * active + 6 * 2 * 48 * 16,
+        // Untied: the embedding lookup is no product (the head's V·C is).
+        CHECK(active_param_count(m) == active &&
+                  train_flops_per_token(m, 16) == 6 * (active - 101 * 48) + 6 * 2 * 48 * 16,
               "mixtral active params %.0f (want %.0f), flops/token %.0f", active_param_count(m), active,
               train_flops_per_token(m, 16));
         CHECK(active_param_count(l) == (double)model_param_count(l), "llama: every parameter active");
