@@ -17,13 +17,14 @@
 #   reference    tests/reference/: one process against an independent truth:
 #                the PyTorch reference (itself checked against functional
 #                PyTorch, finite differences and torch.optim.AdamW), and
-#                transformers' GPT2LMHeadModel, LlamaForCausalLM and MixtralForCausalLM, and
-#                the `tokenizers` package (BPE encoding).
+#                transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM
+#                and MixtralForCausalLM, and the `tokenizers` package (BPE
+#                encoding).
 #                Needs: PyTorch (python3-torch) and build/hfenv
 #                (transformers; scripts/setup.sh makes it).
 #   distributed  tests/distributed/: under mpirun, every layout (dp, ZeRO
-#                1-3, tp, sp, cp, pp, vpp and their mixes, GPT-2 and Llama)
-#                against one process, in fp64 and in bf16 mixed
+#                1-3, tp, sp, cp, pp, vpp and their mixes, GPT-2, Llama,
+#                Qwen2 and Mixtral) against one process, in fp64 and in bf16 mixed
 #                precision; the step's recorded regions (CUDA
 #                graphs, emulated) against running the ops; the
 #                communicators and ring attention against formulas; a job
@@ -191,6 +192,12 @@ reference_tier() {
             --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
         reference_hf llama_gqa4_tied "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1,eps=1e-6" 2 16 \
             --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
+        # Qwen2: Llama with Q, K, V biases (random, nonzero): GQA 2:1
+        # untied with Qwen's rotary base; 4:1 tied, bf16, in shards.
+        reference_hf qwen2_gqa2 "arch=qwen2,L=3,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=1000000" 3 19 \
+            --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+        reference_hf qwen2_gqa4_tied "arch=qwen2,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=16,tied=1" 2 16 \
+            --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
         # Mixtral (docs/moe.md): 4 experts, top 2, the load-balancing loss
         # in the objective; 3 experts, top 1 (the weight renormalised to 1),
         # a tied head, a larger coefficient, bf16 weights in shards.
@@ -231,6 +238,7 @@ distributed_tier() {
     run test_pp "$PY" tests/distributed/test_pp.py
     run test_document_mask "$PY" tests/distributed/test_document_mask.py
     run test_llama "$PY" tests/distributed/test_llama.py
+    run test_qwen2 "$PY" tests/distributed/test_qwen2.py
     run test_moe "$PY" tests/distributed/test_moe.py
     run test_graphs "$PY" tests/distributed/test_graphs.py
     run test_watchdog "$PY" tests/distributed/test_watchdog.py

@@ -180,14 +180,13 @@ std::string checkpoint_index_text(GPT& model, int world, const TrainState& st, c
     j["model"] = {{"maxT", c.max_seq_len}, {"V", c.vocab_size}, {"Vp", c.padded_vocab_size},
                   {"L", c.num_layers}, {"NH", c.num_heads}, {"C", c.channels}};
     if (c.llama()) {
-        j["model"]["arch"] = "llama";
+        j["model"]["arch"] = arch_name(c.arch);  // llama, mixtral or qwen2
         j["model"]["NKV"] = c.kv_heads();
         j["model"]["F"] = c.hidden();
         j["model"]["theta"] = c.rope_theta;
         j["model"]["eps"] = c.norm_eps;
         j["model"]["tied"] = c.tied;
         if (c.moe()) {
-            j["model"]["arch"] = "mixtral";
             j["model"]["E"] = c.experts;
             j["model"]["K"] = c.top_k;
             j["model"]["aux"] = c.aux_coef;

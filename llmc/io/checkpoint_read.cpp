@@ -74,9 +74,9 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
         ix->cfg.num_heads = m.at("NH");
         ix->cfg.channels = m.at("C");
         const std::string arch = m.value("arch", std::string("gpt2"));  // absent: GPT-2 (indexes before Llama)
-        if (arch == "llama" || arch == "mixtral") {
-            ix->cfg.arch = arch == "llama" ? Arch::llama : Arch::mixtral;
-            if (arch == "mixtral") {
+        if (!arch_from_name(arch, &ix->cfg.arch)) throw std::runtime_error("unknown model arch " + arch);
+        if (ix->cfg.llama()) {  // Llama, Mixtral and Qwen2
+            if (ix->cfg.moe()) {
                 ix->cfg.experts = m.at("E");
                 ix->cfg.top_k = m.at("K");
                 ix->cfg.aux_coef = m.at("aux");
@@ -86,8 +86,6 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
             ix->cfg.rope_theta = m.at("theta");
             ix->cfg.norm_eps = m.at("eps");
             ix->cfg.tied = m.at("tied");
-        } else if (arch != "gpt2") {
-            throw std::runtime_error("unknown model arch " + m.at("arch").get<std::string>());
         }
         constexpr long long kInt = 2147483647;
         ix->step = (int)index_int(j, "step", 0, kInt);

@@ -1,5 +1,6 @@
-// llmc/io/hf.h: Hugging Face checkpoints of LlamaForCausalLM and
-// GPT2LMHeadModel in and out (docs/design.md section 9).
+// llmc/io/hf.h: Hugging Face checkpoints of LlamaForCausalLM,
+// MixtralForCausalLM, Qwen2ForCausalLM and GPT2LMHeadModel in and out
+// (docs/design.md section 9; config.json: llmc/io/hf_config.h).
 //
 // A directory holds config.json and the weights as model.safetensors, or as
 // shards model-0000N-of-0000M.safetensors listed by
@@ -9,12 +10,14 @@
 //   Llama  model.embed_tokens.weight        wte (V rows)
 //          model.layers.L.input_layernorm   ln1w
 //          ...self_attn.{q,k,v}_proj        qkvw rows [Q; K; V]  (each (out, in))
+//          ...self_attn.{q,k,v}_proj.bias   qkvb rows [Q; K; V]  (Qwen2 only)
 //          ...self_attn.o_proj              attprojw
 //          ...post_attention_layernorm      ln2w
 //          ...mlp.{gate,up}_proj            fcw rows [gate; up]
 //          ...mlp.down_proj                 fcprojw
 //          model.norm                       lnfw
 //          lm_head.weight                   lm_head (untied models only)
+//   Mixtral  Llama's, with block_sparse_moe's router and experts for the MLP
 //   GPT-2  [transformer.]wte, wpe, h.L.ln_1, attn.c_attn, attn.c_proj, ln_2,
 //          mlp.c_fc, mlp.c_proj, ln_f: Conv1D weights are stored (in, out)
 //          and transposed on the way in and out; biases as they are.
@@ -23,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/io/hf_config.h"
 #include "llmc/io/hf_meta.h"
 #include "llmc/io/weight_gather.h"
 #include "llmc/model/config.h"
@@ -31,13 +35,6 @@
 // Whether path is a directory: a model named by a directory is a Hugging
 // Face one (read_hf_config then says when config.json is missing).
 bool is_hf_dir(const std::string& path);
-
-// The model shape from DIR/config.json. Refuses, with a one-line reason,
-// what the model code does not compute: rope_scaling, attention or MLP
-// biases, an activation other than SiLU (Llama) or tanh GELU (GPT-2), a head
-// size other than C/NH, GPT-2 LayerNorm eps other than 1e-5, an untied or
-// resized GPT-2 MLP. Dropout settings are ignored (the trainer has none).
-bool read_hf_config(const std::string& dir, GPTConfig* cfg, std::string* err);
 
 // Sets every weight this rank holds from DIR's safetensors, one tensor at a
 // time (GPT::set_weights_file_range), after checking that every expected
@@ -55,10 +52,6 @@ bool load_hf(const std::string& dir, GPT& model, std::string* err);
 // and rank 0 writes it. Every rank returns the same verdict.
 bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::string* err,
                const HfExtras& extras = HfExtras());
-
-// The ids config.json names as eos_token_id (a number or a list; where
-// generation stops), or none when it names none or cannot be read.
-std::vector<int> hf_eos_ids(const std::string& dir);
 
 // DIR/tokenizer.json when it exists, else "".
 std::string hf_tokenizer_path(const std::string& dir);

@@ -9,6 +9,26 @@
 
 int default_padded_vocab(int V) { return ((V + 127) / 128) * 128; }
 
+static const Arch kArchs[] = {Arch::gpt2, Arch::llama, Arch::mixtral, Arch::qwen2};
+
+const char* arch_name(Arch a) {
+    switch (a) {
+        case Arch::llama: return "llama";
+        case Arch::mixtral: return "mixtral";
+        case Arch::qwen2: return "qwen2";
+        default: return "gpt2";
+    }
+}
+
+bool arch_from_name(const std::string& name, Arch* a) {
+    for (Arch x : kArchs)
+        if (name == arch_name(x)) {
+            *a = x;
+            return true;
+        }
+    return false;
+}
+
 // A file that exists is a file whatever its name; a missing one ending in
 // .bin is still meant as a file (and gets "cannot open", not a size error).
 bool spec_is_file(const std::string& spec) {
@@ -42,16 +62,13 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
     } else {
         std::stringstream ss(spec);
         std::string item;
-        bool tied_given = false, aux_given = false;
+        bool tied_given = false, aux_given = false, eps_given = false;
         while (std::getline(ss, item, ',')) {
             size_t eq = item.find('=');
             std::string key = item.substr(0, eq), val = eq == std::string::npos ? "" : item.substr(eq + 1);
             if (key == "arch") {
-                if (val == "gpt2") c.arch = Arch::gpt2;
-                else if (val == "llama") c.arch = Arch::llama;
-                else if (val == "mixtral") c.arch = Arch::mixtral;
-                else {
-                    *err = "unknown arch '" + val + "' in '" + spec + "' (gpt2, llama or mixtral)";
+                if (!arch_from_name(val, &c.arch)) {
+                    *err = "unknown arch '" + val + "' in '" + spec + "' (gpt2, llama, mixtral or qwen2)";
                     return false;
                 }
                 continue;
@@ -67,6 +84,7 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
                 }
                 (aux ? c.aux_coef : key == "theta" ? c.rope_theta : c.norm_eps) = d;
                 aux_given = aux_given || aux;
+                eps_given = eps_given || key == "eps";
                 continue;
             }
             int v = 0;
@@ -100,7 +118,7 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             return false;
         }
         if (!c.llama() && (c.num_kv_heads || c.ffn || !c.tied)) {
-            *err = "model sizes '" + spec + "': NKV, F and tied=0 are Llama's (add arch=llama)";
+            *err = "model sizes '" + spec + "': NKV, F and tied=0 are Llama's (add arch=llama or arch=qwen2)";
             return false;
         }
         if (!c.moe() && (c.experts || c.top_k || aux_given)) {
@@ -112,11 +130,15 @@ bool parse_model_spec(const std::string& spec, GPTConfig* cfg, std::string* err)
             return false;
         }
         // Llama's head is untied unless tied=1 says otherwise, as in
-        // transformers' LlamaConfig (tie_word_embeddings=False); GPT-2's is tied.
+        // transformers' LlamaConfig (tie_word_embeddings=False; Qwen2Config
+        // and MixtralConfig the same); GPT-2's is tied.
         if (c.llama() && !tied_given) c.tied = false;
+        // Qwen2's epsilon is Qwen2Config's default, 1e-6 (the Qwen2 and
+        // Qwen2.5 checkpoints' too); Llama's and Mixtral's sizes keep 1e-5.
+        if (c.arch == Arch::qwen2 && !eps_given) c.norm_eps = 1e-6;
         if (c.llama() && !c.ffn) {
-            *err = "model sizes '" + spec + "': a " + (c.moe() ? "Mixtral" : "Llama") +
-                   " model needs F, its MLP's hidden size";
+            const char* who = c.moe() ? "Mixtral" : c.arch == Arch::qwen2 ? "Qwen2" : "Llama";
+            *err = "model sizes '" + spec + "': a " + std::string(who) + " model needs F, its MLP's hidden size";
             return false;
         }
         if (!c.padded_vocab_size) c.padded_vocab_size = c.llama() ? c.vocab_size : default_padded_vocab(c.vocab_size);
@@ -163,7 +185,7 @@ bool validate_config(const GPTConfig& c, std::string* err) {
 
 std::string config_string(const GPTConfig& c) {
     std::ostringstream o;
-    if (c.llama()) o << (c.moe() ? "mixtral " : "llama ");
+    if (c.llama()) o << arch_name(c.arch) << " ";
     o << "L=" << c.num_layers << " C=" << c.channels << " NH=" << c.num_heads;
     if (c.llama()) o << " NKV=" << c.kv_heads() << " F=" << c.hidden();
     if (c.moe()) o << " E=" << c.experts << " K=" << c.top_k << " aux=" << c.aux_coef;

@@ -1,5 +1,5 @@
-// llmc/model/config.h: the shape of a model, GPT-2 or Llama (docs/design.md
-// section 9), and the ways to name one:
+// llmc/model/config.h: the shape of a model, GPT-2, Llama, Qwen2 or Mixtral
+// (docs/design.md section 9), and the ways to name one:
 //   a descriptor   "d12" (GPT-2 124M), "d24", "d36", "d48": L = N, C = 64·L,
 //                  NH = C/64, V = 50257, Vp = 50304, maxT = 1024;
 //   explicit sizes "L=2,C=48,NH=3,V=97,T=64[,Vp=128]" for small or odd
@@ -8,6 +8,8 @@
 //                  [,theta=..,eps=..,tied=0|1,Vp=..]" for Llama (NKV: key
 //                  and value heads, F: the MLP's hidden size; Vp = V unless
 //                  given, as Hugging Face models have no padding);
+//                  "arch=qwen2,.." for Qwen2 (Llama's keys; eps defaults
+//                  to 1e-6, Qwen2Config's, where Llama's sizes take 1e-5);
 //                  "arch=mixtral,..,E=..,K=..[,aux=..]" for Mixtral (Llama's
 //                  keys, F the experts' width; E experts, K per token, aux
 //                  the load-balancing loss's coefficient, default 0.01);
@@ -22,7 +24,9 @@
 // attention, no biases, tied or untied head.
 // Mixtral: Llama whose every MLP is a sparse mixture of E SwiGLU experts,
 // each token to its top K by a softmax router (docs/moe.md).
-enum class Arch : int { gpt2 = 0, llama = 1, mixtral = 2 };
+// Qwen2: Llama with a bias on the Q, K and V projections (qkvb); o_proj,
+// the MLP and the norms have none.
+enum class Arch : int { gpt2 = 0, llama = 1, mixtral = 2, qwen2 = 3 };
 
 struct GPTConfig {
     Arch arch = Arch::gpt2;
@@ -41,9 +45,11 @@ struct GPTConfig {
     int top_k = 0;              // Mixtral: K experts per token
     double aux_coef = 0.01;     // Mixtral: weight of the load-balancing loss in the objective
 
-    // Llama's attention, norms and SwiGLU (Llama and Mixtral).
+    // Llama's attention, norms and SwiGLU (Llama, Mixtral and Qwen2).
     bool llama() const { return arch != Arch::gpt2; }
     bool moe() const { return arch == Arch::mixtral; }
+    // A bias on the QKV product: GPT-2's and Qwen2's.
+    bool qkv_bias() const { return arch == Arch::gpt2 || arch == Arch::qwen2; }
     int head_size() const { return channels / num_heads; }
     int kv_heads() const { return num_kv_heads ? num_kv_heads : num_heads; }
     int hidden() const { return ffn ? ffn : 4 * channels; }
@@ -56,6 +62,12 @@ struct GPTConfig {
     }
     bool operator!=(const GPTConfig& o) const { return !(*this == o); }
 };
+
+// An architecture's name in sizes (arch=...), checkpoint indexes and
+// config_string: "gpt2", "llama", "mixtral", "qwen2"; and back (false for
+// a name that is none of them).
+const char* arch_name(Arch a);
+bool arch_from_name(const std::string& name, Arch* a);
 
 // Vp for a vocabulary: V rounded up to a multiple of 128 (50257 -> 50304).
 int default_padded_vocab(int V);
@@ -75,5 +87,5 @@ bool validate_config(const GPTConfig& cfg, std::string* err);
 
 // One line such as "L=12 C=768 NH=12 V=50257 Vp=50304 maxT=1024" (Llama:
 // "llama L=.. C=.. NH=.. NKV=.. F=.. V=.. Vp=.. maxT=.. theta=.. eps=..
-// untied").
+// untied"; Qwen2 the same after "qwen2", Mixtral after "mixtral").
 std::string config_string(const GPTConfig& cfg);

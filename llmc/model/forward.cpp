@@ -11,7 +11,10 @@
 // no biases and no position embeddings, RoPE on Q and K after the QKV
 // product (and its inverse on their gradients), grouped-query attention,
 // fch = [gate | up] and h = silu(gate)·up, and lm_head for wte when untied.
-// Mixtral is Llama with the MoE block of moe.cpp for the MLP.
+// Mixtral is Llama with the MoE block of moe.cpp for the MLP. Qwen2 is Llama
+// with qkvb: the table holds it, so Pb/Gb hand it to the QKV product (and
+// its gradient) here, in the recompute, the context-parallel attention's
+// input and decode.cpp alike, before RoPE rotates Q and K.
 // Backward runs the same steps in reverse with one residual-gradient buffer
 // that LayerNorm backward accumulates into.
 //

@@ -255,7 +255,8 @@ class GPT {
     void* block_forward(int l, const LayerActs& la, int B, int T, bool norm_input);
     void attention_core(const LayerActs& la, int B, int T);  // atty, lse from qkv
     // What differs between GPT-2 and Llama (forward.cpp): widths of the QKV and
-    // fc outputs on this rank, optional tensors (biases: null for Llama),
+    // fc outputs on this rank, optional tensors (biases: null where the
+    // table has none, Llama's and all but Qwen2's qkvb),
     // the norm, the rotary embeddings, the MLP's activation.
     size_t qkv_width() const;
     size_t fch_width() const;

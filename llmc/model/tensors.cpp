@@ -46,10 +46,11 @@ bool kind_in_model(const GPTConfig& c, Param p) {
         case Param::wte: case Param::ln1w: case Param::qkvw: case Param::attprojw: case Param::ln2w:
         case Param::lnfw:
             return true;
+        case Param::qkvb: return c.qkv_bias();  // Qwen2's Q, K and V biases
         case Param::fcw: case Param::fcprojw: return !c.moe();  // Mixtral's MLP is the MoE block
         case Param::moe_gate: case Param::moe_fc: case Param::moe_proj: return c.moe();
         case Param::lm_head: return !c.tied;
-        default: return false;  // positions, LayerNorm biases and Linear biases are GPT-2's
+        default: return false;  // positions, LayerNorm biases and the other Linear biases are GPT-2's
     }
 }
 

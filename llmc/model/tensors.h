@@ -45,10 +45,13 @@
 // The kinds of parameter tensor, in the file's order. GPT-2 has all but
 // lm_head; Llama has wte, ln1w (RMSNorm), qkvw, attprojw (o_proj), ln2w,
 // fcw (gate and up, stacked), fcprojw (down), lnfw and, when untied,
-// lm_head. The canonical file order of a model (llm.c's for GPT-2; the same
-// rule for Llama) is its kinds in this order, each per-layer kind stacked
-// over the layers. Fused kinds stack their parts by rows:
+// lm_head; Qwen2 has Llama's and qkvb. The canonical file order of a
+// model (llm.c's for GPT-2; the same rule for Llama) is its kinds in this
+// order, each per-layer kind stacked over the layers. Fused kinds stack
+// their parts by rows:
 //   qkvw  [Q heads (NH·HS); K heads (NKV·HS); V heads (NKV·HS)] x C
+//   qkvb  the same rows, one column (GPT-2 and Qwen2's Q, K, V biases;
+//         split by whole heads under tp as qkvw's rows are)
 //   fcw   GPT-2 [4C] x C; Llama [gate (F); up (F)] x C
 // Mixtral (docs/moe.md) has Llama's kinds with the MoE block's three for
 // fcw and fcprojw; its expert kinds stack the E experts by rows, expert

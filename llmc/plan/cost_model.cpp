@@ -204,7 +204,9 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     // backward (param.main_grad.add_(param.grad) in its DDP of 2021; this
     // trainer accumulates inside the weight-gradient product): the stage's
     // gradients read, the buffer read and written, per micro-batch.
-    const int blocks = c_.num_layers / l.pp, tensors = c_.llama() ? 9 : 12;
+    // A block's parameter tensors: GPT-2's 12; Llama's 9 (q, k, v, o, gate,
+    // up, down, two norms), Qwen2's 12 with the q, k, v biases.
+    const int blocks = c_.num_layers / l.pp, tensors = !c_.llama() || c_.qkv_bias() ? 12 : 9;
     auto accumulate = [&](size_t P) { return standard_ ? 3 * gb_ * P / hw_.mem_bw + blocks * tensors * launch : 0; };
     // The slowest stage sets the pace.
     double t_max = 0, c_max = 0, tp_max = 0, cp_max = 0, ep_max = 0;

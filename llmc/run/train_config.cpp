@@ -8,7 +8,7 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'i', "train-data", O::String, &c.train_data, "training shards (path or glob)"});
     p.add({'j', "val-data", O::String, &c.val_data, "validation shards (path or glob; \"\" for none)"});
     p.add({0, "tokenizer", O::String, &c.tokenizer, "tokenizer for samples: llm.c file or tokenizer.json (default: an HF -e DIR's tokenizer.json, else the tokenizer.json or tokenizer.bin beside the -i shards, else byte-level; \"\": byte-level)"});
-    p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=] (arch=llama,..,NKV=,F=[,theta=,eps=,tied=1]; arch=mixtral,..,E=,K=[,aux=]), a model file, or a Hugging Face directory"});
+    p.add({'e', "model", O::String, &c.model, "model: dN descriptor (d12), sizes L=,C=,NH=,V=,T=[,Vp=] (arch=llama,..,NKV=,F=[,theta=,eps=,tied=1]; arch=qwen2, the same; arch=mixtral,..,E=,K=[,aux=]), a model file, or a Hugging Face directory"});
     p.add({'o', "output-dir", O::String, &c.output_dir, "output directory: metrics.jsonl and checkpoints"});
     p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});
     p.add({'t', "seq-len", O::Int, &c.T, "sequence length T (0: the model's context, at most 4096)", 0, 1 << 20});
@@ -125,8 +125,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
 
 const char* train_examples() {
     return "\nmodels: GPT-2 (llm.c model files, GPT2LMHeadModel directories, dN or L=,C=,NH=,V=,T= sizes) and\n"
-           "Llama (LlamaForCausalLM directories, arch=llama sizes) and Mixtral (MixtralForCausalLM directories,\n"
-           "arch=mixtral sizes), randomly initialised or loaded.\n"
+           "Llama (LlamaForCausalLM directories, arch=llama sizes), Qwen2 (Qwen2ForCausalLM directories,\n"
+           "arch=qwen2 sizes) and Mixtral (MixtralForCausalLM directories, arch=mixtral sizes), randomly\n"
+           "initialised or loaded.\n"
            "\nexamples:\n"
            "  ./train_gpt -o log_tiny                                  the default model on the embedded data\n"
            "  ./train_gpt -e d12 -i 'data/fineweb/train_*.bin' -j 'data/fineweb/val_*.bin' -b 8 -t 1024 -d 524288\n"

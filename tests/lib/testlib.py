@@ -36,11 +36,13 @@ def param_count(L, C, V, Vp, T):
     return 12 * L * C * C + 13 * L * C + (Vp + T) * C + 2 * C
 
 
-def llama_param_count(L, C, NH, NKV, F, Vp, tied):
-    """wte, per block RMSNorm, Q/K/V (NKV key/value heads), o_proj, RMSNorm,
-    gate/up/down; final RMSNorm; lm_head when untied."""
+def llama_param_count(L, C, NH, NKV, F, Vp, tied, qkv_bias=False):
+    """wte, per block RMSNorm, Q/K/V (NKV key/value heads; with qkv_bias,
+    Qwen2's, their biases), o_proj, RMSNorm, gate/up/down; final RMSNorm;
+    lm_head when untied."""
     hs = C // NH
-    return Vp * C * (1 if tied else 2) + L * (2 * C + C * (NH + 2 * NKV) * hs + NH * hs * C + 3 * C * F) + C
+    qkv = (NH + 2 * NKV) * hs
+    return Vp * C * (1 if tied else 2) + L * (2 * C + C * qkv + (qkv if qkv_bias else 0) + NH * hs * C + 3 * C * F) + C
 
 
 def _floats(raw, code):
@@ -87,8 +89,8 @@ def read_checkpoint(d, step):
         ix = json.load(f)
     m = ix["model"]
     L, C, V, Vp, T = m["L"], m["C"], m["V"], m["Vp"], m["maxT"]
-    if m.get("arch", "gpt2") == "llama":
-        P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"])
+    if m.get("arch", "gpt2") in ("llama", "qwen2"):  # Qwen2: and the Q, K, V biases
+        P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"], m["arch"] == "qwen2")
     elif m.get("arch") == "mixtral":  # the MLP's 3·C·F is the router's E·C and E experts' 3·C·F
         P = llama_param_count(L, C, m["NH"], m["NKV"], m["F"], Vp, m["tied"]) + L * m["E"] * C * (1 + 3 * m["F"]) \
             - L * 3 * C * m["F"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # tests/reference/hf_selfcheck.py: reference_hf.py --selfcheck, the patched
 # fp64 transformers against independent math: a Llama forward written here
-# from docs/design.md section 9, Mixtral's MoE block and load-balancing loss
+# from docs/design.md section 9 (Qwen2's: the same with its Q, K, V biases), Mixtral's MoE block and load-balancing loss
 # by hand (hf_mixtral.py), and GPT-2 against tests/reference/reference_gpt.py's
 # model; last line "N passed, N failed".
 import os
@@ -17,7 +17,7 @@ import reference_hf as rh  # noqa: E402
 
 def llama_by_hand(model, inputs, eot=None, mlp=None):
     """Llama from docs/design.md section 9, with the model's weights (eot: the document mask;
-    mlp(l, h): another block's MLP, Mixtral's)."""
+    mlp(l, h): another block's MLP, Mixtral's; the q, k, v biases where the model has them, Qwen2's)."""
     c = model.config
     sd = {k: v for k, v in model.named_parameters()}
     C, NH, NKV = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
@@ -41,9 +41,10 @@ def llama_by_hand(model, inputs, eot=None, mlp=None):
     for l in range(c.num_hidden_layers):
         p = lambda s: sd[f"model.layers.{l}.{s}"]  # noqa: E731
         h = rms(x, p("input_layernorm.weight"))
-        q = (h @ p("self_attn.q_proj.weight").t()).reshape(B, T, NH, HS).transpose(1, 2)
-        k = (h @ p("self_attn.k_proj.weight").t()).reshape(B, T, NKV, HS).transpose(1, 2)
-        v = (h @ p("self_attn.v_proj.weight").t()).reshape(B, T, NKV, HS).transpose(1, 2)
+        bias = lambda n: sd.get(f"model.layers.{l}.self_attn.{n}_proj.bias", 0.0)  # noqa: E731
+        q = (h @ p("self_attn.q_proj.weight").t() + bias("q")).reshape(B, T, NH, HS).transpose(1, 2)
+        k = (h @ p("self_attn.k_proj.weight").t() + bias("k")).reshape(B, T, NKV, HS).transpose(1, 2)
+        v = (h @ p("self_attn.v_proj.weight").t() + bias("v")).reshape(B, T, NKV, HS).transpose(1, 2)
         q, k = rope(q), rope(k)
         g = NH // NKV
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # q head j uses kv head j // g
@@ -91,9 +92,11 @@ def selfcheck(args):
     g.manual_seed(7)
     cases = []
     for spec in ("arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=500",
-                 "arch=llama,L=1,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1,eps=1e-6"):
+                 "arch=llama,L=1,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1,eps=1e-6",
+                 "arch=qwen2,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=1000000",
+                 "arch=qwen2,L=1,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1"):
         s = rh.parse_spec(spec)
-        model = transformers.LlamaForCausalLM(rh.make_config(s)).eval()
+        model = rh.model_class(s)(rh.make_config(s)).eval()
         rh.randomize(model, 3)
         model.to(torch.float64)
         inputs = torch.randint(0, s["V"], (2, s["T"]), generator=g)

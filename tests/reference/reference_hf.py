@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 # tests/reference/reference_hf.py: the Hugging Face reference for the trainer's
-# Llama, Mixtral (hf_mixtral.py) and GPT-2 checkpoints. Run it with the
+# Llama, Mixtral (hf_mixtral.py), Qwen2 (hf_qwen2.py) and GPT-2 checkpoints. Run it with the
 # virtual environment's python that scripts/setup.sh makes
 # (build/hfenv/bin/python: transformers 4.40.2 on Debian's torch 1.13).
 #
 # Modes:
 #   --spec SPEC --save-dir DIR [--write-state S]
 #       builds a random LlamaForCausalLM ("arch=llama,L=..,C=..,NH=..,NKV=..,F=..,V=..,T=..
-#       [,theta=..,eps=..,tied=0|1]"), MixtralForCausalLM (arch=mixtral, the same and E=..,K=..
-#       [,aux=..]) or GPT2LMHeadModel ("L=..,C=..,NH=..,V=..,T=.."), saves it with
+#       [,theta=..,eps=..,tied=0|1]"), Qwen2ForCausalLM (arch=qwen2, the same keys),
+#       MixtralForCausalLM (arch=mixtral, the same and E=..,K=..[,aux=..]) or GPT2LMHeadModel ("L=..,C=..,NH=..,V=..,T=.."), saves it with
 #       save_pretrained (safetensors; --save-dtype, --shard-size for sharded files) and writes
 #       the debug state test_gpt reads (tests/reference/reference_gpt.py write_state's format):
 #       inputs, targets, logits, loss, every gradient in the trainer's model file order
@@ -51,6 +51,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference_gpt as rg  # noqa: E402  (state-file header, AdamW schedule)
 import hf_mixtral as hm  # noqa: E402  (MixtralForCausalLM: its config, loss, file order)
+import hf_qwen2 as hq  # noqa: E402  (Qwen2ForCausalLM: its config, fp64, the biases' file order)
 
 LOGITS_MAGIC = 20241201
 
@@ -87,6 +88,7 @@ def patch_fp64():
     ml.LlamaRMSNorm.forward = rms_forward
     ml.LlamaRotaryEmbedding.forward = rope_forward
     hm.patch_fp64()
+    hq.patch_fp64()
     if not getattr(torch.nn.functional.softmax, "_keeps_fp64", False):
         softmax = torch.nn.functional.softmax
 
@@ -110,8 +112,8 @@ def parse_spec(spec):
             raise RefError(f"--spec: bad item '{item}'")
         k, v = item.split("=", 1)
         if k == "arch":
-            if v not in ("gpt2", "llama", "mixtral"):
-                raise RefError(f"--spec: arch {v} (gpt2, llama or mixtral)")
+            if v not in ("gpt2", "llama", "mixtral", "qwen2"):
+                raise RefError(f"--spec: arch {v} (gpt2, llama, mixtral or qwen2)")
             d["arch"] = v
         elif k in ("theta", "eps", "aux"):
             d[k] = float(v)
@@ -125,7 +127,7 @@ def parse_spec(spec):
         if k not in d:
             raise RefError(f"--spec: missing {k}")
     if d["arch"] != "gpt2" and "F" not in d or d["arch"] == "mixtral" and not ("E" in d and "K" in d):
-        raise RefError("--spec: a Llama model needs F, a Mixtral model F, E and K")
+        raise RefError("--spec: a Llama or Qwen2 model needs F, a Mixtral model F, E and K")
     return d
 
 
@@ -133,6 +135,8 @@ def make_config(s):
     import transformers
     if s["arch"] == "mixtral":
         return hm.make_config(s)
+    if s["arch"] == "qwen2":
+        return hq.make_config(s)
     if s["arch"] == "llama":
         return transformers.LlamaConfig(
             hidden_size=s["C"], num_attention_heads=s["NH"], num_key_value_heads=s.get("NKV", s["NH"]),
@@ -148,7 +152,13 @@ def make_config(s):
 
 
 def is_llama(model):
-    return model.config.model_type in ("llama", "mixtral")
+    return model.config.model_type in ("llama", "mixtral", "qwen2")
+
+
+def model_class(s):
+    import transformers
+    return {"llama": transformers.LlamaForCausalLM, "mixtral": transformers.MixtralForCausalLM,
+            "qwen2": transformers.Qwen2ForCausalLM, "gpt2": transformers.GPT2LMHeadModel}[s["arch"]]
 
 
 def randomize(model, seed):
@@ -175,8 +185,8 @@ def logits_of(model, inputs, eot=None):
     """(B, T, V) logits in the model's dtype (Llama's forward would cast them to fp32);
     eot: attention within the documents it ends (see the header)."""
     base, head = base_and_head(model)
-    if eot is None and hm.is_mixtral(model):
-        eot = -1  # no EOT: the causal mask, which fp64 Mixtral must be given as 4-D (its own overflows)
+    if eot is None and (hm.is_mixtral(model) or hq.is_qwen2(model)):
+        eot = -1  # no EOT: the causal mask, which fp64 Mixtral and Qwen2 must be given as 4-D (their own overflow)
     allowed = None if eot is None else rg.document_mask(inputs, eot)
     if eot is None or is_llama(model):
         mask = None if eot is None else allowed.to(torch.float64)
@@ -211,6 +221,8 @@ def file_order(model):
         out.append(("ln1w", lambda t: torch.stack([t(lay(l, "input_layernorm.weight")) for l in range(L)])))
         out.append(("qkvw", lambda t: torch.stack([torch.cat([t(lay(l, f"self_attn.{p}_proj.weight"))
                                                               for p in "qkv"]) for l in range(L)])))
+        if hq.is_qwen2(model):
+            out += hq.qkvb_order(get, L)
         out.append(("attprojw", lambda t: torch.stack([t(lay(l, "self_attn.o_proj.weight")) for l in range(L)])))
         out.append(("ln2w", lambda t: torch.stack([t(lay(l, "post_attention_layernorm.weight")) for l in range(L)])))
         if hm.is_mixtral(model):
@@ -307,12 +319,10 @@ SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.floa
 
 
 def build_and_save(args):
-    import transformers
     s = parse_spec(args.spec)
     torch.manual_seed(args.seed)
     cfg = make_config(s)
-    model = {"llama": transformers.LlamaForCausalLM, "mixtral": transformers.MixtralForCausalLM,
-             "gpt2": transformers.GPT2LMHeadModel}[s["arch"]](cfg)
+    model = model_class(s)(cfg)
     model.eval()  # no dropout anywhere
     hm.attach(model)
     randomize(model, args.seed)
@@ -418,9 +428,11 @@ def check_weights(args):
         diff = [n for n in a if n in b and (a[n].shape != b[n].shape or not torch.equal(a[n], b[n]))]
         ck(not diff, f"{args.exported}: every parameter equal to {args.check_weights}'s"
                      + (f" (differ: {', '.join(diff[:4])})" if diff else ""))
-        keys = ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
-                "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps", "tie_word_embeddings",
-                "n_embd", "n_head", "n_layer", "n_positions", "layer_norm_epsilon", "activation_function")
+        keys = ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "hidden_size", "intermediate_size",
+                "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "vocab_size",
+                "max_position_embeddings", "rope_theta", "rms_norm_eps", "tie_word_embeddings", "use_sliding_window",
+                "sliding_window", "n_embd", "n_head", "n_layer", "n_positions", "layer_norm_epsilon",
+                "activation_function")
         cd = [k for k in keys if getattr(model.config, k, None) != getattr(exp.config, k, None)]
         ck(not cd, f"{args.exported}: config fields equal" + (f" (differ: {cd})" if cd else ""))
     print(f"{ck.passed} passed, {ck.failed} failed")

@@ -9,11 +9,12 @@
 #     one process and under mpirun (tp 2 with a vocabulary tp does not
 #     divide, dp 2 with ZeRO-3, pp 2); the trainer picks DIR/tokenizer.json
 #     and the export carries it; the same for a LlamaForCausalLM (GQA 2:1,
-#     untied) and a MixtralForCausalLM (4 experts, top 2; also under expert
-#     parallelism, ep 2 with ZeRO-1);
-#   - Llama and Mixtral tensor maps: random LlamaForCausalLM checkpoints (GQA 2:1
-#     untied fp32, GQA 4:1 tied bf16 in shards) and a MixtralForCausalLM
-#     (bf16 in shards) loaded by llmc/io/hf.cpp equal
+#     untied), Qwen2ForCausalLMs (GQA 2:1 untied, GQA 4:1 tied; random
+#     nonzero Q, K, V biases) and a MixtralForCausalLM (4 experts, top 2;
+#     also under expert parallelism, ep 2 with ZeRO-1);
+#   - Llama, Qwen2 and Mixtral tensor maps: random LlamaForCausalLM and
+#     Qwen2ForCausalLM checkpoints (GQA 2:1 untied fp32, GQA 4:1 tied bf16 in
+#     shards) and a MixtralForCausalLM (bf16 in shards) loaded by llmc/io/hf.cpp equal
 #     transformers' tensors in model file order, and their export loads in
 #     transformers with every tensor equal (tests/reference/reference_hf.py
 #     --check-weights);
@@ -29,8 +30,9 @@
 #     AutoTokenizer + generate work on both exports; a Llama directory with
 #     its own bos/eos fine-tuned and a checkpoint converted with --convert
 #     alone keeps them;
-#   - errors: a truncated checkpoint and a refused config end train_gpt with
-#     one line naming the file and tensor, exit status 1.
+#   - errors: a truncated checkpoint and refused configs (rope_scaling,
+#     Qwen2's use_sliding_window) end train_gpt with one line naming the
+#     file and the tensor or field, exit status 1.
 # Last line: "N passed, N failed".
 import os
 import shutil
@@ -307,6 +309,9 @@ def test_llama_maps(tmp):
             ("gqa2_untied_fp32", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=500", []),
             ("gqa4_tied_bf16_sharded", "arch=llama,L=3,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1,eps=1e-6",
              ["--save-dtype", "bf16", "--shard-size", "10KB"]),
+            ("qwen2_gqa2_untied_fp32", "arch=qwen2,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,theta=1000000", []),
+            ("qwen2_gqa4_tied_bf16_sharded", "arch=qwen2,L=3,C=64,NH=4,NKV=1,F=40,V=37,T=12,tied=1",
+             ["--save-dtype", "bf16", "--shard-size", "10KB"]),
             ("mixtral_e4k2_bf16_sharded", "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=16,aux=0.02",
              ["--save-dtype", "bf16", "--shard-size", "20KB"])]:
         d, w, e = (os.path.join(tmp, name + s) for s in ("", ".w", "_exp"))
@@ -382,6 +387,16 @@ def test_errors(tmp):
                 '"num_hidden_layers":2,"vocab_size":300,"rope_scaling":{"type":"dynamic","factor":2.0}}')
     rc, text = run([TRAIN, "-e", cfg, "-x", "1", "-v", "0", "-s", "0", "--device", "cpu"])
     check(rc == 1 and "rope_scaling" in text and "config.json" in text, "rope_scaling refused: " + last_line(text))
+    win = os.path.join(tmp, "qwen2_window")
+    shutil.copytree(os.path.join(tmp, "qwen2"), win)
+    with open(os.path.join(win, "config.json")) as f:
+        cfg = f.read()
+    with open(os.path.join(win, "config.json"), "w") as f:
+        f.write(cfg.replace('"use_sliding_window": false', '"use_sliding_window": true'))
+    rc, text = run([TRAIN, "-e", win, "-x", "1", "-v", "0", "-s", "0", "--device", "cpu"])
+    lines = [l for l in text.splitlines() if "error" in l]
+    check(rc == 1 and len(lines) == 1 and "use_sliding_window" in lines[0] and "config.json" in lines[0],
+          "Qwen2 use_sliding_window true refused: " + last_line(text))
 
 
 def main():
@@ -394,6 +409,8 @@ def main():
         test_tokenizer(tmp)
         test_round_trip(tmp, "gpt2", "L=2,C=32,NH=2,V=301,T=64")
         test_round_trip(tmp, "llama", "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=500")
+        test_round_trip(tmp, "qwen2", "arch=qwen2,L=2,C=48,NH=4,NKV=2,F=72,V=301,T=64,theta=1000000")
+        test_round_trip(tmp, "qwen2_tied", "arch=qwen2,L=2,C=64,NH=8,NKV=2,F=40,V=301,T=64,tied=1")
         test_round_trip(tmp, "mixtral", "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=301,T=64,theta=500")
         test_export_meta(tmp)
         test_llama_journey(tmp)

@@ -248,6 +248,29 @@ static void test_config() {
     ok = read_hf_config(mdir, &c, &err);
     CHECK(ok && c.moe() && c.experts == 8 && c.top_k == 2 && c.aux_coef == 0.001 && c.max_seq_len == 131072,
           "mixtral defaults: %s (%s)", err.c_str(), config_string(c).c_str());
+    // Qwen2: Llama's keys with the Q, K, V biases implied; Qwen2Config's
+    // defaults where absent (eps 1e-6, theta 1e4, a context of 32768,
+    // untied); the sliding window off unless use_sliding_window says so.
+    const std::string qwen2 =
+        R"("architectures":["Qwen2ForCausalLM"],"model_type":"qwen2","hidden_size":48,"num_attention_heads":4,)"
+        R"("num_key_value_heads":2,"intermediate_size":72,"num_hidden_layers":3,"vocab_size":101,)"
+        R"("sliding_window":16,"max_window_layers":2)";
+    const std::string qdir = g_dir + "/cfg_qwen2";
+    mkdir(qdir.c_str(), 0755);
+    write_text(qdir + "/config.json",
+               "{" + qwen2 + R"(,"use_sliding_window":false,"tie_word_embeddings":true,"rope_theta":1000000.0})");
+    ok = read_hf_config(qdir, &c, &err);
+    CHECK(ok && c.arch == Arch::qwen2 && c.llama() && !c.moe() && c.qkv_bias() && c.kv_heads() == 2 &&
+              c.hidden() == 72 && c.max_seq_len == 32768 && c.norm_eps == 1e-6 && c.rope_theta == 1e6 && c.tied,
+          "qwen2 config read: %s (%s)", err.c_str(), config_string(c).c_str());
+    write_text(qdir + "/config.json", R"({"model_type":"qwen2","hidden_size":48,"num_attention_heads":4,)"
+                                      R"("intermediate_size":72,"num_hidden_layers":2,"vocab_size":101})");
+    ok = read_hf_config(qdir, &c, &err);
+    CHECK(ok && c.arch == Arch::qwen2 && c.kv_heads() == 4 && c.rope_theta == 10000 && !c.tied &&
+              config_string(c).rfind("qwen2 L=2 C=48", 0) == 0,
+          "qwen2 by model_type, defaults: %s (%s)", err.c_str(), config_string(c).c_str());
+    expect_config_error("qwen2_window", "{" + qwen2 + R"(,"use_sliding_window":true})", "use_sliding_window");
+    expect_config_error("qwen2_rope", "{" + qwen2 + R"(,"rope_scaling":{"type":"yarn","factor":4.0}})", "rope_scaling");
     expect_config_error("mixtral_window", "{" + mixtral + R"(,"sliding_window":32})", "sliding_window");
     expect_config_error("mixtral_jitter", "{" + mixtral + R"(,"router_jitter_noise":0.1})", "router_jitter_noise");
     expect_config_error("mixtral_k", "{" + mixtral + R"(,"num_experts_per_tok":7})", "K <= E");

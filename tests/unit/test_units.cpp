@@ -6,6 +6,7 @@
 // Last line: "N passed, N failed".
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +67,46 @@ static void test_config_and_table() {
         CHECK(train_flops_per_token(lt, 16) == 6 * llama_mm + 6 * 2 * 48 * 16 &&
                   model_param_count(lt) == llama_mm,
               "llama tied flops/token %.0f: wte is the head, counted once", train_flops_per_token(lt, 16));
+        // Qwen2: Llama with qkvb, C + 2·Ckv = 96 biases per block; eps 1e-6
+        // unless given (Qwen2Config's default); untied unless tied=1.
+        GPTConfig q, qt, qe;
+        CHECK(parse_model_spec("arch=qwen2,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16", &q, &err) &&
+                  q.arch == Arch::qwen2 && q.llama() && q.qkv_bias() && !l.qkv_bias() && !q.tied &&
+                  q.norm_eps == 1e-6 && q.rope_theta == 10000 && q.padded_vocab_size == 101 &&
+                  config_string(q).rfind("qwen2 L=2 C=48 NH=4 NKV=2 F=72", 0) == 0,
+              "qwen2 spec: %s (%s)", err.c_str(), config_string(q).c_str());
+        CHECK(parse_model_spec("arch=qwen2,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=16,tied=1,eps=1e-5", &qt, &err) &&
+                  qt.tied && qt.norm_eps == 1e-5 && !parse_model_spec("arch=qwen2,L=2,C=48,NH=4,NKV=2,V=101,T=16", &qe, &err),
+              "qwen2 spec tied=1, eps given; F required");
+        const double qwen_block = llama_block + (48 + 2 * 24), qwen_mm = 2 * qwen_block + 48 + 101 * 48;
+        CHECK(train_flops_per_token(q, 16) == 6 * qwen_mm + 6 * 2 * 48 * 16 &&
+                  model_param_count(q) == qwen_mm + 101 * 48,
+              "qwen2 untied flops/token %.0f (want %.0f): the QKV biases count, the embedding lookup not",
+              train_flops_per_token(q, 16), 6 * qwen_mm + 6 * 2 * 48 * 16);
+        CHECK(train_flops_per_token(qt, 16) == 6 * qwen_mm + 6 * 2 * 48 * 16 && model_param_count(qt) == qwen_mm,
+              "qwen2 tied flops/token %.0f: wte is the head, counted once", train_flops_per_token(qt, 16));
+        // Under tp 2 each rank's qkvb holds its whole heads of Q, K and V
+        // (HS = 12: Q rows [24r, 24r + 24), K [48 + 12r, ..), V [72 + 12r, ..)),
+        // the same row runs as its qkvw.
+        for (int r = 0; r < 2; r++) {
+            TableSplit sp;
+            sp.tp = 2, sp.tp_rank = r;
+            const TensorTable tq(q, sp);
+            const TensorEntry &b = tq.get(Param::qkvb, 1), &w = tq.get(Param::qkvw, 1);
+            const size_t want[3][3] = {{0, 24 * (size_t)r, 24}, {24, 48 + 12 * (size_t)r, 12}, {36, 72 + 12 * (size_t)r, 12}};
+            bool runs_ok = b.runs.size() == 3 && w.runs.size() == 3;
+            for (size_t i = 0; runs_ok && i < 3; i++)
+                runs_ok = b.runs[i].local == want[i][0] && b.runs[i].global == want[i][1] &&
+                          b.runs[i].count == want[i][2] && w.runs[i].local == b.runs[i].local &&
+                          w.runs[i].global == b.runs[i].global && w.runs[i].count == b.runs[i].count;
+            // The rank's parameters: half of each block's QKV (and its
+            // biases), o_proj, gate/up/down; 51 of the 101 vocabulary rows of
+            // wte and lm_head; the norms whole.
+            const size_t block = 48 + 48 * 48 + 48 + 24 * 48 + 48 + 3 * 48 * 36;
+            CHECK(runs_ok && b.rows == 48 && b.cols == 1 && b.file_rows == 96 && b.split && !b.decay &&
+                      tq.params == 2 * 51 * 48 + 2 * block + 48,
+                  "qwen2 tp rank %d of 2: qkvb rows of its Q, K, V heads, as qkvw's; %zu parameters", r, tq.params);
+        }
         // Mixtral: E, K, aux (default 0.01); the expert kinds in the table,
         // w1/w3 of each expert column-split and w2 row-split under tp.
         GPTConfig m;
@@ -293,6 +334,19 @@ static void test_init() {
     CHECK(mean == 1.0 && sd == 0.0, "ln1w not ones");
     stats(Param::qkvb, 0, &mean, &sd);
     CHECK(mean == 0.0 && sd == 0.0, "qkvb not zero");
+    {   // Qwen2: its QKV biases start at zero too, the weights N(0, 0.02).
+        GPTConfig qc;
+        parse_model_spec("arch=qwen2,L=2,C=64,NH=4,NKV=2,F=96,V=500,T=64", &qc, &err);
+        GPT qm(be.get(), qc, {1, 8});
+        qm.init_random(7);
+        const TensorEntry &b = qm.table().get(Param::qkvb, 1), &w = qm.table().get(Param::qkvw, 1);
+        const double *xb = (const double*)qm.param(Param::qkvb, 1), *xw = (const double*)qm.param(Param::qkvw, 1);
+        double bmax = 0, s2 = 0;
+        for (size_t i = 0; i < b.numel; i++) bmax = std::max(bmax, std::fabs(xb[i]));
+        for (size_t i = 0; i < w.numel; i++) s2 += xw[i] * xw[i];
+        CHECK(b.numel == 128 && bmax == 0.0 && std::fabs(std::sqrt(s2 / w.numel) - 0.02) < 0.001,
+              "qwen2 init: qkvb zero (max %g), qkvw sd %g", bmax, std::sqrt(s2 / w.numel));
+    }
     const double* wte = (const double*)m.param(Param::wte);
     bool pad_zero = true;
     for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++)
