@@ -6,10 +6,16 @@
 #   bytes moved per step by each group and kind (from metrics.jsonl), and
 #   bytes held per rank (model state, activations, peak) from the memory lines,
 #   and with --pp the bubble each stage measured from a trace of the run
-#   beside the formula (pp-1)/(m·vpp).
+#   beside the formula (pp-1)/(m·vpp);
+#   with --breakdown, the step's time by op class (the trainer under
+#   LLMC_BREAKDOWN=1, llmc/backend/backend_profile.h: each op between two
+#   timing marks, CUDA events on a GPU; the medians over the timed steps),
+#   the step's time the classes leave (idle: collectives, gaps), and the
+#   planner's prediction of the same classes for the same flags
+#   (./train_gpt --plan eval on --hardware, default h100-sxm).
 # Figures only: nothing here passes or fails (speed targets are not tests).
 # Also prints them as "figure NAME VALUE UNIT" lines for scripts/gpu/check.sh.
-#   usage: scripts/benchmark.py [--np N] [--steps 20] [--warmup 3] -- TRAIN_GPT_ARGS...
+#   usage: scripts/benchmark.py [--np N] [--steps 20] [--warmup 3] [--breakdown [--hardware H]] -- TRAIN_GPT_ARGS...
 #   e.g.   scripts/benchmark.py --np 4 -- -e d12 -b 8 -t 1024 -z 1 --device cuda
 import argparse
 import json
@@ -30,6 +36,8 @@ def main():
     ap.add_argument("--np", type=int, default=1, help="ranks (mpirun when > 1)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the median")
+    ap.add_argument("--breakdown", action="store_true", help="the step's time by op class, and the planner's")
+    ap.add_argument("--hardware", default="h100-sxm", help="the planner's profile for --breakdown")
     ap.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then train_gpt's flags")
     a = ap.parse_args()
     args = [x for x in a.train_args if x != "--"]
@@ -41,6 +49,8 @@ def main():
         cmd = ["mpirun", "-np", str(a.np)] + cmd
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
+    if a.breakdown:
+        env["LLMC_BREAKDOWN"] = "1"
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"benchmark.py: train_gpt failed: {p.stderr.strip()[-500:]}")
@@ -71,11 +81,73 @@ def main():
     if graphs:
         print(f"figure step_graphs_recorded {graphs.group(1)} graphs")
         print(f"figure step_graph_replays {graphs.group(2)} replays")
+    if a.breakdown:
+        breakdown(timed, args, a, env)
     bubble = re.search(r"pipeline bubble \(.*\): (.*); formula \(pp-1\)/\(m\*vpp\) = ([0-9.]+)", p.stdout)
     if bubble:
         for stage, value in re.findall(r"stage (\d+) ([0-9.]+)", bubble.group(1)):
             print(f"figure pipeline_bubble_stage{stage} {value} idle/busy")
         print(f"figure pipeline_bubble_formula {bubble.group(2)} idle/busy")
+
+
+# The measured classes the planner's memory_bound covers (its other classes have the same names).
+MEMORY_BOUND = ("norm", "activation", "residual", "rope", "moe", "copy")
+
+
+def breakdown(timed, args, a, env):
+    """Prints the step's time by op class (medians over the timed steps),
+    what the classes leave of the step (idle), and the planner's prediction."""
+    rows = [s["breakdown_ms"] for s in timed if "breakdown_ms" in s]
+    if not rows:
+        sys.exit("benchmark.py --breakdown: the trainer wrote no breakdown_ms (LLMC_BREAKDOWN=1 unsupported?)")
+    step = statistics.median(s["ms"] for s in timed)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    summed = statistics.median(sum(r.values()) for r in rows)
+    idle = step - summed
+    plan = planned(args, a, env)
+    print(f"breakdown (median of {len(rows)} steps; step {step:.2f} ms, its ops {summed:.2f} ms, "
+          f"{100 * summed / step:.1f}% of it):")
+    print(f"  {'class':<15} {'ms':>9} {'share':>7} {'planned':>9}")
+    grouped = dict(med)
+    grouped["memory_bound"] = sum(med.get(k, 0) for k in MEMORY_BOUND)
+    shown = [k for k in med if k not in MEMORY_BOUND] + list(MEMORY_BOUND) + ["memory_bound"]
+    for k in shown:
+        want = plan.get(k) if plan else None
+        label = f"  {k:<15}" if k not in MEMORY_BOUND else f"    {k:<13}"
+        print(f"{label} {grouped[k]:9.3f} {100 * grouped[k] / step:6.1f}% "
+              + (f"{want:9.3f}" if want is not None else f"{'':9}"))
+    print(f"  {'idle':<15} {idle:9.3f} {100 * idle / step:6.1f}%   (collectives, host work, gaps between ops)")
+    for k, v in med.items():
+        print(f"figure breakdown_{k}_ms {v:.4f} ms")
+    print(f"figure breakdown_memory_bound_ms {grouped['memory_bound']:.4f} ms")
+    print(f"figure breakdown_idle_ms {idle:.4f} ms")
+    print(f"figure breakdown_step_ms {step:.4f} ms")
+    print(f"figure breakdown_ops_over_step {summed / step:.4f} ratio")
+    for k, v in (plan or {}).items():
+        print(f"figure breakdown_planned_{k}_ms {v:.4f} ms")
+
+
+def planned(args, a, env):
+    """The planner's classes for the same flags (the run's own, as --plan eval
+    takes them), on --hardware; None when it cannot plan them."""
+    keep, skip = [], {"-o", "-x", "-v", "-s", "-i", "-j", "--trace"}
+    it = iter(args)
+    for x in it:
+        if x in skip:
+            next(it, None)
+        else:
+            keep.append(x)
+    out = tempfile.mktemp(prefix="llmc_plan_", suffix=".jsonl")
+    cmd = [os.path.join(ROOT, "train_gpt"), "--plan", "eval", "--world", str(a.np), "--hardware", a.hardware,
+           "--plan-json", out] + keep
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(env, LLMC_BREAKDOWN="0"))
+    if p.returncode != 0 or not os.path.exists(out):
+        print(f"breakdown: no plan ({(p.stderr or p.stdout).strip()[-200:]})")
+        return None
+    with open(out) as f:
+        row = json.loads(f.readline())
+    os.unlink(out)
+    return row.get("classes_ms")
 
 
 if __name__ == "__main__":

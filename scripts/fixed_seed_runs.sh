@@ -17,10 +17,14 @@ trainer="$root/train_gpt"
 [ -x "$trainer" ] || { echo "$0: $trainer not built (run make)" >&2; exit 2; }
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 mpi=(mpirun --oversubscribe --allow-run-as-root -np 2)
-data=(-i "$root/data/tiny/tiny_train_*.bin" -j "$root/data/tiny/tiny_val_*.bin" --tokenizer "$root/data/tiny/tokenizer.bin")
+# The data by a path relative to OUT (a link to this tree's data/), so the
+# files that record it (run_config.json) do not depend on where the tree is.
+data=(-i "data/tiny/tiny_train_*.bin" -j "data/tiny/tiny_val_*.bin" --tokenizer "data/tiny/tokenizer.bin")
 common=(-x 6 -v 3 -s 3 -g 8 -n 3 --seed 1337)
 llama=arch=llama,L=4,C=128,NH=4,NKV=2,V=257,T=128,F=256
 mixtral=arch=mixtral,L=2,C=64,NH=4,NKV=2,V=257,T=64,F=128,E=4,K=2
+
+ln -sfn "$root/data" "$dest/data"
 
 run() {  # name, then the launcher and flags (llm.c files hold GPT-2 only)
     local name=$1
@@ -56,5 +60,6 @@ run llama_bf16_zero3 "${mpi[@]}" "$trainer" -e "$llama" --dtype bf16 -z 3
 run mixtral_ep2 "${mpi[@]}" "$trainer" -e "$mixtral" --ep 2 -z 1 -b 4
 
 cd "$dest"
-find . -type f ! -name '*.log' ! -name 'metrics.jsonl' ! -name SHA256SUMS | LC_ALL=C sort | xargs sha256sum > SHA256SUMS
+find . -path ./data -prune -o -type f ! -name '*.log' ! -name 'metrics.jsonl' ! -name SHA256SUMS -print | LC_ALL=C sort |
+    xargs sha256sum > SHA256SUMS
 echo "$(wc -l < SHA256SUMS) files: $dest/SHA256SUMS"

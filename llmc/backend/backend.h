@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "llmc/base/dtype.h"
 
@@ -422,8 +423,19 @@ class Backend {
     };
     virtual RegionStats region_stats() const { return {}; }
 
+    // ---- timing marks (the step's time by op class: backend_profile.h) -----
+    // mark(): a mark after the work issued so far, its index; mark_ms(a, b):
+    // the milliseconds between marks a and b (waiting for b); clear_marks()
+    // forgets every mark. By default the host's clock, which is the device's
+    // for a backend that runs its ops as they come (the CPU); CUDA records
+    // events on its stream.
+    virtual int mark();
+    virtual double mark_ms(int a, int b);
+    virtual void clear_marks() { marks_.clear(); }
+
   protected:
     bool over_budget(size_t more) const { return budget_ && bytes_in_use() + more > budget_; }
     [[noreturn]] void refuse(const char* op) const;
     size_t budget_ = 0;
+    std::vector<double> marks_;  // the default marks: host times in ms
 };

@@ -32,6 +32,7 @@
 #include "llmc/backend/cuda/common.cuh"
 #include "llmc/backend/cuda/encoder.cuh"
 #include "llmc/backend/cuda/elementwise.cuh"
+#include "llmc/backend/cuda/event_marks.cuh"
 #include "llmc/backend/cuda/graphs.cuh"
 #include "llmc/backend/cuda/layernorm.cuh"
 #include "llmc/backend/cuda/matmul.cuh"
@@ -74,6 +75,7 @@ class CudaBackend final : public Backend {
         cudaSetDevice(device_);
         cudaStreamSynchronize(stream_);
         graphs_.release();
+        marks_.release();
         for (auto& kv : sizes_) cudaFree(kv.first);
         scratch_.release();
         staging_.release();
@@ -146,7 +148,7 @@ class CudaBackend final : public Backend {
         if (dt == st) {
             CUDA_CHECK(cudaMemcpyAsync(dst, host_src, n * dtype_size(st), cudaMemcpyHostToDevice, stream_));
         } else {
-            check_float_pair(dt, st);
+            llmc_cuda::check_float_pair(dt, st);
             for (size_t i0 = 0; i0 < n; i0 += kStagingElems) {
                 const size_t c = std::min(kStagingElems, n - i0);
                 void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_, "staging");
@@ -163,7 +165,7 @@ class CudaBackend final : public Backend {
         if (dt == st) {
             CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * dtype_size(st), cudaMemcpyDeviceToHost, stream_));
         } else {
-            check_float_pair(dt, st);
+            llmc_cuda::check_float_pair(dt, st);
             for (size_t i0 = 0; i0 < n; i0 += kStagingElems) {
                 const size_t c = std::min(kStagingElems, n - i0);
                 void* stg = staging_.get(std::min(n, kStagingElems) * dtype_size(DType::F64), stream_, "staging");
@@ -176,7 +178,7 @@ class CudaBackend final : public Backend {
     }
     void convert(void* dst, DType dt, const void* src, DType st, size_t n) override {
         activate();
-        if (dt != st) check_float_pair(dt, st);
+        if (dt != st) llmc_cuda::check_float_pair(dt, st);
         device_convert(dst, dt, src, st, n, stream_);
     }
     void synchronize() override {
@@ -541,6 +543,10 @@ class CudaBackend final : public Backend {
     bool region_begin(uint64_t key) override { return activate(), graphs_.begin(key, stream_); }
     void region_end() override { activate(), graphs_.end(stream_); }
     RegionStats region_stats() const override { return {graphs_.on, graphs_.recorded(), graphs_.replays()}; }
+    // Timing marks: events on the stream (cuda/event_marks.cuh).
+    int mark() override { return activate(), marks_.mark(stream_); }
+    double mark_ms(int a, int b) override { return marks_.ms(a, b); }
+    void clear_marks() override { marks_.clear(); }
 
   private:
     static constexpr size_t kStagingElems = (size_t)1 << 20;  // per transfer chunk (8 MiB of fp64)
@@ -567,12 +573,6 @@ class CudaBackend final : public Backend {
         return static_cast<float*>(scratch_.get(n * sizeof(float), stream_, what));
     }
 
-    static void check_float_pair(DType dt, DType st) {
-        if (dt == DType::I32 || st == DType::I32)
-            throw std::logic_error(std::string("cuda transfer: cannot convert ") + dtype_name(st) + " to " +
-                                   dtype_name(dt));
-    }
-
     int device_;
     bool fp32_;
     cudaStream_t stream_ = nullptr;
@@ -582,6 +582,7 @@ class CudaBackend final : public Backend {
     llmc_cuda::AdamMultiTable adam_table_;
     llmc_cuda::SumSqMulti sumsq_;
     llmc_cuda::StepGraphs graphs_;
+    llmc_cuda::EventMarks marks_;
     std::vector<llmc_cuda::AdamPiece> pieces_;  // reused host array of adamw_update_multi
     GrowBuffer scratch_, staging_;
     std::unordered_map<void*, size_t> sizes_;

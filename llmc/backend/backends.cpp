@@ -1,19 +1,22 @@
 // llmc/backend/backends.cpp: see backends.h.
 #include "llmc/backend/backends.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "llmc/backend/backend_cpu.h"
+#include "llmc/backend/backend_profile.h"
 #include "llmc/backend/backend_recorder.h"
 #include "llmc/backend/cuda/switches.h"
 #ifdef LLMC_CUDA
 #include "llmc/backend/backend_cuda.h"
 #endif
 
-Backend* make_backend(const std::string& device, const std::string& dtype, int local_rank, std::string* err) {
+static Backend* make_device_backend(const std::string& device, const std::string& dtype, int local_rank,
+                                   std::string* err) {
     std::string dev = device;
     (void)local_rank;  // only CUDA picks a device by it
 #ifdef LLMC_CUDA
@@ -52,6 +55,14 @@ Backend* make_backend(const std::string& device, const std::string& dtype, int l
     return nullptr;
 }
 
+Backend* make_backend(const std::string& device, const std::string& dtype, int local_rank, std::string* err) {
+    // LLMC_BREAKDOWN=1: the step's time by op class (backend_profile.h).
+    bool profile = false;
+    if (!llmc_switch::parse_on_off("LLMC_BREAKDOWN", std::getenv("LLMC_BREAKDOWN"), &profile, err)) return nullptr;
+    Backend* be = make_device_backend(device, dtype, local_rank, err);
+    return be && profile ? make_profiling_backend(be) : be;
+}
+
 double backend_peak_flops(Backend& be) {
 #ifdef LLMC_CUDA
     if (std::strcmp(be.name(), "cuda") == 0) return cuda_peak_bf16_flops();
@@ -59,6 +70,13 @@ double backend_peak_flops(Backend& be) {
     (void)be;
     return 0.0;
 }
+
+int Backend::mark() {
+    marks_.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count());
+    return (int)marks_.size() - 1;
+}
+
+double Backend::mark_ms(int a, int b) { return marks_.at(b) - marks_.at(a); }
 
 void Backend::refuse(const char* op) const {
     throw std::logic_error(std::string(op) + ": not implemented by the " + name() + " backend");

@@ -51,7 +51,7 @@ struct Linear {
 // them under an even routing: E products of a launch each. Under expert
 // parallelism the same: each of the E/ep local experts takes a block of
 // N·K/E rows from each of the ep ranks, E blocks in all.
-double CostModel::block_gemms(bool backward) const {
+double CostModel::block_gemms(bool backward, int layer) const {
     const double C = c_.channels, tp = l_.tp, N = (double)l_.B * l_.T_local(), H = c_.hidden() / tp;
     const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp, Wfc = c_.llama() ? 2 * H : H;
     const Linear ls[] = {{C, C / tp + 2 * Ckv}, {C / tp, C}, {C, Wfc}, {H, C}};
@@ -59,11 +59,13 @@ double CostModel::block_gemms(bool backward) const {
         return backward ? gemm(rows, x.in, x.out) + gemm(x.in, x.out, rows) : gemm(rows, x.out, x.in);
     };
     double t = 0;
-    for (int i = 0; i < (c_.moe() ? 2 : 4); i++) t += product(N, ls[i]);
+    for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
+        if (layer < 0 || layer == i) t += product(N, ls[i]);
     if (c_.moe()) {
         const double E = c_.experts, rows = N * c_.top_k / E;
-        t += product(N, {C, E});
-        for (int i = 2; i < 4; i++) t += E * product(rows, ls[i]);
+        if (layer < 0) t += product(N, {C, E});
+        for (int i = 2; i < 4; i++)
+            if (layer < 0 || layer == i) t += E * product(rows, ls[i]);
     }
     return t;
 }
@@ -220,6 +222,20 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     }
     const double m = l.micro_batches(), V = l.vpp;
     Cost k;
+    // The compute by op class, for a stage holding the whole model (pp = 1;
+    // with pp, the block classes of one stage and the ends of the first and
+    // the last).
+    {
+        Cost::Classes& cl = k.classes;
+        double* layer[] = {&cl.qkv, &cl.attproj, &cl.fc, &cl.fcproj};
+        for (int i = 0; i < 4; i++)
+            *layer[i] = m * blocks * (block_gemms(false, i) * (full ? 2 : 1) + block_gemms(true, i));
+        cl.attention_fwd = m * blocks * (attn_f + scores_f) * (attn_again ? 2 : 1);
+        cl.attention_bwd = m * blocks * (attn_b + scores_b);
+        cl.memory_bound = m * blocks * ((mem_f + mem_b + mem_rec) / hw_.mem_bw + (kern_f + kern_b + kern_rec) * launch);
+        cl.embed = m * emb;
+        cl.head = m * head;
+    }
     k.compute = m * c_max;
     k.tp = m * tp_max;
     k.cp = m * cp_max;
@@ -255,6 +271,7 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     // AdamW over the rank's part: read params, grads, master, m, v; write params, master, m, v.
     const double owned = l.zero >= 1 ? (double)(P - Pe) / D + (double)Pe / De : (double)P;
     k.optimizer = owned * (2 * pb_ + gb_ + 16 + (master_ ? 8 : 0)) / hw_.mem_bw + 4 * launch;
+    k.classes.optimizer = k.optimizer;
     k.step = m * t_max + k.bubble + k.pp + k.dp + k.optimizer;
     return k;
 }

@@ -30,9 +30,20 @@
 #include "llmc/parallel/layout.h"
 #include "llmc/plan/hardware.h"
 
-// Seconds per step of one rank, by part.
+// Seconds per step of one rank, by part; and the slowest stage's compute by
+// op class, as the trainer measures them (llmc/backend/backend_profile.h;
+// scripts/benchmark.py --breakdown): each linear layer's products
+// (forward, both backward products, the recompute's forward), the
+// attention core forward (again when recomputed) and backward, the
+// memory-bound kernels of the blocks (norms, activation, residual adds,
+// rotary embeddings, routing), the embeddings, the LM head with its
+// cross-entropy, AdamW.
 struct Cost {
     double compute = 0, tp = 0, cp = 0, pp = 0, dp = 0, bubble = 0, optimizer = 0, ep = 0, step = 0;
+    struct Classes {
+        double qkv = 0, attproj = 0, fc = 0, fcproj = 0, attention_fwd = 0, attention_bwd = 0, memory_bound = 0,
+               embed = 0, head = 0, optimizer = 0;
+    } classes;
 };
 
 class CostModel {
@@ -62,8 +73,10 @@ class CostModel {
     static double gather_scatter(double n, int g, Link k);
     double p2p(double n, Link k) const;
     double expose(double comm, double compute) const;
-    // One block's linear products, forward or backward, one micro-batch.
-    double block_gemms(bool backward) const;
+    // One block's linear products, forward or backward, one micro-batch;
+    // with `layer` (0 qkv, 1 attproj, 2 fc, 3 fcproj) that layer's alone (a
+    // Mixtral's experts as fc and fcproj, its router as neither).
+    double block_gemms(bool backward, int layer = -1) const;
 
     const GPTConfig& c_;
     const Layout& l_;

@@ -165,6 +165,12 @@ json to_json(const Planned& p, const GPTConfig& mc, const PlanRequest& r) {
     j["breakdown_ms"] = {{"compute", p.cost.compute * ms}, {"tp", p.cost.tp * ms},         {"cp", p.cost.cp * ms},
                          {"pp_p2p", p.cost.pp * ms},        {"dp", p.cost.dp * ms},         {"bubble", p.cost.bubble * ms},
                          {"optimizer", p.cost.optimizer * ms}, {"ep", p.cost.ep * ms}};
+    const Cost::Classes& c = p.cost.classes;
+    j["classes_ms"] = {{"qkv", c.qkv * ms},           {"attproj", c.attproj * ms},
+                       {"fc", c.fc * ms},             {"fcproj", c.fcproj * ms},
+                       {"attention_fwd", c.attention_fwd * ms}, {"attention_bwd", c.attention_bwd * ms},
+                       {"memory_bound", c.memory_bound * ms}, {"embed", c.embed * ms},
+                       {"head", c.head * ms},         {"optimizer", c.optimizer * ms}};
     json ranks = json::array();
     for (const RankMemory& m : p.mem) ranks.push_back({{"rank", m.rank}, {"stage", m.stage}, {"bytes", m.total}});
     j["ranks"] = ranks;

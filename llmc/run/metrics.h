@@ -13,6 +13,7 @@ struct StepMetrics {
     double aux_loss = -1;       // Mixtral: the load-balancing loss (docs/moe.md); < 0 for other models
     double moe_maxvio = -1;     // Mixtral: the step's expert loads' imbalance (max / mean - 1, mean over layers)
     std::string comm_json;      // {"dp_all_reduce": {"calls": N, "bytes": N}, ...} or empty
+    std::string breakdown_json; // LLMC_BREAKDOWN=1: {"qkv": ms, ...} (llmc/backend/backend_profile.h), or empty
     bool skipped = false;       // this step's update was skipped (a bad step)
     int skips = 0;              // updates skipped so far
 };

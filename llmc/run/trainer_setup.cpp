@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "llmc/backend/backend_measure.h"
+#include "llmc/backend/backend_profile.h"
 #include "llmc/backend/backends.h"
 #include "llmc/base/fileio.h"
 #include "llmc/comm/dist.h"
@@ -140,6 +141,18 @@ void Trainer::setup(const ArgParser& parser) {
     // The parallel modes and the model, first counted, then built.
     check_memory();
     build(*be, &s);
+    {  // LLMC_BREAKDOWN=1: what tells the model's products apart (llmc/backend/backend_profile.h)
+        const TensorTable& t = s.model->table();
+        ProfileShapes ps;
+        ps.C = mc.channels;
+        ps.attn_in = t.heads * mc.head_size();
+        ps.qkv_out = (t.heads + 2 * t.kv_heads) * mc.head_size();
+        ps.fcproj_in = t.hidden;
+        ps.fc_out = t.hidden * (mc.llama() ? 2 : 1);
+        ps.head_rows = t.vocab_rows;
+        ps.experts = mc.moe() ? mc.experts : 0;
+        set_profile_shapes(*be, ps);
+    }
     if (cfg.document_mask) {
         s.model->set_document_mask();
         s.cp->set_document_mask();

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "llmc/backend/backend_profile.h"
 #include "llmc/backend/backends.h"
 #include "llmc/base/test_hooks.h"
 #include "llmc/base/trace.h"
@@ -30,6 +31,9 @@ static int sample_token(const std::vector<float>& logits, double u) {
 // of the step's micro-batches (without pp: forward, backward, one after the
 // other), then the optimizer.
 StepMetrics Trainer::train_step(int step) {
+    // LLMC_BREAKDOWN=1: the ops' times of this step alone (not validation's).
+    std::vector<double> op_ms;
+    take_op_times(*be, &op_ms);
     auto t0 = std::chrono::steady_clock::now();
     trace::set_step(step);
     s.model->zero_grad();
@@ -116,6 +120,12 @@ StepMetrics Trainer::train_step(int step) {
     m.aux_loss = aux;
     m.moe_maxvio = maxvio;
     std::string comm_text = comm_summary(grid, &m.comm_json);
+    if (take_op_times(*be, &op_ms)) {
+        const std::vector<std::string>& names = op_class_names();
+        for (size_t i = 0; i < names.size(); i++)
+            m.breakdown_json += (i ? ", \"" : "{\"") + names[i] + "\": " + std::to_string(op_ms[i]);
+        m.breakdown_json += "}";
+    }
     // --log-every N: the line of every Nth step, the first and the last (metrics.jsonl has them all).
     const bool log = step == 0 || step + 1 == cfg.max_steps || (step + 1) % cfg.log_every == 0;
     if (main_rank && log) {

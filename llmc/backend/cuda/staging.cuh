@@ -5,6 +5,7 @@
 #pragma once
 #include <cstddef>
 #include <stdexcept>
+#include <string>
 
 #include "llmc/base/dtype.h"
 #include "llmc/backend/cuda/common.cuh"
@@ -36,6 +37,12 @@ void convert_to(void* dst, const void* src, DType st, size_t n, cudaStream_t str
         case DType::BF16: launch_convert<D, bf16>(dst, src, n, stream); return;
         default: throw std::logic_error("cuda convert: int32 converts only to int32");
     }
+}
+
+// Transfers convert between float types; int32 only to int32.
+inline void check_float_pair(DType dt, DType st) {
+    if (dt == DType::I32 || st == DType::I32)
+        throw std::logic_error(std::string("cuda transfer: cannot convert ") + dtype_name(st) + " to " + dtype_name(dt));
 }
 
 inline void device_convert(void* dst, DType dt, const void* src, DType st, size_t n, cudaStream_t stream) {
