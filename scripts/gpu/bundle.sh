@@ -5,7 +5,7 @@
 # at build/gpu/bundle (or anywhere, named by GPU_BUNDLE=DIR there), where
 # scripts/gpu/env.sh unpacks it. A GPU machine that has Open MPI, OpenBLAS
 # and a network needs none of it (docs/gpu.md).
-#   usage: scripts/gpu/bundle.sh [--prebuilt] [--llmc LLMC_SRC] [OUTDIR]
+#   usage: scripts/gpu/bundle.sh [--prebuilt] [--llmc LLMC_SRC] [--cudnn-frontend FRONTEND] [OUTDIR]
 #          scripts/gpu/bundle.sh --stamp [OUTDIR]      (only COMMIT)
 #   OUTDIR (default build/gpu/bundle) receives, each archive .tar.xz when
 #   `xz` is here, else .tar.gz (scripts/gpu/archive.sh; the GPU machine
@@ -19,6 +19,12 @@
 #                    Makefile, train_gpt2.cu, llmc/) from LLMC_SRC, a clone of
 #                    https://github.com/karpathy/llm.c, for the bench step
 #                    (scripts/gpu/llmc_build.sh patches and builds a copy)
+#   cudnn_frontend.tar.*  with --cudnn-frontend (or CUDNN_FRONTEND=DIR): the
+#                    headers of https://github.com/NVIDIA/cudnn-frontend (its
+#                    include/, 3.5 MB before packing) and its commit, for
+#                    llm.c's cuDNN build (scripts/gpu/llmc_build.sh --cudnn;
+#                    cuDNN itself comes from the GPU machine: its CUDA
+#                    toolkit's, or PyTorch's nvidia-cudnn wheel)
 #   refs_hf.tar.*    a MixtralForCausalLM and its fp64 state from transformers
 #                    (tests/reference/reference_hf.py), when build/hfenv has it:
 #                    the test step checks the MoE CUDA ops against it
@@ -29,7 +35,10 @@
 #   prebuilt_sm90.tar.*  with --prebuilt: every binary the checks run
 #                    (scripts/gpu/check.sh), built here for sm_90 (H100,
 #                    H200) against the bundled Open MPI and OpenBLAS (needs
-#                    nvcc here), and with --llmc llm.c's train_gpt2cu too, so
+#                    nvcc here), and with --llmc llm.c's train_gpt2cu too
+#                    (with --cudnn-frontend also its cuDNN build, linked
+#                    against this machine's cuDNN 9; the GPU machine's
+#                    cuDNN 9 serves it at run time), so
 #                    a fresh GPU machine skips the build; check.sh uses them
 #                    when they match its sources and their libraries
 #                    resolve, and builds otherwise
@@ -38,12 +47,13 @@
 # here.
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
-PREBUILT=0 STAMP_ONLY=0 LLMC=${LLMC_SRC:-} OUTDIR=
+PREBUILT=0 STAMP_ONLY=0 LLMC=${LLMC_SRC:-} FRONTEND=${CUDNN_FRONTEND:-} OUTDIR=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --prebuilt) PREBUILT=1 ;;
         --stamp) STAMP_ONLY=1 ;;
         --llmc) [[ $# -ge 2 ]] || usage; LLMC=$2; shift ;;
+        --cudnn-frontend) [[ $# -ge 2 ]] || usage; FRONTEND=$2; shift ;;
         -h | --help | -*) usage ;;
         *) [[ -z $OUTDIR ]] || usage; OUTDIR=$1 ;;
     esac
@@ -52,6 +62,11 @@ done
 if [[ -n $LLMC ]]; then
     [[ -f $LLMC/train_gpt2.cu ]] || { echo "bundle.sh: $LLMC is not an llm.c source tree" >&2; exit 2; }
     LLMC=$(cd "$LLMC" && pwd)
+fi
+if [[ -n $FRONTEND ]]; then
+    [[ -f $FRONTEND/include/cudnn_frontend.h ]] ||
+        { echo "bundle.sh: $FRONTEND is not a cudnn-frontend checkout (include/cudnn_frontend.h)" >&2; exit 2; }
+    FRONTEND=$(cd "$FRONTEND" && pwd)
 fi
 if [[ -n $OUTDIR ]]; then OUTDIR=$(mkdir -p "$OUTDIR" && cd "$OUTDIR" && pwd); fi
 cd "$(dirname "$0")/../.."
@@ -68,7 +83,7 @@ ARCH=$(uname -m)-linux-gnu
 [[ $(uname -m) == x86_64 ]] || { echo "bundle.sh: the bundle is for x86-64 GPU machines; this is $(uname -m)" >&2; exit 1; }
 TMP=$PWD/build/gpu/bundle_tmp
 mkdir -p "$OUTDIR"
-rm -rf "$TMP" "$OUTDIR"/{openmpi,openblas,llmc_src,refs_hf,prebuilt_sm90}.tar.* "$OUTDIR"/{MANIFEST.txt,COMMIT}
+rm -rf "$TMP" "$OUTDIR"/{openmpi,openblas,llmc_src,cudnn_frontend,refs_hf,prebuilt_sm90}.tar.* "$OUTDIR"/{MANIFEST.txt,COMMIT}
 mkdir -p "$TMP"
 : > "$OUTDIR/MANIFEST.txt"
 note() { echo "$*" | tee -a "$OUTDIR/MANIFEST.txt"; }
@@ -129,6 +144,20 @@ else
     note "llm.c: not bundled (--llmc DIR, a clone of https://github.com/karpathy/llm.c)"
 fi
 
+# 3b. The cudnn-frontend headers, for llm.c's cuDNN build.
+if [[ -n $FRONTEND ]]; then
+    mkdir -p "$TMP/cudnn_frontend"
+    cp -r "$FRONTEND/include" "$TMP/cudnn_frontend/"
+    [[ -f $FRONTEND/LICENSE.txt ]] && cp "$FRONTEND/LICENSE.txt" "$TMP/cudnn_frontend/"
+    if [[ -f $FRONTEND/COMMIT ]]; then head -n 1 "$FRONTEND/COMMIT"
+    elif [[ -e $FRONTEND/.git ]]; then git -C "$FRONTEND" rev-parse HEAD
+    else echo unknown; fi > "$TMP/cudnn_frontend/COMMIT"
+    a=$(archive_pack "$OUTDIR/cudnn_frontend" "$TMP" cudnn_frontend)
+    note "cudnn-frontend: https://github.com/NVIDIA/cudnn-frontend commit $(cat "$TMP/cudnn_frontend/COMMIT") -> $(basename "$a")"
+else
+    note "cudnn-frontend: not bundled (--cudnn-frontend DIR, a clone of https://github.com/NVIDIA/cudnn-frontend)"
+fi
+
 # 4. A transformers reference for the model whose CUDA ops only that
 # reference checks (Mixtral, docs/moe.md): made here, where transformers is
 # (build/hfenv, scripts/setup.sh), since a GPU machine may lack it; the
@@ -167,6 +196,11 @@ if [[ $PREBUILT == 1 ]]; then
         (cd "$S" && LLMC_CC=90 LLMC_NO_NVML=1 bash scripts/gpu/llmc_build.sh "$TMP/llmc_src") ||
             { echo "bundle.sh: llm.c's build failed (see $S/build/gpu/llmc)" >&2; exit 1; }
         LLMC_BIN=(build/gpu/llmc/train_gpt2cu build/gpu/llmc/stamp)
+        if [[ -n $FRONTEND ]]; then
+            (cd "$S" && LLMC_CC=90 LLMC_NO_NVML=1 bash scripts/gpu/llmc_build.sh --cudnn "$TMP/cudnn_frontend" \
+                "$TMP/llmc_src") || { echo "bundle.sh: llm.c's cuDNN build failed (see $S/build/gpu/llmc_cudnn)" >&2; exit 1; }
+            LLMC_BIN+=(build/gpu/llmc_cudnn/train_gpt2cu build/gpu/llmc_cudnn/stamp)
+        fi
     fi
     # (globs expand inside the scratch copy; lab program names have no spaces)
     # shellcheck disable=SC2046

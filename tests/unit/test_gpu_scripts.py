@@ -6,7 +6,10 @@
   from source and with prebuilt binaries, plans every program it should and
   fits the 540 s budget with nothing skipped (on the timings docs/gpu.md
   assumes); the switches of the bench step (LLMC_SWITCHES) add their runs,
-  and a malformed one is refused;
+  and a malformed one is refused; command 1 builds llm.c with cuDNN and
+  runs the peers step (llm.c with cuDNN, compiled PyTorch) before the bench;
+- the compiled-PyTorch peer (scripts/gpu/torch_gpt2.py --selfcheck, on the
+  CPU): d12's parameter count is the trainer's, and the model learns;
 - scripts/gpu/figures.py --stream writes a figure the moment a program
   prints it, so a program killed afterwards leaves it, and copies the
   summary lines as they come;
@@ -40,10 +43,11 @@ def sh(cmd, env=None, timeout=60):
 
 def dry_runs():
     must = {
-        "1": ["env", "make_core_tests", "ldd", "test_gpt_round_fp32", "test_gpt_odd_fp32", "ours_b16", "llmc_b16",
-              "ours_b32", "llmc_b32", "real_shapes_d12"],
+        "1": ["env", "make_core_tests", "ldd", "test_gpt_round_fp32", "test_gpt_odd_fp32", "ours_b64_r0",
+              "llmc_cudnn_b64_r0", "ours_b32_r1", "llmc_cudnn_b32_r1", "ours_b32_r0", "torch_compile_b32", "ours_b16",
+              "llmc_b16", "ours_b32", "llmc_b32"],
         "2": ["make_core_lab", "attention_forward", "matmul_forward", "ranks", "ranks_llama", "curve"],
-        "3": ["make_tests_attn_lab", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
+        "3": ["make_tests_attn_lab", "real_shapes_d12", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
               "initcheck_ring_attention", "synccheck_attention_forward"],
         "4": ["real_shapes_llama", "real_shapes_big", "calibrate", "plan_d12"],
     }
@@ -80,6 +84,25 @@ def dry_runs():
     check("switch 'Bad=x': not NAME=ITEM" in out and "_sw_" not in out, "a malformed switch is refused")
     rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "nonsense"])
     check(rc == 2 and "unknown step" in out, "an unknown step is an error")
+    # The peers step: llm.c's cuDNN build in the background, then its runs.
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "1"], {"LLMC_SWITCHES": ""})
+    check("llmc_build.sh --cudnn CUDNN_FRONTEND LLMC_SRC" in out and out.index("peers ") < out.index("bench "),
+          "command 1 builds llm.c with cuDNN and runs the peers before the bench")
+    rc, out = sh([BASH, "scripts/gpu/llmc_build.sh", "--cudnn", "/nonexistent", "/nonexistent"])
+    check(rc == 2 and "not a cudnn-frontend checkout" in out, f"llmc_build.sh --cudnn refuses what is no frontend: {out}")
+
+
+def torch_peer():
+    """The compiled-PyTorch peer's model: d12's parameter count is the
+    trainer's and llm.c's, and it learns (on the CPU, any PyTorch)."""
+    py = "/usr/bin/python3"
+    if subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0:
+        check(False, "torch_gpt2.py --selfcheck: no PyTorch in /usr/bin/python3 (scripts/setup.sh installs it)")
+        return
+    rc, out = sh([py, "scripts/gpu/torch_gpt2.py", "--selfcheck"], timeout=300)
+    m = re.search(r"^(\d+) passed, (\d+) failed", out, re.M)
+    check(rc == 0 and m is not None and m.group(2) == "0" and int(m.group(1)) >= 4,
+          f"torch_gpt2.py --selfcheck: {out[-300:]}")
 
 
 def streaming(tmp):
@@ -142,6 +165,7 @@ def main():
         rc, out = sh([BASH, "-n", f])
         check(rc == 0, f"bash -n {os.path.relpath(f, ROOT)}: {out}")
     dry_runs()
+    torch_peer()
     tmp = tempfile.mkdtemp(prefix="llmc_gpu_scripts_")
     try:
         streaming(tmp)
