@@ -12,10 +12,13 @@
 #     bundled copy (BLAS_DIR / BLAS_INC for both Makefiles, and its Fortran
 #     runtime on LD_LIBRARY_PATH), else none (plain-loop CPU matrix products);
 #     LLMC_BUNDLED_MPI=1 / LLMC_BUNDLED_BLAS=1 prefer the bundled ones;
-#   - NCCL (linked whenever MPI is, by the Makefile): the CUDA toolkit's or
-#     the system's, else the one PyTorch's nvidia-nccl wheel ships; without
-#     any, MPI is left out of the build (MPICXX empty) so the rest builds;
-#   - cuDNN 9 (llm.c's production build, scripts/gpu/llmc_build.sh --cudnn):
+#   - NCCL (linked whenever MPI is, by the Makefile; always by llm.q): the
+#     CUDA toolkit's or the system's, else the one PyTorch's nvidia-nccl
+#     wheel ships (NCCL_INCLUDE_DIR, NCCL_LIB_DIR and LD_LIBRARY_PATH then
+#     name it); without any, MPI is left out of the build (MPICXX empty) so
+#     the rest builds;
+#   - cuDNN 9 (llm.c's production build, scripts/gpu/llmc_build.sh --cudnn;
+#     llm.q, scripts/gpu/llmq_build.sh):
 #     the CUDA toolkit's or the system's, else the one PyTorch's
 #     nvidia-cudnn wheel ships (CUDNN_INCLUDE, CUDNN_LIB and
 #     LD_LIBRARY_PATH then name it); the summary says where and which version;
@@ -87,8 +90,10 @@ nccl_links() {
         c++ -x c++ - -I"$_cuda_home/include" ${1:+-I"$1"} ${_cuda_lib:+-L"$_cuda_lib"} ${2:+-L"$2"} -lnccl \
             -o "$GPU_DEPS/nccl_test" >/dev/null 2>&1
 }
+# Looked for with or without MPI: llm.q (scripts/gpu/llmq_build.sh) links it
+# too, through NCCL_INCLUDE_DIR and NCCL_LIB_DIR when it is the wheel's.
 _nccl=none
-if [[ $_mpi != none && -n $_nvcc ]]; then
+if [[ -n $_nvcc ]]; then
     if nccl_links; then
         _nccl=system
     else
@@ -98,16 +103,19 @@ if [[ $_mpi != none && -n $_nvcc ]]; then
             mkdir -p "$GPU_DEPS/nccl_lib"
             ln -sf "$_lib" "$GPU_DEPS/nccl_lib/libnccl.so"
             if nccl_links "$_dir/include" "$GPU_DEPS/nccl_lib"; then
-                export CPATH=$_dir/include${CPATH:+:$CPATH}
-                export LIBRARY_PATH=$GPU_DEPS/nccl_lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+                export NCCL_INCLUDE_DIR=$_dir/include NCCL_LIB_DIR=$GPU_DEPS/nccl_lib
                 LD_LIBRARY_PATH=$(dirname "$_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
                 export LD_LIBRARY_PATH
-                export NVCCFLAGS="${NVCCFLAGS:--O3} -I$_dir/include"
+                if [[ $_mpi != none ]]; then  # this trainer's Makefile links NCCL with MPI only
+                    export CPATH=$_dir/include${CPATH:+:$CPATH}
+                    export LIBRARY_PATH=$GPU_DEPS/nccl_lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+                    export NVCCFLAGS="${NVCCFLAGS:--O3} -I$_dir/include"
+                fi
                 _nccl="python wheel ($_dir)"
             fi
         fi
     fi
-    if [[ $_nccl == none ]]; then
+    if [[ $_nccl == none && $_mpi != none ]]; then
         export MPICXX=
         _mpi="$_mpi, left out: no NCCL to link"
     fi

@@ -23,6 +23,13 @@ llmc_source() {
     elif [[ -f ${GPU_DEPS:-}/llmc_src/train_gpt2.cu ]]; then echo "$GPU_DEPS/llmc_src"; fi
 }
 
+# llm.q's sources (scripts/gpu/llmq_build.sh): LLMQ_SRC, else the bundle's
+# copy (unpacked by env.sh). No step runs llm.q yet; the env step names them.
+llmq_source() {
+    if [[ -n ${LLMQ_SRC:-} ]]; then echo "$LLMQ_SRC"
+    elif [[ -f ${GPU_DEPS:-}/llmq_src/train.cpp ]]; then echo "$GPU_DEPS/llmq_src"; fi
+}
+
 # The cudnn-frontend headers of llm.c's cuDNN build: CUDNN_FRONTEND, else the
 # bundle's copy (unpacked by env.sh).
 cudnn_frontend() {
@@ -53,6 +60,8 @@ env_report() {
     echo "bundle: $GPU_BUNDLE: $(ls "$GPU_BUNDLE" 2>/dev/null | tr '\n' ' ')"
     echo "llm.c sources: $(llmc_source || true)$([[ -n $(llmc_source) ]] || echo none)"
     echo "cudnn-frontend: $(cudnn_frontend || true)$([[ -n $(cudnn_frontend) ]] || echo none)"
+    echo "llm.q sources: $(llmq_source || true)$([[ -n $(llmq_source) ]] || echo none)$([[ -x build/gpu/llmq/train ]] &&
+        echo "; build/gpu/llmq/train: $(cut -d' ' -f2 build/gpu/llmq/stamp 2>/dev/null | cut -c1-12)")"
     echo "commit: ${GPU_COMMIT:-unknown}"
     echo "---- nvidia-smi"
     nvidia-smi 2>&1 || true

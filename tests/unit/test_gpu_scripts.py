@@ -8,6 +8,12 @@
   assumes); the switches of the bench step (LLMC_SWITCHES) add their runs,
   and a malformed one is refused; command 1 builds llm.c with cuDNN and
   runs the peers step (llm.c with cuDNN, compiled PyTorch) before the bench;
+- llm.q's build (scripts/gpu/llmq_build.sh) refuses, in one line with exit
+  status 2, a folder that is not llm.q's sources and llm.q's sources
+  without their dependencies; bundle.sh --llmq refuses what is not llm.q;
+- scripts/gpu/llmq_tokens.py turns this trainer's shards (uint32 and
+  uint16) into llm.q's BIN.TOK files: the header as llm.q's loader reads
+  it, the same tokens, --head, a token outside --vocab refused;
 - the compiled-PyTorch peer (scripts/gpu/torch_gpt2.py --selfcheck, on the
   CPU): d12's parameter count is the trainer's, and the model learns;
 - scripts/gpu/figures.py --stream writes a figure the moment a program
@@ -92,6 +98,64 @@ def dry_runs():
     check(rc == 2 and "not a cudnn-frontend checkout" in out, f"llmc_build.sh --cudnn refuses what is no frontend: {out}")
 
 
+def llmq(tmp):
+    """llm.q's build script and token converter, without llm.q or a GPU."""
+    rc, out = sh([BASH, "scripts/gpu/llmq_build.sh", tmp])
+    check(rc == 2 and len(out.strip().splitlines()) == 1 and "is not llm.q's sources" in out,
+          f"llmq_build.sh refuses a folder that is not llm.q's sources in one line, exit 2: rc={rc} {out!r}")
+    rc, out = sh([BASH, "scripts/gpu/llmq_build.sh"])
+    check(rc == 2, f"llmq_build.sh without arguments: the usage, exit 2: rc={rc}")
+    # A folder shaped like llm.q's sources, with no dependencies beside it.
+    fake, deps = os.path.join(tmp, "llmq"), os.path.join(tmp, "no_deps")
+    os.makedirs(os.path.join(fake, "src", "models"))
+    os.makedirs(deps)
+    open(os.path.join(fake, "train.cpp"), "w").close()
+    open(os.path.join(fake, "src", "models", "llama_model.cpp"), "w").close()
+    open(os.path.join(fake, "CMakeLists.txt"), "w").write("project(LLMQ CUDA CXX)\n")
+    rc, out = sh([BASH, "scripts/gpu/llmq_build.sh", fake], {"LLMQ_DEPS": deps})
+    check(rc == 2 and len(out.strip().splitlines()) == 1 and "git clone --branch" in out,
+          f"llmq_build.sh names a missing dependency and how to get it, exit 2: rc={rc} {out!r}")
+    rc, out = sh([BASH, "scripts/gpu/bundle.sh", "--llmq", tmp, os.path.join(tmp, "bundle")])
+    check(rc == 2 and "not llm.q's sources" in out, f"bundle.sh --llmq refuses what is not llm.q: rc={rc} {out!r}")
+    # The token files: a Qwen-sized vocabulary (uint32 shard) and GPT-2's (uint16).
+    py = next((p for p in (sys.executable, "/usr/bin/python3")
+               if subprocess.run([p, "-c", "import numpy"], capture_output=True).returncode == 0), None)
+    if py is None:
+        check(False, "llmq_tokens.py: no Python with numpy here")
+        return
+    script = f"""
+import sys
+sys.path.insert(0, 'scripts'); sys.path.insert(0, 'scripts/gpu')
+import numpy as np, shards, llmq_tokens
+t = '{tmp}/'
+for vocab, n in ((151936, 5000), (50257, 3000)):
+    toks = np.random.default_rng(vocab).integers(0, vocab, n)
+    shards.write_shard(t + 'ours.bin', toks, vocab)
+    for head in (None, 1234):
+        got_n, got_v = llmq_tokens.convert(t + 'ours.bin', t + 'llmq.bin', vocab, head)
+        m = head or n
+        raw = open(t + 'llmq.bin', 'rb').read()
+        hdr = np.frombuffer(raw[:1024], dtype='<i4')
+        body = np.frombuffer(raw[1024:], dtype='<i4')
+        print('case', vocab, head, raw[:8] == b'BIN.TOK\\n', list(hdr[2:7]) == [2, 4, m, vocab, 0],
+              got_n == m and got_v == vocab, body.size == m and np.array_equal(body, toks[:m]))
+shards.write_shard(t + 'big.bin', np.array([1, 2, 300]), 1000)
+try:
+    llmq_tokens.convert(t + 'big.bin', t + 'x.bin', vocab=100)
+    print('refused False')
+except ValueError:
+    import os
+    print('refused', not os.path.exists(t + 'x.bin'))
+"""
+    rc, out = sh([py, "-c", script])
+    cases = re.findall(r"^case (\d+) (\S+) (.*)$", out, re.M)
+    check(rc == 0 and len(cases) == 4, f"llmq_tokens.py ran its cases: rc={rc} {out[-300:]}")
+    for vocab, head, flags in cases:
+        check(flags.split() == ["True"] * 4,
+              f"llmq_tokens.py vocab {vocab} head {head}: magic, header, counts, tokens: {flags}")
+    check("refused True" in out, f"llmq_tokens.py refuses a token outside --vocab and leaves no file: {out[-200:]}")
+
+
 def torch_peer():
     """The compiled-PyTorch peer's model: d12's parameter count is the
     trainer's and llm.c's, and it learns (on the CPU, any PyTorch)."""
@@ -170,6 +234,7 @@ def main():
     try:
         streaming(tmp)
         archives(tmp)
+        llmq(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return check.summary()
