@@ -5,7 +5,8 @@
 # at build/gpu/bundle (or anywhere, named by GPU_BUNDLE=DIR there), where
 # scripts/gpu/env.sh unpacks it. A GPU machine that has Open MPI, OpenBLAS
 # and a network needs none of it (docs/gpu.md).
-#   usage: scripts/gpu/bundle.sh [--prebuilt] [--llmc LLMC_SRC] [OUTDIR]
+#   usage: scripts/gpu/bundle.sh [--prebuilt] [--llmc LLMC_SRC] [--cudnn-frontend FRONTEND]
+#                                [--llmq LLMQ_SRC] [OUTDIR]
 #          scripts/gpu/bundle.sh --stamp [OUTDIR]      (only COMMIT)
 #   OUTDIR (default build/gpu/bundle) receives, each archive .tar.xz when
 #   `xz` is here, else .tar.gz (scripts/gpu/archive.sh; the GPU machine
@@ -19,6 +20,23 @@
 #                    Makefile, train_gpt2.cu, llmc/) from LLMC_SRC, a clone of
 #                    https://github.com/karpathy/llm.c, for the bench step
 #                    (scripts/gpu/llmc_build.sh patches and builds a copy)
+#   cudnn_frontend.tar.*  with --cudnn-frontend (or CUDNN_FRONTEND=DIR): the
+#                    headers of https://github.com/NVIDIA/cudnn-frontend (its
+#                    include/, 3.5 MB before packing) and its commit, for
+#                    llm.c's cuDNN build (scripts/gpu/llmc_build.sh --cudnn;
+#                    cuDNN itself comes from the GPU machine: its CUDA
+#                    toolkit's, or PyTorch's nvidia-cudnn wheel)
+#   llmq_src.tar.*   with --llmq (or LLMQ_SRC=DIR): llm.q's sources
+#                    (https://github.com/IST-DASLab/llmq: CMakeLists.txt,
+#                    train.cpp, export-checkpoint.cpp, src/) and its commit,
+#                    for scripts/gpu/llmq_build.sh (unpacked to
+#                    build/gpu/deps/llmq_src)
+#   llmq_deps.tar.*  with --llmq: the sources of llm.q's CMake FetchContent
+#                    dependencies (json, cudnn-fe, cli11, fmt, catch2), only
+#                    what its configure and build read, each with its
+#                    commit, from LLMQ_DEPS (default build/gpu/deps/llmq_deps,
+#                    one clone per dependency at the tags llmq_build.sh
+#                    names; unpacked to build/gpu/deps/llmq_deps)
 #   refs_hf.tar.*    a MixtralForCausalLM and its fp64 state from transformers
 #                    (tests/reference/reference_hf.py), when build/hfenv has it:
 #                    the test step checks the MoE CUDA ops against it
@@ -29,7 +47,13 @@
 #   prebuilt_sm90.tar.*  with --prebuilt: every binary the checks run
 #                    (scripts/gpu/check.sh), built here for sm_90 (H100,
 #                    H200) against the bundled Open MPI and OpenBLAS (needs
-#                    nvcc here), and with --llmc llm.c's train_gpt2cu too, so
+#                    nvcc here), and with --llmc llm.c's train_gpt2cu too
+#                    (with --cudnn-frontend also its cuDNN build, linked
+#                    against this machine's cuDNN 9; the GPU machine's
+#                    cuDNN 9 serves it at run time), with --llmq llm.q's
+#                    train and libllmq-common.so (built from the bundled
+#                    copies, linked against this machine's NCCL and
+#                    cuDNN 9; the GPU machine's serve them), so
 #                    a fresh GPU machine skips the build; check.sh uses them
 #                    when they match its sources and their libraries
 #                    resolve, and builds otherwise
@@ -38,12 +62,14 @@
 # here.
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
-PREBUILT=0 STAMP_ONLY=0 LLMC=${LLMC_SRC:-} OUTDIR=
+PREBUILT=0 STAMP_ONLY=0 LLMC=${LLMC_SRC:-} FRONTEND=${CUDNN_FRONTEND:-} LLMQ=${LLMQ_SRC:-} OUTDIR=
 while [[ $# -gt 0 ]]; do
     case $1 in
         --prebuilt) PREBUILT=1 ;;
         --stamp) STAMP_ONLY=1 ;;
         --llmc) [[ $# -ge 2 ]] || usage; LLMC=$2; shift ;;
+        --cudnn-frontend) [[ $# -ge 2 ]] || usage; FRONTEND=$2; shift ;;
+        --llmq) [[ $# -ge 2 ]] || usage; LLMQ=$2; shift ;;
         -h | --help | -*) usage ;;
         *) [[ -z $OUTDIR ]] || usage; OUTDIR=$1 ;;
     esac
@@ -52,6 +78,19 @@ done
 if [[ -n $LLMC ]]; then
     [[ -f $LLMC/train_gpt2.cu ]] || { echo "bundle.sh: $LLMC is not an llm.c source tree" >&2; exit 2; }
     LLMC=$(cd "$LLMC" && pwd)
+fi
+if [[ -n $FRONTEND ]]; then
+    [[ -f $FRONTEND/include/cudnn_frontend.h ]] ||
+        { echo "bundle.sh: $FRONTEND is not a cudnn-frontend checkout (include/cudnn_frontend.h)" >&2; exit 2; }
+    FRONTEND=$(cd "$FRONTEND" && pwd)
+fi
+if [[ -n $LLMQ ]]; then
+    [[ -f $LLMQ/train.cpp && -f $LLMQ/src/models/llama_model.cpp ]] && grep -qs 'project(LLMQ' "$LLMQ/CMakeLists.txt" ||
+        { echo "bundle.sh: $LLMQ is not llm.q's sources (git clone https://github.com/IST-DASLab/llmq)" >&2; exit 2; }
+    LLMQ=$(cd "$LLMQ" && pwd)
+    LLMQ_DEPS=${LLMQ_DEPS:-$(dirname "$0")/../../build/gpu/deps/llmq_deps}
+    LLMQ_DEPS=$(cd "$LLMQ_DEPS" 2>/dev/null && pwd) ||
+        { echo "bundle.sh: no $LLMQ_DEPS (LLMQ_DEPS: llm.q's dependencies, scripts/gpu/llmq_build.sh)" >&2; exit 2; }
 fi
 if [[ -n $OUTDIR ]]; then OUTDIR=$(mkdir -p "$OUTDIR" && cd "$OUTDIR" && pwd); fi
 cd "$(dirname "$0")/../.."
@@ -68,7 +107,7 @@ ARCH=$(uname -m)-linux-gnu
 [[ $(uname -m) == x86_64 ]] || { echo "bundle.sh: the bundle is for x86-64 GPU machines; this is $(uname -m)" >&2; exit 1; }
 TMP=$PWD/build/gpu/bundle_tmp
 mkdir -p "$OUTDIR"
-rm -rf "$TMP" "$OUTDIR"/{openmpi,openblas,llmc_src,refs_hf,prebuilt_sm90}.tar.* "$OUTDIR"/{MANIFEST.txt,COMMIT}
+rm -rf "$TMP" "$OUTDIR"/{openmpi,openblas,llmc_src,cudnn_frontend,llmq_src,llmq_deps,refs_hf,prebuilt_sm90}.tar.* "$OUTDIR"/{MANIFEST.txt,COMMIT}
 mkdir -p "$TMP"
 : > "$OUTDIR/MANIFEST.txt"
 note() { echo "$*" | tee -a "$OUTDIR/MANIFEST.txt"; }
@@ -129,6 +168,55 @@ else
     note "llm.c: not bundled (--llmc DIR, a clone of https://github.com/karpathy/llm.c)"
 fi
 
+# 3b. The cudnn-frontend headers, for llm.c's cuDNN build.
+if [[ -n $FRONTEND ]]; then
+    mkdir -p "$TMP/cudnn_frontend"
+    cp -r "$FRONTEND/include" "$TMP/cudnn_frontend/"
+    [[ -f $FRONTEND/LICENSE.txt ]] && cp "$FRONTEND/LICENSE.txt" "$TMP/cudnn_frontend/"
+    if [[ -f $FRONTEND/COMMIT ]]; then head -n 1 "$FRONTEND/COMMIT"
+    elif [[ -e $FRONTEND/.git ]]; then git -C "$FRONTEND" rev-parse HEAD
+    else echo unknown; fi > "$TMP/cudnn_frontend/COMMIT"
+    a=$(archive_pack "$OUTDIR/cudnn_frontend" "$TMP" cudnn_frontend)
+    note "cudnn-frontend: https://github.com/NVIDIA/cudnn-frontend commit $(cat "$TMP/cudnn_frontend/COMMIT") -> $(basename "$a")"
+else
+    note "cudnn-frontend: not bundled (--cudnn-frontend DIR, a clone of https://github.com/NVIDIA/cudnn-frontend)"
+fi
+
+# 3c. llm.q's sources and, pruned to what CMake reads (no tests, docs,
+# examples; Catch2 is configured but never built), its dependencies'.
+# commit_of DIR: a source folder's commit (its COMMIT file, else git's).
+commit_of() {
+    if [[ -f $1/COMMIT ]]; then head -n 1 "$1/COMMIT"
+    elif [[ -e $1/.git ]]; then git -C "$1" rev-parse HEAD
+    else echo unknown; fi
+}
+if [[ -n $LLMQ ]]; then
+    mkdir -p "$TMP/llmq_src"
+    cp -r "$LLMQ/CMakeLists.txt" "$LLMQ/train.cpp" "$LLMQ/export-checkpoint.cpp" "$LLMQ/src" "$TMP/llmq_src/"
+    for f in LICENSE README.md; do [[ -f $LLMQ/$f ]] && cp "$LLMQ/$f" "$TMP/llmq_src/"; done
+    commit_of "$LLMQ" > "$TMP/llmq_src/COMMIT"
+    a=$(archive_pack "$OUTDIR/llmq_src" "$TMP" llmq_src)
+    note "llm.q: https://github.com/IST-DASLab/llmq commit $(cat "$TMP/llmq_src/COMMIT") -> $(basename "$a")"
+    deps=""
+    for spec in "json CMakeLists.txt cmake include LICENSE.MIT" \
+        "cudnn-fe CMakeLists.txt cmake include LICENSE.txt" \
+        "cli11 CMakeLists.txt cmake include src fuzz/CMakeLists.txt single-include LICENSE" \
+        "fmt CMakeLists.txt support/cmake include src LICENSE README.md ChangeLog.md" \
+        "catch2 CMakeLists.txt CMake src extras/Catch.cmake extras/CatchAddTests.cmake extras/CatchShardTests.cmake extras/CatchShardTestsImpl.cmake extras/ParseAndAddCatchTests.cmake extras/gdbinit extras/lldbinit LICENSE.txt"; do
+        read -r -a parts <<< "$spec"
+        name=${parts[0]}
+        mkdir -p "$TMP/llmq_deps/$name"
+        (cd "$LLMQ_DEPS/$name" && cp -r --parents "${parts[@]:1}" "$TMP/llmq_deps/$name/") ||
+            { echo "bundle.sh: $LLMQ_DEPS/$name lacks what llm.q's build reads (scripts/gpu/llmq_build.sh)" >&2; exit 2; }
+        commit_of "$LLMQ_DEPS/$name" > "$TMP/llmq_deps/$name/COMMIT"
+        deps+=" $name $(cut -c1-12 "$TMP/llmq_deps/$name/COMMIT")"
+    done
+    a=$(archive_pack "$OUTDIR/llmq_deps" "$TMP" llmq_deps)
+    note "llm.q's dependencies:$deps -> $(basename "$a")"
+else
+    note "llm.q: not bundled (--llmq DIR, a clone of https://github.com/IST-DASLab/llmq)"
+fi
+
 # 4. A transformers reference for the model whose CUDA ops only that
 # reference checks (Mixtral, docs/moe.md): made here, where transformers is
 # (build/hfenv, scripts/setup.sh), since a GPU machine may lack it; the
@@ -162,17 +250,29 @@ if [[ $PREBUILT == 1 ]]; then
     mkdir -p "$S/build/gpu" && cp -r "$OUTDIR" "$S/build/gpu/bundle"
     (cd "$S" && LLMC_BUNDLED_MPI=1 LLMC_BUNDLED_BLAS=1 CPU_ARCH=-march=x86-64-v3 CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
         bash scripts/gpu/check.sh __build) || { echo "bundle.sh: the sm_90 build failed (see $S)" >&2; exit 1; }
-    LLMC_BIN=()
+    PEER_BIN=()
     if [[ -n $LLMC ]]; then
         (cd "$S" && LLMC_CC=90 LLMC_NO_NVML=1 bash scripts/gpu/llmc_build.sh "$TMP/llmc_src") ||
             { echo "bundle.sh: llm.c's build failed (see $S/build/gpu/llmc)" >&2; exit 1; }
-        LLMC_BIN=(build/gpu/llmc/train_gpt2cu build/gpu/llmc/stamp)
+        PEER_BIN=(build/gpu/llmc/train_gpt2cu build/gpu/llmc/stamp)
+        if [[ -n $FRONTEND ]]; then
+            (cd "$S" && LLMC_CC=90 LLMC_NO_NVML=1 bash scripts/gpu/llmc_build.sh --cudnn "$TMP/cudnn_frontend" \
+                "$TMP/llmc_src") || { echo "bundle.sh: llm.c's cuDNN build failed (see $S/build/gpu/llmc_cudnn)" >&2; exit 1; }
+            PEER_BIN+=(build/gpu/llmc_cudnn/train_gpt2cu build/gpu/llmc_cudnn/stamp)
+        fi
+    fi
+    if [[ -n $LLMQ ]]; then
+        (cd "$S" && LLMQ_DEPS="$TMP/llmq_deps" bash scripts/gpu/llmq_build.sh "$TMP/llmq_src") ||
+            { echo "bundle.sh: llm.q's build failed (see $S/build/gpu/llmq)" >&2; exit 1; }
+        PEER_BIN+=(build/gpu/llmq/train build/gpu/llmq/libllmq-common.so build/gpu/llmq/stamp)
     fi
     # (globs expand inside the scratch copy; lab program names have no spaces)
     # shellcheck disable=SC2046
     a=$(cd "$S" && archive_pack "$OUTDIR/prebuilt_sm90" . train_gpt build/test_* build/dump_rows build/make_tiny \
-        data/tiny build/gpu/built/stamp_* "${LLMC_BIN[@]}" $(for f in dev/cuda/*.cu; do echo "${f%.cu}"; done))
-    note "prebuilt_sm90: $(cat "$S/build/gpu/built/stamp_core")${LLMC_BIN:+, llm.c $(cut -c1-12 "$S/build/gpu/llmc/stamp")}" \
+        data/tiny build/gpu/built/stamp_* "${PEER_BIN[@]}" $(for f in dev/cuda/*.cu; do echo "${f%.cu}"; done))
+    note "prebuilt_sm90: $(cat "$S/build/gpu/built/stamp_core")$([[ -f $S/build/gpu/llmc/stamp ]] &&
+        echo ", llm.c $(cut -c1-12 "$S/build/gpu/llmc/stamp")")$([[ -f $S/build/gpu/llmq/stamp ]] &&
+        echo ", llm.q $(cut -d' ' -f2 "$S/build/gpu/llmq/stamp" | cut -c1-12)")" \
         "-> $(basename "$a")"
     rm -rf "$S"
 fi

@@ -4,21 +4,23 @@
 # commands that each fit 9 minutes (docs/gpu.md: what to bring, what each
 # prints, how to read it, what to record).
 #   WHAT   a command, in this order:
-#     1    is it right, and how fast against llm.c: the environment, the
-#          build (or the bundle's prebuilt binaries), test_gpt on CUDA fp32
-#          and bf16 against the PyTorch reference, d12 tokens/s beside
-#          llm.c's train_gpt2cu at two batch sizes (and each switch of
-#          scripts/gpu/switches.txt, with and without), d12's shapes
-#          (heads of 64) against the CPU in fp64
+#     1    is it right, and how fast against every peer: the environment,
+#          the build (or the bundle's prebuilt binaries), test_gpt on CUDA
+#          fp32 and bf16 against the PyTorch reference; d12 tokens/s beside
+#          llm.c's production build (cuDNN) at its recipe (B=64 -r 0) and at
+#          B=32 -r 1, and beside compiled PyTorch (the peers step); then
+#          beside llm.c without cuDNN at two batch sizes, and each switch of
+#          scripts/gpu/switches.txt, with and without (the bench step)
 #     2    the kernel lab at d12 sizes, ranks sharing the GPU (--comm mpi)
 #          against one process, the d12-shaped training curve
-#     3    compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on
+#     3    d12's shapes (heads of 64) against the CPU in fp64;
+#          compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on
 #          small cases
 #     4    optional, after the others: the rest of test_real_shapes (heads
 #          of 128, a Llama, N*Vp > 2^31) and the planner against the measured
 #          tokens/s
-#          or steps, comma-separated: env build test bench shapes lab ranks
-#          curve sanitize shapes_more plan; or all (commands 1 to 4)
+#          or steps, comma-separated: env build test peers bench shapes lab
+#          ranks curve sanitize shapes_more plan; or all (commands 1 to 4)
 #   OUTDIR where the results go (default build/gpu/check); runs into the
 #          same folder add up:
 #     summary.txt        every line printed, as it is printed
@@ -40,7 +42,7 @@
 # build/gpu/deps. Exit status: 0 when nothing failed or was skipped.
 set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
-ALL_STEPS=(env build test bench shapes lab ranks curve sanitize shapes_more plan)
+ALL_STEPS=(env build test peers bench shapes lab ranks curve sanitize shapes_more plan)
 DRY=${GPU_DRY_RUN:-0}
 [[ ${1:-} == --dry-run ]] && { DRY=1; shift; }
 [[ $DRY == 1 ]] || DRY=0
@@ -48,11 +50,11 @@ DRY=${GPU_DRY_RUN:-0}
 WHAT=$1
 BUDGET=${GPU_CHECK_SECONDS:-540}
 case $WHAT in
-    1) STEPS=(env build test bench shapes) ;;
+    1) STEPS=(env build test peers bench) ;;
     2) STEPS=(env build lab ranks curve) ;;
-    3) STEPS=(env build sanitize) ;;
+    3) STEPS=(env build shapes sanitize) ;;
     4) STEPS=(env build shapes_more plan) ;;
-    all) STEPS=(env build test bench shapes lab ranks curve sanitize shapes_more plan)
+    all) STEPS=(env build test peers bench shapes lab ranks curve sanitize shapes_more plan)
          BUDGET=${GPU_CHECK_SECONDS:-2160} ;;
     __build | __env | __ldd) STEPS=() ;;
     *) IFS=', ' read -r -a STEPS <<< "$WHAT"
@@ -111,8 +113,8 @@ END_ALL=$BUDGET
 export GPU_DEVICE=${GPU_DEVICE:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)}
 [[ -n $GPU_DEVICE ]] || GPU_DEVICE="no GPU"
 export GPU_COMMIT=${GPU_COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat "$GPU_BUNDLE/COMMIT" 2>/dev/null || echo unknown)}
-LLMC_BUILD_PID=
-trap '[[ -n ${LLMC_BUILD_PID:-} ]] && kill "$LLMC_BUILD_PID" 2>/dev/null' EXIT
+PID_llmc= PID_llmc_cudnn=
+trap 'for _pid in "${PID_llmc:-}" "${PID_llmc_cudnn:-}"; do [[ -n $_pid ]] && kill "$_pid" 2>/dev/null; done' EXIT
 say ""
 say "==== scripts/gpu/check.sh $WHAT: ${STEPS[*]} ($(date -u +%FT%TZ), budget $BUDGET s; $GPU_DEVICE)"
 for s in "${STEPS[@]}"; do "step_$s"; done

@@ -12,9 +12,16 @@
 #     bundled copy (BLAS_DIR / BLAS_INC for both Makefiles, and its Fortran
 #     runtime on LD_LIBRARY_PATH), else none (plain-loop CPU matrix products);
 #     LLMC_BUNDLED_MPI=1 / LLMC_BUNDLED_BLAS=1 prefer the bundled ones;
-#   - NCCL (linked whenever MPI is, by the Makefile): the CUDA toolkit's or
-#     the system's, else the one PyTorch's nvidia-nccl wheel ships; without
-#     any, MPI is left out of the build (MPICXX empty) so the rest builds;
+#   - NCCL (linked whenever MPI is, by the Makefile; always by llm.q): the
+#     CUDA toolkit's or the system's, else the one PyTorch's nvidia-nccl
+#     wheel ships (NCCL_INCLUDE_DIR, NCCL_LIB_DIR and LD_LIBRARY_PATH then
+#     name it); without any, MPI is left out of the build (MPICXX empty) so
+#     the rest builds;
+#   - cuDNN 9 (llm.c's production build, scripts/gpu/llmc_build.sh --cudnn;
+#     llm.q, scripts/gpu/llmq_build.sh):
+#     the CUDA toolkit's or the system's, else the one PyTorch's
+#     nvidia-cudnn wheel ships (CUDNN_INCLUDE, CUDNN_LIB and
+#     LD_LIBRARY_PATH then name it); the summary says where and which version;
 #   - CUDA_ARCH: the GPU's own compute capability only (half the compile
 #     time of the default two targets);
 #   - mpirun as root and with more ranks than cores (Open MPI 4 and 5 names).
@@ -83,8 +90,10 @@ nccl_links() {
         c++ -x c++ - -I"$_cuda_home/include" ${1:+-I"$1"} ${_cuda_lib:+-L"$_cuda_lib"} ${2:+-L"$2"} -lnccl \
             -o "$GPU_DEPS/nccl_test" >/dev/null 2>&1
 }
+# Looked for with or without MPI: llm.q (scripts/gpu/llmq_build.sh) links it
+# too, through NCCL_INCLUDE_DIR and NCCL_LIB_DIR when it is the wheel's.
 _nccl=none
-if [[ $_mpi != none && -n $_nvcc ]]; then
+if [[ -n $_nvcc ]]; then
     if nccl_links; then
         _nccl=system
     else
@@ -94,25 +103,52 @@ if [[ $_mpi != none && -n $_nvcc ]]; then
             mkdir -p "$GPU_DEPS/nccl_lib"
             ln -sf "$_lib" "$GPU_DEPS/nccl_lib/libnccl.so"
             if nccl_links "$_dir/include" "$GPU_DEPS/nccl_lib"; then
-                export CPATH=$_dir/include${CPATH:+:$CPATH}
-                export LIBRARY_PATH=$GPU_DEPS/nccl_lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+                export NCCL_INCLUDE_DIR=$_dir/include NCCL_LIB_DIR=$GPU_DEPS/nccl_lib
                 LD_LIBRARY_PATH=$(dirname "$_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
                 export LD_LIBRARY_PATH
-                export NVCCFLAGS="${NVCCFLAGS:--O3} -I$_dir/include"
+                if [[ $_mpi != none ]]; then  # this trainer's Makefile links NCCL with MPI only
+                    export CPATH=$_dir/include${CPATH:+:$CPATH}
+                    export LIBRARY_PATH=$GPU_DEPS/nccl_lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+                    export NVCCFLAGS="${NVCCFLAGS:--O3} -I$_dir/include"
+                fi
                 _nccl="python wheel ($_dir)"
             fi
         fi
     fi
-    if [[ $_nccl == none ]]; then
+    if [[ $_nccl == none && $_mpi != none ]]; then
         export MPICXX=
         _mpi="$_mpi, left out: no NCCL to link"
     fi
 fi
 rm -f "$GPU_DEPS/nccl_test"
 
+# cudnn_version INCDIR: "9.19.0" from cudnn_version.h.
+cudnn_version() {
+    awk '/define CUDNN_(MAJOR|MINOR|PATCHLEVEL) /{v = v (v == "" ? "" : ".") $3} END {print v}' "$1/cudnn_version.h" 2>/dev/null
+}
+_cudnn=none
+if [[ -n $_cuda_lib ]] && compgen -G "$_cuda_lib/libcudnn.so.9*" >/dev/null && [[ -f $_cuda_home/include/cudnn.h ]]; then
+    _cudnn="toolkit ($_cuda_lib, $(cudnn_version "$_cuda_home/include"))"
+elif [[ -f /usr/include/cudnn.h ]] && PATH="$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q 'libcudnn[.]so[.]9'; then
+    _cudnn="system (/usr/include, $(cudnn_version /usr/include))"
+else
+    _dir=$(for _p in python3 /usr/bin/python3; do "$_p" -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2>/dev/null && break; done)
+    [[ -n $_dir ]] || { _lib=$(find /opt /usr/local/lib /usr/lib /root/.local -path '*nvidia/cudnn/lib/libcudnn.so.9' 2>/dev/null | head -n 1)
+                        [[ -n $_lib ]] && _dir=$(dirname "$(dirname "$_lib")"); }
+    if [[ -n $_dir && -f $_dir/lib/libcudnn.so.9 ]]; then
+        # The wheel has libcudnn.so.9 only: a link named libcudnn.so for -lcudnn.
+        mkdir -p "$GPU_DEPS/cudnn_lib"
+        ln -sf "$_dir/lib/libcudnn.so.9" "$GPU_DEPS/cudnn_lib/libcudnn.so"
+        export CUDNN_INCLUDE=$_dir/include CUDNN_LIB=$GPU_DEPS/cudnn_lib
+        LD_LIBRARY_PATH=$_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        export LD_LIBRARY_PATH
+        _cudnn="python wheel ($_dir, $(cudnn_version "$_dir/include"))"
+    fi
+fi
+
 if [[ -z ${CUDA_ARCH:-} ]] && command -v nvidia-smi >/dev/null 2>&1; then
     _cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
     [[ $_cc =~ ^[0-9]+$ ]] && export CUDA_ARCH="-gencode arch=compute_$_cc,code=sm_$_cc"
 fi
-GPU_ENV_SUMMARY="mpi: $_mpi; openblas: $_blas; nccl: $_nccl; CUDA_ARCH: ${CUDA_ARCH:-Makefile default}"
-unset _a _n _h _sys _mpi _arch _blas _nvcc _nccl _lib _dir _cc _d _cuda_lib
+GPU_ENV_SUMMARY="mpi: $_mpi; openblas: $_blas; nccl: $_nccl; cudnn: $_cudnn; CUDA_ARCH: ${CUDA_ARCH:-Makefile default}"
+unset _a _n _h _sys _mpi _arch _blas _nvcc _nccl _cudnn _lib _dir _cc _d _p _cuda_lib

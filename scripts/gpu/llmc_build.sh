@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# scripts/gpu/llmc_build.sh LLMC_SRC: builds llm.c's train_gpt2cu for the
-# side-by-side benchmark (scripts/gpu/check.sh bench) in build/gpu/llmc,
-# from the repository root of this tree, on a GPU machine or (for a bundle)
-# on a machine with nvcc alone.
+# scripts/gpu/llmc_build.sh [--cudnn FRONTEND] LLMC_SRC: builds llm.c's
+# train_gpt2cu for the side-by-side benchmark (scripts/gpu/check.sh bench
+# and peers) in build/gpu/llmc, from the repository root of this tree, on a
+# GPU machine or (for a bundle) on a machine with nvcc alone.
+#   --cudnn FRONTEND  llm.c's production build instead, in build/gpu/llmc_cudnn:
+#             USE_CUDNN=1 (cuDNN's flash attention), FRONTEND a checkout of
+#             https://github.com/NVIDIA/cudnn-frontend (headers only: its
+#             include/; the bundle's copy is build/gpu/deps/cudnn_frontend),
+#             cuDNN 9 from the CUDA toolkit or from PyTorch's nvidia-cudnn
+#             wheel (CUDNN_INCLUDE, CUDNN_LIB: the folders of cudnn.h and
+#             libcudnn.so; found by scripts/gpu/env.sh when unset), and the
+#             libraries the frontend's newer versions call (nvrtc, the driver).
 #   LLMC_SRC  an llm.c source tree: `git clone https://github.com/karpathy/llm.c`,
 #             or the copy in the bundle (scripts/gpu/bundle.sh --llmc),
 #             unpacked by scripts/gpu/env.sh to build/gpu/deps/llmc_src. It is
@@ -17,9 +25,16 @@
 # Nothing is built when build/gpu/llmc/stamp names these sources and flags,
 # with or without NVML (NVML only logs GPU use), so a binary the bundle
 # brings (bundle.sh --prebuilt --llmc) is taken as it is. Exit status 0 when
-# build/gpu/llmc/train_gpt2cu is ready.
+# build/gpu/llmc/train_gpt2cu (with --cudnn, build/gpu/llmc_cudnn/...) is ready.
 set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
+FRONTEND=
+if [[ ${1:-} == --cudnn ]]; then
+    [[ $# -ge 2 && -f $2/include/cudnn_frontend.h ]] ||
+        { echo "llmc_build.sh: --cudnn ${2:-}: not a cudnn-frontend checkout (its include/cudnn_frontend.h)" >&2; exit 2; }
+    FRONTEND=$(cd "$2" && pwd)
+    shift 2
+fi
 [[ $# -eq 1 && -n $1 && $1 != -h && $1 != --help ]] || usage
 [[ -f $1/train_gpt2.cu ]] ||
     { echo "llmc_build.sh: $1 is not an llm.c source tree (git clone https://github.com/karpathy/llm.c)" >&2; exit 2; }
@@ -46,17 +61,41 @@ else
     FLAGS=("${NO_NVML[@]}")
 fi
 LB=build/gpu/llmc
+if [[ -n $FRONTEND ]]; then
+    # The cuDNN build: the frontend's headers by path, cuDNN's own by
+    # CUDNN_INCLUDE (appended to the path llm.c's Makefile adds, as its
+    # Windows branch does), libraries by CUDNN_LIB, nvrtc and the driver for
+    # the frontend's runtime-compiled kernels (the stub at link time).
+    LB=build/gpu/llmc_cudnn
+    CUDA_HOME_=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+    if [[ -f $FRONTEND/COMMIT ]]; then FE_COMMIT=$(head -n 1 "$FRONTEND/COMMIT")
+    elif [[ -e $FRONTEND/.git ]]; then FE_COMMIT=$(git -C "$FRONTEND" rev-parse HEAD)
+    else FE_COMMIT=unknown; fi
+    FE_PATH=cudnn-frontend/include${CUDNN_INCLUDE:+ -I$CUDNN_INCLUDE}  # relative to $LB: the link below
+    LIBS="-lcublas -lcublasLt -lcudnn -lnvrtc -L$CUDA_HOME_/lib64/stubs -L$CUDA_HOME_/lib/stubs -lcuda"
+    [[ -n ${CUDNN_LIB:-} ]] && LIBS="-L$CUDNN_LIB -Xlinker -rpath=$CUDNN_LIB $LIBS"
+    BASE=(USE_CUDNN=1 NO_MULTI_GPU=1 NO_USE_MPI=1 GPU_COMPUTE_CAPABILITY="$CC_" CUDNN_FRONTEND_PATH="$FE_PATH")
+    NO_NVML=("${BASE[@]}" NVCC_LDFLAGS="$LIBS" PFLAGS="-DENABLE_BF16 -DNO_NVML")
+    if [[ -n $NVML_LIB ]]; then FLAGS=("${BASE[@]}" NVCC_LDFLAGS="$LIBS -L$GPU_DEPS/nvml -lnvidia-ml")
+    else FLAGS=("${NO_NVML[@]}"); fi
+    LLMC_COMMIT="$LLMC_COMMIT cudnn-frontend $FE_COMMIT"
+fi
 SUM=$( (cd "$SRC" && cat Makefile train_gpt2.cu llmc/*) | md5sum | cut -c1-32)
 STAMP="$LLMC_COMMIT $SUM ${FLAGS[*]}"
+# The cuDNN build's stamp names no folder of this machine, so a binary built
+# elsewhere (the bundle's) is taken when its libraries resolve here.
+[[ -n $FRONTEND ]] && STAMP="$LLMC_COMMIT $SUM USE_CUDNN=1 GPU_COMPUTE_CAPABILITY=$CC_"
 if [[ -x $LB/train_gpt2cu ]] && ldd "$LB/train_gpt2cu" 2>/dev/null | grep -q 'not found'; then
     echo "llmc_build.sh: $LB/train_gpt2cu does not find its libraries here: rebuilding"
 elif [[ -x $LB/train_gpt2cu && ( $(cat "$LB/stamp" 2>/dev/null) == "$STAMP" ||
-        $(cat "$LB/stamp" 2>/dev/null) == "$LLMC_COMMIT $SUM ${NO_NVML[*]}" ) ]]; then
+        ( -z $FRONTEND && $(cat "$LB/stamp" 2>/dev/null) == "$LLMC_COMMIT $SUM ${NO_NVML[*]}" ) ) ]]; then
     echo "llm.c ($LLMC_COMMIT): $LB/train_gpt2cu is up to date"
     exit 0
 fi
 rm -rf "$LB" && mkdir -p "$LB"
 cp -r "$SRC/Makefile" "$SRC/train_gpt2.cu" "$SRC/llmc" "$LB/"
+# llm.c's Makefile looks for ./cudnn-frontend/include before it takes CUDNN_FRONTEND_PATH.
+[[ -n $FRONTEND ]] && ln -sfn "$FRONTEND" "$LB/cudnn-frontend"
 # Patch 1: on device OOM llm.c falls back to cudaMallocManaged (which CUDA 13
 # no longer compiles, cudaMemAdvise wanting a cudaMemLocation, and which can
 # hang a GPU when oversubscribed): stop with a message.

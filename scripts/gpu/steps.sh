@@ -7,7 +7,7 @@
 
 # The groups of binaries each step needs (lib.sh: group_bins).
 declare -A STEP_NEEDS=([env]="" [build]="" [test]="tests" [shapes]="tests" [bench]="core" [lab]="lab"
-    [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core")
+    [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core" [peers]="core")
 
 needed_groups() {
     local s g all="" picked=""
@@ -21,6 +21,21 @@ llmc_source() {
     if [[ -n ${LLMC_SRC:-} ]]; then echo "$LLMC_SRC"
     elif [[ $DRY == 1 ]]; then echo "LLMC_SRC"
     elif [[ -f ${GPU_DEPS:-}/llmc_src/train_gpt2.cu ]]; then echo "$GPU_DEPS/llmc_src"; fi
+}
+
+# llm.q's sources (scripts/gpu/llmq_build.sh): LLMQ_SRC, else the bundle's
+# copy (unpacked by env.sh). No step runs llm.q yet; the env step names them.
+llmq_source() {
+    if [[ -n ${LLMQ_SRC:-} ]]; then echo "$LLMQ_SRC"
+    elif [[ -f ${GPU_DEPS:-}/llmq_src/train.cpp ]]; then echo "$GPU_DEPS/llmq_src"; fi
+}
+
+# The cudnn-frontend headers of llm.c's cuDNN build: CUDNN_FRONTEND, else the
+# bundle's copy (unpacked by env.sh).
+cudnn_frontend() {
+    if [[ -n ${CUDNN_FRONTEND:-} ]]; then echo "$CUDNN_FRONTEND"
+    elif [[ $DRY == 1 ]]; then echo "CUDNN_FRONTEND"
+    elif [[ -f ${GPU_DEPS:-}/cudnn_frontend/include/cudnn_frontend.h ]]; then echo "$GPU_DEPS/cudnn_frontend"; fi
 }
 
 env_report() {
@@ -44,6 +59,9 @@ env_report() {
     echo "archives: $(archive_tool)"
     echo "bundle: $GPU_BUNDLE: $(ls "$GPU_BUNDLE" 2>/dev/null | tr '\n' ' ')"
     echo "llm.c sources: $(llmc_source || true)$([[ -n $(llmc_source) ]] || echo none)"
+    echo "cudnn-frontend: $(cudnn_frontend || true)$([[ -n $(cudnn_frontend) ]] || echo none)"
+    echo "llm.q sources: $(llmq_source || true)$([[ -n $(llmq_source) ]] || echo none)$([[ -x build/gpu/llmq/train ]] &&
+        echo "; build/gpu/llmq/train: $(cut -d' ' -f2 build/gpu/llmq/stamp 2>/dev/null | cut -c1-12)")"
     echo "commit: ${GPU_COMMIT:-unknown}"
     echo "---- nvidia-smi"
     nvidia-smi 2>&1 || true
@@ -79,16 +97,12 @@ step_build() {
     local llmc
     llmc=$(llmc_source)
     if [[ " ${STEPS[*]} " == *" bench "* && -n $llmc ]]; then
-        if [[ $DRY == 1 ]]; then
-            DRY_LLMC_DONE=$(($(now) + $([[ $DRY_BUILD == prebuilt ]] && echo 0 || echo 30)))
-            printf '  %-34s %5ds %6s %5ds  %s\n' "llmc_build (background)" 400 \
-                "$((DRY_LLMC_DONE - $(now)))s" "$DRY_LLMC_DONE" "scripts/gpu/llmc_build.sh $llmc"
-        else
-            LLMC_BUILD_LOG=$W/llmc_build.log
-            (exec timeout 400 bash scripts/gpu/llmc_build.sh "$llmc" > "$LLMC_BUILD_LOG" 2>&1 < /dev/null) &
-            LLMC_BUILD_PID=$!
-            say "llm.c: building train_gpt2cu in the background ($LLMC_BUILD_LOG)"
-        fi
+        llmc_background "" "$llmc" 30
+    fi
+    local fe
+    fe=$(cudnn_frontend)
+    if [[ " ${STEPS[*]} " == *" peers "* && -n $llmc && -n $fe ]]; then
+        llmc_background "$fe" "$llmc" 90
     fi
     local t0
     t0=$(now)
@@ -210,29 +224,60 @@ llmc_median_ms() {
         awk '{a[NR] = $1} END {if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'
 }
 
-# llmc_ready: llm.c's binary, from the background build (waited for) or built now.
+# llm.c's two builds: plain (FE empty: build/gpu/llmc) and cuDNN (FE the
+# cudnn-frontend: build/gpu/llmc_cudnn), each one background job at most.
+llmc_flavour() { [[ -z $1 ]] && echo llmc || echo llmc_cudnn; }
+llmc_build_args() { [[ -z $1 ]] && echo "$2" || echo "--cudnn $1 $2"; }
+
+# llmc_background FE SRC SOURCE_SECONDS: starts a build in the background
+# (a dry run: a row, and when it is assumed done).
+llmc_background() {
+    local f
+    f=$(llmc_flavour "$1")
+    if [[ $DRY == 1 ]]; then
+        local done_at=$(($(now) + $([[ $DRY_BUILD == prebuilt ]] && echo 0 || echo "$3")))
+        printf -v "DRY_DONE_$f" '%s' "$done_at"
+        printf '  %-34s %5ds %6s %5ds  %s\n' "${f}_build (background)" 400 "$((done_at - $(now)))s" "$done_at" \
+            "scripts/gpu/llmc_build.sh $(llmc_build_args "$1" "$2")"
+        return
+    fi
+    printf -v "LOG_$f" '%s' "$W/${f}_build.log"
+    # shellcheck disable=SC2046
+    (exec timeout 400 bash scripts/gpu/llmc_build.sh $(llmc_build_args "$1" "$2") > "$W/${f}_build.log" 2>&1 \
+        < /dev/null) &
+    printf -v "PID_$f" '%s' "$!"
+    say "llm.c: building $f/train_gpt2cu in the background ($W/${f}_build.log)"
+}
+
+# llmc_ready SRC [FE]: llm.c's binary (FE: its cuDNN build), from the
+# background build (waited for) or built now.
 llmc_ready() {
-    if [[ $DRY == 1 && -n ${DRY_LLMC_DONE:-} ]]; then
-        local wait=$((DRY_LLMC_DONE - $(now)))
+    local fe=${2:-} f done_var pid_var log_var
+    f=$(llmc_flavour "$fe")
+    done_var=DRY_DONE_$f pid_var=PID_$f log_var=LOG_$f
+    if [[ $DRY == 1 && -n ${!done_var:-} ]]; then
+        local wait=$((${!done_var} - $(now)))
         ((wait < 0)) && wait=0
-        dry_row llmc_build_wait "$(fit 200)" "$wait" "(the background build)"
+        dry_row "${f}_build_wait" "$(fit 200)" "$wait" "(the background build)"
         return
     fi
-    if [[ $DRY == 1 || -z ${LLMC_BUILD_PID:-} ]]; then
-        run_prog llmc_build 200 "0|30" bash scripts/gpu/llmc_build.sh "$1"
+    if [[ $DRY == 1 || -z ${!pid_var:-} ]]; then
+        # shellcheck disable=SC2046
+        run_prog "${f}_build" 200 "0|$([[ -z $fe ]] && echo 30 || echo 90)" bash scripts/gpu/llmc_build.sh \
+            $(llmc_build_args "$fe" "$1")
         return
     fi
-    local t0 rc end
+    local t0 rc end pid=${!pid_var}
     t0=$(now) end=$((STEP_END - 60))
-    while kill -0 "$LLMC_BUILD_PID" 2>/dev/null && (($(now) < end)); do sleep 2; done
-    kill "$LLMC_BUILD_PID" 2>/dev/null
-    wait "$LLMC_BUILD_PID"
+    while kill -0 "$pid" 2>/dev/null && (($(now) < end)); do sleep 2; done
+    kill "$pid" 2>/dev/null
+    wait "$pid"
     rc=$?
-    LLMC_BUILD_PID=
-    cp "$LLMC_BUILD_LOG" "$W/llmc_build.log" 2>/dev/null
+    printf -v "$pid_var" '%s' ""
+    cp "${!log_var}" "$W/${f}_build.log" 2>/dev/null
     ((rc == 0)) && S_PASS=$((S_PASS + 1)) || S_FAIL=$((S_FAIL + 1))
-    say "$(printf '%-44s rc=%-3s (background build; waited %ds)' llmc_build "$rc" $(($(now) - t0)))"
-    ((rc == 0)) || tail -n 5 "$W/llmc_build.log" | while IFS= read -r l; do say "    $l"; done
+    say "$(printf '%-44s rc=%-3s (background build; waited %ds)' "${f}_build" "$rc" $(($(now) - t0)))"
+    ((rc == 0)) || tail -n 5 "$W/${f}_build.log" | while IFS= read -r l; do say "    $l"; done
     return "$rc"
 }
 
@@ -299,6 +344,78 @@ step_bench() {
             [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' "sw $sname" "$B" "${with:--}" "-" "${ratio:--}")"
         done
     done
+    end_step
+}
+
+# ---- peers --------------------------------------------------------------------------
+# d12 (T=1024, the same token shard and model shape) beside the strongest
+# peers on this GPU, each ratio measured in the same command:
+#   llm.c's production build (cuDNN attention: llmc_build.sh --cudnn) at its
+#   recipe, B=64 without recompute (-r 0), and at B=32 -r 1;
+#   GPT-2 in compiled PyTorch (scripts/gpu/torch_gpt2.py: SDPA, torch.compile,
+#   fused AdamW, bf16 autocast) at B=32, which recomputes nothing: this
+#   trainer at -r 0 beside it.
+# tokens/s from the median step after the warm-up steps of 30 (5; PyTorch
+# 10, its compile among them). Figures: d12_b64_t1024_r0_*, d12_b32_t1024_r1_*
+# (ours_tokens_per_s, llmc_cudnn_tokens_per_s, ours_over_llmc_cudnn) and
+# d12_b32_t1024_* (ours_r0_tokens_per_s, torch_compile_tokens_per_s,
+# ours_over_torch_compile), each peer's commit and flags in its command.
+step_peers() {
+    begin_step peers 330
+    need core
+    local data=build/gpu/bench_tokens.bin llmc fe desc="" B r name ours lm ms ratio args
+    bench_data
+    llmc=$(llmc_source) fe=$(cudnn_frontend)
+    if [[ -n $llmc && -n $fe ]]; then
+        llmc_ready "$llmc" "$fe" || llmc=""
+        # What the figures say of the peer: llm.c's commit, the frontend's, cuDNN's version.
+        [[ $DRY == 1 ]] || desc="llm.c $(cut -d' ' -f1 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
+            "USE_CUDNN=1, cudnn-frontend $(cut -d' ' -f3 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
+            "cudnn ${GPU_ENV_SUMMARY#*cudnn: }"
+        desc=${desc%%; CUDA_ARCH*}
+    else
+        say "llm.c with cuDNN: no $([[ -z $llmc ]] && echo "llm.c sources (LLMC_SRC=DIR)" ||
+            echo "cudnn-frontend (CUDNN_FRONTEND=DIR, a clone of https://github.com/NVIDIA/cudnn-frontend)"): skipped"
+        llmc=""
+    fi
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' run tokens/s peer_tok/s ratio)"
+    for B in 64 32; do
+        r=$([[ $B == 64 ]] && echo 0 || echo 1) name=d12_b${B}_t1024_r$r
+        args=(-e d12 -i "$data" -j "" -b "$B" -t 1024 -r "$r" --device cuda)
+        FIGS=${name}_ours_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
+            run_prog "ours_b${B}_r$r" 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
+        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b${B}_r$r.log" 2>/dev/null)
+        lm="" ratio=""
+        if [[ -n $llmc ]]; then
+            MIN=40 run_prog "llmc_cudnn_b${B}_r$r" 120 15 bash -c 'cd build/gpu/llmc_cudnn && exec ./train_gpt2cu "$@"' \
+                llmc -e d12 -i "$PWD/$data" -j "$PWD/$data" -b "$B" -t 1024 -r "$r" -x 30 -v 100000 -m 1 -s 0
+            ms=$(llmc_median_ms "$W/llmc_cudnn_b${B}_r$r.log")
+            [[ -n $ms ]] && lm=$(awk -v b="$B" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}')
+            [[ -n $lm ]] && figure "${name}_llmc_cudnn_tokens_per_s" "$lm" tok/s \
+                "train_gpt2cu -e d12 -b $B -t 1024 -r $r -x 30 ($desc)"
+            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
+            [[ -n $ratio ]] && figure "${name}_ours_over_llmc_cudnn" "$ratio" ratio "the two figures above ($desc)"
+        fi
+        [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=$B -r $r" "${ours:--}" "${lm:--}" "${ratio:--}")"
+    done
+    name=d12_b32_t1024
+    args=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 0 --device cuda)
+    FIGS=${name}_ours_r0_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
+        run_prog ours_b32_r0 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
+    ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b32_r0.log" 2>/dev/null)
+    local tcmd="scripts/gpu/torch_gpt2.py --data $data --B 32 --T 1024 --steps 30 --warmup 10"
+    FIGS=${name}_torch_compile_ FIGCMD="$tcmd" MIN=60 \
+        run_prog torch_compile_b32 240 150 "$TORCH_PY" scripts/gpu/torch_gpt2.py --data "$data" --B 32 --T 1024 \
+        --steps 30 --warmup 10
+    local tt backend tver
+    tt=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
+    backend=$(sed -n 's/^sdpa_backend \(.*\)/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
+    tver=$(sed -n 's/^torch \([^,]*\),.*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
+    ratio=$([[ -n $ours && -n $tt ]] && awk -v a="$ours" -v b="$tt" 'BEGIN {printf "%.3f", a / b}')
+    [[ -n $ratio ]] && figure "${name}_ours_over_torch_compile" "$ratio" ratio \
+        "ours -r 0 over $tcmd (torch $tver, sdpa $backend)"
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=32 -r 0" "${ours:--}" "${tt:--}" "${ratio:--}")" \
+        "(compiled PyTorch $tver, SDPA backend: ${backend:-?})"
     end_step
 }
 

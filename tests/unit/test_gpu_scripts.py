@@ -6,7 +6,16 @@
   from source and with prebuilt binaries, plans every program it should and
   fits the 540 s budget with nothing skipped (on the timings docs/gpu.md
   assumes); the switches of the bench step (LLMC_SWITCHES) add their runs,
-  and a malformed one is refused;
+  and a malformed one is refused; command 1 builds llm.c with cuDNN and
+  runs the peers step (llm.c with cuDNN, compiled PyTorch) before the bench;
+- llm.q's build (scripts/gpu/llmq_build.sh) refuses, in one line with exit
+  status 2, a folder that is not llm.q's sources and llm.q's sources
+  without their dependencies; bundle.sh --llmq refuses what is not llm.q;
+- scripts/gpu/llmq_tokens.py turns this trainer's shards (uint32 and
+  uint16) into llm.q's BIN.TOK files: the header as llm.q's loader reads
+  it, the same tokens, --head, a token outside --vocab refused;
+- the compiled-PyTorch peer (scripts/gpu/torch_gpt2.py --selfcheck, on the
+  CPU): d12's parameter count is the trainer's, and the model learns;
 - scripts/gpu/figures.py --stream writes a figure the moment a program
   prints it, so a program killed afterwards leaves it, and copies the
   summary lines as they come;
@@ -40,10 +49,11 @@ def sh(cmd, env=None, timeout=60):
 
 def dry_runs():
     must = {
-        "1": ["env", "make_core_tests", "ldd", "test_gpt_round_fp32", "test_gpt_odd_fp32", "ours_b16", "llmc_b16",
-              "ours_b32", "llmc_b32", "real_shapes_d12"],
+        "1": ["env", "make_core_tests", "ldd", "test_gpt_round_fp32", "test_gpt_odd_fp32", "ours_b64_r0",
+              "llmc_cudnn_b64_r0", "ours_b32_r1", "llmc_cudnn_b32_r1", "ours_b32_r0", "torch_compile_b32", "ours_b16",
+              "llmc_b16", "ours_b32", "llmc_b32"],
         "2": ["make_core_lab", "attention_forward", "matmul_forward", "ranks", "ranks_llama", "curve"],
-        "3": ["make_tests_attn_lab", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
+        "3": ["make_tests_attn_lab", "real_shapes_d12", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
               "initcheck_ring_attention", "synccheck_attention_forward"],
         "4": ["real_shapes_llama", "real_shapes_big", "calibrate", "plan_d12"],
     }
@@ -80,6 +90,83 @@ def dry_runs():
     check("switch 'Bad=x': not NAME=ITEM" in out and "_sw_" not in out, "a malformed switch is refused")
     rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "nonsense"])
     check(rc == 2 and "unknown step" in out, "an unknown step is an error")
+    # The peers step: llm.c's cuDNN build in the background, then its runs.
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "1"], {"LLMC_SWITCHES": ""})
+    check("llmc_build.sh --cudnn CUDNN_FRONTEND LLMC_SRC" in out and out.index("peers ") < out.index("bench "),
+          "command 1 builds llm.c with cuDNN and runs the peers before the bench")
+    rc, out = sh([BASH, "scripts/gpu/llmc_build.sh", "--cudnn", "/nonexistent", "/nonexistent"])
+    check(rc == 2 and "not a cudnn-frontend checkout" in out, f"llmc_build.sh --cudnn refuses what is no frontend: {out}")
+
+
+def llmq(tmp):
+    """llm.q's build script and token converter, without llm.q or a GPU."""
+    rc, out = sh([BASH, "scripts/gpu/llmq_build.sh", tmp])
+    check(rc == 2 and len(out.strip().splitlines()) == 1 and "is not llm.q's sources" in out,
+          f"llmq_build.sh refuses a folder that is not llm.q's sources in one line, exit 2: rc={rc} {out!r}")
+    rc, out = sh([BASH, "scripts/gpu/llmq_build.sh"])
+    check(rc == 2, f"llmq_build.sh without arguments: the usage, exit 2: rc={rc}")
+    # A folder shaped like llm.q's sources, with no dependencies beside it.
+    fake, deps = os.path.join(tmp, "llmq"), os.path.join(tmp, "no_deps")
+    os.makedirs(os.path.join(fake, "src", "models"))
+    os.makedirs(deps)
+    open(os.path.join(fake, "train.cpp"), "w").close()
+    open(os.path.join(fake, "src", "models", "llama_model.cpp"), "w").close()
+    open(os.path.join(fake, "CMakeLists.txt"), "w").write("project(LLMQ CUDA CXX)\n")
+    rc, out = sh([BASH, "scripts/gpu/llmq_build.sh", fake], {"LLMQ_DEPS": deps})
+    check(rc == 2 and len(out.strip().splitlines()) == 1 and "git clone --branch" in out,
+          f"llmq_build.sh names a missing dependency and how to get it, exit 2: rc={rc} {out!r}")
+    rc, out = sh([BASH, "scripts/gpu/bundle.sh", "--llmq", tmp, os.path.join(tmp, "bundle")])
+    check(rc == 2 and "not llm.q's sources" in out, f"bundle.sh --llmq refuses what is not llm.q: rc={rc} {out!r}")
+    # The token files: a Qwen-sized vocabulary (uint32 shard) and GPT-2's (uint16).
+    py = next((p for p in (sys.executable, "/usr/bin/python3")
+               if subprocess.run([p, "-c", "import numpy"], capture_output=True).returncode == 0), None)
+    if py is None:
+        check(False, "llmq_tokens.py: no Python with numpy here")
+        return
+    script = f"""
+import sys
+sys.path.insert(0, 'scripts'); sys.path.insert(0, 'scripts/gpu')
+import numpy as np, shards, llmq_tokens
+t = '{tmp}/'
+for vocab, n in ((151936, 5000), (50257, 3000)):
+    toks = np.random.default_rng(vocab).integers(0, vocab, n)
+    shards.write_shard(t + 'ours.bin', toks, vocab)
+    for head in (None, 1234):
+        got_n, got_v = llmq_tokens.convert(t + 'ours.bin', t + 'llmq.bin', vocab, head)
+        m = head or n
+        raw = open(t + 'llmq.bin', 'rb').read()
+        hdr = np.frombuffer(raw[:1024], dtype='<i4')
+        body = np.frombuffer(raw[1024:], dtype='<i4')
+        print('case', vocab, head, raw[:8] == b'BIN.TOK\\n', list(hdr[2:7]) == [2, 4, m, vocab, 0],
+              got_n == m and got_v == vocab, body.size == m and np.array_equal(body, toks[:m]))
+shards.write_shard(t + 'big.bin', np.array([1, 2, 300]), 1000)
+try:
+    llmq_tokens.convert(t + 'big.bin', t + 'x.bin', vocab=100)
+    print('refused False')
+except ValueError:
+    import os
+    print('refused', not os.path.exists(t + 'x.bin'))
+"""
+    rc, out = sh([py, "-c", script])
+    cases = re.findall(r"^case (\d+) (\S+) (.*)$", out, re.M)
+    check(rc == 0 and len(cases) == 4, f"llmq_tokens.py ran its cases: rc={rc} {out[-300:]}")
+    for vocab, head, flags in cases:
+        check(flags.split() == ["True"] * 4,
+              f"llmq_tokens.py vocab {vocab} head {head}: magic, header, counts, tokens: {flags}")
+    check("refused True" in out, f"llmq_tokens.py refuses a token outside --vocab and leaves no file: {out[-200:]}")
+
+
+def torch_peer():
+    """The compiled-PyTorch peer's model: d12's parameter count is the
+    trainer's and llm.c's, and it learns (on the CPU, any PyTorch)."""
+    py = "/usr/bin/python3"
+    if subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0:
+        check(False, "torch_gpt2.py --selfcheck: no PyTorch in /usr/bin/python3 (scripts/setup.sh installs it)")
+        return
+    rc, out = sh([py, "scripts/gpu/torch_gpt2.py", "--selfcheck"], timeout=300)
+    m = re.search(r"^(\d+) passed, (\d+) failed", out, re.M)
+    check(rc == 0 and m is not None and m.group(2) == "0" and int(m.group(1)) >= 4,
+          f"torch_gpt2.py --selfcheck: {out[-300:]}")
 
 
 def streaming(tmp):
@@ -142,10 +229,12 @@ def main():
         rc, out = sh([BASH, "-n", f])
         check(rc == 0, f"bash -n {os.path.relpath(f, ROOT)}: {out}")
     dry_runs()
+    torch_peer()
     tmp = tempfile.mkdtemp(prefix="llmc_gpu_scripts_")
     try:
         streaming(tmp)
         archives(tmp)
+        llmq(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return check.summary()
