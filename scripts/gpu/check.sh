@@ -11,16 +11,20 @@
 #          B=32 -r 1, and beside compiled PyTorch (the peers step); then
 #          beside llm.c without cuDNN at two batch sizes, and each switch of
 #          scripts/gpu/switches.txt, with and without (the bench step)
-#     2    the kernel lab at d12 sizes, ranks sharing the GPU (--comm mpi)
+#     2    how fast at 0.5B and 1.5B, and where the time goes: Qwen2.5-0.5B
+#          and -1.5B shapes beside llm.q (the qwen step); d12's step by op
+#          class, measured and planned (the breakdown step)
+#     3    the kernel lab at d12 sizes, ranks sharing the GPU (--comm mpi)
 #          against one process, the d12-shaped training curve
-#     3    d12's shapes (heads of 64) against the CPU in fp64;
+#     4    d12's shapes (heads of 64) against the CPU in fp64;
 #          compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on
 #          small cases
-#     4    optional, after the others: the rest of test_real_shapes (heads
+#     5    optional, after the others: the rest of test_real_shapes (heads
 #          of 128, a Llama, N*Vp > 2^31) and the planner against the measured
 #          tokens/s
-#          or steps, comma-separated: env build test peers bench shapes lab
-#          ranks curve sanitize shapes_more plan; or all (commands 1 to 4)
+#          or steps, comma-separated: env build test peers bench qwen
+#          breakdown shapes lab ranks curve sanitize shapes_more plan; or all
+#          (commands 1 to 5)
 #   OUTDIR where the results go (default build/gpu/check); runs into the
 #          same folder add up:
 #     summary.txt        every line printed, as it is printed
@@ -28,13 +32,13 @@
 #                        is measured (scripts/gpu/figures.py); append it to
 #                        docs/gpu-results.jsonl
 #     logs/STEP/         every program's log
-#     d12_tiny_curve.png command 2's curve
+#     d12_tiny_curve.png command 3's curve
 #   --dry-run (or GPU_DRY_RUN=1): runs nothing, needs no GPU: prints the
 #          plan (each program, its time limit, the time docs/gpu.md assumes
 #          for it, the clock) against the budget. GPU_DRY_BUILD=prebuilt|
 #          source: which build to assume (default: prebuilt when the bundle
 #          has prebuilt binaries).
-# Budget: GPU_CHECK_SECONDS (default 540; `all`: 4 x 540). Every program
+# Budget: GPU_CHECK_SECONDS (default 540; `all`: 5 x 540). Every program
 # runs under a time limit inside its step's, and the steps inside the
 # budget; what would start with too little time left is a row marked
 # SKIPPED. A crash, a timeout or a FAIL is its program's row and hides
@@ -42,7 +46,7 @@
 # build/gpu/deps. Exit status: 0 when nothing failed or was skipped.
 set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
-ALL_STEPS=(env build test peers bench shapes lab ranks curve sanitize shapes_more plan)
+ALL_STEPS=(env build test peers bench qwen breakdown shapes lab ranks curve sanitize shapes_more plan)
 DRY=${GPU_DRY_RUN:-0}
 [[ ${1:-} == --dry-run ]] && { DRY=1; shift; }
 [[ $DRY == 1 ]] || DRY=0
@@ -51,16 +55,17 @@ WHAT=$1
 BUDGET=${GPU_CHECK_SECONDS:-540}
 case $WHAT in
     1) STEPS=(env build test peers bench) ;;
-    2) STEPS=(env build lab ranks curve) ;;
-    3) STEPS=(env build shapes sanitize) ;;
-    4) STEPS=(env build shapes_more plan) ;;
-    all) STEPS=(env build test peers bench shapes lab ranks curve sanitize shapes_more plan)
-         BUDGET=${GPU_CHECK_SECONDS:-2160} ;;
+    2) STEPS=(env build qwen breakdown) ;;
+    3) STEPS=(env build lab ranks curve) ;;
+    4) STEPS=(env build shapes sanitize) ;;
+    5) STEPS=(env build shapes_more plan) ;;
+    all) STEPS=(env build test peers bench qwen breakdown shapes lab ranks curve sanitize shapes_more plan)
+         BUDGET=${GPU_CHECK_SECONDS:-2700} ;;
     __build | __env | __ldd) STEPS=() ;;
     *) IFS=', ' read -r -a STEPS <<< "$WHAT"
        for s in "${STEPS[@]}"; do
            [[ " ${ALL_STEPS[*]} " == *" $s "* ]] ||
-               { echo "check.sh: unknown step '$s' (1 2 3 4 all, or: ${ALL_STEPS[*]})" >&2; exit 2; }
+               { echo "check.sh: unknown step '$s' (1 2 3 4 5 all, or: ${ALL_STEPS[*]})" >&2; exit 2; }
        done ;;
 esac
 OUTDIR=${2:-}
@@ -71,6 +76,7 @@ cd "$(dirname "$0")/../.." || exit 1
 source scripts/gpu/archive.sh
 source scripts/gpu/lib.sh
 source scripts/gpu/steps.sh
+source scripts/gpu/steps_peers.sh
 BUILT=build/gpu/built
 JOBS=$(nproc)
 GPU_BUNDLE=${GPU_BUNDLE:-build/gpu/bundle}

@@ -1,13 +1,15 @@
 # scripts/gpu/steps.sh: sourced (not run) by scripts/gpu/check.sh: one
 # function per step (step_NAME), each a list of programs run under time
-# limits by run_prog (scripts/gpu/lib.sh). Every run_prog names its limit
+# limits by run_prog (scripts/gpu/lib.sh); the steps beside the peers
+# (peers, qwen, breakdown) are scripts/gpu/steps_peers.sh. Every run_prog names its limit
 # and the time a dry run assumes for it on the GPU machine (docs/gpu.md
 # lists them: estimates, not measurements).
 # shellcheck shell=bash disable=SC2034
 
 # The groups of binaries each step needs (lib.sh: group_bins).
 declare -A STEP_NEEDS=([env]="" [build]="" [test]="tests" [shapes]="tests" [bench]="core" [lab]="lab"
-    [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core" [peers]="core")
+    [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core" [peers]="core"
+    [qwen]="core" [breakdown]="core")
 
 needed_groups() {
     local s g all="" picked=""
@@ -24,9 +26,10 @@ llmc_source() {
 }
 
 # llm.q's sources (scripts/gpu/llmq_build.sh): LLMQ_SRC, else the bundle's
-# copy (unpacked by env.sh). No step runs llm.q yet; the env step names them.
+# copy (unpacked by env.sh); the qwen step runs it (steps_peers.sh).
 llmq_source() {
     if [[ -n ${LLMQ_SRC:-} ]]; then echo "$LLMQ_SRC"
+    elif [[ $DRY == 1 ]]; then echo "LLMQ_SRC"
     elif [[ -f ${GPU_DEPS:-}/llmq_src/train.cpp ]]; then echo "$GPU_DEPS/llmq_src"; fi
 }
 
@@ -347,79 +350,7 @@ step_bench() {
     end_step
 }
 
-# ---- peers --------------------------------------------------------------------------
-# d12 (T=1024, the same token shard and model shape) beside the strongest
-# peers on this GPU, each ratio measured in the same command:
-#   llm.c's production build (cuDNN attention: llmc_build.sh --cudnn) at its
-#   recipe, B=64 without recompute (-r 0), and at B=32 -r 1;
-#   GPT-2 in compiled PyTorch (scripts/gpu/torch_gpt2.py: SDPA, torch.compile,
-#   fused AdamW, bf16 autocast) at B=32, which recomputes nothing: this
-#   trainer at -r 0 beside it.
-# tokens/s from the median step after the warm-up steps of 30 (5; PyTorch
-# 10, its compile among them). Figures: d12_b64_t1024_r0_*, d12_b32_t1024_r1_*
-# (ours_tokens_per_s, llmc_cudnn_tokens_per_s, ours_over_llmc_cudnn) and
-# d12_b32_t1024_* (ours_r0_tokens_per_s, torch_compile_tokens_per_s,
-# ours_over_torch_compile), each peer's commit and flags in its command.
-step_peers() {
-    begin_step peers 330
-    need core
-    local data=build/gpu/bench_tokens.bin llmc fe desc="" B r name ours lm ms ratio args
-    bench_data
-    llmc=$(llmc_source) fe=$(cudnn_frontend)
-    if [[ -n $llmc && -n $fe ]]; then
-        llmc_ready "$llmc" "$fe" || llmc=""
-        # What the figures say of the peer: llm.c's commit, the frontend's, cuDNN's version.
-        [[ $DRY == 1 ]] || desc="llm.c $(cut -d' ' -f1 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
-            "USE_CUDNN=1, cudnn-frontend $(cut -d' ' -f3 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
-            "cudnn ${GPU_ENV_SUMMARY#*cudnn: }"
-        desc=${desc%%; CUDA_ARCH*}
-    else
-        say "llm.c with cuDNN: no $([[ -z $llmc ]] && echo "llm.c sources (LLMC_SRC=DIR)" ||
-            echo "cudnn-frontend (CUDNN_FRONTEND=DIR, a clone of https://github.com/NVIDIA/cudnn-frontend)"): skipped"
-        llmc=""
-    fi
-    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' run tokens/s peer_tok/s ratio)"
-    for B in 64 32; do
-        r=$([[ $B == 64 ]] && echo 0 || echo 1) name=d12_b${B}_t1024_r$r
-        args=(-e d12 -i "$data" -j "" -b "$B" -t 1024 -r "$r" --device cuda)
-        FIGS=${name}_ours_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
-            run_prog "ours_b${B}_r$r" 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
-        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b${B}_r$r.log" 2>/dev/null)
-        lm="" ratio=""
-        if [[ -n $llmc ]]; then
-            MIN=40 run_prog "llmc_cudnn_b${B}_r$r" 120 15 bash -c 'cd build/gpu/llmc_cudnn && exec ./train_gpt2cu "$@"' \
-                llmc -e d12 -i "$PWD/$data" -j "$PWD/$data" -b "$B" -t 1024 -r "$r" -x 30 -v 100000 -m 1 -s 0
-            ms=$(llmc_median_ms "$W/llmc_cudnn_b${B}_r$r.log")
-            [[ -n $ms ]] && lm=$(awk -v b="$B" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}')
-            [[ -n $lm ]] && figure "${name}_llmc_cudnn_tokens_per_s" "$lm" tok/s \
-                "train_gpt2cu -e d12 -b $B -t 1024 -r $r -x 30 ($desc)"
-            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
-            [[ -n $ratio ]] && figure "${name}_ours_over_llmc_cudnn" "$ratio" ratio "the two figures above ($desc)"
-        fi
-        [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=$B -r $r" "${ours:--}" "${lm:--}" "${ratio:--}")"
-    done
-    name=d12_b32_t1024
-    args=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 0 --device cuda)
-    FIGS=${name}_ours_r0_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
-        run_prog ours_b32_r0 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
-    ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b32_r0.log" 2>/dev/null)
-    local tcmd="scripts/gpu/torch_gpt2.py --data $data --B 32 --T 1024 --steps 30 --warmup 10"
-    FIGS=${name}_torch_compile_ FIGCMD="$tcmd" MIN=60 \
-        run_prog torch_compile_b32 240 150 "$TORCH_PY" scripts/gpu/torch_gpt2.py --data "$data" --B 32 --T 1024 \
-        --steps 30 --warmup 10
-    local tt backend tver
-    tt=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
-    backend=$(sed -n 's/^sdpa_backend \(.*\)/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
-    tver=$(sed -n 's/^torch \([^,]*\),.*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
-    ratio=$([[ -n $ours && -n $tt ]] && awk -v a="$ours" -v b="$tt" 'BEGIN {printf "%.3f", a / b}')
-    [[ -n $ratio ]] && figure "${name}_ours_over_torch_compile" "$ratio" ratio \
-        "ours -r 0 over $tcmd (torch $tver, sdpa $backend)"
-    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=32 -r 0" "${ours:--}" "${tt:--}" "${ratio:--}")" \
-        "(compiled PyTorch $tver, SDPA backend: ${backend:-?})"
-    end_step
-}
-
-# ---- command 2 ------------------------------------------------------------------------
+# ---- command 3 ------------------------------------------------------------------------
 # lab_assumed PROG: seconds a lab program is assumed to take (validation
 # against the CPU op, then the d12-size timings).
 lab_assumed() {

@@ -2,7 +2,7 @@
 """tests/unit/test_gpu_scripts.py: the GPU runbook's scripts, without a GPU.
 
 - every scripts/gpu/*.sh parses (bash -n);
-- the dry run of each command (scripts/gpu/check.sh --dry-run 1..4), building
+- the dry run of each command (scripts/gpu/check.sh --dry-run 1..5), building
   from source and with prebuilt binaries, plans every program it should and
   fits the 540 s budget with nothing skipped (on the timings docs/gpu.md
   assumes); the switches of the bench step (LLMC_SWITCHES) add their runs,
@@ -52,10 +52,12 @@ def dry_runs():
         "1": ["env", "make_core_tests", "ldd", "test_gpt_round_fp32", "test_gpt_odd_fp32", "ours_b64_r0",
               "llmc_cudnn_b64_r0", "ours_b32_r1", "llmc_cudnn_b32_r1", "ours_b32_r0", "torch_compile_b32", "ours_b16",
               "llmc_b16", "ours_b32", "llmc_b32"],
-        "2": ["make_core_lab", "attention_forward", "matmul_forward", "ranks", "ranks_llama", "curve"],
-        "3": ["make_tests_attn_lab", "real_shapes_d12", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
+        "2": ["make_core", "qwen_data", "llmq_build", "llmq_tokens", "ours_qwen_0.5b", "llmq_qwen_0.5b",
+              "ours_qwen_1.5b", "llmq_qwen_1.5b", "breakdown_d12_b32"],
+        "3": ["make_core_lab", "attention_forward", "matmul_forward", "ranks", "ranks_llama", "curve"],
+        "4": ["make_tests_attn_lab", "real_shapes_d12", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
               "initcheck_ring_attention", "synccheck_attention_forward"],
-        "4": ["real_shapes_llama", "real_shapes_big", "calibrate", "plan_d12"],
+        "5": ["real_shapes_llama", "real_shapes_big", "calibrate", "plan_d12"],
     }
     for n, names in must.items():
         for build in ("source", "prebuilt"):
@@ -71,7 +73,7 @@ def dry_runs():
             check(m is not None and m.group(2) == "fits", f"{what} fits 540 s: {m.group(0) if m else out[-200:]}")
             check(m is not None and m.group(3) == "0" and "SKIPPED" not in out, f"{what} skips nothing")
     # The sanitizer runs the labs' small cases.
-    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "3"])
+    rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "4"])
     labs = re.findall(r"--error-exitcode 99 dev/cuda/(\w+)( --small)?", out)
     check(len(labs) == 12 and all(x[1] for x in labs), f"every sanitizer run of a lab program passes --small: {labs}")
     rc, out = sh([BASH, "scripts/gpu/check.sh", "--dry-run", "bench"],

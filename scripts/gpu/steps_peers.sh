@@ -1,0 +1,171 @@
+# scripts/gpu/steps_peers.sh: sourced (not run) by scripts/gpu/check.sh: the
+# steps that measure this trainer beside the strongest peers on the same
+# GPU, in the same command (each ratio's two figures side by side), and
+# where its step's time goes:
+#   peers      d12 beside llm.c's production build (cuDNN) and compiled PyTorch
+#   qwen       Qwen2.5-0.5B and -1.5B shapes beside llm.q
+#   breakdown  d12's step by op class, measured and planned
+# Helpers (bench_data, llmc_ready, llmc_median_ms) are scripts/gpu/steps.sh's.
+# shellcheck shell=bash disable=SC2034
+
+# ---- peers --------------------------------------------------------------------------
+# d12 (T=1024, the same token shard and model shape) beside the strongest
+# peers on this GPU, each ratio measured in the same command:
+#   llm.c's production build (cuDNN attention: llmc_build.sh --cudnn) at its
+#   recipe, B=64 without recompute (-r 0), and at B=32 -r 1;
+#   GPT-2 in compiled PyTorch (scripts/gpu/torch_gpt2.py: SDPA, torch.compile,
+#   fused AdamW, bf16 autocast) at B=32, which recomputes nothing: this
+#   trainer at -r 0 beside it.
+# tokens/s from the median step after the warm-up steps of 30 (5; PyTorch
+# 10, its compile among them). Figures: d12_b64_t1024_r0_*, d12_b32_t1024_r1_*
+# (ours_tokens_per_s, llmc_cudnn_tokens_per_s, ours_over_llmc_cudnn) and
+# d12_b32_t1024_* (ours_r0_tokens_per_s, torch_compile_tokens_per_s,
+# ours_over_torch_compile), each peer's commit and flags in its command.
+step_peers() {
+    begin_step peers 330
+    need core
+    local data=build/gpu/bench_tokens.bin llmc fe desc="" B r name ours lm ms ratio args
+    bench_data
+    llmc=$(llmc_source) fe=$(cudnn_frontend)
+    if [[ -n $llmc && -n $fe ]]; then
+        llmc_ready "$llmc" "$fe" || llmc=""
+        # What the figures say of the peer: llm.c's commit, the frontend's, cuDNN's version.
+        [[ $DRY == 1 ]] || desc="llm.c $(cut -d' ' -f1 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
+            "USE_CUDNN=1, cudnn-frontend $(cut -d' ' -f3 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
+            "cudnn ${GPU_ENV_SUMMARY#*cudnn: }"
+        desc=${desc%%; CUDA_ARCH*}
+    else
+        say "llm.c with cuDNN: no $([[ -z $llmc ]] && echo "llm.c sources (LLMC_SRC=DIR)" ||
+            echo "cudnn-frontend (CUDNN_FRONTEND=DIR, a clone of https://github.com/NVIDIA/cudnn-frontend)"): skipped"
+        llmc=""
+    fi
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' run tokens/s peer_tok/s ratio)"
+    for B in 64 32; do
+        r=$([[ $B == 64 ]] && echo 0 || echo 1) name=d12_b${B}_t1024_r$r
+        args=(-e d12 -i "$data" -j "" -b "$B" -t 1024 -r "$r" --device cuda)
+        FIGS=${name}_ours_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
+            run_prog "ours_b${B}_r$r" 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
+        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b${B}_r$r.log" 2>/dev/null)
+        lm="" ratio=""
+        if [[ -n $llmc ]]; then
+            MIN=40 run_prog "llmc_cudnn_b${B}_r$r" 120 15 bash -c 'cd build/gpu/llmc_cudnn && exec ./train_gpt2cu "$@"' \
+                llmc -e d12 -i "$PWD/$data" -j "$PWD/$data" -b "$B" -t 1024 -r "$r" -x 30 -v 100000 -m 1 -s 0
+            ms=$(llmc_median_ms "$W/llmc_cudnn_b${B}_r$r.log")
+            [[ -n $ms ]] && lm=$(awk -v b="$B" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}')
+            [[ -n $lm ]] && figure "${name}_llmc_cudnn_tokens_per_s" "$lm" tok/s \
+                "train_gpt2cu -e d12 -b $B -t 1024 -r $r -x 30 ($desc)"
+            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
+            [[ -n $ratio ]] && figure "${name}_ours_over_llmc_cudnn" "$ratio" ratio "the two figures above ($desc)"
+        fi
+        [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=$B -r $r" "${ours:--}" "${lm:--}" "${ratio:--}")"
+    done
+    name=d12_b32_t1024
+    args=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 0 --device cuda)
+    FIGS=${name}_ours_r0_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
+        run_prog ours_b32_r0 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
+    ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b32_r0.log" 2>/dev/null)
+    local tcmd="scripts/gpu/torch_gpt2.py --data $data --B 32 --T 1024 --steps 30 --warmup 10"
+    FIGS=${name}_torch_compile_ FIGCMD="$tcmd" MIN=60 \
+        run_prog torch_compile_b32 240 150 "$TORCH_PY" scripts/gpu/torch_gpt2.py --data "$data" --B 32 --T 1024 \
+        --steps 30 --warmup 10
+    local tt backend tver
+    tt=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
+    backend=$(sed -n 's/^sdpa_backend \(.*\)/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
+    tver=$(sed -n 's/^torch \([^,]*\),.*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
+    ratio=$([[ -n $ours && -n $tt ]] && awk -v a="$ours" -v b="$tt" 'BEGIN {printf "%.3f", a / b}')
+    [[ -n $ratio ]] && figure "${name}_ours_over_torch_compile" "$ratio" ratio \
+        "ours -r 0 over $tcmd (torch $tver, sdpa $backend)"
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=32 -r 0" "${ours:--}" "${tt:--}" "${ratio:--}")" \
+        "(compiled PyTorch $tver, SDPA backend: ${backend:-?})"
+    end_step
+}
+
+# ---- qwen ---------------------------------------------------------------------------
+# Qwen2.5-0.5B and -1.5B shapes from random initialisation, bf16, T=1024,
+# 131,072 tokens a step, no recompute, this trainer beside llm.q
+# (scripts/gpu/llmq_build.sh; --from-scratch takes the shapes from the
+# name) on the same random tokens of Qwen's vocabulary (llm.q reads them
+# through scripts/gpu/llmq_tokens.py): tokens/s from the median step after
+# the first 2 of 12. llm.q: B=32, 4 micro-batches; this trainer: 0.5B at
+# B=32, 4 micro-batches; 1.5B at B=16, 8 (its fp32 master weights and Adam
+# state do not leave room for B=32 without recompute on 80 GB). Figures:
+# qwen2.5_{0.5b,1.5b}_{ours_tokens_per_s, ours_mfu, llmq_tokens_per_s,
+# ours_over_llmq}, llm.q's commit and flags in its command.
+QWEN_05B=arch=qwen2,L=24,C=896,NH=14,NKV=2,F=4864,V=151936,T=1024,theta=1000000,tied=1
+QWEN_15B=arch=qwen2,L=28,C=1536,NH=12,NKV=2,F=8960,V=151936,T=1024,theta=1000000,tied=1
+
+# llmq_median_tps LOG: llm.q's tokens/s, from its JSON log's step lines, the median after the first 2.
+llmq_median_tps() {
+    sed -n 's/.*"log": "step".*"step_tokens": \([0-9]*\), "duration_ms": \([0-9]*\).*/\1 \2/p' "$1" 2>/dev/null |
+        tail -n +3 | awk '$2 > 0 {print $1 / $2 * 1000}' | sort -g |
+        awk '{a[NR] = $1} END {if (NR) printf "%.0f\n", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'
+}
+
+step_qwen() {
+    begin_step qwen 420
+    need core
+    local tok=build/gpu/qwen_tokens.bin src name spec B d ours lm ratio llmq_ok=0 desc=""
+    [[ -f $tok && $DRY == 0 ]] || run_prog qwen_data 60 10 "$PY" -c "import sys
+sys.path.insert(0, 'scripts')
+import numpy as np, shards
+shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_000_000), 151936)" "$tok"
+    src=$(llmq_source)
+    if [[ -n $src ]]; then
+        run_prog llmq_build 300 "0|120" bash scripts/gpu/llmq_build.sh "$src" && llmq_ok=1
+        run_prog llmq_tokens 60 5 "$PY" scripts/gpu/llmq_tokens.py "$tok" build/gpu/llmq_train.bin \
+            --vocab 151936
+        run_prog llmq_tokens_eval 60 3 "$PY" scripts/gpu/llmq_tokens.py "$tok" \
+            build/gpu/llmq_eval.bin --vocab 151936 --head 65537
+        [[ $DRY == 1 ]] || desc="llm.q $(cut -d' ' -f2 build/gpu/llmq/stamp 2>/dev/null | cut -c1-12)"
+    else
+        say "llm.q: no sources (LLMQ_SRC=DIR, a clone of https://github.com/IST-DASLab/llmq, or the bundle's): ours only"
+    fi
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' run tokens/s llmq_tok/s ratio)"
+    for name in 0.5b 1.5b; do
+        if [[ $name == 0.5b ]]; then spec=$QWEN_05B B=32; else spec=$QWEN_15B B=16; fi
+        local args=(-e "$spec" -i "$tok" -j "" -b "$B" -t 1024 -d 131072 -r 0 --device cuda) extra=()
+        [[ $name == 1.5b ]] && extra=(--lmhead-chunks=4)
+        FIGS=qwen2.5_${name}_ours_ FIGCMD="scripts/benchmark.py --steps 12 --warmup 2 -- ${args[*]}" MIN=60 \
+            run_prog "ours_qwen_$name" 150 "$([[ $name == 0.5b ]] && echo 40 || echo 70)" "$PY" scripts/benchmark.py \
+            --steps 12 --warmup 2 -- "${args[@]}"
+        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_qwen_$name.log" 2>/dev/null)
+        lm="" ratio=""
+        if ((llmq_ok)) || [[ $DRY == 1 && -n $src ]]; then
+            local out=$W/llmq_$name
+            local cmd=(build/gpu/llmq/train "--model=Qwen2.5-${name%b}B" --from-scratch --gpus=1
+                --train-file=build/gpu/llmq_train.bin --eval-file=build/gpu/llmq_eval.bin --seq-len=1024
+                --batch-size=32 --grad-accumulation=4 --steps=12 --model-dtype=bf16 --matmul-dtype=bf16
+                --use-cuda-graphs --learning-rate=3e-4 --warmup=2 --eval-every-n-steps=0 --ckpt-interval=0
+                --save-training-state=false --log-gpu-util=0 "${extra[@]}" "--out-dir=$out"
+                "--checkpoint-dir=$out/ckpt" "--log-file=$out/log.json")
+            [[ $DRY == 1 ]] || mkdir -p "$out"
+            MIN=60 run_prog "llmq_qwen_$name" 200 "$([[ $name == 0.5b ]] && echo 50 || echo 90)" "${cmd[@]}"
+            lm=$(llmq_median_tps "$out/log.json")
+            [[ -n $lm ]] && figure "qwen2.5_${name}_llmq_tokens_per_s" "$lm" tok/s "${cmd[*]} ($desc)"
+            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
+            [[ -n $ratio ]] && figure "qwen2.5_${name}_ours_over_llmq" "$ratio" ratio "the two figures above ($desc)"
+            [[ $DRY == 1 ]] || rm -rf "$out/ckpt" "$out"/*.safetensors 2>/dev/null  # the model llm.q writes at its end
+        fi
+        [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "Qwen2.5-$name" "${ours:--}" "${lm:--}" "${ratio:--}")"
+    done
+    end_step
+}
+
+# ---- breakdown ----------------------------------------------------------------------
+# d12 at B=32, T=1024, -r 1: the step's GPU time by op class (CUDA events
+# around every op, llmc/backend/backend_profile.h) and the planner's
+# prediction of the same classes on the h100-sxm profile
+# (scripts/benchmark.py --breakdown). Figures: d12_b32_breakdown_<class>_ms,
+# d12_b32_breakdown_planned_<class>_ms, d12_b32_breakdown_idle_ms and the
+# ops' share of the step.
+step_breakdown() {
+    begin_step breakdown 120
+    need core
+    local data=build/gpu/bench_tokens.bin
+    bench_data
+    local args=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 1 --device cuda)
+    FIGS=d12_b32_ FIGCMD="scripts/benchmark.py --steps 20 --warmup 5 --breakdown -- ${args[*]}" MIN=40 \
+        SUMMARY_MATCH='^breakdown|^  [a-z_]+ +[0-9.]+ ' run_prog breakdown_d12_b32 100 15 "$PY" scripts/benchmark.py \
+        --steps 20 --warmup 5 --breakdown -- "${args[@]}"
+    end_step
+}
