@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
         for (int step = r.st.step; step < cfg.max_steps; step++) {
             StepMetrics m = r.train_step(step);
             if (r.data.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
-            if (r.main_rank && !r.report.metrics.write(m, &err)) end_job(err);
-            r.report.note_step(m, cfg.total_batch);
+            if (r.main_rank && !r.progress.metrics.write(m, &err)) end_job(err);
+            r.progress.note_step(m, cfg.total_batch);
             if (r.due(cfg.sample_every, step)) r.sample();
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
             else if (r.ckpt.async) r.complete_checkpoint(false);

@@ -10,7 +10,7 @@
 //
 // What it holds beside the run's core (flags, layout, grid, model stack,
 // training state): its data (llmc/run/train_data.h), its checkpoints
-// (llmc/run/run_checkpoints.h) and its reports (llmc/run/run_report.h).
+// (llmc/run/run_checkpoints.h) and its reports (llmc/run/progress.h).
 //
 //   trainer_setup.cpp  setup, the memory check, the settings table
 //   trainer_step.cpp   a training step, validation, samples
@@ -28,7 +28,7 @@
 #include "llmc/parallel/model_stack.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/run_checkpoints.h"
-#include "llmc/run/run_report.h"
+#include "llmc/run/progress.h"
 #include "llmc/run/train_config.h"
 #include "llmc/run/train_data.h"
 
@@ -56,7 +56,7 @@ struct Trainer {
     // ---- by responsibility ----
     TrainData data;
     RunCheckpoints ckpt;
-    RunReport report;
+    RunProgress progress;
 
     // Setting up (trainer_setup.cpp).
     void setup(const ArgParser& parser);

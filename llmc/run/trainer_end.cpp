@@ -116,7 +116,7 @@ void Trainer::export_weights() {
     for (const std::string& p : paths) {
         if (!export_model(p, *s.model, owner(), version, &err)) end_job(err);
         if (main_rank) std::printf("model: %s\n", p.c_str());
-        report.weights_written.push_back(p);
+        progress.weights_written.push_back(p);
     }
     // With the run's tokenizer.json, if it has one, and what the Hugging Face
     // directory the run loaded had besides the weights (llmc/io/hf_meta.h).
@@ -132,7 +132,7 @@ void Trainer::export_weights() {
     for (const std::string& p : hf_paths) {
         if (!export_hf(p, *s.model, owner(), &err, extras)) end_job(err);
         if (main_rank) std::printf("hugging face model: %s\n", p.c_str());
-        report.weights_written.push_back(p);
+        progress.weights_written.push_back(p);
     }
 }
 
@@ -175,5 +175,5 @@ void Trainer::finish() {
                     rs.recorded ? "" : " (ZeRO-2/3, tp and cp communicate inside the forward and backward: no regions)");
     print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, lay.pp,
                                  ckpt.host_bytes()));
-    report.print_summary(main_rank);
+    progress.print_summary(main_rank);
 }

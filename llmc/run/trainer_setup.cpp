@@ -197,7 +197,7 @@ void Trainer::setup(const ArgParser& parser) {
     ok = true;
     if (main_rank && !cfg.output_dir.empty()) {
         ok = make_dirs(cfg.output_dir, &err) &&
-             report.metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
+             progress.metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
         // The run's full resolved flags beside its metrics: `--config` reads it back.
         AtomicWriter rc;
         const std::string flags = parser.resolved_json(training_flag);

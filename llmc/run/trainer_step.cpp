@@ -134,7 +134,7 @@ StepMetrics Trainer::train_step(int step) {
         if (maxvio >= 0) std::printf(" | maxvio %.3f", maxvio);
         std::printf(" | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s", m.lr, norm, ms, m.tokens_per_s);
         if (m.mfu > 0) std::printf(" | MFU %.1f%%", 100 * m.mfu);
-        std::printf(" | %s", report.progress(step, cfg.max_steps, m.tokens, ms, *be).c_str());
+        std::printf(" | %s", progress.line(step, cfg.max_steps, m.tokens, ms, *be).c_str());
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
         std::printf("\n");
     }

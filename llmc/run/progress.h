@@ -1,4 +1,4 @@
-// llmc/run/run_report.h: what a run tells as it goes and at its end, apart
+// llmc/run/progress.h: what a run tells as it goes and at its end, apart
 // from the step line itself: metrics.jsonl, the progress on the step line
 // (tokens seen, time since this launch's first step, the time left, memory
 // in use), the totals of this launch, and the summary with where the
@@ -10,13 +10,13 @@
 #include "llmc/backend/backend.h"
 #include "llmc/run/metrics.h"
 
-struct RunReport {
+struct RunProgress {
     MetricsLog metrics;
     std::vector<std::string> weights_written;  // every file or directory of final weights
 
     // Progress after step `step` of max_steps (`tokens` seen, the step took
     // step_ms), with the backend's memory in use.
-    std::string progress(int step, int max_steps, unsigned long long tokens, double step_ms, Backend& be);
+    std::string line(int step, int max_steps, unsigned long long tokens, double step_ms, Backend& be);
     // After each step (total_batch: its tokens).
     void note_step(const StepMetrics& m, long long total_batch);
     // The end-of-run summary: steps and tokens of this launch, wall time and

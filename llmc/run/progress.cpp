@@ -1,6 +1,6 @@
-// llmc/run/run_report.cpp: progress, totals and the summary of a run
-// (llmc/run/run_report.h).
-#include "llmc/run/run_report.h"
+// llmc/run/progress.cpp: progress, totals and the summary of a run
+// (llmc/run/progress.h).
+#include "llmc/run/progress.h"
 
 #include <chrono>
 #include <cstdio>
@@ -14,7 +14,7 @@ static double now_seconds() {
 // Progress after step `step`: tokens seen, wall time since this launch's
 // first step, the time left at the launch's pace so far (validation and
 // samples included), and this rank's device memory in use.
-std::string RunReport::progress(int step, int max_steps, unsigned long long tokens, double step_ms, Backend& be) {
+std::string RunProgress::line(int step, int max_steps, unsigned long long tokens, double step_ms, Backend& be) {
     const double now = now_seconds();
     if (progress_start_ < 0) {
         progress_start_ = now - step_ms / 1e3;
@@ -33,7 +33,7 @@ std::string RunReport::progress(int step, int max_steps, unsigned long long toke
     return b;
 }
 
-void RunReport::note_step(const StepMetrics& m, long long total_batch) {
+void RunProgress::note_step(const StepMetrics& m, long long total_batch) {
     if (totals_.steps == 0) {
         totals_.first_tokens = m.tokens - (unsigned long long)total_batch;
         totals_.wall_start = now_seconds() - m.ms / 1e3;
@@ -51,7 +51,7 @@ void RunReport::note_step(const StepMetrics& m, long long total_batch) {
 // One paragraph at the end: steps and tokens of this launch, wall time and
 // the time in training steps, mean tokens/s (and MFU on a GPU), the best
 // validation loss, and where the weights are.
-void RunReport::print_summary(bool main_rank) const {
+void RunProgress::print_summary(bool main_rank) const {
     if (!main_rank || totals_.steps == 0) return;
     const unsigned long long tokens = totals_.last_tokens - totals_.first_tokens;
     const double train_s = totals_.ms / 1e3;
