@@ -131,20 +131,20 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_0
         ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_qwen_$name.log" 2>/dev/null)
         lm="" ratio=""
         if ((llmq_ok)) || [[ $DRY == 1 && -n $src ]]; then
-            local out=$W/llmq_$name
+            local qdir=$W/llmq_$name
             local cmd=(build/gpu/llmq/train "--model=Qwen2.5-${name%b}B" --from-scratch --gpus=1
                 --train-file=build/gpu/llmq_train.bin --eval-file=build/gpu/llmq_eval.bin --seq-len=1024
                 --batch-size=32 --grad-accumulation=4 --steps=12 --model-dtype=bf16 --matmul-dtype=bf16
                 --use-cuda-graphs --learning-rate=3e-4 --warmup=2 --eval-every-n-steps=0 --ckpt-interval=0
-                --save-training-state=false --log-gpu-util=0 "${extra[@]}" "--out-dir=$out"
-                "--checkpoint-dir=$out/ckpt" "--log-file=$out/log.json")
-            [[ $DRY == 1 ]] || mkdir -p "$out"
+                --save-training-state=false --log-gpu-util=0 "${extra[@]}" "--out-dir=$qdir"
+                "--checkpoint-dir=$qdir/ckpt" "--log-file=$qdir/log.json")
+            [[ $DRY == 1 ]] || mkdir -p "$qdir"
             MIN=60 run_prog "llmq_qwen_$name" 200 "$([[ $name == 0.5b ]] && echo 50 || echo 90)" "${cmd[@]}"
-            lm=$(llmq_median_tps "$out/log.json")
+            lm=$(llmq_median_tps "$qdir/log.json")
             [[ -n $lm ]] && figure "qwen2.5_${name}_llmq_tokens_per_s" "$lm" tok/s "${cmd[*]} ($desc)"
             [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
             [[ -n $ratio ]] && figure "qwen2.5_${name}_ours_over_llmq" "$ratio" ratio "the two figures above ($desc)"
-            [[ $DRY == 1 ]] || rm -rf "$out/ckpt" "$out"/*.safetensors 2>/dev/null  # the model llm.q writes at its end
+            [[ $DRY == 1 ]] || rm -rf "$qdir/ckpt" "$qdir"/*.safetensors 2>/dev/null  # the model llm.q writes at its end
         fi
         [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "Qwen2.5-$name" "${ours:--}" "${lm:--}" "${ratio:--}")"
     done
