@@ -57,8 +57,10 @@
 #                    a fresh GPU machine skips the build; check.sh uses them
 #                    when they match its sources and their libraries
 #                    resolve, and builds otherwise
-# The bundle is about 12 MB (xz) with --prebuilt; the prebuilt build takes
-# about 5 minutes on 2 cores. scripts/gpu/bundle_selftest.sh checks a bundle
+# With --prebuilt and every peer (--llmc, --cudnn-frontend, --llmq) the
+# bundle is about 50 MB (xz; 38 MB of it the prebuilt binaries, most of that
+# the test programs' device code): with the tree (under 4 MB) it stays under
+# a 64 MiB copy. The prebuilt build takes about 11 minutes on 2 cores. scripts/gpu/bundle_selftest.sh checks a bundle
 # here.
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
