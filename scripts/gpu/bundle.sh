@@ -60,8 +60,8 @@
 # With --prebuilt and every peer (--llmc, --cudnn-frontend, --llmq) the
 # bundle is about 50 MB (xz; 38 MB of it the prebuilt binaries, most of that
 # the test programs' device code): with the tree (under 4 MB) it stays under
-# a 64 MiB copy. The prebuilt build takes about 11 minutes on 2 cores. scripts/gpu/bundle_selftest.sh checks a bundle
-# here.
+# a 64 MiB copy. The prebuilt build takes about 11 minutes on 2 cores.
+# scripts/gpu/bundle_selftest.sh checks a bundle here.
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 2; }
 PREBUILT=0 STAMP_ONLY=0 LLMC=${LLMC_SRC:-} FRONTEND=${CUDNN_FRONTEND:-} LLMQ=${LLMQ_SRC:-} OUTDIR=
