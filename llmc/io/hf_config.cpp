@@ -226,9 +226,17 @@ ojson hf_config_json(const GPTConfig& c, const char* torch_dtype) {
         j["attention_dropout"] = 0.0;
         j["pretraining_tp"] = 1;
         j["initializer_range"] = 0.02;
-        if (c.moe()) {  // MixtralConfig's keys (its attention and MLP have no bias keys)
-            j["model_type"] = "mixtral";
+        // MixtralConfig and Qwen2Config have no head_dim, bias or
+        // pretraining_tp keys (Qwen2's Q, K, V biases are implied). Neither
+        // has a sliding window: null, not a width, because transformers
+        // 4.40.2 builds its eager and SDPA causal masks with sliding_window
+        // even when use_sliding_window is false, which would cut attention
+        // past that many tokens. (The keys keep the order earlier exports
+        // wrote them in.)
+        if (c.moe() || c.arch == Arch::qwen2)
             for (const char* k : {"head_dim", "attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+        if (c.moe()) {
+            j["model_type"] = "mixtral";
             j["num_local_experts"] = c.experts;
             j["num_experts_per_tok"] = c.top_k;
             j["router_aux_loss_coef"] = c.aux_coef;
@@ -236,13 +244,9 @@ ojson hf_config_json(const GPTConfig& c, const char* torch_dtype) {
             j["router_jitter_noise"] = 0.0;
             j["sliding_window"] = nullptr;
         }
-        if (c.arch == Arch::qwen2) {  // Qwen2Config's keys: the Q, K, V biases are implied
+        if (c.arch == Arch::qwen2) {
             j["model_type"] = "qwen2";
-            for (const char* k : {"head_dim", "attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
             j["use_sliding_window"] = false;
-            // null, not a width: transformers 4.40.2 builds its eager and SDPA
-            // causal masks with sliding_window even when use_sliding_window is
-            // false, which would cut attention past that many tokens.
             j["sliding_window"] = nullptr;
             j["max_window_layers"] = c.num_layers;
         }

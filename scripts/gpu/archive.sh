@@ -1,5 +1,6 @@
 # scripts/gpu/archive.sh: sourced (not run) by scripts/gpu/bundle.sh,
-# scripts/gpu/env.sh, scripts/gpu/check.sh and scripts/gpu/bundle_selftest.sh.
+# scripts/gpu/env.sh, scripts/gpu/check.sh, scripts/gpu/bundle_selftest.sh,
+# scripts/gpu/llmc_build.sh and scripts/gpu/llmq_build.sh.
 # Packs and unpacks the bundle's archives with what the machine has, since a
 # bare GPU machine may lack `xz`:
 #   archive_pack OUT_BASE DIR ITEM...  packs ITEMs (relative to DIR) into
@@ -10,7 +11,9 @@
 #       (default .): tar with xz or gzip when the tool is here, else Python's
 #       tarfile (which reads xz through lzma and gzip through zlib).
 #   archive_tool                prints what archive_pack would use.
-# Both return non-zero on failure, with a message.
+#   commit_of DIR               a source folder's commit: its COMMIT file's
+#       first line (what a bundled copy carries), else git's, else "unknown".
+# The archive functions return non-zero on failure, with a message.
 # shellcheck shell=bash
 # _have TOOL: TOOL is an executable file on PATH (`command -v` alone also
 # names a file that is there but cannot run).
@@ -94,4 +97,10 @@ try:
 except (tarfile.TarError, OSError, EOFError) as e:
     sys.exit(f"archive_unpack: {f}: {e}")
 PYEOF
+}
+
+commit_of() {
+    if [[ -f $1/COMMIT ]]; then head -n 1 "$1/COMMIT"
+    elif [[ -e $1/.git ]]; then git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown
+    else echo unknown; fi
 }

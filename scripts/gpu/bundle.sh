@@ -161,9 +161,7 @@ if [[ -n $LLMC ]]; then
     mkdir -p "$TMP/llmc_src"
     cp -r "$LLMC/Makefile" "$LLMC/train_gpt2.cu" "$LLMC/llmc" "$TMP/llmc_src/"
     for f in LICENSE README.md; do [[ -f $LLMC/$f ]] && cp "$LLMC/$f" "$TMP/llmc_src/"; done
-    if [[ -f $LLMC/COMMIT ]]; then head -n 1 "$LLMC/COMMIT"
-    elif [[ -e $LLMC/.git ]]; then git -C "$LLMC" rev-parse HEAD
-    else echo unknown; fi > "$TMP/llmc_src/COMMIT"
+    commit_of "$LLMC" > "$TMP/llmc_src/COMMIT"
     a=$(archive_pack "$OUTDIR/llmc_src" "$TMP" llmc_src)
     note "llm.c: https://github.com/karpathy/llm.c commit $(cat "$TMP/llmc_src/COMMIT") (from $LLMC) -> $(basename "$a")"
 else
@@ -175,9 +173,7 @@ if [[ -n $FRONTEND ]]; then
     mkdir -p "$TMP/cudnn_frontend"
     cp -r "$FRONTEND/include" "$TMP/cudnn_frontend/"
     [[ -f $FRONTEND/LICENSE.txt ]] && cp "$FRONTEND/LICENSE.txt" "$TMP/cudnn_frontend/"
-    if [[ -f $FRONTEND/COMMIT ]]; then head -n 1 "$FRONTEND/COMMIT"
-    elif [[ -e $FRONTEND/.git ]]; then git -C "$FRONTEND" rev-parse HEAD
-    else echo unknown; fi > "$TMP/cudnn_frontend/COMMIT"
+    commit_of "$FRONTEND" > "$TMP/cudnn_frontend/COMMIT"
     a=$(archive_pack "$OUTDIR/cudnn_frontend" "$TMP" cudnn_frontend)
     note "cudnn-frontend: https://github.com/NVIDIA/cudnn-frontend commit $(cat "$TMP/cudnn_frontend/COMMIT") -> $(basename "$a")"
 else
@@ -186,12 +182,6 @@ fi
 
 # 3c. llm.q's sources and, pruned to what CMake reads (no tests, docs,
 # examples; Catch2 is configured but never built), its dependencies'.
-# commit_of DIR: a source folder's commit (its COMMIT file, else git's).
-commit_of() {
-    if [[ -f $1/COMMIT ]]; then head -n 1 "$1/COMMIT"
-    elif [[ -e $1/.git ]]; then git -C "$1" rev-parse HEAD
-    else echo unknown; fi
-}
 if [[ -n $LLMQ ]]; then
     mkdir -p "$TMP/llmq_src"
     cp -r "$LLMQ/CMakeLists.txt" "$LLMQ/train.cpp" "$LLMQ/export-checkpoint.cpp" "$LLMQ/src" "$TMP/llmq_src/"

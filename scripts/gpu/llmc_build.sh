@@ -43,9 +43,8 @@ cd "$(dirname "$0")/../.." || exit 1
 PY=python3
 command -v "$PY" > /dev/null || PY=/usr/bin/python3
 GPU_DEPS=${GPU_DEPS:-$PWD/build/gpu/deps}
-if [[ -f $SRC/COMMIT ]]; then LLMC_COMMIT=$(head -n 1 "$SRC/COMMIT")
-elif [[ -e $SRC/.git ]]; then LLMC_COMMIT=$(git -C "$SRC" rev-parse HEAD)
-else LLMC_COMMIT=unknown; fi
+source scripts/gpu/archive.sh  # commit_of
+LLMC_COMMIT=$(commit_of "$SRC")
 CC_=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
 [[ $CC_ =~ ^[0-9]+$ ]] || CC_=${LLMC_CC:-90}
 NVML_LIB=$( (ldconfig -p 2>/dev/null | awk '/libnvidia-ml\.so\.1 /{print $NF; exit}');
@@ -68,9 +67,7 @@ if [[ -n $FRONTEND ]]; then
     # the frontend's runtime-compiled kernels (the stub at link time).
     LB=build/gpu/llmc_cudnn
     CUDA_HOME_=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
-    if [[ -f $FRONTEND/COMMIT ]]; then FE_COMMIT=$(head -n 1 "$FRONTEND/COMMIT")
-    elif [[ -e $FRONTEND/.git ]]; then FE_COMMIT=$(git -C "$FRONTEND" rev-parse HEAD)
-    else FE_COMMIT=unknown; fi
+    FE_COMMIT=$(commit_of "$FRONTEND")
     FE_PATH=cudnn-frontend/include${CUDNN_INCLUDE:+ -I$CUDNN_INCLUDE}  # relative to $LB: the link below
     LIBS="-lcublas -lcublasLt -lcudnn -lnvrtc -L$CUDA_HOME_/lib64/stubs -L$CUDA_HOME_/lib/stubs -lcuda"
     [[ -n ${CUDNN_LIB:-} ]] && LIBS="-L$CUDNN_LIB -Xlinker -rpath=$CUDNN_LIB $LIBS"

@@ -75,12 +75,7 @@ DEPS=${LLMQ_DEPS:-}
 cd "$(dirname "$0")/../.." || exit 1
 DEPS=${DEPS:-$PWD/build/gpu/deps/llmq_deps}
 
-# commit_of DIR: a source folder's commit.
-commit_of() {
-    if [[ -f $1/COMMIT ]]; then head -n 1 "$1/COMMIT"
-    elif [[ -e $1/.git ]]; then git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown
-    else echo unknown; fi
-}
+source scripts/gpu/archive.sh  # commit_of
 # The dependencies: FetchContent name, a file that shows the folder is it, where it comes from.
 DEP_LIST=("json include/nlohmann/json.hpp https://github.com/nlohmann/json v3.11.3"
     "cudnn-fe include/cudnn_frontend.h https://github.com/NVIDIA/cudnn-frontend v1.12.0"

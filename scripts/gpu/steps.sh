@@ -252,6 +252,17 @@ llmc_background() {
     say "llm.c: building $f/train_gpt2cu in the background ($W/${f}_build.log)"
 }
 
+# tokens_per_s LOG: the "figure tokens_per_s" a run printed (scripts/benchmark.py, torch_gpt2.py).
+tokens_per_s() { sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$1" 2>/dev/null; }
+# llmc_tokens_per_s LOG B: llm.c's tokens/s at T=1024 from its median step.
+llmc_tokens_per_s() {
+    local ms
+    ms=$(llmc_median_ms "$1")
+    [[ -n $ms ]] && awk -v b="$2" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}'
+}
+# ratio A B: A / B to 3 decimals, nothing when either is missing.
+ratio() { [[ -n $1 && -n $2 ]] && awk -v a="$1" -v b="$2" 'BEGIN {printf "%.3f", a / b}'; }
+
 # llmc_ready SRC [FE]: llm.c's binary (FE: its cuDNN build), from the
 # background build (waited for) or built now.
 llmc_ready() {
@@ -304,22 +315,21 @@ step_bench() {
     if [[ -n $llmc ]]; then llmc_ready "$llmc" || llmc=""
     else say "llm.c: no sources (LLMC_SRC=DIR, a clone of https://github.com/karpathy/llm.c, or the bundle's): ours only"; fi
     [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' run B tokens/s llmc_tok/s ratio)"
-    local B ours lm ms ratio name env flags item args
+    local B ours lm ratio name env flags item args
     for B in "${bs[@]}"; do
         name=d12_b${B}_t1024_r1
         args=(-e d12 -i "$data" -j "" -b "$B" -t 1024 -r 1 --device cuda)
         FIGS=${name}_ours_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
             run_prog "ours_b$B" 100 8 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
-        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b$B.log" 2>/dev/null)
+        ours=$(tokens_per_s "$W/ours_b$B.log")
         lm="" ratio=""
         if [[ -n $llmc ]]; then
             MIN=40 run_prog "llmc_b$B" 100 8 bash -c 'cd build/gpu/llmc && exec ./train_gpt2cu "$@"' llmc \
                 -e d12 -i "$PWD/$data" -j "$PWD/$data" -b "$B" -t 1024 -r 1 -x 30 -v 100000 -m 1 -s 0
-            ms=$(llmc_median_ms "$W/llmc_b$B.log")
-            [[ -n $ms ]] && lm=$(awk -v b="$B" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}')
+            lm=$(llmc_tokens_per_s "$W/llmc_b$B.log" "$B")
             [[ -n $lm ]] && figure "${name}_llmc_tokens_per_s" "$lm" tok/s \
                 "train_gpt2cu -e d12 -b $B -t 1024 -r 1 -x 30 (llm.c $(head -c 12 build/gpu/llmc/stamp 2>/dev/null))"
-            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
+            ratio=$(ratio "$ours" "$lm")
             [[ -n $ratio ]] && figure "${name}_ours_over_llmc" "$ratio" ratio "the two figures above"
         fi
         [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' ours "$B" "${ours:--}" "${lm:--}" "${ratio:--}")"
@@ -341,8 +351,8 @@ step_bench() {
                 run_prog "ours_b${B}_sw_$sname" 100 8 env "${env[@]}" "$PY" scripts/benchmark.py --steps 30 \
                 --warmup 5 -- "${args[@]}" "${flags[@]}"
             local with
-            with=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b${B}_sw_$sname.log" 2>/dev/null)
-            ratio=$([[ -n $with && -n $ours ]] && awk -v a="$with" -v b="$ours" 'BEGIN {printf "%.3f", a / b}')
+            with=$(tokens_per_s "$W/ours_b${B}_sw_$sname.log")
+            ratio=$(ratio "$with" "$ours")
             [[ -n $ratio ]] && figure "${name}_sw_${sname}_over_base" "$ratio" ratio "tokens/s with ${sw#*=} over without"
             [[ $DRY == 1 ]] || say "$(printf '%-22s %6s %14s %14s %10s' "sw $sname" "$B" "${with:--}" "-" "${ratio:--}")"
         done
@@ -486,7 +496,7 @@ print(v[-1] if v else '')" "$RESULTS" 2>/dev/null)
         bench_data
         FIGS=d12_b16_t1024_r1_ours_ MIN=40 run_prog ours_b16 100 25 "$PY" scripts/benchmark.py --steps 30 --warmup 5 \
             -- -e d12 -i build/gpu/bench_tokens.bin -j "" -b 16 -t 1024 -r 1 --device cuda
-        meas=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b16.log" 2>/dev/null)
+        meas=$(tokens_per_s "$W/ours_b16.log")
     fi
     run_prog plan_d12 60 10 ./train_gpt --plan eval --hardware "$prof" -e d12 -b 16 -t 1024 -r 1 --world 1 \
         --device cuda --plan-json "$W/plan_d12.jsonl"

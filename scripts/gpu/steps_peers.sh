@@ -5,7 +5,8 @@
 #   peers      d12 beside llm.c's production build (cuDNN) and compiled PyTorch
 #   qwen       Qwen2.5-0.5B and -1.5B shapes beside llm.q
 #   breakdown  d12's step by op class, measured and planned
-# Helpers (bench_data, llmc_ready, llmc_median_ms) are scripts/gpu/steps.sh's.
+# Helpers (bench_data, llmc_ready, tokens_per_s, llmc_tokens_per_s, ratio)
+# are scripts/gpu/steps.sh's.
 # shellcheck shell=bash disable=SC2034
 
 # ---- peers --------------------------------------------------------------------------
@@ -24,7 +25,7 @@
 step_peers() {
     begin_step peers 330
     need core
-    local data=build/gpu/bench_tokens.bin llmc fe desc="" B r name ours lm ms ratio args
+    local data=build/gpu/bench_tokens.bin llmc fe desc="" B r name ours lm ratio args
     bench_data
     llmc=$(llmc_source) fe=$(cudnn_frontend)
     if [[ -n $llmc && -n $fe ]]; then
@@ -45,16 +46,15 @@ step_peers() {
         args=(-e d12 -i "$data" -j "" -b "$B" -t 1024 -r "$r" --device cuda)
         FIGS=${name}_ours_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
             run_prog "ours_b${B}_r$r" 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
-        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b${B}_r$r.log" 2>/dev/null)
+        ours=$(tokens_per_s "$W/ours_b${B}_r$r.log")
         lm="" ratio=""
         if [[ -n $llmc ]]; then
             MIN=40 run_prog "llmc_cudnn_b${B}_r$r" 120 15 bash -c 'cd build/gpu/llmc_cudnn && exec ./train_gpt2cu "$@"' \
                 llmc -e d12 -i "$PWD/$data" -j "$PWD/$data" -b "$B" -t 1024 -r "$r" -x 30 -v 100000 -m 1 -s 0
-            ms=$(llmc_median_ms "$W/llmc_cudnn_b${B}_r$r.log")
-            [[ -n $ms ]] && lm=$(awk -v b="$B" -v ms="$ms" 'BEGIN {printf "%.0f", b * 1024 / ms * 1000}')
+            lm=$(llmc_tokens_per_s "$W/llmc_cudnn_b${B}_r$r.log" "$B")
             [[ -n $lm ]] && figure "${name}_llmc_cudnn_tokens_per_s" "$lm" tok/s \
                 "train_gpt2cu -e d12 -b $B -t 1024 -r $r -x 30 ($desc)"
-            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
+            ratio=$(ratio "$ours" "$lm")
             [[ -n $ratio ]] && figure "${name}_ours_over_llmc_cudnn" "$ratio" ratio "the two figures above ($desc)"
         fi
         [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=$B -r $r" "${ours:--}" "${lm:--}" "${ratio:--}")"
@@ -63,16 +63,16 @@ step_peers() {
     args=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 0 --device cuda)
     FIGS=${name}_ours_r0_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${args[*]}" MIN=40 \
         run_prog ours_b32_r0 100 10 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${args[@]}"
-    ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_b32_r0.log" 2>/dev/null)
+    ours=$(tokens_per_s "$W/ours_b32_r0.log")
     local tcmd="scripts/gpu/torch_gpt2.py --data $data --B 32 --T 1024 --steps 30 --warmup 10"
     FIGS=${name}_torch_compile_ FIGCMD="$tcmd" MIN=60 \
         run_prog torch_compile_b32 240 150 "$TORCH_PY" scripts/gpu/torch_gpt2.py --data "$data" --B 32 --T 1024 \
         --steps 30 --warmup 10
     local tt backend tver
-    tt=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
+    tt=$(tokens_per_s "$W/torch_compile_b32.log")
     backend=$(sed -n 's/^sdpa_backend \(.*\)/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
     tver=$(sed -n 's/^torch \([^,]*\),.*/\1/p' "$W/torch_compile_b32.log" 2>/dev/null)
-    ratio=$([[ -n $ours && -n $tt ]] && awk -v a="$ours" -v b="$tt" 'BEGIN {printf "%.3f", a / b}')
+    ratio=$(ratio "$ours" "$tt")
     [[ -n $ratio ]] && figure "${name}_ours_over_torch_compile" "$ratio" ratio \
         "ours -r 0 over $tcmd (torch $tver, sdpa $backend)"
     [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "ours B=32 -r 0" "${ours:--}" "${tt:--}" "${ratio:--}")" \
@@ -128,7 +128,7 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_0
         FIGS=qwen2.5_${name}_ours_ FIGCMD="scripts/benchmark.py --steps 12 --warmup 2 -- ${args[*]}" MIN=60 \
             run_prog "ours_qwen_$name" 150 "$([[ $name == 0.5b ]] && echo 40 || echo 70)" "$PY" scripts/benchmark.py \
             --steps 12 --warmup 2 -- "${args[@]}"
-        ours=$(sed -n 's/^figure tokens_per_s \([0-9.]*\) .*/\1/p' "$W/ours_qwen_$name.log" 2>/dev/null)
+        ours=$(tokens_per_s "$W/ours_qwen_$name.log")
         lm="" ratio=""
         if ((llmq_ok)) || [[ $DRY == 1 && -n $src ]]; then
             local qdir=$W/llmq_$name
@@ -142,7 +142,7 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_0
             MIN=60 run_prog "llmq_qwen_$name" 200 "$([[ $name == 0.5b ]] && echo 50 || echo 90)" "${cmd[@]}"
             lm=$(llmq_median_tps "$qdir/log.json")
             [[ -n $lm ]] && figure "qwen2.5_${name}_llmq_tokens_per_s" "$lm" tok/s "${cmd[*]} ($desc)"
-            [[ -n $ours && -n $lm ]] && ratio=$(awk -v a="$ours" -v b="$lm" 'BEGIN {printf "%.3f", a / b}')
+            ratio=$(ratio "$ours" "$lm")
             [[ -n $ratio ]] && figure "qwen2.5_${name}_ours_over_llmq" "$ratio" ratio "the two figures above ($desc)"
             [[ $DRY == 1 ]] || rm -rf "$qdir/ckpt" "$qdir"/*.safetensors 2>/dev/null  # the model llm.q writes at its end
         fi
