@@ -58,7 +58,7 @@ CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_LIBDIR ?= $(or $(firstword $(foreach d,lib64 lib targets/$(shell uname -m)-linux/lib,$(if $(wildcard \
                $(CUDA_HOME)/$(d)/libcudart.so*),$(CUDA_HOME)/$(d)))),$(patsubst %/,%,$(dir $(shell PATH="$$PATH:/sbin:/usr/sbin" \
                ldconfig -p 2>/dev/null | awk '/libcudart[.]so/{print $$NF; exit}'))))
-CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 NVCCFLAGS  ?= -O3
 NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall $(MPI_DEF)
 CXXFLAGS   += -DLLMC_CUDA

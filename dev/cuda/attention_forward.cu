@@ -7,6 +7,10 @@
 //              tiles in shared memory, online softmax)
 //   version 3: llmc/backend/cuda/attention_tc.cuh (production for bf16 with HS 64 or
 //              128: tensor cores, mma.sync m16n8k16, FlashAttention-2 style)
+//   version 4: llmc/backend/cuda/attention_wg.cuh (Hopper, sm_90a: TMA, mbarriers,
+//              wgmma, producer and two consumer warpgroups in ping-pong; what
+//              LLMC_ATTN_WG=1 selects), where the device has it: the same
+//              cases as version 3, timed beside it
 // Cases: GPT-2's packed qkv layout (causal), the odd head sizes of the test
 // models (16, 8), HS=128 and HS=200, T not a multiple of the tile, and
 // non-causal Tq != Tk with padded strides and K, V packed in one buffer,
@@ -73,9 +77,18 @@ void run(int version, E* out, float* lse, const E* q, const E* k, const E* v, co
     } else if (version == 2) {
         attention_forward<E>(out, lse, q, k, v, s, 0);
     } else if constexpr (std::is_same<E, bf16>::value) {
-        attention_forward_tc(out, lse, q, k, v, s, 0);
+        if (version == 3) {
+            attention_forward_tc(out, lse, q, k, v, s, 0);
+        } else if (s.B && s.NH && s.Tq) {  // version 4, whatever LLMC_ATTN_WG says
+            if (s.HS == 64)
+                attn_wg_dev::wg_forward_launch<64, bf16, false>(out, lse, q, k, v, s, 0);
+            else
+                attn_wg_dev::wg_forward_launch<128, bf16, false>(out, lse, q, k, v, s, 0);
+        }
     }
 }
+// Whether version 4 runs here (sm_90 with the sm_90a code built in).
+bool wg_here() { return attn_wg_dev::device_has_wgmma(); }
 
 // Whether version 3 takes this case (the backend's dispatch test).
 bool tc_takes(const Case& c) {
@@ -118,12 +131,14 @@ int main(int argc, char** argv) {
         check<float>(2, c, "v2 fp32", lab::kTolF32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (tc_takes(c) && wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
     }
     for (const Case& c : attention_masked_cases()) {  // the document mask
         if (!flags.small) check<float>(1, c, "v1 fp32", lab::kTolF32);
         check<float>(2, c, "v2 fp32", lab::kTolF32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (tc_takes(c) && wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;
@@ -133,6 +148,7 @@ int main(int argc, char** argv) {
             continue;
         }
         check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
     }
 
     if (!timing) return lab::finish();
@@ -145,7 +161,9 @@ int main(int argc, char** argv) {
     const Shape shapes[] = {{4, 12, 64, 1024, 1024, true, 0},  {8, 12, 64, 1024, 1024, true, 0},
                             {16, 12, 64, 1024, 1024, true, 0}, {8, 6, 128, 1024, 1024, true, 0},
                             {8, 12, 64, 512, 512, false, 0},   {8, 6, 128, 512, 512, false, 0},
-                            {2, 32, 128, 2048, 2048, true, 8}};  // Llama-8B-like heads, GQA 4:1
+                            {2, 32, 128, 2048, 2048, true, 8},  // Llama-8B-like heads, GQA 4:1
+                            {32, 12, 64, 1024, 1024, true, 0},  // d12's training batch
+                            {8, 16, 128, 4096, 4096, true, 0}};  // heads of 128 at long context
     if (lab::check_only()) return lab::finish();
     std::printf("timing (FLOPs 4*B*NH*Tq*Tk*HS, halved when causal)\n");
     for (const Shape& sh : shapes) {
@@ -165,6 +183,11 @@ int main(int argc, char** argv) {
         ms3 = lab::time_ms([&] { run<bf16>(3, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 20);
         lab::report_tflops("v3 tensor cores bf16", ms3, flops);
         if (ms2 > 0) std::printf("  %-44s %9.2fx\n", "v3 speedup over v2", ms2 / ms3);
+        if (wg_here()) {
+            const float ms4 = lab::time_ms([&] { run<bf16>(4, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 20);
+            lab::report_tflops("v4 wgmma bf16 (sm_90a)", ms4, flops);
+            std::printf("  %-44s %9.2fx\n", "v4 speedup over v3", ms3 / ms4);
+        }
         lab::dev_free(dqkv), lab::dev_free(dout), lab::dev_free(dlse);
     }
     {  // fp32 reference point for the CUDA-core kernel at the d12 size

@@ -37,6 +37,7 @@ build_labs() {
     local cc
     cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
     local args=()
+    [[ $cc == 90 ]] && cc=90a  # Hopper: the architecture-specific target (wgmma)
     [[ -n $cc ]] && args+=("CUDA_ARCH=-gencode arch=compute_$cc,code=sm_$cc")
     make -C dev/cuda -B -j"$JOBS" $LABS "${args[@]}" LAB_FLAGS="${LAB_FLAGS:-}" \
         > "$OUTDIR/build_labs.log" 2>&1 || { tail -30 "$OUTDIR/build_labs.log"; exit 1; }

@@ -240,7 +240,7 @@ if [[ $PREBUILT == 1 ]]; then
     git ls-files -z | xargs -0 cp --parents -t "$S"
     git ls-files -z --others --exclude-standard | xargs -0 -r cp --parents -t "$S"
     mkdir -p "$S/build/gpu" && cp -r "$OUTDIR" "$S/build/gpu/bundle"
-    (cd "$S" && LLMC_BUNDLED_MPI=1 LLMC_BUNDLED_BLAS=1 CPU_ARCH=-march=x86-64-v3 CUDA_ARCH="-gencode arch=compute_90,code=sm_90" \
+    (cd "$S" && LLMC_BUNDLED_MPI=1 LLMC_BUNDLED_BLAS=1 CPU_ARCH=-march=x86-64-v3 CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a" \
         bash scripts/gpu/check.sh __build) || { echo "bundle.sh: the sm_90 build failed (see $S)" >&2; exit 1; }
     PEER_BIN=()
     if [[ -n $LLMC ]]; then

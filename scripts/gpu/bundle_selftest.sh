@@ -103,7 +103,7 @@ PY
 # 1. The prebuilt sm_90 binaries (bundle.sh --prebuilt), as a fresh GPU
 #    machine would take them.
 if ls build/gpu/bundle/prebuilt_*.tar.* > /dev/null 2>&1; then
-    CUDA_ARCH="-gencode arch=compute_90,code=sm_90" bash scripts/gpu/check.sh __build > build/st_prebuilt.log 2>&1
+    CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a" bash scripts/gpu/check.sh __build > build/st_prebuilt.log 2>&1
     cat build/st_prebuilt.log
     ok grep -q '^using build/gpu/bundle/prebuilt' build/st_prebuilt.log
     runs prebuilt

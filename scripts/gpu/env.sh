@@ -23,7 +23,7 @@
 #     nvidia-cudnn wheel ships (CUDNN_INCLUDE, CUDNN_LIB and
 #     LD_LIBRARY_PATH then name it); the summary says where and which version;
 #   - CUDA_ARCH: the GPU's own compute capability only (half the compile
-#     time of the default two targets);
+#     time of the default two targets; sm_90a on Hopper, for wgmma);
 #   - mpirun as root and with more ranks than cores (Open MPI 4 and 5 names).
 # GPU_ENV_SUMMARY holds one line describing the result.
 # shellcheck shell=bash disable=SC2034
@@ -148,7 +148,8 @@ fi
 
 if [[ -z ${CUDA_ARCH:-} ]] && command -v nvidia-smi >/dev/null 2>&1; then
     _cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')
-    [[ $_cc =~ ^[0-9]+$ ]] && export CUDA_ARCH="-gencode arch=compute_$_cc,code=sm_$_cc"
+    [[ $_cc == 90 ]] && _cc=90a  # Hopper: the architecture-specific target (wgmma, setmaxnreg)
+    [[ $_cc =~ ^[0-9]+a?$ ]] && export CUDA_ARCH="-gencode arch=compute_$_cc,code=sm_$_cc"
 fi
 GPU_ENV_SUMMARY="mpi: $_mpi; openblas: $_blas; nccl: $_nccl; cudnn: $_cudnn; CUDA_ARCH: ${CUDA_ARCH:-Makefile default}"
 unset _a _n _h _sys _mpi _arch _blas _nvcc _nccl _cudnn _lib _dir _cc _d _p _cuda_lib

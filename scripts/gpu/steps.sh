@@ -162,7 +162,7 @@ step_test() {
 # the work reaches the GPU (CUDA graphs), as VAR=VALUE words (the rest
 # change only speed): command 1's test step checks test_real_shapes with
 # all of them on.
-SWITCH_TESTS=${SWITCH_TESTS:-"LLMC_GELU_FUSION=2 LLMC_ATTN_BWD=5 LLMC_BIAS_GRAD_EPILOGUE=1 LLMC_CUDA_GRAPH=1"}
+SWITCH_TESTS=${SWITCH_TESTS:-"LLMC_GELU_FUSION=2 LLMC_ATTN_BWD=5 LLMC_BIAS_GRAD_EPILOGUE=1 LLMC_CUDA_GRAPH=1 LLMC_ATTN_WG=1"}
 
 # summarise_shapes LOG: per group (e.g. d12_cuda_bf16): checks, failures, largest error.
 summarise_shapes() {

@@ -31,9 +31,11 @@ step_peers() {
     if [[ -n $llmc && -n $fe ]]; then
         llmc_ready "$llmc" "$fe" || llmc=""
         # What the figures say of the peer: llm.c's commit, the frontend's, cuDNN's version.
-        [[ $DRY == 1 ]] || desc="llm.c $(cut -d' ' -f1 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
-            "USE_CUDNN=1, cudnn-frontend $(cut -d' ' -f3 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12)," \
-            "cudnn ${GPU_ENV_SUMMARY#*cudnn: }"
+        if [[ $DRY != 1 ]]; then  # one string (words after an assignment would run as a command)
+            desc="llm.c $(cut -d' ' -f1 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12),"
+            desc+=" USE_CUDNN=1, cudnn-frontend $(cut -d' ' -f3 build/gpu/llmc_cudnn/stamp 2>/dev/null | head -c 12),"
+            desc+=" cudnn ${GPU_ENV_SUMMARY#*cudnn: }"
+        fi
         desc=${desc%%; CUDA_ARCH*}
     else
         say "llm.c with cuDNN: no $([[ -z $llmc ]] && echo "llm.c sources (LLMC_SRC=DIR)" ||

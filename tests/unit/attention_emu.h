@@ -21,9 +21,10 @@
 using attn_tc::TcParams;
 
 static int g_pass = 0, g_fail = 0;
+static bool g_quiet = false;  // count, print nothing (a planted fault's own checks)
 inline void check(bool ok, const std::string& what) {
     (ok ? g_pass : g_fail)++;
-    std::printf("  %-70s %s\n", what.c_str(), ok ? "ok" : "FAIL");
+    if (!g_quiet) std::printf("  %-70s %s\n", what.c_str(), ok ? "ok" : "FAIL");
 }
 
 inline std::vector<float> rand_bf16(size_t n, float sd, uint32_t seed) {
@@ -102,6 +103,33 @@ inline RingCase ring_case(const View& full, int T1, uint32_t seed) {
     return c;
 }
 
+// Document starts for B rows of queries at positions pos0, pos0+1, ...:
+// documents of random lengths from 1 to 2·mean-1 over positions 0.. (the
+// same draw as the kernel lab's masked cases).
+inline std::vector<int> doc_starts(int B, int Tq, int pos0, int mean, unsigned seed) {
+    std::vector<int> d((size_t)B * Tq);
+    for (int b = 0; b < B; b++) {
+        int st = 0, left = 0;
+        for (int p = 0; p < pos0 + Tq; p++) {
+            if (left == 0) {
+                st = p;
+                seed = seed * 1103515245u + 12345u + (unsigned)b;
+                left = 1 + (int)((seed >> 8) % (unsigned)(2 * mean - 1));
+            }
+            if (p >= pos0) d[(size_t)b * Tq + p - pos0] = st;
+            left--;
+        }
+    }
+    return d;
+}
+// Calls f(view) with the document mask of doc_starts(B, Tq, pos0, mean,
+// seed) on the view (queries at positions pos0, pos0+1, ...).
+template <class F>
+inline void with_doc_mask(View w, int pos0, int mean, unsigned seed, F f) {
+    const std::vector<int> d = doc_starts(w.s.B, w.s.Tq, pos0, mean, seed);
+    w.s.doc_start = d.data();
+    f(w);
+}
 inline std::vector<uint16_t> to_bits(const std::vector<float>& x) {
     std::vector<uint16_t> y(x.size());
     for (size_t i = 0; i < x.size(); i++) y[i] = f2b(x[i]);

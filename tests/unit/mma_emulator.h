@@ -7,7 +7,10 @@
 // cp.async landing only at the issuing thread's wait (by commit group),
 // fp32 atomics under a mutex.
 #pragma once
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -90,6 +93,15 @@ inline void emu_mma(float (&d)[32][4], const uint32_t (&a)[32][4], const uint32_
 }
 
 // ---- the emulated GPU ----------------------------------------------------------------
+// A deadlocked kernel stops the test with a message instead of hanging it.
+[[noreturn]] inline void emu_hang(const char* what) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "emulated GPU: %s waited 30 s (a deadlock in the kernel)\n", what);
+    std::fflush(stderr);
+    std::_Exit(3);
+}
+constexpr auto kEmuHang = std::chrono::seconds(30);
+
 class Barrier {
   public:
     explicit Barrier(int n) : n_(n) {}
@@ -100,8 +112,8 @@ class Barrier {
             count_ = 0;
             gen_++;
             cv_.notify_all();
-        } else {
-            cv_.wait(lk, [&] { return gen_ != gen; });
+        } else if (!cv_.wait_for(lk, kEmuHang, [&] { return gen_ != gen; })) {
+            emu_hang("a barrier");
         }
     }
 

@@ -143,6 +143,8 @@ static void test_switches() {
           "LLMC_ATTN_BWD=4 refused naming it: %s", err.c_str());
     CHECK(!llmc_switch::check_attention_switches(nullptr, "off", &err) && err.find("LLMC_ATTN_TC='off'") == 0,
           "LLMC_ATTN_TC=off refused naming it: %s", err.c_str());
+    CHECK(!llmc_switch::parse_on_off("LLMC_ATTN_WG", "2", &on, &err) && err.find("LLMC_ATTN_WG='2'") == 0,
+          "LLMC_ATTN_WG=2 refused naming the variable: %s", err.c_str());
     CHECK(!llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", "yes", &on, &err) && err.find("LLMC_CUDA_GRAPH='yes'") == 0,
           "LLMC_CUDA_GRAPH=yes refused naming the variable: %s", err.c_str());
     for (const char* bad : {"2", "on", "true", "-1"}) {

@@ -353,39 +353,16 @@ static void test_ring(const char* name, const View& full, int T1, uint32_t seed)
     compare(n + ": block backward dk|dv (fp32 +=)", dkv, rdkv, kvm, dkv0, 1e-2);
 }
 
-// Document starts for B rows of queries at positions pos0, pos0+1, ...:
-// documents of random lengths from 1 to 2·mean-1 over positions 0.. (the
-// same draw as the kernel lab's masked cases).
-static std::vector<int> doc_starts(int B, int Tq, int pos0, int mean, unsigned seed) {
-    std::vector<int> d((size_t)B * Tq);
-    for (int b = 0; b < B; b++) {
-        int st = 0, left = 0;
-        for (int p = 0; p < pos0 + Tq; p++) {
-            if (left == 0) {
-                st = p;
-                seed = seed * 1103515245u + 12345u + (unsigned)b;
-                left = 1 + (int)((seed >> 8) % (unsigned)(2 * mean - 1));
-            }
-            if (p >= pos0) d[(size_t)b * Tq + p - pos0] = st;
-            left--;
-        }
-    }
-    return d;
-}
 // The document mask: causal rows of documents of mixed lengths (shorter and
 // longer than the tiles), and ring blocks whose queries come after all keys
 // (rows whose document starts after the last key see none: lse -inf).
 template <int D>
 static void plain_with_docs(const char* name, View w, int mean, unsigned seed) {
-    const std::vector<int> d = doc_starts(w.s.B, w.s.Tq, 0, mean, seed);
-    w.s.doc_start = d.data();
-    test_plain<D>(name, w, 120 + 10 * seed);
+    with_doc_mask(w, 0, mean, seed, [&](const View& v) { test_plain<D>(name, v, 120 + 10 * seed); });
 }
 template <int D>
-static void ring_with_docs(const char* name, View w, int T1, int mean, unsigned seed) {
-    const std::vector<int> d = doc_starts(w.s.B, w.s.Tq, w.s.Tk + 4, mean, seed);  // queries after all keys
-    w.s.doc_start = d.data();
-    test_ring<D>(name, w, T1, 120 + 10 * seed);
+static void ring_with_docs(const char* name, View w, int T1, int mean, unsigned seed) {  // queries after all keys
+    with_doc_mask(w, w.s.Tk + 4, mean, seed, [&](const View& v) { test_ring<D>(name, v, T1, 120 + 10 * seed); });
 }
 static void test_document_mask() {
     std::printf("the document mask\n");

@@ -87,6 +87,7 @@
 #include "llmc/backend/cuda/attention_tc_kernels.h"
 #include "llmc/backend/cuda/attention_tc_kernels_bwd.h"
 #include "llmc/backend/cuda/attention_tc_kernels_bwd_fused.h"
+#include "llmc/backend/cuda/attention_wg.cuh"
 #include "llmc/backend/cuda/common.cuh"
 
 namespace llmc_cuda {
@@ -406,6 +407,13 @@ inline void attention_forward_tc(bf16* out, float* lse, const bf16* q, const bf1
                                  const AttnShape& s, cudaStream_t stream) {
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
+    if (attention_wg_takes()) {  // Hopper: TMA and wgmma (attention_wg.cuh)
+        if (s.HS == 64)
+            attn_wg_dev::wg_forward_launch<64, bf16, false>(out, lse, q, k, v, s, stream);
+        else
+            attn_wg_dev::wg_forward_launch<128, bf16, false>(out, lse, q, k, v, s, stream);
+        return;
+    }
     if (s.HS == 64)
         attn_tc_dev::forward_launch<64, bf16, false>(out, lse, q, k, v, s, stream);
     else
@@ -418,6 +426,20 @@ inline void attention_block_forward_tc(float* out_acc, float* lse_acc, const bf1
                                        const AttnShape& s, bool first, cudaStream_t stream) {
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0) return;
+    if (attention_wg_takes()) {  // Hopper: TMA and wgmma (attention_wg.cuh)
+        if (s.HS == 64) {
+            if (first)
+                attn_wg_dev::wg_forward_launch<64, float, false>(out_acc, lse_acc, q, k, v, s, stream);
+            else
+                attn_wg_dev::wg_forward_launch<64, float, true>(out_acc, lse_acc, q, k, v, s, stream);
+        } else {
+            if (first)
+                attn_wg_dev::wg_forward_launch<128, float, false>(out_acc, lse_acc, q, k, v, s, stream);
+            else
+                attn_wg_dev::wg_forward_launch<128, float, true>(out_acc, lse_acc, q, k, v, s, stream);
+        }
+        return;
+    }
     if (s.HS == 64) {
         if (first)
             attn_tc_dev::forward_launch<64, float, false>(out_acc, lse_acc, q, k, v, s, stream);

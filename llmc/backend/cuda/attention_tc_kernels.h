@@ -198,6 +198,105 @@ struct TcConfig<128> {
     static constexpr bool kDqARegs = false, kDkvARegs = false;  // A operands re-read from shared memory
 };
 
+// ==== what both forwards share (this file's and attention_wg_kernels.h's) ==========
+// The online softmax of one 16-row tile of scores sc[NT][4] (C fragments of
+// NT 8-key tiles; rows r0 + c_elem's row, keys k0 + 8·nt + c_elem's col), in
+// the log2 domain: masks (when `masked`: keys >= Tk, causal j > i, with
+// `dmask` keys before the row's document start dr), m' = max(m, rowmax),
+// o *= 2^(m - m'), sc = 2^(s - m') (P, still fp32), l = l·2^(m - m') + this
+// lane's part of the row sum. A lane holds rows g and g+8 (c0,c1 and c2,c3);
+// the other 3 lanes of its quad hold the rest of those rows, hence the
+// xor-1/xor-2 shuffles.
+template <class Ctx, int NT, int DT>
+TC_BODY void softmax_update(Ctx& cx, int lane, float (&sc)[NT][4], float (&o)[DT][4], float (&m)[2], float (&l)[2],
+                            const TcParams& p, int r0, int k0, bool masked, bool dmask, const int (&dr)[2]) {
+    TC_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        float mx = -INFINITY;
+        TC_UNROLL
+        for (int nt = 0; nt < NT; nt++)
+            TC_UNROLL
+            for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                const RC rc = c_elem(lane, e);
+                const int i = r0 + rc.row, j = k0 + nt * 8 + rc.col;
+                float x = sc[nt][e] * p.sl2;
+                if (masked && (j >= p.Tk || (p.causal && j > i) || (dmask && key_at(p, j) < dr[hh]))) x = -INFINITY;
+                sc[nt][e] = x;
+                mx = fmaxf(mx, x);
+            }
+        mx = fmaxf(mx, cx.shfl_xor(mx, 1));
+        mx = fmaxf(mx, cx.shfl_xor(mx, 2));
+        const float mnew = fmaxf(m[hh], mx);
+        const float msub = mnew == -INFINITY ? 0.f : mnew;  // no key seen yet: keep exp2 finite
+        const float corr = fexp2(m[hh] - msub);             // 0 when m was -inf
+        m[hh] = mnew;
+        float ls = l[hh] * corr;
+        TC_UNROLL
+        for (int dt = 0; dt < DT; dt++) o[dt][2 * hh] *= corr, o[dt][2 * hh + 1] *= corr;
+        TC_UNROLL
+        for (int nt = 0; nt < NT; nt++)
+            TC_UNROLL
+            for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                const float pe = fexp2(sc[nt][e] - msub);
+                sc[nt][e] = pe;
+                ls += pe;  // this lane's part of the row sum; the quad adds up at the end
+            }
+        l[hh] = ls;
+    }
+}
+
+// The epilogue of one 16-row tile (rows r0 + c_elem's row, those below Tq):
+// normalise by the row sum, write out (type O: bf16 bits or fp32) and lse
+// (natural log), or with kMerge merge them into the running pair by
+// log-sum-exp (ring attention). Shuffles first, stores guarded after.
+template <class Ctx, int DT, typename O, bool kMerge>
+TC_BODY void store_rows(Ctx& cx, int lane, const float (&o)[DT][4], const float (&m)[2], const float (&l)[2],
+                        const TcParams& p, int r0, float* lse_bh, O* ob) {
+    static_assert(!kMerge || std::is_same<O, float>::value, "the running output of a merge is fp32");
+    TC_UNROLL
+    for (int hh = 0; hh < 2; hh++) {
+        float L = l[hh];
+        L += cx.shfl_xor(L, 1);
+        L += cx.shfl_xor(L, 2);
+        const RC rc0 = c_elem(lane, 2 * hh);
+        const int i = r0 + rc0.row;
+        const bool valid = i < p.Tq;
+        const bool lead = thread_in_group(lane) == 0;
+        const float lse_b = L > 0.f ? (m[hh] + flog2(L)) * kLn2 : -INFINITY;
+        O* orow = ob + (size_t)(valid ? i : 0) * p.o_stride;
+        if constexpr (!kMerge) {
+            const float inv = L > 0.f ? 1.f / L : 0.f;
+            if (valid) {
+                TC_UNROLL
+                for (int dt = 0; dt < DT; dt++)
+                    store_pair(orow + dt * 8 + rc0.col, o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);
+                if (lead) lse_bh[i] = lse_b;
+            }
+        } else {
+            // lse' = max + log(1 + exp(min - max)) of (lse, lse_b); out' =
+            // out·exp(lse - lse') + out_b·exp(lse_b - lse'). The quad's
+            // leader reads the running lse and alone writes it back.
+            float la = (valid && lead) ? lse_bh[i] : 0.f;
+            la = cx.shfl(la, lane & ~3);
+            const float mx = fmaxf(la, lse_b);
+            float lse_n = -INFINITY, wa = 0.f, wb = 0.f;
+            if (mx > -INFINITY) {
+                lse_n = mx + flog1p(fexp(fminf(la, lse_b) - mx));
+                wa = fexp(la - lse_n);
+                wb = L > 0.f ? fexp(lse_b - lse_n) / L : 0.f;  // folds out_b = o / L
+            }
+            if (valid) {
+                TC_UNROLL
+                for (int dt = 0; dt < DT; dt++) {
+                    O* po = orow + dt * 8 + rc0.col;
+                    store_pair(po, po[0] * wa + o[dt][2 * hh] * wb, po[1] * wa + o[dt][2 * hh + 1] * wb);
+                }
+                if (lead) lse_bh[i] = lse_n;
+            }
+        }
+    }
+}
+
 // ==== forward ======================================================================
 // A block: 4 warps x MT m-tiles of 16 query rows = BM rows; key tiles of BN.
 template <int D, int MT, int BN>
@@ -321,47 +420,12 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
                 }
         }
 
-        // Online softmax in the log2 domain. A lane holds rows g and g+8 of
-        // each m-tile (c0,c1 and c2,c3); the other 3 lanes of its quad hold
-        // the rest of those rows, hence the xor-1/xor-2 shuffles.
+        // Online softmax in the log2 domain (softmax_update).
         const bool dmask = docs && key_at(p, k0) < wdhi;  // some key of the tile before some row's document
         const bool masked = (k0 + BN > p.Tk) || (p.causal && k0 + BN - 1 > wrow0) || dmask;
         TC_UNROLL
         for (int mt = 0; mt < MT; mt++)
-            TC_UNROLL
-            for (int hh = 0; hh < 2; hh++) {
-                float mx = -INFINITY;
-                TC_UNROLL
-                for (int nt = 0; nt < C::NT; nt++)
-                    TC_UNROLL
-                    for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                        const RC rc = c_elem(lane, e);
-                        const int i = wrow0 + mt * 16 + rc.row, j = k0 + nt * 8 + rc.col;
-                        float x = sc[mt][nt][e] * p.sl2;
-                        if (masked && (j >= p.Tk || (p.causal && j > i) || (dmask && key_at(p, j) < dr[mt][hh])))
-                            x = -INFINITY;
-                        sc[mt][nt][e] = x;
-                        mx = fmaxf(mx, x);
-                    }
-                mx = fmaxf(mx, cx.shfl_xor(mx, 1));
-                mx = fmaxf(mx, cx.shfl_xor(mx, 2));
-                const float mnew = fmaxf(m[mt][hh], mx);
-                const float msub = mnew == -INFINITY ? 0.f : mnew;  // no key seen yet: keep exp2 finite
-                const float corr = fexp2(m[mt][hh] - msub);         // 0 when m was -inf
-                m[mt][hh] = mnew;
-                float ls = l[mt][hh] * corr;
-                TC_UNROLL
-                for (int dt = 0; dt < C::DT; dt++) o[mt][dt][2 * hh] *= corr, o[mt][dt][2 * hh + 1] *= corr;
-                TC_UNROLL
-                for (int nt = 0; nt < C::NT; nt++)
-                    TC_UNROLL
-                    for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                        const float pe = fexp2(sc[mt][nt][e] - msub);
-                        sc[mt][nt][e] = pe;
-                        ls += pe;  // this lane's part of the row sum; the quad adds up at the end
-                    }
-                l[mt][hh] = ls;
-            }
+            softmax_update(cx, lane, sc[mt], o[mt], m[mt], l[mt], p, wrow0 + mt * 16, k0, masked, dmask, dr[mt]);
 
         // O += P V: P's accumulators are the A operand (c_to_a); V via ldmatrix.trans.
         {
@@ -387,54 +451,11 @@ TC_BODY void fwd_body(Ctx& cx, O* out, float* lse, const uint16_t* q, const uint
 
     cx.cp_wait_all();  // no copy left in flight (Tk = 0 issues Q's and never waits in the loop)
 
-    // Epilogue: normalise by the row sum, write out and lse (natural log), or
-    // merge them into the running pair. Shuffles first, stores guarded after.
+    // Epilogue: normalise by the row sum, write out and lse, or merge (store_rows).
     float* lse_bh = lse + (size_t)b * p.lb + (size_t)h * p.lh;
     O* ob = out + (size_t)b * p.ob + (size_t)h * D;
     TC_UNROLL
-    for (int mt = 0; mt < MT; mt++)
-        TC_UNROLL
-        for (int hh = 0; hh < 2; hh++) {
-            float L = l[mt][hh];
-            L += cx.shfl_xor(L, 1);
-            L += cx.shfl_xor(L, 2);
-            const RC rc0 = c_elem(lane, 2 * hh);
-            const int i = wrow0 + mt * 16 + rc0.row;
-            const bool valid = i < p.Tq;
-            const bool lead = thread_in_group(lane) == 0;
-            const float lse_b = L > 0.f ? (m[mt][hh] + flog2(L)) * kLn2 : -INFINITY;
-            O* orow = ob + (size_t)(valid ? i : 0) * p.o_stride;
-            if constexpr (!kMerge) {
-                const float inv = L > 0.f ? 1.f / L : 0.f;
-                if (valid) {
-                    TC_UNROLL
-                    for (int dt = 0; dt < C::DT; dt++)
-                        store_pair(orow + dt * 8 + rc0.col, o[mt][dt][2 * hh] * inv, o[mt][dt][2 * hh + 1] * inv);
-                    if (lead) lse_bh[i] = lse_b;
-                }
-            } else {
-                // lse' = max + log(1 + exp(min - max)) of (lse, lse_b); out' =
-                // out·exp(lse - lse') + out_b·exp(lse_b - lse'). The quad's
-                // leader reads the running lse and alone writes it back.
-                float la = (valid && lead) ? lse_bh[i] : 0.f;
-                la = cx.shfl(la, lane & ~3);
-                const float mx = fmaxf(la, lse_b);
-                float lse_n = -INFINITY, wa = 0.f, wb = 0.f;
-                if (mx > -INFINITY) {
-                    lse_n = mx + flog1p(fexp(fminf(la, lse_b) - mx));
-                    wa = fexp(la - lse_n);
-                    wb = L > 0.f ? fexp(lse_b - lse_n) / L : 0.f;  // folds out_b = o / L
-                }
-                if (valid) {
-                    TC_UNROLL
-                    for (int dt = 0; dt < C::DT; dt++) {
-                        O* po = orow + dt * 8 + rc0.col;
-                        store_pair(po, po[0] * wa + o[mt][dt][2 * hh] * wb, po[1] * wa + o[mt][dt][2 * hh + 1] * wb);
-                    }
-                    if (lead) lse_bh[i] = lse_n;
-                }
-            }
-        }
+    for (int mt = 0; mt < MT; mt++) store_rows<Ctx, C::DT, O, kMerge>(cx, lane, o[mt], m[mt], l[mt], p, wrow0 + mt * 16, lse_bh, ob);
 }
 
 }  // namespace attn_tc

@@ -27,6 +27,10 @@
 //       and replayed after (cuda/graphs.cuh; docs/design.md section 2.9),
 //       in the layouts whose passes hold device work only. Same kernels,
 //       same order: the numbers do not change.
+//   LLMC_ATTN_WG=0|1  the Hopper attention forward (cuda/attention_wg.cuh:
+//       TMA, wgmma, warp-specialised; sm_90 with the sm_90a code built in)
+//       in place of the mma.sync one (1); off (0) by default until a GPU
+//       run has checked it. Same math, other rounding order.
 //   LLMC_GEMM_WORKSPACE_MB=N  cuBLASLt's workspace in MiB (default 32, 1 to
 //       1024): a larger one lets the heuristic pick split-K algorithms for
 //       the weight-gradient products, whose K (the B·T rows) is long and whose
