@@ -61,6 +61,8 @@ CUDA_LIBDIR ?= $(or $(firstword $(foreach d,lib64 lib targets/$(shell uname -m)-
 CUDA_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a
 NVCCFLAGS  ?= -O3
 NVCCFLAGS  += -std=c++17 $(CUDA_ARCH) -I. -Xcompiler -Wall $(MPI_DEF)
+# The host code learns that the binary holds sm_90a code (the Hopper attention).
+NVCCFLAGS  += $(if $(findstring compute_90a,$(CUDA_ARCH)),-DLLMC_SM90A)
 CXXFLAGS   += -DLLMC_CUDA
 CUDA_OBJS  := $(BUILD)/llmc/backend/backend_cuda.o $(BUILD)/llmc/backend/cuda_device.o
 LDLIBS     += $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Wl$(comma)-rpath$(comma)$(CUDA_LIBDIR)) -lcublasLt -lcublas -lcudart

@@ -183,10 +183,15 @@ int main(int argc, char** argv) {
         ms3 = lab::time_ms([&] { run<bf16>(3, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 20);
         lab::report_tflops("v3 tensor cores bf16", ms3, flops);
         if (ms2 > 0) std::printf("  %-44s %9.2fx\n", "v3 speedup over v2", ms2 / ms3);
+        // The two shapes the records name (scripts/gpu/torch_attention.py times PyTorch at the same).
+        const bool rec = sh.causal && !sh.NKV && ((sh.B == 32 && sh.NH == 12 && sh.HS == 64 && sh.Tq == 1024) ||
+                                                  (sh.B == 8 && sh.NH == 16 && sh.HS == 128 && sh.Tq == 4096));
+        if (rec) std::printf("figure attn_fwd_mma_hs%d_t%d_tflops %.6g TFLOP/s\n", sh.HS, sh.Tq, flops / (ms3 * 1e-3) / 1e12);
         if (wg_here()) {
             const float ms4 = lab::time_ms([&] { run<bf16>(4, dout, dlse, dqkv, dqkv + c.koff, dqkv + c.voff, c.s); }, 20);
             lab::report_tflops("v4 wgmma bf16 (sm_90a)", ms4, flops);
             std::printf("  %-44s %9.2fx\n", "v4 speedup over v3", ms3 / ms4);
+            if (rec) std::printf("figure attn_fwd_hs%d_t%d_tflops %.6g TFLOP/s\n", sh.HS, sh.Tq, flops / (ms4 * 1e-3) / 1e12);
         }
         lab::dev_free(dqkv), lab::dev_free(dout), lab::dev_free(dlse);
     }

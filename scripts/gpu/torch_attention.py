@@ -2,7 +2,9 @@
 # GPU: PyTorch's scaled_dot_product_attention with the flash backend and with
 # the cuDNN backend, causal, bf16, forward and backward, at the d12 shape
 # (B=32, 12 heads of 64, T=1024) and at heads of 128 (B=8, 16 heads, T=4096).
-# Prints milliseconds and TFLOP/s (median of 20 after 3 warm-ups, CUDA events).
+# Prints milliseconds and TFLOP/s (median of 20 after 3 warm-ups, CUDA events),
+# and each TFLOP/s as "figure torch_sdpa_BACKEND_{fwd,bwd}_hsD_tT_tflops V TFLOP/s"
+# (scripts/gpu/check.sh's lab step divides the lab's by them).
 # FLOPs: forward 4·B·H·T²·D / 2 (causal), backward 2.5 times the forward.
 #   usage (GPU machine, PyTorch with CUDA): python3 scripts/gpu/torch_attention.py
 import torch
@@ -41,6 +43,8 @@ def main():
                                                        (q, k, v), g)) - tf
                 print(f"B={B} H={H} T={T} D={D} causal {name}: fwd {tf:.3f} ms {fl / tf / 1e9:.0f} TFLOP/s  "
                       f"bwd {tb:.3f} ms {2.5 * fl / tb / 1e9:.0f} TFLOP/s")
+                print(f"figure torch_sdpa_{name}_fwd_hs{D}_t{T}_tflops {fl / tf / 1e9:.1f} TFLOP/s")
+                print(f"figure torch_sdpa_{name}_bwd_hs{D}_t{T}_tflops {2.5 * fl / tb / 1e9:.1f} TFLOP/s")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@
 // whether a call may take it. attention_tc.cuh dispatches to it.
 //
 // When it runs: LLMC_ATTN_WG=1 in the environment, on a device of compute
-// capability 9.0 whose binary holds the sm_90a code (a one-time probe
-// kernel tells), for the calls the mma.sync kernels take (heads of 64 and
-// 128, 16-byte aligned rows). LLMC_ATTN_WG=0 or unset: the mma.sync
-// forward. The backward is the mma.sync one either way.
+// capability 9.0 with a binary built for sm_90a (the Makefile's default;
+// LLMC_SM90A tells the host code), for the calls the mma.sync kernels take
+// (heads of 64 and 128, 16-byte aligned rows). LLMC_ATTN_WG=0 or unset:
+// the mma.sync forward. The backward is the mma.sync one either way.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -187,9 +187,6 @@ __global__ void __launch_bounds__(attn_wg::kThreads, 1)
 #endif
 }
 
-// Whether the running binary holds the sm_90a code (probed once per device).
-__global__ void wg_probe_kernel(int* flag) { *flag = WG_ARCH_OK; }
-
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
         void* p = nullptr;
@@ -236,8 +233,12 @@ void wg_forward_launch(O* out, float* lse, const bf16* q, const bf16* k, const b
     CUDA_CHECK_LAUNCH();
 }
 
-// sm_90 with the sm_90a code in the binary and the driver's encoder (cached per device).
+// sm_90, a binary built with the sm_90a code (LLMC_SM90A: the Makefile sets
+// it when CUDA_ARCH names compute_90a), and the driver's encoder; cached per
+// device. Nothing is launched here: the first call may come while a CUDA
+// graph is being captured.
 inline bool device_has_wgmma() {
+#if defined(LLMC_SM90A)
     static int cache[64] = {0};  // 0 unknown, 1 yes, 2 no
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -245,19 +246,12 @@ inline bool device_has_wgmma() {
     int major = 0, minor = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    bool ok = major == 9 && minor == 0 && tensor_map_encoder() != nullptr;
-    if (ok) {
-        int* d = nullptr;
-        int h = 0;
-        CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
-        wg_probe_kernel<<<1, 1>>>(d);
-        CUDA_CHECK_LAUNCH();
-        CUDA_CHECK(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaFree(d));
-        ok = h == 1;
-    }
+    const bool ok = major == 9 && minor == 0 && tensor_map_encoder() != nullptr;
     if (dev >= 0 && dev < 64) cache[dev] = ok ? 1 : 2;
     return ok;
+#else
+    return false;
+#endif
 }
 
 }  // namespace attn_wg_dev

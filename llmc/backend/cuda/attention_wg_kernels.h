@@ -216,18 +216,18 @@ TC_BODY void wg_fwd_body(Ctx& cx, O* out, float* lse, const TcParams& p) {
 
     // Descriptors: this warpgroup's 64 rows of Q; K and V of a stage.
     const uint32_t q_addr = sbase + C::q_off + tile_off(64 * cw, 0, C::BM);
-    auto issue_s = [&](int i) {  // S_i = Q K_i^T
+    auto wait_k = [&](int i) { cx.mbar_wait(&full_k[i % S], (i / S) & 1); };
+    auto wait_v = [&](int i) { cx.mbar_wait(&full_v[i % S], (i / S) & 1); };
+    auto issue_s = [&](int i) {  // S_i = Q K_i^T (K_i landed: wait_k)
         const int s = i % S;
-        cx.mbar_wait(&full_k[s], (i / S) & 1);
         const uint32_t k_addr = sbase + C::k_off + s * C::kv_bytes;
         TC_UNROLL
         for (int kk = 0; kk < C::KD; kk++)
             cx.template wgmma_ss<C::BN>(sc, make_desc_sw128(q_addr + tile_off(0, 16 * kk, C::BM), 16, kAtomBytes),
                                         make_desc_sw128(k_addr + tile_off(0, 16 * kk, C::BN), 16, kAtomBytes), kk > 0);
     };
-    auto issue_pv = [&](int i) {  // O += P_i V_i
+    auto issue_pv = [&](int i) {  // O += P_i V_i (V_i landed: wait_v)
         const int s = i % S;
-        cx.mbar_wait(&full_v[s], (i / S) & 1);
         const uint32_t v_addr = sbase + C::v_off + s * C::kv_bytes;
         TC_UNROLL
         for (int kk = 0; kk < C::KV; kk++)
@@ -259,8 +259,9 @@ TC_BODY void wg_fwd_body(Ctx& cx, O* out, float* lse, const TcParams& p) {
         if (cw == 1) cx.bar_arrive(their_turn, 2 * 128);  // consumer 0 takes the first turn
         cx.mbar_wait(bar_q, 0);
         cx.bar_sync(my_turn, 2 * 128);
-        cx.wg_fence();
+        wait_k(0);
         fence_regs();
+        cx.wg_fence();
         issue_s(0);
         cx.wg_commit();
         cx.bar_arrive(their_turn, 2 * 128);
@@ -269,8 +270,10 @@ TC_BODY void wg_fwd_body(Ctx& cx, O* out, float* lse, const TcParams& p) {
         softmax(0);
         for (int i = 1; i < n; i++) {
             cx.bar_sync(my_turn, 2 * 128);
-            cx.wg_fence();
+            wait_k(i);
+            wait_v(i - 1);
             fence_regs();
+            cx.wg_fence();
             issue_s(i);
             issue_pv(i - 1);
             cx.wg_commit();
@@ -281,8 +284,9 @@ TC_BODY void wg_fwd_body(Ctx& cx, O* out, float* lse, const TcParams& p) {
             softmax(i);
         }
         cx.bar_sync(my_turn, 2 * 128);
-        cx.wg_fence();
+        wait_v(n - 1);
         fence_regs();
+        cx.wg_fence();
         issue_pv(n - 1);
         cx.wg_commit();
         if (cw == 0) cx.bar_arrive(their_turn, 2 * 128);
