@@ -102,9 +102,16 @@ void Trainer::setup(const ArgParser& parser) {
     accum = lay.micro_batches();
     rows_per_step = cfg.total_batch / cfg.T;
 
-    if (!converting) setup_check(data.train.open(cfg.train_data, cfg.T, mc.vocab_size, &err), err);
+    // The embedded dataset comes from `make` (not from `make train_gpt` alone): say so when it is missing.
+    auto data_err = [&](const std::string& pat) {
+        const bool embedded = pat.rfind("data/tiny/", 0) == 0 && err.find("no file matches") != std::string::npos;
+        return embedded ? err + " (the embedded dataset: `make` builds it beside train_gpt)" : err;
+    };
+    ok = converting || data.train.open(cfg.train_data, cfg.T, mc.vocab_size, &err);
+    setup_check(ok, data_err(cfg.train_data));
     data.use_val = !converting && !cfg.val_data.empty() && cfg.val_every > 0;
-    setup_check(!data.use_val || data.val.open(cfg.val_data, cfg.T, mc.vocab_size, &err), err);
+    ok = !data.use_val || data.val.open(cfg.val_data, cfg.T, mc.vocab_size, &err);
+    setup_check(ok, data_err(cfg.val_data));
     // Validation rows: -m micro-batches of B rows (llm.c's count), else
     // --val-tokens in whole rows, so the figure is the same for every -b
     // and layout. More rows than the files hold wrap and count some twice.

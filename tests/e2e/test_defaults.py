@@ -10,6 +10,9 @@
 #   - the shards' tokenizer: the tokenizer file beside the -i shards is the
 #     run's tokenizer when none is named, and a --tokenizer that differs from
 #     it warns naming the first token that differs (a copy does not);
+#   - the embedded dataset missing (a run outside the tree, or after `make
+#     train_gpt` alone): the error says that `make` builds it; a missing
+#     file the user named gets no such hint;
 #   - the planner with no -t/-d plans the model's whole context (no cap:
 #     planning long context is its point) and a published global batch, and
 #     says which.
@@ -137,7 +140,20 @@ def test_plan_defaults():
             "-d 2097152 (no -d:" in out, f"the 8B plan's defaults: {err}{out[:400]}")
 
 
+def test_missing_data(tmp):
+    cwd = os.path.join(tmp, "elsewhere")  # no data/tiny here
+    os.makedirs(cwd, exist_ok=True)
+    p = subprocess.run([TRAIN] + MODEL + ["-x", "1"], cwd=cwd, capture_output=True, text=True, timeout=120)
+    c(p.returncode != 0 and "no file matches 'data/tiny/tiny_train_*.bin'" in p.stderr and "`make` builds it" in p.stderr
+      and p.stderr.count("\n") == 1, f"the missing embedded dataset without the hint: rc {p.returncode}: {p.stderr[:300]}")
+    p = subprocess.run([TRAIN] + MODEL + ["-x", "1", "-i", "mine_*.bin"], cwd=cwd, capture_output=True, text=True,
+                       timeout=120)
+    c(p.returncode != 0 and "no file matches 'mine_*.bin'" in p.stderr and "make" not in p.stderr,
+      f"a missing file the user named: {p.stderr[:300]}")
+
+
 def suite(tmp):
+    test_missing_data(tmp)
     test_seq_len(tmp)
     test_val_tokens(tmp)
     test_shards_tokenizer(tmp)
