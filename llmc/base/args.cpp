@@ -94,6 +94,23 @@ std::string ArgParser::nearest_flag(const std::string& flag) const {
     std::string word = flag.substr(0, flag.find('='));
     while (!word.empty() && word[0] == '-') word.erase(0, 1);
     if (word.empty()) return "";
+    for (char& ch : word)
+        if (ch == '_') ch = '-';
+    // Names other trainers (llm.c, nanoGPT, Megatron, torchtitan) give our flags.
+    static const std::pair<const char*, const char*> kOtherNames[] = {
+        {"learning-rate", "lr"},          {"max-lr", "lr"},
+        {"warmup-steps", "warmup"},       {"warmup-iters", "warmup"},
+        {"steps", "max-steps"},           {"train-steps", "max-steps"},
+        {"num-steps", "max-steps"},       {"max-iters", "max-steps"},
+        {"micro-batch-size", "batch-size"}, {"global-batch-size", "total-batch"},
+        {"block-size", "seq-len"},        {"seq-length", "seq-len"},
+        {"max-seq-len", "seq-len"},       {"clip-grad", "grad-clip"},
+        {"out-dir", "output-dir"},        {"eval-interval", "val-every"},
+    };
+    for (const auto& [other, ours] : kOtherNames)
+        if (word == other)
+            for (const Option& o : options_)
+                if (o.name == std::string(ours)) return std::string("--") + ours;
     const size_t limit = std::min<size_t>(3, std::max<size_t>(1, word.size() / 3));
     std::string best;
     size_t best_d = limit + 1;
@@ -120,7 +137,19 @@ bool ArgParser::apply_config(const std::string& path, std::string* err) {
         *err = "flag --config '" + path + "': cannot open";
         return false;
     }
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {  // where: line and column of the byte it stopped at
+        const size_t at = std::min(e.byte > 0 ? e.byte - 1 : 0, text.size());
+        const size_t line = 1 + std::count(text.begin(), text.begin() + at, '\n');
+        const size_t nl = text.rfind('\n', at > 0 ? at - 1 : 0);
+        const size_t col = (nl == std::string::npos || at == 0) ? at + 1 : at - nl;
+        *err = "flag --config '" + path + "': not valid JSON at line " + std::to_string(line) + ", column " +
+               std::to_string(col);
+        return false;
+    }
     if (!j.is_object()) {
         *err = "flag --config '" + path + "': not a JSON object of flags ({\"lr\": 3e-4, ...})";
         return false;

@@ -165,6 +165,15 @@ def test_config(tmp):
         json.dump({"lrr": 1}, f)
     rc, out, err = run(SMALL + ["--config", bad])
     check(rc == 1 and "lrr" in err and "did you mean lr" in err and err.count("\n") == 1, f"unknown flag in a config: {err!r}")
+    with open(bad, "w") as f:
+        json.dump({"learning_rate": 1e-3}, f)  # another trainer's name for -l
+    rc, out, err = run(SMALL + ["--config", bad])
+    check(rc == 1 and "did you mean lr?" in err and err.count("\n") == 1, f"another trainer's name in a config: {err!r}")
+    with open(bad, "w") as f:
+        f.write('{"lr": 3e-4,\n "max-steps": }\n')  # the error is the '}' at line 2, column 15
+    rc, out, err = run(SMALL + ["--config", bad])
+    check(rc == 1 and "not valid JSON at line 2, column 15" in err and err.count("\n") == 1,
+          f"a JSON syntax error names its line and column: {err!r}")
 
 
 def test_resume(tmp, dtype):
@@ -353,6 +362,8 @@ def test_errors(tmp):
     hints = [
         (["--lrr", "1e-3"], "did you mean --lr?"),
         (["--max-step", "3"], "did you mean --max-steps?"),
+        (["--learning-rate", "1e-3"], "did you mean --lr?"),
+        (["--max_iters", "3"], "did you mean --max-steps?"),
         (["--zzzzzz", "3"], "unknown flag '--zzzzzz' (see --help)"),
         (["-e", os.path.join(tmp, "no_such_dir")], "no such file or directory"),
         (["--tp", "2"], "mpirun -np 2"),
