@@ -183,9 +183,11 @@ TC_BODY void wg_fwd_body(Ctx& cx, O* out, float* lse, const TcParams& p) {
                 uint8_t* ks = base + C::k_off + s * C::kv_bytes;
                 uint8_t* vs = base + C::v_off + s * C::kv_bytes;
                 cx.mbar_expect_tx(&full_k[s], C::kv_bytes);
-                for (int c = 0; c < D; c += kRowElems) cx.tma_load(ks + tile_off(0, c, C::BN), kK, c, t0, kvh, b, &full_k[s]);
+                for (int c = 0; c < D; c += kRowElems)
+                    cx.tma_load(ks + tile_off(0, c, C::BN), kK, c, t0, kvh, b, &full_k[s]);
                 cx.mbar_expect_tx(&full_v[s], C::kv_bytes);
-                for (int c = 0; c < D; c += kRowElems) cx.tma_load(vs + tile_off(0, c, C::BN), kV, c, t0, kvh, b, &full_v[s]);
+                for (int c = 0; c < D; c += kRowElems)
+                    cx.tma_load(vs + tile_off(0, c, C::BN), kV, c, t0, kvh, b, &full_v[s]);
             }
         }
         return;
@@ -231,8 +233,8 @@ TC_BODY void wg_fwd_body(Ctx& cx, O* out, float* lse, const TcParams& p) {
         const uint32_t v_addr = sbase + C::v_off + s * C::kv_bytes;
         TC_UNROLL
         for (int kk = 0; kk < C::KV; kk++)
-            cx.template wgmma_rs<D>(o, pa[kk], make_desc_sw128(v_addr + tile_off(16 * kk, 0, C::BN), C::BN * kSwizzleBytes, kAtomBytes),
-                                    true);
+            cx.template wgmma_rs<D>(
+                o, pa[kk], make_desc_sw128(v_addr + tile_off(16 * kk, 0, C::BN), C::BN * kSwizzleBytes, kAtomBytes), true);
     };
     auto release = [&](int i) {  // tile i (K and V) no longer read
         if (lane == 0) cx.mbar_arrive(&empty[i % S]);
@@ -279,7 +281,7 @@ TC_BODY void wg_fwd_body(Ctx& cx, O* out, float* lse, const TcParams& p) {
             cx.wg_commit();
             cx.bar_arrive(their_turn, 2 * 128);
             cx.wg_wait0();
-        fence_regs();
+            fence_regs();
             release(i - 1);
             softmax(i);
         }
