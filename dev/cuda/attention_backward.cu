@@ -7,6 +7,12 @@
 //              tile on CUDA cores, no atomics)
 //   version 3: llmc/backend/cuda/attention_tc.cuh (production for bf16 with HS 64 or
 //              128: the same two-kernel split on tensor cores, mma.sync)
+//   version 4: llmc/backend/cuda/attention_wg.cuh (Hopper, sm_90a; what
+//              LLMC_ATTN_WG=1 selects there): TMA, mbarriers, wgmma, a
+//              producer and two consumer warpgroups of 64 keys each over
+//              128-key blocks, 5 products, dq by fp32 atomics then a
+//              conversion pass (dq not bitwise reproducible); the same
+//              cases as version 3, timed beside it
 //   version 5: llmc/backend/cuda/attention_tc_kernels_bwd_fused.h (bf16, HS 64; what
 //              LLMC_ATTN_BWD=5 selects): one kernel per 64-key tile looping
 //              over 128-query tiles, 5 products, D folded in, dq by fp32
@@ -20,8 +26,10 @@
 // forward's (4·B·NH·Tq·Tk·HS, halved when causal), with the fraction of the
 // device's dense bf16 peak. Version 3 does 3.5x the forward's products (S and
 // dP twice, for determinism), so its counted rate is at most 2.5/3.5 of the
-// tensor cores' real rate; version 5 does 2.5x, so its counted rate is its
-// executed rate. Flags as attention_forward.cu's (--small: the
+// tensor cores' real rate; versions 4 and 5 do 2.5x, so their counted rate
+// is their executed rate. The record shapes (d12's batch: B=32, 12 heads
+// of 64, T=1024; heads of 128 at T=4096) print "figure attn_bwd_*" lines
+// that scripts/gpu/steps.sh records beside PyTorch's at the same shapes. Flags as attention_forward.cu's (--small: the
 // small cases, for compute-sanitizer).
 #include "attention_cases.h"
 #include "common.h"
@@ -110,16 +118,25 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
         if (version == 5) {  // called directly: the environment switch is read once per process
             if (s.B > 0 && s.NH > 0)
                 attn_tc_dev::bwd_fused_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+        } else if (version == 4) {  // whatever LLMC_ATTN_WG says
+            if (s.B > 0 && s.NH > 0 && s.HS == 64)
+                attn_wg_dev::wg_backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+            else if (s.B > 0 && s.NH > 0)
+                attn_wg_dev::wg_backward_launch<128, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
         } else {
             attention_backward_tc(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
         }
     }
 }
 
-// Scratch floats of every version: the D vector, or version 5's fp32 dq accumulator.
+// Scratch floats of every version: the D vector, or version 5's fp32 dq
+// accumulator, or version 4's D and accumulator.
 size_t scratch_floats(const AttnShape& s) {
-    return std::max(attention_backward_scratch_floats(s), attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), 64));
+    return std::max({attention_backward_scratch_floats(s), attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), 64),
+                     attn_wg_dev::wg_bwd_scratch_floats(s)});
 }
+// Whether version 4 runs here (sm_90 with the sm_90a code built in).
+bool wg_here() { return attn_wg_dev::device_has_wgmma(); }
 
 // Whether version 3 takes this case (the backend's dispatch test).
 bool tc_takes(const Case& c) {
@@ -182,6 +199,7 @@ int main(int argc, char** argv) {
         check<float>(2, c, "v2 fp32", tol32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (tc_takes(c) && wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
         if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
     }
     for (const Case& c : attention_masked_cases()) {  // the document mask (not the one-kernel backward)
@@ -189,6 +207,7 @@ int main(int argc, char** argv) {
         check<float>(2, c, "v2 fp32", tol32);
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (tc_takes(c) && wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;
@@ -198,6 +217,7 @@ int main(int argc, char** argv) {
             continue;
         }
         check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
+        if (wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
         if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
     }
 
@@ -211,7 +231,9 @@ int main(int argc, char** argv) {
     const Shape shapes[] = {{4, 12, 64, 1024, 1024, true, 0},  {8, 12, 64, 1024, 1024, true, 0},
                             {16, 12, 64, 1024, 1024, true, 0}, {8, 6, 128, 1024, 1024, true, 0},
                             {8, 12, 64, 512, 512, false, 0},   {8, 6, 128, 512, 512, false, 0},
-                            {2, 32, 128, 2048, 2048, true, 8}};  // Llama-8B-like heads, GQA 4:1
+                            {2, 32, 128, 2048, 2048, true, 8},  // Llama-8B-like heads, GQA 4:1
+                            {32, 12, 64, 1024, 1024, true, 0},  // d12's training batch
+                            {8, 16, 128, 4096, 4096, true, 0}};  // heads of 128 at long context
     if (lab::check_only()) return lab::finish();
     std::printf("timing (FLOPs counted as 2.5x the forward's 4*B*NH*Tq*Tk*HS, halved when causal)\n");
     for (const Shape& sh : shapes) {
@@ -231,13 +253,23 @@ int main(int argc, char** argv) {
                       scratch);
         };
         float ms2 = 0;
-        if (sh.B <= 8) {
+        if (sh.B <= 8 && sh.Tq <= 2048) {
             ms2 = lab::time_ms([&] { call(2); }, 3);
             lab::report_tflops("v2 CUDA cores bf16", ms2, flops);
         }
         const float ms3 = lab::time_ms([&] { call(3); }, 10);
         lab::report_tflops("v3 tensor cores bf16", ms3, flops);
         if (ms2 > 0) std::printf("  %-44s %9.2fx\n", "v3 speedup over v2", ms2 / ms3);
+        // The two shapes the records name (scripts/gpu/torch_attention.py times PyTorch at the same).
+        const bool rec = sh.causal && !sh.NKV && ((sh.B == 32 && sh.NH == 12 && sh.HS == 64 && sh.Tq == 1024) ||
+                                                  (sh.B == 8 && sh.NH == 16 && sh.HS == 128 && sh.Tq == 4096));
+        if (rec) std::printf("figure attn_bwd_mma_hs%d_t%d_tflops %.6g TFLOP/s\n", sh.HS, sh.Tq, flops / (ms3 * 1e-3) / 1e12);
+        if (wg_here()) {
+            const float ms4 = lab::time_ms([&] { call(4); }, 10);
+            lab::report_tflops("v4 wgmma bf16 (sm_90a)", ms4, flops);
+            std::printf("  %-44s %9.2fx\n", "v4 speedup over v3", ms3 / ms4);
+            if (rec) std::printf("figure attn_bwd_hs%d_t%d_tflops %.6g TFLOP/s\n", sh.HS, sh.Tq, flops / (ms4 * 1e-3) / 1e12);
+        }
         if (v5_takes(c)) {
             const float ms5 = lab::time_ms([&] { call(5); }, 10);
             lab::report_tflops("v5 one kernel bf16 (LLMC_ATTN_BWD=5)", ms5, flops);

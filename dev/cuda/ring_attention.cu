@@ -41,6 +41,7 @@
 #include "llmc/backend/cuda/attention.cuh"
 #include "llmc/backend/cuda/attention_tc.cuh"
 
+#include <algorithm>
 #include <type_traits>
 
 using namespace llmc_cuda;
@@ -265,7 +266,9 @@ void check_ring(const Setup& u, const Data& d, const char* label, double tol, bo
     float* lse_in = lab::to_device<float>(d.lse);
     float* dq = lab::to_device<float>(d.gq0);
     float* dkv = lab::to_device<float>(d.gkv0);
-    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(chunk_shape(u, false)));
+    // Sized for either path (the tensor-core one's depends on LLMC_ATTN_BWD and LLMC_ATTN_WG).
+    float* scratch = lab::dev_alloc<float>(std::max(attention_backward_scratch_floats(chunk_shape(u, false)),
+                                                    attention_backward_tc_scratch_floats(chunk_shape(u, false))));
     ring_backward<E>(u, dq, dkv, dout, qkv, kv, out_in, lse_in, scratch, tc, docs, pos);
     if (docs) lab::dev_free(docs), lab::dev_free(pos);
     lab::validate((l + " bwd dq").c_str(), lab::from_device(dq, BT * QW), d.dq, tol);
@@ -315,7 +318,8 @@ void check_plain(const Setup& u, const Data& d, int qc, int kc, const char* labe
     float* lse_in_d = lab::to_device<float>(lse_in);
     E* dq_d = lab::dev_alloc<E>(BT * QW);
     E* dkv_d = lab::dev_alloc<E>(BT * 2 * KC);
-    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
+    float* scratch =
+        lab::dev_alloc<float>(std::max(attention_backward_scratch_floats(s), attention_backward_tc_scratch_floats(s)));
     if constexpr (std::is_same<E, bf16>::value) {
         if (tc)
             attention_backward_tc(dq_d + u.q_off(qc), dkv_d + u.kv_off(kc), dkv_d + u.kv_off(kc) + KC,
@@ -412,7 +416,8 @@ int main(int argc, char** argv) {
     float* out32 = lab::dev_alloc<float>(BT * C);
     float* dq32 = lab::dev_alloc<float>(BT * 3 * C);
     float* dkv32 = lab::dev_alloc<float>(BT * 2 * C);
-    float* scratch = lab::dev_alloc<float>(attention_backward_scratch_floats(s));
+    float* scratch =
+        lab::dev_alloc<float>(std::max(attention_backward_scratch_floats(s), attention_backward_tc_scratch_floats(s)));
     for (int tc = 0; tc < 2; tc++) {
         const char* k = tc ? "tensor cores" : "CUDA cores";
         std::printf(" %s\n", k);

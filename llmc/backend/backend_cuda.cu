@@ -59,12 +59,12 @@ class CudaBackend final : public Backend {
         CUDA_CHECK(cudaStreamCreate(&stream_));
         std::string err;  // the optimization switches (cuda/switches.h), read once
         size_t workspace = 0;
-        bool bgrad = false, attn_wg = false;  // LLMC_ATTN_WG: cuda/attention_wg.cuh reads it; checked here
+        bool bgrad = false; llmc_switch::AttnWg attn_wg;  // LLMC_ATTN_WG: cuda/attention_wg.cuh reads it; checked here
         if (!llmc_switch::parse_gelu_fusion(std::getenv("LLMC_GELU_FUSION"), &gelu_fusion_, &err) ||
             !llmc_switch::parse_gemm_workspace(std::getenv("LLMC_GEMM_WORKSPACE_MB"), &workspace, &err) ||
             !llmc_switch::parse_on_off("LLMC_BIAS_GRAD_EPILOGUE", std::getenv("LLMC_BIAS_GRAD_EPILOGUE"), &bgrad, &err) ||
             !llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", std::getenv("LLMC_CUDA_GRAPH"), &graphs_.on, &err) ||
-            !llmc_switch::parse_on_off("LLMC_ATTN_WG", std::getenv("LLMC_ATTN_WG"), &attn_wg, &err) ||
+            !llmc_switch::parse_attn_wg(std::getenv("LLMC_ATTN_WG"), &attn_wg, &err) ||
             !llmc_switch::check_attention_switches(std::getenv("LLMC_ATTN_BWD"), std::getenv("LLMC_ATTN_TC"), &err))
             throw std::runtime_error("cuda backend: " + err);
         mm_.init(stream_, workspace);

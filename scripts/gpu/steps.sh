@@ -135,13 +135,17 @@ step_test() {
                 "build/test_gpt --model build/ref/$name.model.bin --state build/ref/$name.state.bin --device cuda --dtype $d$mask"
         done
     done
-    # The Hopper attention forward (LLMC_ATTN_WG=1) in bf16 against the same
+    # The Hopper attention (LLMC_ATTN_WG=1: forward and backward; fwd: the
+    # forward alone, to tell a failure's kernel) in bf16 against the same
     # reference (heads of 64, the document mask); elsewhere it runs the default.
-    local dm=build/ref/docmask64_fp32
-    FIGS=test_gpt_docmask64_fp32_cuda_bf16_attn_wg_ \
-        FIGCMD="LLMC_ATTN_WG=1 build/test_gpt --model $dm.model.bin --state $dm.state.bin --device cuda --dtype bf16 --document-mask 7" \
-        SUMMARY_MATCH='(passed|FAIL)' run_prog test_gpt_docmask64_bf16_attn_wg 60 5 env LLMC_ATTN_WG=1 build/test_gpt \
-        --model "$dm.model.bin" --state "$dm.state.bin" --device cuda --dtype bf16 --document-mask 7
+    local dm=build/ref/docmask64_fp32 wgm sfx
+    for wgm in 1 fwd; do
+        sfx=$([[ $wgm == fwd ]] && echo _fwd)
+        FIGS=test_gpt_docmask64_fp32_cuda_bf16_attn_wg${sfx}_ \
+            FIGCMD="LLMC_ATTN_WG=$wgm build/test_gpt --model $dm.model.bin --state $dm.state.bin --device cuda --dtype bf16 --document-mask 7" \
+            SUMMARY_MATCH='(passed|FAIL)' run_prog "test_gpt_docmask64_bf16_attn_wg$sfx" 60 5 env LLMC_ATTN_WG=$wgm \
+            build/test_gpt --model "$dm.model.bin" --state "$dm.state.bin" --device cuda --dtype bf16 --document-mask 7
+    done
     # Mixtral (docs/moe.md): the bundle's transformers reference
     # (scripts/gpu/bundle.sh, unpacked by env.sh), test_gpt on CUDA against it.
     local R=build/gpu/deps/refs_hf st
@@ -388,18 +392,23 @@ step_lab() {
             run_prog "$p" $([[ $p == *attention* ]] && echo 90 || echo 60) "$(lab_assumed "$p")" "dev/cuda/$p"
     done
     # The bar on the same GPU: PyTorch's SDPA (flash and cuDNN backends) at
-    # the lab's record shapes, and our forward over each
-    # (attn_fwd_hs64_t1024_over_torch_flash, ..._over_torch_cudnn, hs128_t4096).
+    # the lab's record shapes, and our forward and backward over each
+    # (attn_fwd_hs64_t1024_over_torch_flash, ..._over_torch_cudnn, hs128_t4096;
+    # attn_bwd_... the same).
     FIGS="" FIGCMD="scripts/gpu/torch_attention.py" SUMMARY_MATCH='causal' \
         run_prog torch_attention 60 15 "$TORCH_PY" scripts/gpu/torch_attention.py
-    local shape ours be theirs
-    for shape in hs64_t1024 hs128_t4096; do
-        ours=$(sed -n "s/^figure attn_fwd_${shape}_tflops \([0-9.e+]*\) .*/\1/p" "$W/attention_forward.log" 2>/dev/null)
-        [[ -n $ours ]] && figure "attn_fwd_${shape}_tflops" "$ours" TFLOP/s "dev/cuda/attention_forward v4 (wgmma), causal bf16"
-        for be in flash cudnn; do
-            theirs=$(sed -n "s/^figure torch_sdpa_${be}_fwd_${shape}_tflops \([0-9.]*\) .*/\1/p" "$W/torch_attention.log" 2>/dev/null)
-            [[ -n $ours && -n $theirs ]] && figure "attn_fwd_${shape}_over_torch_$be" "$(ratio "$ours" "$theirs")" ratio \
-                "dev/cuda/attention_forward v4 over scripts/gpu/torch_attention.py ($be), causal bf16"
+    local shape ours be theirs dir
+    for dir in fwd bwd; do
+        local lab=attention_forward
+        [[ $dir == bwd ]] && lab=attention_backward
+        for shape in hs64_t1024 hs128_t4096; do
+            ours=$(sed -n "s/^figure attn_${dir}_${shape}_tflops \([0-9.e+]*\) .*/\1/p" "$W/$lab.log" 2>/dev/null)
+            [[ -n $ours ]] && figure "attn_${dir}_${shape}_tflops" "$ours" TFLOP/s "dev/cuda/$lab v4 (wgmma), causal bf16"
+            for be in flash cudnn; do
+                theirs=$(sed -n "s/^figure torch_sdpa_${be}_${dir}_${shape}_tflops \([0-9.]*\) .*/\1/p" "$W/torch_attention.log" 2>/dev/null)
+                [[ -n $ours && -n $theirs ]] && figure "attn_${dir}_${shape}_over_torch_$be" "$(ratio "$ours" "$theirs")" ratio \
+                    "dev/cuda/$lab v4 over scripts/gpu/torch_attention.py ($be), causal bf16"
+            done
         done
     done
     end_step

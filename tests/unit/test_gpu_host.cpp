@@ -143,7 +143,14 @@ static void test_switches() {
           "LLMC_ATTN_BWD=4 refused naming it: %s", err.c_str());
     CHECK(!llmc_switch::check_attention_switches(nullptr, "off", &err) && err.find("LLMC_ATTN_TC='off'") == 0,
           "LLMC_ATTN_TC=off refused naming it: %s", err.c_str());
-    CHECK(!llmc_switch::parse_on_off("LLMC_ATTN_WG", "2", &on, &err) && err.find("LLMC_ATTN_WG='2'") == 0,
+    llmc_switch::AttnWg wgm = llmc_switch::AttnWg::both;
+    CHECK(llmc_switch::parse_attn_wg(nullptr, &wgm, &err) && wgm == llmc_switch::AttnWg::off, "LLMC_ATTN_WG unset: off");
+    CHECK(llmc_switch::parse_attn_wg("1", &wgm, &err) && wgm == llmc_switch::AttnWg::both,
+          "LLMC_ATTN_WG=1: forward and backward");
+    CHECK(llmc_switch::parse_attn_wg("fwd", &wgm, &err) && wgm == llmc_switch::AttnWg::forward,
+          "LLMC_ATTN_WG=fwd: the forward alone");
+    CHECK(llmc_switch::parse_attn_wg("0", &wgm, &err) && wgm == llmc_switch::AttnWg::off, "LLMC_ATTN_WG=0: off");
+    CHECK(!llmc_switch::parse_attn_wg("2", &wgm, &err) && err.find("LLMC_ATTN_WG='2'") == 0,
           "LLMC_ATTN_WG=2 refused naming the variable: %s", err.c_str());
     CHECK(!llmc_switch::parse_on_off("LLMC_CUDA_GRAPH", "yes", &on, &err) && err.find("LLMC_CUDA_GRAPH='yes'") == 0,
           "LLMC_CUDA_GRAPH=yes refused naming the variable: %s", err.c_str());

@@ -1,21 +1,26 @@
-// tests/unit/test_wgmma_attention.cpp: the Hopper attention forward
-// (llmc/backend/cuda/attention_wg_kernels.h: TMA, mbarriers, wgmma, two
-// consumer warpgroups in ping-pong) on the CPU, against fp64 attention.
-//  1. wgmma_layout.h (what the kernel computes its indices and descriptors
+// tests/unit/test_wgmma_attention.cpp: the Hopper attention kernels
+// (llmc/backend/cuda/attention_wg_kernels.h, the forward: TMA, mbarriers,
+// wgmma, two consumer warpgroups in ping-pong; attention_wg_kernels_bwd.h,
+// the backward: 128-key blocks, dQ by atomics) on the CPU, against fp64
+// attention.
+//  1. wgmma_layout.h (what the kernels compute their indices and descriptors
 //     with) against the PTX ISA's definitions as tests/unit/wgmma_emulator.h
 //     transcribes them: the accumulator fragment, the swizzle, the
 //     descriptor fields, and a TMA box written by the emulated copy engine
 //     read back through the kernel's K-major and MN-major descriptors.
-//  2. The kernel body on the emulated GPU (one host thread per CUDA thread,
-//     asynchronous copies and products landing only where the kernel waits)
-//     for every feature: heads of 64 and 128, causal and not, T not a
-//     multiple of the 128-row tiles, strided and padded layouts, GQA 2:1 and
-//     4:1, ring blocks (the second merged into the first's fp32 out and
-//     lse), the document mask with tiles that cross document starts and rows
-//     that see no key. Outputs start as NaN: every in-view element must be
-//     written, and nothing outside the view.
+//  2. The kernel bodies on the emulated GPU (one host thread per CUDA
+//     thread, asynchronous copies and products landing only where the
+//     kernel waits) for every feature: heads of 64 and 128, causal and not,
+//     T not a multiple of the tiles, strided and padded layouts, GQA 2:1 and
+//     4:1, ring blocks (the forward's second block merged into the first's
+//     fp32 out and lse; the backward's blocks added into fp32 dq, dk, dv),
+//     the document mask with tiles that cross document starts and rows that
+//     see no key. Each forward case runs the backward after it, from the
+//     kernel's own out and lse. Outputs start as NaN: every in-view element
+//     must be written, and nothing outside the view.
 //  3. Planted faults (no zero fill past the tensor, an unswizzled copy, a
-//     skipped wgmma wait, a wrong descriptor stride) must make a case fail.
+//     skipped wgmma wait, a wrong descriptor stride, a transposed operand
+//     read K-major) must make a case fail.
 #include <cstdio>
 
 #include "tests/unit/attention_emu.h"
@@ -96,9 +101,57 @@ static bool run_wg(const View& w, const std::vector<uint16_t>& qb, const std::ve
     });
 }
 
+// The backward on the emulated GPU. Plain (G = bf16 bits): dq through the
+// fp32 accumulator and its conversion (dq_convert_elem), dk and dv
+// overwritten; ring (G = float, kAcc): everything added to.
+template <int D, typename G, bool kAcc>
+static bool run_wg_bwd(const View& w, size_t kv_row0, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb,
+                       const std::vector<uint16_t>& dob, const std::vector<float>& lse, const std::vector<float>& Dv,
+                       std::vector<G>& dq, std::vector<G>& dkv) {
+    using C = attn_wg::WgBwdCfg<D>;
+    const TcParams p = attn_tc::tc_params(w.s);
+    const size_t o = kv_row0 * w.s.kv_stride;
+    const attn_wg::WgMaps maps =
+        attn_wg::wg_bwd_maps<D>(p, qb.data(), dob.data(), kvb.data() + w.koff + o, kvb.data() + w.voff + o);
+    std::vector<float> acc;
+    float* dq_acc;
+    size_t bs, rs;
+    if constexpr (kAcc) {
+        dq_acc = reinterpret_cast<float*>(dq.data()), bs = w.s.qb(), rs = w.s.q_stride;
+    } else {
+        acc.assign(attn_tc::bwd_fused_dq_acc_floats(p, D), 0.f);
+        dq_acc = acc.data(), rs = (size_t)w.s.NH * D, bs = (size_t)w.s.Tq * rs;
+    }
+    G* dk = dkv.data() + w.koff + o;
+    G* dv = dkv.data() + w.voff + o;
+    const bool ok = wg_emu::run_grid((w.s.Tk + C::BN - 1) / C::BN, w.s.B * w.s.kv_heads(), C::smem_bytes, maps,
+                                     [&](wg_emu::Ctx& cx) {
+                                         if (p.doc)
+                                             attn_wg::wg_bwd_body<wg_emu::Ctx, D, G, kAcc, true>(
+                                                 cx, dq_acc, bs, rs, dk, dv, lse.data(), Dv.data(), p);
+                                         else
+                                             attn_wg::wg_bwd_body<wg_emu::Ctx, D, G, kAcc, false>(
+                                                 cx, dq_acc, bs, rs, dk, dv, lse.data(), Dv.data(), p);
+                                     });
+    if constexpr (!kAcc)
+        for (size_t i = 0; i < acc.size() / 2; i++) attn_tc::dq_convert_elem(dq.data(), acc.data(), p, D, i);
+    return ok;
+}
+
 // Plain forward (bf16 out, overwrite); returns whether every check passed.
+// Elements of k|v in the view: the K and the V rows.
+static std::vector<char> kv_mask(const View& w) {
+    const AttnShape& s = w.s;
+    const size_t KC = (size_t)s.kv_heads() * s.HS;
+    std::vector<char> m = mask_rows(w.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, 0);
+    const std::vector<char> vm = mask_rows(w.kvn, s.B, s.Tk, s.kv_heads(), s.HS, s.kb(), s.kv_stride, KC);
+    for (size_t i = 0; i < m.size(); i++) m[i] |= vm[i];
+    return m;
+}
+
+// with_bwd: then the backward from the kernel's out and lse.
 template <int D>
-static bool test_plain(const char* name, const View& w, uint32_t seed) {
+static bool test_plain(const char* name, const View& w, uint32_t seed, bool with_bwd = true) {
     const AttnShape& s = w.s;
     const std::vector<float> q = rand_bf16(w.qn, 1.f, seed), kv = rand_bf16(w.kvn, 1.f, seed + 1);
     std::vector<double> rout(w.on, 0.0), rlse(w.ln, 0.0);
@@ -113,6 +166,22 @@ static bool test_plain(const char* name, const View& w, uint32_t seed) {
     check(ok, n + ": no rule broken (alignment, ranges, barriers)");
     compare(n + ": out", out, rout, mask_rows(w.on, s.B, s.Tq, s.NH, s.HS, s.ob(), s.o_stride, 0), out_init, 1e-2);
     compare(n + ": lse", lse, rlse, mask_lse(s, w.ln), lse_init, 1e-5);
+    if (!with_bwd) return g_fail == f0;
+
+    // The backward from the kernel's own out (bf16) and lse, as training runs it.
+    const std::vector<float> dout = rand_bf16(w.on, 1.f, seed + 2), outf = bits_to_f(out);
+    std::vector<float> lse_in = lse;
+    for (float& x : lse_in)
+        if (!std::isfinite(x)) x = 0.f;  // outside the view: never read
+    std::vector<double> rdq(w.qn, 0.0), rdkv(w.kvn, 0.0);
+    ref_backward(w, q, kv, dout, outf, lse_in, rdq, rdkv);
+    const std::vector<uint16_t> dq_init(w.qn, 0x7fc1), dkv_init(w.kvn, 0x7fc1);
+    std::vector<uint16_t> dq = dq_init, dkv = dkv_init;
+    const bool bok = run_wg_bwd<D, uint16_t, false>(w, 0, to_bits(q), to_bits(kv), to_bits(dout), lse_in,
+                                                    d_vector(s, dout, outf), dq, dkv);
+    check(bok, n + ": backward: no rule broken");
+    compare(n + ": backward dq", dq, rdq, mask_rows(w.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0), dq_init, 1e-2);
+    compare(n + ": backward dk|dv", dkv, rdkv, kv_mask(w), dkv_init, 1e-2);
     return g_fail == f0;
 }
 
@@ -137,6 +206,23 @@ static void test_ring(const char* name, const View& full, int T1, uint32_t seed)
     compare(n + ": block out (fp32, first + merge)", out, rc.rout, mask_rows(full.on, s.B, s.Tq, s.NH, s.HS, s.ob(), s.o_stride, 0),
             out_init, 1e-2);
     compare(n + ": block lse", lse, rc.rlse, mask_lse(s, full.ln), lse_init, 1e-5);
+
+    // The block backward with the global out (bf16-rounded reference) and lse, += into fp32.
+    std::vector<float> outf(full.on), lse_in(full.ln);
+    for (size_t i = 0; i < outf.size(); i++) outf[i] = b2f(f2b((float)rc.rout[i]));
+    for (size_t i = 0; i < lse_in.size(); i++) lse_in[i] = std::isfinite(rc.rlse[i]) ? (float)rc.rlse[i] : 0.f;
+    const std::vector<float> dq0 = rand_bf16(full.qn, 0.1f, seed + 5), dkv0 = rand_bf16(full.kvn, 0.1f, seed + 6);
+    std::vector<double> rdq(dq0.begin(), dq0.end()), rdkv(dkv0.begin(), dkv0.end());
+    ref_backward(full, rc.q, rc.kv, rc.dout, outf, lse_in, rdq, rdkv);
+    std::vector<float> dq = dq0, dkv = dkv0;
+    const std::vector<float> Dv = d_vector(s, rc.dout, outf);
+    const std::vector<uint16_t> dob = to_bits(rc.dout);
+    ok = run_wg_bwd<D, float, true>(rc.b1, 0, qb, kvb, dob, lse_in, Dv, dq, dkv);
+    ok &= run_wg_bwd<D, float, true>(b2, T1, qb, kvb, dob, lse_in, Dv, dq, dkv);
+    check(ok, n + ": block backward: no rule broken");
+    compare(n + ": block backward dq (fp32 +=)", dq, rdq, mask_rows(full.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0),
+            dq0, 1e-2);
+    compare(n + ": block backward dk|dv (fp32 +=)", dkv, rdkv, kv_mask(full), dkv0, 1e-2);
 }
 
 // ---- 3. planted faults --------------------------------------------------------------
@@ -158,6 +244,7 @@ static void test_faults() {
     planted("copies written unswizzled", &wg_emu::Faults::no_swizzle_tma);
     planted("wgmma wait_group skipped", &wg_emu::Faults::skip_wgmma_wait);
     planted("descriptor SBO 128 bytes short", &wg_emu::Faults::sbo_off);
+    planted("a transposed shared A (dS for dQ) read K-major", &wg_emu::Faults::no_trans_a);
 }
 
 int main() {

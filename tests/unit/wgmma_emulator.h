@@ -1,10 +1,12 @@
 // tests/unit/wgmma_emulator.h: the Hopper instructions of the warpgroup
-// attention forward (llmc/backend/cuda/attention_wg_kernels.h) and the GPU
-// block it runs on, emulated on the CPU: one host thread per CUDA thread
-// (384 per block), the tensor memory accelerator's tiled copy with the
-// 128-byte swizzle and zero fill, mbarriers (arrivals, transaction bytes,
-// phases and parity waits), named barriers, wgmma.mma_async with its
-// descriptors and register fragments, asynchronous to the end: a wgmma runs
+// attention kernels (llmc/backend/cuda/attention_wg_kernels.h, forward;
+// attention_wg_kernels_bwd.h, backward) and the GPU block they run on,
+// emulated on the CPU: one host thread per CUDA thread (384 per block), the
+// tensor memory accelerator's tiled copy with the 128-byte swizzle and zero
+// fill, mbarriers (arrivals, transaction bytes, phases and parity waits),
+// named barriers, wgmma.mma_async with its descriptors (K-major and
+// transposed operands) and register fragments, fp32 atomics, asynchronous
+// to the end: a wgmma runs
 // only at the issuing warpgroup's wait_group, and a TMA copy lands only when
 // a thread waits on its barrier's phase, so a kernel that reads before it
 // waits reads stale data. Everything here is transcribed from the PTX ISA
@@ -12,7 +14,7 @@
 // llmc/backend/cuda/wgmma_layout.h, which the test checks against it.
 //
 // Faults can be planted (Faults below) to show that the tests fail when
-// the zero fill, the swizzle, a wait or a descriptor is wrong.
+// the zero fill, the swizzle, a wait, a descriptor or a transpose is wrong.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -26,7 +28,9 @@
 #include <thread>
 #include <vector>
 
+#include "llmc/backend/cuda/attention_tc_kernels_bwd_fused.h"
 #include "llmc/backend/cuda/attention_wg_kernels.h"
+#include "llmc/backend/cuda/attention_wg_kernels_bwd.h"
 #include "tests/unit/mma_emulator.h"
 
 namespace wg_emu {
@@ -83,6 +87,7 @@ struct Faults {
     bool no_swizzle_tma = false;   // the copy engine writes rows unswizzled
     bool skip_wgmma_wait = false;  // wait_group 0 does not wait (the products never land)
     bool sbo_off = false;          // descriptors' SBO read 128 bytes short
+    bool no_trans_a = false;       // a shared A operand read K-major whatever its transpose flag says
 };
 inline Faults& faults() {
     static Faults f;
@@ -108,7 +113,7 @@ struct MBar {
 };
 struct WgmmaOp {
     int N;
-    bool rs, acc;
+    bool rs, acc, ta, tb;  // A from registers; accumulate; A, B transposed (M-major A, N-major B)
     uint64_t da, db;
     float* d[128];
     const uint32_t* a[128];
@@ -213,11 +218,12 @@ struct Block {
                     A[r][c] = bf((uint16_t)(i % 2 ? reg >> 16 : reg & 0xFFFF));
                 }
         } else {
+            const bool ta = op.ta && !faults().no_trans_a;
             for (int r = 0; r < 64; r++)
-                for (int k = 0; k < 16; k++) A[r][k] = bf_at(operand_addr(da, false, r, k));
+                for (int k = 0; k < 16; k++) A[r][k] = bf_at(operand_addr(da, ta, r, k));
         }
         for (int k = 0; k < 16; k++)
-            for (int n = 0; n < op.N; n++) Bm[k][n] = bf_at(operand_addr(db, op.rs, n, k));  // S: K-major B; PV: MN-major
+            for (int n = 0; n < op.N; n++) Bm[k][n] = bf_at(operand_addr(db, op.tb, n, k));
         for (int T = 0; T < 128; T++)
             for (int i = 0; i < op.N / 2; i++) {
                 int r, c;
@@ -305,7 +311,7 @@ struct Ctx {
         m.copies.push_back(cp);
         bk->cv.notify_all();  // a waiter may now land the copies
     }
-    int pos_t[3], pos_h[3], pos_b[3];
+    int pos_t[attn_wg::kMaxMaps], pos_h[attn_wg::kMaxMaps], pos_b[attn_wg::kMaxMaps];
 
     // named barriers
     void named(int id, int n, bool wait) {
@@ -337,12 +343,13 @@ struct Ctx {
     void fence_acc(float (&)[N][4]) {}
     template <int N>
     void fence_frag(uint32_t (&)[N][4]) {}
-    void issue(int N, bool rs, bool acc, uint64_t da, uint64_t db, float* d, const uint32_t* a) {
+    void issue(int N, bool rs, bool acc, bool ta, bool tb, uint64_t da, uint64_t db, float* d, const uint32_t* a) {
         const int g = t / 128, T = t % 128;
         WgmmaOp& s = bk->slot[g];
-        if (T == 0) s.N = N, s.rs = rs, s.acc = acc, s.da = da, s.db = db;
+        if (T == 0) s.N = N, s.rs = rs, s.acc = acc, s.ta = ta, s.tb = tb, s.da = da, s.db = db;
         bk->wgb[g].wait();
-        if (s.N != N || s.rs != rs || s.acc != acc || s.da != da || s.db != db) bk->fail("wgmma operands differ across the warpgroup");
+        if (s.N != N || s.rs != rs || s.acc != acc || s.ta != ta || s.tb != tb || s.da != da || s.db != db)
+            bk->fail("wgmma operands differ across the warpgroup");
         s.d[T] = d, s.a[T] = a;
         bk->wgb[g].wait();
         if (T == 0) bk->pending[g].push_back(s);
@@ -350,11 +357,23 @@ struct Ctx {
     }
     template <int N>
     void wgmma_ss(float (&d)[N / 8][4], uint64_t da, uint64_t db, bool acc) {
-        issue(N, false, acc, da, db, &d[0][0], nullptr);
+        issue(N, false, acc, false, false, da, db, &d[0][0], nullptr);
+    }
+    template <int N>
+    void wgmma_ss_t(float (&d)[N / 8][4], uint64_t da, uint64_t db, bool acc) {
+        issue(N, false, acc, true, true, da, db, &d[0][0], nullptr);
     }
     template <int N>
     void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db, bool acc) {
-        issue(N, true, acc, 0, db, &d[0][0], a);
+        issue(N, true, acc, false, true, 0, db, &d[0][0], a);
+    }
+    // Shared-memory stores are read by wgmma (the async proxy) only after
+    // this fence; the emulated products read memory at the wait anyway.
+    void fence_proxy_async() {}
+    // red.global.add.f32: blocks run one after another, so one lock is enough.
+    void atomic_add(float* p, float x) {
+        std::lock_guard<std::mutex> lk(bk->mu);
+        *p += x;
     }
     void wg_commit() {
         const int g = t / 128;
@@ -389,7 +408,7 @@ inline bool run_grid(int gx, int gy, size_t smem_bytes, const attn_wg::WgMaps& m
             for (int t = 0; t < Block::kT; t++)
                 th.emplace_back([&, t] {
                     Ctx cx{&bk, t, bx, by, {}, {}, {}};
-                    for (int w = 0; w < 3; w++) cx.pos_t[w] = maps.pos_t[w], cx.pos_h[w] = maps.pos_h[w], cx.pos_b[w] = maps.pos_b[w];
+                    for (int w = 0; w < maps.n; w++) cx.pos_t[w] = maps.pos_t[w], cx.pos_h[w] = maps.pos_h[w], cx.pos_b[w] = maps.pos_b[w];
                     body(cx);
                 });
             for (auto& x : th) x.join();

@@ -209,12 +209,6 @@ __global__ void __launch_bounds__(attn_tc::kThreads, 1)
 #endif
 }
 
-// fp32 accumulator -> bf16 dq (q's strides), two elements per thread.
-__global__ void bwd_fused_dq_convert_kernel(uint16_t* dq, const float* acc, TcParams p, int D, size_t pairs) {
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx < pairs) attn_tc::dq_convert_elem(dq, acc, p, D, idx);
-}
-
 // The kernels see bf16 as raw bits (attention_tc_kernels.h compiles without
 // CUDA headers); fp32 stays fp32.
 template <typename T>
@@ -314,7 +308,7 @@ void bwd_fused_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, cons
     if constexpr (!kAcc) {
         const size_t pairs = attn_tc::bwd_fused_dq_acc_floats(p, 64) / 2;
         if (pairs > 0) {
-            bwd_fused_dq_convert_kernel<<<(unsigned)ceil_div(pairs, 256), 256, 0, st>>>(raw(dq), acc, p, 64, pairs);
+            attn_wg_dev::dq_acc_convert_kernel<<<(unsigned)ceil_div(pairs, 256), 256, 0, st>>>(raw(dq), acc, p, 64, pairs);
             CUDA_CHECK_LAUNCH();
         }
     }
@@ -398,6 +392,7 @@ inline bool attention_bwd_fused_takes(const AttnShape& s) {
 // Scratch of attention_backward_tc: the D vector, or with the one-kernel
 // backward the fp32 dq accumulator (D is computed in the kernel there).
 inline size_t attention_backward_tc_scratch_floats(const AttnShape& s) {
+    if (attention_wg_bwd_takes()) return attn_wg_dev::wg_bwd_scratch_floats(s);
     if (attention_bwd_fused_takes(s)) return attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), 64);
     return attention_backward_scratch_floats(s);
 }
@@ -459,6 +454,13 @@ inline void attention_backward_tc(bf16* dq, bf16* dk, bf16* dv, const bf16* dout
                                   float* scratch, cudaStream_t stream) {
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0) return;
+    if (attention_wg_bwd_takes()) {  // Hopper: TMA and wgmma (attention_wg.cuh)
+        if (s.HS == 64)
+            attn_wg_dev::wg_backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+        else
+            attn_wg_dev::wg_backward_launch<128, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+        return;
+    }
     if (attention_bwd_fused_takes(s)) {
         attn_tc_dev::bwd_fused_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
         return;
@@ -475,6 +477,13 @@ inline void attention_block_backward_tc(float* dq, float* dk, float* dv, const b
                                         const AttnShape& s, float* scratch, cudaStream_t stream) {
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0 || s.Tk == 0) return;  // nothing to add
+    if (attention_wg_bwd_takes()) {  // Hopper: TMA and wgmma; the atomics add into dq itself
+        if (s.HS == 64)
+            attn_wg_dev::wg_backward_launch<64, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+        else
+            attn_wg_dev::wg_backward_launch<128, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, stream);
+        return;
+    }
     if (attention_bwd_fused_takes(s))  // atomics straight into the fp32 dq; no scratch
         attn_tc_dev::bwd_fused_launch<float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, nullptr, stream);
     else if (s.HS == 64)

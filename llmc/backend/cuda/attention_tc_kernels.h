@@ -41,9 +41,11 @@
 #if defined(__CUDACC__)
 #define TC_BODY __device__ __forceinline__
 #define TC_UNROLL _Pragma("unroll")
+#define TC_ROLLED _Pragma("unroll 1")
 #else
 #define TC_BODY inline
 #define TC_UNROLL
+#define TC_ROLLED
 #endif
 
 namespace attn_tc {
@@ -102,6 +104,20 @@ TC_BODY int first_key_from(const TcParams& p, int d, int n) {
     while (lo < hi) {
         const int mid = (lo + hi) / 2;
         if (p.kpos[mid] < d)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+// The first query from q0 whose document starts after key position klast
+// (Tq if none): it and every later query see no key up to klast (document
+// starts do not decrease along the queries).
+TC_BODY int first_query_past(const int* docs, int q0, int Tq, int klast) {
+    int lo = q0, hi = Tq;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (docs[mid] <= klast)
             lo = mid + 1;
         else
             hi = mid;

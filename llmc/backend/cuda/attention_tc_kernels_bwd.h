@@ -40,6 +40,35 @@ TC_BODY void store_dkdv(G* dk, G* dv, size_t kvoff, int wrow0, int lane, const T
     }
 }
 
+// P^T and dS^T in place, for a warp's 16 keys (rows, from wrow0) by NQ·8
+// queries (columns, from q0) of a transposed backward: sc holds S^T, dp
+// dP^T. Lb, Db, Dcb: each query column's lse·log2(e) (+inf: no row, P = 0),
+// D and document start. masked: some element may be a key after its query
+// (causal) or, with kKeyEnd, past Tk (a kernel that stores nothing for
+// those keys leaves them: fewer registers); dmask: some query's document
+// starts after some key, whose position is kp[] (rows g, g + 8).
+template <int NQ, bool kDoc, bool kKeyEnd>
+TC_BODY void p_ds_transposed(float (&sc)[NQ][4], float (&dp)[NQ][4], int lane, const TcParams& p, int wrow0, int q0,
+                             const float* Lb, const float* Db, const int* Dcb, const int (&kp)[2], bool masked,
+                             bool dmask) {
+    TC_UNROLL
+    for (int nq = 0; nq < NQ; nq++)
+        TC_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const RC rc = c_elem(lane, e);
+            const int j = wrow0 + rc.row, ci = nq * 8 + rc.col, i = q0 + ci;
+            float pe = fexp2(sc[nq][e] * p.sl2 - Lb[ci]);
+            const bool cut = masked && ((kKeyEnd && j >= p.Tk) || (p.causal && j > i));
+            if constexpr (kDoc) {
+                if (cut || (dmask && Dcb[ci] > kp[e >> 1])) pe = 0.f;
+            } else {
+                if (cut) pe = 0.f;
+            }
+            sc[nq][e] = pe;
+            dp[nq][e] = pe * (dp[nq][e] - Db[ci]);
+        }
+}
+
 // ==== backward: dq =================================================================
 // A block: 4 warps x 16 query rows = 64 rows; key tiles of BN. kARegs keeps
 // the warp's Q and dO rows in registers as A fragments (D = 64); otherwise
@@ -257,18 +286,7 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
     // tiles end there.
     const int* docs = kDoc ? p.doc + (size_t)b * p.db : nullptr;
     int qend = p.Tq;
-    if (docs) {
-        const int klast = key_at(p, imin(k0 + BN, p.Tk) - 1);
-        int lo = qstart, hi = p.Tq;
-        while (lo < hi) {
-            const int mid = (lo + hi) / 2;
-            if (docs[mid] <= klast)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        qend = lo;
-    }
+    if (docs) qend = first_query_past(docs, qstart, p.Tq, key_at(p, imin(k0 + BN, p.Tk) - 1));
     const int nqt = qend > qstart ? (qend - qstart + BQ - 1) / BQ : 0;
     const int nit = p.group * nqt;
     const size_t kvoff = (size_t)b * p.kb + (size_t)g * D;
@@ -361,21 +379,7 @@ TC_BODY void dkdv_body(Ctx& cx, G* dk, G* dv, const uint16_t* dout, const uint16
         }
         const bool masked = p.causal && q0 < wrow0 + 15;  // some query of the tile precedes some key
         const bool dmask = kDoc && Dcb[BQ - 1] > wkfirst;  // some query's document starts after some key
-        TC_UNROLL
-        for (int nq = 0; nq < C::NQ; nq++)
-            TC_UNROLL
-            for (int e = 0; e < 4; e++) {
-                const RC rc = c_elem(lane, e);
-                const int j = wrow0 + rc.row, ci = nq * 8 + rc.col, i = q0 + ci;
-                float pe = fexp2(sc[nq][e] * p.sl2 - Lb[ci]);
-                if constexpr (kDoc) {
-                    if ((masked && j > i) || (dmask && Dcb[ci] > kp[e >> 1])) pe = 0.f;
-                } else {
-                    if (masked && j > i) pe = 0.f;
-                }
-                sc[nq][e] = pe;
-                dp[nq][e] = pe * (dp[nq][e] - Db[ci]);
-            }
+        p_ds_transposed<C::NQ, kDoc, false>(sc, dp, lane, p, wrow0, q0, Lb, Db, Dcb, kp, masked, dmask);
         // dv += P^T dout, dk += dS^T q: the B operands via ldmatrix.trans.
         TC_UNROLL
         for (int kk = 0; kk < BQ / 16; kk++) {

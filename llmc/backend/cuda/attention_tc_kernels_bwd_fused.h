@@ -59,12 +59,6 @@ namespace attn_tc {
 #define TC_BWD5_STAGES 3
 #endif
 
-#if defined(__CUDACC__)
-#define TC_BWD5_ROLLED _Pragma("unroll 1")
-#else
-#define TC_BWD5_ROLLED
-#endif
-
 template <int D, int BQ, int STAGES, bool kFoldD>
 struct Bwd5Cfg {
     static_assert(D == 64, "the one-kernel backward is for head size 64 (HS 128 keeps the two kernels)");
@@ -206,7 +200,7 @@ TC_BODY void bwd_fused_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, 
             cx.sync();  // [B] D of the tile visible
         }
 
-        TC_BWD5_ROLLED  // one pass's S and dP live at a time (unrolled: 255 registers and spills)
+        TC_ROLLED  // one pass's S and dP live at a time (unrolled: 255 registers and spills)
         for (int hp = 0; hp < BQ / C::QH; hp++) {  // 64-query passes
             const int qc0 = hp * C::QH;
             float sc[C::NQ][4], dp[C::NQ][4];  // S^T then P^T; dP^T then dS^T

@@ -1,17 +1,18 @@
-// llmc/backend/cuda/attention_wg.cuh: the Hopper attention forward (sm_90a):
-// TMA copies on mbarriers, wgmma, a producer warpgroup and two consumer
-// warpgroups in ping-pong (the design is explained at the top of
-// attention_wg_kernels.h, the layouts in wgmma_layout.h). This file holds
-// the PTX context that runs the body on a GPU, the __global__ wrapper, the
-// tensor maps (cuTensorMapEncodeTiled, reached through the runtime's driver
-// entry point, so nothing links libcuda), the launcher and the test of
-// whether a call may take it. attention_tc.cuh dispatches to it.
+// llmc/backend/cuda/attention_wg.cuh: the Hopper attention (sm_90a), forward
+// and backward: TMA copies on mbarriers, wgmma, a producer warpgroup and two
+// consumer warpgroups (the designs are explained at the top of
+// attention_wg_kernels.h and attention_wg_kernels_bwd.h, the layouts in
+// wgmma_layout.h). This file holds the PTX context that runs the bodies on
+// a GPU, the __global__ wrappers, the tensor maps (cuTensorMapEncodeTiled,
+// reached through the runtime's driver entry point, so nothing links
+// libcuda), the launchers, the conversion of an fp32 dq accumulator, and the
+// test of whether a call may take them. attention_tc.cuh dispatches to it.
 //
-// When it runs: LLMC_ATTN_WG=1 in the environment, on a device of compute
-// capability 9.0 with a binary built for sm_90a (the Makefile's default;
-// LLMC_SM90A tells the host code), for the calls the mma.sync kernels take
-// (heads of 64 and 128, 16-byte aligned rows). LLMC_ATTN_WG=0 or unset:
-// the mma.sync forward. The backward is the mma.sync one either way.
+// When it runs: LLMC_ATTN_WG=1 in the environment (forward and backward) or
+// fwd (the forward alone), on a device of compute capability 9.0 with a
+// binary built for sm_90a (the Makefile's default; LLMC_SM90A tells the host
+// code), for the calls the mma.sync kernels take (heads of 64 and 128,
+// 16-byte aligned rows). LLMC_ATTN_WG=0 or unset: the mma.sync kernels.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -19,8 +20,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "llmc/backend/cuda/attention.cuh"
+#include "llmc/backend/cuda/attention_tc_kernels_bwd_fused.h"
 #include "llmc/backend/cuda/attention_wg_kernels.h"
+#include "llmc/backend/cuda/attention_wg_kernels_bwd.h"
 #include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/cuda/switches.h"
 
 namespace llmc_cuda {
 namespace attn_wg_dev {
@@ -41,10 +46,13 @@ template <int N>
 __device__ __forceinline__ void wgmma_ss_ptx(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc);
 template <int N>
 __device__ __forceinline__ void wgmma_rs_ptx(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db, int acc);
+template <int N>
+__device__ __forceinline__ void wgmma_ss_t_ptx(float (&d)[N / 8][4], uint64_t da, uint64_t db, int acc);
 #if WG_ARCH_OK
 // d (+)= A·B, m64nNk16, bf16 in, fp32 accumulators; scale-d = acc (0: D = A·B).
-// ss: A and B through K-major descriptors. rs: A from registers, B through
-// an MN-major ("transposed") descriptor.
+// ss: A and B through K-major descriptors. ss_t: A M-major and B N-major
+// (imm-trans-a = imm-trans-b = 1). rs: A from registers, B through an
+// MN-major ("transposed") descriptor.
 // The accumulator operands, once: registers %0..%31 (%0..%63) of the asm
 // text, and the matching "+f" bindings of d[8][4] (d[16][4]).
 #define WG_ACC32_TEXT \
@@ -72,6 +80,20 @@ __device__ __forceinline__ void wgmma_ss_ptx<128>(float (&d)[16][4], uint64_t da
                  : "l"(da), "l"(db), "r"(acc));
 }
 template <>
+__device__ __forceinline__ void wgmma_ss_ptx<64>(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_ACC32_TEXT "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_ACC32_OUT
+                 : "l"(da), "l"(db), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void wgmma_ss_t_ptx<64>(float (&d)[8][4], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_ACC32_TEXT "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : WG_ACC32_OUT
+                 : "l"(da), "l"(db), "r"(acc));
+}
+template <>
 __device__ __forceinline__ void wgmma_rs_ptx<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_ACC32_TEXT "}, {%32, %33, %34, %35}, %36, "
@@ -90,7 +112,7 @@ __device__ __forceinline__ void wgmma_rs_ptx<128>(float (&d)[16][4], const uint3
 #endif
 
 struct TensorMaps {
-    CUtensorMap m[3];
+    CUtensorMap m[attn_wg::kMaxMaps];
 };
 
 // The PTX executor of attention_wg_kernels.h (the context contract is there).
@@ -165,6 +187,14 @@ struct WgDevCtx {
     __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t db, bool acc) const {
         wgmma_rs_ptx<N>(d, a, db, acc ? 1 : 0);
     }
+    template <int N>
+    __device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 8][4], uint64_t da, uint64_t db, bool acc) const {
+        wgmma_ss_t_ptx<N>(d, da, db, acc ? 1 : 0);
+    }
+    __device__ __forceinline__ void fence_proxy_async() const {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    __device__ __forceinline__ void atomic_add(float* p, float x) const { atomicAdd(p, x); }
     __device__ __forceinline__ void bar_sync(int id, int n) const {
         asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
     }
@@ -180,11 +210,11 @@ struct WgDevCtx {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
     }
 #endif
-    int pos_t[3], pos_h[3], pos_b[3];
+    int pos_t[attn_wg::kMaxMaps], pos_h[attn_wg::kMaxMaps], pos_b[attn_wg::kMaxMaps];
 };
 
 struct MapPos {
-    int t[3], h[3], b[3];
+    int t[attn_wg::kMaxMaps], h[attn_wg::kMaxMaps], b[attn_wg::kMaxMaps];
 };
 
 // One block of 384 threads per SM: the register file is split by
@@ -195,7 +225,7 @@ __global__ void __launch_bounds__(attn_wg::kThreads, 1)
 #if WG_ARCH_OK
     WgDevCtx cx;
     cx.maps = &maps;
-    for (int w = 0; w < 3; w++) cx.pos_t[w] = pos.t[w], cx.pos_h[w] = pos.h[w], cx.pos_b[w] = pos.b[w];
+    for (int w = 0; w < attn_wg::kMaxMaps; w++) cx.pos_t[w] = pos.t[w], cx.pos_h[w] = pos.h[w], cx.pos_b[w] = pos.b[w];
     attn_wg::wg_fwd_body<WgDevCtx, D, O, kMerge, kDoc>(cx, out, lse, p);
 #endif
 }
@@ -226,6 +256,14 @@ inline void encode(CUtensorMap* m, const wg_layout::TmaBox& b) {
     }
 }
 
+// Every box of a kernel, encoded, and where its rows, heads and batch rows went.
+inline void encode_maps(const attn_wg::WgMaps& wm, TensorMaps* maps, MapPos* pos) {
+    for (int w = 0; w < wm.n; w++) {
+        encode(&maps->m[w], wm.box[w]);
+        pos->t[w] = wm.pos_t[w], pos->h[w] = wm.pos_h[w], pos->b[w] = wm.pos_b[w];
+    }
+}
+
 template <int D, typename O, bool kMerge>
 void wg_forward_launch(O* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttnShape& s,
                        cudaStream_t st) {
@@ -233,17 +271,86 @@ void wg_forward_launch(O* out, float* lse, const bf16* q, const bf16* k, const b
     const TcParams p = attn_tc::tc_params(s);
     const attn_wg::WgMaps wm = attn_wg::wg_maps<D>(p, q, k, v);
     TensorMaps maps;
-    MapPos pos;
-    for (int w = 0; w < 3; w++) {
-        encode(&maps.m[w], wm.box[w]);
-        pos.t[w] = wm.pos_t[w], pos.h[w] = wm.pos_h[w], pos.b[w] = wm.pos_b[w];
-    }
+    MapPos pos{};
+    encode_maps(wm, &maps, &pos);
     using R = typename std::conditional<std::is_same<O, bf16>::value, uint16_t, float>::type;
     auto kern = s.doc_start ? wg_fwd_kernel<D, R, kMerge, true> : wg_fwd_kernel<D, R, kMerge, false>;
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem_bytes));
     const dim3 grid((unsigned)ceil_div(s.Tq, C::BM), (unsigned)(s.B * s.NH));
     kern<<<grid, attn_wg::kThreads, C::smem_bytes, st>>>(reinterpret_cast<R*>(out), lse, p, maps, pos);
     CUDA_CHECK_LAUNCH();
+}
+
+// The fp32 dq accumulator of an atomics backward (this one and
+// attention_tc.cuh's one-kernel backward) into bf16 dq with q's strides,
+// two elements per thread.
+__global__ void dq_acc_convert_kernel(uint16_t* dq, const float* acc, TcParams p, int D, size_t pairs) {
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx < pairs) attn_tc::dq_convert_elem(dq, acc, p, D, idx);
+}
+
+// The backward: one block of 384 threads per 128 keys and (batch row, key/value head).
+template <int D, typename G, bool kAcc, bool kDoc>
+__global__ void __launch_bounds__(attn_wg::kThreads, 1)
+    wg_bwd_kernel(float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk, G* dv, const float* lse, const float* Dvec,
+                  TcParams p, const __grid_constant__ TensorMaps maps, MapPos pos) {
+#if WG_ARCH_OK
+    WgDevCtx cx;
+    cx.maps = &maps;
+    for (int w = 0; w < attn_wg::kMaxMaps; w++) cx.pos_t[w] = pos.t[w], cx.pos_h[w] = pos.h[w], cx.pos_b[w] = pos.b[w];
+    attn_wg::wg_bwd_body<WgDevCtx, D, G, kAcc, kDoc>(cx, dq_acc, dq_bs, dq_rs, dk, dv, lse, Dvec, p);
+#endif
+}
+
+// Scratch of the backward: D [B][NH][Tq], then for the plain backward the
+// fp32 dq accumulator (attn_tc::bwd_fused_dq_acc_floats), 256-byte aligned.
+inline size_t wg_bwd_d_floats(const AttnShape& s) { return ((size_t)s.B * s.NH * s.Tq + 63) / 64 * 64; }
+inline size_t wg_bwd_scratch_floats(const AttnShape& s) {
+    return wg_bwd_d_floats(s) + attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), s.HS);
+}
+
+// G: bf16 (plain backward: dq, dk, dv overwritten) or float (ring block
+// backward: += into fp32 dq, dk, dv; the atomics add into dq itself).
+template <int D, typename G, bool kAcc>
+void wg_backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                        const bf16* out, const float* lse, const AttnShape& s, float* scratch, cudaStream_t st) {
+    using C = attn_wg::WgBwdCfg<D>;
+    using R = typename std::conditional<std::is_same<G, bf16>::value, uint16_t, float>::type;
+    const TcParams p = attn_tc::tc_params(s);
+    float* Dvec = scratch;
+    const size_t rows = (size_t)s.B * s.Tq * s.NH;
+    if (rows > 0) {
+        attn::dot_do_o_kernel<bf16><<<(unsigned)ceil_div(rows, 256 / 32), 256, 0, st>>>(Dvec, dout, out, s, attn::strides(s));
+        CUDA_CHECK_LAUNCH();
+    }
+    float* acc;
+    size_t bs, rs;
+    if constexpr (kAcc) {
+        acc = reinterpret_cast<float*>(dq), bs = p.qb, rs = p.q_stride;
+    } else {
+        acc = scratch + wg_bwd_d_floats(s), rs = (size_t)s.NH * D, bs = (size_t)s.Tq * rs;
+        CUDA_CHECK(cudaMemsetAsync(acc, 0, attn_tc::bwd_fused_dq_acc_floats(p, D) * sizeof(float), st));
+    }
+    if (s.Tk > 0 && s.Tq > 0) {
+        const attn_wg::WgMaps wm = attn_wg::wg_bwd_maps<D>(p, q, dout, k, v);
+        TensorMaps maps;
+        MapPos pos{};
+        encode_maps(wm, &maps, &pos);
+        auto kern = s.doc_start ? wg_bwd_kernel<D, R, kAcc, true> : wg_bwd_kernel<D, R, kAcc, false>;
+        CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem_bytes));
+        const dim3 grid((unsigned)ceil_div(s.Tk, C::BN), (unsigned)(s.B * s.kv_heads()));
+        kern<<<grid, attn_wg::kThreads, C::smem_bytes, st>>>(acc, bs, rs, reinterpret_cast<R*>(dk),
+                                                             reinterpret_cast<R*>(dv), lse, Dvec, p, maps, pos);
+        CUDA_CHECK_LAUNCH();
+    }
+    if constexpr (!kAcc) {
+        const size_t pairs = attn_tc::bwd_fused_dq_acc_floats(p, D) / 2;
+        if (pairs > 0) {
+            dq_acc_convert_kernel<<<(unsigned)ceil_div(pairs, 256), 256, 0, st>>>(reinterpret_cast<uint16_t*>(dq), acc,
+                                                                                  p, D, pairs);
+            CUDA_CHECK_LAUNCH();
+        }
+    }
 }
 
 // sm_90, a binary built with the sm_90a code (LLMC_SM90A: the Makefile sets
@@ -269,15 +376,24 @@ inline bool device_has_wgmma() {
 
 }  // namespace attn_wg_dev
 
-// LLMC_ATTN_WG=1: the Hopper forward where the device has it; read once.
-inline bool attention_wg_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("LLMC_ATTN_WG");
-        return e && e[0] == '1' && e[1] == 0;
+// LLMC_ATTN_WG (switches.h): 1 the Hopper forward and backward, fwd the
+// forward alone, where the device has them; read once (the backend refuses
+// other values when it starts).
+inline llmc_switch::AttnWg attention_wg_mode() {
+    static const llmc_switch::AttnWg mode = [] {
+        llmc_switch::AttnWg m;
+        std::string err;
+        return llmc_switch::parse_attn_wg(std::getenv("LLMC_ATTN_WG"), &m, &err) ? m : llmc_switch::AttnWg::off;
     }();
-    return on;
+    return mode;
 }
 // For a call the mma.sync kernels take (attention_tc_supported): whether the Hopper forward takes it instead.
-inline bool attention_wg_takes() { return attention_wg_enabled() && attn_wg_dev::device_has_wgmma(); }
+inline bool attention_wg_takes() {
+    return attention_wg_mode() != llmc_switch::AttnWg::off && attn_wg_dev::device_has_wgmma();
+}
+// ... and the Hopper backward.
+inline bool attention_wg_bwd_takes() {
+    return attention_wg_mode() == llmc_switch::AttnWg::both && attn_wg_dev::device_has_wgmma();
+}
 
 }  // namespace llmc_cuda

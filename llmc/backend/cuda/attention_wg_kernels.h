@@ -102,43 +102,50 @@ TC_BODY WgRange wg_range(const TcParams& p, int bx, int b, bool doc) {
     return r;
 }
 
-// The TMA boxes of Q, K and V for a shape (the launcher encodes them; the
-// emulator copies through them): dimension 0 the head's D columns, then
-// rows, heads and batch rows in increasing stride, box 64 columns x BM
-// (Q) or BN (K, V) rows. pos[] says where rows, heads and batch rows went.
+// The TMA boxes of a kernel's operands (the forward's Q, K, V; the
+// backward's Q, dO, K, V): the launcher encodes them, the emulator copies
+// through them. pos[] says which box dimension holds rows, heads and batch
+// rows.
+constexpr int kMaxMaps = 4;
 struct WgMaps {
-    TmaBox box[3];
-    int pos_t[3], pos_h[3], pos_b[3];
+    TmaBox box[kMaxMaps];
+    int pos_t[kMaxMaps], pos_h[kMaxMaps], pos_b[kMaxMaps];
+    int n;  // boxes in use
 };
+
+// One bf16 box: dimension 0 the head's D columns, then rows, heads and
+// batch rows in increasing stride, 64 columns x box_rows rows.
+inline void wg_map(WgMaps& m, int w, const void* base, int D, int rows_ext, int heads, int B, size_t row_stride,
+                   size_t batch_stride, int box_rows) {
+    const uint64_t ext[3] = {(uint64_t)rows_ext, (uint64_t)heads, (uint64_t)B};
+    const uint64_t str[3] = {2 * (uint64_t)row_stride, 2 * (uint64_t)D, 2 * (uint64_t)batch_stride};
+    const uint32_t bx[3] = {(uint32_t)box_rows, 1, 1};
+    int order[3] = {0, 1, 2};
+    for (int i = 0; i < 3; i++)  // a stable sort by stride
+        for (int j = 0; j + 1 < 3 - i; j++)
+            if (str[order[j]] > str[order[j + 1]]) {
+                const int t = order[j];
+                order[j] = order[j + 1], order[j + 1] = t;
+            }
+    TmaBox& t = m.box[w];
+    t.base = base;
+    t.dim[0] = (uint64_t)D, t.box[0] = kRowElems;
+    for (int i = 0; i < 3; i++) {
+        t.dim[1 + i] = ext[order[i]] ? ext[order[i]] : 1;
+        t.stride[i] = str[order[i]];
+        t.box[1 + i] = bx[order[i]];
+        (order[i] == 0 ? m.pos_t : order[i] == 1 ? m.pos_h : m.pos_b)[w] = 1 + i;
+    }
+}
+
 template <int D>
 inline WgMaps wg_maps(const TcParams& p, const void* q, const void* k, const void* v) {
     using C = WgFwdCfg<D>;
-    WgMaps m;
-    const void* base[3] = {q, k, v};
-    for (int w = 0; w < 3; w++) {
-        const bool isq = w == kQ;
-        // (extent, byte stride, box) of rows, heads, batch rows
-        uint64_t ext[3] = {(uint64_t)(isq ? p.Tq : p.Tk), (uint64_t)(isq ? p.NH : p.KVH), (uint64_t)p.B};
-        uint64_t str[3] = {2 * (uint64_t)(isq ? p.q_stride : p.kv_stride), 2 * (uint64_t)D,
-                           2 * (uint64_t)(isq ? p.qb : p.kb)};
-        uint32_t bx[3] = {(uint32_t)(isq ? C::BM : C::BN), 1, 1};
-        int order[3] = {0, 1, 2};
-        for (int i = 0; i < 3; i++)  // a stable sort by stride
-            for (int j = 0; j + 1 < 3 - i; j++)
-                if (str[order[j]] > str[order[j + 1]]) {
-                    const int t = order[j];
-                    order[j] = order[j + 1], order[j + 1] = t;
-                }
-        TmaBox& t = m.box[w];
-        t.base = base[w];
-        t.dim[0] = D, t.box[0] = kRowElems;
-        for (int i = 0; i < 3; i++) {
-            t.dim[1 + i] = ext[order[i]] ? ext[order[i]] : 1;
-            t.stride[i] = str[order[i]];
-            t.box[1 + i] = bx[order[i]];
-            (order[i] == 0 ? m.pos_t : order[i] == 1 ? m.pos_h : m.pos_b)[w] = 1 + i;
-        }
-    }
+    WgMaps m{};
+    m.n = 3;
+    wg_map(m, kQ, q, D, p.Tq, p.NH, p.B, p.q_stride, p.qb, C::BM);
+    wg_map(m, kK, k, D, p.Tk, p.KVH, p.B, p.kv_stride, p.kb, C::BN);
+    wg_map(m, kV, v, D, p.Tk, p.KVH, p.B, p.kv_stride, p.kb, C::BN);
     return m;
 }
 
