@@ -230,9 +230,13 @@ std::string why(const Planned& a, const Planned& b) {
     for (int i = 1; i < 8; i++)
         if (db[i] - da[i] > db[best] - da[best]) best = i;
     char s[256];
-    std::snprintf(s, sizeof(s), "%.1f%% faster than %s, which spends %.1f ms more per step in %s", 
-                  100 * (a.tokens_per_s / b.tokens_per_s - 1), b.l.describe().c_str(), (db[best] - da[best]) * 1e3,
-                  names[best]);
+    const double gain = a.tokens_per_s / b.tokens_per_s - 1;
+    if (gain < 0.0005)  // would print "0.0% faster": the time model cannot tell them apart
+        std::snprintf(s, sizeof(s), "tied in the time model with %s (%.0f tokens/s each); the search order picks it",
+                      b.l.describe().c_str(), a.tokens_per_s);
+    else
+        std::snprintf(s, sizeof(s), "%.1f%% faster than %s, which spends %.1f ms more per step in %s", 100 * gain,
+                      b.l.describe().c_str(), (db[best] - da[best]) * 1e3, names[best]);
     return s;
 }
 

@@ -489,6 +489,11 @@ def test_search_and_errors(tmp):
                            capture_output=True, text=True)
         check(rc == 0 and p.returncode == 0 and "winner: pp2 vpp2 dp8" in p.stdout and "memory line 40.00 GiB" in p.stdout,
               f"plot_plan.py with vpp 2: {err[-200:]} {p.stdout!r} {p.stderr[-200:]}")
+    # One process: ZeRO 0 and 1 cost the same, so the winner's line says tied, not "0.0% faster".
+    rc1, out1, err1 = plan(["search", "-e", "d12", "-t", "1024", "-d", "524288", "--world", "1"])
+    win = [x for x in out1.splitlines() if x.startswith("winner:")]
+    check(rc1 == 0 and len(win) == 1 and "tied in the time model with" in win[0] and "0.0% faster" not in win[0],
+          f"a tie named as a tie: {win or err1[-300:]}")
     for args, flag in ((["search", "-e", "d12", "--hardware", "tpu-v9"], "--hardware"),
                        (["eval", "-e", "d12", "--world", "8", "--tp", "5"], "--tp"),
                        (["eval", "-e", "d12", "--world", "6", "--pp", "4"], "--pp"),
