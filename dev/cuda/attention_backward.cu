@@ -13,6 +13,9 @@
 //              128-key blocks, 5 products, dq by fp32 atomics then a
 //              conversion pass (dq not bitwise reproducible); the same
 //              cases as version 3, timed beside it
+//   version 6: version 4 with dq added in a fixed order (LLMC_ATTN_WG=det:
+//              the key blocks take turns per query tile), reproducible; the
+//              price of the turns is its time against version 4's
 //   version 5: llmc/backend/cuda/attention_tc_kernels_bwd_fused.h (bf16, HS 64; what
 //              LLMC_ATTN_BWD=5 selects): one kernel per 64-key tile looping
 //              over 128-query tiles, 5 products, D folded in, dq by fp32
@@ -118,11 +121,12 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
         if (version == 5) {  // called directly: the environment switch is read once per process
             if (s.B > 0 && s.NH > 0)
                 attn_tc_dev::bwd_fused_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
-        } else if (version == 4) {  // whatever LLMC_ATTN_WG says
+        } else if (version == 4 || version == 6) {  // whatever LLMC_ATTN_WG says
+            const bool det = version == 6;
             if (s.B > 0 && s.NH > 0 && s.HS == 64)
-                attn_wg_dev::wg_backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+                attn_wg_dev::wg_backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, det, 0);
             else if (s.B > 0 && s.NH > 0)
-                attn_wg_dev::wg_backward_launch<128, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
+                attn_wg_dev::wg_backward_launch<128, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, det, 0);
         } else {
             attention_backward_tc(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
         }
@@ -200,6 +204,7 @@ int main(int argc, char** argv) {
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
         if (tc_takes(c) && wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
+        if (tc_takes(c) && wg_here()) check<bf16>(6, c, "v6 wgmma in turns bf16", lab::kTolBF16);
         if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
     }
     for (const Case& c : attention_masked_cases()) {  // the document mask (not the one-kernel backward)
@@ -208,6 +213,7 @@ int main(int argc, char** argv) {
         check<bf16>(2, c, "v2 bf16", lab::kTolBF16);
         if (tc_takes(c)) check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
         if (tc_takes(c) && wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
+        if (tc_takes(c) && wg_here()) check<bf16>(6, c, "v6 wgmma in turns bf16", lab::kTolBF16);
     }
     for (const Case& c : flags.small ? attention_tc_small_cases() : attention_tc_cases()) {
         if (quick && c.s.Tq >= 1024) continue;
@@ -218,6 +224,7 @@ int main(int argc, char** argv) {
         }
         check<bf16>(3, c, "v3 tc bf16", lab::kTolBF16);
         if (wg_here()) check<bf16>(4, c, "v4 wgmma bf16", lab::kTolBF16);
+        if (wg_here()) check<bf16>(6, c, "v6 wgmma in turns bf16", lab::kTolBF16);
         if (v5_takes(c)) check<bf16>(5, c, "v5 one-kernel bf16", lab::kTolBF16);
     }
 
@@ -269,6 +276,10 @@ int main(int argc, char** argv) {
             lab::report_tflops("v4 wgmma bf16 (sm_90a)", ms4, flops);
             std::printf("  %-44s %9.2fx\n", "v4 speedup over v3", ms3 / ms4);
             if (rec) std::printf("figure attn_bwd_hs%d_t%d_tflops %.6g TFLOP/s\n", sh.HS, sh.Tq, flops / (ms4 * 1e-3) / 1e12);
+            const float ms6 = lab::time_ms([&] { call(6); }, 10);
+            lab::report_tflops("v6 wgmma, dq in turns (LLMC_ATTN_WG=det)", ms6, flops);
+            std::printf("  %-44s %9.2fx\n", "v6 time over v4 (the price of the turns)", ms6 / ms4);
+            if (rec) std::printf("figure attn_bwd_det_hs%d_t%d_tflops %.6g TFLOP/s\n", sh.HS, sh.Tq, flops / (ms6 * 1e-3) / 1e12);
         }
         if (v5_takes(c)) {
             const float ms5 = lab::time_ms([&] { call(5); }, 10);

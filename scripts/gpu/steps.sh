@@ -135,12 +135,14 @@ step_test() {
                 "build/test_gpt --model build/ref/$name.model.bin --state build/ref/$name.state.bin --device cuda --dtype $d$mask"
         done
     done
-    # The Hopper attention (LLMC_ATTN_WG=1: forward and backward; fwd: the
-    # forward alone, to tell a failure's kernel) in bf16 against the same
+    # The Hopper attention (LLMC_ATTN_WG=1: forward and backward; det: dq in
+    # a fixed order; fwd: the forward alone, to tell a failure's kernel) in
+    # bf16 against the same
     # reference (heads of 64, the document mask); elsewhere it runs the default.
     local dm=build/ref/docmask64_fp32 wgm sfx
-    for wgm in 1 fwd; do
-        sfx=$([[ $wgm == fwd ]] && echo _fwd)
+    for wgm in 1 det fwd; do
+        sfx=""
+        [[ $wgm == 1 ]] || sfx="_$wgm"
         FIGS=test_gpt_docmask64_fp32_cuda_bf16_attn_wg${sfx}_ \
             FIGCMD="LLMC_ATTN_WG=$wgm build/test_gpt --model $dm.model.bin --state $dm.state.bin --device cuda --dtype bf16 --document-mask 7" \
             SUMMARY_MATCH='(passed|FAIL)' run_prog "test_gpt_docmask64_bf16_attn_wg$sfx" 60 5 env LLMC_ATTN_WG=$wgm \
@@ -404,6 +406,11 @@ step_lab() {
         for shape in hs64_t1024 hs128_t4096; do
             ours=$(sed -n "s/^figure attn_${dir}_${shape}_tflops \([0-9.e+]*\) .*/\1/p" "$W/$lab.log" 2>/dev/null)
             [[ -n $ours ]] && figure "attn_${dir}_${shape}_tflops" "$ours" TFLOP/s "dev/cuda/$lab v4 (wgmma), causal bf16"
+            if [[ $dir == bwd ]]; then  # dq in a fixed order (LLMC_ATTN_WG=det): the price of the turns
+                local det
+                det=$(sed -n "s/^figure attn_bwd_det_${shape}_tflops \([0-9.e+]*\) .*/\1/p" "$W/$lab.log" 2>/dev/null)
+                [[ -n $det ]] && figure "attn_bwd_det_${shape}_tflops" "$det" TFLOP/s "dev/cuda/$lab v6 (wgmma, dq in turns), causal bf16"
+            fi
             for be in flash cudnn; do
                 theirs=$(sed -n "s/^figure torch_sdpa_${be}_${dir}_${shape}_tflops \([0-9.]*\) .*/\1/p" "$W/torch_attention.log" 2>/dev/null)
                 [[ -n $ours && -n $theirs ]] && figure "attn_${dir}_${shape}_over_torch_$be" "$(ratio "$ours" "$theirs")" ratio \

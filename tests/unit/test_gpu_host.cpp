@@ -149,6 +149,8 @@ static void test_switches() {
           "LLMC_ATTN_WG=1: forward and backward");
     CHECK(llmc_switch::parse_attn_wg("fwd", &wgm, &err) && wgm == llmc_switch::AttnWg::forward,
           "LLMC_ATTN_WG=fwd: the forward alone");
+    CHECK(llmc_switch::parse_attn_wg("det", &wgm, &err) && wgm == llmc_switch::AttnWg::deterministic,
+          "LLMC_ATTN_WG=det: forward and backward, dq in a fixed order");
     CHECK(llmc_switch::parse_attn_wg("0", &wgm, &err) && wgm == llmc_switch::AttnWg::off, "LLMC_ATTN_WG=0: off");
     CHECK(!llmc_switch::parse_attn_wg("2", &wgm, &err) && err.find("LLMC_ATTN_WG='2'") == 0,
           "LLMC_ATTN_WG=2 refused naming the variable: %s", err.c_str());

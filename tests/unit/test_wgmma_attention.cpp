@@ -104,16 +104,23 @@ static bool run_wg(const View& w, const std::vector<uint16_t>& qb, const std::ve
 // The backward on the emulated GPU. Plain (G = bf16 bits): dq through the
 // fp32 accumulator and its conversion (dq_convert_elem), dk and dv
 // overwritten; ring (G = float, kAcc): everything added to.
-template <int D, typename G, bool kAcc>
+// The backward on the emulated GPU. Plain (G = bf16 bits): dq through the
+// fp32 accumulator (returned in *acc_out) and its conversion
+// (dq_convert_elem), dk and dv overwritten; ring (G = float, kAcc):
+// everything added to. kDet: dq added in turns; together: every block at
+// once (run_grid), the last ones started first.
+template <int D, typename G, bool kAcc, bool kDet = false>
 static bool run_wg_bwd(const View& w, size_t kv_row0, const std::vector<uint16_t>& qb, const std::vector<uint16_t>& kvb,
                        const std::vector<uint16_t>& dob, const std::vector<float>& lse, const std::vector<float>& Dv,
-                       std::vector<G>& dq, std::vector<G>& dkv) {
+                       std::vector<G>& dq, std::vector<G>& dkv, bool together = false,
+                       std::vector<float>* acc_out = nullptr) {
     using C = attn_wg::WgBwdCfg<D>;
     const TcParams p = attn_tc::tc_params(w.s);
     const size_t o = kv_row0 * w.s.kv_stride;
     const attn_wg::WgMaps maps =
         attn_wg::wg_bwd_maps<D>(p, qb.data(), dob.data(), kvb.data() + w.koff + o, kvb.data() + w.voff + o);
     std::vector<float> acc;
+    std::vector<int> turns(attn_wg::wg_bwd_turn_ints(p), 0);
     float* dq_acc;
     size_t bs, rs;
     if constexpr (kAcc) {
@@ -124,17 +131,21 @@ static bool run_wg_bwd(const View& w, size_t kv_row0, const std::vector<uint16_t
     }
     G* dk = dkv.data() + w.koff + o;
     G* dv = dkv.data() + w.voff + o;
-    const bool ok = wg_emu::run_grid((w.s.Tk + C::BN - 1) / C::BN, w.s.B * w.s.kv_heads(), C::smem_bytes, maps,
-                                     [&](wg_emu::Ctx& cx) {
-                                         if (p.doc)
-                                             attn_wg::wg_bwd_body<wg_emu::Ctx, D, G, kAcc, true>(
-                                                 cx, dq_acc, bs, rs, dk, dv, lse.data(), Dv.data(), p);
-                                         else
-                                             attn_wg::wg_bwd_body<wg_emu::Ctx, D, G, kAcc, false>(
-                                                 cx, dq_acc, bs, rs, dk, dv, lse.data(), Dv.data(), p);
-                                     });
-    if constexpr (!kAcc)
+    const bool ok = wg_emu::run_grid(
+        (w.s.Tk + C::BN - 1) / C::BN, w.s.B * w.s.kv_heads(), C::smem_bytes, maps,
+        [&](wg_emu::Ctx& cx) {
+            if (p.doc)
+                attn_wg::wg_bwd_body<wg_emu::Ctx, D, G, kAcc, true, kDet>(cx, dq_acc, bs, rs, turns.data(), dk, dv,
+                                                                          lse.data(), Dv.data(), p);
+            else
+                attn_wg::wg_bwd_body<wg_emu::Ctx, D, G, kAcc, false, kDet>(cx, dq_acc, bs, rs, turns.data(), dk, dv,
+                                                                           lse.data(), Dv.data(), p);
+        },
+        together);
+    if constexpr (!kAcc) {
         for (size_t i = 0; i < acc.size() / 2; i++) attn_tc::dq_convert_elem(dq.data(), acc.data(), p, D, i);
+        if (acc_out) *acc_out = acc;
+    }
     return ok;
 }
 
@@ -149,9 +160,10 @@ static std::vector<char> kv_mask(const View& w) {
     return m;
 }
 
-// with_bwd: then the backward from the kernel's out and lse.
+// with_bwd: then the backward from the kernel's out and lse; det: also the
+// backward whose dq is added in turns.
 template <int D>
-static bool test_plain(const char* name, const View& w, uint32_t seed, bool with_bwd = true) {
+static bool test_plain(const char* name, const View& w, uint32_t seed, bool with_bwd = true, bool det = false) {
     const AttnShape& s = w.s;
     const std::vector<float> q = rand_bf16(w.qn, 1.f, seed), kv = rand_bf16(w.kvn, 1.f, seed + 1);
     std::vector<double> rout(w.on, 0.0), rlse(w.ln, 0.0);
@@ -177,11 +189,22 @@ static bool test_plain(const char* name, const View& w, uint32_t seed, bool with
     ref_backward(w, q, kv, dout, outf, lse_in, rdq, rdkv);
     const std::vector<uint16_t> dq_init(w.qn, 0x7fc1), dkv_init(w.kvn, 0x7fc1);
     std::vector<uint16_t> dq = dq_init, dkv = dkv_init;
-    const bool bok = run_wg_bwd<D, uint16_t, false>(w, 0, to_bits(q), to_bits(kv), to_bits(dout), lse_in,
-                                                    d_vector(s, dout, outf), dq, dkv);
+    const std::vector<uint16_t> qbits = to_bits(q), kvbits = to_bits(kv), dobits = to_bits(dout);
+    const std::vector<float> Dv = d_vector(s, dout, outf);
+    const bool bok = run_wg_bwd<D, uint16_t, false>(w, 0, qbits, kvbits, dobits, lse_in, Dv, dq, dkv);
     check(bok, n + ": backward: no rule broken");
-    compare(n + ": backward dq", dq, rdq, mask_rows(w.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0), dq_init, 1e-2);
+    const std::vector<char> qm = mask_rows(w.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0);
+    compare(n + ": backward dq", dq, rdq, qm, dq_init, 1e-2);
     compare(n + ": backward dk|dv", dkv, rdkv, kv_mask(w), dkv_init, 1e-2);
+    if (det) {  // dq in turns: right, and the same bits whether the blocks run in order or all at once
+        std::vector<uint16_t> dq1 = dq_init, dkv1 = dkv_init, dq2 = dq_init, dkv2 = dkv_init;
+        std::vector<float> acc1, acc2;
+        bool dok = run_wg_bwd<D, uint16_t, false, true>(w, 0, qbits, kvbits, dobits, lse_in, Dv, dq1, dkv1, false, &acc1);
+        dok &= run_wg_bwd<D, uint16_t, false, true>(w, 0, qbits, kvbits, dobits, lse_in, Dv, dq2, dkv2, true, &acc2);
+        check(dok, n + ": backward in turns: no rule broken, no wait left hanging");
+        compare(n + ": backward in turns dq", dq1, rdq, qm, dq_init, 1e-2);
+        check(acc1 == acc2 && dkv1 == dkv2, n + ": backward in turns: blocks in order and all at once agree bit for bit");
+    }
     return g_fail == f0;
 }
 
@@ -220,9 +243,15 @@ static void test_ring(const char* name, const View& full, int T1, uint32_t seed)
     ok = run_wg_bwd<D, float, true>(rc.b1, 0, qb, kvb, dob, lse_in, Dv, dq, dkv);
     ok &= run_wg_bwd<D, float, true>(b2, T1, qb, kvb, dob, lse_in, Dv, dq, dkv);
     check(ok, n + ": block backward: no rule broken");
-    compare(n + ": block backward dq (fp32 +=)", dq, rdq, mask_rows(full.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0),
-            dq0, 1e-2);
+    const std::vector<char> qm = mask_rows(full.qn, s.B, s.Tq, s.NH, s.HS, s.qb(), s.q_stride, 0);
+    compare(n + ": block backward dq (fp32 +=)", dq, rdq, qm, dq0, 1e-2);
     compare(n + ": block backward dk|dv (fp32 +=)", dkv, rdkv, kv_mask(full), dkv0, 1e-2);
+    // dq added in turns, the blocks all at once.
+    std::vector<float> dqd = dq0, dkvd = dkv0;
+    ok = run_wg_bwd<D, float, true, true>(rc.b1, 0, qb, kvb, dob, lse_in, Dv, dqd, dkvd, true);
+    ok &= run_wg_bwd<D, float, true, true>(b2, T1, qb, kvb, dob, lse_in, Dv, dqd, dkvd, true);
+    check(ok, n + ": block backward in turns: no rule broken, no wait left hanging");
+    compare(n + ": block backward in turns dq (fp32 +=)", dqd, rdq, qm, dq0, 1e-2);
 }
 
 // ---- 3. planted faults --------------------------------------------------------------
@@ -251,14 +280,14 @@ int main() {
     test_layouts();
     std::printf("the Hopper forward on the emulated GPU (against fp64 attention)\n");
     // Causal, several 128-row tiles, T not a multiple of a tile (zero-filled rows, masked keys).
-    test_plain<64>("causal B=1 NH=2 T=300", make_view(1, 2, 64, 300, 300, true, 0, false), 10);
-    test_plain<128>("causal B=1 NH=1 T=260", make_view(1, 1, 128, 260, 260, true, 0, false), 20);
+    test_plain<64>("causal B=1 NH=2 T=300", make_view(1, 2, 64, 300, 300, true, 0, false), 10, true, true);
+    test_plain<128>("causal B=1 NH=1 T=260", make_view(1, 1, 128, 260, 260, true, 0, false), 20, true, true);
     // Non-causal Tq != Tk, padded rows, gaps between sequences, strided lse.
-    test_plain<64>("non-causal B=2 NH=2 Tq=70 Tk=290 strided", make_view(2, 2, 64, 70, 290, false, 8, true), 30);
+    test_plain<64>("non-causal B=2 NH=2 Tq=70 Tk=290 strided", make_view(2, 2, 64, 70, 290, false, 8, true), 30, true, true);
     test_plain<128>("non-causal B=2 NH=1 Tq=150 Tk=90 strided", make_view(2, 1, 128, 150, 90, false, 16, true), 40);
     // Grouped-query attention.
     test_plain<64>("GQA 2:1 causal B=1 NH=4 NKV=2 T=200", make_view(1, 4, 64, 200, 200, true, 0, false, 2), 70);
-    test_plain<128>("GQA 4:1 causal B=1 NH=4 NKV=1 T=140", make_view(1, 4, 128, 140, 140, true, 0, false, 1), 80);
+    test_plain<128>("GQA 4:1 causal B=1 NH=4 NKV=1 T=140", make_view(1, 4, 128, 140, 140, true, 0, false, 1), 80, true, true);
     // Ring blocks.
     test_ring<64>("ring B=2 NH=1 Tq=72 Tk=140+60", make_view(2, 1, 64, 72, 200, false, 8, true), 140, 50);
     test_ring<128>("GQA 4:1 ring B=1 NH=4 NKV=1 Tq=20 Tk=30+140", make_view(1, 4, 128, 20, 170, false, 0, false, 1), 30, 110);
@@ -266,11 +295,11 @@ int main() {
     // the tiles), causal; ring blocks whose queries come after all keys (rows
     // whose document starts after the last key see none: lse -inf).
     with_doc_mask(make_view(1, 2, 64, 300, 300, true, 0, false), 0, 30, 1,
-                  [](const View& v) { test_plain<64>("docmask causal B=1 NH=2 T=300 (mean 30)", v, 130); });
+                  [](const View& v) { test_plain<64>("docmask causal B=1 NH=2 T=300 (mean 30)", v, 130, true, true); });
     with_doc_mask(make_view(1, 1, 128, 270, 270, true, 0, false), 0, 150, 2,
-                  [](const View& v) { test_plain<128>("docmask causal B=1 NH=1 T=270 (mean 150)", v, 140); });
+                  [](const View& v) { test_plain<128>("docmask causal B=1 NH=1 T=270 (mean 150)", v, 140, true, true); });
     with_doc_mask(make_view(2, 2, 64, 140, 140, true, 0, true, 1), 0, 90, 3,
-                  [](const View& v) { test_plain<64>("docmask GQA 2:1 causal B=2 NH=2 T=140 strided (mean 90)", v, 150); });
+                  [](const View& v) { test_plain<64>("docmask GQA 2:1 causal B=2 NH=2 T=140 strided (mean 90)", v, 150, true, true); });
     with_doc_mask(make_view(2, 1, 64, 72, 200, false, 8, true), 204, 40, 4,
                   [](const View& v) { test_ring<64>("docmask ring B=2 NH=1 Tq=72 Tk=140+60 (mean 40)", v, 140, 160); });
     test_faults();

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -370,11 +371,23 @@ struct Ctx {
     // Shared-memory stores are read by wgmma (the async proxy) only after
     // this fence; the emulated products read memory at the wait anyway.
     void fence_proxy_async() {}
-    // red.global.add.f32: blocks run one after another, so one lock is enough.
+    // red.global.add.f32: one lock for every block (blocks may run at once).
     void atomic_add(float* p, float x) {
-        std::lock_guard<std::mutex> lk(bk->mu);
+        static std::mutex global;
+        std::lock_guard<std::mutex> lk(global);
         *p += x;
     }
+    // The turn counters: an acquire load until *p == v (another block, maybe
+    // running at once, posts), a release increment; a plain add in between.
+    void sem_wait(const int* p, int v) {
+        const auto until = std::chrono::steady_clock::now() + kHang;
+        while (__atomic_load_n(p, __ATOMIC_ACQUIRE) != v) {
+            if (std::chrono::steady_clock::now() > until) hang("dq turn counter");
+            std::this_thread::yield();
+        }
+    }
+    void sem_post(int* p) { __atomic_fetch_add(p, 1, __ATOMIC_RELEASE); }
+    void add_ordered(float* p, float x) { *p += x; }
     void wg_commit() {
         const int g = t / 128;
         bk->wgb[g].wait();
@@ -397,30 +410,50 @@ struct Ctx {
 };
 
 // Runs body(ctx) for every block of a gx x gy grid, 384 threads each;
-// false when some block broke a rule (its reason printed).
+// false when some block broke a rule (its reason printed). One block after
+// another in the GPU's order (x fastest), or with `together` every block at
+// once, the threads of the last blocks started first.
 template <typename Body>
-inline bool run_grid(int gx, int gy, size_t smem_bytes, const attn_wg::WgMaps& maps, Body body) {
+inline bool run_grid(int gx, int gy, size_t smem_bytes, const attn_wg::WgMaps& maps, Body body, bool together = false) {
     bool ok = true;
-    for (int by = 0; by < gy; by++)
-        for (int bx = 0; bx < gx; bx++) {
-            Block bk(smem_bytes, maps.box);
-            std::vector<std::thread> th;
-            for (int t = 0; t < Block::kT; t++)
-                th.emplace_back([&, t] {
-                    Ctx cx{&bk, t, bx, by, {}, {}, {}};
-                    for (int w = 0; w < maps.n; w++) cx.pos_t[w] = maps.pos_t[w], cx.pos_h[w] = maps.pos_h[w], cx.pos_b[w] = maps.pos_b[w];
-                    body(cx);
-                });
-            for (auto& x : th) x.join();
-            for (auto& [a, m] : bk.mbars)
-                if (!m.copies.empty()) bk.fail("TMA copies never waited for");
-            for (auto& g : bk.groups)
-                if (!g.empty() && !faults().skip_wgmma_wait) bk.fail("wgmma groups never waited for");
-            if (bk.bad) {
-                std::printf("    block (%d, %d): %s\n", bx, by, bk.why.c_str());
+    const int nb = gx * gy;
+    std::vector<std::unique_ptr<Block>> live;
+    std::vector<std::thread> th;
+    auto start = [&](int id) {
+        live.push_back(std::make_unique<Block>(smem_bytes, maps.box));
+        Block* bk = live.back().get();
+        const int bx = id % gx, by = id / gx;
+        for (int t = 0; t < Block::kT; t++)
+            th.emplace_back([&, bk, bx, by, t] {
+                Ctx cx{bk, t, bx, by, {}, {}, {}};
+                for (int w = 0; w < maps.n; w++) cx.pos_t[w] = maps.pos_t[w], cx.pos_h[w] = maps.pos_h[w], cx.pos_b[w] = maps.pos_b[w];
+                body(cx);
+            });
+    };
+    auto finish = [&]() {
+        for (auto& x : th) x.join();
+        th.clear();
+        for (auto& bk : live) {
+            for (auto& [a, m] : bk->mbars)
+                if (!m.copies.empty()) bk->fail("TMA copies never waited for");
+            for (auto& g : bk->groups)
+                if (!g.empty() && !faults().skip_wgmma_wait) bk->fail("wgmma groups never waited for");
+            if (bk->bad) {
+                std::printf("    block: %s\n", bk->why.c_str());
                 ok = false;
             }
         }
+        live.clear();
+    };
+    if (together) {
+        for (int id = nb - 1; id >= 0; id--) start(id);
+        finish();
+    } else {
+        for (int id = 0; id < nb; id++) {
+            start(id);
+            finish();
+        }
+    }
     return ok;
 }
 

@@ -8,8 +8,9 @@
 // libcuda), the launchers, the conversion of an fp32 dq accumulator, and the
 // test of whether a call may take them. attention_tc.cuh dispatches to it.
 //
-// When it runs: LLMC_ATTN_WG=1 in the environment (forward and backward) or
-// fwd (the forward alone), on a device of compute capability 9.0 with a
+// When it runs: LLMC_ATTN_WG=1 in the environment (forward and backward),
+// det (the same, the backward's dq added in a fixed order) or fwd (the
+// forward alone), on a device of compute capability 9.0 with a
 // binary built for sm_90a (the Makefile's default; LLMC_SM90A tells the host
 // code), for the calls the mma.sync kernels take (heads of 64 and 128,
 // 16-byte aligned rows). LLMC_ATTN_WG=0 or unset: the mma.sync kernels.
@@ -195,6 +196,17 @@ struct WgDevCtx {
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __device__ __forceinline__ void atomic_add(float* p, float x) const { atomicAdd(p, x); }
+    __device__ __forceinline__ void sem_wait(const int* p, int v) const {
+        int x;
+        do {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(x) : "l"(p) : "memory");
+        } while (x != v);
+    }
+    __device__ __forceinline__ void sem_post(int* p) const {
+        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p) : "memory");
+    }
+    // Through L2 (.cg): an L1 line of an earlier turn on this SM would be stale.
+    __device__ __forceinline__ void add_ordered(float* p, float x) const { __stcg(p, __ldcg(p) + x); }
     __device__ __forceinline__ void bar_sync(int id, int n) const {
         asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
     }
@@ -290,30 +302,37 @@ __global__ void dq_acc_convert_kernel(uint16_t* dq, const float* acc, TcParams p
 }
 
 // The backward: one block of 384 threads per 128 keys and (batch row, key/value head).
-template <int D, typename G, bool kAcc, bool kDoc>
+template <int D, typename G, bool kAcc, bool kDoc, bool kDet>
 __global__ void __launch_bounds__(attn_wg::kThreads, 1)
-    wg_bwd_kernel(float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk, G* dv, const float* lse, const float* Dvec,
-                  TcParams p, const __grid_constant__ TensorMaps maps, MapPos pos) {
+    wg_bwd_kernel(float* dq_acc, size_t dq_bs, size_t dq_rs, int* turn, G* dk, G* dv, const float* lse,
+                  const float* Dvec, TcParams p, const __grid_constant__ TensorMaps maps, MapPos pos) {
 #if WG_ARCH_OK
     WgDevCtx cx;
     cx.maps = &maps;
     for (int w = 0; w < attn_wg::kMaxMaps; w++) cx.pos_t[w] = pos.t[w], cx.pos_h[w] = pos.h[w], cx.pos_b[w] = pos.b[w];
-    attn_wg::wg_bwd_body<WgDevCtx, D, G, kAcc, kDoc>(cx, dq_acc, dq_bs, dq_rs, dk, dv, lse, Dvec, p);
+    attn_wg::wg_bwd_body<WgDevCtx, D, G, kAcc, kDoc, kDet>(cx, dq_acc, dq_bs, dq_rs, turn, dk, dv, lse, Dvec, p);
 #endif
 }
 
-// Scratch of the backward: D [B][NH][Tq], then for the plain backward the
-// fp32 dq accumulator (attn_tc::bwd_fused_dq_acc_floats), 256-byte aligned.
-inline size_t wg_bwd_d_floats(const AttnShape& s) { return ((size_t)s.B * s.NH * s.Tq + 63) / 64 * 64; }
+// Scratch of the backward, each part 256-byte aligned: D [B][NH][Tq]; the
+// fp32 dq accumulator (attn_tc::bwd_fused_dq_acc_floats; the plain backward
+// only); the turn counters of the deterministic form (ints).
+inline size_t wg_round64(size_t n) { return (n + 63) / 64 * 64; }
+inline size_t wg_bwd_d_floats(const AttnShape& s) { return wg_round64((size_t)s.B * s.NH * s.Tq); }
+inline size_t wg_bwd_acc_floats(const AttnShape& s) {
+    return wg_round64(attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), s.HS));
+}
 inline size_t wg_bwd_scratch_floats(const AttnShape& s) {
-    return wg_bwd_d_floats(s) + attn_tc::bwd_fused_dq_acc_floats(attn_tc::tc_params(s), s.HS);
+    return wg_bwd_d_floats(s) + wg_bwd_acc_floats(s) + wg_round64(attn_wg::wg_bwd_turn_ints(attn_tc::tc_params(s)));
 }
 
 // G: bf16 (plain backward: dq, dk, dv overwritten) or float (ring block
-// backward: += into fp32 dq, dk, dv; the atomics add into dq itself).
+// backward: += into fp32 dq, dk, dv; the atomics add into dq itself). det:
+// dq added in a fixed order (the key blocks' turns) instead of atomically.
 template <int D, typename G, bool kAcc>
 void wg_backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                        const bf16* out, const float* lse, const AttnShape& s, float* scratch, cudaStream_t st) {
+                        const bf16* out, const float* lse, const AttnShape& s, float* scratch, bool det,
+                        cudaStream_t st) {
     using C = attn_wg::WgBwdCfg<D>;
     using R = typename std::conditional<std::is_same<G, bf16>::value, uint16_t, float>::type;
     const TcParams p = attn_tc::tc_params(s);
@@ -336,10 +355,13 @@ void wg_backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, co
         TensorMaps maps;
         MapPos pos{};
         encode_maps(wm, &maps, &pos);
-        auto kern = s.doc_start ? wg_bwd_kernel<D, R, kAcc, true> : wg_bwd_kernel<D, R, kAcc, false>;
+        int* turn = reinterpret_cast<int*>(scratch + wg_bwd_d_floats(s) + wg_bwd_acc_floats(s));
+        if (det) CUDA_CHECK(cudaMemsetAsync(turn, 0, attn_wg::wg_bwd_turn_ints(p) * sizeof(int), st));
+        auto kern = s.doc_start ? (det ? wg_bwd_kernel<D, R, kAcc, true, true> : wg_bwd_kernel<D, R, kAcc, true, false>)
+                                : (det ? wg_bwd_kernel<D, R, kAcc, false, true> : wg_bwd_kernel<D, R, kAcc, false, false>);
         CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem_bytes));
         const dim3 grid((unsigned)ceil_div(s.Tk, C::BN), (unsigned)(s.B * s.kv_heads()));
-        kern<<<grid, attn_wg::kThreads, C::smem_bytes, st>>>(acc, bs, rs, reinterpret_cast<R*>(dk),
+        kern<<<grid, attn_wg::kThreads, C::smem_bytes, st>>>(acc, bs, rs, turn, reinterpret_cast<R*>(dk),
                                                              reinterpret_cast<R*>(dv), lse, Dvec, p, maps, pos);
         CUDA_CHECK_LAUNCH();
     }
@@ -391,9 +413,12 @@ inline llmc_switch::AttnWg attention_wg_mode() {
 inline bool attention_wg_takes() {
     return attention_wg_mode() != llmc_switch::AttnWg::off && attn_wg_dev::device_has_wgmma();
 }
-// ... and the Hopper backward.
+// ... and the Hopper backward (LLMC_ATTN_WG=1 or det).
 inline bool attention_wg_bwd_takes() {
-    return attention_wg_mode() == llmc_switch::AttnWg::both && attn_wg_dev::device_has_wgmma();
+    const llmc_switch::AttnWg m = attention_wg_mode();
+    return (m == llmc_switch::AttnWg::both || m == llmc_switch::AttnWg::deterministic) && attn_wg_dev::device_has_wgmma();
 }
+// LLMC_ATTN_WG=det: the Hopper backward adds dq in a fixed order.
+inline bool attention_wg_bwd_deterministic() { return attention_wg_mode() == llmc_switch::AttnWg::deterministic; }
 
 }  // namespace llmc_cuda

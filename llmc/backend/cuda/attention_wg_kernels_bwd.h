@@ -46,6 +46,15 @@
 // into bf16 (the plain backward), or straight into ring attention's fp32 dq.
 // Their order depends on the scheduling of the blocks: dq is not bitwise
 // reproducible run to run; dk and dv are (a fixed order in registers).
+// kDet fixes the order instead: per (batch row, query head, query tile) a
+// counter in global memory says whose turn it is, and consumer cw of key
+// block n adds its part (plain loads and stores, through L2) when the
+// counter reads 2n + cw, then counts one more. Every block before n covers
+// every tile n covers (causal blocks start at their first key), so the
+// turns run 0, 1, 2, ... without gaps; under the document mask a block that
+// ends its walk early still takes its turns on the tiles it skips, adding
+// nothing. A block waits only on blocks of lower index, which the GPU
+// starts first, so the waits end.
 //
 // Masks, the document mask, GQA and ring blocks are those of dkdv_body: the
 // same first query tile for causal blocks (the block's first key: no earlier
@@ -59,6 +68,8 @@
 //   wgmma_ss_t<N>(d, da, db, acc)    d (+)= A·B with A M-major (transposed) and B MN-major
 //   fence_proxy_async()              fence.proxy.async.shared::cta
 //   atomic_add(p, x)                 *p += x, atomically (red.global.add.f32)
+//   sem_wait(p, v), sem_post(p)      wait until *p == v (ld.acquire.gpu); *p += 1 (red.release.gpu)
+//   add_ordered(p, x)                *p += x, plain, through L2 (the turn makes it exclusive)
 #pragma once
 #include "llmc/backend/cuda/attention_tc_kernels_bwd.h"
 #include "llmc/backend/cuda/attention_wg_kernels.h"
@@ -67,6 +78,7 @@ namespace attn_wg {
 
 enum BwdMap { kBQ = 0, kBdO = 1, kBK = 2, kBV = 3 };  // the backward's four tensor maps
 constexpr int kDsBarrier0 = 3;                          // named barriers 3 (both consumers) or 3, 4 (one each)
+constexpr int kDqTurnBarrier0 = 5;                      // named barriers 5, 6: a consumer's dq turn (kDet)
 
 template <int D>
 struct WgBwdCfg {
@@ -121,12 +133,16 @@ inline WgMaps wg_bwd_maps(const TcParams& p, const void* q, const void* dout, co
     return m;
 }
 
+// The turn counters of kDet: [B][NH][query tiles of 64], zeroed before the kernel.
+inline size_t wg_bwd_turn_ints(const TcParams& p) { return (size_t)p.B * p.NH * ((p.Tq + 63) / 64); }
+
 // dk, dv (type G) overwritten, or added to (kAcc, fp32, ring attention);
-// scale·dS K added atomically to the fp32 dq at dq_acc + b·dq_bs + i·dq_rs +
-// h·D. Dvec: D as [B][NH][Tq].
-template <class Ctx, int D, typename G, bool kAcc, bool kDoc>
-TC_BODY void wg_bwd_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, G* dk, G* dv, const float* lse,
-                         const float* Dvec, const TcParams& p) {
+// scale·dS K added to the fp32 dq at dq_acc + b·dq_bs + i·dq_rs + h·D,
+// atomically, or in turns (kDet, turn: wg_bwd_turn_ints counters). Dvec: D
+// as [B][NH][Tq].
+template <class Ctx, int D, typename G, bool kAcc, bool kDoc, bool kDet>
+TC_BODY void wg_bwd_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, int* turn, G* dk, G* dv,
+                         const float* lse, const float* Dvec, const TcParams& p) {
     using C = WgBwdCfg<D>;
     static_assert(!kAcc || std::is_same<G, float>::value, "accumulated gradients are fp32");
     constexpr int S = C::kStages, BQ = C::BQ;
@@ -218,6 +234,9 @@ TC_BODY void wg_bwd_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, G* 
     const int dq_key0 = C::kSplitCols ? 0 : 64 * cw, dq_col0 = C::kSplitCols ? C::DQN * cw : 0;
     const int ds_bar = C::kSplitCols ? kDsBarrier0 : kDsBarrier0 + cw;
     const int ds_n = C::kSplitCols ? 128 * kConsumers : 128;
+    // kDet: this consumer's turn on a tile's counter, and the counter.
+    const int my_turn = kConsumers * cx.bx() + cw, ntq = (p.Tq + BQ - 1) / BQ;
+    auto counter = [&](int h, int t) { return turn + ((size_t)b * p.NH + h) * ntq + t; };
     // Registers an asynchronous product writes or reads are pinned after
     // its wait (fence_acc, fence_frag): no access moves above the wait, and
     // none is given to another value before it. Only those: a fence keeps
@@ -304,7 +323,12 @@ TC_BODY void wg_bwd_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, G* 
         cx.fence_frag(da);
         if (lane == 0) cx.mbar_arrive(&empty[s]);  // Q, dO, lse, D of the stage no longer read
 
-        // Atomic fp32 adds: the only unordered step (see the top).
+        // Atomic fp32 adds, the only unordered step (see the top); or, with
+        // kDet, plain adds in this consumer's turn.
+        if constexpr (kDet) {
+            if (wtid == 0) cx.sem_wait(counter(h, q0 / BQ), my_turn);
+            cx.bar_sync(kDqTurnBarrier0 + cw, 128);
+        }
         float* dqh = dq_acc + (size_t)b * dq_bs + (size_t)h * D + dq_col0;
         TC_UNROLL
         for (int hh = 0; hh < 2; hh++) {
@@ -313,11 +337,27 @@ TC_BODY void wg_bwd_body(Ctx& cx, float* dq_acc, size_t dq_bs, size_t dq_rs, G* 
             if (i >= p.Tq) continue;
             float* row = dqh + (size_t)i * dq_rs;
             TC_UNROLL
-            for (int nt = 0; nt < C::DQN / 8; nt++) {
-                cx.atomic_add(row + nt * 8 + rc0.col, dqa[nt][2 * hh] * p.scale);
-                cx.atomic_add(row + nt * 8 + rc0.col + 1, dqa[nt][2 * hh + 1] * p.scale);
-            }
+            for (int nt = 0; nt < C::DQN / 8; nt++)
+                TC_UNROLL
+                for (int x = 0; x < 2; x++) {
+                    if constexpr (kDet)
+                        cx.add_ordered(row + nt * 8 + rc0.col + x, dqa[nt][2 * hh + x] * p.scale);
+                    else
+                        cx.atomic_add(row + nt * 8 + rc0.col + x, dqa[nt][2 * hh + x] * p.scale);
+                }
         }
+        if constexpr (kDet) {
+            cx.bar_sync(kDqTurnBarrier0 + cw, 128);
+            if (wtid == 0) cx.sem_post(counter(h, q0 / BQ));
+        }
+    }
+    if constexpr (kDet && kDoc) {  // the turns on the tiles past the walk's end (nothing to add)
+        if (wtid == 0)
+            for (int hi = 0; hi < p.group; hi++)
+                for (int t = r.qstart / BQ + r.nqt; t < ntq; t++) {
+                    cx.sem_wait(counter(g * p.group + hi, t), my_turn);
+                    cx.sem_post(counter(g * p.group + hi, t));
+                }
     }
     const size_t kvoff = (size_t)b * p.kb + (size_t)g * D;
     store_dkdv<2 * C::KD, G, kAcc>(dk, dv, kvoff, wrow0, lane, p, dka, dva);

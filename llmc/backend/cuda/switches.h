@@ -27,13 +27,15 @@
 //       and replayed after (cuda/graphs.cuh; docs/design.md section 2.9),
 //       in the layouts whose passes hold device work only. Same kernels,
 //       same order: the numbers do not change.
-//   LLMC_ATTN_WG=0|1|fwd  the Hopper attention (cuda/attention_wg.cuh:
+//   LLMC_ATTN_WG=0|1|det|fwd  the Hopper attention (cuda/attention_wg.cuh:
 //       TMA, wgmma, warp-specialised; sm_90 with the sm_90a code built in)
 //       in place of the mma.sync kernels: 1 the forward and the backward,
-//       fwd the forward alone (to tell the two apart on a GPU); off (0) by
-//       default until a GPU run has checked them. Same math, other rounding
-//       order; the backward sums dq with fp32 atomics (not bitwise
-//       reproducible run to run, as LLMC_ATTN_BWD=5).
+//       whose dq is summed with fp32 atomics (not bitwise reproducible run
+//       to run, as LLMC_ATTN_BWD=5); det the same with dq summed in a fixed
+//       order (the key blocks take turns per query tile: reproducible, at
+//       the cost of the waits); fwd the forward alone (to tell the kernels
+//       apart on a GPU); off (0) by default until a GPU run has checked
+//       them. Same math, other rounding order.
 //   LLMC_GEMM_WORKSPACE_MB=N  cuBLASLt's workspace in MiB (default 32, 1 to
 //       1024): a larger one lets the heuristic pick split-K algorithms for
 //       the weight-gradient products, whose K (the B·T rows) is long and whose
@@ -77,7 +79,7 @@ inline bool parse_on_off(const char* name, const char* v, bool* on, std::string*
     return false;
 }
 
-enum class AttnWg { off = 0, both = 1, forward = 2 };
+enum class AttnWg { off = 0, both = 1, forward = 2, deterministic = 3 };
 
 // Parses LLMC_ATTN_WG's value (null or empty: off).
 inline bool parse_attn_wg(const char* v, AttnWg* out, std::string* err) {
@@ -87,8 +89,10 @@ inline bool parse_attn_wg(const char* v, AttnWg* out, std::string* err) {
     if (s == "0") *out = AttnWg::off;
     else if (s == "1") *out = AttnWg::both;
     else if (s == "fwd") *out = AttnWg::forward;
+    else if (s == "det") *out = AttnWg::deterministic;
     else {
-        *err = "LLMC_ATTN_WG='" + s + "': expected 0 (off), 1 (forward and backward) or fwd (forward only)";
+        *err = "LLMC_ATTN_WG='" + s +
+               "': expected 0 (off), 1 (forward and backward), det (the same, dq in a fixed order) or fwd (forward only)";
         return false;
     }
     return true;
