@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <memory>
 
 #include "llmc/backend/backends.h"
@@ -36,6 +37,38 @@ static std::string realistic_batch_source() {
 
 // --plan: the layouts of this model on a planned world, without training
 // (rank 0 alone; llmc/plan/planner.h).
+// A value as one shell word: as it is when plain, else in single quotes.
+static std::string shell_word(const std::string& v) {
+    const bool plain = !v.empty() && v.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                                         "0123456789_./=:,+-@%") == std::string::npos;
+    if (plain) return v;
+    std::string q = "'";
+    for (char c : v) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+// The training flags the user gave beside the planner's (data, output,
+// steps, learning rate, ...), as " --name value" each, for the winner's
+// launch command: the layout's flags are the planner's to choose, the
+// planner's own and other modes' do not belong in a training run.
+static std::string run_flags(const ArgParser& parser) {
+    static const char* const not_passed[] = {
+        "model", "batch-size", "seq-len", "total-batch", "zero", "tp", "sp", "cp", "cp-impl", "cp-a2a", "ep", "pp",
+        "vpp", "recompute", "config", "plan", "world", "gpus-per-node", "hardware", "plan-json", "plan-attention",
+        "plan-top", "calibrate", "convert", "generate", "prompt-ids", "max-new-tokens", "temperature", "top-k",
+        "top-p", "ignore-eos", "kv-cache"};
+    std::string out;
+    for (const Option& o : parser.options()) {
+        if (!parser.given(o.name) ||
+            std::any_of(std::begin(not_passed), std::end(not_passed), [&](const char* n) { return std::string(n) == o.name; }))
+            continue;
+        std::string v = option_value_string(o);
+        if (v == "\"\"") v.clear();
+        out += std::string(" --") + o.name + " " + (v.empty() ? "''" : shell_word(v));
+    }
+    return out;
+}
+
 int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
     std::string err;
     PlanRequest r;
@@ -74,6 +107,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         r.attention = cfg.plan_attention;
         r.top = cfg.plan_top;
         r.model_flag = cfg.model;
+        r.run_flags = run_flags(parser);
         if (dist_world_rank() == 0 && !defaults_note.empty()) std::printf("plan: %s\n", defaults_note.c_str());
         // --cp-impl and --cp-a2a against --cp; a search over cp checks what
         // does not depend on it here and tries only the cp that N divides.

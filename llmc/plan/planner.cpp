@@ -200,7 +200,11 @@ void print_row(const Planned& p, int i, const char* mark) {
 // layout, and what each device does per step.
 static void print_launch(const Planned& w, const PlanRequest& r) {
     const Layout& l = w.l;
-    std::string cmd = (l.world > 1 ? "mpirun -np " + std::to_string(l.world) + " " : std::string()) + "./train_gpt";
+    // More ranks than one node holds: Open MPI's hostfile and ranks per node.
+    const int per_node = r.hw.gpus_per_node, nodes = (l.world + per_node - 1) / std::max(1, per_node);
+    std::string cmd = l.world > 1 ? "mpirun -np " + std::to_string(l.world) + " " : std::string();
+    if (nodes > 1) cmd += "--hostfile HOSTS --map-by ppr:" + std::to_string(per_node) + ":node ";
+    cmd += "./train_gpt";
     if (!r.model_flag.empty()) cmd += " -e " + r.model_flag;
     cmd += " -t " + std::to_string(l.T) + " -d " + std::to_string(l.total_batch) + " -b " + std::to_string(l.B);
     if (l.zero) cmd += " -z " + std::to_string(l.zero);
@@ -212,7 +216,9 @@ static void print_launch(const Planned& w, const PlanRequest& r) {
     if (l.vpp > 1) cmd += " --vpp " + std::to_string(l.vpp);
     if (l.ep > 1) cmd += " --ep " + std::to_string(l.ep);
     if (l.recompute != Recompute::none) cmd += std::string(" -r ") + recompute_name(l.recompute);
+    cmd += r.run_flags;
     std::printf("launch: %s\n", cmd.c_str());
+    if (nodes > 1) std::printf("HOSTS: a file naming the %d nodes, one per line\n", nodes);
     const long long micro = l.total_batch / ((long long)l.B * l.T * l.dp());
     std::printf("per device: %.0f tokens/s, %lld micro-batch(es) of B=%d x T=%d per step, %s at most\n",
                 w.tokens_per_s / l.world, micro, l.B, l.T, gib((double)w.max_bytes).c_str());

@@ -61,6 +61,7 @@ struct PlanRequest {
     std::string json_path;        // one JSON object per layout
     int top = 10;                 // layouts printed
     std::string model_flag;       // -e as given, for the winner's launch command
+    std::string run_flags;        // the user's other training flags (" --name value" each), for the same
 };
 
 // Layouts whose predicted tokens/s is within this fraction of the winner's

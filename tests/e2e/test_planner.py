@@ -457,7 +457,8 @@ def test_search_and_errors(tmp):
         check(rows == sorted(rows, key=lambda r: (not r["fits"], -r["tokens_per_s"])), "layouts not ranked")
         check("winner:" in out and "faster than" in out and "textbook model states" in out, "no winner line")
         # The winner's launch command, evaluated as it stands, is the winner.
-        m = re.search(r"^launch: mpirun -np 16 \./train_gpt (.*)$", out, re.M)
+        m = re.search(r"^launch: mpirun -np 16 --hostfile HOSTS --map-by ppr:8:node \./train_gpt (.*)$", out, re.M)
+        check(re.search(r"^HOSTS: a file naming the 2 nodes", out, re.M) is not None, "16 ranks on 8-GPU nodes: a hostfile")
         w = re.search(r"^\s*1 .*?\s(\d+\.\d)\s+\d+\s+[\d.]+\s+[\d.]+%", out, re.M)
         if check(m is not None and w is not None and "-e d12" in m.group(1), f"launch line: {out[-800:]!r}"):
             rc2, out2, _ = plan(["eval", "--world", "16"] + m.group(1).split())
@@ -489,6 +490,14 @@ def test_search_and_errors(tmp):
                            capture_output=True, text=True)
         check(rc == 0 and p.returncode == 0 and "winner: pp2 vpp2 dp8" in p.stdout and "memory line 40.00 GiB" in p.stdout,
               f"plot_plan.py with vpp 2: {err[-200:]} {p.stdout!r} {p.stderr[-200:]}")
+    # The run's own training flags ride along into the launch line, quoted for
+    # the shell where they need it; the planner's and the layout's stay out.
+    rc1, out1, err1 = plan(["search", "-e", "d12", "-t", "1024", "-d", "524288", "--world", "8", "-i", "data/x_*.bin",
+                            "-o", "out dir", "-x", "500", "--lr", "0.0003", "--plan-top", "3"])
+    lau = [x for x in out1.splitlines() if x.startswith("launch:")]
+    check(rc1 == 0 and len(lau) == 1 and "--train-data 'data/x_*.bin'" in lau[0] and "--output-dir 'out dir'" in lau[0]
+          and "--max-steps 500" in lau[0] and "--lr 0.0003" in lau[0] and "--plan" not in lau[0]
+          and "--world" not in lau[0] and "--hostfile" not in lau[0], f"launch line with the run's flags: {lau or err1[-300:]}")
     # One process: ZeRO 0 and 1 cost the same, so the winner's line says tied, not "0.0% faster".
     rc1, out1, err1 = plan(["search", "-e", "d12", "-t", "1024", "-d", "524288", "--world", "1"])
     win = [x for x in out1.splitlines() if x.startswith("winner:")]
