@@ -122,11 +122,8 @@ void run(int version, E* dq, E* dk, E* dv, const E* dout, const E* q, const E* k
             if (s.B > 0 && s.NH > 0)
                 attn_tc_dev::bwd_fused_launch<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
         } else if (version == 4 || version == 6) {  // whatever LLMC_ATTN_WG says
-            const bool det = version == 6;
-            if (s.B > 0 && s.NH > 0 && s.HS == 64)
-                attn_wg_dev::wg_backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, det, 0);
-            else if (s.B > 0 && s.NH > 0)
-                attn_wg_dev::wg_backward_launch<128, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, det, 0);
+            if (s.B > 0 && s.NH > 0)
+                attn_wg_dev::wg_backward<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, version == 6, 0);
         } else {
             attention_backward_tc(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, 0);
         }

@@ -455,12 +455,8 @@ inline void attention_backward_tc(bf16* dq, bf16* dk, bf16* dv, const bf16* dout
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0) return;
     if (attention_wg_bwd_takes()) {  // Hopper: TMA and wgmma (attention_wg.cuh)
-        if (s.HS == 64)
-            attn_wg_dev::wg_backward_launch<64, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
-                                                             attention_wg_bwd_deterministic(), stream);
-        else
-            attn_wg_dev::wg_backward_launch<128, bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
-                                                              attention_wg_bwd_deterministic(), stream);
+        attn_wg_dev::wg_backward<bf16, false>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
+                                               attention_wg_bwd_deterministic(), stream);
         return;
     }
     if (attention_bwd_fused_takes(s)) {
@@ -480,12 +476,8 @@ inline void attention_block_backward_tc(float* dq, float* dk, float* dv, const b
     attn::check_shape(s);  // head size, causal Tq == Tk, NKV dividing NH
     if (s.B == 0 || s.NH == 0 || s.Tq == 0 || s.Tk == 0) return;  // nothing to add
     if (attention_wg_bwd_takes()) {  // Hopper: TMA and wgmma; the atomics add into dq itself
-        if (s.HS == 64)
-            attn_wg_dev::wg_backward_launch<64, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
-                                                             attention_wg_bwd_deterministic(), stream);
-        else
-            attn_wg_dev::wg_backward_launch<128, float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
-                                                              attention_wg_bwd_deterministic(), stream);
+        attn_wg_dev::wg_backward<float, true>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch,
+                                               attention_wg_bwd_deterministic(), stream);
         return;
     }
     if (attention_bwd_fused_takes(s))  // atomics straight into the fp32 dq; no scratch

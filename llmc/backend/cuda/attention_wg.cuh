@@ -375,6 +375,16 @@ void wg_backward_launch(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, co
     }
 }
 
+// The backward for either head size (the callers' one entry point).
+template <typename G, bool kAcc>
+void wg_backward(G* dq, G* dk, G* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                 const float* lse, const AttnShape& s, float* scratch, bool det, cudaStream_t st) {
+    if (s.HS == 64)
+        wg_backward_launch<64, G, kAcc>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, det, st);
+    else
+        wg_backward_launch<128, G, kAcc>(dq, dk, dv, dout, q, k, v, out, lse, s, scratch, det, st);
+}
+
 // sm_90, a binary built with the sm_90a code (LLMC_SM90A: the Makefile sets
 // it when CUDA_ARCH names compute_90a), and the driver's encoder; cached per
 // device. Nothing is launched here: the first call may come while a CUDA
