@@ -243,6 +243,7 @@ distributed_tier() {
     run test_graphs "$PY" tests/distributed/test_graphs.py
     run test_watchdog "$PY" tests/distributed/test_watchdog.py
     run test_bf16 "$PY" tests/distributed/test_bf16.py
+    run test_optimizer_dtype "$PY" tests/distributed/test_optimizer_dtype.py
     run test_multinode "$PY" tests/distributed/test_multinode.py
 }
 

@@ -13,6 +13,9 @@
 // is validated on spans laid end to end at odd offsets and sizes (so most
 // start unaligned and some cannot be aligned at all), decay on every other
 // span, against cpu::adamw_update per span with the span's weight decay.
+// bf16 moments (--optimizer-dtype bf16): version 4 with S = bf16, rounded to
+// nearest and stochastically, against cpu::adamw_update with bf16 moments
+// (the same rounding function, llmc/base/state_round.h), on the odd spans.
 // Timing runs GPT-2 124M's 148 tensors (decay on the 2-D ones): versions 2
 // and 3 launch once per tensor, as adamw_span does, version 4 once.
 #include <type_traits>
@@ -45,17 +48,19 @@ struct Span {
 
 // Versions 1-3: one launch per span (weight decay set per span, as
 // adamw_span does); version 4: one launch for all.
-template <typename P>
-void run(int version, P* param, float* master, const P* grad, float* m, float* v, const std::vector<Span>& spans,
+template <typename P, typename S = float>
+void run(int version, P* param, float* master, const P* grad, S* m, S* v, const std::vector<Span>& spans,
          const AdamArgs& a, AdamMultiTable& table) {
     if (version == 4) {
         std::vector<AdamPiece> pieces;
         for (const Span& s : spans)
-            pieces.push_back(adam_make_piece<P, P>(param + s.off, master ? master + s.off : nullptr, grad + s.off,
-                                                   m + s.off, v + s.off, s.n, s.decay));
-        table.update<P, P>(pieces, a, 0);
+            pieces.push_back(adam_make_piece<P, P, S>(param + s.off, master ? master + s.off : nullptr, grad + s.off,
+                                                      m + s.off, v + s.off, s.n, s.decay));
+        table.update<P, P, S>(pieces, a, 0);
         return;
     }
+    if constexpr (!std::is_same<S, float>::value) return;  // bf16 moments: version 4 only
+    else {
     for (const Span& s : spans) {
         AdamArgs as = a;
         as.weight_decay = s.decay ? a.weight_decay : 0.0;
@@ -68,8 +73,9 @@ void run(int version, P* param, float* master, const P* grad, float* m, float* v
         } else if (version == 2) {
             llmc_prev::adamw_update<P, P>(pp, mp, grad + s.off, m + s.off, v + s.off, s.n, as, 0);
         } else {
-            adamw_update<P, P>(pp, mp, grad + s.off, m + s.off, v + s.off, s.n, as, 0);
+            adamw_update<P, P, float>(pp, mp, grad + s.off, m + s.off, v + s.off, s.n, as, 0);
         }
+    }
     }
 }
 
@@ -87,34 +93,67 @@ std::vector<float> diff(const std::vector<float>& a, const std::vector<float>& b
     return d;
 }
 
+// The moments as the CPU holds them: fp32, or bf16 bits.
+template <typename S>
+using HostMoment = typename std::conditional<std::is_same<S, float>::value, float, uint16_t>::type;
+template <typename S>
+std::vector<HostMoment<S>> host_moments(const std::vector<float>& x) {
+    std::vector<HostMoment<S>> h(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        if constexpr (std::is_same<S, float>::value) h[i] = x[i];
+        else h[i] = f32_to_bf16(x[i]);
+    }
+    return h;
+}
+template <typename S>
+std::vector<float> widen(const std::vector<HostMoment<S>>& h) {
+    std::vector<float> x(h.size());
+    for (size_t i = 0; i < h.size(); i++) x[i] = cpu::load_moment<float>(h[i]);
+    return x;
+}
+
 // shift: the param buffer starts this many elements past its allocation.
-template <typename P>
-void check(int version, const char* label, const std::vector<Span>& spans, size_t n, int shift = 0) {
+// S: the moments' type (bf16: --optimizer-dtype bf16, `stochastic` its rounding).
+template <typename P, typename S = float>
+void check(int version, const char* label, const std::vector<Span>& spans, size_t n, int shift = 0,
+           bool stochastic = false) {
+    constexpr bool bf16_moments = !std::is_same<S, float>::value;
     const bool has_master = !std::is_same<P, float>::value;
     const std::vector<float> p0 = lab::rand_normal(n, 0.02f, 1), g = lab::rand_normal(n, 0.01f, 2);
     std::vector<float> m0 = lab::rand_normal(n, 0.001f, 3), v0 = lab::rand_uniform(n, 0.f, 1e-4f, 4);
-    const AdamArgs a = make_args(3);
-    std::vector<float> rp = p0, rmaster = p0, rm = m0, rv = v0;
+    if (bf16_moments)
+        for (size_t i = 0; i < n; i++) m0[i] = lab::round_bf16(m0[i]), v0[i] = lab::round_bf16(v0[i]);
+    AdamArgs a = make_args(3);
+    a.bf16_state = bf16_moments;
+    a.stochastic = stochastic;
+    a.round_key = state_round::step_key(1337, 3);
+    std::vector<float> rp = p0, rmaster = p0;
+    std::vector<HostMoment<S>> hm = host_moments<S>(m0), hv = host_moments<S>(v0);
     for (const Span& s : spans) {
         AdamArgs as = a;
         as.weight_decay = s.decay ? a.weight_decay : 0.0;
         cpu::adamw_update(rp.data() + s.off, has_master ? rmaster.data() + s.off : nullptr, g.data() + s.off,
-                          rm.data() + s.off, rv.data() + s.off, s.n, as);
+                          hm.data() + s.off, hv.data() + s.off, s.n, as);
     }
+    const std::vector<float> rm = widen<S>(hm), rv = widen<S>(hv);
     std::vector<float> p0s(shift, 0.f);
     p0s.insert(p0s.end(), p0.begin(), p0.end());
     P* dp0 = lab::to_device<P>(p0s);
     P* dp = dp0 + shift;
     float* dmaster = has_master ? lab::to_device<float>(p0) : nullptr;
     P* dg = lab::to_device<P>(g);
-    float* dm = lab::to_device<float>(m0);
-    float* dv = lab::to_device<float>(v0);
+    S* dm = lab::to_device<S>(m0);
+    S* dv = lab::to_device<S>(v0);
     AdamMultiTable table;
-    run<P>(version, dp, dmaster, dg, dm, dv, spans, a, table);
+    run<P, S>(version, dp, dmaster, dg, dm, dv, spans, a, table);
     const std::string l(label);
     const std::vector<float> got_p = lab::from_device(dp, n);
-    lab::validate((l + " m").c_str(), lab::from_device(dm, n), rm, lab::kTolF32);
-    lab::validate((l + " v").c_str(), lab::from_device(dv, n), rv, lab::kTolF32);
+    // bf16 moments: the CPU's and the GPU's fp32 values may differ in the
+    // last fp32 bit (contraction), which moves a rounding now and then by
+    // one bf16 ulp: a looser tolerance, still far below one ulp everywhere.
+    const double tol_m = bf16_moments ? 1e-3 : lab::kTolF32;
+    lab::validate((l + " m").c_str(), lab::from_device(dm, n), rm, tol_m);
+    lab::validate((l + " v").c_str(), lab::from_device(dv, n), rv, tol_m);
     if (has_master) {
         const std::vector<float> got_master = lab::from_device(dmaster, n);
         lab::validate((l + " master update").c_str(), diff(got_master, p0), diff(rmaster, p0), lab::kTolF32);
@@ -188,6 +227,11 @@ int main() {
         check<bf16>(v, (l + " bf16+master odd spans").c_str(), odd, n_odd);
         check<bf16>(v, (l + " bf16+master odd spans, params shifted").c_str(), odd, n_odd, 1);
     }
+    std::printf("validation (bf16 moments, the odd spans)\n");
+    check<float, bf16>(4, "v4 fp32, bf16 m/v nearest", odd, n_odd);
+    check<bf16, bf16>(4, "v4 bf16+master, bf16 m/v nearest", odd, n_odd);
+    check<bf16, bf16>(4, "v4 bf16+master, bf16 m/v stochastic", odd, n_odd, 0, true);
+    check<bf16, bf16>(4, "v4 bf16+master shifted, bf16 m/v stochastic", odd, n_odd, 1, true);
 
     size_t n = 0;
     const std::vector<Span> spans = gpt2_spans(12, 768, 50304, 1024, &n);  // 124475904 elements
@@ -206,6 +250,18 @@ int main() {
     for (int v = 1; v <= 4; v++) {
         float ms = lab::time_ms([&] { run<bf16>(v, dp, dmaster, dg, dm, dv, spans, a, table); });
         lab::report_bw(names[v], ms, bytes);
+    }
+    {
+        // bf16 m and v (--optimizer-dtype bf16), stochastic rounding: 8 bytes
+        // fewer per element moved, 4 fewer held.
+        bf16* dm16 = lab::dev_alloc<bf16>(n);
+        bf16* dv16 = lab::dev_alloc<bf16>(n);
+        AdamArgs a16 = a;
+        a16.bf16_state = a16.stochastic = true;
+        const double bytes16 = (double)n * (2 + 2 + 4 * 2 + 2 * 2 * 2);
+        float ms = lab::time_ms([&] { run<bf16, bf16>(4, dp, dmaster, dg, dm16, dv16, spans, a16, table); });
+        lab::report_bw("v4 multi-tensor, bf16 m/v stochastic", ms, bytes16);
+        lab::dev_free(dm16), lab::dev_free(dv16);
     }
     table.release();
     lab::dev_free(dp), lab::dev_free(dg), lab::dev_free(dmaster), lab::dev_free(dm), lab::dev_free(dv);

@@ -76,10 +76,17 @@ struct AttnShape {
 // first (gradient clipping folds in here).
 // Doubles, so that fp64 runs see exactly the hyperparameters the user gave
 // (float(0.95) is off by 1e-8); a backend narrows them to its compute type.
+// Adam's m and v are stored in precision().opt, or in bf16 when bf16_state
+// is set (--optimizer-dtype bf16): read, updated in the compute type, the
+// step taken with the unrounded values, and stored rounded to nearest or
+// stochastically under round_key (llmc/base/state_round.h).
 struct AdamArgs {
     double lr, beta1, beta2, eps, weight_decay;
     double grad_scale;
     double bias_corr1, bias_corr2;
+    bool bf16_state = false;
+    bool stochastic = false;
+    uint32_t round_key = 0;
 };
 
 // One contiguous run for adamw_update_multi: pointers to its first element
@@ -372,8 +379,8 @@ class Backend {
     // ---- optimizer -----------------------------------------------------
     // AdamW on n elements. param has type precision().param; master (null
     // when !has_master) precision().master; grad precision().grad; m, v
-    // precision().opt. With a master copy the update runs on master and
-    // param receives its rounded value.
+    // precision().opt (bf16 with a.bf16_state). With a master copy the
+    // update runs on master and param receives its rounded value.
     virtual void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
                               const AdamArgs& a) = 0;
     // AdamW on many runs at once (one launch on a GPU): run i is updated

@@ -194,7 +194,7 @@ class CpuBackend : public Backend {
     }
     void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
                       const AdamArgs& a) override {
-        cpu::adamw_update(f(param), f(master), f(grad), f(m), f(v), n, a);
+        cpu::adamw_update_state(f(param), f(master), f(grad), m, v, n, a);
     }
     // The multi-tensor update is the per-run update in order: on the CPU
     // there is no launch to save, and the results stay bit for bit those of

@@ -496,25 +496,13 @@ class CudaBackend final : public Backend {
     void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
                       const AdamArgs& a) override {
         dispatch([&](auto tag) {
-            using E = decltype(tag);
-            llmc_cuda::adamw_update<E, E>(ptr<E>(param), ptr<float>(master), cptr<E>(grad), ptr<float>(m),
-                                          ptr<float>(v), n, a, stream_);
+            llmc_cuda::adamw_update_any<decltype(tag)>(param, ptr<float>(master), grad, m, v, n, a, stream_);
         });
     }
     // One launch for every run (llmc/backend/cuda/adamw.cuh); the piece table stays
     // on the device while the runs are the same as last time.
     void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            pieces_.clear();
-            for (int i = 0; i < count; i++) {
-                const AdamSpan& s = spans[i];
-                if (s.n == 0) continue;
-                pieces_.push_back(llmc_cuda::adam_make_piece<E, E>(s.param, ptr<float>(s.master), s.grad,
-                                                                   ptr<float>(s.m), ptr<float>(s.v), s.n, s.decay));
-            }
-            adam_table_.update<E, E>(pieces_, a, stream_);
-        });
+        dispatch([&](auto tag) { adam_table_.update_spans<decltype(tag)>(spans, count, a, pieces_, stream_); });
     }
     double sum_squares(const void* x, DType t, size_t n) override {
         activate();

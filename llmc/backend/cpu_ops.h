@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "llmc/backend/backend.h"
+#include "llmc/base/state_round.h"
 #include "llmc/backend/cpu_attention.h"
 #include "llmc/backend/cpu_gemm.h"
 #include "llmc/backend/cpu_math.h"
@@ -403,22 +404,46 @@ void crossentropy_finish(F* logits, F* losses, const int* targets, const F* row_
 }
 
 // ---- optimizer ----------------------------------------------------------------------------------
+// Adam's moments as stored: in the compute type F (S = F), or bf16 bits
+// (S = uint16_t), widened on load and rounded on store (llmc/base/state_round.h;
+// an fp64 value is narrowed to fp32 first).
 template <typename F>
-void adamw_update(F* param, F* master, const F* grad, F* m, F* v, size_t n, const AdamArgs& a) {
+inline F load_moment(F x) { return x; }
+template <typename F>
+inline F load_moment(uint16_t x) { return F(bf16_to_f32(x)); }
+template <typename F>
+inline void store_moment(F* dst, F x, const AdamArgs&, uint32_t) { *dst = x; }
+template <typename F>
+inline void store_moment(uint16_t* dst, F x, const AdamArgs& a, uint32_t key) {
+    *dst = f32_to_bf16(state_round::round_moment((float)x, a.stochastic, key));
+}
+
+template <typename F, typename S>
+void adamw_update(F* param, F* master, const F* grad, S* m, S* v, size_t n, const AdamArgs& a) {
     const F b1 = a.beta1, b2 = a.beta2, lr = a.lr, eps = a.eps, wd = a.weight_decay, gs = a.grad_scale;
     const F bc1 = F(a.bias_corr1), bc2 = F(a.bias_corr2);
+    const uint32_t key_m = a.round_key, key_v = a.round_key ^ state_round::kSecondMoment;
     F* p = master ? master : param;
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < (long)n; i++) {
         F g = grad[i] * gs;
-        F mi = b1 * m[i] + (F(1) - b1) * g;
-        F vi = b2 * v[i] + (F(1) - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
+        F mi = b1 * load_moment<F>(m[i]) + (F(1) - b1) * g;
+        F vi = b2 * load_moment<F>(v[i]) + (F(1) - b2) * g * g;
+        store_moment(&m[i], mi, a, key_m);
+        store_moment(&v[i], vi, a, key_v);
         F mhat = mi / bc1, vhat = vi / bc2;
         p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
         if (master) param[i] = p[i];
     }
+}
+
+// The update with m and v in the stored type a.bf16_state says.
+template <typename F>
+void adamw_update_state(F* param, F* master, const F* grad, void* m, void* v, size_t n, const AdamArgs& a) {
+    if (a.bf16_state)
+        adamw_update(param, master, grad, static_cast<uint16_t*>(m), static_cast<uint16_t*>(v), n, a);
+    else
+        adamw_update(param, master, grad, static_cast<F*>(m), static_cast<F*>(v), n, a);
 }
 
 // Partial sums over fixed chunks, added in chunk order: the result does not

@@ -120,6 +120,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     const Recompute recompute = o.recompute;
     const Sharding& sharding = o.sharding;
     const bool training = o.training;
+    if (o.bf16_optimizer_state) prec_.opt = DType::BF16;
     if (T > cfg.max_seq_len) throw std::invalid_argument("sequence length T exceeds the model's maxT");
     if (head_chunk < 0) throw std::invalid_argument("GPT: negative LM-head chunk");
     const bool sp = tp_ && tp_->sp();

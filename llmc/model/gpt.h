@@ -84,6 +84,9 @@ struct ModelOptions {
     // of at most ROWS rows, the backward's head products fused into the
     // forward (head.cpp), so that only ROWS rows of logits are ever held.
     int head_chunk = 0;
+    // Adam's m and v in bf16 (--optimizer-dtype bf16) instead of the
+    // backend's precision().opt; the update still runs in the compute type.
+    bool bf16_optimizer_state = false;
     // false: no gradients and no Adam state (generation: the weights and the
     // forward only); backward and a forward with a loss gradient then refuse.
     bool training = true;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "llmc/base/state_round.h"
+
 double lr_at(const OptimConfig& o, int step) {
     if (step < o.warmup_steps) return o.lr * (double)(step + 1) / (double)o.warmup_steps;
     if (o.max_steps <= o.warmup_steps) return o.lr;
@@ -24,6 +26,8 @@ AdamArgs adam_args(const OptimConfig& o, int step, double grad_scale) {
     a.grad_scale = grad_scale;
     a.bias_corr1 = 1.0 - std::pow(o.beta1, t);
     a.bias_corr2 = 1.0 - std::pow(o.beta2, t);
+    a.stochastic = o.stochastic_rounding;
+    a.round_key = state_round::step_key(o.round_seed, step);
     return a;
 }
 
@@ -39,6 +43,7 @@ void adamw_span(Backend& be, const Precision& p, const TensorTable& t, const Upd
         if (b >= en) continue;
         size_t k = b - s.begin;  // position inside the span
         a.weight_decay = e.decay ? o.weight_decay : 0.0;
+        a.bf16_state = p.opt == DType::BF16;
         be.adamw_update(elem_ptr(s.param, p.param, k), s.master ? elem_ptr(s.master, p.master, k) : nullptr,
                         elem_ptr(s.grad, p.grad, k), elem_ptr(s.m, p.opt, k), elem_ptr(s.v, p.opt, k), en - b, a);
     }
@@ -60,6 +65,7 @@ void adamw_spans(Backend& be, const Precision& p, const TensorTable& t, const st
     }
     AdamArgs args = a;
     args.weight_decay = o.weight_decay;  // applied to the runs whose tensor decays
+    args.bf16_state = p.opt == DType::BF16;
     be.adamw_update_multi(runs.data(), (int)runs.size(), args);
 }
 

@@ -15,6 +15,11 @@ struct OptimConfig {
     int warmup_steps = 0;
     double final_lr_frac = 1.0;  // lr decays to lr·final_lr_frac by the last step
     int max_steps = 1;
+    // Adam's moments held in bf16 (the model's precision().opt says so):
+    // rounded to nearest, or stochastically with bits drawn from this seed
+    // and the step (llmc/base/state_round.h).
+    bool stochastic_rounding = false;
+    unsigned long long round_seed = 0;
 };
 
 // Learning rate at step (0-based).

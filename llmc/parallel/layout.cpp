@@ -15,6 +15,7 @@ std::string Layout::describe() const {
                     ", recompute " + recompute_name(recompute);
     if (ep > 1) s += ", ep " + std::to_string(ep);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
+    if (bf16_optimizer) s += ", bf16 Adam state";
     return s;
 }
 

@@ -21,6 +21,7 @@ struct Layout {
     long long total_batch = -1;  // tokens per optimizer step (-1: B·T·dp)
     Recompute recompute = Recompute::none;
     int head_chunk = 0;          // rows per LM-head chunk (0: the whole micro-batch at once)
+    bool bf16_optimizer = false;  // Adam's m and v held in bf16 (--optimizer-dtype bf16)
     // Context parallel's implementation: ranks per all-to-all group (1: the
     // ring alone; cp: all-to-all alone, --cp-impl a2a; between: --cp-impl
     // hybrid, all-to-all in groups of cp_a2a and a ring over cp/cp_a2a).

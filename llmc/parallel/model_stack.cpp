@@ -41,6 +41,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     o.sharding = Sharding::for_zero(l.zero, g.dpcp->size(), g.dpcp->rank(), edp->size(), edp->rank());
     o.chunks = s->pipe->chunks();
     o.head_chunk = l.head_chunk;
+    o.bf16_optimizer_state = l.bf16_optimizer;
     o.tp = s->tp.get();
     o.cp = s->cp.get();
     o.ep = s->ep.get();

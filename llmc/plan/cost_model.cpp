@@ -268,9 +268,11 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     double dpt = reduce((double)(P - Pe), D, ldp) + reduce((double)Pe, De, ldp);
     if (l.pp > 1 && c_.tied) dpt += all_reduce(unit0 * gb_, 2, lpp);  // the tied embeddings
     k.dp = dpt;
-    // AdamW over the rank's part: read params, grads, master, m, v; write params, master, m, v.
+    // AdamW over the rank's part: read params, grads, master, m, v; write params, master, m, v
+    // (m and v: 4 bytes each, or 2 with --optimizer-dtype bf16).
     const double owned = l.zero >= 1 ? (double)(P - Pe) / D + (double)Pe / De : (double)P;
-    k.optimizer = owned * (2 * pb_ + gb_ + 16 + (master_ ? 8 : 0)) / hw_.mem_bw + 4 * launch;
+    const double moments = l.bf16_optimizer ? 8 : 16;
+    k.optimizer = owned * (2 * pb_ + gb_ + moments + (master_ ? 8 : 0)) / hw_.mem_bw + 4 * launch;
     k.classes.optimizer = k.optimizer;
     k.step = m * t_max + k.bubble + k.pp + k.dp + k.optimizer;
     return k;

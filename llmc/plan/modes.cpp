@@ -84,6 +84,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         b.B = cfg.B, b.T = cfg.T > 0 ? cfg.T : mc.max_seq_len, b.total_batch = cfg.total_batch;
         parse_recompute(cfg.recompute, &b.recompute);
         b.head_chunk = cfg.head_chunk;
+        b.bf16_optimizer = cfg.optimizer_dtype == "bf16";
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
         const long long degrees = (long long)b.pp * b.tp * b.cp;
         if (b.total_batch < 0 && r.mode == "eval" && parser.given("batch-size")) {

@@ -252,7 +252,10 @@ void print_textbook(const GPTConfig& mc, const Planned& p, const Proto& proto) {
     const Layout& l = p.l;
     const double P = (double)model_param_count(mc), Nd = l.dp() * l.cp, mp = l.tp * l.pp;
     const bool mixed = proto.prec.has_master;
-    const double b2 = mixed ? 2 : (double)dtype_size(proto.prec.param), k = mixed ? 12 : 2 * (double)dtype_size(proto.prec.opt);
+    // k: the optimizer's bytes per parameter (master copy, m and v).
+    const double b2 = mixed ? 2 : (double)dtype_size(proto.prec.param),
+                 mv = 2 * (double)dtype_size(l.bf16_optimizer ? DType::BF16 : proto.prec.opt),
+                 k = (mixed ? 4 : 0) + mv;
     const double states[] = {(2 * b2 + k) * P, 2 * b2 * P + k * P / Nd, b2 * P + (b2 + k) * P / Nd, (2 * b2 + k) * P / Nd};
     const RankMemory& m = p.mem.front();
     std::printf("textbook model states (ZeRO-%d over %g ranks, divided by tp*pp = %g): %s per rank; exact here: %s "

@@ -26,6 +26,12 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "beta1", O::Double, &c.beta1, "AdamW beta1", 0, 0.999999});
     p.add({0, "beta2", O::Double, &c.beta2, "AdamW beta2", 0, 0.999999});
     p.add({0, "eps", O::Double, &c.eps, "AdamW epsilon", 0, 1});
+    p.add({0, "optimizer-dtype", O::String, &c.optimizer_dtype,
+           "type of AdamW's m and v (auto: fp32, fp64 in an fp64 run; bf16: half the optimizer's memory, the "
+           "update still in fp32)", 0, 0, {"auto", "fp32", "bf16"}});
+    p.add({0, "optimizer-rounding", O::String, &c.optimizer_rounding,
+           "how bf16 m and v are rounded when stored: nearest (even), or stochastic (unbiased; random bits from "
+           "--seed, the step and the value)", 0, 0, {"nearest", "stochastic"}});
     p.add({'v', "val-every", O::Int, &c.val_every, "validation loss every N steps (0: never)", 0, 1e9});
     p.add({'m', "val-steps", O::Int, &c.val_steps, "micro-batches of B rows per validation, as llm.c (0: --val-tokens decides)", 0, 1e9});
     p.add({0, "val-tokens", O::Long, &c.val_tokens, "tokens per validation, the same for every -b and layout (rounded up to whole rows)", 1, 1e15});
@@ -166,6 +172,11 @@ bool layout_from_flags(const TrainConfig& cfg, int world, Layout* lp, std::strin
     l.T = cfg.T;
     l.total_batch = cfg.total_batch;
     l.head_chunk = cfg.head_chunk;
+    l.bf16_optimizer = cfg.optimizer_dtype == "bf16";
+    if (cfg.optimizer_rounding == "stochastic" && !l.bf16_optimizer) {
+        *err = "flag --optimizer-rounding: stochastic rounding is for bf16 moments (add --optimizer-dtype bf16)";
+        return false;
+    }
     if (!parse_recompute(cfg.recompute, &l.recompute)) {
         *err = "flag -r: " + cfg.recompute + ": expected none, gelu, selective or full";
         return false;

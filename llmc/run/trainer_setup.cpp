@@ -36,6 +36,8 @@ void Trainer::setup(const ArgParser& parser) {
                      cfg.checkpoint_every);
     be.reset(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
     setup_check(be != nullptr, err);
+    setup_check(cfg.optimizer_dtype != "fp32" || be->precision().opt == DType::F32,
+                "flag --optimizer-dtype: an fp64 run keeps AdamW's m and v in fp64 (auto) or bf16, not fp32");
     be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
     // The layout, made and checked once; the grid's groups come from it.
     setup_check(layout_from_flags(cfg, dist_world_size(), &lay, &err), err);
@@ -233,6 +235,8 @@ void Trainer::setup(const ArgParser& parser) {
     oc.warmup_steps = cfg.warmup;
     oc.final_lr_frac = cfg.final_lr_frac;
     oc.max_steps = cfg.max_steps;
+    oc.stochastic_rounding = cfg.optimizer_rounding == "stochastic";
+    oc.round_seed = (unsigned long long)cfg.seed;
     const size_t BT = (size_t)cfg.B * cfg.T;
     data.size_rows(BT, cfg.document_mask);
 }
@@ -301,10 +305,11 @@ void Trainer::print_settings(const ArgParser& parser) {
                                                        ", ring over " + std::to_string(lay.cp / lay.cp_a2a) + ")"
                                  : lay.cp_a2a > 1 ? " (all-to-all)"
                                                   : " (ring)";
-    std::printf("device %s, params %s, grads %s, activations %s; world %d = pp %d x dp %d x cp %d%s x tp %d%s, "
-                "ZeRO %d\n",
+    std::printf("device %s, params %s, grads %s, activations %s, Adam m/v %s%s; world %d = pp %d x dp %d x cp "
+                "%d%s x tp %d%s, ZeRO %d\n",
                 be->name(), dtype_name(s.model->precision().param), dtype_name(s.model->precision().grad),
-                dtype_name(s.model->precision().act), lay.world, lay.pp, lay.dp(), lay.cp,
+                dtype_name(s.model->precision().act), dtype_name(s.model->precision().opt),
+                cfg.optimizer_rounding == "stochastic" ? " (stochastic rounding)" : "", lay.world, lay.pp, lay.dp(), lay.cp,
                 lay.cp > 1 ? cp_words.c_str() : "", lay.tp,
                 cfg.sp ? " (sequence parallel)" : "", cfg.zero);
     if (!be->compute_path().empty()) std::printf("compute: %s\n", be->compute_path().c_str());

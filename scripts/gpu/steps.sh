@@ -168,6 +168,10 @@ step_test() {
     FIGS=real_shapes_small_switches_ FIGCMD="${sw_env[*]} build/test_real_shapes --shape small" SUMMARY_MATCH='^FAIL' \
         run_prog real_shapes_small_switches 60 15 env "${sw_env[@]}" build/test_real_shapes --shape small
     run_prog vocab_ce 60 5 build/test_vocab_ce
+    # AdamW's moments in bf16 (--optimizer-dtype bf16, nearest and
+    # stochastic) against fp32 moments: losses and the optimizer's bytes.
+    FIGS=optimizer_dtype_ FIGCMD="scripts/gpu/optimizer_dtype.py --steps 60" SUMMARY_MATCH='^(PASS|FAIL)' \
+        run_prog optimizer_dtype 60 20 "$PY" scripts/gpu/optimizer_dtype.py --out "$W/runs" --steps 60
     end_step
 }
 

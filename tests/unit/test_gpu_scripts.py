@@ -19,6 +19,8 @@
 - scripts/gpu/figures.py --stream writes a figure the moment a program
   prints it, so a program killed afterwards leaves it, and copies the
   summary lines as they come;
+- scripts/gpu/optimizer_dtype.py (bf16 AdamW moments against fp32 ones) runs
+  its three trainings and checks on the CPU;
 - scripts/gpu/archive.sh packs and unpacks with xz, with gzip alone, and
   with Python's tarfile alone (no xz, no gzip), keeping modes and links; an
   xz that is on PATH but cannot run counts as none.
@@ -226,6 +228,14 @@ def archives(tmp):
               f"an xz archive unpacked without xz: {out.strip()[-200:]}")
 
 
+def optimizer_dtype(tmp):
+    py = shutil.which("python3") or sys.executable
+    rc, out = sh([py, "scripts/gpu/optimizer_dtype.py", "--out", os.path.join(tmp, "optdtype"), "--steps", "3",
+                  "--device", "cpu", "--dtype", "fp32"], env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    check(rc == 0 and "7 passed, 0 failed" in out and "figure optimizer_bf16_stochastic_loss_rel" in out,
+          f"optimizer_dtype.py on the CPU: {out[-400:]}")
+
+
 def main():
     for f in sorted(glob.glob(os.path.join(ROOT, "scripts", "gpu", "*.sh"))):
         rc, out = sh([BASH, "-n", f])
@@ -237,6 +247,7 @@ def main():
         streaming(tmp)
         archives(tmp)
         llmq(tmp)
+        optimizer_dtype(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return check.summary()
