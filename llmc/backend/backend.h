@@ -87,6 +87,42 @@ struct AdamArgs {
     bool bf16_state = false;
     bool stochastic = false;
     uint32_t round_key = 0;
+    // The step's figures in backend memory (StepFigures, below), or null:
+    // when set, grad_scale is read from its `scale` and the update does
+    // nothing when its `skip` is not 0 (a step with no host synchronisation).
+    const void* figures = nullptr;
+};
+
+// The step's figures as doubles in backend memory, at these indices, for a
+// step whose loss, gradient norm, clipping and skip decision never visit the
+// host before its end (--sync-free; docs/design.md section 2.10).
+namespace step_figure {
+enum : int {
+    loss = 0,       // the step's loss: this rank's sum of micro-batch means, reduced, then the global mean
+    sumsq,          // the squared gradient norm (this rank's part, then reduced)
+    sumsq_experts,  // the expert segments' part before it is added (expert parallel)
+    norm,           // its square root
+    scale,          // the clip scale AdamW multiplies gradients by
+    skip,           // 1: the update is skipped (a bad step), else 0
+    loss_mean,      // the running mean of accepted losses (--skip-spikes)
+    loss_count,     // accepted steps counted in it
+    count           // the block's size in doubles
+};
+}  // namespace step_figure
+
+// What step_verdict needs besides the figures: phase 0 (after the loss is
+// reduced) sets loss = loss / loss_divisor and skip when the loss is not
+// finite or (skip_spikes > 0, five steps accepted) a spike over
+// skip_spikes x loss_mean; phase 1 (after the squared norm is reduced)
+// sets norm, skip also when the norm is not finite, and scale = grad_clip /
+// norm when grad_clip > 0 and norm > grad_clip (else 1); phase 2 (once the
+// ranks agreed on skip) counts an accepted step's loss into the running
+// mean (plain over 20, then exponential).
+struct StepVerdict {
+    int phase = 0;
+    double loss_divisor = 1;
+    double skip_spikes = 0;
+    double grad_clip = 0;
 };
 
 // One contiguous run for adamw_update_multi: pointers to its first element
@@ -396,6 +432,21 @@ class Backend {
     // so the result is bit for bit the loop of single calls; a GPU sums
     // every run in one launch and synchronises once.
     virtual double sum_squares_multi(const SumSpan* spans, int count, DType t) = 0;
+
+    // ---- the step's figures on the device (step_figure, StepVerdict) --------
+    // acc (one double in backend memory) += (the sum of x's n elements of type
+    // t, added in order in double) / divisor: a micro-batch's mean loss,
+    // kept on the device.
+    virtual void sum_to_figure(void* acc, const void* x, DType t, size_t n, double divisor) = 0;
+    // dst (one double) = sum_squares_multi(spans, count, t) + *add (add may
+    // be null: + 0), left where the spans live: on the CPU bit for bit what
+    // sum_squares_multi returns; a GPU adds the same partials in the same
+    // order on the device.
+    virtual void sum_squares_to(void* dst, const SumSpan* spans, int count, DType t, const void* add) = 0;
+    // The step's decision on its figures (a block of step_figure::count
+    // doubles), as StepVerdict says: apply_verdict (step_figures.h), the
+    // function the host runs when the figures come to it.
+    virtual void step_verdict(void* figures, const StepVerdict& v) = 0;
 
     // ---- recorded regions (docs/design.md section 2.9) -------------------
     // A region is a stretch of ops that runs the same way every time: the

@@ -11,6 +11,7 @@
 
 #include "llmc/backend/cpu_moe.h"
 #include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/step_figures.h"
 
 namespace {
 
@@ -194,13 +195,16 @@ class CpuBackend : public Backend {
     }
     void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
                       const AdamArgs& a) override {
-        cpu::adamw_update_state(f(param), f(master), f(grad), m, v, n, a);
+        AdamArgs ai = a;
+        if (!with_figures(&ai)) return;  // a skipped step
+        cpu::adamw_update_state(f(param), f(master), f(grad), m, v, n, ai);
     }
     // The multi-tensor update is the per-run update in order: on the CPU
     // there is no launch to save, and the results stay bit for bit those of
     // adamw_update.
     void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
         AdamArgs ai = a;
+        if (!with_figures(&ai)) return;  // a skipped step
         for (int i = 0; i < count; i++) {
             const AdamSpan& s = spans[i];
             ai.weight_decay = s.decay ? a.weight_decay : 0.0;
@@ -217,6 +221,39 @@ class CpuBackend : public Backend {
         double ss = 0;
         for (int i = 0; i < count; i++) ss += sum_squares(spans[i].x, t, spans[i].n);
         return ss;
+    }
+    // The step's figures live in host memory here: the same arithmetic as
+    // the host's, in place.
+    void sum_to_figure(void* acc, const void* x, DType t, size_t n, double divisor) override {
+        double sum = 0;
+        if (t == DType::F64) {
+            for (size_t i = 0; i < n; i++) sum += static_cast<const double*>(x)[i];
+        } else if (t == DType::F32) {
+            for (size_t i = 0; i < n; i++) sum += (double)static_cast<const float*>(x)[i];
+        } else {
+            throw std::invalid_argument("cpu sum_to_figure: unsupported type");
+        }
+        *static_cast<double*>(acc) += sum / divisor;
+    }
+    void sum_squares_to(void* dst, const SumSpan* spans, int count, DType t, const void* add) override {
+        double ss = sum_squares_multi(spans, count, t);
+        if (add) ss += *static_cast<const double*>(add);
+        *static_cast<double*>(dst) = ss;
+    }
+    void step_verdict(void* figures, const StepVerdict& v) override {
+        apply_verdict(static_cast<double*>(figures), v);
+    }
+
+  private:
+    // AdamArgs with the step's figures in memory: the clip scale from them;
+    // false when they say the step is skipped.
+    static bool with_figures(AdamArgs* a) {
+        if (!a->figures) return true;
+        const double* s = static_cast<const double*>(a->figures);
+        if (s[step_figure::skip] != 0.0) return false;
+        a->grad_scale = s[step_figure::scale];
+        a->figures = nullptr;
+        return true;
     }
 };
 

@@ -305,6 +305,16 @@ class CpuBf16Backend final : public Backend {
         for (int i = 0; i < count; i++) ss += sum_squares(spans[i].x, t, spans[i].n);
         return ss;
     }
+    // The step's figures: host memory, the fp32 backend's arithmetic.
+    void sum_to_figure(void* acc, const void* x, DType t, size_t n, double divisor) override {
+        f_->sum_to_figure(acc, x, t, n, divisor);
+    }
+    void sum_squares_to(void* dst, const SumSpan* spans, int count, DType t, const void* add) override {
+        double ss = sum_squares_multi(spans, count, t);
+        if (add) ss += *static_cast<const double*>(add);
+        *static_cast<double*>(dst) = ss;
+    }
+    void step_verdict(void* figures, const StepVerdict& v) override { f_->step_verdict(figures, v); }
 
   private:
     // gemm_bf16 on the path chosen when the backend was built.

@@ -42,6 +42,7 @@
 #include "llmc/backend/cuda/rope.cuh"
 #include "llmc/backend/cuda/scratch.cuh"
 #include "llmc/backend/cuda/staging.cuh"
+#include "llmc/backend/cuda/step_figures.cuh"
 #include "llmc/backend/cuda/swiglu.cuh"
 #include "llmc/backend/cuda/workspace.h"
 
@@ -525,6 +526,14 @@ class CudaBackend final : public Backend {
             default: throw std::invalid_argument("cuda sum_squares_multi: unsupported type");
         }
     }
+    // The step's figures on the device (cuda/step_figures.cuh, global_norm.cuh).
+    void sum_to_figure(void* acc, const void* x, DType t, size_t n, double divisor) override {
+        activate(), llmc_cuda::sum_to_figure(acc, x, t, n, divisor, stream_);
+    }
+    void sum_squares_to(void* dst, const SumSpan* spans, int count, DType t, const void* add) override {
+        activate(), sumsq_.run_to(dst, spans, count, t, add, stream_);
+    }
+    void step_verdict(void* f, const StepVerdict& v) override { activate(), llmc_cuda::step_verdict(f, v, stream_); }
 
     // ---- recorded regions: CUDA graphs under LLMC_CUDA_GRAPH=1 (cuda/graphs.cuh) ----------
     bool region_replay(uint64_t key) override { return activate(), graphs_.replay(key, stream_); }

@@ -80,6 +80,9 @@ class MeasureBackend : public Backend {
     void adamw_update_multi(const AdamSpan*, int, const AdamArgs&) override {}
     double sum_squares(const void*, DType, size_t) override { return 0; }
     double sum_squares_multi(const SumSpan*, int, DType) override { return 0; }
+    void sum_to_figure(void*, const void*, DType, size_t, double) override {}
+    void sum_squares_to(void*, const SumSpan*, int, DType, const void*) override {}
+    void step_verdict(void*, const StepVerdict&) override {}
 
   private:
     const char* name_;

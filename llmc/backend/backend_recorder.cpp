@@ -12,6 +12,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llmc/backend/backend_wrapper.h"
@@ -66,3 +67,37 @@ class RecordingBackend final : public BackendWrapper {
 }  // namespace
 
 Backend* make_recording_backend(Backend* inner) { return new RecordingBackend(inner); }
+
+namespace {
+
+class ReadCountingBackend final : public BackendWrapper {
+  public:
+    explicit ReadCountingBackend(Backend* inner) : BackendWrapper(inner) {}
+    std::string take() {
+        std::string out;
+        for (const auto& c : counts_) out += (out.empty() ? "" : ", ") + c.first + " " + std::to_string(c.second);
+        counts_.clear();
+        return out.empty() ? "none" : out;
+    }
+
+  private:
+    void host_op(const char* what) override {
+        static const char* const reads[] = {"download", "synchronize", "sum_squares", "sum_squares_multi"};
+        for (const char* r : reads)
+            if (std::string(r) == what) {
+                for (auto& c : counts_)
+                    if (c.first == what) return (void)c.second++;
+                counts_.push_back({what, 1});
+            }
+    }
+    std::vector<std::pair<std::string, int>> counts_;
+};
+
+}  // namespace
+
+Backend* make_read_counting_backend(Backend* inner) { return new ReadCountingBackend(inner); }
+
+std::string take_host_reads(Backend& be) {
+    ReadCountingBackend* c = dynamic_cast<ReadCountingBackend*>(&be);
+    return c ? c->take() : "";
+}

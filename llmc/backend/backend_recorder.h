@@ -6,8 +6,21 @@
 // stops the run naming it. So the rules the CUDA graphs of the step rely on,
 // and the replays' results (bit for bit those of running the ops), are
 // checked on a machine without a GPU.
+//
+// The same file holds a second watcher: a backend that counts the calls
+// bringing a value to the host (a test hook, LLMC_TEST_HOST_READS=1).
 #pragma once
+#include <string>
+
 #include "llmc/backend/backend.h"
 
 // Takes ownership of inner.
 Backend* make_recording_backend(Backend* inner);
+
+// Counts inner's downloads, synchronisations and host-returned sums of
+// squares (takes ownership of inner).
+Backend* make_read_counting_backend(Backend* inner);
+// The reads counted since the last call, by name in first-seen order
+// ("download 1, sum_squares_multi 2"; "none" when there were none), and
+// resets the count; "" when be does not count.
+std::string take_host_reads(Backend& be);

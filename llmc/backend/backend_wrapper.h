@@ -16,6 +16,7 @@
 #include <functional>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "llmc/backend/backend.h"
 
@@ -203,6 +204,20 @@ class BackendWrapper : public Backend {
         double r = 0;
         device_op("sum_squares_multi", [&] { r = in_->sum_squares_multi(spans, count, t); });
         return r;
+    }
+
+    // ---- the step's figures: device work (no result to the host) ----------------------------
+    void sum_to_figure(void* acc, const void* x, DType t, size_t n, double divisor) override {
+        device_op("sum_to_figure", [=] { in_->sum_to_figure(acc, x, t, n, divisor); });
+    }
+    void sum_squares_to(void* dst, const SumSpan* spans, int count, DType t, const void* add) override {
+        // The runs' table is the host's until the call returns: copied for a later run.
+        std::vector<SumSpan> runs(spans, spans + count);
+        host_op("sum_squares_to");
+        device_op("sum_squares_to", [=] { in_->sum_squares_to(dst, runs.data(), (int)runs.size(), t, add); });
+    }
+    void step_verdict(void* figures, const StepVerdict& v) override {
+        device_op("step_verdict", [=] { in_->step_verdict(figures, v); });
     }
 
   protected:

@@ -11,6 +11,7 @@
 #include "llmc/backend/backend_profile.h"
 #include "llmc/backend/backend_recorder.h"
 #include "llmc/backend/cuda/switches.h"
+#include "llmc/base/test_hooks.h"
 #ifdef LLMC_CUDA
 #include "llmc/backend/backend_cuda.h"
 #endif
@@ -60,7 +61,8 @@ Backend* make_backend(const std::string& device, const std::string& dtype, int l
     bool profile = false;
     if (!llmc_switch::parse_on_off("LLMC_BREAKDOWN", std::getenv("LLMC_BREAKDOWN"), &profile, err)) return nullptr;
     Backend* be = make_device_backend(device, dtype, local_rank, err);
-    return be && profile ? make_profiling_backend(be) : be;
+    if (be && profile) be = make_profiling_backend(be);
+    return be && test_hooks::host_reads() ? make_read_counting_backend(be) : be;
 }
 
 double backend_peak_flops(Backend& be) {

@@ -38,4 +38,9 @@ int checkpoint_delay_ms() {
     return e && *e ? std::max(0, std::atoi(e)) : 0;
 }
 
+bool host_reads() {
+    const char* e = std::getenv("LLMC_TEST_HOST_READS");
+    return e && *e && std::string(e) != "0";
+}
+
 }  // namespace test_hooks

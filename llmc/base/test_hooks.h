@@ -3,7 +3,8 @@
 // reader sees at once what a test can make the trainer do. Unset (the
 // normal run), each costs one comparison. The tests that use them:
 // tests/e2e/test_train.py (bad steps), tests/distributed/test_watchdog.py
-// (a stalled rank), tests/e2e/test_async_checkpoint.py (a slow writer).
+// (a stalled rank), tests/e2e/test_async_checkpoint.py (a slow writer),
+// tests/distributed/test_sync_free.py (host reads).
 //
 //   LLMC_TEST_NAN_STEP=K            rank 0 sets one gradient element to NaN
 //                                   before step K's optimizer step (K from 0),
@@ -15,6 +16,11 @@
 //   LLMC_TEST_CHECKPOINT_DELAY_MS=N each asynchronous checkpoint writer waits
 //                                   N ms with its shard under the temporary
 //                                   name, before the rename
+//   LLMC_TEST_HOST_READS=1          the backend counts the calls that bring a
+//                                   value to the host (downloads, waits, the
+//                                   norms' sums) and each training step prints
+//                                   them (tests/distributed/test_sync_free.py:
+//                                   a --sync-free step reads once, at its end)
 #pragma once
 #include <string>
 
@@ -27,5 +33,7 @@ int nan_step();
 bool stall_rank(int* rank, long* at, std::string* err);
 // Milliseconds each checkpoint writer waits before its rename (0: none).
 int checkpoint_delay_ms();
+// Whether the backend counts its host reads (LLMC_TEST_HOST_READS=1).
+bool host_reads();
 
 }  // namespace test_hooks

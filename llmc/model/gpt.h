@@ -193,6 +193,11 @@ class GPT {
     // keeps them in the slot for its backward.
     double forward_chunk(int c, int slot, const int* inputs, const void* x, const int* targets, int B, int T,
                          double dloss = 0.0, const int* docs = nullptr);
+    // Training forwards with a loss gradient (dloss != 0) add their mean loss
+    // to this double in backend memory instead of reading it (null: read it,
+    // the default; forward_chunk then returns 0): a step whose figures stay
+    // on the device (step_figure::loss, backend.h).
+    void set_loss_figure(void* acc) { loss_figure_ = acc; }
     // Document masking (docs/attention.md): each token attends only to the
     // earlier tokens of its own document. Allocates the per-slot document
     // starts; from then on every forward needs its docs.
@@ -298,7 +303,8 @@ class GPT {
                       double dloss);
     // backward_chunk's device work (the recorded region), after its bookkeeping.
     void backward_ops(int c, int slot, bool last_micro_step);
-    // The mean of the losses the last head forward left (a download).
+    // The mean of the losses the last head forward left (a download), or
+    // (set_loss_figure, dloss != 0) 0 with the mean added on the device.
     double head_loss(int N, double dloss);
     void head_forward_chunked(int slot, const void* in, const void* W, const int* tgt, bool has_targets, int N,
                               double dloss);
@@ -347,6 +353,7 @@ class GPT {
     std::vector<int> pos_host_;  // global position of each local token
     std::vector<char> grad_ready_;  // per slot of the head chunk
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
+    void* loss_figure_ = nullptr;   // set_loss_figure
     int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
     int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds
     ExpertParallelOps* ep_ = nullptr;  // null when ep = 1

@@ -74,7 +74,7 @@ void GPT::head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt
 }
 
 // The mean of the N losses the head's forward left (a transfer: after the
-// forward's region). Chunked, the logits buffer then holds the last chunk's
+// forward's region), or its addition to the step's loss figure on the device. Chunked, the logits buffer then holds the last chunk's
 // rows, readable when the forward wrote no gradient into them.
 double GPT::head_loss(int N, double dloss) {
     if (head_chunk_) {
@@ -83,6 +83,10 @@ double GPT::head_loss(int N, double dloss) {
         logits_rows_ = dloss != 0.0 ? 0 : N - logits_first_;
     }
     Acts& a = *a_;
+    if (loss_figure_ && dloss != 0.0) {  // the step keeps its figures on the device
+        be_->sum_to_figure(loss_figure_, a.losses, prec_.stat, (size_t)N, (double)N);
+        return 0.0;
+    }
     std::vector<double> losses(N);
     be_->download(losses.data(), DType::F64, a.losses, prec_.stat, N);
     double sum = 0;

@@ -49,13 +49,13 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     s->model->set_positions(ContextParallel::positions(l.T, l.cp, g.cp_rank));
     s->pipe->attach(*s->model);
     s->dp.reset(new DataParallel(*s->model, *g.dpcp, l.zero, l.ep > 1 ? g.edp : nullptr));
-    s->groups = {g.dpcp, g.tp, g.pp, g.embed, l.ep > 1 ? g.ep : nullptr, l.ep > 1 ? g.edp : nullptr};
+    s->groups = {g.dpcp, g.tp, g.pp, g.embed, l.ep > 1 ? g.ep : nullptr, l.ep > 1 ? g.edp : nullptr, g.world};
     // The ops' temporary memory, now, before any step (a GPU must not
     // allocate while collectives are in flight).
     be.reserve_workspace(s->model->workspace());
 }
 
-double ModelStack::step(const OptimConfig& o, int step, bool skip, bool* skipped) {
+double ModelStack::step(const OptimConfig& o, int step, bool skip, bool* skipped, void* figures) {
     dp->finish_reductions();
-    return optimizer_step(*model, groups, o, step, skip, skipped);
+    return optimizer_step(*model, groups, o, step, skip, skipped, figures);
 }

@@ -34,6 +34,12 @@ struct Step {
 
     double sum_over_stages(double x) { return pp ? pp->host_all_reduce(x, ReduceOp::Sum) : x; }
 
+    // The figures' double at index i: a device all-reduce (the same sum the
+    // host all-reduce of that value makes).
+    static void reduce_figure(Comm* c, void* figures, int i) {
+        if (c) c->all_reduce(elem_ptr(figures, DType::F64, i), 1, DType::F64, ReduceOp::Sum);
+    }
+
     // Squares of the whole model's gradient. Each rank sums what it owns:
     // all of it (stage 0: every data-parallel rank holds the same), or its
     // slices (stages 1-3, summed over the group). Under tensor parallelism
@@ -45,14 +51,27 @@ struct Step {
     // group: at stage 0 their sums are added over it; at stages 1-3 the
     // dp x cp ranks' slices of them are disjoint, so the one sum over the
     // dp group counts every expert once.
-    double grad_sum_squares() {
+    double grad_sum_squares(void* figures = nullptr) {
         const DType gt = prec.grad;
         void* grads = model.grads();
         const bool count_replicated = !tp || tp->rank() == 0;
+        // With the step's figures on the device (figures not null) every sum
+        // and reduction below stays there, in the same order, into
+        // step_figure::sumsq; the host value returned is then 0.
+        const int sumsq = step_figure::sumsq, sumsq_experts = step_figure::sumsq_experts;
+        void* ssf = figures ? elem_ptr(figures, DType::F64, sumsq) : nullptr;
+        void* sxf = figures ? elem_ptr(figures, DType::F64, sumsq_experts) : nullptr;
         double ss = 0;
         if (!tp && stage != 1 && !table.stage.embedding_copy && table.ep == 1) {
             // Nothing to tell apart: one sum over the whole buffer (padding is zero).
-            ss = be.sum_squares(grads, gt, stage == 0 ? table.total : table.shard_total);
+            const SumSpan all{grads, stage == 0 ? table.total : table.shard_total};
+            if (figures) {
+                be.sum_squares_to(ssf, &all, 1, gt, nullptr);
+                if (stage >= 2) reduce_figure(dp, figures, sumsq);
+                reduce_figure(pp, figures, sumsq);
+                return 0;
+            }
+            ss = be.sum_squares(all.x, gt, all.n);
             if (stage >= 2 && dp) ss = dp->host_all_reduce(ss, ReduceOp::Sum);
             return sum_over_stages(ss);
         }
@@ -71,6 +90,17 @@ struct Step {
                 }
             }
         }
+        if (figures) {
+            if (!spans[1].empty()) {
+                be.sum_squares_to(sxf, spans[1].data(), (int)spans[1].size(), gt, nullptr);
+                if (stage == 0) reduce_figure(ep, figures, sumsq_experts);
+            }
+            be.sum_squares_to(ssf, spans[0].data(), (int)spans[0].size(), gt, spans[1].empty() ? nullptr : sxf);
+            if (stage >= 1) reduce_figure(dp, figures, sumsq);
+            reduce_figure(tp, figures, sumsq);
+            reduce_figure(pp, figures, sumsq);
+            return 0;
+        }
         ss = be.sum_squares_multi(spans[0].data(), (int)spans[0].size(), gt);
         double sx = spans[1].empty() ? 0.0 : be.sum_squares_multi(spans[1].data(), (int)spans[1].size(), gt);
         if (stage == 0 && ep) sx = ep->host_all_reduce(sx, ReduceOp::Sum);
@@ -83,7 +113,8 @@ struct Step {
 
 }  // namespace
 
-double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip, bool* skipped) {
+double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip, bool* skipped,
+                      void* figures) {
     const TensorTable& table = model.table();
     Step s{model, model.backend(), table, model.precision(), zero_stage(model.sharding()), model.sharding().rank,
            model.sharding().expert_rank, real(g.dp), real(g.tp), real(g.pp), real(g.embed), real(g.ep)};
@@ -103,10 +134,31 @@ double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int
     }
     // 2. The global norm, and 3. clipping and AdamW on this rank's part of
     // every unit, in one multi-tensor call.
-    const double norm = std::sqrt(s.grad_sum_squares());
-    if (skipped) *skipped = skip || !std::isfinite(norm);
-    if (skip || !std::isfinite(norm)) return norm;  // a bad step: no update on any rank
-    const AdamArgs args = adam_args(o, step, clip_scale(o, norm));
+    double norm = 0;
+    AdamArgs args;
+    if (figures) {
+        // The norm, the clip scale and the decision on the device; AdamW
+        // reads them there and does nothing on a bad step.
+        s.grad_sum_squares(figures);
+        StepVerdict v;
+        v.phase = 1;
+        v.grad_clip = o.grad_clip;
+        s.be.step_verdict(figures, v);
+        if (real(g.world))
+            g.world->all_reduce(elem_ptr(figures, DType::F64, step_figure::skip), 1, DType::F64, ReduceOp::Max);
+        v.phase = 2;
+        s.be.step_verdict(figures, v);
+        args = adam_args(o, step, 1.0);
+        args.figures = figures;
+        if (skipped) *skipped = false;  // the figures say
+    } else {
+        norm = std::sqrt(s.grad_sum_squares());
+        bool bad = skip || !std::isfinite(norm);
+        if (real(g.world)) bad = g.world->host_all_reduce(bad ? 1.0 : 0.0, ReduceOp::Max) > 0;
+        if (skipped) *skipped = bad;
+        if (bad) return norm;  // a bad step: no update on any rank
+        args = adam_args(o, step, clip_scale(o, norm));
+    }
     std::vector<UpdateSpan> spans;
     for (int u = 0; u < U; u++) {
         if (table.unit_size(u) == 0) continue;  // another stage's

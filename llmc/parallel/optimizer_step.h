@@ -32,13 +32,23 @@ struct StepGroups {
     Comm* embed = nullptr;  // the first and the last stage (tied embeddings)
     Comm* ep = nullptr;     // expert parallel: the ranks holding the other experts
     Comm* edp = nullptr;    // expert parallel: the dp × cp ranks holding the same experts
+    Comm* world = nullptr;  // every rank: they agree on skipping a step whose norm is not finite
 };
 
 // One optimizer step of `model` (built with the ZeRO sharding of g.dp):
 // the four parts above. Returns the global gradient norm before clipping.
 // The update (parts 3 and 4) is skipped, leaving parameters and Adam state
-// as they were, when `skip` is set or the norm is not finite; every rank
-// sees the same norm (it is reduced over all of them), so every rank skips
-// alike. *skipped (may be null) says whether it was.
+// as they were, when `skip` is set or the norm is not finite on any rank (a
+// max over the world: the norm is reduced over the ranks that hold different
+// gradients, but a gradient that went bad after its reduction, on one data-
+// parallel replica, would otherwise be seen by that rank alone), so every
+// rank skips alike. *skipped (may be null) says whether it was.
+//
+// figures (not null): the step's figures in backend memory (step_figure,
+// backend.h) with the loss's verdict made (StepVerdict phase 0): the sums of
+// squares and their reductions stay on the device (device all-reduces of one
+// double, in the host's order), the verdict's phase 1 sets the norm, the clip
+// scale and the decision there, and AdamW reads them; skip is then ignored,
+// nothing is read back and the return value is 0 (the figures hold the norm).
 double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip = false,
-                      bool* skipped = nullptr);
+                      bool* skipped = nullptr, void* figures = nullptr);

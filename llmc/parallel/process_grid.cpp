@@ -89,7 +89,7 @@ static RankGroups rank_groups(const std::vector<std::pair<std::string, Comm*>>& 
 }
 
 RankGroups ProcessGrid::groups() const {
-    return rank_groups({{"tp", tp_group.get()},
+    RankGroups g = rank_groups({{"tp", tp_group.get()},
                         {"cp", cp_group.get()},
                         {"dpcp", dpcp_group.get()},
                         {"pp", pp_group.get()},
@@ -99,6 +99,8 @@ RankGroups ProcessGrid::groups() const {
                         {"ep", ep_group.get()},
                         {"edp", edp_group.get()}},
                        cp_rank);
+    g.world = world.get();
+    return g;
 }
 
 void make_shape_groups(const Layout& l, int world_rank, bool refuse, ShapeGroups* out) {

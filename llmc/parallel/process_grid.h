@@ -54,6 +54,7 @@ struct RankGroups {
     int cp_rank = 0;
     Comm *cp_a2a = nullptr, *cp_ring = nullptr;
     Comm *ep = nullptr, *edp = nullptr;  // expert parallel (ep > 1)
+    Comm* world = nullptr;  // every rank (the optimizer's verdict; null in the planner's shapes)
 };
 
 // Transport of the groups: "nccl" (CUDA default), "mpi" (MPI on host

@@ -48,6 +48,7 @@ struct Trainer {
     long long rows_per_step = 0;
     bool t_from_model = false;  // no -t: T is the model's context
     ModelStack s;               // this rank's model and parallel modes
+    void* figures = nullptr;    // --sync-free: the step's figures in backend memory (step_figure)
     TrainState st;
     OptimConfig oc;
     Rng rng{1};
@@ -65,6 +66,10 @@ struct Trainer {
     void print_settings(const ArgParser& parser);
     // The steps (trainer_step.cpp).
     StepMetrics train_step(int step);
+    // The step's loss, verdict and gradient norm, read on the host as they
+    // come, or (--sync-free) kept on the device and read once at the end.
+    double step_loss(int step, bool* bad, double loss_sum);
+    double sync_free_figures(int step, bool* bad);
     double validate();
     void sample();
     bool due(int every, int step) const { return every > 0 && ((step + 1) % every == 0 || step + 1 == cfg.max_steps); }

@@ -85,6 +85,9 @@ void Trainer::setup(const ArgParser& parser) {
     t_from_model = cfg.T == 0;
     if (t_from_model) cfg.T = default_seq_len(mc);
     lay.T = cfg.T;
+    setup_check(!(cfg.sync_free && mc.moe()),
+                "flag --sync-free: a mixture of experts reads its routing statistics on the host every step, which "
+                "the sync-free step does not do yet (model " + config_string(mc) + ")");
     setup_check(cfg.moe_balance != "bias" || mc.moe(),
                 "flag --moe-balance: bias balances the experts of a mixture-of-experts model (arch=mixtral), and the "
                 "model is " + config_string(mc));
@@ -194,6 +197,8 @@ void Trainer::setup(const ArgParser& parser) {
         mc.aux_coef = 0;
     }
 
+    // --sync-free: the step's figures, a few doubles in backend memory.
+    if (cfg.sync_free && cfg.convert.empty()) figures = be->alloc(step_figure::count * sizeof(double));
     print_settings(parser);
     std::fflush(stdout);
     // The snapshot buffer of --async-checkpoint, allocated once (with -o:

@@ -7,7 +7,9 @@
 #include <cstdlib>
 
 #include "llmc/backend/backend_profile.h"
+#include "llmc/backend/backend_recorder.h"
 #include "llmc/backend/backends.h"
+#include "llmc/backend/step_figures.h"
 #include "llmc/base/test_hooks.h"
 #include "llmc/base/trace.h"
 #include "llmc/run/report.h"
@@ -35,6 +37,7 @@ StepMetrics Trainer::train_step(int step) {
     std::vector<double> op_ms;
     take_op_times(*be, &op_ms);
     auto t0 = std::chrono::steady_clock::now();
+    take_host_reads(*be);  // LLMC_TEST_HOST_READS: count this step's reads alone
     trace::set_step(step);
     s.model->zero_grad();
     auto load = [&](int micro, const int** in, const int** tg, const int** dc) {
@@ -48,12 +51,17 @@ StepMetrics Trainer::train_step(int step) {
     };
     s.model->moe().take_aux_sum();  // what validation and samples left
     s.model->moe().count_loads(true);  // the experts' loads of this step's training forwards
+    if (figures) {
+        // The running mean's state to the device, the loss's sum from 0.
+        double init[step_figure::count] = {};
+        init[step_figure::loss_mean] = st.loss_mean;
+        init[step_figure::loss_count] = st.loss_count;
+        be->upload(figures, DType::F64, init, DType::F64, step_figure::count);
+        s.model->set_loss_figure(elem_ptr(figures, DType::F64, step_figure::loss));
+    }
     double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
+    s.model->set_loss_figure(nullptr);
     s.model->moe().count_loads(false);
-    // The mean over the global batch: the last stage's sum over the dp x cp
-    // ranks (each a mean over its tokens), then to every stage.
-    loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
-    loss = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? loss : 0.0);
     // Mixtral's load-balancing loss, the mean over the step's micro-batches
     // (each the same on the ranks of its cp group) as the loss; not part of
     // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
@@ -64,17 +72,14 @@ StepMetrics Trainer::train_step(int step) {
               (accum * grid.dpcp_group->size());
         aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? aux : 0.0);
     }
-    // A bad step (docs/design.md section 2.8): a loss that is not finite, or
-    // (--skip-spikes) above FACTOR x the running mean, skips the update on
-    // every rank; so does a gradient norm that is not finite (the optimizer
-    // step finds it). Ranks decide together (the loss is the same global
-    // mean everywhere; the max makes the verdict one even if it were not).
-    bool bad = !std::isfinite(loss) ||
-               (cfg.skip_spikes > 0 && st.loss_count >= 5 && loss > cfg.skip_spikes * st.loss_mean);
-    bad = grid.world->host_all_reduce(bad ? 1.0 : 0.0, ReduceOp::Max) > 0;
+    bool bad = false;
+    loss = figures ? sync_free_figures(step, &bad) : step_loss(step, &bad, loss);
     // Test hook (llmc/base/test_hooks.h, docs/design.md section 2.8): rank 0
     // sets one gradient element to NaN before this step's optimizer step, so
-    // the tests can check that the bad step is skipped on every rank.
+    // the tests can check that the bad step is skipped on every rank. After
+    // the gradients' reductions: a reduction still in flight would overwrite
+    // it (ZeRO 1-2's reduce-scatter into the same buffer).
+    s.dp->finish_reductions();
     if (step == test_hooks::nan_step() && rank == 0) {
         const float nan = std::nanf("");
         be->upload(s.model->grads(), s.model->precision().grad, &nan, DType::F32, 1);
@@ -83,7 +88,17 @@ StepMetrics Trainer::train_step(int step) {
     bool skipped = false;
     {
         trace::Scope span("optimizer", "optimizer");
-        norm = s.step(oc, step, bad, &skipped);
+        norm = s.step(oc, step, bad, &skipped, figures);
+    }
+    if (figures) {
+        // The step's one read: its figures, once its work is done.
+        double f[step_figure::count];
+        be->download(f, DType::F64, figures, DType::F64, step_figure::count);
+        loss = f[step_figure::loss];
+        norm = f[step_figure::norm];
+        skipped = f[step_figure::skip] != 0.0;
+        st.loss_mean = f[step_figure::loss_mean];
+        st.loss_count = (int)f[step_figure::loss_count];
     }
     // Mixtral: the step's loads over the whole batch (every rank counted its
     // own tokens for its stage's layers; the tp ranks of a group the same
@@ -100,6 +115,8 @@ StepMetrics Trainer::train_step(int step) {
             s.model->set_moe_bias(st.moe_bias);
         }
     }
+    if (test_hooks::host_reads())
+        std::printf("host reads[%d] step %d: %s\n", rank, step + 1, take_host_reads(*be).c_str());
     be->synchronize();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     st.rows_consumed += (uint64_t)rows_per_step;
@@ -151,14 +168,55 @@ StepMetrics Trainer::train_step(int step) {
                         " updates skipped by step " + std::to_string(step + 1) +
                         " (non-finite loss or gradient norm, or loss spikes); the run stops rather than train on "
                         "garbage");
-    } else {
-        // The running mean of accepted losses: plain over the first 20, then exponential.
-        st.loss_count++;
-        st.loss_mean += (loss - st.loss_mean) / std::min(st.loss_count, 20);
+    } else if (!figures) {  // (the sync-free step's device counted it already)
+        double f[step_figure::count] = {};
+        f[step_figure::loss] = loss, f[step_figure::loss_mean] = st.loss_mean, f[step_figure::loss_count] = st.loss_count;
+        accept_loss(f);
+        st.loss_count = (int)f[step_figure::loss_count];
+        st.loss_mean = f[step_figure::loss_mean];
     }
     m.skipped = skipped;
     m.skips = st.skips;
     return m;
+}
+
+// The step's global loss from this rank's sum of its micro-batches' means,
+// read on the host: the mean over the global batch (the last stage's sum
+// over the dp x cp ranks, then to every stage), and whether the step is bad
+// (docs/design.md section 2.8: a loss that is not finite, or with
+// --skip-spikes over FACTOR x the running mean; the norm is judged later).
+// Ranks decide together: the loss is the same global mean everywhere; the
+// max makes the verdict one even if it were not.
+double Trainer::step_loss(int step, bool* bad, double loss) {
+    (void)step;
+    loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
+    loss = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? loss : 0.0);
+    double f[step_figure::count] = {};
+    f[step_figure::loss] = loss, f[step_figure::loss_mean] = st.loss_mean, f[step_figure::loss_count] = st.loss_count;
+    StepVerdict v;
+    v.skip_spikes = cfg.skip_spikes;
+    apply_verdict(f, v);
+    *bad = grid.world->host_all_reduce(f[step_figure::skip], ReduceOp::Max) > 0;
+    return loss;
+}
+
+// The same on the device (--sync-free): the loss's sum reduced by device
+// all-reduces of one double, in the same order, the verdict there; nothing
+// comes back (the optimizer step reads the verdict on the device, the host
+// reads every figure at the step's end).
+double Trainer::sync_free_figures(int step, bool* bad) {
+    (void)step;
+    void* l = elem_ptr(figures, DType::F64, step_figure::loss);
+    if (grid.dpcp_group->size() > 1) grid.dpcp_group->all_reduce(l, 1, DType::F64, ReduceOp::Sum);
+    if (s.groups.pp && s.groups.pp->size() > 1) s.groups.pp->all_reduce(l, 1, DType::F64, ReduceOp::Sum);
+    StepVerdict v;
+    v.loss_divisor = (double)accum * grid.dpcp_group->size();
+    v.skip_spikes = cfg.skip_spikes;
+    be->step_verdict(figures, v);
+    if (grid.world->size() > 1)
+        grid.world->all_reduce(elem_ptr(figures, DType::F64, step_figure::skip), 1, DType::F64, ReduceOp::Max);
+    *bad = false;  // the device knows
+    return 0.0;
 }
 
 // Validation micro-batches of B rows (the last one shorter when B does not

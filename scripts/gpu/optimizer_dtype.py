@@ -21,6 +21,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import Checks  # noqa: E402  (tests/lib/checks.py)
 RUNS = (("fp32", []), ("bf16_nearest", ["--optimizer-dtype", "bf16"]),
         ("bf16_stochastic", ["--optimizer-dtype", "bf16", "--optimizer-rounding", "stochastic"]))
 
@@ -32,13 +34,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
     a = ap.parse_args()
-    passed = failed = 0
-
-    def check(ok, what):
-        nonlocal passed, failed
-        print(("PASS " if ok else "FAIL ") + what, flush=True)
-        passed, failed = passed + ok, failed + (not ok)
-
+    check = Checks(show_pass=True)
     losses, opt_bytes = {}, {}
     for name, extra in RUNS:
         d = os.path.join(a.out, f"optimizer_{name}")
@@ -67,8 +63,7 @@ def main():
         check(r <= 0.01, f"{name}: losses within {100 * r:.3f}% of fp32 moments (at most 1%)")
         check(2 * opt_bytes[name] == opt_bytes["fp32"],
               f"{name}: optimizer bytes {opt_bytes[name]}, half of fp32's {opt_bytes['fp32']}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    sys.exit(check.summary())
 
 
 if __name__ == "__main__":

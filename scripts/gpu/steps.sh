@@ -172,6 +172,10 @@ step_test() {
     # stochastic) against fp32 moments: losses and the optimizer's bytes.
     FIGS=optimizer_dtype_ FIGCMD="scripts/gpu/optimizer_dtype.py --steps 60" SUMMARY_MATCH='^(PASS|FAIL)' \
         run_prog optimizer_dtype 60 20 "$PY" scripts/gpu/optimizer_dtype.py --out "$W/runs" --steps 60
+    # The step without host synchronisation (--sync-free 1) against the
+    # host-read step at d12's shape: losses and sync_free_step_over_base.
+    FIGS=sync_free_ FIGCMD="scripts/gpu/sync_free.py --steps 40 -b 16" SUMMARY_MATCH='^(PASS|FAIL)' \
+        run_prog sync_free 90 40 "$PY" scripts/gpu/sync_free.py --out "$W/runs" --steps 40 -b 16
     end_step
 }
 

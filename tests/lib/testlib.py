@@ -20,10 +20,11 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
-def train(np_, args, timeout=240):
-    """Runs train_gpt in one process (np_ = 0) or under mpirun -np np_."""
+def train(np_, args, timeout=240, env=None):
+    """Runs train_gpt in one process (np_ = 0) or under mpirun -np np_,
+    with env's variables added to the environment."""
     cmd = ([TRAIN] if np_ == 0 else ["mpirun", "-np", str(np_), TRAIN]) + args
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=dict(ENV, **(env or {})))
     return p.returncode, p.stdout, p.stderr
 
 

@@ -19,8 +19,9 @@
 - scripts/gpu/figures.py --stream writes a figure the moment a program
   prints it, so a program killed afterwards leaves it, and copies the
   summary lines as they come;
-- scripts/gpu/optimizer_dtype.py (bf16 AdamW moments against fp32 ones) runs
-  its three trainings and checks on the CPU;
+- scripts/gpu/optimizer_dtype.py (bf16 AdamW moments against fp32 ones) and
+  scripts/gpu/sync_free.py (the step without host synchronisation against the
+  host-read one) run their trainings and checks on the CPU;
 - scripts/gpu/archive.sh packs and unpacks with xz, with gzip alone, and
   with Python's tarfile alone (no xz, no gzip), keeping modes and links; an
   xz that is on PATH but cannot run counts as none.
@@ -234,6 +235,11 @@ def optimizer_dtype(tmp):
                   "--device", "cpu", "--dtype", "fp32"], env={"OMP_NUM_THREADS": "1"}, timeout=300)
     check(rc == 0 and "7 passed, 0 failed" in out and "figure optimizer_bf16_stochastic_loss_rel" in out,
           f"optimizer_dtype.py on the CPU: {out[-400:]}")
+    rc, out = sh([py, "scripts/gpu/sync_free.py", "--out", os.path.join(tmp, "syncfree"), "--steps", "4", "--skip",
+                  "1", "--device", "cpu", "--dtype", "fp32", "--model", "L=2,C=32,NH=2,V=257,T=64", "-t", "64", "-b",
+                  "4"], env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    check(rc == 0 and "6 passed, 0 failed" in out and "figure sync_free_step_over_base" in out,
+          f"sync_free.py on the CPU: {out[-400:]}")
 
 
 def main():

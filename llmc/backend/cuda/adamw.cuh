@@ -10,7 +10,9 @@
 // value; without one (the fp32 build) it runs on param directly. Gradients of
 // type G are widened to fp32 and multiplied by grad_scale first (gradient
 // clipping folds in there). The double hyperparameters of AdamArgs are
-// narrowed to fp32 once on the host. The per-element math is the same in
+// narrowed to fp32 once on the host; with the step's figures on the device
+// (AdamArgs::figures) the clip scale is read there, and a skipped step
+// leaves everything as it was. The per-element math is the same in
 // every path (adamw_element).
 //
 // Work is cut into "pieces" (a contiguous run with one weight decay) and
@@ -37,12 +39,13 @@ struct AdamF {
     float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
     uint32_t key;    // stochastic rounding's key of the step (m; v's is key ^ kSecondMoment)
     int stochastic;  // bf16 moments: 1 stochastic rounding, 0 nearest
+    const double* figures;  // the step's figures on the device (or null): the clip scale and the skip
 };
 
 inline AdamF adam_narrow(const AdamArgs& a) {
     return {(float)a.lr,         (float)a.beta1,      (float)a.beta2,      (float)a.eps,
             (float)a.weight_decay, (float)a.grad_scale, (float)a.bias_corr1, (float)a.bias_corr2,
-            a.round_key,         a.stochastic ? 1 : 0};
+            a.round_key,         a.stochastic ? 1 : 0, static_cast<const double*>(a.figures)};
 }
 
 // One piece as the kernels see it. first_block: the piece's first block in a
@@ -86,7 +89,12 @@ __device__ __forceinline__ void adam_round_moments(float& m, float& v, const Ada
 // Block j of piece d: every thread updates its item (and block 0 the
 // leftover elements), see llmc_idx::adam_visit.
 template <typename P, typename G, typename S>
-__device__ __forceinline__ void adamw_piece_block(const AdamPiece& d, size_t j, const AdamF& a) {
+__device__ __forceinline__ void adamw_piece_block(const AdamPiece& d, size_t j, const AdamF& a_in) {
+    AdamF a = a_in;
+    if (a.figures) {  // a step that kept its figures on the device: its skip and clip scale
+        if (a.figures[step_figure::skip] != 0.0) return;
+        a.grad_scale = (float)a.figures[step_figure::scale];
+    }
     P* param = static_cast<P*>(d.param);
     const G* grad = static_cast<const G*>(d.grad);
     S* dm = static_cast<S*>(d.m);

@@ -1,6 +1,6 @@
 // llmc/backend/cuda/global_norm.cuh: sum of squares of a buffer, or of many runs at
 // once (the global gradient norm for clipping), returned to the host as a
-// double.
+// double, or left on the device (sum_squares_to: the step's figures).
 //
 // One buffer: a fixed grid of blocks (independent of the GPU) each sums a
 // grid-stride slice in double and writes one double partial; the host adds
@@ -11,6 +11,7 @@
 // accumulation keeps 124M-element sums accurate, and the operation is
 // memory-bound, so fp64 arithmetic costs nothing visible on data-centre GPUs.
 #pragma once
+#include <stdexcept>
 #include <vector>
 
 #include "llmc/backend/backend.h"
@@ -83,6 +84,21 @@ __global__ void sum_squares_multi_kernel(double* partial, const SumSqPiece* piec
     block_sum_double_to(acc, &partial[b]);
 }
 
+// One thread adds the partials as SumSqMulti::run does on the host: each
+// run's in block order, then the runs in order; then *add (not null).
+__global__ void sum_partials_kernel(double* dst, const double* partial, const size_t* first, int runs, size_t blocks,
+                                    const double* add) {
+    double total = 0.0;
+    for (int i = 0; i < runs; i++) {
+        const size_t end = i + 1 < runs ? first[i + 1] : blocks;
+        double run_sum = 0.0;
+        for (size_t b = first[i]; b < end; b++) run_sum += partial[b];
+        total += run_sum;
+    }
+    if (add) total += *add;
+    *dst = total;
+}
+
 inline size_t sumsq_table_bytes(int runs) { return (size_t)runs * (sizeof(SumSqPiece) + sizeof(size_t)); }
 
 // The runs' table on the device (uploaded when the runs change: the
@@ -101,16 +117,56 @@ class SumSqMulti {
     }
     template <typename E>
     double run(const SumSpan* spans, int count, cudaStream_t stream) {
+        const Launched l = launch<E>(spans, count, stream);
+        if (l.runs == 0) return 0.0;
+        std::vector<double> host(l.blocks);
+        CUDA_CHECK(cudaMemcpyAsync(host.data(), l.partial, l.blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // the one synchronisation (the table's copies end with it)
+        double total = 0.0;
+        for (int i = 0; i < l.runs; i++) {
+            const size_t end = i + 1 < l.runs ? first_[i + 1] : l.blocks;
+            double run_sum = 0.0;
+            for (size_t b = first_[i]; b < end; b++) run_sum += host[b];
+            total += run_sum;
+        }
+        return total;
+    }
+    // The same sum left on the device: *dst = the total (+ *add, when not
+    // null), the partials added by one thread in run()'s order. No
+    // synchronisation (the table is uploaded only when the runs change).
+    void run_to(void* dst, const SumSpan* spans, int count, DType t, const void* add, cudaStream_t stream) {
+        Launched l{};
+        switch (t) {
+            case DType::F32: l = launch<float>(spans, count, stream); break;
+            case DType::BF16: l = launch<bf16>(spans, count, stream); break;
+            case DType::F64: l = launch<double>(spans, count, stream); break;
+            default: throw std::invalid_argument("cuda sum_squares_to: unsupported type");
+        }
+        sum_partials_kernel<<<1, 1, 0, stream>>>(static_cast<double*>(dst), l.partial, l.first, l.runs, l.blocks,
+                                                  static_cast<const double*>(add));
+        CUDA_CHECK_LAUNCH();
+    }
+
+  private:
+    struct Launched {
+        double* partial;
+        const size_t* first;  // on the device: each run's first block
+        int runs;
+        size_t blocks;
+    };
+    // The partials of every run (one launch); first_ holds the runs' first blocks.
+    template <typename E>
+    Launched launch(const SumSpan* spans, int count, cudaStream_t stream) {
         std::vector<SumSqPiece> pieces;
-        std::vector<size_t> first;
+        first_.clear();
         size_t blocks = 0;
         for (int i = 0; i < count; i++) {
             if (spans[i].n == 0) continue;
             pieces.push_back({spans[i].x, spans[i].n});
-            first.push_back(blocks);
+            first_.push_back(blocks);
             blocks += llmc_idx::sumsq_blocks(spans[i].n);
         }
-        if (pieces.empty()) return 0.0;
+        if (pieces.empty()) return {nullptr, nullptr, 0, 0};
         const int np = (int)pieces.size();
         const size_t pb = (size_t)np * sizeof(SumSqPiece);
         char* table = static_cast<char*>(table_.get(sumsq_table_bytes(np), stream, "sum_squares_multi (its table of runs)"));
@@ -118,26 +174,15 @@ class SumSqMulti {
         if (!same(pieces)) {
             host_ = pieces;
             CUDA_CHECK(cudaMemcpyAsync(table, pieces.data(), pb, cudaMemcpyHostToDevice, stream));
-            CUDA_CHECK(cudaMemcpyAsync(table + pb, first.data(), (size_t)np * sizeof(size_t), cudaMemcpyHostToDevice,
+            CUDA_CHECK(cudaMemcpyAsync(table + pb, first_.data(), (size_t)np * sizeof(size_t), cudaMemcpyHostToDevice,
                                        stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));  // first_ may change before the copy runs
         }
         sum_squares_multi_kernel<E><<<(unsigned)blocks, kNormBlock, 0, stream>>>(
             partial, reinterpret_cast<const SumSqPiece*>(table), reinterpret_cast<const size_t*>(table + pb), np);
         CUDA_CHECK_LAUNCH();
-        std::vector<double> host(blocks);
-        CUDA_CHECK(cudaMemcpyAsync(host.data(), partial, blocks * sizeof(double), cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));  // the one synchronisation (the table's copies end with it)
-        double total = 0.0;
-        for (int i = 0; i < np; i++) {
-            const size_t end = i + 1 < np ? first[i + 1] : blocks;
-            double run_sum = 0.0;
-            for (size_t b = first[i]; b < end; b++) run_sum += host[b];
-            total += run_sum;
-        }
-        return total;
+        return {partial, reinterpret_cast<const size_t*>(table + pb), np, blocks};
     }
-
-  private:
     bool same(const std::vector<SumSqPiece>& p) const {
         if (p.size() != host_.size()) return false;
         for (size_t i = 0; i < p.size(); i++)
@@ -146,6 +191,7 @@ class SumSqMulti {
     }
     GrowBuffer table_, partial_;
     std::vector<SumSqPiece> host_;  // the runs now in the device table
+    std::vector<size_t> first_;     // the last launch's runs' first blocks (host)
 };
 
 // scratch: at least sum_squares_scratch_doubles(n) doubles of device memory.
