@@ -60,8 +60,17 @@ int main(int argc, char** argv) {
         const TrainConfig& cfg = r.cfg;
         r.setup(parser);
         install_stop_signals();
+        // With --sync-free the next step is queued before this one is
+        // reported (its figures read one step late), when nothing between
+        // the two reads the model (Trainer::overlap_next).
+        std::unique_ptr<PendingStep> next;
+        int stop_after_next = 0;  // a stop signal that came while a step was queued
         for (int step = r.st.step; step < cfg.max_steps; step++) {
-            StepMetrics m = r.train_step(step);
+            PendingStep p = next ? *next : r.issue_step(step);
+            next.reset();
+            const bool overlap = !stop_after_next && r.overlap_next(step);
+            if (overlap) next.reset(new PendingStep(r.issue_step(step + 1)));
+            StepMetrics m = r.finish_step(p, overlap);
             if (r.data.use_val && r.due(cfg.val_every, step)) m.val_loss = r.validate();
             if (r.main_rank && !r.progress.metrics.write(m, &err)) end_job(err);
             r.progress.note_step(m, cfg.total_batch);
@@ -69,14 +78,18 @@ int main(int argc, char** argv) {
             if (!cfg.output_dir.empty() && r.due(cfg.checkpoint_every, step)) r.checkpoint();
             else if (r.ckpt.async) r.complete_checkpoint(false);
             std::fflush(stdout);
-            // SIGTERM, SIGINT or SIGUSR1 on any rank: a checkpoint, then out.
-            if (step + 1 < cfg.max_steps)
-                if (const int sig = r.agreed_stop_signal()) {
+            // SIGTERM, SIGINT or SIGUSR1 on any rank: a checkpoint, then out
+            // (after the step already queued, if any: the signal stays set).
+            if (step + 1 < cfg.max_steps) {
+                if (const int sig = r.agreed_stop_signal(); sig && next) {
+                    stop_after_next = sig;  // that step first (no further one queued)
+                } else if (sig) {
                     const int status = r.stop_on_signal(sig);
                     run.reset();
                     dist_finalize();
                     return status;
                 }
+            }
         }
         r.finish();
         run.reset();

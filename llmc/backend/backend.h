@@ -447,6 +447,20 @@ class Backend {
     // doubles), as StepVerdict says: apply_verdict (step_figures.h), the
     // function the host runs when the figures come to it.
     virtual void step_verdict(void* figures, const StepVerdict& v) = 0;
+    // n doubles of backend memory, copied into slot (0 or 1) after the work
+    // issued so far, without waiting for it; wait_late(slot, dst) waits for
+    // that copy alone and writes the values to dst. Two slots, so a step's
+    // figures can be read while the next step's are on their way (one step
+    // late). By default (the CPU, whose ops are done when issued) a plain
+    // download kept until asked for.
+    virtual void download_late(int slot, const void* src, int n) {
+        late_[slot & 1].resize((size_t)n);
+        download(late_[slot & 1].data(), DType::F64, src, DType::F64, (size_t)n);
+    }
+    virtual void wait_late(int slot, double* dst) {
+        const std::vector<double>& v = late_[slot & 1];
+        for (size_t i = 0; i < v.size(); i++) dst[i] = v[i];
+    }
 
     // ---- recorded regions (docs/design.md section 2.9) -------------------
     // A region is a stretch of ops that runs the same way every time: the
@@ -496,4 +510,5 @@ class Backend {
     [[noreturn]] void refuse(const char* op) const;
     size_t budget_ = 0;
     std::vector<double> marks_;  // the default marks: host times in ms
+    std::vector<double> late_[2];  // download_late's values (the default)
 };

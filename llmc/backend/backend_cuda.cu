@@ -82,7 +82,7 @@ class CudaBackend final : public Backend {
         staging_.release();
         enc_.release();
         adam_table_.release();
-        sumsq_.release();
+        sumsq_.release(), late_[0].release(), late_[1].release();
         mm_.destroy();
         cudaStreamDestroy(stream_);
     }
@@ -527,13 +527,15 @@ class CudaBackend final : public Backend {
         }
     }
     // The step's figures on the device (cuda/step_figures.cuh, global_norm.cuh).
-    void sum_to_figure(void* acc, const void* x, DType t, size_t n, double divisor) override {
-        activate(), llmc_cuda::sum_to_figure(acc, x, t, n, divisor, stream_);
+    void sum_to_figure(void* acc, const void* x, DType t, size_t n, double d) override {
+        activate(), llmc_cuda::sum_to_figure(acc, x, t, n, d, stream_);
     }
-    void sum_squares_to(void* dst, const SumSpan* spans, int count, DType t, const void* add) override {
-        activate(), sumsq_.run_to(dst, spans, count, t, add, stream_);
+    void sum_squares_to(void* dst, const SumSpan* sp, int k, DType t, const void* add) override {
+        activate(), sumsq_.run_to(dst, sp, k, t, add, stream_);
     }
     void step_verdict(void* f, const StepVerdict& v) override { activate(), llmc_cuda::step_verdict(f, v, stream_); }
+    void download_late(int k, const void* src, int n) override { activate(), late_[k & 1].start(src, n, stream_); }
+    void wait_late(int k, double* dst) override { activate(), late_[k & 1].wait(dst); }
 
     // ---- recorded regions: CUDA graphs under LLMC_CUDA_GRAPH=1 (cuda/graphs.cuh) ----------
     bool region_replay(uint64_t key) override { return activate(), graphs_.replay(key, stream_); }
@@ -578,6 +580,7 @@ class CudaBackend final : public Backend {
     llmc_cuda::EncoderBackwardScratch enc_;
     llmc_cuda::AdamMultiTable adam_table_;
     llmc_cuda::SumSqMulti sumsq_;
+    llmc_cuda::LateDownload late_[2];  // the step's figures, one step late
     llmc_cuda::StepGraphs graphs_;
     llmc_cuda::EventMarks marks_;
     std::vector<llmc_cuda::AdamPiece> pieces_;  // reused host array of adamw_update_multi

@@ -82,7 +82,8 @@ class ReadCountingBackend final : public BackendWrapper {
 
   private:
     void host_op(const char* what) override {
-        static const char* const reads[] = {"download", "synchronize", "sum_squares", "sum_squares_multi"};
+        static const char* const reads[] = {"download",    "synchronize", "sum_squares", "sum_squares_multi",
+                                            "download_late", "wait_late"};
         for (const char* r : reads)
             if (std::string(r) == what) {
                 for (auto& c : counts_)

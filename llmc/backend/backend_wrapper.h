@@ -219,6 +219,10 @@ class BackendWrapper : public Backend {
     void step_verdict(void* figures, const StepVerdict& v) override {
         device_op("step_verdict", [=] { in_->step_verdict(figures, v); });
     }
+    void download_late(int slot, const void* src, int n) override {
+        host_op("download_late"), in_->download_late(slot, src, n);
+    }
+    void wait_late(int slot, double* dst) override { host_op("wait_late"), in_->wait_late(slot, dst); }
 
   protected:
     virtual void device_op(const char* name, std::function<void()> fn) {

@@ -24,8 +24,8 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "max-skips", O::Int, &c.max_skips,
            "end the run when more steps than this were skipped (non-finite loss or norm, or a spike)", 0, 1e9});
     p.add({0, "sync-free", O::Int, &c.sync_free,
-           "1: the step's loss, gradient norm, clipping and skip decision stay on the device, read once at the step's "
-           "end (no host synchronisation inside the step)", 0, 1, {}, "1"});
+           "1: the step's loss, gradient norm, clipping and skip decision stay on the device, read by the host one "
+           "step late (no host synchronisation inside the step)", 0, 1, {}, "1"});
     p.add({0, "beta1", O::Double, &c.beta1, "AdamW beta1", 0, 0.999999});
     p.add({0, "beta2", O::Double, &c.beta2, "AdamW beta2", 0, 0.999999});
     p.add({0, "eps", O::Double, &c.eps, "AdamW epsilon", 0, 1});

@@ -16,6 +16,7 @@
 //   trainer_step.cpp   a training step, validation, samples
 //   trainer_end.cpp    checkpoints, exports, resume reports, the end of a run
 #pragma once
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,19 @@
 #include "llmc/run/progress.h"
 #include "llmc/run/train_config.h"
 #include "llmc/run/train_data.h"
+
+// A step issued and not yet reported (Trainer::issue_step, finish_step):
+// what its report needs. Under --sync-free its figures arrive late (the
+// backend's download_late) while the next step is issued.
+struct PendingStep {
+    int step = -1;
+    std::chrono::steady_clock::time_point t0;
+    double loss = 0, norm = 0, aux = -1, maxvio = -1;
+    bool skipped = false;
+    bool late = false;  // figures[] arrive by the backend's wait_late()
+    double figures[step_figure::count] = {};
+    std::string comm_text, comm_json;
+};
 
 // Members are destroyed in reverse order: parallel modes before the model
 // before the backend.
@@ -49,6 +63,8 @@ struct Trainer {
     bool t_from_model = false;  // no -t: T is the model's context
     ModelStack s;               // this rank's model and parallel modes
     void* figures = nullptr;    // --sync-free: the step's figures in backend memory (step_figure)
+    bool figures_fresh = true;  // the running mean's state goes to the device at the next step
+    std::chrono::steady_clock::time_point last_report{};  // when the previous step was reported
     TrainState st;
     OptimConfig oc;
     Rng rng{1};
@@ -65,7 +81,17 @@ struct Trainer {
     void check_memory();
     void print_settings(const ArgParser& parser);
     // The steps (trainer_step.cpp).
-    StepMetrics train_step(int step);
+    // One step: issue_step() queues its work (and, --sync-free, its figures'
+    // late download); finish_step() waits for its figures and reports it.
+    // train_step() is the two at once; main() issues the next step before
+    // finishing this one when overlap_next(step) says so.
+    StepMetrics train_step(int step) {
+        PendingStep p = issue_step(step);
+        return finish_step(p, false);
+    }
+    PendingStep issue_step(int step);
+    StepMetrics finish_step(PendingStep& p, bool overlapped);
+    bool overlap_next(int step) const;
     // The step's loss, verdict and gradient norm, read on the host as they
     // come, or (--sync-free) kept on the device and read once at the end.
     double step_loss(int step, bool* bad, double loss_sum);

@@ -31,19 +31,22 @@ static int sample_token(const std::vector<float>& logits, double u) {
 
 // One optimizer step: the pipeline schedule runs the forwards and backwards
 // of the step's micro-batches (without pp: forward, backward, one after the
-// other), then the optimizer.
-StepMetrics Trainer::train_step(int step) {
-    // LLMC_BREAKDOWN=1: the ops' times of this step alone (not validation's).
-    std::vector<double> op_ms;
-    take_op_times(*be, &op_ms);
-    auto t0 = std::chrono::steady_clock::now();
-    take_host_reads(*be);  // LLMC_TEST_HOST_READS: count this step's reads alone
+// other), then the optimizer. issue_step queues it (reading the host-read
+// step's figures as they come); finish_step reports it.
+PendingStep Trainer::issue_step(int step) {
+    PendingStep p;
+    p.step = step;
+    p.t0 = std::chrono::steady_clock::now();
+    std::vector<double> before;
+    take_op_times(*be, &before);  // LLMC_BREAKDOWN=1: this step's ops alone (not validation's)
+    take_host_reads(*be);         // LLMC_TEST_HOST_READS: this step's reads alone
     trace::set_step(step);
     s.model->zero_grad();
+    const uint64_t rows0 = st.rows_consumed;
     auto load = [&](int micro, const int** in, const int** tg, const int** dc) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
-                                     : st.rows_consumed + ((uint64_t)micro * lay.dp() + grid.dp_rank) * cfg.B;
+                                     : rows0 + ((uint64_t)micro * lay.dp() + grid.dp_rank) * cfg.B;
         data.read_micro_batch(data.train, first, cfg.B, cfg.T, cfg.eot_token, *s.cp);
         *in = data.inputs.data();
         *tg = data.targets.data();
@@ -52,11 +55,17 @@ StepMetrics Trainer::train_step(int step) {
     s.model->moe().take_aux_sum();  // what validation and samples left
     s.model->moe().count_loads(true);  // the experts' loads of this step's training forwards
     if (figures) {
-        // The running mean's state to the device, the loss's sum from 0.
-        double init[step_figure::count] = {};
-        init[step_figure::loss_mean] = st.loss_mean;
-        init[step_figure::loss_count] = st.loss_count;
-        be->upload(figures, DType::F64, init, DType::F64, step_figure::count);
+        // The loss's sum from 0; the running mean's state stays on the device
+        // from step to step (it goes there at the first step, and after a resume).
+        if (figures_fresh) {
+            double init[step_figure::count] = {};
+            init[step_figure::loss_mean] = st.loss_mean;
+            init[step_figure::loss_count] = st.loss_count;
+            be->upload(figures, DType::F64, init, DType::F64, step_figure::count);
+            figures_fresh = false;
+        } else {
+            be->zero(elem_ptr(figures, DType::F64, step_figure::loss), sizeof(double));
+        }
         s.model->set_loss_figure(elem_ptr(figures, DType::F64, step_figure::loss));
     }
     double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
@@ -66,11 +75,10 @@ StepMetrics Trainer::train_step(int step) {
     // (each the same on the ranks of its cp group) as the loss; not part of
     // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
     // form it only with aux > 0 (their forward-only pass of the statistics).
-    double aux = -1;
     if (mc.moe() && (lay.pp == 1 || mc.aux_coef > 0)) {
-        aux = grid.dpcp_group->host_all_reduce(s.model->moe().take_aux_sum(), ReduceOp::Sum) /
-              (accum * grid.dpcp_group->size());
-        aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? aux : 0.0);
+        p.aux = grid.dpcp_group->host_all_reduce(s.model->moe().take_aux_sum(), ReduceOp::Sum) /
+                (accum * grid.dpcp_group->size());
+        p.aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? p.aux : 0.0);
     }
     bool bad = false;
     loss = figures ? sync_free_figures(step, &bad) : step_loss(step, &bad, loss);
@@ -90,37 +98,63 @@ StepMetrics Trainer::train_step(int step) {
         trace::Scope span("optimizer", "optimizer");
         norm = s.step(oc, step, bad, &skipped, figures);
     }
-    if (figures) {
-        // The step's one read: its figures, once its work is done.
-        double f[step_figure::count];
-        be->download(f, DType::F64, figures, DType::F64, step_figure::count);
-        loss = f[step_figure::loss];
-        norm = f[step_figure::norm];
-        skipped = f[step_figure::skip] != 0.0;
-        st.loss_mean = f[step_figure::loss_mean];
-        st.loss_count = (int)f[step_figure::loss_count];
-    }
     // Mixtral: the step's loads over the whole batch (every rank counted its
     // own tokens for its stage's layers; the tp ranks of a group the same
     // ones), their imbalance, and --moe-balance bias's update (not on a
     // skipped step: nothing is updated then).
-    double maxvio = -1;
     if (mc.moe()) {
         std::vector<double> loads = s.model->moe().take_loads();
         dist_sum(&loads);
         for (double& x : loads) x /= lay.tp;
-        maxvio = moe_max_violation(loads, mc.experts);
+        p.maxvio = moe_max_violation(loads, mc.experts);
         if (cfg.moe_balance == "bias" && !skipped) {
             moe_bias_update(&st.moe_bias, loads, mc.experts, cfg.moe_bias_rate);
             s.model->set_moe_bias(st.moe_bias);
         }
     }
+    // The step's one read (--sync-free): its figures, queued behind its work.
+    if (figures) be->download_late(step % 2, figures, step_figure::count), p.late = true;
+    p.loss = loss, p.norm = norm, p.skipped = skipped;
     if (test_hooks::host_reads())
         std::printf("host reads[%d] step %d: %s\n", rank, step + 1, take_host_reads(*be).c_str());
-    be->synchronize();
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    p.comm_text = comm_summary(grid, &p.comm_json);  // the traffic this step issued
     st.rows_consumed += (uint64_t)rows_per_step;
     st.step = step + 1;
+    return p;
+}
+
+// Whether main() may issue step + 1 before reporting `step`: a --sync-free
+// step after which nothing reads the model or the training state (no
+// validation, sample or checkpoint due, not the last step) and no per-step
+// timing is asked for. The same on every rank (flags and the step alone),
+// so every rank issues the same collectives in the same order.
+bool Trainer::overlap_next(int step) const {
+    if (!figures || step + 1 >= cfg.max_steps || std::getenv("LLMC_BREAKDOWN")) return false;
+    if (data.use_val && due(cfg.val_every, step)) return false;
+    if (due(cfg.sample_every, step)) return false;
+    return cfg.output_dir.empty() || !due(cfg.checkpoint_every, step);
+}
+
+StepMetrics Trainer::finish_step(PendingStep& p, bool overlapped) {
+    const int step = p.step;
+    std::vector<double> op_ms;
+    if (p.late) {
+        be->wait_late(step % 2, p.figures);
+        p.loss = p.figures[step_figure::loss];
+        p.norm = p.figures[step_figure::norm];
+        p.skipped = p.figures[step_figure::skip] != 0.0;
+        st.loss_mean = p.figures[step_figure::loss_mean];
+        st.loss_count = (int)p.figures[step_figure::loss_count];
+    }
+    // The step's time: to its end (a synchronisation), or with the next step
+    // already queued, since the previous report (the device ran them back to back).
+    if (!overlapped) be->synchronize();
+    const auto now = std::chrono::steady_clock::now();
+    const auto from = overlapped && last_report > p.t0 ? last_report : p.t0;
+    const double ms = std::chrono::duration<double, std::milli>(now - from).count();
+    last_report = now;
+    const double loss = p.loss, norm = p.norm, aux = p.aux, maxvio = p.maxvio;
+    const bool skipped = p.skipped;
 
     StepMetrics m{};
     m.step = step;
@@ -128,7 +162,7 @@ StepMetrics Trainer::train_step(int step) {
     m.lr = lr_at(oc, step);
     m.grad_norm = norm;
     m.ms = ms;
-    m.tokens = (unsigned long long)st.step * (unsigned long long)cfg.total_batch;
+    m.tokens = (unsigned long long)(step + 1) * (unsigned long long)cfg.total_batch;
     m.tokens_per_s = cfg.total_batch / (ms / 1000.0);
     const double peak = backend_peak_flops(*be);
     m.mfu = peak > 0 ? train_flops_per_token(mc, cfg.T) * m.tokens_per_s / (peak * lay.world)
@@ -136,7 +170,8 @@ StepMetrics Trainer::train_step(int step) {
     m.val_loss = -1;
     m.aux_loss = aux;
     m.moe_maxvio = maxvio;
-    std::string comm_text = comm_summary(grid, &m.comm_json);
+    m.comm_json = p.comm_json;
+    const std::string& comm_text = p.comm_text;
     if (take_op_times(*be, &op_ms)) {
         const std::vector<std::string>& names = op_class_names();
         for (size_t i = 0; i < names.size(); i++)

@@ -19,7 +19,8 @@
 #     ends the run with one line;
 #   - signals: SIGTERM to one rank under mpirun makes every rank finish the
 #     step, write one checkpoint and exit with 128 + 15; the resume equals
-#     the uninterrupted run bit for bit.
+#     the uninterrupted run bit for bit (also with --sync-free 1, where the
+#     step queued when the signal came is reported first).
 # Last line: "N passed, N failed".
 import glob
 import json
@@ -452,13 +453,15 @@ def test_bad_steps(tmp):
           f"--max-skips 2 with spikes: {err[-300:]!r}")
 
 
-def test_signal(tmp):
-    """SIGTERM to one rank under mpirun: every rank ends the step, one checkpoint, 128+15; the resume is bit for bit."""
+def test_signal(tmp, extra=()):
+    """SIGTERM to one rank under mpirun: every rank ends the step, one checkpoint, 128+15; the resume is bit for bit.
+    extra: more flags (--sync-free 1: the step queued before the signal is reported first)."""
     import time
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-    args = SMALL + ["--dtype", "fp64", "-x", "80", "-d", "256", "-z", "1", "-s", "0"]
-    full, part = os.path.join(tmp, "sig_full"), os.path.join(tmp, "sig_part")
+    args = SMALL + ["--dtype", "fp64", "-x", "80", "-d", "256", "-z", "1", "-s", "0"] + list(extra)
+    tag = "".join(extra).replace("-", "")
+    full, part = os.path.join(tmp, "sig_full" + tag), os.path.join(tmp, "sig_part" + tag)
     mpi = ["mpirun", "-np", "2", TRAIN]
     subprocess.run(mpi + args + ["-o", full], cwd=ROOT, capture_output=True, timeout=300, env=env)
     p = subprocess.Popen(mpi + args + ["-o", part], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -485,7 +488,7 @@ def test_signal(tmp):
     check(q.returncode == 0, f"resume after the signal: {q.stderr[-300:]!r}")
     if q.returncode == 0:
         check([m["loss"] for m in metrics(full)] == [m["loss"] for m in metrics(part)],
-              f"losses after the signal and resume equal the uninterrupted run's (stopped at {done})")
+              f"losses after the signal and resume equal the uninterrupted run's (stopped at {done}) {extra}")
         check(read(os.path.join(full, "model_00000080.bin")) == read(os.path.join(part, "model_00000080.bin")),
               "final model after the signal and resume equals the uninterrupted run's")
 
@@ -507,6 +510,7 @@ def main():
         test_learning(tmp)
         test_bad_steps(tmp)
         test_signal(tmp)
+        test_signal(tmp, ["--sync-free", "1"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{passed} passed, {failed} failed")

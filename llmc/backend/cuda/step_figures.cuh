@@ -4,7 +4,8 @@
 // step's decision (apply_verdict, llmc/backend/step_figures.h, the host's very
 // function) run by one thread. The squared norm's device sum is
 // SumSqMulti::run_to (global_norm.cuh); AdamW reads the clip scale and the
-// decision itself (adamw.cuh).
+// decision itself (adamw.cuh). The figures come to the host one step late
+// through LateDownload (pinned memory and an event).
 #pragma once
 #include <stdexcept>
 
@@ -50,5 +51,38 @@ inline void step_verdict(void* figures, const StepVerdict& v, cudaStream_t strea
     step_verdict_kernel<<<1, 1, 0, stream>>>(static_cast<double*>(figures), v);
     CUDA_CHECK_LAUNCH();
 }
+
+// Backend::download_late: a copy into pinned host memory after the work
+// queued so far, an event behind it; wait() waits for the event alone (not
+// for what was queued after) and hands the values over. The backend keeps
+// two, one per slot.
+class LateDownload {
+  public:
+    void start(const void* src, int n, cudaStream_t stream) {
+        if (n > cap_) {
+            release();
+            CUDA_CHECK(cudaMallocHost(&pinned_, (size_t)n * sizeof(double)));
+            CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+            cap_ = n;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(pinned_, src, (size_t)n * sizeof(double), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaEventRecord(done_, stream));
+        n_ = n;
+    }
+    void wait(double* dst) {
+        if (n_ == 0) return;
+        CUDA_CHECK(cudaEventSynchronize(done_));
+        for (int i = 0; i < n_; i++) dst[i] = pinned_[i];
+    }
+    void release() {
+        if (pinned_) cudaFreeHost(pinned_), cudaEventDestroy(done_);
+        pinned_ = nullptr, cap_ = 0, n_ = 0;
+    }
+
+  private:
+    double* pinned_ = nullptr;
+    cudaEvent_t done_{};
+    int cap_ = 0, n_ = 0;
+};
 
 }  // namespace llmc_cuda
