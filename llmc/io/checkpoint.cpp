@@ -245,13 +245,19 @@ static std::vector<std::string> list_dir(const std::string& dir) {
 }
 
 int latest_checkpoint(const std::string& dir) {
-    int best = -1;
+    const std::vector<int> all = complete_checkpoints(dir);
+    return all.empty() ? -1 : all.front();
+}
+
+std::vector<int> complete_checkpoints(const std::string& dir) {
+    std::vector<int> steps;
     for (const std::string& n : list_dir(dir)) {
         int s = -1;
         char tail = 0;
-        if (std::sscanf(n.c_str(), "DONE_%d%c", &s, &tail) == 1 && s > best) best = s;
+        if (std::sscanf(n.c_str(), "DONE_%d%c", &s, &tail) == 1 && s >= 0) steps.push_back(s);
     }
-    return best;
+    std::sort(steps.rbegin(), steps.rend());
+    return steps;
 }
 
 

@@ -78,6 +78,13 @@ bool write_file_atomic(const std::string& path, const std::string& text, std::st
 
 // Largest S with a complete checkpoint in dir (DONE_S written), or -1.
 int latest_checkpoint(const std::string& dir);
+// Every S with a complete checkpoint in dir, newest first.
+std::vector<int> complete_checkpoints(const std::string& dir);
+// What is wrong with complete checkpoint S, without reading its payload:
+// its index, and each shard's header, piece tables and size against what
+// they promise (a truncated or overwritten shard); "" when nothing is. The
+// checksums are checked when it is loaded.
+std::string checkpoint_problem(const std::string& dir, int step);
 
 // The model shape of checkpoint S, for building the model before loading.
 bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, std::string* err);

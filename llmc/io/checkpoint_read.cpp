@@ -294,6 +294,19 @@ static bool earlier_format(const std::string& dir, int step, std::string* err) {
     return true;
 }
 
+std::string checkpoint_problem(const std::string& dir, int step) {
+    std::string err;
+    if (earlier_format(dir, step, &err)) return err;
+    Index ix;
+    if (!read_index(dir, step, &ix, &err)) return err;
+    const std::string cdir = checkpoint_dir(dir, step);
+    for (size_t i = 0; i < ix.shards.size(); i++) {
+        Shard sh;
+        if (!open_shard(cdir + "/" + ix.shards[i], ix, (int)i, (int)ix.shards.size(), &sh, &err)) return err;
+    }
+    return "";
+}
+
 bool read_checkpoint_config(const std::string& dir, int step, GPTConfig* cfg, std::string* err) {
     if (earlier_format(dir, step, err)) return false;
     Index ix;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "llmc/base/fileio.h"
 #include "llmc/comm/dist.h"
@@ -120,4 +121,58 @@ bool convert_source(const std::string& path, std::string* root, int* step, std::
     *err = "flag --convert: no complete checkpoint in '" + path +
            "' (give a run's -o directory or one of its ckpt_SSSSSSSS directories)";
     return false;
+}
+
+int newest_sound_checkpoint(const std::string& dir, bool main, std::string* err) {
+    const std::vector<int> all = complete_checkpoints(dir);
+    std::string damaged;
+    for (int step : all) {
+        const std::string why = checkpoint_problem(dir, step);
+        if (why.empty()) {
+            if (main && !damaged.empty())
+                std::fprintf(stderr, "train_gpt: warning: -y 1: %s; resuming from %s instead (nothing was deleted)\n",
+                             damaged.c_str(), checkpoint_dir(dir, step).c_str());
+            return step;
+        }
+        damaged += (damaged.empty() ? "" : "; ") + checkpoint_dir(dir, step) + " fails its check (" + why + ")";
+    }
+    if (!all.empty()) *err = "flag -y: no checkpoint in " + dir + " passes its check: " + damaged;
+    return -1;
+}
+
+int older_sound_checkpoint(const std::string& dir, int step, const GPTConfig& mc) {
+    for (int s : complete_checkpoints(dir)) {
+        GPTConfig c;
+        std::string err;
+        if (s < step && checkpoint_problem(dir, s).empty() && read_checkpoint_config(dir, s, &c, &err) && c == mc)
+            return s;
+    }
+    return -1;
+}
+
+bool named_checkpoint(const std::string& dir, const std::string& name, int* step, std::string* err) {
+    std::string n = name;
+    while (n.size() > 1 && n.back() == '/') n.pop_back();
+    const size_t slash = n.find_last_of('/');
+    if (slash != std::string::npos) n = n.substr(slash + 1);
+    if (n.compare(0, 5, "ckpt_") == 0) n = n.substr(5);
+    if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos) {
+        *err = "flag --resume-from: '" + name + "' is not ckpt_SSSSSSSS or a step number";
+        return false;
+    }
+    *step = std::atoi(n.c_str());
+    const std::vector<int> all = complete_checkpoints(dir);
+    if (std::find(all.begin(), all.end(), *step) == all.end()) {
+        std::string have;
+        for (int s : all) have += (have.empty() ? "" : ", ") + std::to_string(s);
+        *err = "flag --resume-from: no complete checkpoint of step " + std::to_string(*step) + " in " + dir +
+               (have.empty() ? " (there is none)" : " (complete: steps " + have + ")");
+        return false;
+    }
+    const std::string why = checkpoint_problem(dir, *step);
+    if (!why.empty()) {
+        *err = "flag --resume-from: " + checkpoint_dir(dir, *step) + " fails its check (" + why + ")";
+        return false;
+    }
+    return true;
 }

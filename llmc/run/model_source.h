@@ -2,7 +2,8 @@
 // tokenizer: the model shape -e names (sizes, a descriptor, a model file, a
 // Hugging Face directory; the planner reads it too), the sequence length
 // without -t, the checkpoint --convert names and the flags it takes from
-// the run that wrote it, and the tokenizer for samples and --generate.
+// the run that wrote it, the checkpoint a resume starts from, and the
+// tokenizer for samples and --generate.
 #pragma once
 #include <string>
 
@@ -22,6 +23,19 @@ bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err);
 // or one of its ckpt_SSSSSSSS directories (that one): the directory the
 // checkpoints are in and the step. False with a one-line *err otherwise.
 bool convert_source(const std::string& path, std::string* root, int* step, std::string* err);
+
+// -y 1: the newest complete checkpoint in dir that passes
+// checkpoint_problem(), or -1 when there is none at all (*err empty). An
+// older one is taken when newer ones fail, with one line (on main) naming
+// each damaged one and the one taken; nothing is deleted. When every one
+// fails: -1 and *err naming the newest and why.
+int newest_sound_checkpoint(const std::string& dir, bool main, std::string* err);
+// The newest complete checkpoint in dir older than step that passes
+// checkpoint_problem() and holds the model mc, or -1.
+int older_sound_checkpoint(const std::string& dir, int step, const GPTConfig& mc);
+// --resume-from NAME (ckpt_SSSSSSSS or S): that complete checkpoint of dir,
+// checked; false with a one-line *err naming the flag otherwise.
+bool named_checkpoint(const std::string& dir, const std::string& name, int* step, std::string* err);
 
 // The tokenizer file scripts/prepare_data.py writes beside the shards it
 // makes (tokenizer.json or tokenizer.bin in the directory of the -i

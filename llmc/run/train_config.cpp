@@ -56,7 +56,11 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
            "no training: load this checkpoint (a run's -o directory: its latest; or its ckpt_SSSSSSSS) and write --export-hf / --export-model"});
     p.add({0, "export-dtype", O::String, &c.export_dtype,
            "type of the Hugging Face export's weights (auto: the run's parameters)", 0, 0, {"auto", "fp32", "bf16", "fp64"}});
-    p.add({'y', "resume", O::Int, &c.resume, "1: resume from the latest checkpoint in -o", 0, 1, {}, "1"});
+    p.add({'y', "resume", O::Int, &c.resume,
+           "1: resume from the newest checkpoint in -o that passes its check (an older one if the newest is damaged)",
+           0, 1, {}, "1"});
+    p.add({0, "resume-from", O::String, &c.resume_from,
+           "resume from this complete checkpoint of -o (ckpt_SSSSSSSS, or its step S) instead of the newest"});
     p.add({'z', "zero", O::Int, &c.zero, "ZeRO stage over the data-parallel ranks", 0, 3});
     p.add({0, "tp", O::Int, &c.tp, "tensor-parallel degree (Megatron; divides heads and world)", 1, 1 << 16});
     p.add({0, "sp", O::Int, &c.sp, "1: sequence parallel on top of tensor parallel (needs --tp > 1)", 0, 1, {}, "1"});

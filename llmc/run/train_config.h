@@ -44,6 +44,7 @@ struct TrainConfig {
     int gen_tokens = 64;       // -g
     int checkpoint_every = 0;  // -n
     int resume = 0;            // -y
+    std::string resume_from = "";  // a complete checkpoint of -o to resume from (ckpt_SSSSSSSS or S)
     int keep_checkpoints = 0;  // newest checkpoints kept (0: all)
     int async_checkpoint = 0;  // 1: snapshot to host, write shards in a background thread
     std::string export_model = "";  // llm.c model file written at the end

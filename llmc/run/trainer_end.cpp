@@ -68,6 +68,9 @@ void Trainer::report_resume(const RunInfo& saved) {
     if (saved.layout() != now.layout() || saved.T != now.T)
         std::printf("resume: checkpoint of step %d written at %s (T=%d); continuing at %s (T=%d)\n", st.step,
                     saved.layout().c_str(), saved.T, now.layout().c_str(), now.T);
+    else
+        std::printf("resume: %s, step %d, in the same layout (%s)\n", checkpoint_dir(cfg.output_dir, st.step).c_str(),
+                    st.step, now.layout().c_str());
 }
 
 // Every rank writes its own shard; rank 0 the index, then DONE

@@ -51,15 +51,20 @@ void Trainer::setup(const ArgParser& parser) {
     if (converting) {
         setup_check(!cfg.export_hf.empty() || !cfg.export_model.empty(),
                     "flag --convert: give --export-hf DIR and/or --export-model FILE to say what to write");
-        setup_check(cfg.output_dir.empty() && !cfg.resume, "flag --convert: -o and -y do not apply (nothing is trained)");
+        setup_check(cfg.output_dir.empty() && !cfg.resume && cfg.resume_from.empty(),
+                    "flag --convert: -o, -y and --resume-from do not apply (nothing is trained)");
         setup_check(convert_source(cfg.convert, &ckpt_root, &resume_step, &err), err);
         const std::string took = inherit_run_flags(ckpt_root, parser, cfg);
         if (main_rank && !took.empty())
             std::printf("convert: as the run had them (%s/run_config.json): %s\n", ckpt_root.c_str(), took.c_str());
     }
     // Model shape: from a resumed checkpoint, a model file, or sizes.
-    if (cfg.resume) {
-        resume_step = latest_checkpoint(cfg.output_dir);
+    if (!cfg.resume_from.empty()) {
+        setup_check(!cfg.output_dir.empty(), "flag --resume-from: resuming needs an output directory (-o)");
+        setup_check(named_checkpoint(cfg.output_dir, cfg.resume_from, &resume_step, &err), err);
+    } else if (cfg.resume) {
+        resume_step = newest_sound_checkpoint(cfg.output_dir, main_rank, &err);
+        setup_check(resume_step >= 0 || err.empty(), err);
         if (resume_step < 0 && main_rank)
             std::fprintf(stderr, "train_gpt: warning: -y 1: no complete checkpoint in %s, starting fresh\n",
                          cfg.output_dir.c_str());
@@ -175,6 +180,21 @@ void Trainer::setup(const ArgParser& parser) {
     if (resume_step >= 0) {
         RunInfo saved;
         ok = load_checkpoint(ckpt_root, resume_step, *s.model, &st, &saved, &err);
+        // -y 1: a checkpoint whose payload fails as it loads (a checksum, a
+        // NaN) gives way to the next older sound one of the same model, as a
+        // damaged header or size does before (newest_sound_checkpoint).
+        std::string why;
+        while (cfg.resume && cfg.resume_from.empty() && !converting && !dist_all_ok(ok, err, &why)) {
+            const int older = older_sound_checkpoint(ckpt_root, resume_step, mc);
+            if (older < 0) break;
+            if (main_rank)
+                std::fprintf(stderr, "train_gpt: warning: -y 1: %s fails as it loads (%s); resuming from %s instead "
+                                     "(nothing was deleted)\n",
+                             checkpoint_dir(ckpt_root, resume_step).c_str(), why.c_str(),
+                             checkpoint_dir(ckpt_root, older).c_str());
+            resume_step = older;
+            ok = load_checkpoint(ckpt_root, resume_step, *s.model, &st, &saved, &err);
+        }
         rng.state = st.rng_state;
         if (ok && !converting) report_resume(saved);
         if (converting) cfg.max_steps = st.step;  // the loop trains nothing; finish() exports

@@ -23,6 +23,12 @@
 #     leftovers of a killed run (temporary files, a checkpoint without DONE)
 #     are removed at start; a resume that changes -x or -d warns, one that
 #     names another model with -e stops;
+#   - checkpoint fallback: a truncated newest checkpoint, or one whose
+#     checksum fails as it loads, makes -y 1 resume from the newest sound
+#     one with a warning naming both (nothing deleted), and the run goes on
+#     as the uninterrupted one, bit for bit; --resume-from picks one by name
+#     or step; a missing, malformed or damaged name, or every checkpoint
+#     damaged, is refused in one line;
 #   - memory checked before allocation: a model that cannot fit stops within
 #     seconds with one line naming what it needs and the free memory (or
 #     --memory-budget), before allocating it;
@@ -36,6 +42,7 @@
 #     flags; a model file without the .bin suffix; a model file of NaN; CPU
 #     threads shared by the ranks of a node.
 # Last line: "N passed, N failed".
+import glob
 import os
 import re
 import shutil
@@ -346,6 +353,69 @@ def test_rough_edges(tmp):
     check(rc == 0 and "1 (OMP_NUM_THREADS)" in out, "threads per rank with OMP_NUM_THREADS")
 
 
+def test_checkpoint_fallback(tmp):
+    """A damaged newest checkpoint: -y 1 falls back to the newest sound one (one line naming both, nothing
+    deleted) and continues the uninterrupted run bit for bit; --resume-from picks one; bad names refused."""
+    small = ["-e", "L=2,C=32,NH=2,V=257,T=64", "-b", "4", "-t", "32", "--device", "cpu", "-v", "0", "-s", "0"]
+    args = small + ["--dtype", "fp64", "-d", "256", "-n", "2"]
+    full, part = os.path.join(tmp, "fb_full"), os.path.join(tmp, "fb_part")
+    rc, _, err = train(0, args + ["-x", "8", "-o", full])
+    rc2, _, err2 = train(0, args + ["-x", "6", "-o", part])
+    if not check(rc == 0 and rc2 == 0, f"fallback runs: {err[-300:]} {err2[-300:]}"):
+        return
+    shard = os.path.join(part, "ckpt_00000006", "shard_00000.bin")
+    with open(shard, "r+b") as f:
+        f.truncate(100000)
+    flipped = os.path.join(tmp, "fb_flipped")
+    shutil.copytree(part, flipped)
+    rc, out, err = train(0, args + ["-x", "8", "-y", "1", "-o", part])
+    line = next((l for l in err.splitlines() if l.startswith("train_gpt: warning: -y 1:")), "")
+    check(rc == 0 and "ckpt_00000006 fails its check" in line and "size 100000 bytes" in line and
+          "resuming from" in line and "ckpt_00000004" in line, f"fallback line: {line!r} rc={rc} {err[-300:]!r}")
+    check([m["loss"] for m in metrics(full)] == [m["loss"] for m in metrics(part)],
+          "after the fallback the losses equal the uninterrupted run's")
+    # A payload byte flipped (sizes right, a checksum wrong: found as it loads).
+    sh = os.path.join(flipped, "ckpt_00000004", "shard_00000.bin")
+    data = bytearray(open(sh, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(sh, "wb").write(bytes(data))
+    shutil.rmtree(os.path.join(flipped, "ckpt_00000006"))
+    os.remove(os.path.join(flipped, "DONE_00000006"))
+    rc, out, err = train(0, args + ["-x", "8", "-y", "1", "-o", flipped])
+    line = next((l for l in err.splitlines() if l.startswith("train_gpt: warning: -y 1:")), "")
+    check(rc == 0 and "ckpt_00000004 fails as it loads" in line and "ckpt_00000002" in line,
+          f"fallback past a checksum: {line!r} rc={rc} {err[-300:]!r}")
+    check([m["loss"] for m in metrics(full)] == [m["loss"] for m in metrics(flipped)],
+          "after the checksum fallback the losses equal the uninterrupted run's")
+    # --resume-from: an older one by name or step, then training on to the same end.
+    for name in ("ckpt_00000002", "4"):
+        d = os.path.join(tmp, "fb_named_" + name)
+        shutil.copytree(part, d)
+        rc, out, err = train(0, args + ["-x", "8", "--resume-from", name, "-o", d])
+        check(rc == 0 and [m["loss"] for m in metrics(full)] == [m["loss"] for m in metrics(d)],
+              f"--resume-from {name}: rc={rc} {err[-300:]!r}")
+    for name, want in (("ckpt_00000003", "no complete checkpoint of step 3"), ("banana", "is not ckpt_SSSSSSSS"),
+                       ("6", "fails its check")):
+        d = os.path.join(tmp, "fb_bad_" + name)
+        shutil.copytree(part, d)
+        with open(os.path.join(d, "ckpt_00000006", "shard_00000.bin"), "r+b") as f:
+            f.truncate(100000)
+        rc, out, err = train(0, args + ["-x", "8", "--resume-from", name, "-o", d])
+        lines = [l for l in err.splitlines() if l.startswith("train_gpt: error")]
+        check(rc != 0 and len(lines) == 1 and "--resume-from" in lines[0] and want in lines[0],
+              f"--resume-from {name}: rc={rc} {lines}")
+    # Every checkpoint damaged: -y 1 refuses naming them.
+    d = os.path.join(tmp, "fb_all_bad")
+    shutil.copytree(part, d)
+    for c in glob.glob(os.path.join(d, "ckpt_*", "shard_00000.bin")):
+        with open(c, "r+b") as f:
+            f.truncate(1000)
+    rc, out, err = train(0, args + ["-x", "8", "-y", "1", "-o", d])
+    lines = [l for l in err.splitlines() if l.startswith("train_gpt: error")]
+    check(rc != 0 and len(lines) == 1 and "no checkpoint in" in lines[0] and "passes its check" in lines[0],
+          f"every checkpoint damaged: rc={rc} {lines}")
+
+
 def suite(tmp):
     global DATA
     DATA = os.path.join(tmp, "data.bin")
@@ -353,6 +423,7 @@ def suite(tmp):
     test_rough_edges(tmp)
     test_memory_check(tmp)
     test_checkpoints(tmp)
+    test_checkpoint_fallback(tmp)
     test_recompute(tmp)
     test_head_chunk(tmp)
 

@@ -3,11 +3,12 @@
 #   - determinism: same seed and flags give bit-identical losses and models;
 #   - resume: a run resumed from a mid-run checkpoint continues bit for bit
 #     (losses after the resume and the final model equal the uninterrupted
-#     run's), with gradient accumulation and sampling (RNG state) on; an
-#     index with out-of-range integers is refused naming the field, a
-#     shard with a flipped bit naming the shard, section and tensor; a
-#     resume on other data or with another T warns; NaN or negative Adam
-#     state (checksums intact) is refused naming the tensor;
+#     run's), with gradient accumulation and sampling (RNG state) on; named
+#     (--resume-from), an index with out-of-range integers is refused naming
+#     the field, a shard with a flipped bit naming the shard, section and
+#     tensor, NaN or negative Adam state (checksums intact) naming the
+#     tensor; with -y 1 each falls back to the previous checkpoint with a
+#     warning; a resume on other data or with another T warns;
 #   - learning: the default model on the embedded data brings the loss well
 #     below its start and prints samples; metrics.jsonl has the fields;
 #     scripts/plot_metrics.py draws it;
@@ -231,10 +232,11 @@ def test_resume(tmp, dtype):
         data[1024 + int(where * (len(data) - 1024 - 4096))] ^= 0x04
         with open(shard, "wb") as f:
             f.write(bytes(data))
-        rc, out, err = run(args + ["-o", flip, "-y", "1", "-x", "12"])
+        rc, out, err = run(args + ["-o", flip, "--resume-from", "10", "-x", "12"])
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and "shard_00000.bin" in lines[0] and "checksum mismatch" in lines[0]
               and f"the {section} of tensor" in lines[0], f"a bit flipped in the {section}: rc={rc} {err[-300:]!r}")
+        falls_back(f"a bit flipped in the {section}", flip, args)
     # NaN in Adam's m, or a negative v, with the checksums made to match (a
     # shard that is intact but holds bad state): refused naming the tensor.
     from testlib import _fnv1a64
@@ -262,10 +264,11 @@ def test_resume(tmp, dtype):
         data[pos + 16:] = struct.pack(f"<{len(sums)}Q", *sums)
         with open(shard, "wb") as f:
             f.write(bytes(data))
-        rc, out, err = run(args + ["-o", bad, "-y", "1", "-x", "12"])
+        rc, out, err = run(args + ["-o", bad, "--resume-from", "10", "-x", "12"])
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and "Adam state" in lines[0] and "tensor" in lines[0],
               f"bad Adam state in section {section}: rc={rc} {err[-300:]!r}")
+        falls_back(f"bad Adam state in section {section}", bad, args)
     # An index whose integers are out of range (a negative data position once
     # wrapped to 2^64-1): refused, naming the checkpoint and the field.
     for field, value in (("rows_consumed", -1), ("step", -4), ("zero", 7)):
@@ -277,10 +280,19 @@ def test_resume(tmp, dtype):
         (j["run"] if field in j["run"] else j)[field] = value
         with open(ix, "w") as f:
             json.dump(j, f)
-        rc, out, err = run(args + ["-o", bad, "-y", "1", "-x", "12"])
+        rc, out, err = run(args + ["-o", bad, "--resume-from", "10", "-x", "12"])
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         check(rc != 0 and len(lines) == 1 and "index.json" in lines[0] and f"'{field}'" in lines[0],
               f"index with {field} = {value}: rc={rc} {err[-300:]!r}")
+        falls_back(f"index with {field} = {value}", bad, args)
+
+
+def falls_back(what, d, args):
+    """-y 1 on a run whose newest checkpoint (10) is damaged: a warning naming it, the resume from 8."""
+    rc, out, err = run(args + ["-o", d, "-y", "1", "-x", "12"])
+    line = next((l for l in err.splitlines() if l.startswith("train_gpt: warning: -y 1:")), "")
+    check(rc == 0 and "ckpt_00000010 fails" in line and "resuming from" in line and "ckpt_00000008" in line,
+          f"{what}: -y 1 does not fall back to step 8: rc={rc} {line!r} {err[-200:]!r}")
 
 
 def test_learning(tmp):
