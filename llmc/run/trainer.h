@@ -92,10 +92,10 @@ struct Trainer {
     PendingStep issue_step(int step);
     StepMetrics finish_step(PendingStep& p, bool overlapped);
     bool overlap_next(int step) const;
-    // The step's loss, verdict and gradient norm, read on the host as they
-    // come, or (--sync-free) kept on the device and read once at the end.
-    double step_loss(int step, bool* bad, double loss_sum);
-    double sync_free_figures(int step, bool* bad);
+    // The step's global loss and the loss's verdict: read on the host
+    // (step_loss), or kept on the device (reduce_loss_figure, --sync-free).
+    double step_loss(double loss_sum, bool* bad);
+    void reduce_loss_figure();
     double validate();
     void sample();
     bool due(int every, int step) const { return every > 0 && ((step + 1) % every == 0 || step + 1 == cfg.max_steps); }

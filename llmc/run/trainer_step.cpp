@@ -80,8 +80,11 @@ PendingStep Trainer::issue_step(int step) {
                 (accum * grid.dpcp_group->size());
         p.aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? p.aux : 0.0);
     }
+    // The loss's verdict: on the host (bad), or on the device (--sync-free:
+    // the optimizer step reads it there).
     bool bad = false;
-    loss = figures ? sync_free_figures(step, &bad) : step_loss(step, &bad, loss);
+    if (figures) reduce_loss_figure();
+    else loss = step_loss(loss, &bad);
     // Test hook (llmc/base/test_hooks.h, docs/design.md section 2.8): rank 0
     // sets one gradient element to NaN before this step's optimizer step, so
     // the tests can check that the bad step is skipped on every rank. After
@@ -222,8 +225,7 @@ StepMetrics Trainer::finish_step(PendingStep& p, bool overlapped) {
 // --skip-spikes over FACTOR x the running mean; the norm is judged later).
 // Ranks decide together: the loss is the same global mean everywhere; the
 // max makes the verdict one even if it were not.
-double Trainer::step_loss(int step, bool* bad, double loss) {
-    (void)step;
+double Trainer::step_loss(double loss, bool* bad) {
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
     loss = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? loss : 0.0);
     double f[step_figure::count] = {};
@@ -239,8 +241,7 @@ double Trainer::step_loss(int step, bool* bad, double loss) {
 // all-reduces of one double, in the same order, the verdict there; nothing
 // comes back (the optimizer step reads the verdict on the device, the host
 // reads every figure at the step's end).
-double Trainer::sync_free_figures(int step, bool* bad) {
-    (void)step;
+void Trainer::reduce_loss_figure() {
     void* l = elem_ptr(figures, DType::F64, step_figure::loss);
     if (grid.dpcp_group->size() > 1) grid.dpcp_group->all_reduce(l, 1, DType::F64, ReduceOp::Sum);
     if (s.groups.pp && s.groups.pp->size() > 1) s.groups.pp->all_reduce(l, 1, DType::F64, ReduceOp::Sum);
@@ -250,8 +251,6 @@ double Trainer::sync_free_figures(int step, bool* bad) {
     be->step_verdict(figures, v);
     if (grid.world->size() > 1)
         grid.world->all_reduce(elem_ptr(figures, DType::F64, step_figure::skip), 1, DType::F64, ReduceOp::Max);
-    *bad = false;  // the device knows
-    return 0.0;
 }
 
 // Validation micro-batches of B rows (the last one shorter when B does not
