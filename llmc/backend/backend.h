@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/backend/matmul_tuning.h"
 #include "llmc/base/dtype.h"
 
 struct Precision {
@@ -494,6 +495,29 @@ class Backend {
         long long replays = 0;    // regions run from a recording
     };
     virtual RegionStats region_stats() const { return {}; }
+
+    // ---- matmul algorithms (--matmul-tune; matmul_tuning.h) ----------------
+    // What this backend's timings hold for (its device and library); "" when
+    // it has one algorithm per product and nothing to choose.
+    virtual std::string matmul_scope() const { return ""; }
+    // Times up to `candidates` algorithms of every product shape run so far
+    // that has no choice yet, each on the operands of the shape's last call.
+    // It writes those calls' outputs again and again: the caller must no
+    // longer need them (between steps, where each is recomputed or zeroed
+    // before it is read). Waits for the work.
+    virtual std::vector<MatmulTrial> time_matmul_candidates(int candidates) {
+        (void)candidates;
+        return {};
+    }
+    // From now on each listed shape runs the named algorithm (a shape first
+    // met later too); shapes not listed, or whose algorithm is not among
+    // this backend's candidates, keep the untuned one. Drops recorded
+    // regions, which hold the algorithms they were recorded with. Returns how
+    // many of the shapes run so far changed their algorithm.
+    virtual int choose_matmul_algorithms(const MatmulChoices& choices) {
+        (void)choices;
+        return 0;
+    }
 
     // ---- timing marks (the step's time by op class: backend_profile.h) -----
     // mark(): a mark after the work issued so far, its index; mark_ms(a, b):

@@ -542,6 +542,10 @@ class CudaBackend final : public Backend {
     bool region_begin(uint64_t key) override { return activate(), graphs_.begin(key, stream_); }
     void region_end() override { activate(), graphs_.end(stream_); }
     RegionStats region_stats() const override { return {graphs_.on, graphs_.recorded(), graphs_.replays()}; }
+    // ---- matmul algorithms: cuBLASLt's candidates, timed (cuda/matmul.cuh) ---------------------
+    std::string matmul_scope() const override { return activate(), mm_.scope(device_); }
+    std::vector<MatmulTrial> time_matmul_candidates(int n) override { return activate(), mm_.time_candidates(n); }
+    int choose_matmul_algorithms(const MatmulChoices& c) override { return activate(), graphs_.release(), mm_.choose(c); }
     // Timing marks: events on the stream (cuda/event_marks.cuh).
     int mark() override { return activate(), marks_.mark(stream_); }
     double mark_ms(int a, int b) override { return marks_.ms(a, b); }
@@ -550,10 +554,8 @@ class CudaBackend final : public Backend {
   private:
     static constexpr size_t kStagingElems = (size_t)1 << 20;  // per transfer chunk (8 MiB of fp64)
 
-    template <typename E>
-    static E* ptr(void* p) { return static_cast<E*>(p); }
-    template <typename E>
-    static const E* cptr(const void* p) { return static_cast<const E*>(p); }
+    template <typename E> static E* ptr(void* p) { return static_cast<E*>(p); }
+    template <typename E> static const E* cptr(const void* p) { return static_cast<const E*>(p); }
 
     // Several backends (one per device) may live in one process.
     void activate() const { CUDA_CHECK(cudaSetDevice(device_)); }
@@ -562,10 +564,7 @@ class CudaBackend final : public Backend {
     template <typename Fn>
     void dispatch(Fn&& fn) {
         activate();
-        if (fp32_)
-            fn(float{});
-        else
-            fn(bf16{});
+        fp32_ ? fn(float{}) : fn(bf16{});
     }
 
     float* scratch_floats(size_t n, const char* what) {

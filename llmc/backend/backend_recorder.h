@@ -8,7 +8,9 @@
 // checked on a machine without a GPU.
 //
 // The same file holds a second watcher: a backend that counts the calls
-// bringing a value to the host (a test hook, LLMC_TEST_HOST_READS=1).
+// bringing a value to the host (a test hook, LLMC_TEST_HOST_READS=1), and a
+// backend with stand-in matmul algorithms to choose from (a test hook,
+// LLMC_TEST_MATMUL_TUNE=1).
 #pragma once
 #include <string>
 
@@ -24,3 +26,9 @@ Backend* make_read_counting_backend(Backend* inner);
 // ("download 1, sum_squares_multi 2"; "none" when there were none), and
 // resets the count; "" when be does not count.
 std::string take_host_reads(Backend& be);
+
+// Offers three stand-in algorithms for every product shape inner runs, with
+// times from a formula of the shape, the algorithm and `rank`, printing what
+// it times and what it is told to take; the products stay inner's (takes
+// ownership of inner).
+Backend* make_standin_tuning_backend(Backend* inner, int rank);

@@ -224,6 +224,17 @@ class BackendWrapper : public Backend {
     }
     void wait_late(int slot, double* dst) override { host_op("wait_late"), in_->wait_late(slot, dst); }
 
+    // ---- matmul algorithms: host work (the timing waits for the device) ----------------------
+    std::string matmul_scope() const override { return in_->matmul_scope(); }
+    std::vector<MatmulTrial> time_matmul_candidates(int candidates) override {
+        host_op("time_matmul_candidates");
+        return in_->time_matmul_candidates(candidates);
+    }
+    int choose_matmul_algorithms(const MatmulChoices& choices) override {
+        host_op("choose_matmul_algorithms");
+        return in_->choose_matmul_algorithms(choices);
+    }
+
   protected:
     virtual void device_op(const char* name, std::function<void()> fn) {
         (void)name;

@@ -62,6 +62,7 @@ Backend* make_backend(const std::string& device, const std::string& dtype, int l
     if (!llmc_switch::parse_on_off("LLMC_BREAKDOWN", std::getenv("LLMC_BREAKDOWN"), &profile, err)) return nullptr;
     Backend* be = make_device_backend(device, dtype, local_rank, err);
     if (be && profile) be = make_profiling_backend(be);
+    if (be && test_hooks::matmul_tune()) be = make_standin_tuning_backend(be, local_rank);
     return be && test_hooks::host_reads() ? make_read_counting_backend(be) : be;
 }
 

@@ -43,4 +43,9 @@ bool host_reads() {
     return e && *e && std::string(e) != "0";
 }
 
+bool matmul_tune() {
+    const char* e = std::getenv("LLMC_TEST_MATMUL_TUNE");
+    return e && *e && std::string(e) != "0";
+}
+
 }  // namespace test_hooks

@@ -4,7 +4,8 @@
 // normal run), each costs one comparison. The tests that use them:
 // tests/e2e/test_train.py (bad steps), tests/distributed/test_watchdog.py
 // (a stalled rank), tests/e2e/test_async_checkpoint.py (a slow writer),
-// tests/distributed/test_sync_free.py (host reads).
+// tests/distributed/test_sync_free.py (host reads),
+// tests/distributed/test_matmul_tune.py (stand-in matmul algorithms).
 //
 //   LLMC_TEST_NAN_STEP=K            rank 0 sets one gradient element to NaN
 //                                   before step K's optimizer step (K from 0),
@@ -21,6 +22,13 @@
 //                                   norms' sums) and each training step prints
 //                                   them (tests/distributed/test_sync_free.py:
 //                                   a --sync-free step reads once, at its end)
+//   LLMC_TEST_MATMUL_TUNE=1         the backend offers three stand-in
+//                                   algorithms per product shape, timed by a
+//                                   formula of the shape, the algorithm and the
+//                                   rank (the products stay its own), and prints
+//                                   what it timed and what it was told to take
+//                                   (tests/distributed/test_matmul_tune.py: the
+//                                   ranks' agreement and the choices file)
 #pragma once
 #include <string>
 
@@ -35,5 +43,7 @@ bool stall_rank(int* rank, long* at, std::string* err);
 int checkpoint_delay_ms();
 // Whether the backend counts its host reads (LLMC_TEST_HOST_READS=1).
 bool host_reads();
+// Whether the backend offers stand-in matmul algorithms (LLMC_TEST_MATMUL_TUNE=1).
+bool matmul_tune();
 
 }  // namespace test_hooks

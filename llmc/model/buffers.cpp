@@ -352,6 +352,12 @@ void GPT::zero_grad() {
     if (!training_) throw std::logic_error("GPT: built without gradients (training = false)");
     size_t n = sharding_.grads ? table_.shard_total : table_.total;
     be_->zero(grads_, n * dtype_size(prec_.grad));
+    // --head-chunk's accumulator of the head weight's gradient, cleared after
+    // each use and again here: nothing a step reads is then a matrix
+    // product's output from before it (--matmul-tune times the products
+    // between steps on their last operands, writing their outputs).
+    if (a_ && a_->head_dw)
+        be_->zero(a_->head_dw, (size_t)table_.vocab_rows * cfg_.channels * dtype_size(prec_.grad));
 }
 
 // Layer-slot of block l for the micro-batch in `slot`: the chunk's slots

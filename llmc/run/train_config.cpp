@@ -26,6 +26,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "sync-free", O::Int, &c.sync_free,
            "1: the step's loss, gradient norm, clipping and skip decision stay on the device, read by the host one "
            "step late (no host synchronisation inside the step)", 0, 1, {}, "1"});
+    p.add({0, "matmul-tune", O::Int, &c.matmul_tune,
+           "1: after the first step, time several algorithms for each matrix product and keep the fastest, the "
+           "same on every rank (kept in -o's matmul_tuning.txt for the next run)", 0, 1, {}, "1"});
     p.add({0, "beta1", O::Double, &c.beta1, "AdamW beta1", 0, 0.999999});
     p.add({0, "beta2", O::Double, &c.beta2, "AdamW beta2", 0, 0.999999});
     p.add({0, "eps", O::Double, &c.eps, "AdamW epsilon", 0, 1});

@@ -28,6 +28,7 @@
 #include "llmc/model/optimizer.h"
 #include "llmc/parallel/model_stack.h"
 #include "llmc/parallel/process_grid.h"
+#include "llmc/run/matmul_tune.h"
 #include "llmc/run/run_checkpoints.h"
 #include "llmc/run/progress.h"
 #include "llmc/run/train_config.h"
@@ -74,6 +75,7 @@ struct Trainer {
     TrainData data;
     RunCheckpoints ckpt;
     RunProgress progress;
+    MatmulTuning tuning;  // --matmul-tune
 
     // Setting up (trainer_setup.cpp).
     void setup(const ArgParser& parser);

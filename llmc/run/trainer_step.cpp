@@ -34,6 +34,7 @@ static int sample_token(const std::vector<float>& logits, double u) {
 // other), then the optimizer. issue_step queues it (reading the host-read
 // step's figures as they come); finish_step reports it.
 PendingStep Trainer::issue_step(int step) {
+    tuning.before_step(*be, main_rank);  // --matmul-tune: before the run's second step
     PendingStep p;
     p.step = step;
     p.t0 = std::chrono::steady_clock::now();

@@ -16,14 +16,16 @@
 #          class, measured and planned (the breakdown step)
 #     3    the kernel lab at d12 sizes, ranks sharing the GPU (--comm mpi)
 #          against one process, the d12-shaped training curve
-#     4    d12's shapes (heads of 64) against the CPU in fp64;
-#          compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on
-#          small cases
+#     4    d12's shapes (heads of 64) against the CPU in fp64; the step's
+#          variants (bf16 AdamW moments, the sync-free step) against the
+#          default step, right and timed; compute-sanitizer (memcheck,
+#          racecheck, initcheck, synccheck) on small cases
 #     5    optional, after the others: the rest of test_real_shapes (heads
 #          of 128, a Llama, N*Vp > 2^31) and the planner against the measured
 #          tokens/s
 #          or steps, comma-separated: env build test peers bench qwen
-#          breakdown shapes lab ranks curve sanitize shapes_more plan; or all
+#          breakdown shapes variants lab ranks curve sanitize shapes_more
+#          plan; or all
 #          (commands 1 to 5)
 #   OUTDIR where the results go (default build/gpu/check); runs into the
 #          same folder add up:
@@ -46,7 +48,7 @@
 # build/gpu/deps. Exit status: 0 when nothing failed or was skipped.
 set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
-ALL_STEPS=(env build test peers bench qwen breakdown shapes lab ranks curve sanitize shapes_more plan)
+ALL_STEPS=(env build test peers bench qwen breakdown shapes variants lab ranks curve sanitize shapes_more plan)
 DRY=${GPU_DRY_RUN:-0}
 [[ ${1:-} == --dry-run ]] && { DRY=1; shift; }
 [[ $DRY == 1 ]] || DRY=0
@@ -57,9 +59,9 @@ case $WHAT in
     1) STEPS=(env build test peers bench) ;;
     2) STEPS=(env build qwen breakdown) ;;
     3) STEPS=(env build lab ranks curve) ;;
-    4) STEPS=(env build shapes sanitize) ;;
+    4) STEPS=(env build shapes variants sanitize) ;;
     5) STEPS=(env build shapes_more plan) ;;
-    all) STEPS=(env build test peers bench qwen breakdown shapes lab ranks curve sanitize shapes_more plan)
+    all) STEPS=(env build test peers bench qwen breakdown shapes variants lab ranks curve sanitize shapes_more plan)
          BUDGET=${GPU_CHECK_SECONDS:-2700} ;;
     __build | __env | __ldd) STEPS=() ;;
     *) IFS=', ' read -r -a STEPS <<< "$WHAT"

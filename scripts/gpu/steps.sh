@@ -9,7 +9,7 @@
 # The groups of binaries each step needs (lib.sh: group_bins).
 declare -A STEP_NEEDS=([env]="" [build]="" [test]="tests" [shapes]="tests" [bench]="core" [lab]="lab"
     [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core" [peers]="core"
-    [qwen]="core" [breakdown]="core")
+    [qwen]="core" [breakdown]="core" [variants]="core")
 
 needed_groups() {
     local s g all="" picked=""
@@ -168,6 +168,14 @@ step_test() {
     FIGS=real_shapes_small_switches_ FIGCMD="${sw_env[*]} build/test_real_shapes --shape small" SUMMARY_MATCH='^FAIL' \
         run_prog real_shapes_small_switches 60 15 env "${sw_env[@]}" build/test_real_shapes --shape small
     run_prog vocab_ce 60 5 build/test_vocab_ce
+    end_step
+}
+
+# The step's variants against the default step, each right and timed:
+# AdamW's moments in bf16, the sync-free step.
+step_variants() {
+    begin_step variants 120
+    need core
     # AdamW's moments in bf16 (--optimizer-dtype bf16, nearest and
     # stochastic) against fp32 moments: losses and the optimizer's bytes.
     FIGS=optimizer_dtype_ FIGCMD="scripts/gpu/optimizer_dtype.py --steps 60" SUMMARY_MATCH='^(PASS|FAIL)' \

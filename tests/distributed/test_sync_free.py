@@ -25,8 +25,6 @@
 #     the run after the queued step, with a checkpoint to resume from;
 #   - a Mixtral model is refused in one line naming --sync-free.
 # Last line: "N passed, N failed".
-import filecmp
-import glob
 import json
 import os
 import re
@@ -35,7 +33,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-from testlib import Checks, copy_checkpoint, refusals, run_suite, train, write_shard
+from testlib import Checks, copy_checkpoint, refusals, run_suite, shards_equal, train, write_shard
 
 GPT = "L=4,C=32,NH=4,V=97,Vp=97,T=64"
 LLAMA = "arch=llama,L=4,C=32,NH=4,NKV=2,F=48,V=97,T=64"
@@ -55,13 +53,6 @@ def figures(d):
     keys = ("step", "loss", "grad_norm", "val_loss", "skipped", "skips")
     with open(os.path.join(d, "metrics.jsonl")) as f:
         return [{k: m.get(k) for k in keys} for m in map(json.loads, f)]
-
-
-def shards_equal(a, b, step):
-    fa = sorted(glob.glob(os.path.join(a, f"ckpt_{step:08d}", "*.bin")))
-    fb = sorted(glob.glob(os.path.join(b, f"ckpt_{step:08d}", "*.bin")))
-    return len(fa) > 0 and [os.path.basename(x) for x in fa] == [os.path.basename(x) for x in fb] and all(
-        filecmp.cmp(x, y, shallow=False) for x, y in zip(fa, fb))
 
 
 def pair(tmp, name, np_, args, env=None, steps=STEPS):

@@ -1,6 +1,8 @@
 # tests/lib/testlib.py: helpers shared by the mpirun test scripts (test_dist.py,
 # test_tp.py, test_cp.py): running the trainer under mpirun, reading its
 # metrics and checkpoints, making shards, and counting checks.
+import filecmp
+import glob
 import json
 import os
 import struct
@@ -222,6 +224,15 @@ def resume_check(check, tmp, args, single, saved, resumes, at=5):
         r = rel([m["loss"] for m in metrics(d)], full_l[at:])
         print(f"  saved at {' '.join(saved[1])}, resumed at {' '.join(extra) or 'one process'}: losses rel {r:.2e}")
         check(r <= 1e-10, f"resume {extra}: rel err {r:.3e}")
+
+
+def shards_equal(a, b, step):
+    """Whether the checkpoints of `step` in run directories a and b have the
+    same shard files, byte for byte."""
+    fa = sorted(glob.glob(os.path.join(a, f"ckpt_{step:08d}", "*.bin")))
+    fb = sorted(glob.glob(os.path.join(b, f"ckpt_{step:08d}", "*.bin")))
+    return len(fa) > 0 and [os.path.basename(x) for x in fa] == [os.path.basename(x) for x in fb] and all(
+        filecmp.cmp(x, y, shallow=False) for x, y in zip(fa, fb))
 
 
 def copy_checkpoint(src, dst, step):

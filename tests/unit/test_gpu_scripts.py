@@ -58,8 +58,8 @@ def dry_runs():
         "2": ["make_core", "qwen_data", "llmq_build", "llmq_tokens", "ours_qwen_0.5b", "llmq_qwen_0.5b",
               "ours_qwen_1.5b", "llmq_qwen_1.5b", "breakdown_d12_b32"],
         "3": ["make_core_lab", "attention_forward", "matmul_forward", "ranks", "ranks_llama", "curve"],
-        "4": ["make_tests_attn_lab", "real_shapes_d12", "memcheck_test_gpt_fp32", "racecheck_attention_backward",
-              "initcheck_ring_attention", "synccheck_attention_forward"],
+        "4": ["make_core_tests_attn_lab", "real_shapes_d12", "optimizer_dtype", "sync_free", "memcheck_test_gpt_fp32",
+              "racecheck_attention_backward", "initcheck_ring_attention", "synccheck_attention_forward"],
         "5": ["real_shapes_llama", "real_shapes_big", "calibrate", "plan_d12"],
     }
     for n, names in must.items():

@@ -28,17 +28,28 @@
 // alignments). If no algorithm accepts
 // the bias epilogue, the bias is added by a separate kernel.
 //
+// The algorithm is the heuristic's first unless --matmul-tune chose another
+// (llmc/backend/matmul_tuning.h): time_candidates times the heuristic's top
+// candidates of each cached shape on its last call's operands, choose takes
+// the ranks' agreed choices (by the candidates' ids, the same on every rank).
+//
 // dbias (+=) = column sums of dout: fp32 partials over row chunks with
 // 16-byte loads, then a fixed-order column sum (no atomics; see
 // bias_backward for why not cuBLASLt's BGRADB epilogue).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "llmc/backend/cuda/common.cuh"
 #include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/switches.h"
+#include "llmc/backend/matmul_tuning.h"
 
 namespace llmc_cuda {
 
@@ -121,7 +132,10 @@ class MatmulContext {
                       ptr_alignment(A), ptr_alignment(B), ptr_alignment(D),
                       epi.bias_ptr ? ptr_alignment(epi.bias_ptr) : 0u, epi.aux_ptr ? ptr_alignment(epi.aux_ptr) : 0u};
         auto it = cache_.find(key);
-        if (it == cache_.end()) it = cache_.emplace(key, build<E>(key, epi)).first;
+        if (it == cache_.end()) {
+            it = cache_.emplace(key, build<E>(key, epi)).first;
+            if (!chosen_.empty()) take_choice(key, it->second);
+        }
         Entry& e = it->second;
         if (!e.ok) {
             if (epi.kind != Epilogue::none) return false;
@@ -130,10 +144,53 @@ class MatmulContext {
             std::exit(1);
         }
         set_pointers(e.desc, epi);
+        e.A = A, e.B = B, e.D = D, e.beta = beta, e.epi = epi, e.called = true;  // for time_candidates
         const float alpha = 1.f;
         CUBLAS_CHECK(cublasLtMatmul(handle_, e.desc, &alpha, A, e.la, B, e.lb, &beta, D, e.ld, D, e.ld,
                                     &e.result.algo, workspace_, workspace_bytes_, stream_));
         return true;
+    }
+
+    // What the timings hold for: the device and cuBLASLt's version.
+    std::string scope(int device) const {
+        cudaDeviceProp p;
+        CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+        return std::string(p.name) + " (sm_" + std::to_string(p.major * 10 + p.minor) + "), cuBLASLt " +
+               std::to_string(cublasLtGetVersion());
+    }
+    // Times up to `count` of the heuristic's candidates for every shape
+    // called so far and not yet timed or chosen, each on the shape's last
+    // call's operands (writing its outputs: Backend::time_matmul_candidates).
+    std::vector<MatmulTrial> time_candidates(int count) {
+        count_ = count;
+        std::vector<MatmulTrial> out;
+        cudaEvent_t t0, t1;
+        CUDA_CHECK(cudaEventCreate(&t0));
+        CUDA_CHECK(cudaEventCreate(&t1));
+        for (auto& kv : cache_) {
+            Entry& e = kv.second;
+            if (!e.ok || !e.called || e.settled) continue;
+            e.settled = true;
+            e.candidates = heuristics(kv.first, e, count_);
+            MatmulTrial t;
+            t.shape = shape_text(kv.first);
+            for (const cublasLtMatmulHeuristicResult_t& r : e.candidates) {
+                t.ids.push_back(algo_id(r.algo));
+                t.ms.push_back(time_one(e, r.algo, t0, t1));
+            }
+            if (!t.ids.empty()) out.push_back(std::move(t));
+        }
+        CUDA_CHECK(cudaEventDestroy(t0));
+        CUDA_CHECK(cudaEventDestroy(t1));
+        return out;
+    }
+    // Each listed shape runs its chosen algorithm from now on (shapes cached
+    // later too, as they are built); returns how many cached ones changed.
+    int choose(const MatmulChoices& choices) {
+        for (const auto& kv : choices) chosen_[kv.first] = kv.second;
+        int changed = 0;
+        for (auto& kv : cache_) changed += take_choice(kv.first, kv.second);
+        return changed;
     }
 
   private:
@@ -145,6 +202,14 @@ class MatmulContext {
         cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
         cublasLtMatmulHeuristicResult_t result{};
         bool ok = false;
+        // The last call's operands (time_candidates runs the shape on them).
+        const void *A = nullptr, *B = nullptr;
+        void* D = nullptr;
+        float beta = 0;
+        Epilogue epi;
+        bool called = false;
+        bool settled = false;  // timed, or its algorithm chosen: not timed again
+        std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // the heuristic's, ranked, once asked for
         void destroy() {
             if (la) cublasLtMatrixLayoutDestroy(la);
             if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -187,6 +252,15 @@ class MatmulContext {
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e.la, dt, transA ? k : m, transA ? m : k, lda));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e.lb, dt, transB ? n : k, transB ? k : n, ldb));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e.ld, dt, m, n, m));
+        std::vector<cublasLtMatmulHeuristicResult_t> first = heuristics(key, e, 1);
+        e.ok = !first.empty();
+        if (e.ok) e.result = first[0];
+        return e;
+    }
+
+    // The heuristic's best `count` algorithms for the entry's descriptors,
+    // best first (fewer when it has fewer; none when it has none).
+    std::vector<cublasLtMatmulHeuristicResult_t> heuristics(const Key& key, Entry& e, int count) {
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         const uint64_t ws = workspace_bytes_;
@@ -202,11 +276,73 @@ class MatmulContext {
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alD,
                                                           sizeof(alD)));
         int found = 0;
-        const cublasStatus_t st =
-            cublasLtMatmulAlgoGetHeuristic(handle_, e.desc, e.la, e.lb, e.ld, e.ld, pref, 1, &e.result, &found);
-        e.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+        std::vector<cublasLtMatmulHeuristicResult_t> r((size_t)std::max(count, 1));
+        const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, e.desc, e.la, e.lb, e.ld, e.ld, pref,
+                                                                 (int)r.size(), r.data(), &found);
         cublasLtMatmulPreferenceDestroy(pref);
-        return e;
+        r.resize(st == CUBLAS_STATUS_SUCCESS ? (size_t)std::max(found, 0) : 0);
+        return r;
+    }
+
+    // The shape's text (MatmulTrial::shape): the same on every rank for the
+    // same product.
+    static std::string shape_text(const Key& k) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "%s m=%d n=%d k=%d op=%c%c beta=%d epi=%d ld=%d,%d align=%u,%u,%u,%u,%u",
+                      std::get<5>(k) == (int)CUDA_R_16BF ? "bf16" : "fp32", std::get<0>(k), std::get<1>(k),
+                      std::get<2>(k), std::get<3>(k) ? 'T' : 'N', std::get<4>(k) ? 'T' : 'N', (int)std::get<6>(k),
+                      std::get<7>(k), std::get<8>(k), std::get<9>(k), std::get<10>(k), std::get<11>(k),
+                      std::get<12>(k), std::get<13>(k), std::get<14>(k));
+        return buf;
+    }
+    // An algorithm's id: cuBLASLt's algorithm number, then a hash of the
+    // whole configuration (tile, stages, split, swizzle...), which the
+    // heuristic fills in the same way on every rank of the same device.
+    static std::string algo_id(const cublasLtMatmulAlgo_t& a) {
+        int id = 0;
+        size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+        uint64_t h = 1469598103934665603ull;  // FNV-1a over the configuration's bytes
+        const unsigned char* p = reinterpret_cast<const unsigned char*>(&a);
+        for (size_t i = 0; i < sizeof(a); i++) h = (h ^ p[i]) * 1099511628211ull;
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%d-%016llx", id, (unsigned long long)h);
+        return buf;
+    }
+    // One candidate's time per call (ms): a first call (which also tells
+    // whether it runs here at all: +inf if not), then kReps timed by events.
+    float time_one(Entry& e, const cublasLtMatmulAlgo_t& algo, cudaEvent_t t0, cudaEvent_t t1) {
+        constexpr int kReps = 5;
+        set_pointers(e.desc, e.epi);
+        const float alpha = 1.f;
+        auto run = [&] {
+            return cublasLtMatmul(handle_, e.desc, &alpha, e.A, e.la, e.B, e.lb, &e.beta, e.D, e.ld, e.D, e.ld, &algo,
+                                  workspace_, workspace_bytes_, stream_) == CUBLAS_STATUS_SUCCESS;
+        };
+        if (!run()) return INFINITY;
+        CUDA_CHECK(cudaEventRecord(t0, stream_));
+        bool ok = true;
+        for (int i = 0; i < kReps && ok; i++) ok = run();
+        CUDA_CHECK(cudaEventRecord(t1, stream_));
+        CUDA_CHECK(cudaEventSynchronize(t1));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        return ok ? ms / kReps : INFINITY;
+    }
+    // Gives the entry its chosen algorithm, if one is chosen for its shape
+    // and the heuristic offers it here; 1 when that changed the algorithm.
+    int take_choice(const Key& key, Entry& e) {
+        auto c = chosen_.find(shape_text(key));
+        if (!e.ok || c == chosen_.end()) return 0;
+        e.settled = true;
+        if (e.candidates.empty()) e.candidates = heuristics(key, e, count_);
+        for (const cublasLtMatmulHeuristicResult_t& r : e.candidates)
+            if (algo_id(r.algo) == c->second) {
+                const bool changed = algo_id(e.result.algo) != c->second;
+                e.result = r;
+                return changed ? 1 : 0;
+            }
+        return 0;
     }
 
     cublasLtHandle_t handle_ = nullptr;
@@ -214,6 +350,8 @@ class MatmulContext {
     size_t workspace_bytes_ = 0;
     cudaStream_t stream_ = 0;
     std::map<Key, Entry> cache_;
+    MatmulChoices chosen_;  // --matmul-tune's choices, by shape text
+    int count_ = 8;         // candidates asked of the heuristic
 };
 
 // out[n, o] += bias[o]: the fallback when cuBLASLt rejects the bias epilogue,
