@@ -246,6 +246,7 @@ distributed_tier() {
     run test_optimizer_dtype "$PY" tests/distributed/test_optimizer_dtype.py
     run test_sync_free "$PY" tests/distributed/test_sync_free.py
     run test_matmul_tune "$PY" tests/distributed/test_matmul_tune.py
+    run test_skipped_step "$PY" tests/distributed/test_skipped_step.py
     run test_multinode "$PY" tests/distributed/test_multinode.py
 }
 

@@ -89,7 +89,8 @@ struct AdamArgs {
     bool stochastic = false;
     uint32_t round_key = 0;
     // The step's figures in backend memory (StepFigures, below), or null:
-    // when set, grad_scale is read from its `scale` and the update does
+    // when set, grad_scale, lr and the bias corrections are read from its
+    // `scale`, `lr`, `bias_corr1` and `bias_corr2`, and the update does
     // nothing when its `skip` is not 0 (a step with no host synchronisation).
     const void* figures = nullptr;
 };
@@ -107,6 +108,10 @@ enum : int {
     skip,           // 1: the update is skipped (a bad step), else 0
     loss_mean,      // the running mean of accepted losses (--skip-spikes)
     loss_count,     // accepted steps counted in it
+    updates,        // updates applied so far (steps not skipped): the schedule's and Adam's count
+    lr,             // the step's learning rate, at `updates` before its update
+    bias_corr1,     // 1 - beta1^t and 1 - beta2^t, t = updates + 1
+    bias_corr2,
     count           // the block's size in doubles
 };
 }  // namespace step_figure
@@ -117,13 +122,18 @@ enum : int {
 // skip_spikes x loss_mean; phase 1 (after the squared norm is reduced)
 // sets norm, skip also when the norm is not finite, and scale = grad_clip /
 // norm when grad_clip > 0 and norm > grad_clip (else 1); phase 2 (once the
-// ranks agreed on skip) counts an accepted step's loss into the running
-// mean (plain over 20, then exponential).
+// ranks agreed on skip), for a step not skipped, counts its loss into the
+// running mean (plain over 20, then exponential), sets lr (the schedule of
+// lr, warmup, max_steps and final_lr_frac at `updates`: schedule_lr) and
+// the bias corrections of t = updates + 1, and counts the update: a skipped
+// step is one that never happened (docs/design.md section 2.8).
 struct StepVerdict {
     int phase = 0;
     double loss_divisor = 1;
     double skip_spikes = 0;
     double grad_clip = 0;
+    double lr = 0, final_lr_frac = 1, beta1 = 0.9, beta2 = 0.95;
+    int warmup = 0, max_steps = 1;
 };
 
 // One contiguous run for adamw_update_multi: pointers to its first element

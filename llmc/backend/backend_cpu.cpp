@@ -245,13 +245,17 @@ class CpuBackend : public Backend {
     }
 
   private:
-    // AdamArgs with the step's figures in memory: the clip scale from them;
-    // false when they say the step is skipped.
+    // AdamArgs with the step's figures in memory: the clip scale, the
+    // learning rate and the bias corrections from them; false when they say
+    // the step is skipped.
     static bool with_figures(AdamArgs* a) {
         if (!a->figures) return true;
         const double* s = static_cast<const double*>(a->figures);
         if (s[step_figure::skip] != 0.0) return false;
         a->grad_scale = s[step_figure::scale];
+        a->lr = s[step_figure::lr];
+        a->bias_corr1 = s[step_figure::bias_corr1];
+        a->bias_corr2 = s[step_figure::bias_corr2];
         a->figures = nullptr;
         return true;
     }

@@ -22,6 +22,29 @@ LLMC_FIG_HD bool figure_finite(double x) {
 #endif
 }
 
+// The learning rate after `update` updates (0-based): linear warmup over
+// `warmup` updates, then a cosine from lr to lr·final_frac at max_steps
+// (docs/design.md section 2.6); one definition for the host (lr_at) and
+// the device (phase 2 of the verdict).
+LLMC_FIG_HD double schedule_lr(double lr, int warmup, int max_steps, double final_frac, int update) {
+    if (update < warmup) return lr * (double)(update + 1) / (double)warmup;
+    if (max_steps <= warmup) return lr;
+    const double ratio = (double)(update - warmup) / (double)(max_steps - warmup);
+    const double lr_min = lr * final_frac;
+#ifdef __CUDA_ARCH__
+    const double coeff = 0.5 * (1.0 + cos(3.14159265358979323846 * ratio));
+#else
+    const double coeff = 0.5 * (1.0 + std::cos(3.14159265358979323846 * ratio));
+#endif
+    return lr_min + coeff * (lr - lr_min);
+}
+LLMC_FIG_HD double bias_correction(double beta, int t) {
+#ifdef __CUDA_ARCH__
+    return 1.0 - pow(beta, (double)t);
+#else
+    return 1.0 - std::pow(beta, (double)t);
+#endif
+}
 // An accepted step's loss into the running mean: plain over the first 20,
 // then exponential.
 LLMC_FIG_HD void accept_loss(double* s) {
@@ -41,7 +64,13 @@ LLMC_FIG_HD void apply_verdict(double* s, const StepVerdict& v) {
         return;
     }
     if (v.phase == 2) {
-        if (s[f::skip] == 0.0) accept_loss(s);
+        if (s[f::skip] != 0.0) return;
+        accept_loss(s);
+        const int u = (int)s[f::updates];
+        s[f::lr] = schedule_lr(v.lr, v.warmup, v.max_steps, v.final_lr_frac, u);
+        s[f::bias_corr1] = bias_correction(v.beta1, u + 1);
+        s[f::bias_corr2] = bias_correction(v.beta2, u + 1);
+        s[f::updates] = u + 1;
         return;
     }
 #ifdef __CUDA_ARCH__

@@ -4,28 +4,24 @@
 #include <algorithm>
 #include <cmath>
 
+#include "llmc/backend/step_figures.h"
 #include "llmc/base/state_round.h"
 
-double lr_at(const OptimConfig& o, int step) {
-    if (step < o.warmup_steps) return o.lr * (double)(step + 1) / (double)o.warmup_steps;
-    if (o.max_steps <= o.warmup_steps) return o.lr;
-    double ratio = (double)(step - o.warmup_steps) / (double)(o.max_steps - o.warmup_steps);
-    double lr_min = o.lr * o.final_lr_frac;
-    double coeff = 0.5 * (1.0 + std::cos(M_PI * ratio));
-    return lr_min + coeff * (o.lr - lr_min);
+double lr_at(const OptimConfig& o, int update) {
+    return schedule_lr(o.lr, o.warmup_steps, o.max_steps, o.final_lr_frac, update);
 }
 
-AdamArgs adam_args(const OptimConfig& o, int step, double grad_scale) {
-    int t = step + 1;
+AdamArgs adam_args(const OptimConfig& o, int step, int update, double grad_scale) {
+    const int t = update + 1;
     AdamArgs a;
-    a.lr = lr_at(o, step);
+    a.lr = lr_at(o, update);
     a.beta1 = o.beta1;
     a.beta2 = o.beta2;
     a.eps = o.eps;
     a.weight_decay = 0.0;
     a.grad_scale = grad_scale;
-    a.bias_corr1 = 1.0 - std::pow(o.beta1, t);
-    a.bias_corr2 = 1.0 - std::pow(o.beta2, t);
+    a.bias_corr1 = bias_correction(o.beta1, t);
+    a.bias_corr2 = bias_correction(o.beta2, t);
     a.stochastic = o.stochastic_rounding;
     a.round_key = state_round::step_key(o.round_seed, step);
     return a;
@@ -76,6 +72,6 @@ double adamw_step(GPT& model, const OptimConfig& o, int step) {
     double norm = std::sqrt(be.sum_squares(model.grads(), p.grad, t.total));
     const std::vector<UpdateSpan> spans{
         {0, t.total, model.params(), model.master(), model.grads(), model.adam_m(), model.adam_v()}};
-    adamw_spans(be, p, t, spans, o, adam_args(o, step, clip_scale(o, norm)));
+    adamw_spans(be, p, t, spans, o, adam_args(o, step, step, clip_scale(o, norm)));
     return norm;
 }

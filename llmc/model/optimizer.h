@@ -22,12 +22,16 @@ struct OptimConfig {
     unsigned long long round_seed = 0;
 };
 
-// Learning rate at step (0-based).
-double lr_at(const OptimConfig& o, int step);
+// Learning rate after `update` updates (0-based; skipped steps do not
+// count: docs/design.md section 2.8): schedule_lr of step_figures.h.
+double lr_at(const OptimConfig& o, int update);
 
-// The AdamW arguments of a step (t = step + 1 for bias correction), with
-// gradients scaled by grad_scale (clipping) and weight decay still unset.
-AdamArgs adam_args(const OptimConfig& o, int step, double grad_scale);
+// The AdamW arguments of step `step` (0-based), the run's update number
+// `update` (the steps before it, less those skipped): the learning rate at
+// `update`, t = update + 1 for bias correction, gradients scaled by
+// grad_scale (clipping), stochastic rounding's key from `step`, weight
+// decay still unset.
+AdamArgs adam_args(const OptimConfig& o, int step, int update, double grad_scale);
 
 // clip / norm when the norm exceeds the clip, else 1.
 double clip_scale(const OptimConfig& o, double norm);

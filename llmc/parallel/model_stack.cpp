@@ -55,7 +55,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     be.reserve_workspace(s->model->workspace());
 }
 
-double ModelStack::step(const OptimConfig& o, int step, bool skip, bool* skipped, void* figures) {
+double ModelStack::step(const OptimConfig& o, int step, int update, bool skip, bool* skipped, void* figures) {
     dp->finish_reductions();
-    return optimizer_step(*model, groups, o, step, skip, skipped, figures);
+    return optimizer_step(*model, groups, o, step, update, skip, skipped, figures);
 }

@@ -36,7 +36,8 @@ struct ModelStack {
     // for the gradient reductions in flight, then optimizer_step(). Returns
     // the global gradient norm before clipping. skip / *skipped: as
     // optimizer_step's (a bad step leaves the model as it was).
-    double step(const OptimConfig& o, int step, bool skip = false, bool* skipped = nullptr, void* figures = nullptr);
+    double step(const OptimConfig& o, int step, int update, bool skip = false, bool* skipped = nullptr,
+                void* figures = nullptr);
     ~ModelStack();
 };
 

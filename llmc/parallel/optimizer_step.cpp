@@ -113,8 +113,8 @@ struct Step {
 
 }  // namespace
 
-double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip, bool* skipped,
-                      void* figures) {
+double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, int update, bool skip,
+                      bool* skipped, void* figures) {
     const TensorTable& table = model.table();
     Step s{model, model.backend(), table, model.precision(), zero_stage(model.sharding()), model.sharding().rank,
            model.sharding().expert_rank, real(g.dp), real(g.tp), real(g.pp), real(g.embed), real(g.ep)};
@@ -146,9 +146,13 @@ double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int
         s.be.step_verdict(figures, v);
         if (real(g.world))
             g.world->all_reduce(elem_ptr(figures, DType::F64, step_figure::skip), 1, DType::F64, ReduceOp::Max);
+        // Phase 2: the learning rate and bias corrections at the device's
+        // count of updates (a skipped step does not count).
         v.phase = 2;
+        v.lr = o.lr, v.warmup = o.warmup_steps, v.max_steps = o.max_steps, v.final_lr_frac = o.final_lr_frac;
+        v.beta1 = o.beta1, v.beta2 = o.beta2;
         s.be.step_verdict(figures, v);
-        args = adam_args(o, step, 1.0);
+        args = adam_args(o, step, update, 1.0);
         args.figures = figures;
         if (skipped) *skipped = false;  // the figures say
     } else {
@@ -157,7 +161,7 @@ double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int
         if (real(g.world)) bad = g.world->host_all_reduce(bad ? 1.0 : 0.0, ReduceOp::Max) > 0;
         if (skipped) *skipped = bad;
         if (bad) return norm;  // a bad step: no update on any rank
-        args = adam_args(o, step, clip_scale(o, norm));
+        args = adam_args(o, step, update, clip_scale(o, norm));
     }
     std::vector<UpdateSpan> spans;
     for (int u = 0; u < U; u++) {

@@ -36,7 +36,10 @@ struct StepGroups {
 };
 
 // One optimizer step of `model` (built with the ZeRO sharding of g.dp):
-// the four parts above. Returns the global gradient norm before clipping.
+// the four parts above, for step `step` of the run (0-based) and its update
+// number `update` (the steps before it less those skipped: the learning
+// rate and Adam's t count updates, docs/design.md section 2.8). Returns the
+// global gradient norm before clipping.
 // The update (parts 3 and 4) is skipped, leaving parameters and Adam state
 // as they were, when `skip` is set or the norm is not finite on any rank (a
 // max over the world: the norm is reduced over the ranks that hold different
@@ -48,7 +51,9 @@ struct StepGroups {
 // backend.h) with the loss's verdict made (StepVerdict phase 0): the sums of
 // squares and their reductions stay on the device (device all-reduces of one
 // double, in the host's order), the verdict's phase 1 sets the norm, the clip
-// scale and the decision there, and AdamW reads them; skip is then ignored,
-// nothing is read back and the return value is 0 (the figures hold the norm).
-double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, bool skip = false,
-                      bool* skipped = nullptr, void* figures = nullptr);
+// scale and the decision there, phase 2 the learning rate and the bias
+// corrections at the figures' own count of updates (`update` is then not
+// used), and AdamW reads them; skip is then ignored, nothing is read back
+// and the return value is 0 (the figures hold the norm).
+double optimizer_step(GPT& model, const StepGroups& g, const OptimConfig& o, int step, int update,
+                      bool skip = false, bool* skipped = nullptr, void* figures = nullptr);

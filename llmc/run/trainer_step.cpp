@@ -62,6 +62,7 @@ PendingStep Trainer::issue_step(int step) {
             double init[step_figure::count] = {};
             init[step_figure::loss_mean] = st.loss_mean;
             init[step_figure::loss_count] = st.loss_count;
+            init[step_figure::updates] = step - st.skips;
             be->upload(figures, DType::F64, init, DType::F64, step_figure::count);
             figures_fresh = false;
         } else {
@@ -100,7 +101,10 @@ PendingStep Trainer::issue_step(int step) {
     bool skipped = false;
     {
         trace::Scope span("optimizer", "optimizer");
-        norm = s.step(oc, step, bad, &skipped, figures);
+        // The update's number: the steps before it less those skipped (a
+        // skipped step never happened, for the schedule and Adam's t; with
+        // --sync-free the device keeps the count).
+        norm = s.step(oc, step, step - st.skips, bad, &skipped, figures);
     }
     // Mixtral: the step's loads over the whole batch (every rank counted its
     // own tokens for its stage's layers; the tp ranks of a group the same
@@ -163,7 +167,7 @@ StepMetrics Trainer::finish_step(PendingStep& p, bool overlapped) {
     StepMetrics m{};
     m.step = step;
     m.loss = loss;
-    m.lr = lr_at(oc, step);
+    m.lr = lr_at(oc, step - st.skips);  // the update's (st.skips: the steps skipped before this one)
     m.grad_norm = norm;
     m.ms = ms;
     m.tokens = (unsigned long long)(step + 1) * (unsigned long long)cfg.total_batch;

@@ -338,7 +338,7 @@ static void test_adamw_spans_cpu() {
     OptimConfig o;
     o.weight_decay = 0.1;
     o.lr = 1e-2;
-    const AdamArgs a = adam_args(o, 3, 0.7);
+    const AdamArgs a = adam_args(o, 3, 3, 0.7);
 
     std::vector<float> p1 = param, m1 = m, v1 = v, p2 = param, m2 = m, v2 = v;
     std::vector<UpdateSpan> spans;

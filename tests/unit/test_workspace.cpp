@@ -137,7 +137,7 @@ void run_case(const Case& c) {
                     *b = tg.data();
                 },
                 c.B, Tl, 1.0 / (double)l.total_batch);
-            s.step(o, step);
+            s.step(o, step, step);
         }
         s.pipe->forward_only(*s.model, in.data(), tg.data(), c.B, Tl);
         std::vector<float> row(mc.vocab_size);

@@ -11,7 +11,8 @@
 // type G are widened to fp32 and multiplied by grad_scale first (gradient
 // clipping folds in there). The double hyperparameters of AdamArgs are
 // narrowed to fp32 once on the host; with the step's figures on the device
-// (AdamArgs::figures) the clip scale is read there, and a skipped step
+// (AdamArgs::figures) the clip scale, the learning rate and the bias
+// corrections are read there, and a skipped step
 // leaves everything as it was. The per-element math is the same in
 // every path (adamw_element).
 //
@@ -39,7 +40,7 @@ struct AdamF {
     float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
     uint32_t key;    // stochastic rounding's key of the step (m; v's is key ^ kSecondMoment)
     int stochastic;  // bf16 moments: 1 stochastic rounding, 0 nearest
-    const double* figures;  // the step's figures on the device (or null): the clip scale and the skip
+    const double* figures;  // the step's figures on the device (or null): skip, clip scale, lr, bias corrections
 };
 
 inline AdamF adam_narrow(const AdamArgs& a) {
@@ -91,9 +92,12 @@ __device__ __forceinline__ void adam_round_moments(float& m, float& v, const Ada
 template <typename P, typename G, typename S>
 __device__ __forceinline__ void adamw_piece_block(const AdamPiece& d, size_t j, const AdamF& a_in) {
     AdamF a = a_in;
-    if (a.figures) {  // a step that kept its figures on the device: its skip and clip scale
+    if (a.figures) {  // a step that kept its figures on the device: its skip, clip scale, lr, t
         if (a.figures[step_figure::skip] != 0.0) return;
         a.grad_scale = (float)a.figures[step_figure::scale];
+        a.lr = (float)a.figures[step_figure::lr];
+        a.bc1 = (float)a.figures[step_figure::bias_corr1];
+        a.bc2 = (float)a.figures[step_figure::bias_corr2];
     }
     P* param = static_cast<P*>(d.param);
     const G* grad = static_cast<const G*>(d.grad);
