@@ -8,12 +8,23 @@
 
 namespace test_hooks {
 
-int nan_step() {
-    static const int k = [] {
+const NanHook& nan_hook() {
+    static const NanHook h = [] {
+        NanHook n;
         const char* e = std::getenv("LLMC_TEST_NAN_STEP");
-        return e && *e ? std::atoi(e) : -1;
+        if (!e || !*e) return n;
+        std::string s(e), where = "grad";
+        n.step = std::atoi(s.c_str());
+        const size_t a = s.find(':');
+        if (a != std::string::npos) {
+            n.rank = std::atoi(s.c_str() + a + 1);
+            const size_t b = s.find(':', a + 1);
+            if (b != std::string::npos) where = s.substr(b + 1);
+        }
+        n.where = where == "loss" ? NanHook::loss : where == "grad_pre" ? NanHook::grad_pre : NanHook::grad;
+        return n;
     }();
-    return k;
+    return h;
 }
 
 bool stall_rank(int* rank, long* at, std::string* err) {

@@ -7,9 +7,16 @@
 // tests/distributed/test_sync_free.py (host reads),
 // tests/distributed/test_matmul_tune.py (stand-in matmul algorithms).
 //
-//   LLMC_TEST_NAN_STEP=K            rank 0 sets one gradient element to NaN
-//                                   before step K's optimizer step (K from 0),
-//                                   so a bad step must be skipped everywhere
+//   LLMC_TEST_NAN_STEP=K[:R[:WHERE]] world rank R (default 0) poisons step K
+//                                   (from 0) with a NaN, so a bad step must be
+//                                   skipped everywhere; WHERE: grad (default:
+//                                   one element of its gradients, after their
+//                                   reductions, before the optimizer step),
+//                                   grad_pre (the same element at the step's
+//                                   start, before the backward adds into it
+//                                   and the reductions carry it), loss (its
+//                                   loss before the loss's reduction; a rank
+//                                   that computes one: a last pipeline stage)
 //   LLMC_TEST_STALL_RANK=R:K        world rank R sleeps for an hour before its
 //                                   K-th collective (from 1, over every group
 //                                   of size > 1): the others' watchdog must
@@ -34,8 +41,15 @@
 
 namespace test_hooks {
 
-// The step whose gradients are poisoned (-1: none).
-int nan_step();
+// LLMC_TEST_NAN_STEP: the step poisoned (-1: none), the rank, and where.
+struct NanHook {
+    enum Where { grad, grad_pre, loss };
+    int step = -1, rank = 0;
+    Where where = grad;
+    // Whether `rank` poisons `step` at `w`.
+    bool at(int s, int r, Where w) const { return s == step && r == rank && w == where; }
+};
+const NanHook& nan_hook();
 // The stalling rank and the collective it stalls before (rank -1: none).
 // False with *err naming the variable when its value is malformed.
 bool stall_rank(int* rank, long* at, std::string* err);

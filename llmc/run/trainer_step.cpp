@@ -43,6 +43,10 @@ PendingStep Trainer::issue_step(int step) {
     take_host_reads(*be);         // LLMC_TEST_HOST_READS: this step's reads alone
     trace::set_step(step);
     s.model->zero_grad();
+    const test_hooks::NanHook& nan = test_hooks::nan_hook();  // the tests' bad steps (test_hooks.h)
+    const float nan_f = std::nanf("");
+    if (nan.at(step, rank, test_hooks::NanHook::grad_pre))
+        be->upload(s.model->grads(), s.model->precision().grad, &nan_f, DType::F32, 1);
     const uint64_t rows0 = st.rows_consumed;
     auto load = [&](int micro, const int** in, const int** tg, const int** dc) {
         // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
@@ -85,18 +89,20 @@ PendingStep Trainer::issue_step(int step) {
     // The loss's verdict: on the host (bad), or on the device (--sync-free:
     // the optimizer step reads it there).
     bool bad = false;
+    if (nan.at(step, rank, test_hooks::NanHook::loss)) {
+        if (figures) be->upload(elem_ptr(figures, DType::F64, step_figure::loss), DType::F64, &nan_f, DType::F32, 1);
+        loss = nan_f;
+    }
     if (figures) reduce_loss_figure();
     else loss = step_loss(loss, &bad);
-    // Test hook (llmc/base/test_hooks.h, docs/design.md section 2.8): rank 0
+    // Test hook (llmc/base/test_hooks.h, docs/design.md section 2.8): a rank
     // sets one gradient element to NaN before this step's optimizer step, so
     // the tests can check that the bad step is skipped on every rank. After
     // the gradients' reductions: a reduction still in flight would overwrite
     // it (ZeRO 1-2's reduce-scatter into the same buffer).
     s.dp->finish_reductions();
-    if (step == test_hooks::nan_step() && rank == 0) {
-        const float nan = std::nanf("");
-        be->upload(s.model->grads(), s.model->precision().grad, &nan, DType::F32, 1);
-    }
+    if (nan.at(step, rank, test_hooks::NanHook::grad))
+        be->upload(s.model->grads(), s.model->precision().grad, &nan_f, DType::F32, 1);
     double norm;
     bool skipped = false;
     {

@@ -14,9 +14,13 @@
 # schedule. Checked: A's weights, m and v at step N equal B's at step N - 1;
 # A's losses and learning rates after K equal B's one step earlier; in
 # every layout (one process with accumulation, dp with ZeRO 0-3, tp with
-# sp, cp, pp, Llama tp x dp), with the host-read step and --sync-free 1 (the
-# device's own count of updates), and with the skip inside the warmup and
-# after it. A learning-rate check that counted the skipped step fails.
+# sp, cp, pp, Llama tp x dp, Mixtral ep), with the host-read step and
+# --sync-free 1 (the device's own count of updates), with the skip inside
+# the warmup and after it, and with the NaN put on a rank in each place the
+# hook offers: a gradient element after the reductions, the same before
+# them (the backward and the reductions carry it), the loss before its
+# reduction. Byte-equal shards say that no rank updated on the bad step. A
+# learning-rate check that counted the skipped step fails.
 # Last line: "N passed, N failed".
 import json
 import os
@@ -29,6 +33,7 @@ from testlib import Checks, read_checkpoint, run_suite, train, write_shard
 
 GPT = "L=2,C=32,NH=4,V=97,Vp=97,T=64"
 LLAMA = "arch=llama,L=2,C=32,NH=4,NKV=2,F=48,V=97,T=64"
+MIX = "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64,aux=0"
 T, D, N = 16, 256, 6  # tokens per row, tokens per step, steps
 check = Checks()
 
@@ -50,31 +55,43 @@ def metrics(d):
         return [json.loads(line) for line in f]
 
 
-def case(tmp, name, np_, model, extra, k, data, val, sync_free):
-    args = ["-e", model, "-j", val, "--val-tokens", "256", "-v", "0", "-t", str(T), "-d", str(D), "-x", str(N),
+def run_args(model, extra, val, sync_free):
+    return ["-e", model, "-j", val, "--val-tokens", "256", "-v", "0", "-t", str(T), "-d", str(D), "-x", str(N),
             "-s", "0", "--dtype", "fp64", "-l", "3e-3", "-u", "3", "-q", "0.2", "-c", "0.1", "--grad-clip", "0.5",
             "-n", "1", "--sync-free", str(sync_free)] + extra
-    da, db = os.path.join(tmp, f"{name}_A"), os.path.join(tmp, f"{name}_B")
-    rc, out, err = train(np_, args + ["-i", data[0], "-o", da], env={"LLMC_TEST_NAN_STEP": str(k)})
-    if not check(rc == 0, f"{name}: run A: {err[-400:]}"):
-        return
-    rc, out2, err = train(np_, args + ["-i", data[1], "-o", db])
+
+
+def case(tmp, name, np_, model, extra, k, data, val, sync_free, hooks):
+    """Run B once; then run A with each hook (LLMC_TEST_NAN_STEP's rank and
+    place), each against B."""
+    args = run_args(model, extra, val, sync_free)
+    db = os.path.join(tmp, f"{name}_B")
+    rc, out, err = train(np_, args + ["-i", data[1], "-o", db])
     if not check(rc == 0, f"{name}: run B: {err[-400:]}"):
         return
-    ma, mb = metrics(da), metrics(db)
-    check([m.get("skipped", False) for m in ma] == [i == k for i in range(N)],
-          f"{name}: A did not skip exactly step {k + 1}: {[m.get('skipped') for m in ma]}")
+    mb = metrics(db)
     check(not any(m.get("skipped") for m in mb), f"{name}: B skipped a step")
-    # A's steps after k are B's one step earlier.
-    after_a = [(m["loss"], m["lr"]) for m in ma[:k] + ma[k + 1:]]
-    after_b = [(m["loss"], m["lr"]) for m in mb[:N - 1]]
-    check(after_a == after_b, f"{name}: losses or learning rates differ: "
-          f"{next(((i, x, y) for i, (x, y) in enumerate(zip(after_a, after_b)) if x != y), None)}")
-    wa, m_a, v_a, _ = read_checkpoint(da, N)
     wb, m_b, v_b, _ = read_checkpoint(db, N - 1)
-    check(np.array_equal(wa, wb) and np.array_equal(m_a, m_b) and np.array_equal(v_a, v_b),
-          f"{name}: A's weights or Adam state after {N} steps differ from B's after {N - 1}: "
-          f"max |dw| {np.max(np.abs(wa - wb)):.3e}, |dm| {np.max(np.abs(m_a - m_b)):.3e}")
+    for rank, where in hooks:
+        what = f"{name}, rank {rank}'s {where}"
+        da = os.path.join(tmp, f"{name}_A_{rank}_{where}")
+        rc, out, err = train(np_, args + ["-i", data[0], "-o", da], env={"LLMC_TEST_NAN_STEP": f"{k}:{rank}:{where}"})
+        if not check(rc == 0, f"{what}: run A: {err[-400:]}"):
+            continue
+        ma = metrics(da)
+        check([m.get("skipped", False) for m in ma] == [i == k for i in range(N)],
+              f"{what}: A did not skip exactly step {k + 1}: {[m.get('skipped') for m in ma]}")
+        # A's steps after k are B's one step earlier.
+        after_a = [(m["loss"], m["lr"]) for m in ma[:k] + ma[k + 1:]]
+        after_b = [(m["loss"], m["lr"]) for m in mb[:N - 1]]
+        check(after_a == after_b, f"{what}: losses or learning rates differ: "
+              f"{next(((i, x, y) for i, (x, y) in enumerate(zip(after_a, after_b)) if x != y), None)}")
+        # Byte for byte: no rank updated on the bad step (every rank's shard
+        # of the weights and Adam state is B's).
+        wa, m_a, v_a, _ = read_checkpoint(da, N)
+        check(np.array_equal(wa, wb) and np.array_equal(m_a, m_b) and np.array_equal(v_a, v_b),
+              f"{what}: A's weights or Adam state after {N} steps differ from B's after {N - 1}: "
+              f"max |dw| {np.max(np.abs(wa - wb)):.3e}, |dm| {np.max(np.abs(m_a - m_b)):.3e}")
 
 
 def test_layouts(tmp):
@@ -84,13 +101,19 @@ def test_layouts(tmp):
                ("dp2_z1", 2, GPT, ["-b", "4", "-z", "1"]), ("dp2_z2", 2, GPT, ["-b", "8", "-z", "2"]),
                ("dp2_z3", 2, GPT, ["-b", "8", "-z", "3"]), ("tp2_sp", 2, GPT, ["-b", "16", "--tp", "2", "--sp", "1"]),
                ("cp2", 2, GPT, ["-b", "16", "--cp", "2"]), ("pp2", 2, GPT, ["-b", "4", "--pp", "2"]),
-               ("llama_tp2_dp2", 4, LLAMA, ["-b", "8", "--tp", "2", "-z", "1"])]
+               ("llama_tp2_dp2", 4, LLAMA, ["-b", "8", "--tp", "2", "-z", "1"]),
+               ("mixtral_ep2", 2, MIX, ["-b", "8", "--ep", "2", "-z", "1"])]
     for name, np_, model, extra in layouts:
+        last = max(np_, 1) - 1  # a rank of the last pipeline stage (it computes the loss)
+        hooks = [(0, "grad"), (last, "grad_pre"), (last, "loss")]
         for sf in (0, 1):
+            if sf and model == MIX:
+                continue  # not sync-free (refused)
             k = 4 if sf == 0 else 1  # after the warmup, and inside it
-            case(tmp, f"{name}_sf{sf}_k{k}", np_, model, extra, k, data[k], val, sf)
+            case(tmp, f"{name}_sf{sf}_k{k}", np_, model, extra, k, data[k], val, sf, hooks)
     print(f"  {len(layouts)} layouts x (host-read step, skip at step 5; --sync-free 1, skip at step 2 in the "
-          "warmup): each equals the run without that step's rows")
+          "warmup) x a NaN in a gradient after and before the reductions, and in the loss: each run equals "
+          "the run without that step's rows")
 
 
 def test_lr_formula(tmp):
