@@ -17,6 +17,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -185,6 +187,16 @@ class Backend {
     // ---- memory --------------------------------------------------------
     virtual void* alloc(size_t bytes) = 0;  // zero-filled; throws std::bad_alloc
     virtual void release(void* p) = 0;
+    // Host memory that downloads and uploads reach at the link's full speed
+    // (pinned on CUDA; plain on the CPU), zero-filled, for large host
+    // buffers that live for the run (the asynchronous checkpoint's snapshot);
+    // throws std::bad_alloc.
+    virtual void* alloc_host(size_t bytes) {
+        void* p = std::calloc(bytes ? bytes : 1, 1);
+        if (!p) throw std::bad_alloc();
+        return p;
+    }
+    virtual void release_host(void* p) { std::free(p); }
     virtual void zero(void* p, size_t bytes) = 0;
     virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within the backend
     // Host <-> backend with element conversion (any float type to any float

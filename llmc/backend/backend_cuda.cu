@@ -129,12 +129,11 @@ class CudaBackend final : public Backend {
         activate();
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use p
         auto it = sizes_.find(p);
-        if (it != sizes_.end()) {
-            in_use_ -= it->second;
-            sizes_.erase(it);
-        }
+        if (it != sizes_.end()) in_use_ -= it->second, sizes_.erase(it);
         CUDA_CHECK(cudaFree(p));
     }
+    void* alloc_host(size_t bytes) override { return activate(), llmc_cuda::pinned_alloc(bytes); }
+    void release_host(void* p) override { activate(), llmc_cuda::pinned_free(p); }
     void zero(void* p, size_t bytes) override {
         activate();
         if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));

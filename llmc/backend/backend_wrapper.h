@@ -37,6 +37,8 @@ class BackendWrapper : public Backend {
         return in_->alloc(bytes);
     }
     void release(void* p) override { host_op("release"), in_->release(p); }
+    void* alloc_host(size_t bytes) override { return host_op("alloc_host"), in_->alloc_host(bytes); }
+    void release_host(void* p) override { host_op("release_host"), in_->release_host(p); }
     void zero(void* p, size_t bytes) override { device_op("zero", [=] { in_->zero(p, bytes); }); }
     void copy(void* dst, const void* src, size_t bytes) override {
         device_op("copy", [=] { in_->copy(dst, src, bytes); });

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace test_hooks {
 
@@ -52,6 +53,18 @@ int checkpoint_delay_ms() {
 bool host_reads() {
     const char* e = std::getenv("LLMC_TEST_HOST_READS");
     return e && *e && std::string(e) != "0";
+}
+
+bool crash_now(int step, int rank) {
+    const char* e = std::getenv("LLMC_TEST_CRASH");
+    if (!e || !*e) return false;
+    const std::string s(e);
+    const size_t a = s.find(':'), b = a == std::string::npos ? a : s.find(':', a + 1);
+    if (b == std::string::npos || std::atoi(s.c_str()) != step || std::atoi(s.c_str() + a + 1) != rank) return false;
+    const std::string file = s.substr(b + 1);
+    if (FILE* f = std::fopen(file.c_str(), "r")) return std::fclose(f), false;  // it struck already
+    if (FILE* f = std::fopen(file.c_str(), "w")) std::fclose(f);
+    return true;
 }
 
 bool matmul_tune() {

@@ -5,7 +5,8 @@
 // tests/e2e/test_train.py (bad steps), tests/distributed/test_watchdog.py
 // (a stalled rank), tests/e2e/test_async_checkpoint.py (a slow writer),
 // tests/distributed/test_sync_free.py (host reads),
-// tests/distributed/test_matmul_tune.py (stand-in matmul algorithms).
+// tests/distributed/test_matmul_tune.py (stand-in matmul algorithms),
+// tests/e2e/test_supervise.py (a rank that dies once).
 //
 //   LLMC_TEST_NAN_STEP=K[:R[:WHERE]] world rank R (default 0) poisons step K
 //                                   (from 0) with a NaN, so a bad step must be
@@ -29,6 +30,12 @@
 //                                   norms' sums) and each training step prints
 //                                   them (tests/distributed/test_sync_free.py:
 //                                   a --sync-free step reads once, at its end)
+//   LLMC_TEST_CRASH=K:R:FILE        world rank R kills itself (SIGKILL) at
+//                                   the start of step K (from 0) if FILE does
+//                                   not exist, creating it first: a fault that
+//                                   strikes once (tests/e2e/test_supervise.py:
+//                                   the supervisor's restart); where FILE
+//                                   cannot be created, at every attempt
 //   LLMC_TEST_MATMUL_TUNE=1         the backend offers three stand-in
 //                                   algorithms per product shape, timed by a
 //                                   formula of the shape, the algorithm and the
@@ -57,6 +64,9 @@ bool stall_rank(int* rank, long* at, std::string* err);
 int checkpoint_delay_ms();
 // Whether the backend counts its host reads (LLMC_TEST_HOST_READS=1).
 bool host_reads();
+// Whether world rank `rank` is to die at the start of `step`
+// (LLMC_TEST_CRASH); creates the variable's FILE when it says yes.
+bool crash_now(int step, int rank);
 // Whether the backend offers stand-in matmul algorithms (LLMC_TEST_MATMUL_TUNE=1).
 bool matmul_tune();
 

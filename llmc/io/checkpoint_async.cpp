@@ -13,12 +13,19 @@
 AsyncCheckpointer::AsyncCheckpointer(const std::string& dir, GPT& model, const Ownership& own)
     : dir_(dir), own_(own), rank_(own.world ? own.world->rank() : 0) {
     // Allocated (and touched) once, so a checkpoint step neither waits for
-    // the allocation nor finds the memory missing half-way through the run.
-    buf_.assign(host_bytes_for(model, own), 0);
+    // the allocation nor finds the memory missing half-way through the run;
+    // the backend's host memory (pinned on CUDA: the snapshot's download runs
+    // at the link's speed, not through the driver's staging).
+    be_ = &model.backend();
+    buf_bytes_ = host_bytes_for(model, own);
+    buf_ = static_cast<char*>(be_->alloc_host(buf_bytes_));
     delay_ms_ = test_hooks::checkpoint_delay_ms();
 }
 
-AsyncCheckpointer::~AsyncCheckpointer() { join(); }
+AsyncCheckpointer::~AsyncCheckpointer() {
+    join();
+    be_->release_host(buf_);
+}
 
 size_t AsyncCheckpointer::host_bytes_for(GPT& model, const Ownership& own) {
     return shard_image("", 0, model, own).payload_bytes;
@@ -33,7 +40,7 @@ void AsyncCheckpointer::write() {
     bool ok = false;
     try {
         const int delay = delay_ms_;
-        ok = write_shard_image(image_, buf_.data(), &err, [delay] {
+        ok = write_shard_image(image_, buf_, &err, [delay] {
             if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
         });
         // The index beside the shards; the checkpoint counts only once DONE
@@ -54,12 +61,12 @@ bool AsyncCheckpointer::start(GPT& model, const TrainState& st, const RunInfo& r
     bool ok = rank_ != 0 || make_dirs(checkpoint_dir(dir_, st.step), err);
     if (!all_ranks_ok(ok, err)) return false;
     image_ = shard_image(dir_, st.step, model, own_);
-    if (image_.payload_bytes != buf_.size()) {  // the shard's shape is fixed for the run
+    if (image_.payload_bytes != buf_bytes_) {  // the shard's shape is fixed for the run
         *err = "checkpoint " + image_.path + ": the shard holds " + std::to_string(image_.payload_bytes) +
-               " bytes, the snapshot buffer " + std::to_string(buf_.size());
+               " bytes, the snapshot buffer " + std::to_string(buf_bytes_);
         ok = false;
     } else {
-        copy_shard_payload(model, own_, buf_.data());
+        copy_shard_payload(model, own_, buf_);
         if (rank_ == 0) index_ = checkpoint_index_text(model, world, st, run);
     }
     if (!all_ranks_ok(ok, err)) return false;

@@ -35,7 +35,7 @@ class AsyncCheckpointer {
     AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
     // The host memory the snapshot holds on this rank.
-    size_t host_bytes() const { return buf_.size(); }
+    size_t host_bytes() const { return buf_bytes_; }
     // The same, before the model is allocated (the memory check).
     static size_t host_bytes_for(GPT& model, const Ownership& own);
 
@@ -57,7 +57,9 @@ class AsyncCheckpointer {
     std::string dir_;
     Ownership own_;
     int rank_ = 0;
-    std::vector<char> buf_;  // the payload snapshot
+    Backend* be_ = nullptr;  // whose host memory holds the snapshot
+    char* buf_ = nullptr;    // the payload snapshot (Backend::alloc_host)
+    size_t buf_bytes_ = 0;
     ShardImage image_;
     std::string index_;      // rank 0: index.json's text
     int step_ = -1;          // the checkpoint in flight

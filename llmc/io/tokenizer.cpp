@@ -315,7 +315,16 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
         *err = where + "empty vocabulary";
         return false;
     }
-    std::vector<std::string> tokens((size_t)by_id.rbegin()->first + 1);
+    // The ids index a table: a vocabulary's ids run from 0 with few gaps, so
+    // an id far past the count of tokens is a damaged file, not a table of a
+    // billion entries to allocate.
+    const long long max_id = by_id.rbegin()->first, limit = 4 * (long long)by_id.size() + 65536;
+    if (max_id >= limit) {
+        *err = where + "token id " + std::to_string(max_id) + " is far past the " + std::to_string(by_id.size()) +
+               " tokens (ids must stay below " + std::to_string(limit) + ")";
+        return false;
+    }
+    std::vector<std::string> tokens((size_t)max_id + 1);
     for (auto& kv : by_id) tokens[(size_t)kv.first] = std::move(kv.second);
     int eot = 0;
     for (const char* name : {"<|endoftext|>", "<|begin_of_text|>", "<s>"}) {

@@ -17,7 +17,7 @@ void setup_check(bool ok, const std::string& msg) {
     if (dist_all_ok(ok, msg, &err)) return;
     if (dist_world_rank() == 0) std::fprintf(stderr, "train_gpt: error: %s\n", err.c_str());
     dist_finalize();
-    std::exit(1);
+    std::exit(kExitSetup);
 }
 
 [[noreturn]] void end_job(const std::string& msg) { dist_abort(msg); }

@@ -13,7 +13,11 @@
 
 // Setup errors: every rank reaches the same check, so the ranks agree on
 // the outcome; rank 0 prints the first failing rank's message as
-// "train_gpt: error: ..." and every rank exits with status 1.
+// "train_gpt: error: ..." and every rank exits with status 2 (kExitSetup):
+// an error of the flags, the files or the run's own limits, which running
+// the same command again cannot fix (scripts/supervise.py stops on it),
+// where a fault during the run ends the job with status 1 (end_job).
+constexpr int kExitSetup = 2;
 void setup_check(bool ok, const std::string& msg);
 
 // Errors during training, possibly on one rank only: end the whole job

@@ -1,6 +1,7 @@
 // llmc/run/trainer_step.cpp: a training step, validation and samples
 // (llmc/run/trainer.h).
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +35,7 @@ static int sample_token(const std::vector<float>& logits, double u) {
 // other), then the optimizer. issue_step queues it (reading the host-read
 // step's figures as they come); finish_step reports it.
 PendingStep Trainer::issue_step(int step) {
+    if (test_hooks::crash_now(step, rank)) std::raise(SIGKILL);  // a rank that dies (test_hooks.h)
     tuning.before_step(*be, main_rank);  // --matmul-tune: before the run's second step
     PendingStep p;
     p.step = step;

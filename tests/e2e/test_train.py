@@ -13,7 +13,7 @@
 #     below its start and prints samples; metrics.jsonl has the fields;
 #     scripts/plot_metrics.py draws it;
 #   - errors: bad flags and bad files end with one line naming the flag or
-#     file, exit status 1 (no crash, no hang), and no half-written files;
+#     file, exit status 2 for a setup error (no crash, no hang), and no half-written files;
 #   - bad steps: a NaN gradient (LLMC_TEST_NAN_STEP) skips that step's
 #     update, counted in metrics.jsonl, alike on every rank (dp2 ZeRO-2 and
 #     pp2 equal one process); --skip-spikes skips loss spikes; --max-skips
@@ -138,7 +138,7 @@ def test_convert(tmp):
     for extra, needle in ((["--convert", d], "--export-hf"), (["--convert", tmp, "--export-model", x], "no complete checkpoint"),
                           (["--convert", d, "--export-model", x, "-o", d], "-o")):
         rc, out, err = run(extra)
-        check(rc == 1 and needle in err and err.count("\n") == 1, f"{extra}: {err!r}")
+        check(rc == 2 and needle in err and err.count("\n") == 1, f"{extra}: {err!r}")
 
 
 def test_config(tmp):
@@ -166,15 +166,15 @@ def test_config(tmp):
     with open(bad, "w") as f:
         json.dump({"lrr": 1}, f)
     rc, out, err = run(SMALL + ["--config", bad])
-    check(rc == 1 and "lrr" in err and "did you mean lr" in err and err.count("\n") == 1, f"unknown flag in a config: {err!r}")
+    check(rc == 2 and "lrr" in err and "did you mean lr" in err and err.count("\n") == 1, f"unknown flag in a config: {err!r}")
     with open(bad, "w") as f:
         json.dump({"learning_rate": 1e-3}, f)  # another trainer's name for -l
     rc, out, err = run(SMALL + ["--config", bad])
-    check(rc == 1 and "did you mean lr?" in err and err.count("\n") == 1, f"another trainer's name in a config: {err!r}")
+    check(rc == 2 and "did you mean lr?" in err and err.count("\n") == 1, f"another trainer's name in a config: {err!r}")
     with open(bad, "w") as f:
         f.write('{"lr": 3e-4,\n "max-steps": }\n')  # the error is the '}' at line 2, column 15
     rc, out, err = run(SMALL + ["--config", bad])
-    check(rc == 1 and "not valid JSON at line 2, column 15" in err and err.count("\n") == 1,
+    check(rc == 2 and "not valid JSON at line 2, column 15" in err and err.count("\n") == 1,
           f"a JSON syntax error names its line and column: {err!r}")
 
 
@@ -366,7 +366,7 @@ def test_errors(tmp):
     for extra, name in cases:
         rc, out, err = run(base + extra, timeout=60)
         lines = [l for l in err.splitlines() if l.strip()]
-        check(rc == 1 and len(lines) == 1 and name in lines[0] and lines[0].startswith("train_gpt: error:"),
+        check(rc == 2 and len(lines) == 1 and name in lines[0] and lines[0].startswith("train_gpt: error:"),
               f"{extra}: rc={rc}, stderr={err!r}")
     rc, out, err = run(base + ["-i", bad_id], timeout=60)
     check("offset 100" in err, f"bad token id message lacks the offset: {err!r}")
@@ -384,7 +384,7 @@ def test_errors(tmp):
     ]
     for extra, needle in hints:
         rc, out, err = run(base + extra, timeout=60)
-        check(rc == 1 and needle in err and err.count("\n") == 1, f"{extra}: wanted {needle!r}: rc={rc} {err!r}")
+        check(rc == 2 and needle in err and err.count("\n") == 1, f"{extra}: wanted {needle!r}: rc={rc} {err!r}")
     rc, out, err = run(["--help"])
     check("examples:" in out and "mpirun -np" in out and "Llama" in out and "GPT-2" in out,
           "--help ends with examples and names GPT-2 and Llama")
@@ -394,7 +394,7 @@ def test_errors(tmp):
     bad_late = os.path.join(tmp, "bad_late.bin")
     write_shard(bad_late, [i % 250 for i in range(2950)] + [257] + [7] * 2049)
     rc, out, err = run(base + ["-i", bad_late, "-x", "1"], timeout=60)
-    check(rc == 1 and "bad_late.bin" in err and "offset 2950" in err and not re.search(r"^step\s+\d", out, re.M),
+    check(rc == 2 and "bad_late.bin" in err and "offset 2950" in err and not re.search(r"^step\s+\d", out, re.M),
           f"a late bad id is refused at start: rc={rc}, stderr={err!r}")
     leftovers = glob.glob(os.path.join(out_dir, "*"))
     check(not any(".tmp." in p or "DONE" in p for p in leftovers), f"half-written files: {leftovers}")

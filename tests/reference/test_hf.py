@@ -32,7 +32,7 @@
 #     alone keeps them;
 #   - errors: a truncated checkpoint and refused configs (rope_scaling,
 #     Qwen2's use_sliding_window) end train_gpt with one line naming the
-#     file and the tensor or field, exit status 1.
+#     file and the tensor or field, exit status 2.
 # Last line: "N passed, N failed".
 import os
 import shutil
@@ -378,7 +378,7 @@ def test_errors(tmp):
         f.truncate(os.path.getsize(st) - 100)
     rc, text = run([TRAIN, "-e", bad, "-b", "2", "-t", "32", "-x", "1", "-v", "0", "-s", "0", "--device", "cpu"])
     lines = [l for l in text.splitlines() if "error" in l]
-    check(rc == 1 and len(lines) == 1 and st in lines[0] and "tensor transformer." in lines[0],
+    check(rc == 2 and len(lines) == 1 and st in lines[0] and "tensor transformer." in lines[0],
           "truncated checkpoint: " + (lines[0] if lines else text[-300:]))
     cfg = os.path.join(tmp, "rope")
     os.makedirs(cfg)
@@ -386,7 +386,7 @@ def test_errors(tmp):
         f.write('{"architectures":["LlamaForCausalLM"],"hidden_size":48,"num_attention_heads":4,"intermediate_size":72,'
                 '"num_hidden_layers":2,"vocab_size":300,"rope_scaling":{"type":"dynamic","factor":2.0}}')
     rc, text = run([TRAIN, "-e", cfg, "-x", "1", "-v", "0", "-s", "0", "--device", "cpu"])
-    check(rc == 1 and "rope_scaling" in text and "config.json" in text, "rope_scaling refused: " + last_line(text))
+    check(rc == 2 and "rope_scaling" in text and "config.json" in text, "rope_scaling refused: " + last_line(text))
     win = os.path.join(tmp, "qwen2_window")
     shutil.copytree(os.path.join(tmp, "qwen2"), win)
     with open(os.path.join(win, "config.json")) as f:
@@ -395,7 +395,7 @@ def test_errors(tmp):
         f.write(cfg.replace('"use_sliding_window": false', '"use_sliding_window": true'))
     rc, text = run([TRAIN, "-e", win, "-x", "1", "-v", "0", "-s", "0", "--device", "cpu"])
     lines = [l for l in text.splitlines() if "error" in l]
-    check(rc == 1 and len(lines) == 1 and "use_sliding_window" in lines[0] and "config.json" in lines[0],
+    check(rc == 2 and len(lines) == 1 and "use_sliding_window" in lines[0] and "config.json" in lines[0],
           "Qwen2 use_sliding_window true refused: " + last_line(text))
 
 

@@ -469,6 +469,12 @@ static void test_tokenizer() {
     // Errors name the file.
     err = load_tok(&t, "bad.json", R"({"model":{"type":"BPE"}})");
     CHECK(err.find("bad.json") != std::string::npos && err.find("model.vocab") != std::string::npos, "%s", err.c_str());
+    // An id far past the tokens: named, not a billion-entry table.
+    err = load_tok(&t, "huge.json", R"({"model":{"type":"BPE","vocab":{"a":0,"b":1,"c":1000000000}}})");
+    CHECK(err.find("huge.json") != std::string::npos && err.find("token id 1000000000 is far past the 3 tokens") !=
+              std::string::npos, "%s", err.c_str());
+    err = load_tok(&t, "gap.json", R"({"added_tokens":[{"id":60000,"content":"<|x|>"}],"model":{"type":"BPE","vocab":{"a":0}}})");
+    CHECK(err.empty() && t.decode(60000) == "<|x|>", "an added token past a small vocabulary: %s", err.c_str());
     err = load_tok(&t, "bad2.json", R"({"model":)");
     CHECK(err.find("bad2.json") != std::string::npos && err.find("not valid JSON") != std::string::npos &&
               err.find('\n') == std::string::npos,

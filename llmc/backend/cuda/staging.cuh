@@ -1,9 +1,12 @@
 // llmc/backend/cuda/staging.cuh: element conversion on the device, which the
 // CUDA backend's host transfers between types go through (backend_cuda.cu:
 // a fixed staging buffer, allocated with the backend, converts a transfer
-// chunk by chunk). The kernels' scratch buffers are in cuda/scratch.cuh.
+// chunk by chunk), and the pinned host memory of Backend::alloc_host. The
+// kernels' scratch buffers are in cuda/scratch.cuh.
 #pragma once
 #include <cstddef>
+#include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -57,6 +60,18 @@ inline void device_convert(void* dst, DType dt, const void* src, DType st, size_
         case DType::BF16: convert_to<bf16>(dst, src, st, n, stream); return;
         default: throw std::logic_error("cuda convert: int32 converts only to int32");
     }
+}
+
+// ---- pinned host memory (Backend::alloc_host) -------------------------------------
+// Page-locked, so copies to and from it run at the link's speed and need no
+// driver-side staging; zero-filled like every allocation of a backend.
+inline void* pinned_alloc(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) throw std::bad_alloc();
+    return std::memset(p, 0, bytes);
+}
+inline void pinned_free(void* p) {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
 }
 
 }  // namespace llmc_cuda
