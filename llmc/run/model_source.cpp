@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -98,12 +99,21 @@ bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err) {
     return false;
 }
 
-bool convert_source(const std::string& path, std::string* root, int* step, std::string* err) {
+bool convert_source(const std::string& path, std::string* root, int* step, std::string* model_file,
+                    std::string* err) {
     std::string p = path;
     while (p.size() > 1 && p.back() == '/') p.pop_back();
     struct stat sb;
+    model_file->clear();
+    *step = -1;
+    if (stat(p.c_str(), &sb) == 0 && S_ISREG(sb.st_mode)) {  // a model file (its header is checked as it loads)
+        const size_t s = p.find_last_of('/');
+        *root = s == std::string::npos ? "." : p.substr(0, s);
+        *model_file = p;
+        return true;
+    }
     if (stat(p.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        *err = "flag --convert: no such directory '" + path + "'";
+        *err = "flag --convert: no such file or directory '" + path + "'";
         return false;
     }
     const size_t slash = p.find_last_of('/');
@@ -118,8 +128,22 @@ bool convert_source(const std::string& path, std::string* root, int* step, std::
     *step = latest_checkpoint(p);
     *root = p;
     if (*step >= 0) return true;
-    *err = "flag --convert: no complete checkpoint in '" + path +
-           "' (give a run's -o directory or one of its ckpt_SSSSSSSS directories)";
+    // No checkpoint (a run without -n): the final weights a GPT-2 run writes
+    // beside its metrics, model_SSSSSSSS.bin, the newest.
+    std::string newest;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string f = it->path().filename().string();
+        if (f.size() == 18 && f.compare(0, 6, "model_") == 0 && f.compare(14, 4, ".bin") == 0 &&
+            f.find_first_not_of("0123456789", 6) == 14 && f > newest)
+            newest = f;
+    }
+    if (!newest.empty()) {
+        *model_file = p + "/" + newest;
+        return true;
+    }
+    *err = "flag --convert: no complete checkpoint and no model_SSSSSSSS.bin in '" + path +
+           "' (give a run's -o directory, one of its ckpt_SSSSSSSS directories, or a model file)";
     return false;
 }
 

@@ -19,10 +19,13 @@ int default_seq_len(const GPTConfig& mc);
 // or a Hugging Face directory's config.json.
 bool model_config(const TrainConfig& cfg, GPTConfig* mc, std::string* err);
 
-// --convert PATH: a run's output directory (its latest complete checkpoint)
-// or one of its ckpt_SSSSSSSS directories (that one): the directory the
-// checkpoints are in and the step. False with a one-line *err otherwise.
-bool convert_source(const std::string& path, std::string* root, int* step, std::string* err);
+// --convert PATH: a run's output directory (its latest complete checkpoint;
+// without one, its newest model_SSSSSSSS.bin), one of its ckpt_SSSSSSSS
+// directories (that one), or an llm.c model file: the directory the run's
+// files are in, and the checkpoint's step or (step -1) the model file.
+// False with a one-line *err otherwise.
+bool convert_source(const std::string& path, std::string* root, int* step, std::string* model_file,
+                    std::string* err);
 
 // -y 1: the newest complete checkpoint in dir that passes
 // checkpoint_problem(), or -1 when there is none at all (*err empty). An

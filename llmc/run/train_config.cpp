@@ -13,7 +13,7 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({'b', "batch-size", O::Int, &c.B, "micro-batch size (rows per forward)", 1, 1 << 20});
     p.add({'t', "seq-len", O::Int, &c.T, "sequence length T (0: the model's context, at most 4096)", 0, 1 << 20});
     p.add({'d', "total-batch", O::Long, &c.total_batch, "tokens per optimizer step (-1: B*T*dp, one micro-batch on each data-parallel rank)", -1, 1e15});
-    p.add({'x', "max-steps", O::Int, &c.max_steps, "optimizer steps (-1: one epoch of the training data)", -1, 1e9});
+    p.add({'x', "max-steps", O::Int, &c.max_steps, "optimizer steps (-1: one epoch of the training data; 0 with --export-hf or --export-model: write -e's weights, untrained)", -1, 1e9});
     p.add({'l', "lr", O::Double, &c.lr, "peak learning rate", 0, 10});
     p.add({'u', "warmup", O::Int, &c.warmup, "linear warmup steps", 0, 1e9});
     p.add({'q', "final-lr-frac", O::Double, &c.final_lr_frac, "final lr as a fraction of lr (cosine decay; 1 = constant)", 0, 1});
@@ -56,7 +56,7 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "config", O::String, &c.config,
            "JSON file of flags by long name ({\"lr\": 3e-4, \"model\": \"d12\"}); flags on the command line override it"});
     p.add({0, "convert", O::String, &c.convert,
-           "no training: load this checkpoint (a run's -o directory: its latest; or its ckpt_SSSSSSSS) and write --export-hf / --export-model"});
+           "no training: load this checkpoint (a run's -o directory: its latest, or its final model_SSSSSSSS.bin when it has none; its ckpt_SSSSSSSS; or an llm.c model file) and write --export-hf / --export-model"});
     p.add({0, "export-dtype", O::String, &c.export_dtype,
            "type of the Hugging Face export's weights (auto: the run's parameters)", 0, 0, {"auto", "fp32", "bf16", "fp64"}});
     p.add({'y', "resume", O::Int, &c.resume,

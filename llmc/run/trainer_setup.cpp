@@ -29,7 +29,9 @@ void Trainer::setup(const ArgParser& parser) {
     setup_check(!cfg.resume || !cfg.output_dir.empty(), "flag -y: resuming needs an output directory (-o)");
     setup_check(cfg.total_batch == -1 || cfg.total_batch > 0,
                 "flag -d: " + std::to_string(cfg.total_batch) + " tokens per step (give a positive count, or -1 for B*T)");
-    setup_check(cfg.max_steps != 0, "flag -x: 0 optimizer steps (give a positive count, or -1 for one epoch)");
+    setup_check(cfg.max_steps != 0 || !cfg.export_hf.empty() || !cfg.export_model.empty(),
+                "flag -x: 0 optimizer steps (give a positive count, or -1 for one epoch; -x 0 with --export-hf or "
+                "--export-model writes -e's weights untrained)");
     setup_check(cfg.eps > 0, "flag --eps: AdamW's epsilon must be positive (0 divides by zero where v is 0)");
     if (main_rank && cfg.checkpoint_every > 0 && cfg.output_dir.empty())
         std::fprintf(stderr, "train_gpt: warning: -n %d without -o: no checkpoints will be written\n",
@@ -44,20 +46,27 @@ void Trainer::setup(const ArgParser& parser) {
     set_collective_timeout(cfg.collective_timeout);  // read by every group the grid makes
     setup_check(make_process_grid(lay, cfg.comm, *be, &grid, &err), err);
 
-    // --convert: a checkpoint to export, no training (its directory is read,
-    // never written: no metrics, no -o files; the data is not needed).
-    const bool converting = !cfg.convert.empty();
+    // --convert (a checkpoint or a model file), or -x 0 with an export (-e's
+    // weights): no training (the run's directory is read, never written: no
+    // metrics, no -o files; the data is not needed).
+    const bool converting = !cfg.convert.empty() || cfg.max_steps == 0;
+    const std::string how = cfg.convert.empty() ? "-x 0" : "--convert";
     std::string ckpt_root = cfg.output_dir;
     if (converting) {
         setup_check(!cfg.export_hf.empty() || !cfg.export_model.empty(),
                     "flag --convert: give --export-hf DIR and/or --export-model FILE to say what to write");
         setup_check(cfg.output_dir.empty() && !cfg.resume && cfg.resume_from.empty(),
-                    "flag --convert: -o, -y and --resume-from do not apply (nothing is trained)");
-        setup_check(convert_source(cfg.convert, &ckpt_root, &resume_step, &err), err);
+                    "flag " + how + ": -o, -y and --resume-from do not apply (nothing is trained)");
+    }
+    if (!cfg.convert.empty()) {
+        std::string model_file;
+        setup_check(convert_source(cfg.convert, &ckpt_root, &resume_step, &model_file, &err), err);
         const std::string took = inherit_run_flags(ckpt_root, parser, cfg);
         if (main_rank && !took.empty())
             std::printf("convert: as the run had them (%s/run_config.json): %s\n", ckpt_root.c_str(), took.c_str());
+        if (!model_file.empty()) cfg.model = model_file;  // its weights, in place of the run's -e
     }
+    if (converting && resume_step < 0) cfg.max_steps = 0;  // a model file's (or -e's) weights: no step
     // Model shape: from a resumed checkpoint, a model file, or sizes.
     if (!cfg.resume_from.empty()) {
         setup_check(!cfg.output_dir.empty(), "flag --resume-from: resuming needs an output directory (-o)");
@@ -345,8 +354,12 @@ void Trainer::print_settings(const ArgParser& parser) {
         std::printf("pipeline: %d stages x %d chunk(s) of %d block(s), %s schedule, %d micro-batches per step\n",
                     lay.pp, cfg.vpp, mc.num_layers / (lay.pp * cfg.vpp), cfg.vpp > 1 ? "interleaved 1F1B" : "1F1B",
                     accum);
-    if (!cfg.convert.empty()) {
-        std::printf("convert: the checkpoint of step %d in %s, nothing trained\n", resume_step, cfg.convert.c_str());
+    if (!cfg.convert.empty() || cfg.max_steps == 0) {
+        if (resume_step >= 0)
+            std::printf("convert: the checkpoint of step %d in %s, nothing trained\n", resume_step,
+                        cfg.convert.c_str());
+        else
+            std::printf("convert: the weights of %s, nothing trained\n", cfg.model.c_str());
         return;
     }
     std::printf("train data: %zu tokens in %zu shard(s); %lld rows/step = %d micro-step(s) x B=%d x dp=%d; "

@@ -121,7 +121,9 @@ def test_convert(tmp):
     """--convert exports a checkpoint without training: the latest one of a
     run's directory gives the run's own final model file byte for byte, a
     named ckpt_SSSSSSSS gives that step's weights; the run's directory is
-    left as it was."""
+    left as it was. A run without checkpoints converts from its final
+    model file, and so does a model file named directly, or -e FILE -x 0:
+    each gives the file back byte for byte."""
     d = os.path.join(tmp, "conv_run")
     rc, out, err = run(SMALL + ["-x", "4", "-n", "2", "-o", d])
     check(rc == 0, f"convert: the run to convert: {err}")
@@ -135,10 +137,27 @@ def test_convert(tmp):
           f"--convert DIR: the latest checkpoint's weights, nothing trained: {err1}")
     check(rc2 == 0 and os.path.isfile(y) and read(y) != read(x), f"--convert DIR/ckpt_00000002: that step: {err2}")
     check(sorted(os.listdir(d)) == before, f"--convert leaves the run's directory as it was: {before} -> {os.listdir(d)}")
-    for extra, needle in ((["--convert", d], "--export-hf"), (["--convert", tmp, "--export-model", x], "no complete checkpoint"),
-                          (["--convert", d, "--export-model", x, "-o", d], "-o")):
+    for extra, needle in ((["--convert", d], "--export-hf"),
+                          (["--convert", tmp, "--export-model", x], "no complete checkpoint and no model_SSSSSSSS.bin"),
+                          (["--convert", d, "--export-model", x, "-o", d], "-o"),
+                          (["--convert", os.path.join(tmp, "nothing"), "--export-model", x], "no such file or directory"),
+                          (SMALL + ["-x", "0"], "-x 0 with --export-hf or --export-model"),
+                          (SMALL + ["-x", "0", "--export-model", x, "-o", d], "flag -x 0: -o")):
         rc, out, err = run(extra)
         check(rc == 2 and needle in err and err.count("\n") == 1, f"{extra}: {err!r}")
+    # No checkpoint: the run's final model file; a model file; -x 0.
+    e = os.path.join(tmp, "conv_nockpt")
+    rc, out, err = run(SMALL + ["-x", "3", "-o", e])
+    final = os.path.join(e, "model_00000003.bin")
+    check(rc == 0 and os.path.isfile(final), f"convert: the run without -n: {err}")
+    if rc != 0:
+        return
+    for i, extra in enumerate((["--convert", e], ["--convert", final], ["-e", final, "-x", "0"])):
+        z = os.path.join(tmp, f"conv_file{i}.bin")
+        rc, out, err = run(extra + ["--export-model", z])
+        check(rc == 0 and os.path.isfile(z) and read(z) == read(final) and
+              f"convert: the weights of {final}, nothing trained" in out and not re.search(r"^step\s", out, re.M),
+              f"{extra}: the model file back byte for byte: {err[-300:]}")
 
 
 def test_config(tmp):
