@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "llmc/backend/backend_wrapper.h"
+#include "llmc/base/fnv.h"
 
 namespace {
 
@@ -182,8 +183,8 @@ class StandInTuningBackend final : public BackendWrapper {
             t.shape = shape;
             for (int i = 0; i < 3 && i < candidates; i++) {
                 t.ids.push_back("s" + std::to_string(i));
-                uint64_t h = 1469598103934665603ull;
-                for (char c : shape + "/" + t.ids.back()) h = (h ^ (unsigned char)c) * 1099511628211ull;
+                const std::string key = shape + "/" + t.ids.back();
+                const uint64_t h = fnv1a64(kFnvStart, key.data(), key.size());
                 t.ms.push_back(1.0 + (double)((h % 1000 + 389 * (uint64_t)rank_) % 1000) / 1000.0);
             }
             out.push_back(t);

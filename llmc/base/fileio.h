@@ -12,6 +12,9 @@ constexpr int kHeaderInts = 256;
 // Size of a file in bytes, or -1 when it cannot be opened.
 long long file_size(const std::string& path);
 
+// A whole file's bytes into *out; false when it cannot be opened.
+bool read_text(const std::string& path, std::string* out);
+
 // An output file that appears under its final name only on commit().
 class AtomicWriter {
   public:

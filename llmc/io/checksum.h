@@ -9,13 +9,8 @@
 #include <utility>
 #include <vector>
 
-// FNV-1a 64: the offset basis, and n bytes folded into h.
-constexpr uint64_t kFnvStart = 14695981039346656037ull;
-inline uint64_t fnv1a64(uint64_t h, const void* data, size_t n) {
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
+#include "llmc/base/fnv.h"  // fnv1a64, kFnvStart
+
 
 class PieceHasher {
   public:

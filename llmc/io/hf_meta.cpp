@@ -16,15 +16,6 @@ const char* const kHfSideFiles[] = {"tokenizer_config.json", "special_tokens_map
                                     "tokenizer.model"};
 const int kHfSideFileCount = sizeof(kHfSideFiles) / sizeof(kHfSideFiles[0]);
 
-static bool read_text(const std::string& path, std::string* out) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return false;
-    std::ostringstream s;
-    s << in.rdbuf();
-    *out = s.str();
-    return true;
-}
-
 static bool write_text(const std::string& path, const std::string& text, std::string* err) {
     AtomicWriter w;
     if (!w.open(path, err)) return false;

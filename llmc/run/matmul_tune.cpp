@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include "llmc/base/fileio.h"
@@ -173,20 +172,7 @@ std::string describe_matmul_decision(const MatmulDecision& d) {
 }
 
 // ---- the run ------------------------------------------------------------------------------
-namespace {
-
 constexpr int kCandidates = 8;  // of cuBLASLt's heuristic, per shape
-
-// The file's text on rank 0, "" when there is none (or no -o).
-std::string read_text(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return "";
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-}  // namespace
 
 std::string matmul_tuning_file(const std::string& output_dir) {
     return output_dir.empty() ? "" : output_dir + "/matmul_tuning.txt";
@@ -202,7 +188,8 @@ void MatmulTuning::start(Backend& be, bool flag, const std::string& output_dir, 
     }
     pending = true;
     file = matmul_tuning_file(output_dir);
-    std::string text = main_rank && !file.empty() ? read_text(file) : "";
+    std::string text;
+    if (main_rank && !file.empty()) read_text(file, &text);  // "" when there is none
     dist_broadcast(&text);
     if (text.empty()) return;
     // An earlier run's choices: taken when they hold for this device and

@@ -1,9 +1,9 @@
 // llmc/run/trainer_step.cpp: a training step, validation and samples
 // (llmc/run/trainer.h).
 #include <algorithm>
-#include <csignal>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 

@@ -50,6 +50,7 @@
 #include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/switches.h"
 #include "llmc/backend/matmul_tuning.h"
+#include "llmc/base/fnv.h"
 
 namespace llmc_cuda {
 
@@ -302,9 +303,7 @@ class MatmulContext {
         int id = 0;
         size_t written = 0;
         cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
-        uint64_t h = 1469598103934665603ull;  // FNV-1a over the configuration's bytes
-        const unsigned char* p = reinterpret_cast<const unsigned char*>(&a);
-        for (size_t i = 0; i < sizeof(a); i++) h = (h ^ p[i]) * 1099511628211ull;
+        const uint64_t h = fnv1a64(kFnvStart, &a, sizeof(a));  // over the configuration's bytes
         char buf[48];
         std::snprintf(buf, sizeof buf, "%d-%016llx", id, (unsigned long long)h);
         return buf;
