@@ -81,6 +81,10 @@ def main():
     if graphs:
         print(f"figure step_graphs_recorded {graphs.group(1)} graphs")
         print(f"figure step_graph_replays {graphs.group(2)} replays")
+    # The whole step as one of them (--sync-free 1, one process): its replays.
+    whole = re.search(r"^whole step as one graph: (\d+) recorded, (\d+) replays", p.stdout, re.M)
+    if whole:
+        print(f"figure whole_step_graph_replays {whole.group(2)} replays")
     if a.breakdown:
         breakdown(timed, args, a, env)
     bubble = re.search(r"pipeline bubble \(.*\): (.*); formula \(pp-1\)/\(m\*vpp\) = ([0-9.]+)", p.stdout)

@@ -90,10 +90,14 @@ struct AdamArgs {
     bool bf16_state = false;
     bool stochastic = false;
     uint32_t round_key = 0;
+    uint64_t round_seed = 0;  // round_key = state_round::step_key(round_seed, the step)
     // The step's figures in backend memory (StepFigures, below), or null:
     // when set, grad_scale, lr and the bias corrections are read from its
-    // `scale`, `lr`, `bias_corr1` and `bias_corr2`, and the update does
-    // nothing when its `skip` is not 0 (a step with no host synchronisation).
+    // `scale`, `lr`, `bias_corr1` and `bias_corr2`, the rounding key is
+    // made from round_seed and its `step`, and the update does nothing when
+    // its `skip` is not 0 (a step with no host synchronisation; nothing of
+    // the step's own then comes from the host, so a recorded region can
+    // replay it: docs/design.md section 2.9).
     const void* figures = nullptr;
 };
 
@@ -114,6 +118,7 @@ enum : int {
     lr,             // the step's learning rate, at `updates` before its update
     bias_corr1,     // 1 - beta1^t and 1 - beta2^t, t = updates + 1
     bias_corr2,
+    step,           // the step's number (0-based, skipped steps counted): stochastic rounding's key
     count           // the block's size in doubles
 };
 }  // namespace step_figure
@@ -128,7 +133,9 @@ enum : int {
 // running mean (plain over 20, then exponential), sets lr (the schedule of
 // lr, warmup, max_steps and final_lr_frac at `updates`: schedule_lr) and
 // the bias corrections of t = updates + 1, and counts the update: a skipped
-// step is one that never happened (docs/design.md section 2.8).
+// step is one that never happened (docs/design.md section 2.8); phase 3
+// starts the next step (loss = 0, step + 1), so that nothing the host
+// passes differs from step to step.
 struct StepVerdict {
     int phase = 0;
     double loss_divisor = 1;
@@ -500,7 +507,10 @@ class Backend {
     // While recording, ops are recorded and not yet run (as in CUDA stream
     // capture): the host must not read what they compute before
     // region_end(). Backends that do not record return false and run ops
-    // as they come.
+    // as they come. Regions nest by folding: inside a recording,
+    // region_replay and region_begin return false and the inner region's
+    // ops become part of the outer one (the whole step as one region holds
+    // its passes' regions).
     virtual bool region_replay(uint64_t key) {
         (void)key;
         return false;

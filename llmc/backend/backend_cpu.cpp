@@ -256,6 +256,7 @@ class CpuBackend : public Backend {
         a->lr = s[step_figure::lr];
         a->bias_corr1 = s[step_figure::bias_corr1];
         a->bias_corr2 = s[step_figure::bias_corr2];
+        a->round_key = state_round::step_key(a->round_seed, (long long)s[step_figure::step]);
         a->figures = nullptr;
         return true;
     }

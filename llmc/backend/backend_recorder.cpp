@@ -3,8 +3,9 @@
 // inside a region being recorded, is kept as a call with its arguments
 // copied (pointers, sizes, the attention shape) and run when the region ends
 // and at every replay. Ops a CUDA graph could not hold inside a region
-// (transfers, allocation, synchronisation, the optimizer's and the norm's
-// host-side tables and results) end the run with a message naming the op:
+// (transfers, allocation, synchronisation, new tables of runs for the
+// optimizer and the norm, host-side values and results) end the run with a
+// message naming the op:
 // they are where a region's code broke the rules of docs/design.md 2.9.
 #include "llmc/backend/backend_recorder.h"
 
@@ -31,7 +32,7 @@ class RecordingBackend final : public BackendWrapper {
 
     // ---- regions -------------------------------------------------------------------------
     bool region_replay(uint64_t key) override {
-        host_op("region_replay");  // regions do not nest
+        if (recording_) return false;  // a region inside one being recorded folds into it
         auto it = recordings_.find(key);
         if (it == recordings_.end()) return false;
         for (const auto& call : it->second) call();
@@ -39,7 +40,7 @@ class RecordingBackend final : public BackendWrapper {
         return true;
     }
     bool region_begin(uint64_t key) override {
-        host_op("region_begin");
+        if (recording_) return false;
         recording_ = &recordings_[key];
         recording_->clear();
         return true;

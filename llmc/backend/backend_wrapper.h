@@ -7,10 +7,12 @@
 //                        ops, copies within the backend): fn runs it, now or
 //                        later (its arguments are captured by value);
 //   host_op(name)        before a call that touches the host (allocation,
-//                        transfers, synchronisation, the optimizer's host-side
-//                        tables and results), which then runs at once; the
-//                        optimizer's ops and the norm's sums also pass through
-//                        device_op, after host_op, for what they compute.
+//                        transfers, synchronisation, a new table of runs for
+//                        the optimizer or the norm, host-side values and
+//                        results), which then runs at once; the optimizer's
+//                        ops and the norm's sums also pass through device_op,
+//                        after host_op when they touch the host, for what
+//                        they compute.
 // The wrapper owns the backend it wraps.
 #pragma once
 #include <functional>
@@ -191,9 +193,21 @@ class BackendWrapper : public Backend {
         host_op("adamw_update");
         device_op("adamw_update", [&] { in_->adamw_update(param, master, grad, m, v, n, a); });
     }
+    // The multi-tensor update keeps its table of runs on the device while
+    // the runs are those of its last call (a GPU uploads it when they
+    // change: cuda/adamw.cuh), and with the step's figures
+    // (AdamArgs::figures) nothing else of the step comes from the host: then
+    // it is device work that a region may hold. A new table is an upload;
+    // the host's learning rate and clip scale are values a replay would
+    // repeat.
     void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
-        host_op("adamw_update_multi");
-        device_op("adamw_update_multi", [&] { in_->adamw_update_multi(spans, count, a); });
+        std::vector<AdamSpan> runs(spans, spans + count);
+        if (!same_runs(runs, adam_runs_)) {
+            adam_runs_ = runs;
+            host_op("adamw_update_multi with new runs (its table uploaded)");
+        }
+        if (!a.figures) host_op("adamw_update_multi with the step's values from the host (no --sync-free figures)");
+        device_op("adamw_update_multi", [=] { in_->adamw_update_multi(runs.data(), (int)runs.size(), a); });
     }
     double sum_squares(const void* x, DType t, size_t n) override {
         host_op("sum_squares");
@@ -202,6 +216,7 @@ class BackendWrapper : public Backend {
         return r;
     }
     double sum_squares_multi(const SumSpan* spans, int count, DType t) override {
+        sumsq_runs_.assign(spans, spans + count);  // the table sum_squares_to shares on a GPU
         host_op("sum_squares_multi");
         double r = 0;
         device_op("sum_squares_multi", [&] { r = in_->sum_squares_multi(spans, count, t); });
@@ -213,9 +228,14 @@ class BackendWrapper : public Backend {
         device_op("sum_to_figure", [=] { in_->sum_to_figure(acc, x, t, n, divisor); });
     }
     void sum_squares_to(void* dst, const SumSpan* spans, int count, DType t, const void* add) override {
-        // The runs' table is the host's until the call returns: copied for a later run.
+        // The runs' table is the host's until the call returns: copied for a
+        // later run. On a GPU it goes to the device when the runs change, as
+        // adamw_update_multi's.
         std::vector<SumSpan> runs(spans, spans + count);
-        host_op("sum_squares_to");
+        if (!same_runs(runs, sumsq_runs_)) {
+            sumsq_runs_ = runs;
+            host_op("sum_squares_to with new runs (its table uploaded)");
+        }
         device_op("sum_squares_to", [=] { in_->sum_squares_to(dst, runs.data(), (int)runs.size(), t, add); });
     }
     void step_verdict(void* figures, const StepVerdict& v) override {
@@ -244,4 +264,22 @@ class BackendWrapper : public Backend {
     }
     virtual void host_op(const char* name) { (void)name; }
     Backend* in_;
+
+  private:
+    static bool same_span(const AdamSpan& a, const AdamSpan& b) {
+        return a.param == b.param && a.master == b.master && a.grad == b.grad && a.m == b.m && a.v == b.v &&
+               a.n == b.n && a.decay == b.decay;
+    }
+    static bool same_span(const SumSpan& a, const SumSpan& b) { return a.x == b.x && a.n == b.n; }
+    template <typename S>
+    static bool same_runs(const std::vector<S>& a, const std::vector<S>& b) {
+        if (a.size() != b.size()) return false;
+        for (size_t i = 0; i < a.size(); i++)
+            if (!same_span(a[i], b[i])) return false;
+        return true;
+    }
+    // The runs of the last multi-tensor update and of the last sum of
+    // squares over runs: the tables a GPU holds.
+    std::vector<AdamSpan> adam_runs_;
+    std::vector<SumSpan> sumsq_runs_;
 };

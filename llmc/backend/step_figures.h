@@ -56,6 +56,11 @@ LLMC_FIG_HD void accept_loss(double* s) {
 // s: a block of step_figure::count doubles; see StepVerdict (backend.h).
 LLMC_FIG_HD void apply_verdict(double* s, const StepVerdict& v) {
     namespace f = step_figure;
+    if (v.phase == 3) {
+        s[f::loss] = 0;
+        s[f::step] += 1;
+        return;
+    }
     if (v.phase == 0) {
         const double l = s[f::loss] / v.loss_divisor;
         s[f::loss] = l;

@@ -1,7 +1,9 @@
 // llmc/base/fnv.h: FNV-1a 64, the one hash of the project's byte strings
 // (checkpoint checksums, llmc/io/checksum.h; matmul algorithm ids,
-// llmc/backend/cuda/matmul.cuh; the stand-in algorithms' times of a test
-// hook, llmc/backend/backend_recorder.cpp). Usable in host and CUDA code.
+// llmc/backend/cuda/matmul.cuh; the keys of recorded regions,
+// llmc/model/buffers.cpp and llmc/run/step_graph.cpp; the stand-in
+// algorithms' times of a test hook, llmc/backend/backend_recorder.cpp).
+// Usable in host and CUDA code.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -57,8 +57,9 @@ LLMC_SR_HD uint32_t mix(uint32_t x) {
 }
 
 // The key of one step's rounding: the seed and the step mixed (the host
-// computes it once per step; the moments then differ by kSecondMoment).
-inline uint32_t step_key(uint64_t seed, long long step) {
+// computes it once per step, or the update from the step's figures on the
+// device; the moments then differ by kSecondMoment).
+LLMC_SR_HD uint32_t step_key(uint64_t seed, long long step) {
     return mix((uint32_t)seed ^ mix((uint32_t)(seed >> 32) ^ mix((uint32_t)step + 0x9e3779b9u)));
 }
 constexpr uint32_t kSecondMoment = 0x5bd1e995u;

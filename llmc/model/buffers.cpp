@@ -17,6 +17,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "llmc/base/fnv.h"
 #include "llmc/model/activations.h"
 
 // The provider for whole buffers: nothing to gather, nothing to reduce.
@@ -339,9 +340,8 @@ void GPT::region(Pass pass, int c, int slot, int B, int T, double dloss, const s
     // keys: a chance of two colliding below 1e-17).
     uint64_t bits = 0;
     std::memcpy(&bits, &dloss, sizeof bits);
-    uint64_t key = 1469598103934665603ull;
-    for (uint64_t v : {region_model_, (uint64_t)pass, (uint64_t)c, (uint64_t)slot, (uint64_t)B, (uint64_t)T, bits})
-        for (int i = 0; i < 8; i++) key = (key ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    const uint64_t fields[] = {region_model_, (uint64_t)pass, (uint64_t)c, (uint64_t)slot, (uint64_t)B, (uint64_t)T, bits};
+    const uint64_t key = fnv1a64(kFnvStart, fields, sizeof fields);
     if (be_->region_replay(key)) return;
     const bool recording = be_->region_begin(key);
     ops();

@@ -142,12 +142,18 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
     if (ch.head) grad_ready_[slot] = 0;
     int* tok = ch.embed ? a.inputs + (size_t)slot * N : nullptr;
     int* tgt = ch.head ? a.targets + (size_t)slot * N : nullptr;
-    if (ch.embed) be_->upload(tok, DType::I32, inputs, DType::I32, N);
+    // The micro-batch's ids into the slot: from the host, or staged on the
+    // device (set_batch_on_device, around a training step's forwards).
+    auto put_ids = [&](int* dst, const int* src) {
+        if (batch_on_device_) be_->copy(dst, src, (size_t)N * sizeof(int));
+        else be_->upload(dst, DType::I32, src, DType::I32, N);
+    };
+    if (ch.embed) put_ids(tok, inputs);
     else be_->copy(x0, x_in, (size_t)Ns * C * dtype_size(act));
-    if (ch.head && targets) be_->upload(tgt, DType::I32, targets, DType::I32, N);
+    if (ch.head && targets) put_ids(tgt, targets);
     if (a.docs) {  // the document mask: this slot's document starts, for every block (and its backward)
         if (!docs) throw std::invalid_argument("forward: the document mask is on and no document starts were given");
-        be_->upload(a.docs + (slot_base_[c] + slot) * (size_t)B_ * T_, DType::I32, docs, DType::I32, N);
+        put_ids(a.docs + (slot_base_[c] + slot) * (size_t)B_ * T_, docs);
     }
 
     // From here to the loss, device work only: a recorded region (backend.h)

@@ -198,6 +198,11 @@ class GPT {
     // the default; forward_chunk then returns 0): a step whose figures stay
     // on the device (step_figure::loss, backend.h).
     void set_loss_figure(void* acc) { loss_figure_ = acc; }
+    // Training forwards' inputs, targets and docs in backend memory instead
+    // of the host's (copied on the device: a step staged before it runs as
+    // one recorded region, llmc/run/step_graph.h): set around that step's
+    // forwards alone. Off by default.
+    void set_batch_on_device(bool on) { batch_on_device_ = on; }
     // Document masking (docs/attention.md): each token attends only to the
     // earlier tokens of its own document. Allocates the per-slot document
     // starts; from then on every forward needs its docs.
@@ -354,6 +359,7 @@ class GPT {
     std::vector<char> grad_ready_;  // per slot of the head chunk
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
     void* loss_figure_ = nullptr;   // set_loss_figure
+    bool batch_on_device_ = false;  // set_batch_on_device
     int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
     int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds
     ExpertParallelOps* ep_ = nullptr;  // null when ep = 1

@@ -24,6 +24,7 @@ AdamArgs adam_args(const OptimConfig& o, int step, int update, double grad_scale
     a.bias_corr2 = bias_correction(o.beta2, t);
     a.stochastic = o.stochastic_rounding;
     a.round_key = state_round::step_key(o.round_seed, step);
+    a.round_seed = o.round_seed;
     return a;
 }
 

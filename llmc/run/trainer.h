@@ -29,8 +29,9 @@
 #include "llmc/parallel/model_stack.h"
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/matmul_tune.h"
-#include "llmc/run/run_checkpoints.h"
 #include "llmc/run/progress.h"
+#include "llmc/run/run_checkpoints.h"
+#include "llmc/run/step_graph.h"
 #include "llmc/run/train_config.h"
 #include "llmc/run/train_data.h"
 
@@ -65,6 +66,8 @@ struct Trainer {
     ModelStack s;               // this rank's model and parallel modes
     void* figures = nullptr;    // --sync-free: the step's figures in backend memory (step_figure)
     bool figures_fresh = true;  // the running mean's state goes to the device at the next step
+    StepGraph step_graph;       // the whole step as one recorded region (step_graph.h)
+    std::string step_graph_off; // why not ("" when on)
     std::chrono::steady_clock::time_point last_report{};  // when the previous step was reported
     TrainState st;
     OptimConfig oc;

@@ -173,9 +173,16 @@ void Trainer::finish() {
     }
     // Recorded regions (LLMC_CUDA_GRAPH / LLMC_CPU_GRAPH, docs/design.md 2.9).
     const Backend::RegionStats rs = be->region_stats();
-    if (rs.on && main_rank)
+    if (rs.on && main_rank) {
         std::printf("step graphs: %d recorded, %lld replays%s\n", rs.recorded, rs.replays,
                     rs.recorded ? "" : " (ZeRO-2/3, tp and cp communicate inside the forward and backward: no regions)");
+        // The whole step as one region (step_graph.h), or why not.
+        if (step_graph.on())
+            std::printf("whole step as one graph: %d recorded, %lld replays, %lld steps run without\n",
+                        step_graph.recorded(), step_graph.replays(), step_graph.plain());
+        else
+            std::printf("whole step as one graph: no (%s)\n", step_graph_off.c_str());
+    }
     print_rank_lines(memory_line("end", rank, *s.model, s.comm_bytes(), grid.pp_rank, lay.pp,
                                  ckpt.host_bytes()));
     progress.print_summary(main_rank);

@@ -228,6 +228,11 @@ void Trainer::setup(const ArgParser& parser) {
 
     // --sync-free: the step's figures, a few doubles in backend memory.
     if (cfg.sync_free && cfg.convert.empty()) figures = be->alloc(step_figure::count * sizeof(double));
+    // The whole step as one recorded region, where nothing in it comes back
+    // to the host or goes to another rank (llmc/run/step_graph.h).
+    step_graph_off = StepGraph::why_not(be->region_stats().on, figures != nullptr, lay.world, mc.moe());
+    if (step_graph_off.empty() && cfg.max_steps > 0)
+        step_graph.start(be.get(), accum, cfg.B, T_local, cfg.document_mask != 0);
     print_settings(parser);
     std::fflush(stdout);
     // The snapshot buffer of --async-checkpoint, allocated once (with -o:

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "llmc/backend/backend_profile.h"
 #include "llmc/backend/backend_recorder.h"
@@ -44,76 +45,101 @@ PendingStep Trainer::issue_step(int step) {
     take_op_times(*be, &before);  // LLMC_BREAKDOWN=1: this step's ops alone (not validation's)
     take_host_reads(*be);         // LLMC_TEST_HOST_READS: this step's reads alone
     trace::set_step(step);
-    s.model->zero_grad();
     const test_hooks::NanHook& nan = test_hooks::nan_hook();  // the tests' bad steps (test_hooks.h)
     const float nan_f = std::nanf("");
-    if (nan.at(step, rank, test_hooks::NanHook::grad_pre))
-        be->upload(s.model->grads(), s.model->precision().grad, &nan_f, DType::F32, 1);
+    const bool hooked = nan.at(step, rank, test_hooks::NanHook::grad_pre) ||
+                        nan.at(step, rank, test_hooks::NanHook::loss) || nan.at(step, rank, test_hooks::NanHook::grad);
     const uint64_t rows0 = st.rows_consumed;
-    auto load = [&](int micro, const int** in, const int** tg, const int** dc) {
-        // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
+    // Rank r's micro-step k takes rows (k·dp + r)·B of the step's rows.
+    auto read = [&](int micro) {
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
                                      : rows0 + ((uint64_t)micro * lay.dp() + grid.dp_rank) * cfg.B;
         data.read_micro_batch(data.train, first, cfg.B, cfg.T, cfg.eot_token, *s.cp);
-        *in = data.inputs.data();
-        *tg = data.targets.data();
-        *dc = data.docs_or_null();
     };
+    std::function<void(int, const int**, const int**, const int**)> load;
+    if (step_graph.on()) {
+        // The whole step as one region (step_graph.h): every micro-batch is
+        // in backend memory before it, and its forwards copy them there.
+        for (int k = 0; k < accum; k++) {
+            read(k);
+            step_graph.stage(k, data.inputs.data(), data.targets.data(), data.docs_or_null());
+        }
+        load = [&](int micro, const int** in, const int** tg, const int** dc) {
+            *in = step_graph.inputs(micro), *tg = step_graph.targets(micro), *dc = step_graph.docs(micro);
+        };
+    } else {
+        load = [&](int micro, const int** in, const int** tg, const int** dc) {
+            read(micro);
+            *in = data.inputs.data(), *tg = data.targets.data(), *dc = data.docs_or_null();
+        };
+    }
     s.model->moe().take_aux_sum();  // what validation and samples left
     s.model->moe().count_loads(true);  // the experts' loads of this step's training forwards
-    if (figures) {
-        // The loss's sum from 0; the running mean's state stays on the device
-        // from step to step (it goes there at the first step, and after a resume).
-        if (figures_fresh) {
-            double init[step_figure::count] = {};
-            init[step_figure::loss_mean] = st.loss_mean;
-            init[step_figure::loss_count] = st.loss_count;
-            init[step_figure::updates] = step - st.skips;
-            be->upload(figures, DType::F64, init, DType::F64, step_figure::count);
-            figures_fresh = false;
-        } else {
-            be->zero(elem_ptr(figures, DType::F64, step_figure::loss), sizeof(double));
-        }
-        s.model->set_loss_figure(elem_ptr(figures, DType::F64, step_figure::loss));
+    if (figures && figures_fresh) {
+        // The running mean's state and the counts go to the device at the
+        // first step and after a resume, and stay there from step to step.
+        double init[step_figure::count] = {};
+        init[step_figure::loss_mean] = st.loss_mean;
+        init[step_figure::loss_count] = st.loss_count;
+        init[step_figure::updates] = step - st.skips;
+        init[step_figure::step] = step - 1;  // the step's start (phase 3) counts it
+        be->upload(figures, DType::F64, init, DType::F64, step_figure::count);
+        figures_fresh = false;
     }
-    double loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
-    s.model->set_loss_figure(nullptr);
-    s.model->moe().count_loads(false);
-    // Mixtral's load-balancing loss, the mean over the step's micro-batches
-    // (each the same on the ranks of its cp group) as the loss; not part of
-    // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
-    // form it only with aux > 0 (their forward-only pass of the statistics).
-    if (mc.moe() && (lay.pp == 1 || mc.aux_coef > 0)) {
-        p.aux = grid.dpcp_group->host_all_reduce(s.model->moe().take_aux_sum(), ReduceOp::Sum) /
-                (accum * grid.dpcp_group->size());
-        p.aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? p.aux : 0.0);
-    }
-    // The loss's verdict: on the host (bad), or on the device (--sync-free:
-    // the optimizer step reads it there).
-    bool bad = false;
-    if (nan.at(step, rank, test_hooks::NanHook::loss)) {
-        if (figures) be->upload(elem_ptr(figures, DType::F64, step_figure::loss), DType::F64, &nan_f, DType::F32, 1);
-        loss = nan_f;
-    }
-    if (figures) reduce_loss_figure();
-    else loss = step_loss(loss, &bad);
-    // Test hook (llmc/base/test_hooks.h, docs/design.md section 2.8): a rank
-    // sets one gradient element to NaN before this step's optimizer step, so
-    // the tests can check that the bad step is skipped on every rank. After
-    // the gradients' reductions: a reduction still in flight would overwrite
-    // it (ZeRO 1-2's reduce-scatter into the same buffer).
-    s.dp->finish_reductions();
-    if (nan.at(step, rank, test_hooks::NanHook::grad))
-        be->upload(s.model->grads(), s.model->precision().grad, &nan_f, DType::F32, 1);
-    double norm;
+    double loss = 0, norm = 0;
     bool skipped = false;
-    {
+    // The step's work on the device, from zero_grad to the update: with
+    // --sync-free nothing in it comes back to the host, and a step that
+    // communicates nothing runs as one recorded region.
+    auto work = [&] {
+        s.model->zero_grad();
+        if (nan.at(step, rank, test_hooks::NanHook::grad_pre))
+            be->upload(s.model->grads(), s.model->precision().grad, &nan_f, DType::F32, 1);
+        if (figures) {
+            // The step's start: its loss's sum from 0, its number counted.
+            StepVerdict start;
+            start.phase = 3;
+            be->step_verdict(figures, start);
+            s.model->set_loss_figure(elem_ptr(figures, DType::F64, step_figure::loss));
+        }
+        s.model->set_batch_on_device(step_graph.on());
+        loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
+        s.model->set_batch_on_device(false);
+        s.model->set_loss_figure(nullptr);
+        s.model->moe().count_loads(false);
+        // Mixtral's load-balancing loss, the mean over the step's micro-batches
+        // (each the same on the ranks of its cp group) as the loss; not part of
+        // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
+        // form it only with aux > 0 (their forward-only pass of the statistics).
+        if (mc.moe() && (lay.pp == 1 || mc.aux_coef > 0)) {
+            p.aux = grid.dpcp_group->host_all_reduce(s.model->moe().take_aux_sum(), ReduceOp::Sum) /
+                    (accum * grid.dpcp_group->size());
+            p.aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? p.aux : 0.0);
+        }
+        // The loss's verdict: on the host (bad), or on the device (--sync-free:
+        // the optimizer step reads it there).
+        bool bad = false;
+        if (nan.at(step, rank, test_hooks::NanHook::loss)) {
+            if (figures) be->upload(elem_ptr(figures, DType::F64, step_figure::loss), DType::F64, &nan_f, DType::F32, 1);
+            loss = nan_f;
+        }
+        if (figures) reduce_loss_figure();
+        else loss = step_loss(loss, &bad);
+        // Test hook (llmc/base/test_hooks.h, docs/design.md section 2.8): a rank
+        // sets one gradient element to NaN before this step's optimizer step, so
+        // the tests can check that the bad step is skipped on every rank. After
+        // the gradients' reductions: a reduction still in flight would overwrite
+        // it (ZeRO 1-2's reduce-scatter into the same buffer).
+        s.dp->finish_reductions();
+        if (nan.at(step, rank, test_hooks::NanHook::grad))
+            be->upload(s.model->grads(), s.model->precision().grad, &nan_f, DType::F32, 1);
         trace::Scope span("optimizer", "optimizer");
         // The update's number: the steps before it less those skipped (a
         // skipped step never happened, for the schedule and Adam's t; with
         // --sync-free the device keeps the count).
         norm = s.step(oc, step, step - st.skips, bad, &skipped, figures);
-    }
+    };
+    step_graph.run(work, hooked);
     // Mixtral: the step's loads over the whole batch (every rank counted its
     // own tokens for its stage's layers; the tp ranks of a group the same
     // ones), their imbalance, and --moe-balance bias's update (not on a

@@ -172,18 +172,20 @@ step_test() {
 }
 
 # The step's variants against the default step, each right and timed:
-# AdamW's moments in bf16, the sync-free step.
+# AdamW's moments in bf16, the sync-free step (alone and as one graph).
 step_variants() {
     begin_step variants 120
     need core
     # AdamW's moments in bf16 (--optimizer-dtype bf16, nearest and
     # stochastic) against fp32 moments: losses and the optimizer's bytes.
-    FIGS=optimizer_dtype_ FIGCMD="scripts/gpu/optimizer_dtype.py --steps 60" SUMMARY_MATCH='^(PASS|FAIL)' \
+    FIGS= FIGCMD="scripts/gpu/optimizer_dtype.py --steps 60" SUMMARY_MATCH='^(PASS|FAIL)' \
         run_prog optimizer_dtype 60 20 "$PY" scripts/gpu/optimizer_dtype.py --out "$W/runs" --steps 60
-    # The step without host synchronisation (--sync-free 1) against the
-    # host-read step at d12's shape: losses and sync_free_step_over_base.
-    FIGS=sync_free_ FIGCMD="scripts/gpu/sync_free.py --steps 40 -b 16" SUMMARY_MATCH='^(PASS|FAIL)' \
-        run_prog sync_free 90 40 "$PY" scripts/gpu/sync_free.py --out "$W/runs" --steps 40 -b 16
+    # The step without host synchronisation (--sync-free 1), alone and as
+    # one CUDA graph, against the host-read step at d12's shape: losses,
+    # sync_free_step_over_base, whole_step_graph_over_base and
+    # cuda_graph_replays (the scripts name their figures: no prefix).
+    FIGS= FIGCMD="scripts/gpu/sync_free.py --steps 40 -b 16" SUMMARY_MATCH='^(PASS|FAIL)' \
+        run_prog sync_free 100 60 "$PY" scripts/gpu/sync_free.py --out "$W/runs" --steps 40 -b 16
     end_step
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # scripts/gpu/sync_free.py: the step without host synchronisation
-# (--sync-free 1, docs/design.md section 2.10) against the host-read step on a
-# device: d12's shape on the embedded data (L=12, C=768, NH=12, V=257,
+# (--sync-free 1, docs/design.md section 2.10), alone and as one CUDA graph,
+# against the host-read step on a device: d12's shape on the embedded data (L=12, C=768, NH=12, V=257,
 # T=1024), the same seed and batches, runs alternated A B A B so drift
 # affects both. Checks, each a PASS or FAIL line:
 #   - every run finishes with finite losses;
@@ -10,9 +10,15 @@
 #     tests/distributed/test_sync_free.py; a GPU sums the loss and the norm's
 #     partials in another order, so the last bits differ and bf16 carries
 #     them on);
-#   - the settings line names the flag.
+#   - the settings line names the flag;
+#   - the whole step as one CUDA graph (--sync-free 1 with LLMC_CUDA_GRAPH=1,
+#     llmc/run/step_graph.h; on the CPU its emulation, LLMC_CPU_GRAPH=1)
+#     says it recorded once and replayed every step after the second, and
+#     its losses stay within 1e-3 of the host-read runs' too.
 # Prints "figure" lines: each variant's median tokens/s over the steps after
-# the first --skip, and sync_free_step_over_base (their ratio). Ends with
+# the first --skip, sync_free_step_over_base (their ratio),
+# whole_step_graph_over_base and whole_step_graph_over_sync_free, and
+# cuda_graph_replays (the whole step's replays in a run). Ends with
 # "N passed, N failed".
 # Run by scripts/gpu/check.sh's test step; on its own, from any directory:
 #   usage: scripts/gpu/sync_free.py --out DIR [--steps 40] [--skip 10] [-b 16]
@@ -44,15 +50,21 @@ def main():
     ap.add_argument("--dtype", default="bf16")
     a = ap.parse_args()
     check = Checks(show_pass=True)
-    losses, speed = {0: [], 1: []}, {0: [], 1: []}
+    # The variants: the host-read step, the sync-free step, and the sync-free
+    # step as one recorded region (a CUDA graph; the CPU's emulation off a GPU).
+    graph_env = {"LLMC_CUDA_GRAPH": "1"} if a.device == "cuda" else {"LLMC_CPU_GRAPH": "1"}
+    variants = [(0, 0, {}), (1, 1, {}), (2, 1, graph_env)]
+    losses, speed = {v: [] for v, _, _ in variants}, {v: [] for v, _, _ in variants}
+    replays = None
     for rep in range(2):
-        for sf in (0, 1):
-            d = os.path.join(a.out, f"sync_free_{sf}_{rep}")
+        for v, sf, env in variants:
+            d = os.path.join(a.out, f"sync_free_{v}_{rep}")
             cmd = [os.path.join(ROOT, "train_gpt"), "-e", a.model, "-t", str(a.t), "-b", str(a.b), "-x",
                    str(a.steps), "-s", "0", "-v", "0", "--device", a.device, "--dtype", a.dtype, "--sync-free", str(sf),
                    "-o", d]
-            print("  $ " + " ".join(cmd), flush=True)
-            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+            print("  $ " + " ".join(f"{k}={x}" for k, x in env.items()) + (" " if env else "") + " ".join(cmd),
+                  flush=True)
+            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, **env))
             try:
                 with open(os.path.join(d, "metrics.jsonl")) as f:
                     ms = [json.loads(x) for x in f if '"loss"' in x]
@@ -60,23 +72,40 @@ def main():
                 ms = []
             ls = [m["loss"] for m in ms]
             ok = p.returncode == 0 and len(ls) == a.steps and all(x == x and abs(x) < 1e30 for x in ls)
-            check(ok, f"--sync-free {sf} (run {rep + 1}): {len(ls)} steps, rc {p.returncode}" +
+            name = "--sync-free 1 as one graph" if v == 2 else f"--sync-free {sf}"
+            check(ok, f"{name} (run {rep + 1}): {len(ls)} steps, rc {p.returncode}" +
                   ("" if ok else f": {p.stderr[-300:]!r}"))
             if not ok:
                 continue
-            if sf == 1 and rep == 0:
+            if v == 1 and rep == 0:
                 check(re.search(r"\| sync-free\s+\| 1\s", p.stdout) is not None, "the settings table shows the flag")
-            losses[sf].append(ls)
-            speed[sf] += [m["tokens_per_s"] for m in ms[a.skip:]]
-    if losses[0] and losses[1]:
-        r = max(abs(x - y) / abs(y) for x, y in zip(losses[1][0], losses[0][0]))
-        print(f"figure sync_free_loss_rel {r:.6e} rel")
-        check(r <= 1e-3, f"sync-free losses within {r:.2e} of the host-read step's (at most 1e-3)")
-    if speed[0] and speed[1]:
-        s0, s1 = statistics.median(speed[0]), statistics.median(speed[1])
-        print(f"figure sync_free_base_tokens_per_s {s0:.0f} tokens/s")
-        print(f"figure sync_free_tokens_per_s {s1:.0f} tokens/s")
-        print(f"figure sync_free_step_over_base {s1 / s0:.4f} ratio")
+            if v == 2 and rep == 0:
+                m = re.search(r"whole step as one graph: (\d+) recorded, (\d+) replays, (\d+) steps run without",
+                              p.stdout)
+                got = tuple(int(g) for g in m.groups()) if m else None
+                check(got == (1, a.steps - 2, 1), f"the whole step recorded once, replayed {a.steps - 2} times, "
+                      f"the first run plainly: {got or 'no line'}")
+                replays = got[1] if got else None
+            losses[v].append(ls)
+            speed[v] += [m["tokens_per_s"] for m in ms[a.skip:]]
+    for v, what in ((1, "sync-free"), (2, "whole-step graph")):
+        if losses[0] and losses[v]:
+            r = max(abs(x - y) / abs(y) for x, y in zip(losses[v][0], losses[0][0]))
+            print(f"figure {'sync_free_loss_rel' if v == 1 else 'whole_step_graph_loss_rel'} {r:.6e} rel")
+            check(r <= 1e-3, f"{what} losses within {r:.2e} of the host-read step's (at most 1e-3)")
+    med = {v: statistics.median(speed[v]) for v in speed if speed[v]}
+    if 0 in med and 1 in med:
+        print(f"figure sync_free_base_tokens_per_s {med[0]:.0f} tokens/s")
+        print(f"figure sync_free_tokens_per_s {med[1]:.0f} tokens/s")
+        print(f"figure sync_free_step_over_base {med[1] / med[0]:.4f} ratio")
+    if 2 in med:
+        print(f"figure whole_step_graph_tokens_per_s {med[2]:.0f} tokens/s")
+        if 0 in med:
+            print(f"figure whole_step_graph_over_base {med[2] / med[0]:.4f} ratio")
+        if 1 in med:
+            print(f"figure whole_step_graph_over_sync_free {med[2] / med[1]:.4f} ratio")
+    if replays is not None:
+        print(f"figure cuda_graph_replays {replays} replays")
     sys.exit(check.summary())
 
 

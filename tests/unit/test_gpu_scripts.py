@@ -238,7 +238,8 @@ def optimizer_dtype(tmp):
     rc, out = sh([py, "scripts/gpu/sync_free.py", "--out", os.path.join(tmp, "syncfree"), "--steps", "4", "--skip",
                   "1", "--device", "cpu", "--dtype", "fp32", "--model", "L=2,C=32,NH=2,V=257,T=64", "-t", "64", "-b",
                   "4"], env={"OMP_NUM_THREADS": "1"}, timeout=300)
-    check(rc == 0 and "6 passed, 0 failed" in out and "figure sync_free_step_over_base" in out,
+    check(rc == 0 and "10 passed, 0 failed" in out and "figure sync_free_step_over_base" in out and
+          "figure whole_step_graph_over_base" in out and "figure cuda_graph_replays 2 replays" in out,
           f"sync_free.py on the CPU: {out[-400:]}")
 
 

@@ -11,8 +11,8 @@
 // type G are widened to fp32 and multiplied by grad_scale first (gradient
 // clipping folds in there). The double hyperparameters of AdamArgs are
 // narrowed to fp32 once on the host; with the step's figures on the device
-// (AdamArgs::figures) the clip scale, the learning rate and the bias
-// corrections are read there, and a skipped step
+// (AdamArgs::figures) the clip scale, the learning rate, the bias
+// corrections and the step of the rounding key are read there, and a skipped step
 // leaves everything as it was. The per-element math is the same in
 // every path (adamw_element).
 //
@@ -40,13 +40,15 @@ struct AdamF {
     float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
     uint32_t key;    // stochastic rounding's key of the step (m; v's is key ^ kSecondMoment)
     int stochastic;  // bf16 moments: 1 stochastic rounding, 0 nearest
-    const double* figures;  // the step's figures on the device (or null): skip, clip scale, lr, bias corrections
+    const double* figures;  // the step's figures on the device (or null): skip, clip scale, lr, bias corrections, step
+    unsigned long long seed;  // with figures: key = step_key(seed, figures[step])
 };
 
 inline AdamF adam_narrow(const AdamArgs& a) {
     return {(float)a.lr,         (float)a.beta1,      (float)a.beta2,      (float)a.eps,
             (float)a.weight_decay, (float)a.grad_scale, (float)a.bias_corr1, (float)a.bias_corr2,
-            a.round_key,         a.stochastic ? 1 : 0, static_cast<const double*>(a.figures)};
+            a.round_key,         a.stochastic ? 1 : 0, static_cast<const double*>(a.figures),
+            (unsigned long long)a.round_seed};
 }
 
 // One piece as the kernels see it. first_block: the piece's first block in a
@@ -98,6 +100,7 @@ __device__ __forceinline__ void adamw_piece_block(const AdamPiece& d, size_t j, 
         a.lr = (float)a.figures[step_figure::lr];
         a.bc1 = (float)a.figures[step_figure::bias_corr1];
         a.bc2 = (float)a.figures[step_figure::bias_corr2];
+        a.key = state_round::step_key(a.seed, (long long)a.figures[step_figure::step]);
     }
     P* param = static_cast<P*>(d.param);
     const G* grad = static_cast<const G*>(d.grad);
@@ -254,6 +257,7 @@ class AdamMultiTable {
         return true;
     }
     void upload(const std::vector<AdamPiece>& p, cudaStream_t stream) {
+        refuse_table_in_capture(stream, "adamw_update_multi");
         host_ = p;
         std::vector<size_t> first(p.size());
         size_t blocks = 0;

@@ -172,6 +172,7 @@ class SumSqMulti {
         char* table = static_cast<char*>(table_.get(sumsq_table_bytes(np), stream, "sum_squares_multi (its table of runs)"));
         double* partial = static_cast<double*>(partial_.get(blocks * sizeof(double), stream, "sum_squares_multi"));
         if (!same(pieces)) {
+            refuse_table_in_capture(stream, "sum_squares_multi/sum_squares_to");
             host_ = pieces;
             CUDA_CHECK(cudaMemcpyAsync(table, pieces.data(), pb, cudaMemcpyHostToDevice, stream));
             CUDA_CHECK(cudaMemcpyAsync(table + pb, first_.data(), (size_t)np * sizeof(size_t), cudaMemcpyHostToDevice,

@@ -35,19 +35,20 @@ class StepGraphs {
     long long replays() const { return replays_; }
 
     // Launches the graph recorded under key; false when there is none (or
-    // recording is off).
+    // recording is off, or a capture is open: an inner region folds into
+    // the outer one, backend.h).
     bool replay(uint64_t key, cudaStream_t stream) {
-        if (!on) return false;
+        if (!on || capturing_) return false;
         auto it = execs_.find(key);
         if (it == execs_.end()) return false;
         CUDA_CHECK(cudaGraphLaunch(it->second, stream));
         replays_++;
         return true;
     }
-    // Starts capturing the stream's work under key (false when off).
+    // Starts capturing the stream's work under key (false when off, or
+    // inside another capture, which then holds this region's work).
     bool begin(uint64_t key, cudaStream_t stream) {
-        if (!on) return false;
-        if (capturing_) throw std::logic_error("cuda graphs: regions do not nest");
+        if (!on || capturing_) return false;
         capturing_ = true;
         key_ = key;
         CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

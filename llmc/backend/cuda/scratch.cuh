@@ -20,6 +20,25 @@
 
 namespace llmc_cuda {
 
+// Whether the stream's work is being captured into a graph (cuda/graphs.cuh).
+inline bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+// A table of runs that must go to the device inside a recorded region: the
+// capture would hold a copy from host memory that changes after it. The
+// trainer passes the same runs every step, so the first step (run before
+// any whole-step recording) uploads them; a region that meets new ones is a
+// bug, named here.
+inline void refuse_table_in_capture(cudaStream_t stream, const char* what) {
+    if (capturing(stream))
+        throw std::logic_error(std::string("cuda backend: ") + what +
+                               ": new runs inside a recorded region (LLMC_CUDA_GRAPH); their table goes to the "
+                               "device before the region (docs/design.md 2.9)");
+}
+
 class GrowBuffer {
   public:
     // At least `bytes` of device memory; `what` names the op in the error.
@@ -32,9 +51,7 @@ class GrowBuffer {
                                          "no device memory is allocated between steps");
             // A stream being captured into a graph (cuda/graphs.cuh) cannot
             // allocate: say which op asked, rather than the capture's error.
-            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-            CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
-            if (cs != cudaStreamCaptureStatusNone)
+            if (capturing(stream))
                 throw std::runtime_error(std::string("cuda backend: ") + what + " needs " + std::to_string(bytes) +
                                          " bytes of scratch inside a recorded region (LLMC_CUDA_GRAPH), more than "
                                          "the " + std::to_string(cap_) + " held; reserve it first "
