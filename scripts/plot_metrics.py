@@ -59,11 +59,11 @@ def main():
     for i, path in enumerate(args.metrics):
         rows = load(path)
         name = labels[i] if labels else os.path.basename(os.path.dirname(os.path.abspath(path))) or path
-        steps = [r["step"] + 1 for r in rows]
+        steps = [r["step"] for r in rows]  # counted from 1, as the console
         xs = [r.get("tokens", 0) for r in rows] if args.x == "tokens" else steps
         xval = dict(zip(steps, xs))
         line, = ax.plot(xs, [r["loss"] for r in rows], lw=1, alpha=0.8, label=f"{name} train")
-        val = [(xval[r["step"] + 1], r["val_loss"]) for r in rows if "val_loss" in r]
+        val = [(xval[r["step"]], r["val_loss"]) for r in rows if "val_loss" in r]
         if val:
             ax.plot(*zip(*val), "o-", color=line.get_color(), ms=3, label=f"{name} val")
         if axz is not None:

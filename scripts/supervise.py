@@ -80,7 +80,7 @@ def last_step(d):
     try:
         with open(os.path.join(d, "metrics.jsonl")) as f:
             lines = [l for l in f if l.strip()]
-        return int(json.loads(lines[-1])["step"]) + 1 if lines else 0
+        return int(json.loads(lines[-1])["step"]) if lines else 0
     except (OSError, ValueError, KeyError, IndexError):
         return 0
 

@@ -16,7 +16,7 @@ bool MetricsLog::open(const std::string& path, int keep_before_step, std::string
         std::string line;
         while (std::getline(in, line)) {
             int s = -1;
-            if (std::sscanf(line.c_str(), "{\"step\": %d", &s) == 1 && s < keep_before_step) keep.push_back(line);
+            if (std::sscanf(line.c_str(), "{\"step\": %d", &s) == 1 && s <= keep_before_step) keep.push_back(line);
         }
     }
     path_ = path;
@@ -44,7 +44,7 @@ bool MetricsLog::write(const StepMetrics& m, std::string* err) {
     };
     std::fprintf(f_, "{\"step\": %d, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, \"tokens\": %llu, \"ms\": %.3f, "
                      "\"tokens_per_s\": %.1f",
-                 m.step, num(m.loss).c_str(), m.lr, num(m.grad_norm).c_str(), m.tokens, m.ms, m.tokens_per_s);
+                 m.step + 1, num(m.loss).c_str(), m.lr, num(m.grad_norm).c_str(), m.tokens, m.ms, m.tokens_per_s);
     if (m.aux_loss >= 0) std::fprintf(f_, ", \"aux_loss\": %s", num(m.aux_loss).c_str());
     if (m.moe_maxvio >= 0) std::fprintf(f_, ", \"moe_maxvio\": %s", num(m.moe_maxvio).c_str());
     if (m.skips > 0) std::fprintf(f_, ", \"skipped\": %s, \"skips\": %d", m.skipped ? "true" : "false", m.skips);

@@ -6,7 +6,7 @@
 #include <string>
 
 struct StepMetrics {
-    int step;
+    int step;                   // 0-based here; metrics.jsonl and the console count from 1
     double loss, lr, grad_norm, ms, tokens_per_s, mfu;
     unsigned long long tokens;  // tokens trained on so far
     double val_loss;            // < 0 when not measured this step
@@ -20,8 +20,9 @@ struct StepMetrics {
 
 class MetricsLog {
   public:
-    // keep_before_step < 0: start a new file; else keep existing lines with
-    // "step" < keep_before_step.
+    // keep_before_step < 0: start a new file; else keep existing lines of
+    // the steps before it: "step" <= keep_before_step (the file counts
+    // steps from 1, as the console does).
     bool open(const std::string& path, int keep_before_step, std::string* err);
     // False (with *err naming the file and the reason) when the line could
     // not be written, a full disk say.

@@ -44,7 +44,7 @@ void RunProgress::note_step(const StepMetrics& m, long long total_batch) {
     totals_.mfu_ms += m.mfu * m.ms;
     if (m.val_loss >= 0 && (totals_.best_val_step < 0 || m.val_loss < totals_.best_val)) {
         totals_.best_val = m.val_loss;
-        totals_.best_val_step = m.step;
+        totals_.best_val_step = m.step + 1;  // the console's numbering
     }
 }
 

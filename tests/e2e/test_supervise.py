@@ -63,7 +63,7 @@ def suite(tmp):
     check(shards_equal(full, d, 8), "crash once: the final checkpoint differs from the uninterrupted run's")
     with open(os.path.join(d, "metrics.jsonl")) as f:
         steps = [json.loads(l)["step"] for l in f]
-    check(steps == list(range(8)), f"crash once: metrics.jsonl's steps {steps}")
+    check(steps == list(range(1, 9)), f"crash once: metrics.jsonl's steps {steps}")
     # A fault at every attempt (the hook cannot record that it struck).
     d = os.path.join(tmp, "always")
     rc, out, err = supervise(["--restarts", "2", "--backoff", "0.1", "--", *run, "-o", d],

@@ -213,7 +213,7 @@ def test_resume(tmp, dtype):
     rc, out_part, err = run(args + ["-o", part, "-y", "1"])
     check(rc == 0, f"resumed run failed: {err}")
     mf, mp = metrics(full), metrics(part)
-    check([m["step"] for m in mp] == list(range(10)), f"resumed metrics steps {[m['step'] for m in mp]}")
+    check([m["step"] for m in mp] == list(range(1, 11)), f"resumed metrics steps {[m['step'] for m in mp]}")
     for key in ("loss", "lr", "grad_norm"):
         check([m[key] for m in mf] == [m[key] for m in mp], f"{dtype}: {key} differs after resume")
     check([m.get("val_loss") for m in mf] == [m.get("val_loss") for m in mp], f"{dtype}: val loss differs after resume")
@@ -324,6 +324,21 @@ def test_learning(tmp):
     check(first > 5.0 and last < first - 2.0, f"loss did not fall well: {first} -> {last}")
     check(all(k in m[0] for k in ("step", "loss", "lr", "grad_norm", "tokens", "ms")), f"metrics fields {m[0]}")
     check("val_loss" in m[39] and "val_loss" in m[-1], "val_loss missing")
+    # One step numbering: the console's step lines, metrics.jsonl and the
+    # summary's best validation step all count from 1.
+    console = [int(x) for x in re.findall(r"^step +(\d+)/80 ", out, re.M)]
+    check(console == [x["step"] for x in m] == list(range(1, 81)), f"steps: console {console[:3]}, "
+          f"metrics {[x['step'] for x in m][:3]}")
+    val_at, step_now = {}, None
+    for line in out.splitlines():
+        if (g := re.match(r"step +(\d+)/", line)):
+            step_now = int(g.group(1))
+        elif (g := re.match(r"val loss ([0-9.]+)", line)):
+            val_at[step_now] = float(g.group(1))
+    best = re.search(r"best val loss ([0-9.]+) at step (\d+)", out)
+    want = min(val_at, key=val_at.get) if val_at else None
+    check(best and int(best.group(2)) == want and set(val_at) == {x["step"] for x in m if "val_loss" in x},
+          f"best val step: summary {best and best.groups()}, console {val_at}")
     check("---- sample ----" in out, "no sample printed")
     check("parameters" in out and "| lr" in out, "no startup table")
     for extra in ([], ["--x", "tokens", "--zoom", "20"]):
@@ -473,7 +488,7 @@ def test_bad_steps(tmp):
     write_shard(data, np.concatenate([np.tile(np.arange(8), 400), rng.integers(0, 97, 2000)]))
     sargs = ["-e", "L=2,C=32,NH=2,V=97,T=16", "-t", "16", "-b", "4", "-i", data, "-j", "", "-x", "54", "-s", "0",
              "-v", "0", "-l", "1e-2", "-u", "2", "--dtype", "fp64"]
-    for flags, want in (([], []), (["--skip-spikes", "3", "--max-skips", "100"], [50, 51, 52, 53])):
+    for flags, want in (([], []), (["--skip-spikes", "3", "--max-skips", "100"], [51, 52, 53, 54])):
         d = os.path.join(tmp, "spikes" + str(len(flags)))
         rc, out, err = run(sargs + flags + ["-o", d])
         got = [m["step"] for m in metrics(d) if m.get("skipped")] if rc == 0 else None
