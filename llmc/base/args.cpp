@@ -154,6 +154,12 @@ bool ArgParser::apply_config(const std::string& path, std::string* err) {
         *err = "flag --config '" + path + "': not a JSON object of flags ({\"lr\": 3e-4, ...})";
         return false;
     }
+    // A run's run_config.json (run_json): the flags its run was given; the
+    // rest resolve again for this run.
+    if (j.size() == 2 && j.contains("given") && j.contains("resolved") && j["given"].is_object()) {
+        nlohmann::json given = j["given"];
+        j = given;
+    }
     for (auto it = j.begin(); it != j.end(); ++it) {
         std::string name = it.key();
         while (!name.empty() && name[0] == '-') name.erase(0, 1);
@@ -177,22 +183,47 @@ bool ArgParser::apply_config(const std::string& path, std::string* err) {
             return false;
         }
         if (!set(*opt, "--" + name + " (in " + path + ")", value, err)) return false;
-        given_.push_back(opt->name);
+        note_given(*opt);
     }
     return true;
 }
 
+// The option's value now, as JSON.
+static nlohmann::ordered_json value_json(const Option& o) {
+    switch (o.kind) {
+        case Option::Int: return *static_cast<int*>(o.target);
+        case Option::Long: return *static_cast<long long*>(o.target);
+        case Option::Double: return *static_cast<double*>(o.target);
+        case Option::String: break;
+    }
+    return *static_cast<std::string*>(o.target);
+}
+
 std::string ArgParser::resolved_json(bool (*keep)(const char* name)) const {
-    nlohmann::ordered_json j;
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
     for (const Option& o : options_) {
         if (std::string(o.name) == "config" || (keep && !keep(o.name))) continue;
-        switch (o.kind) {
-            case Option::Int: j[o.name] = *static_cast<int*>(o.target); break;
-            case Option::Long: j[o.name] = *static_cast<long long*>(o.target); break;
-            case Option::Double: j[o.name] = *static_cast<double*>(o.target); break;
-            case Option::String: j[o.name] = *static_cast<std::string*>(o.target); break;
-        }
+        j[o.name] = value_json(o);
     }
+    return j.dump(2) + "\n";
+}
+
+void ArgParser::note_given(const Option& o) {
+    given_.push_back(o.name);
+    const std::string v = value_json(o).dump();
+    for (auto& g : given_values_)
+        if (g.first == o.name) return (void)(g.second = v);
+    given_values_.push_back({o.name, v});
+}
+
+std::string ArgParser::run_json(bool (*keep)(const char* name)) const {
+    nlohmann::ordered_json j, given = nlohmann::ordered_json::object();
+    for (const Option& o : options_)  // in the table's order
+        for (const auto& g : given_values_)
+            if (g.first == o.name && std::string(o.name) != "config" && (!keep || keep(o.name)))
+                given[o.name] = nlohmann::ordered_json::parse(g.second);
+    j["given"] = given;
+    j["resolved"] = nlohmann::ordered_json::parse(resolved_json(keep));
     return j.dump(2) + "\n";
 }
 
@@ -257,7 +288,7 @@ bool ArgParser::parse(int argc, char** argv, bool* help, std::string* err) {
             }
         }
         if (!set(*opt, a, value, err)) return false;
-        given_.push_back(opt->name);
+        note_given(*opt);
     }
     return true;
 }

@@ -7,6 +7,7 @@
 // ("--sp" means "--sp 1", as users of Megatron-LM expect).
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 struct Option {
@@ -34,9 +35,16 @@ class ArgParser {
     const std::vector<Option>& options() const { return options_; }
     // Whether the command line (or --config's file) set the option (by long name).
     bool given(const std::string& name) const;
-    // Every option's value as a JSON object by long name (what --config
-    // reads back): those keep() accepts (all without it), --config left out.
+    // Every option's value as a JSON object by long name: those keep()
+    // accepts (all without it), --config left out.
     std::string resolved_json(bool (*keep)(const char* name) = nullptr) const;
+    // A run's record of its flags, {"given": {...}, "resolved": {...}}: the
+    // values the command line and --config's file gave (as parsed, before
+    // the run resolved anything), and resolved_json's. --config reads such a
+    // file's "given" part alone, so the defaults it left open (the total
+    // batch, T) resolve again for the world and layout of the new run; a
+    // flat object of flags it reads whole.
+    std::string run_json(bool (*keep)(const char* name) = nullptr) const;
 
   private:
     bool set(const Option& o, const std::string& flag, const std::string& value, std::string* err);
@@ -44,7 +52,9 @@ class ArgParser {
     bool apply_config(const std::string& path, std::string* err);
     std::string program_, summary_;
     std::vector<Option> options_;
+    void note_given(const Option& o);
     std::vector<std::string> given_;
+    std::vector<std::pair<std::string, std::string>> given_values_;  // name, the value as JSON text when given
 };
 
 std::string option_value_string(const Option& o);

@@ -29,8 +29,12 @@ std::string shards_tokenizer(const std::string& pattern) {
 
 std::string inherit_run_flags(const std::string& root, const ArgParser& parser, TrainConfig& cfg) {
     std::ifstream f(root + "/run_config.json");
-    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
     if (!f || !j.is_object()) return "";
+    if (j.contains("resolved") && j["resolved"].is_object()) {  // ArgParser::run_json's record
+        nlohmann::json r = j["resolved"];
+        j = r;
+    }
     std::string took;
     for (auto flag : {std::make_pair("model", &cfg.model), std::make_pair("train-data", &cfg.train_data),
                       std::make_pair("tokenizer", &cfg.tokenizer)}) {

@@ -246,9 +246,10 @@ void Trainer::setup(const ArgParser& parser) {
     if (main_rank && !cfg.output_dir.empty()) {
         ok = make_dirs(cfg.output_dir, &err) &&
              progress.metrics.open(cfg.output_dir + "/metrics.jsonl", resume_step >= 0 ? st.step : -1, &err);
-        // The run's full resolved flags beside its metrics: `--config` reads it back.
+        // The run's flags beside its metrics, as given and as resolved:
+        // `--config` reads back the given ones (ArgParser::run_json).
         AtomicWriter rc;
-        const std::string flags = parser.resolved_json(training_flag);
+        const std::string flags = parser.run_json(training_flag);
         ok = ok && rc.open(cfg.output_dir + "/run_config.json", &err) && rc.write(flags.data(), flags.size()) &&
              rc.commit(&err);
         // What a killed run left: temporaries and checkpoints never finished.

@@ -55,7 +55,7 @@ def test_seq_len(tmp):
     c("T=64 (64 per rank)" in out and "no -t, so the model's context (maxT 64)" in out,
             "the run without -t does not say it took the model's context 64")
     with open(os.path.join(a, "run_config.json")) as f:
-        c(json.load(f).get("seq-len") == 64, "run_config.json does not hold the T the run used")
+        c(json.load(f)["resolved"].get("seq-len") == 64, "run_config.json does not hold the T the run used")
     rc, out, err = run(MODEL + ["-b", "2", "-x", "3", "-v", "0", "-t", "64", "-o", b])
     c(rc == 0 and [m["loss"] for m in metrics(a)] == [m["loss"] for m in metrics(b)],
             "the run without -t is not the run with -t 64")

@@ -175,12 +175,36 @@ def test_config(tmp):
     if rc1 != 0:
         return
     with open(os.path.join(d1, "run_config.json")) as f:
-        saved = json.load(f)
+        record = json.load(f)
+    saved, given = record.get("resolved", {}), record.get("given", {})
     check(saved.get("max-steps") == 3 and "generate" not in saved and "plan" not in saved and "config" not in saved,
           f"run_config.json holds the training flags only: {sorted(saved)}")
+    # What the user gave, as given (-x from the command line over the file's
+    # 5; the file's own flags; -t 32), and nothing resolved (-d: no).
+    check(given.get("max-steps") == 3 and given.get("lr") == 3e-3 and given.get("warmup") == 2 and
+          given.get("seq-len") == 32 and "total-batch" not in given and saved.get("total-batch") == 128,
+          f"run_config.json: given {given}, resolved total-batch {saved.get('total-batch')}")
     rc3, out3, e3 = run(["--config", os.path.join(d1, "run_config.json"), "-o", d3])
     check(rc3 == 0 and rc1 == 0 and [m["loss"] for m in metrics(d3)] == [m["loss"] for m in metrics(d1)],
           f"run_config.json reproduces the run: rc {rc3} {e3} {out3[-300:]}")
+    # In another world: two ranks resolve the total batch again (2 x 4 x 32);
+    # the run's resolved record held 128, a -d the user never typed.
+    d4 = os.path.join(tmp, "cfg_d")
+    p = subprocess.run(["mpirun", "-np", "2", TRAIN, "--config", os.path.join(d1, "run_config.json"), "-o", d4],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                                OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1"))
+    rec4 = json.load(open(os.path.join(d4, "run_config.json"))) if p.returncode == 0 else {}
+    check(p.returncode == 0 and len(metrics(d4)) == 3 and rec4["resolved"]["total-batch"] == 256 and
+          dict(rec4["given"], **{"output-dir": d1}) == given,
+          f"run_config.json repeats the run on 2 ranks: rc {p.returncode} {p.stderr[-300:]}")
+    # A flat object of flags (a hand-written file, an older run_config.json) is read whole.
+    flat = os.path.join(tmp, "flat.json")
+    with open(flat, "w") as f:
+        json.dump(saved, f)
+    rc5, _, e5 = run(["--config", flat, "-o", os.path.join(tmp, "cfg_e")])
+    check(rc5 == 0 and [m["loss"] for m in metrics(os.path.join(tmp, "cfg_e"))] == [m["loss"] for m in metrics(d1)],
+          f"a flat config of the resolved flags reproduces the run: {e5}")
     bad = os.path.join(tmp, "bad_flags.json")
     with open(bad, "w") as f:
         json.dump({"lrr": 1}, f)
