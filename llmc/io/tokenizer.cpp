@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "llmc/base/fileio.h"
@@ -56,6 +57,46 @@ bool read_whole_file(const std::string& path, std::vector<unsigned char>* data, 
         return false;
     }
     return true;
+}
+
+// s as valid UTF-8: each ill-formed sequence, its maximal subpart (the
+// longest start of a well-formed sequence, at least one byte), becomes one
+// U+FFFD (the Unicode Standard's practice, and Python's errors="replace").
+std::string utf8_lossy(const std::string& s) {
+    std::string out;
+    out.reserve(s.size());
+    const size_t n = s.size();
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            out.push_back((char)c);
+            i++;
+            continue;
+        }
+        // The sequence's length and its second byte's range (the rest: 80..BF).
+        int len = 0;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c == 0xE0) len = 3, lo = 0xA0;
+        else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) len = 3;
+        else if (c == 0xED) len = 3, hi = 0x9F;
+        else if (c == 0xF0) len = 4, lo = 0x90;
+        else if (c >= 0xF1 && c <= 0xF3) len = 4;
+        else if (c == 0xF4) len = 4, hi = 0x8F;
+        size_t k = 1;
+        while (len > 0 && (int)k < len && i + k < n) {
+            const unsigned char d = (unsigned char)s[i + k];
+            if (d < (k == 1 ? lo : 0x80) || d > (k == 1 ? hi : 0xBF)) break;
+            k++;
+        }
+        if (len > 0 && (int)k == len) {
+            out.append(s, i, k);
+        } else {
+            out += "\xEF\xBF\xBD";  // U+FFFD
+        }
+        i += k;
+    }
+    return out;
 }
 
 void append_hex(std::string* out, unsigned char c) {
@@ -141,6 +182,8 @@ bool Tokenizer::load(const std::string& path, std::string* err) {
         return false;
     }
     tokens_ = std::move(tokens);
+    byte_token_.clear();
+    strip_start_ = 0;
     eot_ = eot;
     eot_text_ = kEotText;
     set_encoder_from_bytes(where);
@@ -180,6 +223,24 @@ std::vector<uint32_t> code_points(const std::string& s) {
         i += len;
     }
     return out;
+}
+
+// The leading spaces a decoder's Strip step takes off the whole text: a
+// Strip of " " after a Fuse step of the same Sequence (SentencePiece-style
+// Llama files: Replace, ByteFallback, Fuse, Strip(" ", 1, 0)); 0 without.
+int fused_strip_start(const nlohmann::json& d) {
+    if (!d.is_object() || d.value("type", "") != "Sequence" || !d.contains("decoders") || !d["decoders"].is_array())
+        return 0;
+    bool fused = false;
+    for (const nlohmann::json& x : d["decoders"]) {
+        if (!x.is_object()) continue;
+        const std::string t = x.value("type", "");
+        if (t == "Fuse") fused = true;
+        if (t == "Strip" && fused && x.value("content", "") == " " && x.contains("start") &&
+            x["start"].is_number_integer())
+            return (int)x["start"].get<long long>();
+    }
+    return 0;
 }
 
 // Whether a pre-tokenizer or decoder (possibly a Sequence of them) is or
@@ -277,6 +338,10 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
         return out;
     };
     std::map<int, std::string> by_id;
+    std::set<int> byte_ids;  // the byte-fallback tokens' ids
+    auto is_byte_token = [&](const std::string& t) {
+        return !byte_level && byte_fallback && t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>';
+    };
     const json& vocab = j["model"]["vocab"];
     if (vocab.is_object()) {
         for (auto it = vocab.begin(); it != vocab.end(); ++it) {
@@ -286,6 +351,7 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
                 return false;
             }
             by_id[it.value().get<int>()] = token_bytes(it.key());
+            if (is_byte_token(it.key())) byte_ids.insert(it.value().get<int>());
         }
     } else if (vocab.is_array()) {  // Unigram: [[token, score], ...], id = index
         for (size_t i = 0; i < vocab.size(); i++) {
@@ -294,6 +360,7 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
                 return false;
             }
             by_id[(int)i] = token_bytes(vocab[i][0].get<std::string>());
+            if (is_byte_token(vocab[i][0].get<std::string>())) byte_ids.insert((int)i);
         }
     } else {
         *err = where + "model.vocab is neither an object nor an array";
@@ -308,6 +375,7 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
                 return false;
             }
             by_id[a["id"].get<int>()] = a["content"].get<std::string>();  // literal text, not byte-mapped
+            byte_ids.erase(a["id"].get<int>());
             added[a["content"].get<std::string>()] = a["id"].get<int>();
         }
     }
@@ -339,6 +407,9 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
         }
     }
     tokens_ = std::move(tokens);
+    byte_token_.assign(tokens_.size(), 0);
+    for (int id : byte_ids) byte_token_[(size_t)id] = 1;
+    strip_start_ = fused_strip_start(j.value("decoder", json()));
     eot_ = eot;
     eot_text_ = tokens_[(size_t)eot];
     // The encoder: what this file's normalizer, pre-tokenizer, merges and
@@ -359,6 +430,8 @@ bool Tokenizer::load_json(const std::string& path, std::string* err) {
 
 void Tokenizer::init_bytes() {
     tokens_.clear();
+    byte_token_.clear();
+    strip_start_ = 0;
     for (int b = 0; b < 256; ++b) tokens_.emplace_back(1, (char)b);
     tokens_.emplace_back(kEotText);
     eot_ = kByteEot;
@@ -370,6 +443,32 @@ std::string Tokenizer::decode(int id) const {
     if (id >= 0 && id == eot_) return eot_text_;
     if (id < 0 || id >= (int)tokens_.size()) return "<?>";
     return tokens_[(size_t)id];
+}
+
+std::string Tokenizer::decode_text(const std::vector<int>& ids) const {
+    std::string out, run;  // run: the byte-fallback tokens' bytes since the last other token
+    auto flush = [&] {
+        if (run.empty()) return;
+        const std::string ok = utf8_lossy(run);
+        if (ok == run) out += run;
+        else
+            for (size_t i = 0; i < run.size(); i++) out += "\xEF\xBF\xBD";  // one U+FFFD per byte
+        run.clear();
+    };
+    for (int id : ids) {
+        const bool byte = id >= 0 && id < (int)byte_token_.size() && byte_token_[(size_t)id] && id != eot_;
+        if (byte) {
+            run += tokens_[(size_t)id];
+            continue;
+        }
+        flush();
+        out += decode(id);
+    }
+    flush();
+    out = utf8_lossy(out);
+    size_t cut = 0;
+    while ((int)cut < strip_start_ && cut < out.size() && out[cut] == ' ') cut++;
+    return out.substr(cut);
 }
 
 bool Tokenizer::can_encode() const { return bpe_ != nullptr; }

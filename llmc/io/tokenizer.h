@@ -44,6 +44,15 @@ public:
     // start token's own text), an id outside the
     // vocabulary (or any id before load/init) -> "<?>".
     std::string decode(int id) const;
+    // The text of a sequence of ids, as Hugging Face's tokenizers decode it
+    // (special tokens kept): the tokens' bytes joined, as valid UTF-8. A
+    // SentencePiece-style file's byte-fallback tokens (<0xNN>) join into
+    // characters run by run, a run that is not UTF-8 giving one U+FFFD per
+    // byte (its ByteFallback decoder), and a Strip step after Fuse takes its
+    // leading spaces off the text; byte-level text (GPT-2, Llama 3, an llm.c
+    // file, the byte tokenizer) with each ill-formed sequence (a maximal
+    // subpart, as Python's errors="replace") as one U+FFFD.
+    std::string decode_text(const std::vector<int>& ids) const;
     int eot() const { return eot_; }
     int vocab_size() const { return (int)tokens_.size(); }
 
@@ -63,6 +72,8 @@ public:
 
 private:
     std::vector<std::string> tokens_;
+    std::vector<char> byte_token_;  // per id: a byte-fallback token (<0xNN> of a SentencePiece-style file)
+    int strip_start_ = 0;           // leading spaces a Strip decoder step takes off the text
     int eot_ = -1;
     std::string eot_text_;  // what decode(eot) prints
     std::shared_ptr<const BpeEncoder> bpe_;  // null: cannot encode, no_encode_ says why

@@ -220,11 +220,11 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
         }
         be->synchronize();
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        std::string text, ids;
-        for (size_t i = 0; i < seq.size(); i++) {
-            text += tok.decode(seq[i]);
-            ids += (i ? "," : "") + std::to_string(seq[i]);
-        }
+        // The text as Hugging Face's tokenizers decode the ids (byte tokens
+        // joined into characters), then made safe for a terminal.
+        const std::string text = tok.decode_text(seq);
+        std::string ids;
+        for (size_t i = 0; i < seq.size(); i++) ids += (i ? "," : "") + std::to_string(seq[i]);
         const int made = (int)seq.size() - P;
         std::printf("%s\nids: %s\n", Tokenizer::printable(text).c_str(), ids.c_str());
         std::printf("generate: %s, %s on %s; %d prompt tokens, %d new (stopped at %s), %.1f ms (prompt %.1f ms, "

@@ -327,7 +327,6 @@ void Trainer::sample() {
     std::vector<int> tokens(T, data.tok.eot() < V ? data.tok.eot() : 0), local(T / s.cp->size());
     std::vector<int> full_dc(data.docs.empty() ? 0 : T), local_dc(full_dc.empty() ? 0 : T / s.cp->size());
     std::vector<float> logits(V);
-    std::string text;
     int n = std::min(cfg.gen_tokens, T - 1);
     for (int t = 1; t <= n; t++) {
         s.cp->shard_rows(tokens.data(), 1, T, local.data());
@@ -341,8 +340,9 @@ void Trainer::sample() {
         s.pipe->logits_row(*s.model, 0, t - 1, logits.data());
         int next = sample_token(logits, rng.uniform());
         tokens[t] = next;
-        text += data.tok.decode(next);
     }
+    // The sampled tokens' text (byte tokens joined into characters).
+    const std::string text = data.tok.decode_text(std::vector<int>(tokens.begin() + 1, tokens.begin() + 1 + n));
     if (main_rank) std::printf("---- sample ----\n%s\n----------------\n", Tokenizer::printable(text).c_str());
     reset_counts(grid);
 }

@@ -19,6 +19,15 @@
 #     pieces equal tokenizers' Split pre-tokenizer's, text for text (this
 #     sees a wrong split even where no merge crosses it), also around every
 #     37th code point (the Unicode table's classes) and the white space;
+#   - decoding (dump_rows --decode: Tokenizer::decode_text, what --generate
+#     and the training samples print) against tokenizers' decode, special
+#     tokens kept, text for text: the corpus's ids and every prefix of its
+#     emoji and accented texts (sequences cut inside a character), and
+#     random id sequences (runs of byte-fallback tokens that are not UTF-8:
+#     one U+FFFD per byte; byte-level bytes that are not: one per maximal
+#     ill-formed subpart), for the byte-level BPE, the Llama file (also
+#     against transformers' AutoTokenizer.decode) and the llm.c file
+#     (against Python's errors="replace");
 #   - refusals: a split pattern not implemented gives one line naming the
 #     file and the pattern;
 #   - the Unicode table (llmc/io/unicode_table.cpp) equals what
@@ -123,6 +132,71 @@ def test_splits(tmp):
         check(not bad, f"{name} split pattern: {len(texts) - len(bad)} of {len(texts)} texts cut as tokenizers' Split")
 
 
+def decoded(path, seqs, tmp):
+    """dump_rows --decode: the text of each id sequence."""
+    f = os.path.join(tmp, "ids.txt")
+    with open(f, "w") as out:
+        for s in seqs:
+            out.write(",".join(str(i) for i in s) + "\n")
+    p = subprocess.run([DUMP, "--decode", path, f], capture_output=True, text=True)
+    got = [bytes.fromhex(l[5:]).decode("utf-8") for l in p.stdout.splitlines() if l.startswith("text ")]
+    return got if len(got) == len(seqs) else [p.stdout + p.stderr] * len(seqs)
+
+
+def decode_sequences(encode, vocab_size, seed):
+    """The corpus's ids, every prefix of the ids of texts with multi-byte
+    characters (cut inside one), and random sequences."""
+    import random
+    rng = random.Random(seed)
+    seqs = [encode(t) for t in hft.CORPUS]
+    for t in ("Grüße 🙂 日本 café", "emoji 😀🎉👍🏽 family 👨\u200d👩\u200d👧", "Привет 世界 ½"):
+        ids = encode(t)
+        seqs += [ids[:k] for k in range(1, len(ids) + 1)]
+    seqs += [[rng.randrange(vocab_size) for _ in range(rng.randrange(1, 12))] for _ in range(300)]
+    return seqs
+
+
+def compare_decode(name, path, want, seqs, tmp):
+    got = decoded(path, seqs, tmp)
+    bad = [(s, g, want(s)) for s, g in zip(seqs, got) if g != want(s)]
+    for s, g, w in bad[:3]:
+        print(f"  {name}: {s}\n    ours:       {g!r}\n    tokenizers: {w!r}")
+    check(not bad, f"{name}: {len(seqs) - len(bad)} of {len(seqs)} id sequences decode to tokenizers' text")
+
+
+def test_decode(tmp, bytelevel_path):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(bytelevel_path)
+    n = tok.get_vocab_size()
+    seqs = decode_sequences(lambda t: tok.encode(t).ids, n, 1)
+    compare_decode("decode, byte-level BPE", bytelevel_path, lambda s: tok.decode(s, skip_special_tokens=False),
+                   seqs, tmp)
+    # The llm.c file of the same vocabulary: its bytes, then Python's replace.
+    bd = hft.byte_decoder()
+    vocab = json.load(open(bytelevel_path, encoding="utf-8"))["model"]["vocab"]
+    by_id = {i: t for t, i in vocab.items()}
+    tb = [bytes(bd[c] for c in by_id[i]) if by_id[i] != "<|endoftext|>" else b"<|endoftext|>" for i in range(n)]
+    path = os.path.join(tmp, "dec.bin")
+    hft.write_llmc(path, tb, vocab["<|endoftext|>"])
+    compare_decode("decode, llm.c file", path, lambda s: b"".join(tb[i] for i in s).decode("utf-8", "replace"),
+                   seqs, tmp)
+    d = os.path.join(tmp, "llama_dec")
+    lt = hft.make_llama(d, 420)
+    path = os.path.join(d, "tokenizer.json")
+    seqs = decode_sequences(lambda t: lt.encode(t).ids, lt.get_vocab_size(), 2)
+    # Runs of byte tokens alone: <0xC3><0xBC> is "ü", <0xC3> alone is not UTF-8.
+    byte = {int(t[3:5], 16): i for t, i in lt.get_vocab().items() if len(t) == 6 and t.startswith("<0x")}
+    seqs += [[byte[0xC3], byte[0xBC]], [byte[0xC3]], [byte[0xC3], byte[0xBC], byte[0xC3]],
+             [lt.token_to_id("▁a") or 5, byte[0xF0], byte[0x9F], byte[0x99], byte[0x82], 1]]
+    check(sum(1 for s in seqs for i in s if i in byte.values()) > 100, "the sequences hold byte-fallback tokens")
+    compare_decode("decode, Llama (SentencePiece style, byte fallback)", path,
+                   lambda s: lt.decode(s, skip_special_tokens=False), seqs, tmp)
+    from transformers import AutoTokenizer
+    at = AutoTokenizer.from_pretrained(d)
+    compare_decode("decode, Llama: transformers' AutoTokenizer.decode", path,
+                   lambda s: at.decode(s, clean_up_tokenization_spaces=False), seqs, tmp)
+
+
 def test_llmc_file(tmp, json_path, tok):
     """(b): the trained vocabulary as an llm.c file, encoded by the tiktoken rule."""
     with open(json_path, encoding="utf-8") as f:
@@ -192,6 +266,7 @@ def main():
         path, tok = test_bytelevel(tmp)
         test_llmc_file(tmp, path, tok)
         test_llama(tmp)
+        test_decode(tmp, path)
         test_unicode_table()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -9,12 +9,15 @@
 //   dump_rows --encode PATH TEXTS       each text of TEXTS (one a line, its
 //                                       bytes in hex) encoded by PATH
 //   dump_rows --split gpt2|llama3 TEXTS each text cut by that split pattern
+//   dump_rows --decode PATH IDS         each line of IDS (I,I,...) decoded by
+//                                       PATH as a sequence (decode_text)
 //
 // Output, one item per line:
 //   total N / rows R / file PATH / row I in: t... tg: t...
 //   vocab V / eot E / token I HEX        (--tokenizer; HEX = the token's bytes)
 //   ids I,I,...  or  error: MESSAGE      (--encode, a line per text)
 //   pieces HEX,HEX,...                   (--split, a line per text)
+//   text HEX                             (--decode, a line per line of ids)
 // On an error: "error: MESSAGE" on stdout, exit code 1.
 //
 // Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/unit/dump_rows.cpp llmc/io/dataloader.cpp llmc/io/tokenizer.cpp
@@ -94,6 +97,37 @@ int encode_texts(const std::string& path, const std::string& file) {
     return 0;
 }
 
+int decode_ids(const std::string& path, const std::string& file) {
+    Tokenizer tok;
+    std::string err;
+    if (!tok.load(path, &err)) {
+        std::printf("error: %s\n", err.c_str());
+        return 1;
+    }
+    FILE* f = std::fopen(file.c_str(), "r");
+    if (!f) {
+        std::printf("error: cannot open %s\n", file.c_str());
+        return 1;
+    }
+    std::vector<int> ids;
+    std::string num;
+    for (int ch; (ch = std::fgetc(f)) != EOF;) {
+        if (ch == ',' || ch == '\n') {
+            if (!num.empty()) ids.push_back(std::atoi(num.c_str()));
+            num.clear();
+        } else {
+            num.push_back((char)ch);
+        }
+        if (ch != '\n') continue;
+        std::printf("text ");
+        for (unsigned char c : tok.decode_text(ids)) std::printf("%02x", c);
+        std::printf("\n");
+        ids.clear();
+    }
+    std::fclose(f);
+    return 0;
+}
+
 int split_texts(const std::string& name, const std::string& file) {
     std::vector<std::string> texts;
     if (!read_hex_lines(file, &texts)) return 1;
@@ -141,8 +175,9 @@ int main(int argc, char** argv) {
     if (argc == 3 && std::string(argv[1]) == "--tokenizer") return dump_tokenizer(argv[2]);
     if (argc == 4 && std::string(argv[1]) == "--encode") return encode_texts(argv[2], argv[3]);
     if (argc == 4 && std::string(argv[1]) == "--split") return split_texts(argv[2], argv[3]);
+    if (argc == 4 && std::string(argv[1]) == "--decode") return decode_ids(argv[2], argv[3]);
     if (argc != 4 && argc != 5) {
-        std::fprintf(stderr, "usage: %s PATTERN T VOCAB [NROWS] | --tokenizer PATH | --encode PATH TEXTS | --split gpt2|llama3 TEXTS\n", argv[0]);
+        std::fprintf(stderr, "usage: %s PATTERN T VOCAB [NROWS] | --tokenizer PATH | --encode PATH TEXTS | --split gpt2|llama3 TEXTS | --decode PATH IDS\n", argv[0]);
         return 2;
     }
     const int T = std::atoi(argv[2]);
