@@ -312,6 +312,7 @@ bool export_hf(const std::string& dir, GPT& model, const Ownership& own, std::st
         AtomicWriter cj;
         ojson config = hf_config_json(c, torch_dtype);
         hf_token_ids(config, extras);
+        hf_keep_source_fields(config, extras);
         const std::string text = config.dump(2) + "\n";
         ok = make_dirs(dir, err) && cj.open(dir + "/config.json", err) && cj.write(text.data(), text.size()) &&
              cj.commit(err) && w.open(dir + "/model.safetensors", entries, {{"format", "pt"}}, err);

@@ -52,6 +52,14 @@ static json source_ids(const HfExtras& x) {
     return ids;
 }
 
+void hf_keep_source_fields(ojson& config, const HfExtras& x) {
+    const json src = source_json(x, "config.json");
+    if (!src.is_object()) return;
+    for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", "attention_dropout",
+                          "output_router_logits", "router_jitter_noise", "initializer_range", "use_cache"})
+        if (src.contains(k)) config[k] = src[k];
+}
+
 void hf_token_ids(ojson& config, const HfExtras& x) {
     const json ids = source_ids(x);
     if (ids.contains("bos_token_id")) config["bos_token_id"] = ids["bos_token_id"];
@@ -79,6 +87,9 @@ static std::string token_text(const std::string& tokenizer_json, int id) {
 
 bool hf_write_side_files(const std::string& dir, const HfExtras& x, int max_len, std::string* err) {
     if (!x.tokenizer_json.empty() && !copy_file(x.tokenizer_json, dir + "/tokenizer.json", err)) return false;
+    if (x.tokenizer_json.empty() && !x.tokenizer_json_text.empty() &&
+        !write_text(dir + "/tokenizer.json", x.tokenizer_json_text, err))
+        return false;
     bool have[sizeof(kHfSideFiles) / sizeof(kHfSideFiles[0])] = {};
     for (int i = 0; i < kHfSideFileCount; i++) {
         const std::string from = x.source_dir.empty() ? "" : x.source_dir + "/" + kHfSideFiles[i];
@@ -95,7 +106,7 @@ bool hf_write_side_files(const std::string& dir, const HfExtras& x, int max_len,
     }
     // A fast tokenizer over tokenizer.json needs its class and special tokens
     // named; without a tokenizer.json there is nothing for them to describe.
-    const std::string tok = x.tokenizer_json.empty() ? "" : dir + "/tokenizer.json";
+    const std::string tok = x.tokenizer_json.empty() && x.tokenizer_json_text.empty() ? "" : dir + "/tokenizer.json";
     // eos may be one id or a list of them (Llama 3): the first names the token.
     const ojson eos = ids.contains("eos_token_id") ? ids["eos_token_id"] : ojson();
     const int eos_id = eos.is_number_integer() ? eos.get<int>()

@@ -17,6 +17,7 @@
 // Everything an export may carry beyond the weights (all optional).
 struct HfExtras {
     std::string tokenizer_json;  // copied as DIR/tokenizer.json ("" none)
+    std::string tokenizer_json_text;  // else written as DIR/tokenizer.json ("" none; tokenizer_export.h)
     std::string source_dir;      // the Hugging Face directory the run loaded ("" none)
     int eot = -1;                // the run tokenizer's end-of-text id (-1: unknown)
     std::string dtype = "auto";  // the weights' file type: auto (the run's), fp32, bf16 or fp64
@@ -26,6 +27,15 @@ struct HfExtras {
 // written: the source directory's where it names them, else the end-of-text
 // id as bos and eos.
 void hf_token_ids(nlohmann::ordered_json& config, const HfExtras& x);
+
+// The source directory's config.json fields for training elsewhere, which
+// the weights do not depend on, into a config.json being written, as they
+// were: the dropouts (GPT-2's resid_pdrop, embd_pdrop, attn_pdrop,
+// summary_first_dropout; attention_dropout), Mixtral's output_router_logits
+// and router_jitter_noise, initializer_range, use_cache. Without a source
+// the export's own (no dropout: ours trained without; Mixtral's router
+// logits on, so that training it adds the load-balancing loss, as ours did).
+void hf_keep_source_fields(nlohmann::ordered_json& config, const HfExtras& x);
 
 // Writes or copies the tokenizer and generation files into dir (see above).
 // max_len: the model's context, the tokenizer's model_max_length. False with

@@ -9,6 +9,7 @@
 #include "llmc/comm/dist.h"
 #include "llmc/io/hf.h"
 #include "llmc/io/model_io.h"
+#include "llmc/io/tokenizer_export.h"
 #include "llmc/run/report.h"
 #include "llmc/run/startup.h"
 #include "llmc/run/signals.h"
@@ -126,6 +127,13 @@ void Trainer::export_weights() {
     const bool json = cfg.tokenizer.size() > 5 && cfg.tokenizer.compare(cfg.tokenizer.size() - 5, 5, ".json") == 0;
     HfExtras extras;
     extras.tokenizer_json = json ? cfg.tokenizer : "";
+    // An llm.c tokenizer file, or the byte-level one: a tokenizer.json made
+    // from it, so that AutoTokenizer loads the export (tokenizer_export.h).
+    std::string why;
+    if (!json && !hf_paths.empty() && !tokenizer_json_of(data.tok, &extras.tokenizer_json_text, &why) && main_rank)
+        std::fprintf(stderr, "train_gpt: warning: the Hugging Face export has no tokenizer.json: the run's tokenizer "
+                             "%s is not a byte-level BPE (%s)\n", cfg.tokenizer.empty() ? "(bytes)" : cfg.tokenizer.c_str(),
+                     why.c_str());
     extras.source_dir = is_hf_dir(cfg.model) ? cfg.model : "";
     extras.eot = data.tok.eot() >= 0 && data.tok.eot() < mc.vocab_size ? data.tok.eot() : -1;
     extras.dtype = cfg.export_dtype;

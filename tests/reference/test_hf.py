@@ -170,6 +170,14 @@ def test_round_trip(tmp, arch, spec):
               next((l for l in text.splitlines() if "rel err" in l), last_line(text)))
         if first is None:
             first = logits
+            # Fields for training elsewhere as the source had them (Mixtral's
+            # output_router_logits, the dropouts), not the export's own.
+            import json
+            src_cfg, exp_cfg = (json.load(open(os.path.join(d, "config.json"))) for d in (a, exp))
+            keys = [k for k in ("output_router_logits", "router_jitter_noise", "resid_pdrop", "attention_dropout")
+                    if k in src_cfg]
+            check(keys and all(exp_cfg.get(k) == src_cfg[k] for k in keys),
+                  f"{name}: the export keeps the source's {keys}: {[(exp_cfg.get(k), src_cfg[k]) for k in keys]}")
     # The control: the untrained model's logits differ from the export's.
     if first:
         l0 = os.path.join(tmp, "untrained_logits.bin")
@@ -197,6 +205,27 @@ def generate_ok(d, name):
         return check(False, f"{name}: AutoTokenizer + generate on the export: {type(e).__name__}: {e}")
 
 
+def test_default_export(tmp):
+    """The default run (the embedded data's byte-level tokenizer, an llm.c
+    file) exports a tokenizer.json made from it: AutoTokenizer loads the
+    directory, a text's ids are its UTF-8 bytes, <|endoftext|> is the
+    special token 256, decode gives the text back, generate runs."""
+    from transformers import AutoTokenizer
+    d = os.path.join(tmp, "default_run")
+    exp = os.path.join(d, "hf")
+    rc, text = run([TRAIN, "-x", "2", "-v", "0", "-s", "0", "-o", d, "--export-hf", exp])
+    if not check(rc == 0 and os.path.isfile(os.path.join(exp, "tokenizer.json")),
+                 "the default run's --export-hf writes a tokenizer.json: " + last_line(text)):
+        return
+    tok = AutoTokenizer.from_pretrained(exp)
+    s = "Hello, wörld! 日本 🙂 x"
+    ids = tok(s)["input_ids"]
+    check(ids == list(s.encode("utf-8")), f"AutoTokenizer on the default export: bytes as ids ({ids[:12]})")
+    check(tok("a<|endoftext|>b")["input_ids"] == [97, 256, 98] and tok.decode(ids) == s and
+          tok.eos_token == "<|endoftext|>", "its end-of-text token is the special 256; decode gives the text back")
+    generate_ok(exp, "export of the default run")
+
+
 def test_export_meta(tmp):
     """What a Hugging Face directory holds besides the weights comes back in
     the export: token ids, tokenizer and generation files as they were;
@@ -216,7 +245,7 @@ def test_export_meta(tmp):
     GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, max_new_tokens=7).save_pretrained(src)
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
-    cfg.update(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+    cfg.update(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, resid_pdrop=0.1, attn_pdrop=0.1)
     with open(os.path.join(src, "config.json"), "w") as f:
         json.dump(cfg, f)
     exp = os.path.join(tmp, "meta_hf")
@@ -234,6 +263,11 @@ def test_export_meta(tmp):
         got = json.load(f)
     check(all(got.get(k) == eot for k in ("bos_token_id", "eos_token_id", "pad_token_id")),
           f"config.json keeps the token ids: {[got.get(k) for k in ('bos_token_id', 'eos_token_id', 'pad_token_id')]}")
+    # Fields for training elsewhere come back as the source had them
+    # (dropouts of 0.1), not the export's own 0.
+    drops = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+    check(all(got.get(k) == cfg.get(k) for k in drops) and cfg.get("resid_pdrop") == 0.1,
+          f"config.json keeps the source's dropouts: {[(got.get(k), cfg.get(k)) for k in drops]}")
     with open(os.path.join(exp, "model.safetensors"), "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
@@ -413,6 +447,7 @@ def main():
         test_round_trip(tmp, "qwen2_tied", "arch=qwen2,L=2,C=64,NH=8,NKV=2,F=40,V=301,T=64,tied=1")
         test_round_trip(tmp, "mixtral", "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=301,T=64,theta=500")
         test_export_meta(tmp)
+        test_default_export(tmp)
         test_llama_journey(tmp)
         test_llama_maps(tmp)
         test_prepare_data(tmp)

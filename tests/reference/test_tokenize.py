@@ -219,6 +219,22 @@ def test_llmc_file(tmp, json_path, tok):
     hft.write_llmc(path, token_bytes, vocab["<|endoftext|>"])
     plain = hft.edit_json(json_path, os.path.join(tmp, "plain.json"), lambda x: x.update(added_tokens=[]))
     compare("llm.c file (tiktoken rule)", path, lambda t: plain.encode(t).ids, tmp)
+    # The tokenizer.json an export writes for it (tokenizer_export.h): its
+    # merges are the rule's, so tokenizers encodes with it to the same ids
+    # (texts with the end-of-text token's characters aside: special there).
+    from tokenizers import Tokenizer
+    out = os.path.join(tmp, "from_llmc.json")
+    p = subprocess.run([DUMP, "--hf-json", path, out], capture_output=True, text=True)
+    if not check(p.returncode == 0, f"dump_rows --hf-json: {p.stdout} {p.stderr}"):
+        return
+    made = Tokenizer.from_file(out)
+    texts = [t for t in hft.CORPUS if "<|endoftext|>" not in t] + hft.TRAIN_TEXT
+    bad = [t for t in texts if made.encode(t).ids != plain.encode(t).ids]
+    check(not bad and len(json.load(open(out))["model"]["merges"]) == len(merges),
+          f"the tokenizer.json made from the llm.c file encodes {len(texts) - len(bad)} of {len(texts)} texts to the "
+          f"original's ids, with its {len(merges)} merges (first differing: {bad[:1]})")
+    check(made.decode(made.encode("<|endoftext|>x").ids, skip_special_tokens=False) == "<|endoftext|>x" and
+          made.encode("<|endoftext|>").ids == [vocab["<|endoftext|>"]], "its end-of-text token is special")
 
 
 def test_llama(tmp):

@@ -11,6 +11,8 @@
 //   dump_rows --split gpt2|llama3 TEXTS each text cut by that split pattern
 //   dump_rows --decode PATH IDS         each line of IDS (I,I,...) decoded by
 //                                       PATH as a sequence (decode_text)
+//   dump_rows --hf-json PATH OUT        the tokenizer.json an export writes
+//                                       for the llm.c file PATH (to OUT)
 //
 // Output, one item per line:
 //   total N / rows R / file PATH / row I in: t... tg: t...
@@ -30,6 +32,7 @@
 #include "llmc/io/dataloader.h"
 #include "llmc/io/pretokenize.h"
 #include "llmc/io/tokenizer.h"
+#include "llmc/io/tokenizer_export.h"
 
 namespace {
 
@@ -128,6 +131,21 @@ int decode_ids(const std::string& path, const std::string& file) {
     return 0;
 }
 
+int hf_json(const std::string& path, const std::string& out) {
+    Tokenizer tok;
+    std::string err, text;
+    if (!tok.load(path, &err) || !tokenizer_json_of(tok, &text, &err)) {
+        std::printf("error: %s\n", err.c_str());
+        return 1;
+    }
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
+        std::printf("error: cannot write %s\n", out.c_str());
+        return 1;
+    }
+    return 0;
+}
+
 int split_texts(const std::string& name, const std::string& file) {
     std::vector<std::string> texts;
     if (!read_hex_lines(file, &texts)) return 1;
@@ -176,8 +194,9 @@ int main(int argc, char** argv) {
     if (argc == 4 && std::string(argv[1]) == "--encode") return encode_texts(argv[2], argv[3]);
     if (argc == 4 && std::string(argv[1]) == "--split") return split_texts(argv[2], argv[3]);
     if (argc == 4 && std::string(argv[1]) == "--decode") return decode_ids(argv[2], argv[3]);
+    if (argc == 4 && std::string(argv[1]) == "--hf-json") return hf_json(argv[2], argv[3]);
     if (argc != 4 && argc != 5) {
-        std::fprintf(stderr, "usage: %s PATTERN T VOCAB [NROWS] | --tokenizer PATH | --encode PATH TEXTS | --split gpt2|llama3 TEXTS | --decode PATH IDS\n", argv[0]);
+        std::fprintf(stderr, "usage: %s PATTERN T VOCAB [NROWS] | --tokenizer PATH | --encode PATH TEXTS | --split gpt2|llama3 TEXTS | --decode PATH IDS | --hf-json PATH OUT\n", argv[0]);
         return 2;
     }
     const int T = std::atoi(argv[2]);
