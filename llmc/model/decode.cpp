@@ -12,7 +12,9 @@
 // row goes through the LM head. Weights come from the tensor table through
 // the model's units (acquire, P), as in the training forward, and the
 // GPT-2/Llama differences through the same helpers (norm, residual_norm,
-// activation), so both architectures and every backend run this code.
+// activation), so every architecture and every backend run this code;
+// Mixtral's MoE block is the training forward's (moe_rows_forward) on the
+// cache's buffers.
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -39,9 +41,22 @@ KVCache::KVCache(GPT& model, int cap, int max_rows) : capacity(cap), rows(max_ro
     atty = take(R * Cl, act);
     lse = take(R * tb.heads, st);
     proj = take(R * C, act);
-    fch = take(R * F * (c.llama() ? 2 : 1), act);
-    h = take(R * F, act);
+    const size_t RK = c.moe() ? R * c.top_k : R;  // Mixtral: the hidden rows are the rows' assignments
+    fch = take(RK * F * (c.llama() ? 2 : 1), act);
+    h = take(RK * F, act);
     logits = take((size_t)tb.vocab_rows, act);
+    if (c.moe()) {
+        const size_t E = c.experts, K = c.top_k;
+        moe_logits = take(R * E, act);
+        moe_probs = take(R * E, st);
+        moe_topw = take(R * K, act);
+        moe_topi = static_cast<int*>(take(R * K, DType::I32));
+        moe_offsets = static_cast<int*>(take(E + 1, DType::I32));
+        moe_perm = static_cast<int*>(take(RK, DType::I32));
+        moe_inv = static_cast<int*>(take(RK, DType::I32));
+        moe_xg = take(RK * C, act);
+        moe_yg = take(RK * C, act);
+    }
 }
 
 KVCache::~KVCache() {
@@ -58,11 +73,8 @@ void* KVCache::take(size_t count, DType t) {
 }
 
 void GPT::decode(KVCache& kv, const int* tokens, int n, void* logits, DType dt) {
-    if (chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head || tp_ || cp_)
+    if (chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head || tp_ || cp_ || ep_)
         throw std::logic_error("GPT::decode: a whole model in one process only");
-    if (cfg_.moe())
-        throw std::invalid_argument("flag --kv-cache: generation over a KV cache is not written for arch=mixtral "
-                                    "(--kv-cache 0 runs the whole sequence per token)");
     if (n <= 0 || n > kv.rows) throw std::invalid_argument("GPT::decode: more new tokens than the cache's rows");
     if (n > 1 && kv.len != 0) throw std::invalid_argument("GPT::decode: several new tokens only into an empty cache");
     if (kv.len + n > kv.capacity) throw std::invalid_argument("GPT::decode: the cache is full");
@@ -97,14 +109,19 @@ void GPT::decode(KVCache& kv, const int* tokens, int n, void* logits, DType dt) 
         be_->attention_forward(kv.atty, kv.lse, kv.qkv, cache, elem_ptr(cache, act, Ckv), s);
         be_->matmul_forward(kv.proj, kv.atty, P(Param::attprojw, l), Pb(Param::attprojb, l), n, (int)Cl, C);
         residual_norm(kv.x2, kv.ln, kv.mean, kv.rstd, kv.x, kv.proj, Param::ln2w, l, n);
-        if (cfg_.llama()) {
+        if (cfg_.moe()) {  // Mixtral: the MoE block on the new rows (moe.cpp), into proj
+            const MoeRows r{kv.moe_logits, kv.moe_probs, kv.moe_topw, kv.moe_topi, kv.moe_offsets, kv.moe_perm,
+                            kv.moe_inv,    kv.moe_xg,    kv.fch,      kv.h,        kv.moe_yg,   &kv.moe_offsets_host, 0};
+            moe_rows_forward(l, r, kv.ln, kv.proj, n);
+        } else if (cfg_.llama()) {
             be_->matmul_forward(kv.fch, kv.ln, P(Param::fcw, l), Pb(Param::fcb, l), n, C, (int)fch_width());
             activation(kv.h, kv.fch, n);
         } else {
             be_->matmul_gelu_forward(kv.fch, kv.h, kv.ln, P(Param::fcw, l), Pb(Param::fcb, l), n, C,
                                      (int)fch_width());
         }
-        be_->matmul_forward(kv.proj, kv.h, P(Param::fcprojw, l), Pb(Param::fcprojb, l), n, table_.hidden, C);
+        if (!cfg_.moe())
+            be_->matmul_forward(kv.proj, kv.h, P(Param::fcprojw, l), Pb(Param::fcprojb, l), n, table_.hidden, C);
         // The residual add fused with the next norm: the next block's ln1, or lnf.
         const bool last = l + 1 == L;
         acquire(last ? final_unit : block_unit(l + 1));

@@ -296,6 +296,18 @@ class GPT {
     // load-balancing loss: statistics of each block's routing for the
     // micro-batch in chunk-slot s, then the loss and its gradient.
     void moe_forward(int l, const LayerActs& la, const void* xin, int N);
+    // The MoE block's forward on N rows with its buffers named (the training
+    // forward's, or generation's KV cache's): router, routing, the experts'
+    // products, the combine into out [N, C]. route: the layer-slot's
+    // expert-parallel route (with ep).
+    struct MoeRows {
+        void *logits, *probs, *topw;
+        int *topi, *offsets, *perm, *inv;
+        void *xg, *fch, *h, *yg;
+        std::vector<int>* offsets_host;  // the expert offsets read back
+        size_t route;                    // moe_.routes_'s index (expert parallel)
+    };
+    void moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, int N);
     void moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad);
     void moe_stats(int l, const LayerActs& la, int N, size_t s);
     void moe_aux(size_t s, int N, double dloss, bool count = true);

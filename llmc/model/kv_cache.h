@@ -12,6 +12,7 @@
 // K and V in place with a row stride of 2·NKV·HS (AttnShape's kv_stride).
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "llmc/model/gpt.h"
 
@@ -40,12 +41,21 @@ struct KVCache {
     void* atty = nullptr;   // [rows, NH·HS]
     void* lse = nullptr;    // [NH, rows] stat
     void* proj = nullptr;   // [rows, C] an output projection
-    void *fch = nullptr, *h = nullptr;  // [rows, F or 2F], [rows, F]: the MLP's hidden rows
+    void *fch = nullptr, *h = nullptr;  // [rows, F or 2F], [rows, F]: the MLP's hidden rows (Mixtral: rows·K of them)
     void* logits = nullptr; // [Vp] act: the last new token's
+    // Mixtral's MoE block (null otherwise): router logits [rows, E] act,
+    // probabilities [rows, E] stat, weights [rows, K] act, the routing's
+    // ints (topi [rows, K], offsets [E + 1], perm and inv [rows·K]), the
+    // experts' grouped input and output rows [rows·K, C] act; and the
+    // offsets read back.
+    void *moe_logits = nullptr, *moe_probs = nullptr, *moe_topw = nullptr;
+    int *moe_topi = nullptr, *moe_offsets = nullptr, *moe_perm = nullptr, *moe_inv = nullptr;
+    void *moe_xg = nullptr, *moe_yg = nullptr;
+    std::vector<int> moe_offsets_host;
 
   private:
     Backend* be_;
     void* take(size_t count, DType t);
-    void* owned_[16] = {};
+    void* owned_[32] = {};
     int n_owned_ = 0;
 };

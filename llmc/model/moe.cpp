@@ -68,35 +68,42 @@ int GPT::moe_expert_rows(const LayerActs& la, int N) const {
 }
 
 void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
+    const MoeRows r{a_->moe_logits, la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv,
+                    la.xg,          la.fch,   la.h,    la.yg,   &moe_.offsets_[la.index], la.index};
+    moe_rows_forward(l, r, xin, a_->proj, N);
+}
+
+void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, int N) {
     Acts& a = *a_;
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param;
-    be_->matmul_forward(a.moe_logits, xin, P(Param::moe_gate, l), nullptr, N, C, E);
+    be_->matmul_forward(r.logits, xin, P(Param::moe_gate, l), nullptr, N, C, E);
     const void* bias = moe_.bias_on_ ? elem_ptr(a.moe_bias, prec_.stat, (size_t)l * E) : nullptr;
-    be_->moe_route(la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv, a.moe_logits, N, E, K, bias);
-    std::vector<int>& off = moe_.offsets_[la.index];
-    be_->download(off.data(), DType::I32, la.offsets, DType::I32, (size_t)E + 1);
+    be_->moe_route(r.probs, r.topw, r.topi, r.offsets, r.perm, r.inv, r.logits, N, E, K, bias);
+    std::vector<int>& off = *r.offsets_host;
+    off.resize((size_t)E + 1);
+    be_->download(off.data(), DType::I32, r.offsets, DType::I32, (size_t)E + 1);
     // The grouped rows are the experts' input here; under ep they leave first.
-    be_->moe_dispatch(ep_ ? a.moe_send : la.xg, nullptr, xin, nullptr, nullptr, la.inv, N, K, C);
-    ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[la.index] : nullptr;
+    be_->moe_dispatch(ep_ ? a.moe_send : r.xg, nullptr, xin, nullptr, nullptr, r.inv, N, K, C);
+    ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[r.route] : nullptr;
     if (ep_) {
         ep_->plan(off, route);
-        ep_->dispatch(a.moe_send, la.xg, *route, C, act);
+        ep_->dispatch(a.moe_send, r.xg, *route, C, act);
     }
     const std::vector<ExpertBlock> blocks = expert_blocks(off, route, table_.experts);
-    void* y = ep_ ? a.moe_ye : la.yg;  // the experts' outputs, in the experts' row order
+    void* y = ep_ ? a.moe_ye : r.yg;  // the experts' outputs, in the experts' row order
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
     for (const ExpertBlock& b : blocks)  // expert rows: [gate | up] of its hidden layer
         if (b.n > 0)
-            be_->matmul_forward(elem_ptr(la.fch, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
+            be_->matmul_forward(elem_ptr(r.fch, act, b.row * 2 * Hl), elem_ptr(r.xg, act, b.row * C),
                                 elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), nullptr, (int)b.n, C, 2 * Hl);
-    activation(la.h, la.fch, moe_expert_rows(la, N));
+    activation(r.h, r.fch, ep_ ? (int)moe_.routes_[r.route].expert_rows : N * K);
     for (const ExpertBlock& b : blocks)
         if (b.n > 0)
-            be_->matmul_forward(elem_ptr(y, act, b.row * C), elem_ptr(la.h, act, b.row * Hl),
+            be_->matmul_forward(elem_ptr(y, act, b.row * C), elem_ptr(r.h, act, b.row * Hl),
                                 elem_ptr(w2, pt, (size_t)b.expert * C * Hl), nullptr, (int)b.n, Hl, C);
-    if (ep_) ep_->combine(a.moe_ye, la.yg, *route, C, act);
-    be_->moe_combine(a.proj, la.yg, la.topw, la.inv, N, K, C);
+    if (ep_) ep_->combine(a.moe_ye, r.yg, *route, C, act);
+    be_->moe_combine(out, r.yg, r.topw, r.inv, N, K, C);
 }
 
 void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad) {

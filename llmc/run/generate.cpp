@@ -157,8 +157,6 @@ int generate_main(const ArgParser& parser, TrainConfig& cfg) {
                                ": the prompt has " + std::to_string(P) +
                                " tokens, more than the model's maxT of " + std::to_string(maxT));
     const int total = (int)std::min<long long>((long long)P + cfg.max_new_tokens, maxT);
-    setup_check(!(mc.moe() && cfg.kv_cache), "flag --kv-cache: generation over a KV cache is not written for "
-                                             "arch=mixtral (--kv-cache 0 runs the whole sequence per token)");
 
     std::unique_ptr<Backend> be(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
     setup_check(be != nullptr, err);

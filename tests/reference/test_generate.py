@@ -2,8 +2,10 @@
 # tests/reference/test_generate.py: train_gpt --generate against transformers'
 # generate (run with build/hfenv/bin/python, which scripts/setup.sh makes):
 #   - greedy ids token for token: random GPT2LMHeadModel, LlamaForCausalLM
-#     (GQA 2:1 untied, GQA 4:1 tied) and Qwen2ForCausalLM (GQA 2:1, the
-#     Q, K, V biases through the KV cache's prefill and decode) directories saved
+#     (GQA 2:1 untied, GQA 4:1 tied), Qwen2ForCausalLM (GQA 2:1, the
+#     Q, K, V biases through the KV cache's prefill and decode) and
+#     MixtralForCausalLM (4 experts, top 2: the MoE block on the prefill's
+#     rows and on each new token's) directories saved
 #     with save_pretrained (safetensors), 20 new tokens after a prompt of
 #     ids, in fp32 (transformers in fp32) and in fp64 (transformers in
 #     float64, patched to stay fp64: tests/reference/reference_hf.py);
@@ -254,6 +256,8 @@ def main():
             test_against_transformers(tmp, "llama_gqa4_tied",
                                       "arch=llama,L=2,C=64,NH=8,NKV=2,F=100,V=97,T=64,tied=1,eps=1e-6")
             test_against_transformers(tmp, "qwen2_gqa2", "arch=qwen2,L=3,C=48,NH=4,NKV=2,F=72,V=101,T=64,theta=1e6")
+            test_against_transformers(tmp, "mixtral_e4k2",
+                                      "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=101,T=64,theta=500")
             test_sources(tmp)
             test_text_prompts(tmp)
             test_errors(tmp, d)
