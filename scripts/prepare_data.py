@@ -12,8 +12,18 @@ script tokenizes text files into them, so any corpus can be trained on:
 Documents: each input file is one document; with --split-blank-lines every
 run of lines between blank lines is one; with --jsonl every line of the
 input is a JSON object whose "text" field is one (--jsonl-field to change).
-Every document is preceded by the EOT token, as in llm.c's shards, so the
-model sees where one text ends and the next begins.
+Each document is marked as its tokenizer's convention says, so the model
+sees where one text ends and the next begins:
+  - a tokenizer whose post-processor opens a text with a start token
+    (Llama's <s>, Llama 3's <|begin_of_text|>): that start, the text, and
+    its end-of-sequence token (tokenizer_config.json's eos_token beside the
+    file, else the first of </s>, <|end_of_text|>, <|endoftext|>,
+    <|im_end|> it has), so the model learns to stop;
+  - otherwise (GPT-2, bytes, Qwen2): the end-of-text token before each
+    document, as in llm.c's shards (it ends the one before).
+The shards' headers record the ids that open and end a document
+(scripts/shards.py); train_gpt takes them for --document-mask and
+--eot-token.
 
 Tokenizers:
   bytes  byte-level: ids 0..255 are the bytes, EOT = 256, vocab 257. Needs
@@ -22,11 +32,9 @@ Tokenizers:
          EOT = 50256, vocab 50257; also writes DIR/tokenizer.bin (GPT-2).
   FILE.json  a Hugging Face tokenizer.json (a Llama or GPT-2 checkpoint's)
          through the `tokenizers` package (pip install tokenizers; the
-         build/hfenv of scripts/setup.sh has it). The document separator is
-         the first of <|endoftext|>, <|begin_of_text|>, <s> it has (the
-         trainer's start token for samples); the vocabulary counts added
-         tokens. The file is copied to DIR/tokenizer.json for
-         train_gpt --tokenizer.
+         build/hfenv of scripts/setup.sh has it); documents as above; the
+         vocabulary counts added tokens. The file is copied to
+         DIR/tokenizer.json for train_gpt --tokenizer.
 
 Shards hold uint16 tokens (magic 20240520) while the vocabulary fits, and
 uint32 tokens (magic 20240801, version 7) past 65536 ids, as llm.c does.
@@ -117,6 +125,10 @@ def iter_documents(paths, split_blank_lines, jsonl, field):
 
 class ByteTokenizer:
     name, vocab_size, eot = "bytes", 257, 256
+    start, end = None, 256  # the end-of-text token before each document ends the one before
+
+    def document(self, doc):
+        return np.concatenate([np.array([self.eot], dtype=np.uint32), self.encode(doc)])
 
     def encode(self, doc):
         return np.frombuffer(doc, dtype=np.uint8).astype(np.uint32)
@@ -127,6 +139,8 @@ class ByteTokenizer:
 
 class Gpt2Tokenizer:
     name, vocab_size, eot = "gpt2", 50257, 50256
+    start, end = None, 50256
+    document = ByteTokenizer.document
 
     def __init__(self):
         try:
@@ -161,10 +175,42 @@ class JsonTokenizer:
         self.path, self.name = path, os.path.basename(path)
         vocab = self.tok.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1
-        self.eot = next((vocab[t] for t in ("<|endoftext|>", "<|begin_of_text|>", "<s>") if t in vocab), None)
+        # The post-processor's own marks: what encoding with them adds
+        # before and after a text (Llama: <s> before).
+        plain = self.tok.encode("a", add_special_tokens=False).ids
+        full = self.tok.encode("a", add_special_tokens=True).ids
+        at = next((i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain), 0)
+        self.prefix, self.suffix = full[:at], full[at + len(plain):]
+        # The end-of-sequence token: tokenizer_config.json's, else a known name.
+        eos = None
+        cfg = os.path.join(os.path.dirname(os.path.abspath(path)), "tokenizer_config.json")
+        if os.path.isfile(cfg):
+            try:
+                e = json.load(open(cfg, encoding="utf-8")).get("eos_token")
+                eos = vocab.get(e.get("content") if isinstance(e, dict) else e)
+            except (ValueError, AttributeError):
+                eos = None
+        if eos is None:
+            eos = next((vocab[t] for t in ("</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>") if t in vocab), None)
+        if self.prefix:
+            # A start token opens each document; the end-of-sequence token ends it.
+            self.start, self.end = self.prefix[0], eos
+            self.eot = self.prefix[0]
+        else:
+            self.eot = next((vocab[t] for t in ("<|endoftext|>", "<|begin_of_text|>", "<s>") if t in vocab), eos)
+            self.start, self.end = None, self.eot
         if self.eot is None:
-            fail(f"--tokenizer {path}: none of <|endoftext|>, <|begin_of_text|>, <s> is a token "
-                 "(a document separator is needed)")
+            fail(f"--tokenizer {path}: none of <|endoftext|>, <|begin_of_text|>, <s> is a token and no "
+                 "end-of-sequence token is named (a document separator is needed)")
+
+    def document(self, doc):
+        ids = self.encode(doc)
+        if self.start is None:
+            return np.concatenate([np.array([self.eot], dtype=np.uint32), ids])
+        tail = list(self.suffix)
+        if self.end is not None and self.end not in tail:
+            tail.append(self.end)
+        return np.concatenate([np.asarray(self.prefix, dtype=np.uint32), ids, np.asarray(tail, dtype=np.uint32)])
 
     def encode(self, doc):
         ids = self.tok.encode(doc.decode("utf-8", errors="replace"), add_special_tokens=False).ids
@@ -191,8 +237,9 @@ def write_tokenizer(path, tokens, eot):
 class ShardWriter:
     """Cuts a token stream into shards of exactly shard_tokens (the last may be shorter)."""
 
-    def __init__(self, out, name, split, first_index, shard_tokens, vocab_size):
+    def __init__(self, out, name, split, first_index, shard_tokens, vocab_size, doc_start=None, doc_end=None):
         self.out, self.name, self.split = out, name, split
+        self.doc_start, self.doc_end = doc_start, doc_end
         self.index, self.shard_tokens, self.vocab_size = first_index, shard_tokens, vocab_size
         self.parts, self.count = [], 0
         self.paths, self.total = [], 0
@@ -210,7 +257,7 @@ class ShardWriter:
         if self.count == 0:
             return
         path = os.path.join(self.out, f"{self.name}_{self.split}_{self.index:06d}.bin")
-        write_shard(path, np.concatenate(self.parts), self.vocab_size)
+        write_shard(path, np.concatenate(self.parts), self.vocab_size, self.doc_start, self.doc_end)
         print(f"  {path}: {self.count} tokens")
         self.paths.append(path)
         self.total += self.count
@@ -270,24 +317,27 @@ def main():
     if ndocs == 0:
         fail("the input holds no text")
 
-    eot = np.array([tok.eot], dtype=np.uint32)
-    train = ShardWriter(args.out, args.name, "train", 1, args.shard_tokens, tok.vocab_size)
-    val = ShardWriter(args.out, args.name, "val", 0, args.shard_tokens, tok.vocab_size)
-    print(f"prepare_data: {ndocs} document(s), tokenizer {tok.name}")
+    train = ShardWriter(args.out, args.name, "train", 1, args.shard_tokens, tok.vocab_size, tok.start, tok.end)
+    val = ShardWriter(args.out, args.name, "val", 0, args.shard_tokens, tok.vocab_size, tok.start, tok.end)
+    marks = (f"<{tok.start}> opens a document, <{tok.end}> ends it" if tok.start is not None
+             else f"<{tok.end}> before each document")
+    print(f"prepare_data: {ndocs} document(s), tokenizer {tok.name}; {marks}")
 
     if ndocs == 1 and args.val_fraction > 0:
-        # One document: split its tokens, each half keeping a leading EOT.
+        # One document: its tokens split, each half marked as a document.
         toks = tok.encode(next(iter(docs())))
         if toks.size < 2:
             fail("the single document is too short to split into train and val")
         k = min(toks.size - 1, max(1, round(args.val_fraction * toks.size)))
-        val.add(np.concatenate([eot, toks[:k]]))
-        train.add(np.concatenate([eot, toks[k:]]))
+        head = tok.document(b"")  # the marks around an empty text
+        n_pre = len(getattr(tok, "prefix", [])) if tok.start is not None else 1
+        for writer, part in ((val, toks[:k]), (train, toks[k:])):
+            writer.add(np.concatenate([head[:n_pre], part, head[n_pre:]]))
         val_docs = 1
     else:
         val_docs = 0 if args.val_fraction == 0 else min(ndocs - 1, max(1, round(args.val_fraction * ndocs)))
         for i, doc in enumerate(docs()):
-            (val if i < val_docs else train).add(np.concatenate([eot, tok.encode(doc)]))
+            (val if i < val_docs else train).add(tok.document(doc))
     val.flush()
     train.flush()
 

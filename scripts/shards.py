@@ -3,7 +3,10 @@
 A shard is a header of 256 little-endian int32 followed by the tokens:
   [0]=20240520 [1]=1 [2]=count, then count uint16 tokens   (vocab <= 65536)
   [0]=20240801 [1]=7 [2]=count, then count uint32 tokens   (larger vocabs)
-This is the format llmc/io/dataloader.cpp reads (see docs/design.md section 1).
+  [3]=1 + the id that opens a document (<s>), 0: none or not recorded
+  [4]=1 + the id that ends one (</s>, GPT-2's <|endoftext|>), 0: the same
+llm.c leaves [3..255] zero and never reads them. This is the format
+llmc/io/dataloader.cpp reads (see docs/design.md section 1).
 
 write_shard picks the narrowest format the vocabulary allows and writes
 through a temporary file renamed into place, so a reader (or a crash) never
@@ -23,8 +26,10 @@ HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 
 
-def write_shard(path, tokens, vocab_size):
-    """Write tokens (any integer sequence) as a shard; ids must be < vocab_size."""
+def write_shard(path, tokens, vocab_size, doc_start=None, doc_end=None):
+    """Write tokens (any integer sequence) as a shard; ids must be < vocab_size.
+    doc_start, doc_end: the ids that open and end a document, recorded in the
+    header (None: not recorded)."""
     toks = np.asarray(tokens)
     if toks.ndim != 1:
         raise ValueError(f"{path}: tokens must be 1-D, got shape {toks.shape}")
@@ -45,6 +50,11 @@ def write_shard(path, tokens, vocab_size):
         magic, version, dtype = MAGIC_U32, VERSION_U32, "<u4"
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = magic, version, toks.size
+    for slot, tid in ((3, doc_start), (4, doc_end)):
+        if tid is not None:
+            if not 0 <= tid < vocab_size:
+                raise ValueError(f"{path}: document token {tid} outside the vocab of {vocab_size}")
+            header[slot] = tid + 1
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -79,3 +89,9 @@ def read_shard(path):
         what = "truncated" if size < expected else "trailing bytes"
         raise ValueError(f"{path}: {what}: file has {size} bytes, expected {expected}")
     return np.fromfile(path, dtype=dtype, count=count, offset=HEADER_BYTES)
+
+
+def read_doc_ids(path):
+    """The (start, end) document ids a shard's header records (None where none)."""
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    return tuple(int(header[i]) - 1 if header[i] > 0 else None for i in (3, 4))

@@ -87,6 +87,8 @@ DataLoader& DataLoader::operator=(DataLoader&& other) noexcept {
         total_tokens_ = other.total_tokens_;
         T_ = other.T_;
         vocab_size_ = other.vocab_size_;
+        doc_start_ = other.doc_start_;
+        doc_end_ = other.doc_end_;
         open_fds_ = other.open_fds_;
         use_clock_ = other.use_clock_;
         // The descriptors now belong to this object; leave other empty.
@@ -113,6 +115,7 @@ void DataLoader::close() {
     shards_.clear();
     files_.clear();
     total_tokens_ = 0;
+    doc_start_ = doc_end_ = -1;
     T_ = 0;
     vocab_size_ = 0;
     open_fds_ = 0;
@@ -193,6 +196,7 @@ bool DataLoader::open(const std::string& pattern, int T, int vocab_size, std::st
 
     std::vector<Shard> shards;
     size_t total = 0;
+    int first_doc_start = -1, first_doc_end = -1;
     bool ok = true;
     for (const std::string& path : paths) {
         const std::string where = "data shard " + quoted(path) + ": ";
@@ -270,6 +274,11 @@ bool DataLoader::open(const std::string& pattern, int T, int vocab_size, std::st
             ok = false;
             break;
         }
+        if (shards.size() == 1) {  // the document tokens the first shard records (0: none)
+            const int32_t s = (int32_t)le32(header + 12), e = (int32_t)le32(header + 16);
+            first_doc_start = s > 0 ? s - 1 : -1;
+            first_doc_end = e > 0 ? e - 1 : -1;
+        }
         shards.back().num_tokens = (size_t)count;
         shards.back().token_bytes = token_bytes;
         shards.back().stream_start = total;
@@ -302,6 +311,8 @@ bool DataLoader::open(const std::string& pattern, int T, int vocab_size, std::st
     }
     files_ = std::move(paths);
     total_tokens_ = total;
+    doc_start_ = first_doc_start;
+    doc_end_ = first_doc_end;
     T_ = T;
     vocab_size_ = vocab_size;
     return true;
@@ -426,4 +437,18 @@ bool DataLoader::fingerprint(std::string* out, std::string* err) {
     std::snprintf(digest, sizeof digest, "%016llx", (unsigned long long)h);
     *out = std::to_string(shards_.size()) + " shard(s), " + std::to_string(total_tokens_) + " tokens, digest " + digest;
     return true;
+}
+
+long long DataLoader::count_id(int id, size_t n, std::string* err) {
+    n = std::min(n, total_tokens_);
+    std::vector<int> buf;
+    long long c = 0;
+    for (size_t at = 0; at < n;) {
+        const size_t k = std::min<size_t>(n - at, 1 << 20);
+        buf.resize(k);
+        if (!read_tokens(at, k, buf.data(), err)) return -1;
+        for (int v : buf) c += v == id;
+        at += k;
+    }
+    return c;
 }

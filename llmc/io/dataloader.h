@@ -65,6 +65,15 @@ public:
     // the token's offset and its id.
     bool check_ids(size_t part, size_t parts, std::string* err);
 
+    // The document tokens the first shard's header records (scripts/shards.py:
+    // header[3] = 1 + the id that opens a document, header[4] = 1 + the id
+    // that ends one; llm.c leaves them 0): -1 where none is recorded.
+    int doc_start() const { return doc_start_; }
+    int doc_end() const { return doc_end_; }
+    // How many of the first n tokens of the stream equal id (n capped at
+    // the stream), or -1 with *err on a read error.
+    long long count_id(int id, size_t n, std::string* err);
+
     size_t total_tokens() const { return total_tokens_; }
     size_t rows_per_epoch() const { return T_ > 0 ? total_tokens_ / (size_t)T_ : 0; }
     const std::vector<std::string>& files() const { return files_; }
@@ -97,6 +106,7 @@ private:
     size_t total_tokens_ = 0;
     int T_ = 0;
     int vocab_size_ = 0;
+    int doc_start_ = -1, doc_end_ = -1;
     int open_fds_ = 0;
     uint64_t use_clock_ = 0;
     std::vector<unsigned char> bytes_;  // raw chunk buffer

@@ -424,12 +424,14 @@ void GPT::set_document_mask() {
 
 bool GPT::document_mask() const { return a_->docs != nullptr; }
 
-void GPT::document_starts(const int* tokens, int nrows, int T, int eot, int* out) {
+void GPT::document_starts(const int* tokens, int nrows, int T, int eot, int* out, int bos) {
     for (int r = 0; r < nrows; r++) {
         int start = 0;
         for (int t = 0; t < T; t++) {
+            const int id = tokens[(size_t)r * T + t];
+            if (bos >= 0 && id == bos) start = t;  // a start token opens its document
             out[(size_t)r * T + t] = start;
-            if (tokens[(size_t)r * T + t] == eot) start = t + 1;
+            if (eot >= 0 && id == eot) start = t + 1;  // an end token closes it
         }
     }
 }

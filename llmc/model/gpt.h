@@ -209,9 +209,11 @@ class GPT {
     void set_document_mask();
     bool document_mask() const;
     // The document start of each token of nrows rows of T tokens (host
-    // int32): the position after the last EOT before it (a document ends with
-    // its EOT), 0 if none.
-    static void document_starts(const int* tokens, int nrows, int T, int eot, int* out);
+    // int32): the position after the last end token eot before it (a
+    // document ends with its EOT), or of the last start token bos at or
+    // before it (a document opens with it: Llama's <s>), whichever is later;
+    // 0 if none. eot or bos -1: none.
+    static void document_starts(const int* tokens, int nrows, int T, int eot, int* out, int bos = -1);
     // The residual stream leaving chunk c for the micro-batch in `slot`
     // (valid until that slot's next forward). Not for the head chunk.
     const void* chunk_output(int c, int slot);

@@ -102,10 +102,14 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
            "LM head + cross-entropy in chunks of at most ROWS rows, its backward fused in (0: all rows at once)", 0,
            1e9});
     p.add({0, "document-mask", O::Int, &c.document_mask,
-           "1: a token attends only to the earlier tokens of its own document (documents end with --eot-token)", 0,
-           1, {}, "1"});
+           "1: a token attends only to the earlier tokens of its own document (documents end with --eot-token, "
+           "open with --bos-token)", 0, 1, {}, "1"});
     p.add({0, "eot-token", O::Int, &c.eot_token,
-           "token id that ends a document (-1: the tokenizer file's EOT, else 50256)", -1, 1 << 30});
+           "token id that ends a document (-1: the shards' header, else the tokenizer's end of text: GPT-2's, or "
+           "none where <s> opens documents)", -1, 1 << 30});
+    p.add({0, "bos-token", O::Int, &c.bos_token,
+           "token id that opens a document (-1: the shards' header, else the tokenizer's <s> or <|begin_of_text|>, "
+           "else none)", -1, 1 << 30});
     p.add({'a', "overfit", O::Int, &c.overfit, "1: train on the first batch only (debugging)", 0, 1, {}, "1"});
     p.add({0, "plan", O::String, &c.plan, "plan instead of training: search layouts, or eval the one given", 0, 0,
            {"search", "eval"}});

@@ -74,7 +74,8 @@ struct TrainConfig {
     int head_chunk = 0;        // LM head and cross-entropy in chunks of this many rows (0: all at once)
     int overfit = 0;           // -a
     int document_mask = 0;     // attention within documents only (docs/attention.md)
-    int eot_token = -1;        // the documents' separator (-1: the tokenizer's EOT, else 50256)
+    int eot_token = -1;        // the token that ends a document (-1 given: the shards' header, else the tokenizer's; -1 after setup: none)
+    int bos_token = -1;        // the token that opens one (-1 given: the shards' header, else <s> / <|begin_of_text|>; after setup: none)
     long long seed = 1337;
     // planning (no training): llmc/plan/planner.h, llmc/plan/calibrate.h
     std::string plan = "";          // search | eval

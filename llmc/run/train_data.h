@@ -29,6 +29,16 @@ struct TrainData {
     // `rows` rows from first_row on, this rank's tokens of them (cp's
     // chunks). The document starts are found on the whole rows (a cp rank's
     // later chunk needs the EOTs of the earlier ones, `eot` ending a
-    // document) and sharded alike. Ends the job on a read error.
-    void read_micro_batch(DataLoader& dl, uint64_t first_row, int rows, int T, int eot, const ContextParallel& cp);
+    // document, `bos` opening one; -1: none) and sharded alike. Ends the job
+    // on a read error.
+    void read_micro_batch(DataLoader& dl, uint64_t first_row, int rows, int T, int eot, const ContextParallel& cp,
+                          int bos = -1);
+    // The tokens that end and open a document (*eot, *bos; -1: none), those
+    // not given (-1) taken from the training shards' header
+    // (scripts/prepare_data.py records them), else, when neither was given,
+    // from the tokenizer: a
+    // start token (<s>, <|begin_of_text|>) opens documents, any other
+    // end-of-text token ends them (GPT-2's, llm.c's shards), 50256 without a
+    // tokenizer. Returns where they came from, for the settings.
+    std::string document_tokens(int* eot, int* bos) const;
 };

@@ -84,6 +84,7 @@ struct Trainer {
     void setup(const ArgParser& parser);
     void build(Backend& b, ModelStack* stack);
     void check_memory();
+    void warn_document_tokens(const std::string& source);
     void print_settings(const ArgParser& parser);
     // The steps (trainer_step.cpp).
     // One step: issue_step() queues its work (and, --sync-free, its figures'

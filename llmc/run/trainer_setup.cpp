@@ -158,11 +158,14 @@ void Trainer::setup(const ArgParser& parser) {
     if (cfg.max_steps < 0 && !converting)
         cfg.max_steps = (int)std::max<long long>(1, (long long)data.train.rows_per_epoch() / rows_per_step);
 
-    // Document masking: the separator must be a token of the model.
-    if (cfg.eot_token < 0) cfg.eot_token = data.tok.eot() >= 0 ? data.tok.eot() : 50256;
-    setup_check(!(cfg.document_mask || parser.given("eot-token")) || cfg.eot_token < mc.vocab_size,
-                "flag --eot-token: " + std::to_string(cfg.eot_token) + " is not below the model's vocabulary size " +
-                    std::to_string(mc.vocab_size) + " (give the id of the token that ends a document)");
+    // Documents: the tokens that end and open one, each a token of the model.
+    const std::string doc_source = data.document_tokens(&cfg.eot_token, &cfg.bos_token);
+    for (auto f : {std::make_pair("eot-token", cfg.eot_token), std::make_pair("bos-token", cfg.bos_token)})
+        setup_check(!(cfg.document_mask || parser.given(f.first)) || f.second < mc.vocab_size,
+                    std::string("flag --") + f.first + ": " + std::to_string(f.second) +
+                        " is not below the model's vocabulary size " + std::to_string(mc.vocab_size) +
+                        " (give the id of the token that " + (f.first[0] == 'e' ? "ends" : "opens") + " a document)");
+    if (cfg.document_mask && !converting) warn_document_tokens(doc_source);
 
     // The parallel modes and the model, first counted, then built.
     check_memory();
@@ -283,6 +286,32 @@ void Trainer::setup(const ArgParser& parser) {
 }
 
 // The model and its parallel modes on backend b (llmc/parallel/model_stack.h).
+// --document-mask: one line naming the tokens that end and open a document
+// and where they came from; a warning when one never occurs in the first
+// 16M tokens of the training data (then it marks nothing), or when there is
+// none (each row is then one document).
+void Trainer::warn_document_tokens(const std::string& source) {
+    if (!main_rank) return;
+    auto name = [&](int id) { return std::to_string(id) + " (" + Tokenizer::printable(data.tok.decode(id)) + ")"; };
+    std::string line;
+    if (cfg.eot_token >= 0) line += name(cfg.eot_token) + " ends a document";
+    if (cfg.bos_token >= 0) line += std::string(line.empty() ? "" : ", ") + name(cfg.bos_token) + " opens one";
+    std::printf("documents: %s (%s)\n", line.empty() ? "no token ends or opens one" : line.c_str(), source.c_str());
+    if (line.empty())
+        std::fprintf(stderr, "train_gpt: warning: --document-mask: no token ends or opens a document (give "
+                             "--eot-token or --bos-token): each row is one document\n");
+    const size_t n = (size_t)1 << 24;
+    for (auto f : {std::make_pair("--eot-token", cfg.eot_token), std::make_pair("--bos-token", cfg.bos_token)}) {
+        if (f.second < 0) continue;
+        std::string err;
+        const long long c = data.train.count_id(f.second, n, &err);
+        if (c == 0)
+            std::fprintf(stderr, "train_gpt: warning: --document-mask: %s %s never occurs in the first %zu tokens of "
+                                 "%s: it marks no document there\n", f.first, name(f.second).c_str(),
+                         std::min(n, data.train.total_tokens()), cfg.train_data.c_str());
+    }
+}
+
 void Trainer::build(Backend& b, ModelStack* stack) {
     bool ok = true;
     try {

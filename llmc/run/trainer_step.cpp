@@ -54,7 +54,7 @@ PendingStep Trainer::issue_step(int step) {
     auto read = [&](int micro) {
         uint64_t first = cfg.overfit ? (uint64_t)grid.dp_rank * cfg.B
                                      : rows0 + ((uint64_t)micro * lay.dp() + grid.dp_rank) * cfg.B;
-        data.read_micro_batch(data.train, first, cfg.B, cfg.T, cfg.eot_token, *s.cp);
+        data.read_micro_batch(data.train, first, cfg.B, cfg.T, cfg.eot_token, *s.cp, cfg.bos_token);
     };
     std::function<void(int, const int**, const int**, const int**)> load;
     if (step_graph.on()) {
@@ -305,7 +305,8 @@ double Trainer::validate() {
         const long long k = k0 + grid.dp_rank;
         const bool mine = k < micro;
         const int rows = mine ? (int)std::min<long long>(cfg.B, data.val_rows - k * cfg.B) : cfg.B;
-        data.read_micro_batch(data.val, (uint64_t)(mine ? k : 0) * cfg.B, rows, cfg.T, cfg.eot_token, *s.cp);
+        data.read_micro_batch(data.val, (uint64_t)(mine ? k : 0) * cfg.B, rows, cfg.T, cfg.eot_token, *s.cp,
+                              cfg.bos_token);
         double l = s.pipe->forward_only(*s.model, data.inputs.data(), data.targets.data(), rows, T_local, data.docs_or_null());
         if (mine) sum += l * rows, count += rows;
     }
@@ -331,7 +332,7 @@ void Trainer::sample() {
     for (int t = 1; t <= n; t++) {
         s.cp->shard_rows(tokens.data(), 1, T, local.data());
         if (!full_dc.empty()) {  // the document mask on the sample too (a sampled EOT starts a new document)
-            GPT::document_starts(tokens.data(), 1, T, cfg.eot_token, full_dc.data());
+            GPT::document_starts(tokens.data(), 1, T, cfg.eot_token, full_dc.data(), cfg.bos_token);
             s.cp->shard_rows(full_dc.data(), 1, T, local_dc.data());
         }
         s.model->want_logits(0, t - 1);  // --head-chunk computes only that row's chunk

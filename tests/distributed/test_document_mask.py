@@ -20,8 +20,13 @@
 #   - recorded regions (LLMC_CPU_GRAPH=1, docs/design.md section 2.9): the
 #     document starts change every step while the recorded ops replay; the
 #     run equals the one without recording, bit for bit;
-#   - errors: --eot-token not below the vocabulary ends every rank with one
-#     line naming the flag.
+#   - start tokens: documents [S, body, Z] (S and Z nowhere else): the
+#     starts that --bos-token S gives (a document opens at S) are those
+#     --eot-token Z gives (it ends after Z), so the runs are equal bit for bit,
+#     and so is the run that takes both from the shard's header (and says
+#     so); a token that never occurs in the data gets a one-line warning;
+#   - errors: --eot-token (and --bos-token) not below the vocabulary ends
+#     every rank with one line naming the flag.
 # The masked attention itself: tests/unit/test_cpu_attention.cpp; one process
 # against PyTorch and transformers: the reference tier (docmask cases).
 # Last line: "N passed, N failed".
@@ -133,13 +138,51 @@ def test_regions(tmp):
     check(ok, f"recorded regions with the mask: {runs[0][0]} vs {runs[1][0]} {runs[1][1][-200:]!r}")
 
 
+def test_start_tokens(tmp):
+    S, Z = 11, 13
+    rng = np.random.default_rng(9)
+    toks = []
+    while len(toks) < 30000:
+        body = rng.integers(0, V, int(rng.integers(0, 30)))
+        body[(body == S) | (body == Z) | (body == EOT)] = S + 1
+        toks += [S] + body.tolist() + [Z]
+    data, marked = os.path.join(tmp, "starts.bin"), os.path.join(tmp, "starts_marked.bin")
+    write_shard(data, toks[:30000])
+    write_shard(marked, toks[:30000], doc_start=S, doc_end=Z)
+    args = [a for a in base(GPT2, data) if a not in ("--eot-token", str(EOT))] + ["-b", "4", "-d", "64",
+                                                                                 "--document-mask", "1"]
+    runs = {}
+    for name, extra, d_in in (("eot Z", ["--eot-token", str(Z)], data), ("bos S", ["--bos-token", str(S)], data),
+                              ("both", ["--eot-token", str(Z), "--bos-token", str(S)], data),
+                              ("header", [], marked), ("no mask", ["--document-mask", "0"], data)):
+        d = os.path.join(tmp, "starts_" + name.replace(" ", "_"))
+        a = [x if x != data else d_in for x in args]
+        rc, out, err = train(0, a + extra + ["-n", "6", "-o", d])
+        if check(rc == 0, f"start tokens, {name}: {err[-300:]}"):
+            runs[name] = ([m["loss"] for m in metrics(d)], read_checkpoint(d, 6)[0], out)
+    if len(runs) == 5:
+        same = all(runs[k][0] == runs["eot Z"][0] and np.array_equal(runs[k][1], runs["eot Z"][1])
+                   for k in ("bos S", "both", "header"))
+        check(same, "documents opened by --bos-token S train as those ended by --eot-token Z, and as the header's: "
+              + str({k: v[0][-1] for k, v in runs.items()}))
+        check(runs["no mask"][0] != runs["eot Z"][0], "the mask acts on these documents")
+        check(f"documents: {Z} " in runs["header"][2] and f"{S} " in runs["header"][2] and
+              "(the shards' header)" in runs["header"][2], "the run names the header's document tokens")
+        print(f"  start tokens: --bos-token {S} = --eot-token {Z} = the header's, bit for bit")
+    # A token that never occurs: one warning line naming it.
+    rc, out, err = train(0, args + ["--eot-token", str(EOT), "-x", "1", "-o", os.path.join(tmp, "starts_never")])
+    warn = [l for l in err.splitlines() if "never occurs" in l]
+    check(rc == 0 and len(warn) == 1 and f"--eot-token {EOT}" in warn[0], f"an --eot-token not in the data: {err!r}")
+
+
 def test_errors(tmp):
     for np_ in (0, 2):
-        rc, out, err = train(np_, base(GPT2, DOCS) + ["-b", "4", "--document-mask", "1", "--eot-token", str(V)],
-                             timeout=60)
-        lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
-        check(rc != 0 and len(lines) == 1 and "--eot-token" in lines[0],
-              f"--eot-token {V} (V={V}), np={np_}: rc={rc} {err[-300:]!r}")
+        for flag in ("--eot-token", "--bos-token"):
+            rc, out, err = train(np_, base(GPT2, DOCS) + ["-b", "4", "--document-mask", "1", flag, str(V)],
+                                 timeout=60)
+            lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
+            check(rc != 0 and len(lines) == 1 and flag in lines[0],
+                  f"{flag} {V} (V={V}), np={np_}: rc={rc} {err[-300:]!r}")
 
 
 def suite(tmp):
@@ -154,6 +197,7 @@ def suite(tmp):
     test_layouts(tmp)
     test_val(tmp)
     test_regions(tmp)
+    test_start_tokens(tmp)
     test_errors(tmp)
 
 

@@ -147,11 +147,16 @@ def rel(a, b):
     return np.linalg.norm(a - b) / nb if nb > 0 else np.linalg.norm(a - b)
 
 
-def write_shard(path, tokens):
-    """An llm.c uint16 token shard."""
+def write_shard(path, tokens, doc_start=None, doc_end=None):
+    """An llm.c uint16 token shard; doc_start, doc_end: the document tokens
+    its header records (header[3], header[4]: 1 + the id; scripts/shards.py)."""
     tokens = np.asarray(tokens, dtype="<u2")
     h = np.zeros(256, dtype="<i4")
     h[0], h[1], h[2] = 20240520, 1, len(tokens)
+    if doc_start is not None:
+        h[3] = doc_start + 1
+    if doc_end is not None:
+        h[4] = doc_end + 1
     with open(path, "wb") as f:
         f.write(h.tobytes())
         f.write(tokens.tobytes())

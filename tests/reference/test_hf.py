@@ -313,6 +313,17 @@ def test_llama_journey(tmp):
                    "--tokenizer", os.path.join(src, "tokenizer.json"), "--split-blank-lines"])
     if not check(rc == 0, "prepare_data with the Llama tokenizer: " + last_line(out)):
         return
+    # Documents as the tokenizer's convention: <s> opens each, </s> ends it,
+    # and the shards' header says so.
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from shards import read_doc_ids, read_shard
+    shard = os.path.join(data, "j_train_000001.bin")
+    toks = read_shard(shard)
+    starts, ends = [i for i, t in enumerate(toks) if t == 1], [i for i, t in enumerate(toks) if t == 2]
+    check(read_doc_ids(shard) == (1, 2) and len(starts) == len(ends) == 198 and toks[0] == 1 and toks[-1] == 2 and
+          all(e + 1 == s for e, s in zip(ends, starts[1:])),
+          f"prepare_data: each document <s> ... </s>, the header records (1, 2): {read_doc_ids(shard)}, "
+          f"{len(starts)} <s>, {len(ends)} </s>")
     run_dir, exp = os.path.join(tmp, "journey_run"), os.path.join(tmp, "journey_hf")
     rc, out = run([TRAIN, "-e", src, "-i", os.path.join(data, "j_train_*.bin"), "-j", "", "-b", "2", "-x", "4",
                    "-n", "2", "-s", "0", "--device", "cpu", "-o", run_dir])
@@ -336,6 +347,27 @@ def test_llama_journey(tmp):
     check(ids[0, 0] == 1 and got.shape[1] > ids.shape[1] and
           t.decode(got[0], skip_special_tokens=True).startswith("The quick"),
           f"--convert of a Llama run: AutoTokenizer (with <s>) + generate: {t.decode(got[0])!r}")
+    # Trained on those documents (the mask takes <s> and </s> from the
+    # shards), the model learns to end one: generation stops at </s>, ours
+    # and transformers' on the export.
+    run_dir, exp = os.path.join(tmp, "journey_fit"), os.path.join(tmp, "journey_fit_hf")
+    rc, out = run([TRAIN, "-e", src, "-i", os.path.join(data, "j_train_*.bin"), "-j", "", "-b", "4", "-t", "64",
+                   "-x", "150", "-l", "1e-2", "-u", "10", "-s", "0", "-v", "0", "--document-mask", "1", "--device",
+                   "cpu", "-o", run_dir, "--export-hf", exp])
+    if not check(rc == 0 and "documents: 2 (</s>) ends a document, 1 (<s>) opens one (the shards' header)" in out,
+                 "train on the Llama documents with --document-mask 1: " + last_line(out)):
+        return
+    rc, out = run([TRAIN, "-e", exp, "--generate", "The quick", "--max-new-tokens", "60", "--temperature", "0",
+                   "--device", "cpu"])
+    check(rc == 0 and "stopped at the end-of-text token" in out and "lazy dog." in out,
+          "--generate on the trained export stops at </s>: " + last_line(out))
+    t = AutoTokenizer.from_pretrained(exp)
+    model = LlamaForCausalLM.from_pretrained(exp)
+    ids = t("The quick", return_tensors="pt").input_ids
+    with torch.no_grad():
+        got = model.generate(ids, max_new_tokens=60, do_sample=False, pad_token_id=t.eos_token_id)
+    check(int(got[0, -1]) == 2 and got.shape[1] < ids.shape[1] + 60 and "lazy dog." in t.decode(got[0]),
+          f"transformers' generate on the export stops at </s> too: {t.decode(got[0])!r}")
 
 
 def test_llama_maps(tmp):

@@ -22,7 +22,7 @@
 //   text HEX                             (--decode, a line per line of ids)
 // On an error: "error: MESSAGE" on stdout, exit code 1.
 //
-// Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/unit/dump_rows.cpp llmc/io/dataloader.cpp llmc/io/tokenizer.cpp
+// Build (one line): g++ -std=c++17 -O2 -Wall -Wextra -I. tests/unit/dump_rows.cpp llmc/io/dataloader.cpp llmc/io/tokenizer.cpp llmc/io/tokenizer_export.cpp
 //          llmc/io/bpe.cpp llmc/io/pretokenize.cpp llmc/io/unicode_table.cpp llmc/base/fileio.cpp -o dump_rows
 #include <cstdio>
 #include <cstdlib>

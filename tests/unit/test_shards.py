@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from shards import read_shard, write_shard  # noqa: E402
+from shards import read_doc_ids, read_shard, write_shard  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 from checks import Checks  # noqa: E402
@@ -163,6 +163,8 @@ def test_prepare_files(t, tmp, exe):
     sizes = [read_shard(os.path.join(out, n)).size for n in train_files]
     t.check(all(s == 300 for s in sizes[:-1]) and 0 < sizes[-1] <= 300, f"shard sizes {sizes}")
     t.check(read_shard(os.path.join(out, val_files[0])).tolist() == want_val, "val stream")
+    t.check(all(read_doc_ids(os.path.join(out, n)) == (None, EOT) for n in train_files + val_files),
+            "every shard's header records EOT as the token that ends a document, none that opens one")
     t.check(no_temp_files(out), "no temporary files in the output")
 
     # The C++ loader sees the same stream, rows by the formula, through the wrap.
@@ -292,6 +294,7 @@ def main():
             build = subprocess.run(
                 ["g++", "-std=c++17", "-O2", "-I", ROOT, os.path.join(ROOT, "tests", "unit", "dump_rows.cpp"),
                  os.path.join(ROOT, "llmc", "io", "dataloader.cpp"), os.path.join(ROOT, "llmc", "io", "tokenizer.cpp"),
+                 os.path.join(ROOT, "llmc", "io", "tokenizer_export.cpp"),
                  os.path.join(ROOT, "llmc", "io", "bpe.cpp"), os.path.join(ROOT, "llmc", "io", "pretokenize.cpp"),
                  os.path.join(ROOT, "llmc", "io", "unicode_table.cpp"),
                  os.path.join(ROOT, "llmc", "base", "fileio.cpp"), "-o", exe], capture_output=True, text=True)
