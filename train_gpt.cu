@@ -37,6 +37,7 @@
 #include "llmc/run/trainer.h"
 
 int main(int argc, char** argv) {
+    openmp_wait_policy(argv);  // may start the process again, before anything has run
     dist_init(&argc, &argv);
     std::unique_ptr<Trainer> run(new Trainer);  // released before MPI ends
     Trainer& r = *run;

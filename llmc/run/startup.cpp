@@ -90,6 +90,26 @@ void check_same_flags(const ArgParser& parser, bool help) {
     setup_check(msg.empty(), msg);
 }
 
+static const char* const kSpinCount = "1000";
+
+void openmp_wait_policy(char** argv) {
+    if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;  // the user's, or already done
+    if (setenv("GOMP_SPINCOUNT", kSpinCount, 1) != 0) return;
+    if (setenv("LLMC_SPINCOUNT_SET", "1", 1) != 0) return;  // (for the settings: set here, not by the user)
+    execv("/proc/self/exe", argv);
+    unsetenv("GOMP_SPINCOUNT");  // no exec: the runtime keeps its own
+    unsetenv("LLMC_SPINCOUNT_SET");
+}
+
+std::string openmp_wait_text() {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    const char* spin = std::getenv("GOMP_SPINCOUNT");
+    if (policy) return std::string("OMP_WAIT_POLICY=") + policy;
+    if (spin && std::getenv("LLMC_SPINCOUNT_SET")) return std::string("spin ") + spin + ", then sleep (train_gpt's default)";
+    if (spin) return std::string("GOMP_SPINCOUNT=") + spin;
+    return "the OpenMP runtime's default";
+}
+
 std::string choose_threads() {
     const char* env = std::getenv("OMP_NUM_THREADS");
     if (env && *env) return std::to_string(omp_get_max_threads()) + " (OMP_NUM_THREADS)";

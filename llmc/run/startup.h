@@ -48,6 +48,20 @@ std::string output_path_problem(const std::string& path, bool directory);
 // Returns the fingerprint (checkpoints keep it, so a resume sees other data).
 std::string check_same_data(DataLoader& data, const char* flag, const std::string& pattern);
 
+// How OpenMP's threads wait between parallel regions, before the runtime
+// reads it (it does so when the library loads, before main): unless
+// OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, the process starts itself again
+// (execv of /proc/self/exe, the same arguments; nothing has run yet, MPI
+// included) with GOMP_SPINCOUNT=1000: a wait spins about a microsecond,
+// then sleeps. The runtime's default spins 300000 times first, which on a
+// shared machine keeps the cores of waiting threads from the threads doing
+// the work (a default run beside one busy loop on 2 cores: 4.1x its quiet
+// time, against 2.3x; scripts/benchmark_busy.py); quiet, the two are the
+// same. The first thing main() calls; a failed exec goes on as it is.
+void openmp_wait_policy(char** argv);
+// The wait policy in force, for the settings.
+std::string openmp_wait_text();
+
 // CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
 // share its cores (every rank starting as many threads as the node has
 // cores runs several times slower), and no rank runs more threads than the

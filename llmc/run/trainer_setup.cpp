@@ -370,6 +370,7 @@ void Trainer::print_settings(const ArgParser& parser) {
     for (const Option& o : parser.options())
         if (training_flag(o.name)) std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
     std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
+    std::printf("| %-25s | %-48s |\n", "OpenMP waits", openmp_wait_text().c_str());
     std::printf("+---------------------------+--------------------------------------------------+\n");
     const std::string cp_words = lay.cp_hybrid() ? " (hybrid: all-to-all over " + std::to_string(lay.cp_a2a) +
                                                        ", ring over " + std::to_string(lay.cp / lay.cp_a2a) + ")"
