@@ -13,6 +13,10 @@
 #   - the embedded dataset missing (a run outside the tree, or after `make
 #     train_gpt` alone): the error says that `make` builds it; a missing
 #     file the user named gets no such hint;
+#   - OpenMP's wait: without OMP_WAIT_POLICY or GOMP_SPINCOUNT the run
+#     starts itself again with a short spin (GOMP_SPINCOUNT=1000, the
+#     process's own environment shows it) and says so; the user's setting
+#     is kept and named (one process and under mpirun);
 #   - the planner with no -t/-d plans the model's whole context (no cap:
 #     planning long context is its point) and a published global batch, and
 #     says which.
@@ -152,8 +156,24 @@ def test_missing_data(tmp):
       f"a missing file the user named: {p.stderr[:300]}")
 
 
+def test_openmp_wait():
+    base = {k: v for k, v in MPI_ENV.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "LLMC_SPINCOUNT_SET")}
+    args = [TRAIN] + MODEL + ["-x", "1", "-v", "0", "-b", "2", "-t", "16"]
+    for np_ in (1, 2):
+        launch = [] if np_ == 1 else ["mpirun", "-np", "2"]
+        for env, want in (({}, "spin 1000, then sleep (train_gpt's default)"),
+                          ({"OMP_WAIT_POLICY": "passive"}, "OMP_WAIT_POLICY=passive"),
+                          ({"GOMP_SPINCOUNT": "7"}, "GOMP_SPINCOUNT=7")):
+            p = subprocess.run(launch + args, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                               env=dict(base, **env))
+            row = [l for l in p.stdout.splitlines() if "OpenMP waits" in l]
+            c(p.returncode == 0 and len(row) == 1 and want in row[0],
+                    f"np={np_} {env}: the settings' OpenMP waits row {row}, want {want!r}: {p.stderr[-200:]}")
+
+
 def suite(tmp):
     test_missing_data(tmp)
+    test_openmp_wait()
     test_seq_len(tmp)
     test_val_tokens(tmp)
     test_shards_tokenizer(tmp)
