@@ -16,14 +16,20 @@
 #include "llmc/backend/backend_cuda.h"
 #endif
 
+std::string resolve_device(const std::string& device) {
+    if (device != "auto") return device;
+#ifdef LLMC_CUDA
+    return cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+    return "cpu";
+#endif
+}
+
 static Backend* make_device_backend(const std::string& device, const std::string& dtype, int local_rank,
                                    std::string* err) {
-    std::string dev = device;
+    const std::string dev = resolve_device(device);
     (void)local_rank;  // only CUDA picks a device by it
-#ifdef LLMC_CUDA
-    if (dev == "auto") dev = cuda_device_count() > 0 ? "cuda" : "cpu";
-#else
-    if (dev == "auto") dev = "cpu";
+#ifndef LLMC_CUDA
     if (dev == "cuda") {
         *err = "flag --device: cuda, but this binary was built without CUDA (nvcc was not found at build time)";
         return nullptr;

@@ -11,6 +11,10 @@
 // *err (naming the flag and value) when the pair cannot run here.
 Backend* make_backend(const std::string& device, const std::string& dtype, int local_rank, std::string* err);
 
+// The device --device auto runs on here: cuda when this binary has the CUDA
+// backend and sees a GPU, else cpu (any other value as it is).
+std::string resolve_device(const std::string& device);
+
 // Peak dense bf16 FLOP/s of the device a backend runs on, for MFU; 0 when
 // unknown (always 0 on the CPU).
 double backend_peak_flops(Backend& be);

@@ -4,6 +4,9 @@
 // --calibrate replaces with measurements.
 #include "llmc/plan/hardware.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -93,7 +96,35 @@ Hardware a100_sxm_80g() {
 
 }  // namespace
 
-std::string hardware_names() { return "h100-sxm, a100-sxm-80g"; }
+// This machine's CPU, for planning a run on it before calibrating: its
+// cores and memory as the system reports them, the speeds assumed.
+Hardware cpu_host() {
+    Hardware h;
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    h.name = "cpu";
+    h.source = "this machine: " + std::to_string(cores) +
+               " cores and its memory (sysconf); speeds assumed, not measured (--calibrate FILE measures them): "
+               "16 GFLOP/s per core for matrix products (fp32 OpenBLAS on AVX2), 4 GFLOP/s per core for attention, "
+               "10 GB/s for memory-bound ops, 10 us per op; MPI between ranks at 5 GB/s and 20 us, not beside compute";
+    h.peak_flops = 0;  // MFU is not reported on a CPU
+    h.matmul_flops = 16e9 * (double)cores;
+    h.attn_flops = 4e9 * (double)cores;
+    h.mem_bw = 10e9;
+    h.mem_bytes = mem > 0 ? mem : 0;
+    h.reserve_bytes = 0;
+    h.launch_s = 10e-6;
+    h.gpus_per_node = (int)cores;
+    h.intra_bw = h.inter_bw = 5e9;
+    h.intra_lat = h.inter_lat = h.p2p_lat = 20e-6;
+    h.comm_overlap = 0;
+    h.device = "cpu";
+    h.dtype = "fp32";
+    h.threads = (int)cores;
+    return h;
+}
+
+std::string hardware_names() { return "h100-sxm, a100-sxm-80g, cpu"; }
 
 // What makes a profile unusable, or "" when nothing does: rates must be
 // positive and finite, times, sizes and latencies finite and not negative
@@ -134,6 +165,10 @@ static std::string hardware_problem(const Hardware& h) {
 }
 
 bool load_hardware(const std::string& s, Hardware* hw, std::string* err) {
+    if (s == "cpu") {
+        *hw = cpu_host();
+        return true;
+    }
     if (s == "h100-sxm" || s == "h100") {
         *hw = h100_sxm();
         return true;

@@ -39,7 +39,10 @@ struct Hardware {
     int threads = 0;                     // CPU threads per rank it was measured with (0: not a CPU profile)
 };
 
-// A built-in profile ("h100-sxm", "a100-sxm-80g") or a JSON file; false with
+// This machine's CPU: its cores and memory, assumed speeds (a plan of a run
+// on a CPU before --calibrate has measured one).
+Hardware cpu_host();
+// A built-in profile ("h100-sxm", "a100-sxm-80g", "cpu") or a JSON file; false with
 // *err naming the flag and value otherwise.
 bool load_hardware(const std::string& name_or_file, Hardware* hw, std::string* err);
 // Writes a profile as JSON (atomically).

@@ -74,36 +74,54 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
     PlanRequest r;
     GPTConfig mc;
     std::string defaults_note;  // what was chosen for the flags not given
-    bool ok = model_config(cfg, &mc, &err) && load_hardware(cfg.hardware, &r.hw, &err);
+    // --plan eval plans the run its flags describe: where --device, --dtype
+    // and --hardware are not given, the device training would run on here
+    // and, on a CPU, this machine's profile (hardware.h cpu_host).
+    const bool eval = cfg.plan == "eval";
+    const std::string run_device = resolve_device(cfg.device);
+    const bool cpu_here = eval && run_device == "cpu" && !parser.given("hardware");
+    bool ok = model_config(cfg, &mc, &err) && load_hardware(cpu_here ? "cpu" : cfg.hardware, &r.hw, &err);
+    auto note = [&](const std::string& s) { defaults_note += (defaults_note.empty() ? "" : "; ") + s; };
     if (ok) {
         r.mode = cfg.plan;
         if (cfg.gpus_per_node > 0) r.hw.gpus_per_node = cfg.gpus_per_node;
         Layout& b = r.base;
         b.world = cfg.world > 0 ? cfg.world : dist_world_size();
         b.pp = cfg.pp, b.vpp = cfg.vpp, b.tp = cfg.tp, b.cp = cfg.cp, b.sp = cfg.sp, b.zero = cfg.zero, b.ep = cfg.ep;
-        b.B = cfg.B, b.T = cfg.T > 0 ? cfg.T : mc.max_seq_len, b.total_batch = cfg.total_batch;
+        // T: the model's context (a run's: at most kDefaultMaxT; a search
+        // plans the whole context, long context being its point).
+        b.B = cfg.B, b.total_batch = cfg.total_batch;
+        b.T = cfg.T > 0 ? cfg.T : eval ? std::min(mc.max_seq_len, kDefaultMaxT) : mc.max_seq_len;
         parse_recompute(cfg.recompute, &b.recompute);
         b.head_chunk = cfg.head_chunk;
         b.bf16_optimizer = cfg.optimizer_dtype == "bf16";
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
         const long long degrees = (long long)b.pp * b.tp * b.cp;
-        if (b.total_batch < 0 && r.mode == "eval" && parser.given("batch-size")) {
-            // A layout to evaluate with its -b: one micro-batch per data-parallel rank, as training does.
+        if (cfg.T == 0) note("-t " + std::to_string(b.T) + " (no -t: the model's context" +
+                             (b.T < mc.max_seq_len ? ", capped as training caps it)" : ")"));
+        if (b.total_batch < 0 && eval) {
+            // The run's own: one micro-batch per data-parallel rank, as training does.
             b.total_batch = (long long)b.B * b.T * std::max(1LL, b.world / std::max(1LL, degrees));
+            note("-d " + std::to_string(b.total_batch) + " (no -d: B x T x dp, as training)");
         } else if (b.total_batch < 0) {
             b.total_batch = realistic_batch(model_param_count(mc), b.T);
-            defaults_note += "-d " + std::to_string(b.total_batch) + " (no -d: " + realistic_batch_source() + ")";
+            note("-d " + std::to_string(b.total_batch) + " (no -d: " + realistic_batch_source() + ")");
         }
-        if (cfg.T == 0)
-            defaults_note = "-t " + std::to_string(b.T) + " (no -t: the model's context)" +
-                              (defaults_note.empty() ? "" : "; " + defaults_note);
         r.fix_pp = parser.given("pp"), r.fix_vpp = parser.given("vpp"), r.fix_tp = parser.given("tp");
         r.fix_cp = parser.given("cp"), r.fix_cp_impl = parser.given("cp-impl"), r.fix_ep = parser.given("ep");
         r.cp_impl = cfg.cp_impl, r.cp_a2a = cfg.cp_a2a;
         r.fix_sp = parser.given("sp"), r.fix_zero = parser.given("zero");
         r.fix_B = parser.given("batch-size"), r.fix_recompute = parser.given("recompute");
-        r.device = cfg.device == "auto" ? r.hw.device : cfg.device;
-        r.dtype = cfg.dtype == "auto" ? r.hw.dtype : cfg.dtype;
+        // Without --hardware an eval plans the device training would take
+        // here, in its default dtype (bf16 on CUDA, fp32 on the CPU:
+        // backends.h); a profile named plans that profile's device.
+        const bool here = eval && !parser.given("hardware");
+        r.device = cfg.device == "auto" ? (here ? run_device : r.hw.device) : cfg.device;
+        r.dtype = cfg.dtype == "auto" ? (here ? (r.device == "cuda" ? "bf16" : "fp32") : r.hw.dtype) : cfg.dtype;
+        if (here && cfg.device == "auto")
+            note("device " + r.device + " (no --device: " + (r.device == "cpu" ? "no GPU here" : "a GPU here") + ")");
+        if (here && cfg.dtype == "auto") note("dtype " + r.dtype + " (no --dtype: the device's)");
+        if (cpu_here) note("hardware cpu (this machine's cores and memory, speeds assumed; --calibrate measures them)");
         r.json_path = cfg.plan_json;
         r.attention = cfg.plan_attention;
         r.top = cfg.plan_top;

@@ -115,7 +115,8 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
            {"search", "eval"}});
     p.add({0, "world", O::Int, &c.world, "devices to plan for (0: the ranks of this launch)", 0, 1 << 24});
     p.add({0, "gpus-per-node", O::Int, &c.gpus_per_node, "devices per node to plan for (0: the profile's)", 0, 1 << 16});
-    p.add({0, "hardware", O::String, &c.hardware, "hardware profile to plan for: h100-sxm, a100-sxm-80g or FILE.json"});
+    p.add({0, "hardware", O::String, &c.hardware, "hardware profile to plan for: h100-sxm, a100-sxm-80g, cpu (this machine) or FILE.json (--plan eval "
+           "without it: the device a run takes here)"});
     p.add({0, "plan-json", O::String, &c.plan_json, "write every planned layout as a JSON line to this file"});
     p.add({0, "plan-attention", O::String, &c.plan_attention,
            "attention the plan's time model assumes: this trainer's, or standard (T x T scores in memory)", 0, 0,

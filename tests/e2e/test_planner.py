@@ -5,7 +5,10 @@
 #     prints when it starts with the same flags, byte for byte, for the
 #     layouts of the distributed tests (dp x ZeRO 0-3, tp, tp + sp, cp,
 #     cp x tp x sp, pp, pp with vpp, pp x dp x tp, the recompute modes, the
-#     LM head in row chunks), GPT-2 and Llama;
+#     LM head in row chunks), GPT-2 and Llama; and --plan eval with nothing
+#     but a run's own flags (no --device, --dtype, -d, -t) plans that run
+#     (the device here, its dtype, B x T x dp, the model's context: the
+#     same lines) and says which defaults it took;
 #   - time on this CPU, through scripts/benchmark_planner.py: after
 #     --calibrate on the layout's ranks, the predicted step time of one
 #     process, tp2 and pp2 is within 4x of the measured median (a margin a
@@ -81,7 +84,12 @@ MEGATRON_MEAN_ERROR, MEGATRON_MAX_ERROR = 0.06, 0.12
 TRAINER_H200 = {16: 462461, 32: 482890}
 
 
-def plan(args, timeout=300):
+def plan(args, timeout=300, here=False):
+    """train_gpt --plan ARGS. An eval plans the H100 profile unless the
+    args name one (without --hardware an eval plans this machine's device:
+    `here`, test_run_defaults)."""
+    if args and args[0] == "eval" and "--hardware" not in args and not here:
+        args = args + ["--hardware", "h100-sxm"]
     p = subprocess.run([TRAIN, "--plan"] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
     return p.returncode, p.stdout, p.stderr
 
@@ -171,6 +179,25 @@ def test_ep_time(tmp):
     rows = [json.loads(line) for line in open(jp)] if rc == 0 else []
     check(rc == 0 and rows and all(r["ep"] == 2 for r in rows) and "--ep 2" in out,
           f"a search with --ep 2 keeps it and its launch line names it: {err[-300:]} {out[-300:]}")
+
+
+def test_run_defaults(tmp):
+    model = ["-e", "L=4,C=32,NH=4,V=97,Vp=97,T=64"]
+    run = ["-i", DATA, "-j", "", "-x", "1", "-v", "0", "-s", "0"]
+    for np_, extra in ((1, []), (2, ["-z", "1"]), (2, ["--tp", "2"]), (2, ["--cp", "2"])):
+        what = f"run defaults np={np_} {' '.join(extra)}"
+        rc, out, err = train(np_, model + run + extra)
+        if not check(rc == 0, f"{what}: {err[-300:]}"):
+            continue
+        rc2, pout, perr = plan(["eval", "--world", str(np_)] + model + run + extra, here=True)
+        want, got = mem_lines(out, "start"), mem_lines(pout, "plan")
+        check(rc2 == 0 and len(want) == np_ and want == got,
+              f"{what}: planned memory differs: {[(r, want.get(r), got.get(r)) for r in want if want.get(r) != got.get(r)][:2]} {perr[-200:]}")
+        dp = np_ // (2 if extra and extra[0] in ("--tp", "--cp") else 1)
+        check(f"-d {8 * 64 * dp} (no -d: B x T x dp, as training)" in pout and "-t 64 (no -t" in pout and
+              "device cpu (no --device" in pout and "dtype fp32 (no --dtype" in pout and
+              "hardware cpu (this machine" in pout, f"{what}: the defaults it took: {pout.splitlines()[:1]}")
+    print("  --plan eval with a run's own flags plans that run (cpu, fp32, B x T x dp, the model's context)")
 
 
 def memory_equal(spec, layouts):
@@ -544,6 +571,7 @@ def suite(tmp):
     DATA = os.path.join(tmp, "data.bin")
     write_shard(DATA, np.random.default_rng(19).integers(0, 97, 40000))
     test_memory(tmp)
+    test_run_defaults(tmp)
     test_memory_ep(tmp)
     test_ep_time(tmp)
     test_search_and_errors(tmp)
