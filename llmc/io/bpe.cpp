@@ -293,11 +293,7 @@ void BpeEncoder::pre_tokenize(const Pre& s, const Piece& in, std::vector<Piece>*
         if (s.add_prefix_space && (t.empty() || t[0] != ' ')) t = " " + t;
         if (s.use_regex) split_text(SplitPattern::gpt2, t, &parts);
         else parts.push_back(t);
-        for (std::string& p : parts) {  // bytes -> the byte-level alphabet
-            std::string mapped;
-            for (unsigned char c : p) utf8_append(&mapped, byte_level_cp(c));
-            p = mapped;
-        }
+        for (std::string& p : parts) p = byte_level_text(p);  // bytes -> the byte-level alphabet
     } else {
         // Metaspace: spaces become the replacement, which starts the text
         // (always, or only where the text starts) and, with split, every

@@ -188,6 +188,12 @@ void split_text(SplitPattern p, const std::string& text, std::vector<std::string
     }
 }
 
+std::string byte_level_text(const std::string& bytes) {
+    std::string out;
+    for (unsigned char c : bytes) utf8_append(&out, byte_level_cp(c));
+    return out;
+}
+
 uint32_t byte_level_cp(unsigned char b) {
     auto direct = [](int x) { return (x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF); };
     if (direct(b)) return b;

@@ -43,3 +43,5 @@ void split_text(SplitPattern p, const std::string& text, std::vector<std::string
 // byte_level_cp(b) (printable Latin-1 bytes as themselves, the others as
 // 256, 257, ... in byte order), so every byte string is printable text.
 uint32_t byte_level_cp(unsigned char b);
+// Bytes written in that alphabet, as UTF-8.
+std::string byte_level_text(const std::string& bytes);

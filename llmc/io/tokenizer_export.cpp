@@ -11,17 +11,6 @@
 #include "llmc/io/pretokenize.h"
 #include "llmc/io/tokenizer.h"
 
-namespace {
-
-// Bytes as GPT-2's byte-level text.
-std::string byte_level_text(const std::string& bytes) {
-    std::string out;
-    for (unsigned char b : bytes) utf8_append(&out, byte_level_cp(b));
-    return out;
-}
-
-}  // namespace
-
 bool tokenizer_json_of(const Tokenizer& tok, std::string* text, std::string* why) {
     using ojson = nlohmann::ordered_json;
     const int V = tok.vocab_size(), eot = tok.eot();
