@@ -38,10 +38,11 @@
 #     the loads' imbalance (metrics' moe_maxvio) and changes the weights;
 #     the bias is in the checkpoint (resumed whole and at ep 2);
 #   - errors: tp not dividing the experts' width F, K > E,
-#     E without arch=mixtral, --generate with the KV cache, --ep not dividing
+#     E without arch=mixtral, --ep not dividing
 #     E or dp, --ep with a dense model, --ep 0, --moe-balance bias with a
 #     dense model, an unknown --moe-balance, a negative --moe-bias-rate:
-#     one line naming the flag, every rank exits.
+#     one line naming the flag, every rank exits (and --generate over the
+#     KV cache runs; tests/reference/test_generate.py checks its ids).
 # Last line: "N passed, N failed".
 import os
 import re
@@ -242,7 +243,7 @@ def test_errors(tmp):
     cases = ((4, MIX.replace("F=40", "F=42").replace("NKV=2", "NKV=4"), ["--tp", "4"], "--tp"),  # F=42 over 4
              (1, MIX.replace("K=2", "K=5"), [], "-e"),
              (1, MIX.replace("arch=mixtral", "arch=llama"), [], "-e"),
-             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], "--kv-cache"),
+             (1, MIX, ["--prompt-ids", "1,2,3", "--max-new-tokens", "2"], None),  # the KV cache runs the MoE block
              # --ep: E=4 not divisible by 3; 3 not dividing dp=2; a dense
              # model. (The line names the flag and says which check refused.)
              (3, MIX, ["--ep", "3"], "--ep: 3 does not divide the 4 experts"),
