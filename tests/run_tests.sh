@@ -242,6 +242,7 @@ distributed_tier() {
     run test_moe "$PY" tests/distributed/test_moe.py
     run test_graphs "$PY" tests/distributed/test_graphs.py
     run test_watchdog "$PY" tests/distributed/test_watchdog.py
+    run test_stragglers "$PY" tests/distributed/test_stragglers.py
     run test_bf16 "$PY" tests/distributed/test_bf16.py
     run test_optimizer_dtype "$PY" tests/distributed/test_optimizer_dtype.py
     run test_sync_free "$PY" tests/distributed/test_sync_free.py

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace test_hooks {
@@ -65,6 +66,13 @@ bool crash_now(int step, int rank) {
     if (FILE* f = std::fopen(file.c_str(), "r")) return std::fclose(f), false;  // it struck already
     if (FILE* f = std::fopen(file.c_str(), "w")) std::fclose(f);
     return true;
+}
+
+int slow_rank_ms(int rank) {
+    const char* e = std::getenv("LLMC_TEST_SLOW_RANK");
+    if (!e || !*e) return 0;
+    const char* c = std::strchr(e, ':');
+    return c && std::atoi(e) == rank ? std::max(0, std::atoi(c + 1)) : 0;
 }
 
 bool matmul_tune() {

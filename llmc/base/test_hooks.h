@@ -6,7 +6,8 @@
 // (a stalled rank), tests/e2e/test_async_checkpoint.py (a slow writer),
 // tests/distributed/test_sync_free.py (host reads),
 // tests/distributed/test_matmul_tune.py (stand-in matmul algorithms),
-// tests/e2e/test_supervise.py (a rank that dies once).
+// tests/e2e/test_supervise.py (a rank that dies once),
+// tests/distributed/test_stragglers.py (a slow rank).
 //
 //   LLMC_TEST_NAN_STEP=K[:R[:WHERE]] world rank R (default 0) poisons step K
 //                                   (from 0) with a NaN, so a bad step must be
@@ -43,6 +44,9 @@
 //                                   what it timed and what it was told to take
 //                                   (tests/distributed/test_matmul_tune.py: the
 //                                   ranks' agreement and the choices file)
+//   LLMC_TEST_SLOW_RANK=R:MS        world rank R sleeps MS ms at the start of
+//                                   each step: a straggler
+//                                   (tests/distributed/test_stragglers.py)
 #pragma once
 #include <string>
 
@@ -69,5 +73,8 @@ bool host_reads();
 bool crash_now(int step, int rank);
 // Whether the backend offers stand-in matmul algorithms (LLMC_TEST_MATMUL_TUNE=1).
 bool matmul_tune();
+// The milliseconds world rank `rank` sleeps at the start of each step
+// (LLMC_TEST_SLOW_RANK=R:MS; 0: none).
+int slow_rank_ms(int rank);
 
 }  // namespace test_hooks

@@ -113,6 +113,19 @@ class Comm {
     // Host-side helpers on small host values (always over MPI, uncounted):
     // used for losses, norms and agreeing on errors.
     virtual double host_all_reduce(double x, ReduceOp op) = 0;
+    // The same on n values at once (one call where the transport can; the
+    // default reduces them one by one).
+    virtual void host_all_reduce_n(double* x, size_t n, ReduceOp op) {
+        for (size_t i = 0; i < n; i++) x[i] = host_all_reduce(x[i], op);
+    }
+    // Seconds this rank has spent so far held up by this group's calls: the
+    // host blocked in a wait (MPI, and the host helpers), or the compute
+    // stream stalled on a collective it waits for (NCCL: counted once the
+    // work has run, so read it after a synchronisation). A rank that waits
+    // for slower peers piles it up; the slowest piles up least. The
+    // straggler check (llmc/run/stragglers.h) subtracts it from the step
+    // time to find each rank's own work.
+    virtual double blocked_seconds() { return blocked_s_; }
     // Off: calls of this group leave no trace spans (a transport inside
     // another, whose own span covers them).
     void set_traced(bool on) { traced_ = on; }
@@ -132,6 +145,7 @@ class Comm {
     std::string name_;
     int rank_ = 0, size_ = 1;
     CommCounts counts_;
+    double blocked_s_ = 0;  // blocked_seconds(), kept by the transports
 
   private:
     // Tracing: a call's span runs from its start to the wait that ends it.

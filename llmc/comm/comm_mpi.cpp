@@ -295,14 +295,18 @@ void MpiComm::do_wait(CommHandle h) {
 }
 
 double MpiComm::host_all_reduce(double x, ReduceOp op) {
-    double y = x;
+    host_all_reduce_n(&x, 1, op);
+    return x;
+}
+
+void MpiComm::host_all_reduce_n(double* x, size_t n, ReduceOp op) {
+    if (n == 0) return;
     CommHandle h;
     Pending& p = add_collective(&h, "host all-reduce");
     MPI_Request r;
-    MPI_Iallreduce(&x, &y, 1, MPI_DOUBLE, op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_, &r);
+    MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_, &r);
     p.reqs.push_back(r);
     do_wait(h);
-    return y;
 }
 
 // ---- the watchdog -------------------------------------------------------------------
@@ -315,7 +319,9 @@ double MpiComm::host_all_reduce(double x, ReduceOp op) {
 void MpiComm::wait_pending(Pending& p) {
     if (p.reqs.empty()) return;
     if (timeout_ <= 0) {
+        const double t = now_s();
         MPI_Waitall((int)p.reqs.size(), p.reqs.data(), MPI_STATUSES_IGNORE);
+        blocked_s_ += now_s() - t;
         return;
     }
     int done = 0;
@@ -327,7 +333,10 @@ void MpiComm::wait_pending(Pending& p) {
     bool told = false;
     for (;;) {
         MPI_Testall((int)p.reqs.size(), p.reqs.data(), &done, MPI_STATUSES_IGNORE);
-        if (done) return;
+        if (done) {
+            blocked_s_ += now_s() - t0;
+            return;
+        }
         const double waited = now_s() - t0;
         if (waited < 0.002) {
             sched_yield();

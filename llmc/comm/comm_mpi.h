@@ -45,6 +45,7 @@ class MpiComm : public Comm {
     MpiComm& operator=(const MpiComm&) = delete;
 
     double host_all_reduce(double x, ReduceOp op) override;
+    void host_all_reduce_n(double* x, size_t n, ReduceOp op) override;
 
     MPI_Comm mpi_comm() const { return comm_; }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -226,6 +227,12 @@ struct NcclComm::Impl {
     std::vector<cudaEvent_t> spare;                    // completion events to reuse
     std::unordered_map<CommHandle, cudaEvent_t> done;  // completion of each call in flight
     CommHandle next = 1;
+    // Waits being timed: a mark recorded on the compute stream where it
+    // began to wait, and the collective's completion. Once both have run,
+    // the time from mark to completion (if positive) is how long compute
+    // stalled there (blocked_seconds).
+    std::deque<std::pair<cudaEvent_t, cudaEvent_t>> timed;
+    std::vector<cudaEvent_t> marks;  // mark events to reuse
 
     void nccl_ok(ncclResult_t r, const char* call) { nccl_check(r, nccl, call, name); }
     void cuda_ok(cudaError_t e, const char* call) { cuda_check(e, call, name); }
@@ -236,11 +243,12 @@ struct NcclComm::Impl {
         cuda_ok(cudaEventRecord(ready, compute), "cudaEventRecord");
         cuda_ok(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
     }
-    // After it: its completion, under a new handle.
+    // After it: its completion, under a new handle. (Timing events: a wait's
+    // stall is measured against it.)
     CommHandle finish() {
         cudaEvent_t e;
         if (spare.empty()) {
-            cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+            cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
         } else {
             e = spare.back();
             spare.pop_back();
@@ -252,6 +260,48 @@ struct NcclComm::Impl {
     }
     // After a call is queued: the watchdog follows it until it completes.
     void watch(CommKind k, uint64_t bytes) { rt->issued(name, k, bytes); }
+    // The compute stream waits for completion event e; the wait is timed,
+    // except while the stream is being captured into a graph (an event
+    // recorded there belongs to the graph, not to one run of it).
+    void wait_for(cudaEvent_t e) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cuda_ok(cudaStreamIsCapturing(compute, &cs), "cudaStreamIsCapturing");
+        if (cs != cudaStreamCaptureStatusNone) {
+            cuda_ok(cudaStreamWaitEvent(compute, e, 0), "cudaStreamWaitEvent");
+            spare.push_back(e);  // the wait has taken this record: reusable at once
+            return;
+        }
+        cudaEvent_t m;
+        if (marks.empty()) {
+            cuda_ok(cudaEventCreate(&m), "cudaEventCreate");
+        } else {
+            m = marks.back();
+            marks.pop_back();
+        }
+        cuda_ok(cudaEventRecord(m, compute), "cudaEventRecord");
+        cuda_ok(cudaStreamWaitEvent(compute, e, 0), "cudaStreamWaitEvent");
+        timed.push_back({m, e});
+        if (timed.size() > 512) stalls();  // a run that never asks stays bounded
+    }
+    // The seconds of stall of the timed waits that have run, their events
+    // recycled; the rest stay for a later call.
+    double stalls() {
+        double s = 0;
+        while (!timed.empty()) {
+            auto [m, e] = timed.front();
+            const cudaError_t qm = cudaEventQuery(m), qe = cudaEventQuery(e);
+            if (qm == cudaErrorNotReady || qe == cudaErrorNotReady) break;
+            cuda_ok(qm, "cudaEventQuery");
+            cuda_ok(qe, "cudaEventQuery");
+            float ms = 0;
+            cuda_ok(cudaEventElapsedTime(&ms, m, e), "cudaEventElapsedTime");
+            if (ms > 0) s += ms / 1000.0;
+            marks.push_back(m);
+            spare.push_back(e);
+            timed.pop_front();
+        }
+        return s;
+    }
 };
 
 #define NCCL_OK(call) impl_->nccl_ok((call), #call)
@@ -279,6 +329,8 @@ NcclComm::~NcclComm() {
     if (impl_->stream) cudaStreamSynchronize(impl_->stream);
     for (auto& kv : impl_->done) cudaEventDestroy(kv.second);
     for (cudaEvent_t e : impl_->spare) cudaEventDestroy(e);
+    for (auto& me : impl_->timed) cudaEventDestroy(me.first), cudaEventDestroy(me.second);
+    for (cudaEvent_t e : impl_->marks) cudaEventDestroy(e);
     if (impl_->ready) cudaEventDestroy(impl_->ready);
     if (impl_->rt && impl_->nccl) impl_->rt->remove(impl_->nccl);  // the watchdog stops asking it first
     if (impl_->nccl) ncclCommDestroy(impl_->nccl);
@@ -380,17 +432,26 @@ void NcclComm::do_wait(CommHandle h) {
     if (h == 0) return;
     auto it = impl_->done.find(h);
     if (it == impl_->done.end()) dist_abort("internal: wait on an unknown handle of group " + name_);
-    // The compute stream waits on the device; the host goes on. The event can
-    // be reused at once: the wait has already taken this record.
-    CUDA_OK(cudaStreamWaitEvent(impl_->compute, it->second, 0));
-    impl_->spare.push_back(it->second);
+    // The compute stream waits on the device; the host goes on.
+    impl_->wait_for(it->second);
     impl_->done.erase(it);
 }
 
 double NcclComm::host_all_reduce(double x, ReduceOp op) {
-    double y = x;
-    MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, impl_->mpi);
-    return y;
+    host_all_reduce_n(&x, 1, op);
+    return x;
+}
+
+void NcclComm::host_all_reduce_n(double* x, size_t n, ReduceOp op) {
+    if (n == 0) return;
+    const double t = now_s();
+    MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, impl_->mpi);
+    blocked_s_ += now_s() - t;
+}
+
+double NcclComm::blocked_seconds() {
+    blocked_s_ += impl_->stalls();
+    return blocked_s_;
 }
 
 #endif  // LLMC_MPI

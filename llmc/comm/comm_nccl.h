@@ -51,6 +51,12 @@ class NcclComm : public Comm {
     NcclComm& operator=(const NcclComm&) = delete;
 
     double host_all_reduce(double x, ReduceOp op) override;
+    void host_all_reduce_n(double* x, size_t n, ReduceOp op) override;
+    // The compute stream's stalls on this group's collectives (each wait
+    // times, on the device, from when compute reached it to when the
+    // collective ended), counted for the waits whose work has run, plus
+    // the host helpers' blocking.
+    double blocked_seconds() override;
 
   protected:
     CommHandle do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) override;

@@ -28,6 +28,9 @@ class StagedComm : public Comm {
     StagedComm& operator=(const StagedComm&) = delete;
 
     double host_all_reduce(double x, ReduceOp op) override;
+    void host_all_reduce_n(double* x, size_t n, ReduceOp op) override { host_->host_all_reduce_n(x, n, op); }
+    // Every call blocks in the host transport's waits.
+    double blocked_seconds() override { return host_->blocked_seconds(); }
 
   protected:
     CommHandle do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) override;

@@ -52,6 +52,7 @@ bool MetricsLog::write(const StepMetrics& m, std::string* err) {
     if (m.val_loss >= 0) std::fprintf(f_, ", \"val_loss\": %.17g", m.val_loss);
     if (m.comm_json.size() > 2) std::fprintf(f_, ", \"comm\": %s", m.comm_json.c_str());
     if (!m.breakdown_json.empty()) std::fprintf(f_, ", \"breakdown_ms\": %s", m.breakdown_json.c_str());
+    if (!m.stragglers_json.empty()) std::fprintf(f_, ", %s", m.stragglers_json.c_str());
     std::fprintf(f_, "}\n");
     if (std::fflush(f_) != 0 || std::ferror(f_)) {
         *err = "cannot write " + path_ + ": " + std::strerror(errno);

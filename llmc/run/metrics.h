@@ -14,6 +14,7 @@ struct StepMetrics {
     double moe_maxvio = -1;     // Mixtral: the step's expert loads' imbalance (max / mean - 1, mean over layers)
     std::string comm_json;      // {"dp_all_reduce": {"calls": N, "bytes": N}, ...} or empty
     std::string breakdown_json; // LLMC_BREAKDOWN=1: {"qkv": ms, ...} (llmc/backend/backend_profile.h), or empty
+    std::string stragglers_json; // a straggler check's step: "work_ms": [...], "stragglers": [...] (stragglers.h)
     bool skipped = false;       // this step's update was skipped (a bad step)
     int skips = 0;              // updates skipped so far
 };

@@ -104,6 +104,14 @@ std::string comm_summary(ProcessGrid& g, std::string* json) {
     return text;
 }
 
+double blocked_seconds(ProcessGrid& g) {
+    double s = 0;
+    for (auto* c : {&g.world, &g.dp_group, &g.cp_group, &g.tp_group, &g.dpcp_group, &g.pp_group, &g.embed_group,
+                    &g.cp_a2a_group, &g.cp_ring_group, &g.ep_group, &g.edp_group})
+        if (*c && (*c)->size() > 1) s += (*c)->blocked_seconds();
+    return s;
+}
+
 std::string hms(double seconds) {
     char b[32];
     const long v = (long)(seconds + 0.5);

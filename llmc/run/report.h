@@ -41,3 +41,6 @@ void reset_counts(ProcessGrid& g);
 // 1.2 MiB ..." for the step line and {"dp_all-reduce": {"calls": .., "bytes":
 // ..}, ...} for metrics.jsonl; then resets the counts.
 std::string comm_summary(ProcessGrid& g, std::string* json);
+// The seconds every group of the grid (the world included) has held this
+// rank up so far (Comm::blocked_seconds), for the straggler check.
+double blocked_seconds(ProcessGrid& g);

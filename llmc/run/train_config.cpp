@@ -96,6 +96,12 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
            "seconds a collective may wait for its peers before every rank ends with a line naming it and the ranks "
            "that did not arrive (0: no limit)",
            0, 1e9});
+    p.add({0, "straggler-every", O::Int, &c.straggler_every,
+           "every N steps the ranks compare their own work per step (the step less the time spent waiting for "
+           "peers) and a rank slower than the others' median by --straggler-factor is named (0: off)",
+           0, 1e9});
+    p.add({0, "straggler-factor", O::Double, &c.straggler_factor,
+           "how much more work per step than the other ranks' median makes a rank a straggler", 1, 1e9});
     p.add({'r', "recompute", O::String, &c.recompute, "activations recomputed in backward (1 = gelu, 0 = none)", 0, 0,
            {"none", "gelu", "selective", "full", "0", "1"}, "1"});
     p.add({0, "head-chunk", O::Int, &c.head_chunk,

@@ -69,6 +69,8 @@ struct TrainConfig {
     std::string trace = "";    // Chrome trace-event JSON of the run
     std::string comm = "auto";
     double collective_timeout = 300;  // seconds a collective may wait before the job ends (0: no limit)
+    int straggler_every = 100;        // steps between the stragglers checks (0: off)
+    double straggler_factor = 1.5;    // work per step over the others' median that names a rank
     double memory_budget = 0;  // MiB the backend may hold (0: no cap)
     std::string recompute = "none";  // -r: none, gelu, selective, full (0 = none, 1 = gelu)
     int head_chunk = 0;        // LM head and cross-entropy in chunks of this many rows (0: all at once)

@@ -30,6 +30,7 @@
 #include "llmc/parallel/process_grid.h"
 #include "llmc/run/matmul_tune.h"
 #include "llmc/run/progress.h"
+#include "llmc/run/stragglers.h"
 #include "llmc/run/run_checkpoints.h"
 #include "llmc/run/step_graph.h"
 #include "llmc/run/train_config.h"
@@ -79,6 +80,7 @@ struct Trainer {
     RunCheckpoints ckpt;
     RunProgress progress;
     MatmulTuning tuning;  // --matmul-tune
+    StragglerWatch stragglers;  // --straggler-every
 
     // Setting up (trainer_setup.cpp).
     void setup(const ArgParser& parser);

@@ -263,6 +263,7 @@ void Trainer::setup(const ArgParser& parser) {
     }
     setup_check(ok, err);
     if (cfg.convert.empty()) tuning.start(*be, cfg.matmul_tune, cfg.output_dir, main_rank);
+    stragglers.configure(cfg.straggler_every, cfg.straggler_factor, lay.world);
     if (!cfg.trace.empty()) {
         const std::string label = "rank " + std::to_string(rank) + ": stage " + std::to_string(grid.pp_rank) + ", dp " +
                                   std::to_string(grid.dp_rank) + ", cp " + std::to_string(grid.cp_rank) + ", tp " +

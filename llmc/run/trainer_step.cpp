@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 
 #include "llmc/backend/backend_profile.h"
 #include "llmc/backend/backend_recorder.h"
@@ -37,6 +38,7 @@ static int sample_token(const std::vector<float>& logits, double u) {
 // step's figures as they come); finish_step reports it.
 PendingStep Trainer::issue_step(int step) {
     if (test_hooks::crash_now(step, rank)) std::raise(SIGKILL);  // a rank that dies (test_hooks.h)
+    if (const int ms = test_hooks::slow_rank_ms(rank)) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     tuning.before_step(*be, main_rank);  // --matmul-tune: before the run's second step
     PendingStep p;
     p.step = step;
@@ -231,6 +233,12 @@ StepMetrics Trainer::finish_step(PendingStep& p, bool overlapped) {
         std::printf(" | %s", progress.line(step, cfg.max_steps, m.tokens, ms, *be).c_str());
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
         std::printf("\n");
+    }
+    StragglerCheck sc;  // --straggler-every: a collective on the steps that close a window
+    const double t_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+    if (stragglers.after_step(step, t_s, blocked_seconds(grid), *grid.world, &sc)) {
+        m.stragglers_json = sc.json();
+        if (main_rank && !sc.slow.empty()) std::printf("%s\n", sc.line().c_str());
     }
     if (skipped) {
         st.skips++;
