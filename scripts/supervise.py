@@ -18,9 +18,10 @@
 #                a signal) the command is started again with -y 1 (resume
 #                from the newest checkpoint that passes its check; the
 #                trainer falls back to an older one when it is damaged),
-#                after S seconds (--backoff, default 5, doubling each
-#                time, at most 300), up to N times; then it exits with the
-#                last run's status.
+#                after S seconds (--backoff, default 5, doubling after
+#                each run that failed without writing a newer checkpoint,
+#                at most 300; back to S after one that made progress), up
+#                to N times; then it exits with the last run's status.
 # Each restart is a line of DIR/restarts.jsonl: {"time", "attempt",
 # "exit_status", "last_step" (the steps the failed run reported), "resumed_from"
 # (the newest complete checkpoint's step, -1 when none: the run starts over),
@@ -113,6 +114,7 @@ def main():
     signal.signal(signal.SIGINT, forward)
 
     attempt, backoff, run = 0, a.backoff, cmd
+    started_from = newest_checkpoint(d)
     while True:
         child = subprocess.Popen(run)
         rc = child.wait()
@@ -125,6 +127,9 @@ def main():
             return rc
         attempt += 1
         reached, resumed = last_step(d), newest_checkpoint(d)
+        if resumed > started_from:
+            backoff = a.backoff  # it made progress: not a failure that repeats at once
+        started_from = resumed
         rec = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "attempt": attempt, "exit_status": rc, "last_step": reached, "resumed_from": resumed,
                "steps_lost": reached - max(resumed, 0), "backoff_s": backoff}

@@ -263,6 +263,7 @@ e2e_tier() {
     run test_memory "$PY" tests/e2e/test_memory.py
     run test_async_checkpoint "$PY" tests/e2e/test_async_checkpoint.py
     run test_supervise "$PY" tests/e2e/test_supervise.py
+    run test_soak "$PY" tests/e2e/test_soak.py
     run test_planner "$PY" tests/e2e/test_planner.py
     run test_breakdown "$PY" tests/e2e/test_breakdown.py
     run test_under_load "$PY" tests/e2e/test_under_load.py

@@ -96,7 +96,15 @@ void openmp_wait_policy(char** argv) {
     if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;  // the user's, or already done
     if (setenv("GOMP_SPINCOUNT", kSpinCount, 1) != 0) return;
     if (setenv("LLMC_SPINCOUNT_SET", "1", 1) != 0) return;  // (for the settings: set here, not by the user)
-    execv("/proc/self/exe", argv);
+    // The program's own path, not /proc/self/exe itself: the kernel names a
+    // process after the file it was started from, so ps, top and pkill
+    // would show every rank as "exe".
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = 0;
+        execv(self, argv);
+    }
     unsetenv("GOMP_SPINCOUNT");  // no exec: the runtime keeps its own
     unsetenv("LLMC_SPINCOUNT_SET");
 }

@@ -51,8 +51,8 @@ std::string check_same_data(DataLoader& data, const char* flag, const std::strin
 // How OpenMP's threads wait between parallel regions, before the runtime
 // reads it (it does so when the library loads, before main): unless
 // OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, the process starts itself again
-// (execv of /proc/self/exe, the same arguments; nothing has run yet, MPI
-// included) with GOMP_SPINCOUNT=1000: a wait spins about a microsecond,
+// (execv of the file /proc/self/exe points to, the same arguments, so the
+// process keeps its name; nothing has run yet, MPI included) with GOMP_SPINCOUNT=1000: a wait spins about a microsecond,
 // then sleeps. The runtime's default spins 300000 times first, which on a
 // shared machine keeps the cores of waiting threads from the threads doing
 // the work (a default run beside one busy loop on 2 cores: 4.1x its quiet

@@ -21,7 +21,7 @@ std::vector<int> straggling_ranks(const std::vector<double>& work_ms, double fac
     if (work_ms.size() < 2) return slow;
     for (size_t r = 0; r < work_ms.size(); r++) {
         const double m = median_without(work_ms, (int)r);
-        if (m > 0 && work_ms[r] > factor * m) slow.push_back((int)r);
+        if (m > 0 && work_ms[r] > factor * m && work_ms[r] - m >= kStragglerMinExcessMs) slow.push_back((int)r);
     }
     return slow;
 }

@@ -22,7 +22,10 @@ class Comm;
 
 // The ranks whose work exceeds factor x the median of the other ranks'
 // (each rank against the rest, so that with two ranks the fast one is the
-// measure). Pure, for the tests.
+// measure) by at least kStragglerMinExcessMs: below a millisecond a step
+// is small enough for the scheduler's and the clock's noise, and for rank
+// 0's own logging, to reach any factor. Pure, for the tests.
+constexpr double kStragglerMinExcessMs = 1.0;
 std::vector<int> straggling_ranks(const std::vector<double>& work_ms, double factor);
 // The median of every value but v[skip] (skip < 0: of all).
 double median_without(const std::vector<double>& v, int skip);

@@ -16,7 +16,8 @@
 #   - OpenMP's wait: without OMP_WAIT_POLICY or GOMP_SPINCOUNT the run
 #     starts itself again with a short spin (GOMP_SPINCOUNT=1000, the
 #     process's own environment shows it) and says so; the user's setting
-#     is kept and named (one process and under mpirun);
+#     is kept and named (one process and under mpirun); started again, the
+#     process keeps its name (train_gpt, not "exe", for ps and pkill);
 #   - the planner with no -t/-d plans the model's whole context (no cap:
 #     planning long context is its point) and a published global batch, and
 #     says which.
@@ -169,6 +170,19 @@ def test_openmp_wait():
             row = [l for l in p.stdout.splitlines() if "OpenMP waits" in l]
             c(p.returncode == 0 and len(row) == 1 and want in row[0],
                     f"np={np_} {env}: the settings' OpenMP waits row {row}, want {want!r}: {p.stderr[-200:]}")
+    # Started again, the process keeps its name (ps, top, pkill): not "exe".
+    p = subprocess.Popen([TRAIN] + MODEL + ["-x", "100000", "-v", "0", "-b", "2", "-t", "16"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=base)
+    try:
+        for line in p.stdout:
+            if "OpenMP waits" in line:  # printed after the restart
+                break
+        with open(f"/proc/{p.pid}/comm") as f:
+            name = f.read().strip()
+        c(name == "train_gpt", f"the restarted process is named {name!r}, as its file (train_gpt)")
+    finally:
+        p.kill()
+        p.wait()
 
 
 def suite(tmp):

@@ -68,6 +68,10 @@ void test_naming() {
     CHECK(s.empty(), "no work measured: nobody");
     s = straggling_ranks({5}, 1.5);
     CHECK(s.empty(), "one rank: nobody");
+    s = straggling_ranks({0.6, 1.0, 0.6, 0.6}, 1.5);
+    CHECK(s.empty(), "1.7x but 0.4 ms more a step: under the 1 ms floor, nobody");
+    s = straggling_ranks({0.6, 1.6, 0.6, 0.6}, 1.5);
+    CHECK(s == std::vector<int>({1}), "1 ms more a step: named");
 }
 
 void test_text() {
