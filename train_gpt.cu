@@ -29,6 +29,7 @@
 
 #include "llmc/base/args.h"
 #include "llmc/comm/dist.h"
+#include "llmc/comm/watchdog.h"
 #include "llmc/plan/modes.h"
 #include "llmc/run/generate.h"
 #include "llmc/run/signals.h"
@@ -47,7 +48,9 @@ int main(int argc, char** argv) {
     add_train_options(parser, r.cfg);
     bool help = false;
     std::string err;
-    setup_check(parser.parse(argc, argv, &help, &err), err);
+    const bool parsed = parser.parse(argc, argv, &help, &err);
+    set_collective_timeout(r.cfg.collective_timeout);  // the start-up collectives are watched with it from here
+    setup_check(parsed, err);
     check_same_flags(parser, help);
     if (help) {
         if (r.main_rank) std::printf("%s%s", parser.usage().c_str(), train_examples());

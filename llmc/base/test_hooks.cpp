@@ -46,6 +46,23 @@ bool stall_rank(int* rank, long* at, std::string* err) {
     return true;
 }
 
+bool stall_setup(int* rank, long* at, std::string* err) {
+    *rank = -1;
+    *at = 0;
+    const char* v = std::getenv("LLMC_TEST_STALL_SETUP");
+    if (!v || !*v) return true;
+    int r = -1, used = 0;
+    long k = 0;
+    if (std::sscanf(v, "%d:%ld%n", &r, &k, &used) != 2 || v[used] != '\0' || r < 0 || k < 1) {
+        *err = std::string("LLMC_TEST_STALL_SETUP=") + v +
+               ": expected R:K (world rank R >= 0 stalls before its K-th start-up collective, K >= 1)";
+        return false;
+    }
+    *rank = r;
+    *at = k;
+    return true;
+}
+
 int checkpoint_delay_ms() {
     const char* e = std::getenv("LLMC_TEST_CHECKPOINT_DELAY_MS");
     return e && *e ? std::max(0, std::atoi(e)) : 0;

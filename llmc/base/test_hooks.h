@@ -23,6 +23,10 @@
 //                                   K-th collective (from 1, over every group
 //                                   of size > 1): the others' watchdog must
 //                                   end the job
+//   LLMC_TEST_STALL_SETUP=R:K       world rank R sleeps for an hour before its
+//                                   K-th start-up collective (from 1: the
+//                                   setup checks' agreements, flags shared):
+//                                   the others' start-up watchdog must end it
 //   LLMC_TEST_CHECKPOINT_DELAY_MS=N each asynchronous checkpoint writer waits
 //                                   N ms with its shard under the temporary
 //                                   name, before the rename
@@ -64,6 +68,9 @@ const NanHook& nan_hook();
 // The stalling rank and the collective it stalls before (rank -1: none).
 // False with *err naming the variable when its value is malformed.
 bool stall_rank(int* rank, long* at, std::string* err);
+// LLMC_TEST_STALL_SETUP: the same for the world's start-up collectives
+// (llmc/comm/dist.h: agreeing on setup checks, sharing strings).
+bool stall_setup(int* rank, long* at, std::string* err);
 // Milliseconds each checkpoint writer waits before its rename (0: none).
 int checkpoint_delay_ms();
 // Whether the backend counts its host reads (LLMC_TEST_HOST_READS=1).

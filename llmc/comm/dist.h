@@ -36,6 +36,10 @@ int dist_local_size();  // processes on this node
 // nobody is left waiting in a collective.
 [[noreturn]] void dist_abort(const std::string& msg);
 
+// The world collectives below are watched: a rank that does not come within
+// --collective-timeout (collective_timeout(), llmc/comm/watchdog.h) ends the
+// job with a line naming it (dist.cpp).
+
 // Agreement for errors found while setting up: every rank calls it with its
 // own verdict. Returns true when all are ok. Otherwise it returns false on
 // every rank, with *err set to the message of the lowest failing rank.

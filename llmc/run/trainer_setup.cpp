@@ -43,7 +43,6 @@ void Trainer::setup(const ArgParser& parser) {
     be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
     // The layout, made and checked once; the grid's groups come from it.
     setup_check(layout_from_flags(cfg, dist_world_size(), &lay, &err), err);
-    set_collective_timeout(cfg.collective_timeout);  // read by every group the grid makes
     setup_check(make_process_grid(lay, cfg.comm, *be, &grid, &err), err);
 
     // --convert (a checkpoint or a model file), or -x 0 with an export (-e's

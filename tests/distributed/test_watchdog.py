@@ -9,6 +9,10 @@
 #     and print "collective timed out" lines that name the collective, its
 #     group and, among the ranks that did not arrive or wait in no
 #     collective, the stalled rank;
+#   - start-up: a rank stalled before one of the world's start-up
+#     collectives (LLMC_TEST_STALL_SETUP=R:K: the agreements of the setup
+#     checks, the flags shared) ends the job the same way, with a line
+#     naming the collective's number, the flag and the stalled rank;
 #   - no cost in results: the same run with the watchdog on and off gives
 #     exactly the same losses (==: the watchdog only changes how waits poll);
 #   - agreement: ranks given different --collective-timeout values are
@@ -81,6 +85,26 @@ def stall(common, name, np_, layout, rank, k):
     print(f"  {name}: {lines[0].split('error ')[-1][:220]}")
 
 
+def stall_setup(common, name, np_, rank, k):
+    """A rank stalled before its k-th start-up collective (setup checks'
+    agreements, shared flags): the others' start-up watchdog ends the job."""
+    rc, out, err = train(np_, common + ["--collective-timeout", "3"], {"LLMC_TEST_STALL_SETUP": f"{rank}:{k}"})
+    if not check(rc is not None, f"{name}: the job ended by itself (within {LIMIT} s)"):
+        return
+    check(rc != 0, f"{name}: exit status {rc}, non-zero")
+    check(f"rank {rank} stalls before its start-up collective {k}" in err, f"{name}: the hook fired: {err[-300:]}")
+    lines = [l for l in err.splitlines() if "start-up collective timed out" in l]
+    if not check(lines, f"{name}: a 'start-up collective timed out' line: {err[-600:]}"):
+        return
+    for l in lines:
+        check(f"start-up collective {k})" in l and "--collective-timeout 3" in l,
+              f"{name}: the line names the collective's number and the flag: {l}")
+        m = re.search(r"ranks that did not arrive: ([\d, ]+)", l)
+        check(m is not None and {int(x) for x in m.group(1).split(", ")} == {rank},
+              f"{name}: the line names rank {rank} alone: {l}")
+    print(f"  {name}: {lines[0].split('error ')[-1][:200]}")
+
+
 def same_losses(tmp, common, name, np_, layout):
     losses = {}
     for t in ("0", "300"):
@@ -113,6 +137,9 @@ def body(tmp):
     stall(common, "np4 tp2 dp2", 4, ["--tp", "2"], 3, 7)
     stall(common, "np4 pp2 dp2", 4, ["--pp", "2"], 1, 5)
     stall(common, "np4 pp4", 4, ["--pp", "4"], 2, 6)
+    # Start-up: the first collective (the flags parsed) and a later setup check.
+    stall_setup(common, "start-up np2 first", 2, 1, 1)
+    stall_setup(common, "start-up np4 sixth", 4, 2, 6)
     # The watchdog changes no result.
     same_losses(tmp, common, "np2 dp2", 2, [])
     same_losses(tmp, common, "np2 pp2", 2, ["--pp", "2"])
@@ -125,6 +152,8 @@ def body(tmp):
             "collective-timeout")
     refused("a malformed stall hook", ["mpirun", "-np", "2", TRAIN] + common, dict(ENV, LLMC_TEST_STALL_RANK="1"),
             "LLMC_TEST_STALL_RANK=1")
+    refused("a malformed start-up stall hook", ["mpirun", "-np", "2", TRAIN] + common,
+            dict(ENV, LLMC_TEST_STALL_SETUP="x"), "LLMC_TEST_STALL_SETUP=x")
 
 
 if __name__ == "__main__":
