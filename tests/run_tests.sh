@@ -232,6 +232,7 @@ distributed_tier() {
         run test_comm_np$np mpirun -np $np build/test_comm
         run test_ring_attention_np$np mpirun -np $np build/test_ring_attention
     done
+    run test_arrivals_np3 mpirun -np 3 build/test_arrivals
     run test_dist "$PY" tests/distributed/test_dist.py
     run test_tp "$PY" tests/distributed/test_tp.py
     run test_cp "$PY" tests/distributed/test_cp.py

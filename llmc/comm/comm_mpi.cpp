@@ -44,16 +44,9 @@ void check_rank(int r, int size, const char* what, const std::string& name) {
                    " of size " + std::to_string(size));
 }
 
-// The watchdog's messages on a group's duplicate communicator: our counts.
-constexpr int kNoteTag = 1;
-
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// Every live communicator of the process: a rank whose wait grows long tells
-// its counts on all of them, since a peer may be waiting on any group.
-std::vector<MpiComm*> g_live;
 
 }  // namespace
 
@@ -61,51 +54,24 @@ MpiComm::MpiComm(MPI_Comm comm, const std::string& name, size_t max_count)
     : max_count_(std::max<size_t>(1, std::min<size_t>(max_count, (size_t)INT_MAX))), timeout_(collective_timeout()) {
     name_ = name;
     MPI_Comm_dup(comm, &comm_);
-    MPI_Comm_dup(comm, &watch_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Op_create(&bf16_sum_fn, 1, &bf16_sum_);
     MPI_Op_create(&bf16_max_fn, 1, &bf16_max_);
-    const size_t g = (size_t)size_;
-    sends_to_.assign(g, 0), recvs_from_.assign(g, 0);
-    told_coll_.assign(g, 0), told_sends_.assign(g, 0), told_recvs_.assign(g, 0);
-    heard_.assign(g, -1);
-    std::vector<int> mine(g);
-    world_of_.assign(g, -1);
-    for (int i = 0; i < size_; i++) mine[(size_t)i] = i;
-    MPI_Group group, world;
-    MPI_Comm_group(comm_, &group);
-    MPI_Comm_group(MPI_COMM_WORLD, &world);
-    MPI_Group_translate_ranks(group, size_, mine.data(), world, world_of_.data());
-    MPI_Group_free(&group);
-    MPI_Group_free(&world);
-    g_live.push_back(this);
+    arrivals_.reset(new Arrivals(comm_, name));
 }
 
 MpiComm::~MpiComm() {
+    arrivals_.reset();
     // After MPI_Finalize nothing may be called (a grid may outlive
     // dist_finalize); MPI has released everything by then.
     int finalized = 0;
     MPI_Finalized(&finalized);
-    g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
     if (finalized) return;
     for (auto& kv : pending_) MPI_Waitall((int)kv.second.reqs.size(), kv.second.reqs.data(), MPI_STATUSES_IGNORE);
     pending_.clear();
-    // Notes are tiny (sent at once); one a peer has not taken is dropped with
-    // the communicator. A send MPI still holds keeps its buffer (a few bytes
-    // left allocated), since MPI may read it until the send completes.
-    drain();
-    for (auto& n : notes_) {
-        int sent = 0;
-        MPI_Test(&n->req, &sent, MPI_STATUS_IGNORE);
-        if (sent) continue;
-        MPI_Request_free(&n->req);
-        n.release();
-    }
-    notes_.clear();
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
-    MPI_Comm_free(&watch_);
     MPI_Comm_free(&comm_);
 }
 
@@ -136,7 +102,7 @@ MpiComm::Pending& MpiComm::add_pending(CommHandle* h) {
 MpiComm::Pending& MpiComm::add_collective(CommHandle* h, const char* kind) {
     Pending& p = add_pending(h);
     p.kind = kind;
-    p.expect.push_back({Expect::Collective, -1, ++coll_seq_});
+    p.expect.push_back(arrivals_->collective());
     return p;
 }
 
@@ -240,8 +206,8 @@ CommHandle MpiComm::do_send_recv(const void* send, int dst, void* recv, int src,
     CommHandle h;
     Pending& p = add_pending(&h);
     p.kind = "send-recv";
-    p.expect.push_back({Expect::RecvFromUs, dst, ++sends_to_[(size_t)dst]});
-    p.expect.push_back({Expect::SendToUs, src, ++recvs_from_[(size_t)src]});
+    p.expect.push_back(arrivals_->send_to(dst));
+    p.expect.push_back(arrivals_->recv_from(src));
     // The receive is posted first so the matching send never waits on a
     // buffer; pieces are matched in order (same tag, same pair).
     for (size_t off = 0; off < n; off += max_count_) {
@@ -269,8 +235,8 @@ void MpiComm::do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHan
             if (op.send) count(CommKind::SendRecv, op.n, t);
             Pending& p = add_pending(&(*handles)[i]);
             p.kind = op.send ? "pipeline send" : "pipeline recv";
-            if (op.send) p.expect.push_back({Expect::RecvFromUs, op.peer, ++sends_to_[(size_t)op.peer]});
-            else p.expect.push_back({Expect::SendToUs, op.peer, ++recvs_from_[(size_t)op.peer]});
+            if (op.send) p.expect.push_back(arrivals_->send_to(op.peer));
+            else p.expect.push_back(arrivals_->recv_from(op.peer));
             for (size_t off = 0; off < op.n; off += max_count_) {
                 const int c = (int)std::min(max_count_, op.n - off);
                 MPI_Request r;
@@ -327,7 +293,7 @@ void MpiComm::wait_pending(Pending& p) {
     int done = 0;
     MPI_Testall((int)p.reqs.size(), p.reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (done) return;
-    drain();  // peers' notes do not pile up over a long run
+    arrivals_->drain();  // peers' notes do not pile up over a long run
     const double t0 = now_s(), slow = std::min(2.0, timeout_ / 4);
     useconds_t nap = 20;
     bool told = false;
@@ -343,7 +309,7 @@ void MpiComm::wait_pending(Pending& p) {
             continue;
         }
         if (waited >= slow) {
-            for (MpiComm* c : g_live) c->announce(!told), c->drain();
+            Arrivals::tell_all(!told);
             told = true;
         }
         if (waited > timeout_) timed_out(p, t0, waited);
@@ -352,85 +318,12 @@ void MpiComm::wait_pending(Pending& p) {
     }
 }
 
-void MpiComm::announce(bool again) {
-    for (size_t i = 0; i < notes_.size();) {  // sent ones leave
-        int sent = 0;
-        MPI_Test(&notes_[i]->req, &sent, MPI_STATUS_IGNORE);
-        if (sent) notes_.erase(notes_.begin() + (long)i);
-        else i++;
-    }
-    uint64_t sum = coll_seq_;
-    for (int q = 0; q < size_; q++) sum += sends_to_[(size_t)q] + recvs_from_[(size_t)q];
-    if (sum == announced_ && !again) return;
-    announced_ = sum;
-    for (int q = 0; q < size_; q++) {
-        if (q == rank_) continue;
-        std::unique_ptr<Note> n(new Note{{coll_seq_, sends_to_[(size_t)q], recvs_from_[(size_t)q]}, MPI_REQUEST_NULL});
-        MPI_Isend(n->v, 3, MPI_UINT64_T, q, kNoteTag, watch_, &n->req);
-        notes_.push_back(std::move(n));
-    }
-}
-
-void MpiComm::drain() {
-    for (;;) {
-        int flag = 0;
-        MPI_Status st;
-        MPI_Iprobe(MPI_ANY_SOURCE, kNoteTag, watch_, &flag, &st);
-        if (!flag) return;
-        uint64_t v[3];
-        MPI_Recv(v, 3, MPI_UINT64_T, st.MPI_SOURCE, kNoteTag, watch_, MPI_STATUS_IGNORE);
-        const size_t s = (size_t)st.MPI_SOURCE;
-        heard_[s] = now_s();
-        // Counts only grow; a late note never lowers them.
-        told_coll_[s] = std::max(told_coll_[s], v[0]);
-        told_sends_[s] = std::max(told_sends_[s], v[1]);
-        told_recvs_[s] = std::max(told_recvs_[s], v[2]);
-    }
-}
-
-// A peer that never told us it reached what we wait for did not arrive (it
-// has not issued the call, or it is stuck before it, or it arrived in the
-// last moments and had not yet told us: the line says "as far as known").
+// The line: the call, its group, and who did not come (Arrivals::late).
 void MpiComm::timed_out(const Pending& p, double since, double waited) {
-    std::vector<int> late;
-    std::string what = std::string(p.kind) + " on group " + name_;
-    for (const Expect& e : p.expect) {
-        if (e.what == Expect::Collective) {
-            what += " (its collective " + std::to_string(e.seq) + ")";
-            for (int q = 0; q < size_; q++)
-                if (q != rank_ && told_coll_[(size_t)q] < e.seq) late.push_back(q);
-        } else {
-            const size_t q = (size_t)e.peer;
-            const bool sends = e.what == Expect::SendToUs;
-            what += std::string(sends ? " from " : " to ") + name_ + " rank " + std::to_string(e.peer);
-            if (e.peer != rank_ && (sends ? told_sends_[q] : told_recvs_[q]) < e.seq) late.push_back(e.peer);
-        }
-    }
-    std::sort(late.begin(), late.end());
-    late.erase(std::unique(late.begin(), late.end()), late.end());
     char buf[160];
     std::snprintf(buf, sizeof(buf), " has not completed after %.1f s (--collective-timeout %g); ", waited, timeout_);
-    std::string m = "collective timed out: " + what + buf;
-    if (late.empty()) {
-        m += "every rank of the group reached it, as far as known";
-    } else {
-        m += "ranks that did not arrive: ";
-        for (size_t i = 0; i < late.size(); i++)
-            m += (i ? ", " : "") + std::to_string(world_of_[(size_t)late[i]]) + " (" + name_ + " rank " +
-                 std::to_string(late[i]) + ")";
-    }
-    // Every rank that waits long tells every group it is in, the world among
-    // them: who was not heard from since we began waiting is in no call.
-    const int world = dist_world_size(), me = dist_world_rank();
-    std::vector<char> heard((size_t)world, 0);
-    for (MpiComm* c : g_live)
-        for (int q = 0; q < c->size_; q++)
-            if (c->heard_[(size_t)q] >= since && c->world_of_[(size_t)q] >= 0) heard[(size_t)c->world_of_[(size_t)q]] = 1;
-    std::string silent;
-    for (int w = 0; w < world; w++)
-        if (w != me && !heard[(size_t)w]) silent += (silent.empty() ? "" : ", ") + std::to_string(w);
-    if (!silent.empty()) m += "; ranks waiting in no collective (stalled or computing): " + silent;
-    dist_abort(m + "; ending every rank");
+    dist_abort("collective timed out: " + std::string(p.kind) + " on group " + name_ + arrivals_->what(p.expect) +
+               buf + arrivals_->late(p.expect, since) + "; ending every rank");
 }
 
 #endif  // LLMC_MPI

@@ -7,18 +7,12 @@
 //
 // Watchdog: every call, broadcast and host_all_reduce included, is
 // non-blocking underneath, and wait() polls its requests (MPI_Testall, then
-// short sleeps) against --collective-timeout (llmc/comm/watchdog.h). To
-// name the ranks that never arrived, each rank counts what it has issued
-// on the group (collectives; sends to and receives from each peer), and a
-// rank whose wait grows long tells its peers on every group its counts, on
-// a duplicate communicator of each group. A rank that times out compares
-// what it waits for with what its peers told it: a peer that never said it
-// reached the call did not arrive (or is stuck before it). Every long wait
-// tells its counts at least once, so a rank not heard from on any group
-// since our wait began is waiting in no call at all: stalled, or still
-// computing. The line names the call, the group, the ranks that did not
-// arrive and the ranks heard from on no group, and the job ends
-// (dist_abort: MPI_Abort).
+// short sleeps) against --collective-timeout (llmc/comm/watchdog.h). Each
+// call is counted in the group's Arrivals (llmc/comm/arrivals.h) as it is
+// issued; a wait that grows long tells the peers our counts and reads
+// theirs, and at the timeout the line names the call, the group, the ranks
+// that did not arrive and the ranks heard from on no group, and the job
+// ends (dist_abort: MPI_Abort).
 #pragma once
 #ifdef LLMC_MPI
 #include <climits>
@@ -29,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "llmc/comm/arrivals.h"
 #include "llmc/comm/comm.h"
 #include "llmc/comm/mpi.h"
 
@@ -59,13 +54,7 @@ class MpiComm : public Comm {
     void do_wait(CommHandle h) override;
 
   private:
-    // What a call needs of one peer, or of every rank (peer -1): to have
-    // issued its seq-th collective, send to us, or receive from us.
-    struct Expect {
-        enum What { Collective, SendToUs, RecvFromUs } what;
-        int peer;
-        uint64_t seq;
-    };
+    using Expect = Arrivals::Expect;
     // A call in flight: its requests and, for an in-place reduce-scatter, the
     // block received aside (MPI forbids send and receive buffers that
     // overlap) that wait() copies to its place; what it is, for the
@@ -81,10 +70,6 @@ class MpiComm : public Comm {
     Pending& add_collective(CommHandle* h, const char* kind);  // the group's next collective
     // Waits for p's requests, watched; then p is complete.
     void wait_pending(Pending& p);
-    // The watchdog's exchange: tell the peers our counts (when they changed),
-    // and read what they told us.
-    void announce(bool again);
-    void drain();
     [[noreturn]] void timed_out(const Pending& p, double since, double waited);
     MPI_Datatype mpi_type(DType t) const;
     MPI_Op mpi_op(DType t, ReduceOp op) const;
@@ -97,20 +82,8 @@ class MpiComm : public Comm {
     // and MPI holds pointers into an entry's tmp until wait().
     std::unordered_map<CommHandle, Pending> pending_;
 
-    // The watchdog (see above). Our counts: collectives issued, and
-    // transfers issued to and from each group rank; theirs, as last told.
+    // The watchdog (see above): its timeout and the group's counts.
     double timeout_;
-    MPI_Comm watch_ = MPI_COMM_NULL;
-    std::vector<int> world_of_;  // group rank -> world rank
-    uint64_t coll_seq_ = 0;
-    std::vector<uint64_t> sends_to_, recvs_from_;
-    std::vector<uint64_t> told_coll_, told_sends_, told_recvs_;  // peer's collectives, its sends to us, receives from us
-    std::vector<double> heard_;  // when each peer's last note came (host clock, s)
-    uint64_t announced_ = 0;  // the sum of our counts when last told (they only grow)
-    struct Note {
-        uint64_t v[3];
-        MPI_Request req;
-    };
-    std::vector<std::unique_ptr<Note>> notes_;  // our messages still being sent
+    std::unique_ptr<Arrivals> arrivals_;
 };
 #endif  // LLMC_MPI

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "llmc/comm/arrivals.h"
 #include "llmc/comm/comm_nccl.h"
 #include "llmc/comm/dist.h"
 #include "llmc/comm/watchdog.h"
@@ -116,8 +118,10 @@ class NcclRuntime {
                 break;
             }
     }
-    // After a collective was queued on stream(): watch it.
-    void issued(const std::string& group, CommKind kind, uint64_t bytes) {
+    // After a collective was queued on stream(): watch it. arrivals: who
+    // did not come, if known (PendingCollective::arrivals).
+    void issued(const std::string& group, CommKind kind, uint64_t bytes,
+                std::function<std::string(double)> arrivals) {
         std::lock_guard<std::mutex> lk(mu_);
         cudaEvent_t e;
         if (pool_.empty()) {
@@ -129,7 +133,9 @@ class NcclRuntime {
         cuda_check(cudaEventRecord(e, stream_), "cudaEventRecord", group);
         const uint64_t id = next_++;
         events_[id] = e;
-        dog_.issued({id, group, comm_kind_name(kind), bytes, now_s()});
+        PendingCollective c{id, group, comm_kind_name(kind), bytes, now_s()};
+        c.arrivals = std::move(arrivals);
+        dog_.issued(c);
     }
 
   private:
@@ -152,9 +158,20 @@ class NcclRuntime {
         while (!stop_) {
             cv_.wait_for(lk, std::chrono::duration<double>(poll_s_), [&] { return stop_; });
             if (stop_) break;
+            const double now = now_s();
             const std::string m = dog_.check(
-                now_s(), [&](uint64_t id) { return done(id); }, [&] { return async_error(); });
-            if (m.empty()) continue;
+                now, [&](uint64_t id) { return done(id); }, [&] { return async_error(); });
+            if (m.empty()) {
+                // A long wait: the ranks tell each other their counts, so a
+                // timeout can name who did not come (once per front, then on
+                // each change).
+                if (dist_mpi_threads() && dog_.long_wait(now)) {
+                    const bool again = dog_.front().id != told_front_;
+                    told_front_ = dog_.front().id;
+                    Arrivals::tell_all(again);
+                }
+                continue;
+            }
             g_aborting = true;
             std::vector<ncclComm_t> cs;
             for (auto& c : comms_) cs.push_back(c.first);
@@ -205,6 +222,7 @@ class NcclRuntime {
     std::unordered_map<uint64_t, cudaEvent_t> events_;  // the watched collectives' completions
     std::vector<cudaEvent_t> pool_;                     // events to reuse
     uint64_t next_ = 1;
+    uint64_t told_front_ = 0;  // the front collective of the last long wait told
     std::string poll_error_;
     double poll_s_ = 1.0;
     std::condition_variable cv_;
@@ -227,6 +245,9 @@ struct NcclComm::Impl {
     std::vector<cudaEvent_t> spare;                    // completion events to reuse
     std::unordered_map<CommHandle, cudaEvent_t> done;  // completion of each call in flight
     CommHandle next = 1;
+    // Which ranks reached each call (llmc/comm/arrivals.h); shared with the
+    // watchdog's records, which may outlive the group.
+    std::shared_ptr<Arrivals> arrivals;
     // Waits being timed: a mark recorded on the compute stream where it
     // began to wait, and the collective's completion. Once both have run,
     // the time from mark to completion (if positive) is how long compute
@@ -258,8 +279,17 @@ struct NcclComm::Impl {
         done[h] = e;
         return h;
     }
-    // After a call is queued: the watchdog follows it until it completes.
-    void watch(CommKind k, uint64_t bytes) { rt->issued(name, k, bytes); }
+    // After a call is queued: the watchdog follows it until it completes,
+    // with what it needs of the peers when MPI lets the watchdog's thread
+    // hear them.
+    void watch(CommKind k, uint64_t bytes, std::vector<Arrivals::Expect> expect) {
+        std::function<std::string(double)> who;
+        if (dist_mpi_threads()) {
+            std::shared_ptr<Arrivals> a = arrivals;
+            who = [a, expect](double since) { return a->what(expect).substr(1) + ": " + a->late(expect, since); };
+        }
+        rt->issued(name, k, bytes, std::move(who));
+    }
     // The compute stream waits for completion event e; the wait is timed,
     // except while the stream is being captured into a graph (an event
     // recorded there belongs to the graph, not to one run of it).
@@ -317,6 +347,7 @@ NcclComm::NcclComm(MPI_Comm comm, const std::string& name, void* compute_stream)
     if (rank_ == 0) NCCL_OK(ncclGetUniqueId(&id));
     MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, impl_->mpi);
     NCCL_OK(ncclCommInitRank(&impl_->nccl, size_, id, rank_));
+    impl_->arrivals = std::make_shared<Arrivals>(impl_->mpi, name);
     impl_->compute = static_cast<cudaStream_t>(compute_stream);
     impl_->rt = NcclRuntime::get();
     impl_->stream = impl_->rt->stream();
@@ -334,6 +365,7 @@ NcclComm::~NcclComm() {
     if (impl_->ready) cudaEventDestroy(impl_->ready);
     if (impl_->rt && impl_->nccl) impl_->rt->remove(impl_->nccl);  // the watchdog stops asking it first
     if (impl_->nccl) ncclCommDestroy(impl_->nccl);
+    impl_->arrivals.reset();  // (the watchdog's records may hold it a while longer)
     impl_->rt.reset();  // the last group's frees the stream and stops the watchdog
     int fin = 0;
     MPI_Finalized(&fin);  // a grid may outlive dist_finalize; then MPI has freed it
@@ -346,7 +378,7 @@ CommHandle NcclComm::do_all_reduce(void* buf, size_t n, DType t, ReduceOp op) {
     impl_->begin();
     NCCL_OK(
         ncclAllReduce(buf, buf, n, nccl_type(t), op == ReduceOp::Sum ? ncclSum : ncclMax, impl_->nccl, impl_->stream));
-    impl_->watch(CommKind::AllReduce, n * dtype_size(t));
+    impl_->watch(CommKind::AllReduce, n * dtype_size(t), {impl_->arrivals->collective()});
     return impl_->finish();
 }
 
@@ -357,7 +389,7 @@ CommHandle NcclComm::do_reduce_scatter(const void* send, void* recv, size_t recv
     if (recv_n == 0) return 0;
     impl_->begin();
     NCCL_OK(ncclReduceScatter(send, recv, recv_n, nccl_type(t), ncclSum, impl_->nccl, impl_->stream));
-    impl_->watch(CommKind::ReduceScatter, (size_t)size_ * recv_n * dtype_size(t));
+    impl_->watch(CommKind::ReduceScatter, (size_t)size_ * recv_n * dtype_size(t), {impl_->arrivals->collective()});
     return impl_->finish();
 }
 
@@ -366,7 +398,7 @@ CommHandle NcclComm::do_all_gather(const void* send, void* recv, size_t send_n, 
     if (send_n == 0) return 0;
     impl_->begin();
     NCCL_OK(ncclAllGather(send, recv, send_n, nccl_type(t), impl_->nccl, impl_->stream));
-    impl_->watch(CommKind::AllGather, (size_t)size_ * send_n * dtype_size(t));
+    impl_->watch(CommKind::AllGather, (size_t)size_ * send_n * dtype_size(t), {impl_->arrivals->collective()});
     return impl_->finish();
 }
 
@@ -377,7 +409,7 @@ void NcclComm::do_broadcast(void* buf, size_t n, DType t, int root) {
     if (n == 0) return;
     impl_->begin();
     NCCL_OK(ncclBroadcast(buf, buf, n, nccl_type(t), root, impl_->nccl, impl_->stream));
-    impl_->watch(CommKind::Broadcast, n * dtype_size(t));
+    impl_->watch(CommKind::Broadcast, n * dtype_size(t), {impl_->arrivals->collective()});
     wait(impl_->finish());
 }
 
@@ -394,7 +426,8 @@ CommHandle NcclComm::do_send_recv(const void* send, int dst, void* recv, int src
     NCCL_OK(ncclSend(send, n, nccl_type(t), dst, impl_->nccl, impl_->stream));
     NCCL_OK(ncclRecv(recv, n, nccl_type(t), src, impl_->nccl, impl_->stream));
     NCCL_OK(ncclGroupEnd());
-    impl_->watch(CommKind::SendRecv, 2 * n * dtype_size(t));
+    impl_->watch(CommKind::SendRecv, 2 * n * dtype_size(t),
+                 {impl_->arrivals->send_to(dst), impl_->arrivals->recv_from(src)});
     return impl_->finish();
 }
 
@@ -420,8 +453,12 @@ void NcclComm::do_p2p(const std::vector<P2POp>& ops, DType t, std::vector<CommHa
     }
     NCCL_OK(ncclGroupEnd());
     uint64_t bytes = 0;
-    for (const P2POp& op : ops) bytes += op.n * dtype_size(t);
-    impl_->watch(CommKind::SendRecv, bytes);
+    std::vector<Arrivals::Expect> expect;
+    for (const P2POp& op : ops) {
+        bytes += op.n * dtype_size(t);
+        if (op.n) expect.push_back(op.send ? impl_->arrivals->send_to(op.peer) : impl_->arrivals->recv_from(op.peer));
+    }
+    impl_->watch(CommKind::SendRecv, bytes, std::move(expect));
     // The ops of a group end together on the stream: one event each, all
     // recorded after the group, so each can be waited for once.
     for (size_t i = 0; i < ops.size(); i++)

@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "llmc/base/test_hooks.h"
-#include "llmc/comm/watchdog.h"
 
 #ifdef LLMC_MPI
 #include "llmc/comm/mpi.h"
@@ -26,6 +25,7 @@ namespace {
 // These two are the module's only state; rank and size are asked of MPI.
 int g_local_rank = 0, g_local_size = 1;
 bool g_started_mpi = false;
+bool g_threads = false;  // MPI_THREAD_MULTIPLE provided
 
 bool mpi_live() {
     int init = 0, fin = 0;
@@ -160,11 +160,22 @@ void dist_init(int* argc, char*** argv, MpiStart start) {
     if (!init && start == MpiStart::if_launched && !launched_by_mpi([](const char* v) { return std::getenv(v); }))
         return;  // one process, no MPI: every dist_* call answers for a world of one
     if (!init) {
-        // Only the main thread calls MPI (OpenMP threads compute, never talk).
+        // OpenMP threads compute, never talk. The CPU transport calls MPI from
+        // the main thread only; with CUDA, the NCCL transport's watchdog
+        // thread tells the other ranks its counts over MPI in a long wait
+        // (llmc/comm/arrivals.h), which needs every thread allowed.
+#ifdef LLMC_CUDA
+        const int want = MPI_THREAD_MULTIPLE;
+#else
+        const int want = MPI_THREAD_FUNNELED;
+#endif
         int provided = 0;
-        MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        MPI_Init_thread(argc, argv, want, &provided);
         g_started_mpi = true;
     }
+    int level = 0;
+    MPI_Query_thread(&level);
+    g_threads = level == MPI_THREAD_MULTIPLE;
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &g_local_rank);
@@ -213,6 +224,22 @@ int dist_world_size() {
     }
 #endif
     return 1;
+}
+
+namespace {
+// One value per process: the transports read it when their groups are made.
+double g_timeout = kDefaultCollectiveTimeout;
+}  // namespace
+
+void set_collective_timeout(double seconds) { g_timeout = seconds > 0 ? seconds : 0; }
+double collective_timeout() { return g_timeout; }
+
+bool dist_mpi_threads() {
+#ifdef LLMC_MPI
+    return g_threads;
+#else
+    return false;
+#endif
 }
 
 int dist_local_rank() {

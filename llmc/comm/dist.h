@@ -29,6 +29,17 @@ void dist_finalize();
 int dist_world_rank();
 int dist_world_size();
 int dist_local_rank();  // rank among the processes on this node
+// The process's collective timeout, --collective-timeout in seconds (0:
+// off): set right after the flags are read (every rank its own value until
+// the flags are checked to agree), read by the start-up collectives below
+// and by every communicator made after (llmc/comm/watchdog.h).
+constexpr double kDefaultCollectiveTimeout = 300.0;
+void set_collective_timeout(double seconds);
+double collective_timeout();
+
+// Whether any thread may call MPI (MPI_THREAD_MULTIPLE, asked for in builds
+// with CUDA): the NCCL watchdog's thread then exchanges the arrival notes.
+bool dist_mpi_threads();
 int dist_local_size();  // processes on this node
 
 // Ends the whole job from one rank with its message (MPI_Abort when the

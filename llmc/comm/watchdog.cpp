@@ -4,19 +4,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "llmc/base/test_hooks.h"
 #include "llmc/comm/dist.h"
 
-namespace {
-// One value per process: the transports read it when their groups are made.
-double g_timeout = kDefaultCollectiveTimeout;
-}  // namespace
-
-void set_collective_timeout(double seconds) { g_timeout = seconds > 0 ? seconds : 0; }
-double collective_timeout() { return g_timeout; }
 
 void collective_test_stall() {
     // Parsed once; rank -1 when unset, so a normal run pays one comparison.
@@ -88,5 +82,12 @@ std::string CollectiveWatchdog::check(double now, const std::function<bool(uint6
                   waited, now - c.issued, q_.size() - 1);
     std::string m = "collective timed out: " + describe(c) + buf;
     std::snprintf(buf, sizeof(buf), "--collective-timeout %g", timeout_);
-    return m + buf + "): a peer rank died, hung or never issued it; ending every rank";
+    m += buf;
+    if (c.arrivals) return m + "): " + c.arrivals(front_since_) + "; ending every rank";
+    return m + "): a peer rank died, hung or never issued it; ending every rank";
+}
+
+bool CollectiveWatchdog::long_wait(double now) const {
+    if (timeout_ <= 0 || q_.empty()) return false;
+    return now - front_since_ >= std::min(2.0, timeout_ / 4);
 }

@@ -11,8 +11,8 @@
 //   complete()  after each later step, on the main thread, a collective:
 //               once every rank's writer has finished, rank 0 writes DONE.
 //               A writer's error ends the run on every rank with its line.
-// The background thread calls neither MPI (the library runs at
-// MPI_THREAD_FUNNELED: only the main thread may) nor the backend.
+// The background thread calls neither MPI nor the backend (both stay with
+// the main thread).
 //
 // Test hook (llmc/base/test_hooks.h): LLMC_TEST_CHECKPOINT_DELAY_MS=N makes
 // each writer wait N ms with its shard written under the temporary name,

@@ -105,6 +105,35 @@ void test_errors_and_off() {
     CHECK(has(g.check(off, 1e9 + 1), "internal error"), "timeout 0: errors are still reported");
 }
 
+// Where the transport knows who came (PendingCollective::arrivals), the
+// line names them instead of guessing, asked with the front's start; the
+// long wait that makes the ranks tell each other comes at a quarter of the
+// timeout, at most 2 s, of the front's own wait.
+void test_arrivals() {
+    CollectiveWatchdog w(8);
+    Fake f;
+    double asked = -1;
+    PendingCollective a{1, "dp", "all-reduce", 64, 0.0};
+    a.arrivals = [&](double since) {
+        asked = since;
+        return std::string("ranks that did not arrive: 3 (dp rank 1)");
+    };
+    CHECK(!w.long_wait(0.0), "nothing pending: no long wait");
+    w.issued(a);
+    CHECK(!w.long_wait(1.9) && w.long_wait(2.0), "8 s timeout: a long wait from 2 s (a quarter)");
+    const std::string m = f.check(w, 8.5);
+    CHECK(has(m, "ranks that did not arrive: 3 (dp rank 1)") && !has(m, "a peer rank died") && asked == 0.0,
+          "the line names who did not come, asked with the front's start: %s (since %g)", m.c_str(), asked);
+    CollectiveWatchdog big(300);
+    big.issued({2, "tp", "all-gather", 8, 5.0});
+    CHECK(!big.long_wait(6.9) && big.long_wait(7.0), "300 s timeout: a long wait from 2 s");
+    const std::string n = f.check(big, 400);
+    CHECK(has(n, "a peer rank died, hung or never issued it"), "unknown arrivals: the general words: %s", n.c_str());
+    CollectiveWatchdog off(0);
+    off.issued({3, "dp", "all-gather", 8, 0.0});
+    CHECK(!off.long_wait(1e9), "timeout 0: never a long wait");
+}
+
 }  // namespace
 
 int main() {
@@ -112,6 +141,7 @@ int main() {
     test_timeout();
     test_out_of_order_and_empty();
     test_errors_and_off();
+    test_arrivals();
     CHECK(watchdog_bytes(512) == "512 B" && watchdog_bytes(1536) == "1.5 KiB" && watchdog_bytes(12u << 20) == "12.0 MiB",
           "sizes: %s %s %s", watchdog_bytes(512).c_str(), watchdog_bytes(1536).c_str(), watchdog_bytes(12u << 20).c_str());
     return check_summary();
