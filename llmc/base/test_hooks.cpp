@@ -29,16 +29,18 @@ const NanHook& nan_hook() {
     return h;
 }
 
-bool stall_rank(int* rank, long* at, std::string* err) {
+// A stall hook's R:K from variable `var` (rank -1 when unset); `what`: the
+// calls K counts, for the error.
+static bool stall_hook(const char* var, const char* what, int* rank, long* at, std::string* err) {
     *rank = -1;
     *at = 0;
-    const char* v = std::getenv("LLMC_TEST_STALL_RANK");
+    const char* v = std::getenv(var);
     if (!v || !*v) return true;
     int r = -1, used = 0;
     long k = 0;
     if (std::sscanf(v, "%d:%ld%n", &r, &k, &used) != 2 || v[used] != '\0' || r < 0 || k < 1) {
-        *err = std::string("LLMC_TEST_STALL_RANK=") + v +
-               ": expected R:K (world rank R >= 0 stalls before its K-th collective, K >= 1)";
+        *err = std::string(var) + "=" + v + ": expected R:K (world rank R >= 0 stalls before its K-th " + what +
+               ", K >= 1)";
         return false;
     }
     *rank = r;
@@ -46,21 +48,12 @@ bool stall_rank(int* rank, long* at, std::string* err) {
     return true;
 }
 
+bool stall_rank(int* rank, long* at, std::string* err) {
+    return stall_hook("LLMC_TEST_STALL_RANK", "collective", rank, at, err);
+}
+
 bool stall_setup(int* rank, long* at, std::string* err) {
-    *rank = -1;
-    *at = 0;
-    const char* v = std::getenv("LLMC_TEST_STALL_SETUP");
-    if (!v || !*v) return true;
-    int r = -1, used = 0;
-    long k = 0;
-    if (std::sscanf(v, "%d:%ld%n", &r, &k, &used) != 2 || v[used] != '\0' || r < 0 || k < 1) {
-        *err = std::string("LLMC_TEST_STALL_SETUP=") + v +
-               ": expected R:K (world rank R >= 0 stalls before its K-th start-up collective, K >= 1)";
-        return false;
-    }
-    *rank = r;
-    *at = k;
-    return true;
+    return stall_hook("LLMC_TEST_STALL_SETUP", "start-up collective", rank, at, err);
 }
 
 int checkpoint_delay_ms() {

@@ -264,16 +264,21 @@ struct NcclComm::Impl {
         cuda_ok(cudaEventRecord(ready, compute), "cudaEventRecord");
         cuda_ok(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
     }
+    // A timing event from `pool`, or a new one.
+    cudaEvent_t take(std::vector<cudaEvent_t>& pool) {
+        cudaEvent_t e;
+        if (pool.empty()) {
+            cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
+        } else {
+            e = pool.back();
+            pool.pop_back();
+        }
+        return e;
+    }
     // After it: its completion, under a new handle. (Timing events: a wait's
     // stall is measured against it.)
     CommHandle finish() {
-        cudaEvent_t e;
-        if (spare.empty()) {
-            cuda_ok(cudaEventCreate(&e), "cudaEventCreate");
-        } else {
-            e = spare.back();
-            spare.pop_back();
-        }
+        cudaEvent_t e = take(spare);
         cuda_ok(cudaEventRecord(e, stream), "cudaEventRecord");
         const CommHandle h = next++;
         done[h] = e;
@@ -301,13 +306,7 @@ struct NcclComm::Impl {
             spare.push_back(e);  // the wait has taken this record: reusable at once
             return;
         }
-        cudaEvent_t m;
-        if (marks.empty()) {
-            cuda_ok(cudaEventCreate(&m), "cudaEventCreate");
-        } else {
-            m = marks.back();
-            marks.pop_back();
-        }
+        cudaEvent_t m = take(marks);
         cuda_ok(cudaEventRecord(m, compute), "cudaEventRecord");
         cuda_ok(cudaStreamWaitEvent(compute, e, 0), "cudaStreamWaitEvent");
         timed.push_back({m, e});

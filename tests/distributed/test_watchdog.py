@@ -66,14 +66,23 @@ def ranks_named(line):
     return named
 
 
-def stall(common, name, np_, layout, rank, k):
-    rc, out, err = train(np_, common + layout + ["--collective-timeout", "3"], {"LLMC_TEST_STALL_RANK": f"{rank}:{k}"})
+def stalled_lines(args, name, np_, hook, rank, k, fired, needle):
+    """Runs with the stall hook `hook`=rank:k; the job must end by itself,
+    non-zero, the hook's own line (`fired`) printed: the lines holding
+    `needle`, or None when a check failed."""
+    rc, out, err = train(np_, args + ["--collective-timeout", "3"], {hook: f"{rank}:{k}"})
     if not check(rc is not None, f"{name}: the job ended by itself (within {LIMIT} s)"):
-        return
+        return None
     check(rc != 0, f"{name}: exit status {rc}, non-zero")
-    check(f"rank {rank} stalls before its collective {k}" in err, f"{name}: the stall hook fired: {err[-300:]}")
-    lines = [l for l in err.splitlines() if "collective timed out" in l]
-    if not check(lines, f"{name}: a 'collective timed out' line: {err[-600:]}"):
+    check(fired in err, f"{name}: the stall hook fired: {err[-300:]}")
+    lines = [l for l in err.splitlines() if needle in l]
+    return lines if check(lines, f"{name}: a '{needle}' line: {err[-600:]}") else None
+
+
+def stall(common, name, np_, layout, rank, k):
+    lines = stalled_lines(common + layout, name, np_, "LLMC_TEST_STALL_RANK", rank, k,
+                          f"rank {rank} stalls before its collective {k}", "collective timed out")
+    if not lines:
         return
     for l in lines:
         m = re.search(r"collective timed out: (.*?) on group (\w+)", l)
@@ -88,13 +97,9 @@ def stall(common, name, np_, layout, rank, k):
 def stall_setup(common, name, np_, rank, k):
     """A rank stalled before its k-th start-up collective (setup checks'
     agreements, shared flags): the others' start-up watchdog ends the job."""
-    rc, out, err = train(np_, common + ["--collective-timeout", "3"], {"LLMC_TEST_STALL_SETUP": f"{rank}:{k}"})
-    if not check(rc is not None, f"{name}: the job ended by itself (within {LIMIT} s)"):
-        return
-    check(rc != 0, f"{name}: exit status {rc}, non-zero")
-    check(f"rank {rank} stalls before its start-up collective {k}" in err, f"{name}: the hook fired: {err[-300:]}")
-    lines = [l for l in err.splitlines() if "start-up collective timed out" in l]
-    if not check(lines, f"{name}: a 'start-up collective timed out' line: {err[-600:]}"):
+    lines = stalled_lines(common, name, np_, "LLMC_TEST_STALL_SETUP", rank, k,
+                          f"rank {rank} stalls before its start-up collective {k}", "start-up collective timed out")
+    if not lines:
         return
     for l in lines:
         check(f"start-up collective {k})" in l and "--collective-timeout 3" in l,
