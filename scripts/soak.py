@@ -49,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from shards import write_shard  # noqa: E402
+from supervise import newest_checkpoint  # noqa: E402
 
 KINDS = ("kill", "mpirun", "term", "stop", "truncate")
 MODEL = "L=2,C=32,NH=4,V=97,Vp=97,T=32"
@@ -84,11 +85,6 @@ def named(pid):
             return f.read().strip()
     except OSError:
         return ""
-
-
-def newest_done(d):
-    steps = [int(m.group(1)) for f in glob.glob(os.path.join(d, "DONE_*")) if (m := re.search(r"DONE_(\d{8})$", f))]
-    return max(steps, default=0)
 
 
 class Soak:
@@ -130,8 +126,8 @@ class Soak:
                 time.sleep(0.05)  # between attempts, or one still starting
                 continue
             # Progress first: a checkpoint newer than any there was when this attempt began.
-            start = newest_done(self.d)
-            while sup.poll() is None and self.job(sup)[0] == mp and newest_done(self.d) <= start:
+            start = newest_checkpoint(self.d)
+            while sup.poll() is None and self.job(sup)[0] == mp and newest_checkpoint(self.d) <= start:
                 time.sleep(0.05)
             time.sleep(self.rng.uniform(0, 1.5))
             mp2, ranks = self.job(sup)
@@ -167,7 +163,7 @@ class Soak:
             threading.Timer(hold, lambda: self.cont(victim)).start()
             return f"SIGSTOP of rank pid {victim} for {hold:g} s (--collective-timeout {self.a.collective_timeout:g})"
         # truncate: the newest complete checkpoint loses half of a shard, then a rank dies.
-        step = newest_done(self.d)
+        step = newest_checkpoint(self.d)
         shards = sorted(glob.glob(os.path.join(self.d, f"ckpt_{step:08d}", "shard_*.bin")))
         cut = ""
         if shards:

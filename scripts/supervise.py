@@ -118,8 +118,8 @@ def read_hostfile(path):
             parts = line.split()
             slots = 1
             for p in parts[1:]:
-                m = re.match(r"(?:slots|max[-_]slots)=(\d+)$", p)
-                if m and p.startswith("slots"):
+                m = re.match(r"slots=(\d+)$", p)  # (max_slots= and the like: not ours to use)
+                if m:
                     slots = int(m.group(1))
             if slots < 1:
                 raise ValueError(f"{path}: {parts[0]}: slots must be at least 1")

@@ -3,10 +3,11 @@
 #ifdef LLMC_MPI
 #include "llmc/comm/arrivals.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
-
-#include "llmc/comm/dist.h"
 
 namespace {
 
@@ -171,7 +172,9 @@ std::string Arrivals::late(const std::vector<Expect>& expect, double since) cons
     }
     // Every rank that waits long tells every group it is in, the world among
     // them: who was not heard from since we began waiting is in no call.
-    const int world = dist_world_size(), me = dist_world_rank();
+    int world = 1, me = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
     std::vector<char> heard((size_t)world, 0);
     {
         std::lock_guard<std::mutex> lk(g_live_mu);
@@ -187,5 +190,34 @@ std::string Arrivals::late(const std::vector<Expect>& expect, double since) cons
         if (w != me && !heard[(size_t)w]) silent += (silent.empty() ? "" : ", ") + std::to_string(w);
     if (!silent.empty()) m += "; ranks waiting in no collective (stalled or computing): " + silent;
     return m;
+}
+
+double watched_wait(MPI_Request* reqs, int n, double timeout,
+                    const std::function<void(double since, double waited)>& timed_out) {
+    const double t0 = arrivals_now();
+    if (timeout <= 0) {
+        MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE);
+        return arrivals_now() - t0;
+    }
+    const double slow = std::min(2.0, timeout / 4);
+    useconds_t nap = 20;
+    bool told = false;
+    for (;;) {
+        int done = 0;
+        MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        const double waited = arrivals_now() - t0;
+        if (done) return waited;
+        if (waited < 0.002) {
+            sched_yield();
+            continue;
+        }
+        if (waited >= slow) {
+            Arrivals::tell_all(!told);
+            told = true;
+        }
+        if (waited > timeout) timed_out(t0, waited);
+        ::usleep(nap);
+        nap = std::min<useconds_t>(nap * 2, 1000);
+    }
 }
 #endif  // LLMC_MPI

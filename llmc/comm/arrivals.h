@@ -16,6 +16,7 @@
 #pragma once
 #ifdef LLMC_MPI
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,4 +82,14 @@ class Arrivals {
 
 // The host clock of the notes (seconds, steady).
 double arrivals_now();
+
+// The watched wait of every MPI call (the groups' and the start-up's): polls
+// the n requests (MPI_Testall; a yield for the first 2 ms, so a rank sharing
+// the core runs, then naps growing to 1 ms, so a long wait costs little
+// CPU); past a quarter of the timeout (at most 2 s) the wait is long and
+// every live group tells its counts (Arrivals::tell_all: once, then on each
+// change); past the timeout it calls timed_out(since, waited), which must
+// not return. timeout <= 0: a plain MPI_Waitall. Returns the seconds waited.
+double watched_wait(MPI_Request* reqs, int n, double timeout,
+                    const std::function<void(double since, double waited)>& timed_out);
 #endif  // LLMC_MPI

@@ -3,11 +3,7 @@
 #ifdef LLMC_MPI
 #include "llmc/comm/comm_mpi.h"
 
-#include <sched.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -42,10 +38,6 @@ void check_rank(int r, int size, const char* what, const std::string& name) {
     if (r < 0 || r >= size)
         dist_abort("internal: " + std::string(what) + " rank " + std::to_string(r) + " outside group " + name +
                    " of size " + std::to_string(size));
-}
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -277,45 +269,16 @@ void MpiComm::host_all_reduce_n(double* x, size_t n, ReduceOp op) {
 
 // ---- the watchdog -------------------------------------------------------------------
 
-// Polling: MPI_Testall with a yield for the first 2 ms (most waits end
-// there, and a yield lets a rank sharing the core run), then sleeps growing
-// to 1 ms, so a long wait costs little CPU. Past a quarter of the timeout
-// (at most 2 s) the wait is long: every group hears our counts, once when
-// it becomes long and then on each change, and we read theirs.
+// Polled against the timeout (watched_wait, llmc/comm/arrivals.h); the
+// time is the group's blocked time.
 void MpiComm::wait_pending(Pending& p) {
     if (p.reqs.empty()) return;
-    if (timeout_ <= 0) {
-        const double t = now_s();
-        MPI_Waitall((int)p.reqs.size(), p.reqs.data(), MPI_STATUSES_IGNORE);
-        blocked_s_ += now_s() - t;
-        return;
-    }
     int done = 0;
     MPI_Testall((int)p.reqs.size(), p.reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (done) return;
     arrivals_->drain();  // peers' notes do not pile up over a long run
-    const double t0 = now_s(), slow = std::min(2.0, timeout_ / 4);
-    useconds_t nap = 20;
-    bool told = false;
-    for (;;) {
-        MPI_Testall((int)p.reqs.size(), p.reqs.data(), &done, MPI_STATUSES_IGNORE);
-        if (done) {
-            blocked_s_ += now_s() - t0;
-            return;
-        }
-        const double waited = now_s() - t0;
-        if (waited < 0.002) {
-            sched_yield();
-            continue;
-        }
-        if (waited >= slow) {
-            Arrivals::tell_all(!told);
-            told = true;
-        }
-        if (waited > timeout_) timed_out(p, t0, waited);
-        ::usleep(nap);
-        nap = std::min<useconds_t>(nap * 2, 1000);
-    }
+    blocked_s_ += watched_wait(p.reqs.data(), (int)p.reqs.size(), timeout_,
+                               [&](double since, double waited) { timed_out(p, since, waited); });
 }
 
 // The line: the call, its group, and who did not come (Arrivals::late).

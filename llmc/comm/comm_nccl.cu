@@ -291,7 +291,10 @@ struct NcclComm::Impl {
         std::function<std::string(double)> who;
         if (dist_mpi_threads()) {
             std::shared_ptr<Arrivals> a = arrivals;
-            who = [a, expect](double since) { return a->what(expect).substr(1) + ": " + a->late(expect, since); };
+            who = [a, expect](double since) {
+                const std::string w = a->what(expect);  // " (its collective 12)", ...
+                return (w.empty() ? w : w.substr(1) + ": ") + a->late(expect, since);
+            };
         }
         rt->issued(name, k, bytes, std::move(who));
     }

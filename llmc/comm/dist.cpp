@@ -4,15 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
+#include <memory>
 
 #include "llmc/base/test_hooks.h"
 
 #ifdef LLMC_MPI
+#include "llmc/comm/arrivals.h"
 #include "llmc/comm/mpi.h"
 #endif
 
@@ -38,108 +38,46 @@ bool mpi_live() {
 // The world collectives below (agreeing on errors, sharing strings) run
 // before the process grid and its watched groups exist, and while ranks
 // read files at different speeds. Each is non-blocking underneath and
-// waited for here against --collective-timeout (collective_timeout():
-// every rank's own value from the moment its flags are read, 300 s
-// before), so a rank that never comes ends the job with a line rather
-// than leave the others waiting. Which ranks did not come: a wait that
-// grows long (a quarter of the timeout, at most 2 s) tells every other
-// rank the number of the collective it waits in, once, on a duplicate of
-// the world kept for these notes; at the timeout the ranks not heard to
-// have reached ours are named ("as far as known", as the groups' watchdog
-// says).
-MPI_Comm g_notes = MPI_COMM_NULL;
-long g_seq = 0;                  // start-up collectives this rank has entered
-std::vector<long> g_told;        // the highest number each rank told us
-std::vector<MPI_Request> g_sent; // our notes still being sent
-std::vector<long> g_sent_val;    // what they carry (kept until sent)
-const int kNoteTag = 7;
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-void drain_notes() {
-    for (;;) {
-        int flag = 0;
-        MPI_Status st;
-        MPI_Iprobe(MPI_ANY_SOURCE, kNoteTag, g_notes, &flag, &st);
-        if (!flag) return;
-        long v = 0;
-        MPI_Recv(&v, 1, MPI_LONG, st.MPI_SOURCE, kNoteTag, g_notes, MPI_STATUS_IGNORE);
-        g_told[(size_t)st.MPI_SOURCE] = std::max(g_told[(size_t)st.MPI_SOURCE], v);
-    }
-}
-
-void announce(int world, int me) {
-    g_sent_val.assign((size_t)world, g_seq);
-    g_sent.assign((size_t)world, MPI_REQUEST_NULL);
-    for (int q = 0; q < world; q++)
-        if (q != me) MPI_Isend(&g_sent_val[(size_t)q], 1, MPI_LONG, q, kNoteTag, g_notes, &g_sent[(size_t)q]);
-}
+// waited for as the groups' calls are (watched_wait, llmc/comm/arrivals.h)
+// against --collective-timeout (collective_timeout(): every rank's own
+// value from the moment its flags are read, 300 s before), counted in the
+// world's Arrivals, so a rank that never comes ends the job with a line
+// naming it rather than leave the others waiting.
+std::unique_ptr<Arrivals> g_world_arrivals;
 
 // Test hook (llmc/base/test_hooks.h): LLMC_TEST_STALL_SETUP=R:K makes world
 // rank R sleep an hour before its K-th start-up collective.
-void setup_test_stall() {
+void setup_test_stall(uint64_t k) {
     static int rank = -2;
     static long at = 0;
     if (rank == -2) {
         std::string err;
         if (!test_hooks::stall_setup(&rank, &at, &err)) dist_abort(err);
     }
-    if (rank < 0 || rank != dist_world_rank() || g_seq != at) return;
+    if (rank < 0 || rank != dist_world_rank() || (long)k != at) return;
     std::fprintf(stderr, "train_gpt: test: rank %d stalls before its start-up collective %ld (LLMC_TEST_STALL_SETUP)\n",
                  rank, at);
     std::fflush(stderr);
     for (int i = 0; i < 3600; i++) ::sleep(1);
 }
 
-// Entering a start-up collective: its number, and the test's stall.
-void enter() {
-    g_seq++;
-    setup_test_stall();
+// Entering a start-up collective: what it needs of the others (and the test's stall).
+Arrivals::Expect enter() {
+    const Arrivals::Expect e = g_world_arrivals->collective();
+    setup_test_stall(e.seq);
+    return e;
 }
 
-// Waits for r, polled against the timeout; `what` names the call.
-void wait_watched(MPI_Request* r, const char* what) {
-    const double timeout = collective_timeout(), t0 = now_s(), slow = std::min(2.0, timeout / 4);
-    if (timeout <= 0 || g_notes == MPI_COMM_NULL) {
-        MPI_Wait(r, MPI_STATUS_IGNORE);
-        return;
-    }
-    const int world = dist_world_size(), me = dist_world_rank();
-    bool told = false;
-    int nap = 20;
-    for (;;) {
-        int done = 0;
-        MPI_Test(r, &done, MPI_STATUS_IGNORE);
-        if (done) break;
-        const double waited = now_s() - t0;
-        if (waited >= slow) {
-            if (!told) announce(world, me), told = true;
-            drain_notes();
-        }
-        if (waited > timeout) {
-            char b[200];
-            std::snprintf(b, sizeof b,
-                          "start-up collective timed out: %s (the world's start-up collective %ld) has not completed "
-                          "after %.1f s (--collective-timeout %g); ",
-                          what, g_seq, waited, timeout);
-            std::string late;
-            for (int q = 0; q < world; q++)
-                if (q != me && g_told[(size_t)q] < g_seq) late += (late.empty() ? "" : ", ") + std::to_string(q);
-            dist_abort(std::string(b) + (late.empty() ? "every rank reached it, as far as known"
-                                                      : "ranks that did not arrive: " + late) +
-                       "; ending every rank");
-        }
-        if (waited < 0.002) {
-            std::this_thread::yield();
-            continue;
-        }
-        ::usleep((useconds_t)nap);
-        nap = std::min(nap * 2, 1000);
-    }
-    // Our notes go before the next call (a peer may be receiving them).
-    if (told) MPI_Waitall((int)g_sent.size(), g_sent.data(), MPI_STATUSES_IGNORE);
+// Waits for r, watched; `what` names the call.
+void wait_watched(MPI_Request* r, const char* what, const Arrivals::Expect& e) {
+    watched_wait(r, 1, collective_timeout(), [&](double since, double waited) {
+        char b[200];
+        std::snprintf(b, sizeof b,
+                      "start-up collective timed out: %s (the world's start-up collective %llu) has not completed "
+                      "after %.1f s (--collective-timeout %g); ",
+                      what, (unsigned long long)e.seq, waited, collective_timeout());
+        dist_abort(b + g_world_arrivals->late({e}, since) + "; ending every rank");
+    });
 }
 #endif
 
@@ -181,10 +119,7 @@ void dist_init(int* argc, char*** argv, MpiStart start) {
     MPI_Comm_rank(node, &g_local_rank);
     MPI_Comm_size(node, &g_local_size);
     MPI_Comm_free(&node);
-    MPI_Comm_dup(MPI_COMM_WORLD, &g_notes);
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    g_told.assign((size_t)world, 0);
+    g_world_arrivals.reset(new Arrivals(MPI_COMM_WORLD, "world"));
 #else
     (void)argc;
     (void)argv;
@@ -195,11 +130,7 @@ void dist_init(int* argc, char*** argv, MpiStart start) {
 void dist_finalize() {
 #ifdef LLMC_MPI
     if (!mpi_live()) return;
-    if (g_notes != MPI_COMM_NULL) {
-        // Notes a peer sent us in its last long wait are read, not left behind.
-        drain_notes();
-        MPI_Comm_free(&g_notes);
-    }
+    g_world_arrivals.reset();  // (reads the notes a peer sent in its last long wait)
     if (g_started_mpi) MPI_Finalize();
 #endif
 }
@@ -263,13 +194,13 @@ void dist_broadcast(std::string* s) {
     if (dist_world_size() == 1) return;
     int len = dist_world_rank() == 0 ? (int)std::min<size_t>(s->size(), INT_MAX) : 0;
     MPI_Request r;
-    enter();
+    const Arrivals::Expect e = enter();
     MPI_Ibcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD, &r);
-    wait_watched(&r, "broadcast of rank 0's string");
+    wait_watched(&r, "broadcast of rank 0's string", e);
     s->resize((size_t)len);
     if (len) {
         MPI_Ibcast(&(*s)[0], len, MPI_CHAR, 0, MPI_COMM_WORLD, &r);
-        wait_watched(&r, "broadcast of rank 0's string");
+        wait_watched(&r, "broadcast of rank 0's string", e);
     }
 #else
     (void)s;
@@ -284,9 +215,9 @@ std::vector<std::string> dist_gather_strings(const std::string& mine) {
     int len = (int)std::min<size_t>(mine.size(), INT_MAX);
     std::vector<int> lens(rank == 0 ? world : 0), offs(rank == 0 ? world : 0);
     MPI_Request r;
-    enter();
+    const Arrivals::Expect e = enter();
     MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &r);
-    wait_watched(&r, "gather of every rank's string");
+    wait_watched(&r, "gather of every rank's string", e);
     std::string joined;
     if (rank == 0) {
         size_t total = 0;
@@ -295,7 +226,7 @@ std::vector<std::string> dist_gather_strings(const std::string& mine) {
     }
     MPI_Igatherv(mine.data(), len, MPI_CHAR, rank == 0 ? &joined[0] : nullptr, lens.data(), offs.data(), MPI_CHAR, 0,
                  MPI_COMM_WORLD, &r);
-    wait_watched(&r, "gather of every rank's string");
+    wait_watched(&r, "gather of every rank's string", e);
     if (rank == 0)
         for (int r = 0; r < world; r++) all.push_back(joined.substr((size_t)offs[r], (size_t)lens[r]));
 #endif
@@ -322,9 +253,9 @@ void dist_sum(std::vector<double>* x) {
     if (dist_world_size() == 1 || x->empty()) return;
 #ifdef LLMC_MPI
     MPI_Request r;
-    enter();
+    const Arrivals::Expect e = enter();
     MPI_Iallreduce(MPI_IN_PLACE, x->data(), (int)x->size(), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r);
-    wait_watched(&r, "sum of host values");
+    wait_watched(&r, "sum of host values", e);
 #endif
 }
 
@@ -337,19 +268,19 @@ bool dist_all_ok(bool ok, const std::string& msg, std::string* err) {
     // One MIN finds both whether anyone failed and the lowest rank that did.
     int mine = ok ? INT_MAX : dist_world_rank(), lowest = INT_MAX;
     MPI_Request r;
-    enter();
+    const Arrivals::Expect e = enter();
     MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &r);
-    wait_watched(&r, "agreement on a setup check");
+    wait_watched(&r, "agreement on a setup check", e);
     if (lowest == INT_MAX) return true;
     // That rank's message: its length, then its characters.
     const bool sender = dist_world_rank() == lowest;
     int len = sender ? (int)std::min<size_t>(msg.size(), INT_MAX) : 0;
     MPI_Ibcast(&len, 1, MPI_INT, lowest, MPI_COMM_WORLD, &r);
-    wait_watched(&r, "a setup error's message");
+    wait_watched(&r, "a setup error's message", e);
     std::string s = sender ? msg.substr(0, (size_t)len) : std::string((size_t)len, '\0');
     if (len) {
         MPI_Ibcast(&s[0], len, MPI_CHAR, lowest, MPI_COMM_WORLD, &r);
-        wait_watched(&r, "a setup error's message");
+        wait_watched(&r, "a setup error's message", e);
     }
     if (err) *err = s;
 #endif

@@ -19,11 +19,10 @@
 # passed, N failed".
 import os
 import re
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
-from testlib import ENV, ROOT, TRAIN, Checks, metrics, run_suite, write_shard
+from testlib import Checks, metrics, run_suite, train, write_shard
 
 import numpy as np
 
@@ -32,16 +31,10 @@ MODEL = "L=4,C=32,NH=4,V=97,Vp=97,T=32"
 SLEEP_MS = 60
 
 
-def train(np_, args, env=None):
-    p = subprocess.run(["mpirun", "-np", str(np_), TRAIN] + args, cwd=ROOT, env=dict(ENV, **(env or {})),
-                       capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout, p.stderr
-
-
 def slow(tmp, common, name, np_, layout, rank, every=4, steps=12):
     d = os.path.join(tmp, name.replace(" ", "_"))
     rc, out, err = train(np_, common + layout + ["-x", str(steps), "--straggler-every", str(every), "-o", d],
-                         {"LLMC_TEST_SLOW_RANK": f"{rank}:{SLEEP_MS}"})
+                         env={"LLMC_TEST_SLOW_RANK": f"{rank}:{SLEEP_MS}"})
     if not check(rc == 0, f"{name}: exit {rc}: {err[-400:]}"):
         return None
     lines = [l for l in out.splitlines() if l.startswith("stragglers over steps")]
