@@ -8,6 +8,10 @@
 //   dispatch   rows to the grouped order, scaled by the weights, and with dw
 //              the combine's weight gradient (row dot products)
 //   combine    back to token order, weighted sums of K rows
+//   grouped    the experts' products with the groups' sizes on the device
+//              (--sync-free: forward, input and weight gradients over every
+//              group in one launch each, grouped_gemm.h) against the CPU's
+//              matmul over each group, with empty and partial groups
 // The route is checked with and without the balancing bias of --moe-balance
 // bias (it moves the choice of the K, not their weights).
 // One version each (the production kernels are the simple first ones: a
@@ -16,11 +20,13 @@
 // and E=64, K=6 (DeepSeek-like routing widths). Inputs: fp32, and bf16 with
 // the CPU fed the same rounded values. Timing (bf16, N=8192 tokens, E=8,
 // K=2, C=4096): ms per op and, for dispatch and combine, GB/s with bytes =
-// each row read once and written once.
+// each row read once and written once; the grouped products in TFLOP/s at
+// N·K = 16384 rows, C=1024, 2H=4096.
 #include <type_traits>
 
 #include "common.h"
 #include "llmc/backend/cpu_moe.h"
+#include "llmc/backend/cpu_ops.h"
 #include "llmc/backend/cuda/moe.cuh"
 
 using namespace llmc_cuda;
@@ -113,6 +119,48 @@ void check(const char* label, int N, int NE, int K, int C, double tol, bool with
     if (d_bias) lab::dev_free(d_bias);
 }
 
+// Group sizes summing to rows, some experts empty.
+static std::vector<int> groups(int NE, int rows) {
+    std::vector<int> off(NE + 1, 0);
+    for (int e = 0; e < NE; e++) off[e + 1] = (e % 3 == 1) ? off[e] : off[e] + rows / NE + (e * 7) % 13;
+    off[NE] = rows;
+    for (int e = NE - 1; e >= 0; e--) off[e] = std::min(off[e], off[e + 1]);
+    return off;
+}
+
+template <typename E>
+void check_grouped(const char* label, int rows, int NE, int IC, int OC, double tol) {
+    const bool fp32 = std::is_same<E, float>::value;
+    const std::vector<int> off = groups(NE, rows);
+    const std::vector<float> x = as_seen<E>(lab::rand_normal((size_t)rows * IC, 1.f, 11));
+    const std::vector<float> w = as_seen<E>(lab::rand_normal((size_t)NE * OC * IC, 0.05f, 12));
+    const std::vector<float> dy = as_seen<E>(lab::rand_normal((size_t)rows * OC, 1.f, 13));
+    const std::vector<float> dw0 = as_seen<E>(lab::rand_normal((size_t)NE * OC * IC, 0.01f, 14));
+    std::vector<float> y((size_t)rows * OC), dx((size_t)rows * IC), dw = dw0;
+    for (int e = 0; e < NE; e++) {
+        const int n = off[e + 1] - off[e];
+        if (n <= 0) continue;
+        const size_t we = (size_t)e * OC * IC;
+        cpu::matmul_forward(y.data() + (size_t)off[e] * OC, x.data() + (size_t)off[e] * IC, w.data() + we,
+                            (const float*)nullptr, n, IC, OC);
+        cpu::matmul_backward(dx.data() + (size_t)off[e] * IC, dw.data() + we, (float*)nullptr,
+                             dy.data() + (size_t)off[e] * OC, x.data() + (size_t)off[e] * IC, w.data() + we, n, IC, OC);
+    }
+    E *d_x = lab::to_device<E>(x), *d_w = lab::to_device<E>(w), *d_dy = lab::to_device<E>(dy),
+      *d_dw = lab::to_device<E>(dw0);
+    E *d_y = lab::dev_alloc<E>(y.size()), *d_dx = lab::dev_alloc<E>(dx.size());
+    int* d_off = lab::ints_to_device(off);
+    moe_expert_matmul_forward(fp32, d_y, d_x, d_w, d_off, rows, NE, IC, OC, 0);
+    moe_expert_matmul_backward(fp32, d_dx, d_dw, d_dy, d_x, d_w, d_off, rows, NE, IC, OC, 0);
+    const std::string l = std::string(label) + " grouped rows=" + std::to_string(rows) + " E=" + std::to_string(NE) +
+                          " " + std::to_string(IC) + "->" + std::to_string(OC);
+    lab::validate((l + " forward").c_str(), lab::from_device(d_y, y.size()), y, tol);
+    lab::validate((l + " input grad").c_str(), lab::from_device(d_dx, dx.size()), dx, tol);
+    lab::validate((l + " weight grad").c_str(), lab::from_device(d_dw, dw.size()), dw, tol);
+    for (void* p : {(void*)d_x, (void*)d_w, (void*)d_dy, (void*)d_dw, (void*)d_y, (void*)d_dx, (void*)d_off})
+        lab::dev_free(p);
+}
+
 int main() {
     if (!lab::have_gpu()) return lab::finish();
     std::printf("validation\n");
@@ -126,6 +174,10 @@ int main() {
     }
     check<float>("fp32", 1024, 8, 2, 64, lab::kTolF32, true);
     check<bf16>("bf16", 37, 5, 3, 100, lab::kTolBF16, true);
+    check_grouped<float>("fp32", 300, 4, 48, 80, lab::kTolF32);
+    check_grouped<float>("fp32", 2048, 8, 256, 512, lab::kTolF32);
+    check_grouped<bf16>("bf16", 2048, 8, 256, 512, lab::kTolBF16);
+    check_grouped<bf16>("bf16", 129, 3, 17, 33, lab::kTolBF16);
 
     if (lab::check_only()) return lab::finish();
     const int N = 8192, NE = 8, K = 2, C = 4096;
@@ -147,5 +199,21 @@ int main() {
     for (void* p : {(void*)logits, (void*)probs, (void*)topw, (void*)x, (void*)xg, (void*)out, (void*)topi, (void*)off,
                     (void*)perm, (void*)inv})
         lab::dev_free(p);
+    {  // the grouped products (--sync-free's), even groups
+        const int R = 16384, G = 8, IC = 1024, OC = 4096;
+        std::vector<int> eo(G + 1);
+        for (int e = 0; e <= G; e++) eo[e] = e * (R / G);
+        int* d_eo = lab::ints_to_device(eo);
+        bf16 *gx = lab::to_device<bf16>(lab::rand_normal((size_t)R * IC, 1.f, 15)),
+             *gw = lab::to_device<bf16>(lab::rand_normal((size_t)G * OC * IC, 0.02f, 16));
+        bf16 *gy = lab::dev_alloc<bf16>((size_t)R * OC), *gdw = lab::dev_alloc<bf16>((size_t)G * OC * IC);
+        const double flop = 2.0 * R * IC * OC;
+        ms = lab::time_ms([&] { moe_expert_matmul_forward(false, gy, gx, gw, d_eo, R, G, IC, OC, 0); }, 5);
+        std::printf("  %-44s %8.4f ms  %6.1f TFLOP/s\n", "grouped forward (SIMT)", ms, flop / ms / 1e9);
+        std::printf("figure grouped_forward_tflops %g TFLOP/s\n", flop / ms / 1e9);
+        ms = lab::time_ms([&] { moe_expert_matmul_backward(false, gx, gdw, gy, gx, gw, d_eo, R, G, IC, OC, 0); }, 5);
+        std::printf("  %-44s %8.4f ms  %6.1f TFLOP/s\n", "grouped backward (input + weight)", ms, 2 * flop / ms / 1e9);
+        for (void* p : {(void*)d_eo, (void*)gx, (void*)gw, (void*)gy, (void*)gdw}) lab::dev_free(p);
+    }
     return lab::finish();
 }

@@ -107,6 +107,8 @@ struct AdamArgs {
 namespace step_figure {
 enum : int {
     loss = 0,       // the step's loss: this rank's sum of micro-batch means, reduced, then the global mean
+    aux,            // Mixtral's load-balancing loss: the sum of the micro-batches', reduced, then the mean
+    moe_maxvio,     // Mixtral: the step's loads' imbalance (moe_balance)
     sumsq,          // the squared gradient norm (this rank's part, then reduced)
     sumsq_experts,  // the expert segments' part before it is added (expert parallel)
     norm,           // its square root
@@ -124,7 +126,7 @@ enum : int {
 }  // namespace step_figure
 
 // What step_verdict needs besides the figures: phase 0 (after the loss is
-// reduced) sets loss = loss / loss_divisor and skip when the loss is not
+// reduced) sets loss = loss / loss_divisor (aux likewise) and skip when the loss is not
 // finite or (skip_spikes > 0, five steps accepted) a spike over
 // skip_spikes x loss_mean; phase 1 (after the squared norm is reduced)
 // sets norm, skip also when the norm is not finite, and scale = grad_clip /
@@ -134,7 +136,7 @@ enum : int {
 // lr, warmup, max_steps and final_lr_frac at `updates`: schedule_lr) and
 // the bias corrections of t = updates + 1, and counts the update: a skipped
 // step is one that never happened (docs/design.md section 2.8); phase 3
-// starts the next step (loss = 0, step + 1), so that nothing the host
+// starts the next step (loss = aux = 0, step + 1), so that nothing the host
 // passes differs from step to step.
 struct StepVerdict {
     int phase = 0;
@@ -236,7 +238,6 @@ class Backend {
         (void)local_ranks;
         return 0;
     }
-
     // ---- model ops -----------------------------------------------------
     // out[b,t,:] = wte[tokens[b,t] - v_begin, :] + wpe[pos[t], :]
     // wte holds rows for global ids [v_begin, v_end) (the whole vocabulary
@@ -284,7 +285,6 @@ class Backend {
         matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, IC, OC);
         gelu_backward(dpre, pre, dpre, (size_t)N * IC);
     }
-
     // out[n, :] += bias (row-parallel layers add their bias once, after the
     // tensor-parallel reduction).
     virtual void add_bias(void* out, const void* bias, int N, int OC) = 0;
@@ -352,7 +352,6 @@ class Backend {
         (void)dgu, (void)gu, (void)dout, (void)N, (void)H;
         refuse("swiglu_backward");
     }
-
     // ---- Mixtral's mixture of experts (docs/moe.md) ------------------------------
     // Defaults that refuse, as Llama's ops. An assignment a = n·K + j is
     // token n's j-th expert; the grouped order lists the assignments by
@@ -398,7 +397,39 @@ class Backend {
         (void)out, (void)yg, (void)w, (void)inv, (void)N, (void)K, (void)C;
         refuse("moe_combine");
     }
-
+    // The experts' products, group sizes in backend memory (offsets as moe_route's; rows = offsets[E],
+    // a GPU's launch size), none on the host (--sync-free): per expert e, rows offsets[e]..offsets[e+1]
+    // of inp [., IC] with W_e (OC x IC at weight + e·OC·IC): matmul_forward's out = inp·W_e^T; matmul_backward's
+    // dinp = dout·W_e and dweight_e (+=, at dweight + e·OC·IC) = dout^T·inp, no bias (empty group: + 0).
+    virtual void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows,
+                                           int E, int IC, int OC) {
+        (void)out, (void)inp, (void)weight, (void)offsets, (void)rows, (void)E, (void)IC, (void)OC;
+        refuse("moe_expert_matmul_forward");
+    }
+    virtual void moe_expert_matmul_backward(void* dinp, void* dweight, const void* dout, const void* inp,
+                                            const void* weight, const int* offsets, int rows, int E, int IC, int OC) {
+        (void)dinp, (void)dweight, (void)dout, (void)inp, (void)weight, (void)offsets, (void)rows, (void)E, (void)IC,
+            (void)OC;
+        refuse("moe_expert_matmul_backward");
+    }
+    // The routing figures on the device (moe_figures.h; doubles unless said): moe_route_stats adds to
+    // stats [2E] a block's assignments per expert and each expert's sum of probs [N, E] (stat, token
+    // order), to loads [E] (null: none) the assignments; moe_aux_loss makes grad [E] (stat) from stats
+    // (cleared) and adds aux to *aux_acc (null: none); moe_balance divides loads [L, E] (cleared) by
+    // divisor, sets figures[moe_maxvio], and with bias64 and no skip moves it by rate into bias (stat).
+    virtual void moe_route_stats(void* stats, void* loads, const void* probs, const int* offsets, int N, int E) {
+        (void)stats, (void)loads, (void)probs, (void)offsets, (void)N, (void)E;
+        refuse("moe_route_stats");
+    }
+    virtual void moe_aux_loss(void* grad, void* aux_acc, void* stats, int E, double LN, double gscale) {
+        (void)grad, (void)aux_acc, (void)stats, (void)E, (void)LN, (void)gscale;
+        refuse("moe_aux_loss");
+    }
+    virtual void moe_balance(void* figures, void* bias, void* bias64, void* loads, int L, int E, double divisor,
+                             double rate) {
+        (void)figures, (void)bias, (void)bias64, (void)loads, (void)L, (void)E, (void)divisor, (void)rate;
+        refuse("moe_balance");
+    }
     // Ring attention (context parallel, docs/design.md section 5): one block of
     // queries against one block of keys and values.
     // Forward: merges the block's result into running (out_acc, lse_acc), both
@@ -491,7 +522,6 @@ class Backend {
         const std::vector<double>& v = late_[slot & 1];
         for (size_t i = 0; i < v.size(); i++) dst[i] = v[i];
     }
-
     // ---- recorded regions (docs/design.md section 2.9) -------------------
     // A region is a stretch of ops that runs the same way every time: the
     // same ops with the same arguments and pointers, no transfer to or from
@@ -550,7 +580,6 @@ class Backend {
         (void)choices;
         return 0;
     }
-
     // ---- timing marks (the step's time by op class: backend_profile.h) -----
     // mark(): a mark after the work issued so far, its index; mark_ms(a, b):
     // the milliseconds between marks a and b (waiting for b); clear_marks()

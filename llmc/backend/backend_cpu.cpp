@@ -134,6 +134,25 @@ class CpuBackend : public Backend {
     void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
         cpu::moe_combine(f(out), f(yg), f(w), inv, N, K, C);
     }
+    void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
+                                   int IC, int OC) override {
+        cpu::expert_matmul_forward(*this, out, inp, weight, offsets, rows, E, IC, OC);
+    }
+    void moe_expert_matmul_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight,
+                                    const int* offsets, int rows, int E, int IC, int OC) override {
+        cpu::expert_matmul_backward(*this, dinp, dweight, dout, inp, weight, offsets, rows, E, IC, OC);
+    }
+    void moe_route_stats(void* stats, void* loads, const void* probs, const int* offsets, int N, int E) override {
+        cpu::moe_route_stats(static_cast<double*>(stats), static_cast<double*>(loads), f(probs), offsets, N, E);
+    }
+    void moe_aux_loss(void* grad, void* aux_acc, void* stats, int E, double LN, double gscale) override {
+        cpu::moe_aux_loss(f(grad), static_cast<double*>(aux_acc), static_cast<double*>(stats), E, LN, gscale);
+    }
+    void moe_balance(void* figures, void* bias, void* bias64, void* loads, int L, int E, double divisor,
+                     double rate) override {
+        cpu::moe_balance(static_cast<double*>(figures), f(bias), static_cast<double*>(bias64),
+                         static_cast<double*>(loads), L, E, divisor, rate);
+    }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {
         cpu::matmul_forward(f(out), f(inp), f(weight), f(bias), N, IC, OC);

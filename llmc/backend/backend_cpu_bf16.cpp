@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "llmc/backend/cpu_gemm_bf16.h"
+#include "llmc/backend/cpu_moe.h"
 #include "llmc/backend/cpu_ops.h"
 #include "llmc/base/dtype.h"
 
@@ -243,6 +244,26 @@ class CpuBf16Backend final : public Backend {
         const size_t NC = (size_t)N * C;
         run({{out, NC, true}, {yg, NC * K, false}, {w, w ? (size_t)N * K : 0, false}},
             [&](float** y) { f_->moe_combine(y[0], y[1], y[2], inv, N, K, C); });
+    }
+    // The experts' products: this backend's matmul over each group; the
+    // routing figures are doubles and fp32 (stat): the fp32 backend's.
+    void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
+                                   int IC, int OC) override {
+        cpu::expert_matmul_forward(*this, out, inp, weight, offsets, rows, E, IC, OC);
+    }
+    void moe_expert_matmul_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight,
+                                    const int* offsets, int rows, int E, int IC, int OC) override {
+        cpu::expert_matmul_backward(*this, dinp, dweight, dout, inp, weight, offsets, rows, E, IC, OC);
+    }
+    void moe_route_stats(void* stats, void* loads, const void* probs, const int* offsets, int N, int E) override {
+        f_->moe_route_stats(stats, loads, probs, offsets, N, E);
+    }
+    void moe_aux_loss(void* grad, void* aux_acc, void* stats, int E, double LN, double gscale) override {
+        f_->moe_aux_loss(grad, aux_acc, stats, E, LN, gscale);
+    }
+    void moe_balance(void* figures, void* bias, void* bias64, void* loads, int L, int E, double divisor,
+                     double rate) override {
+        f_->moe_balance(figures, bias, bias64, loads, L, E, divisor, rate);
     }
     // Ring attention: the running output and the block gradients are of type stat (fp32).
     void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,

@@ -86,7 +86,6 @@ class CudaBackend final : public Backend {
         mm_.destroy();
         cudaStreamDestroy(stream_);
     }
-
     const char* name() const override { return "cuda"; }
     Precision precision() const override {
         if (fp32_) return {DType::F32, DType::F32, DType::F32, false, DType::F32, DType::F32, DType::F32};
@@ -96,7 +95,6 @@ class CudaBackend final : public Backend {
     // order), encoder backward and the norm sum in an order that depends only on the shapes (no floating-point
     // atomics), but cuBLASLt's algorithm choice is not promised to give the same bits on every run.
     bool deterministic() const override { return false; }
-
     // ---- memory ---------------------------------------------------------------------
     // The GPU's free memory, shared by the ranks that run on it (local ranks are dealt to the GPUs in turn).
     size_t free_memory(int local_ranks) const override {
@@ -196,7 +194,6 @@ class CudaBackend final : public Backend {
         adam_table_.reserve(w.runs, stream_);
         sumsq_.reserve(w.runs, w.run_elems, stream_);
     }
-
     // ---- model ops --------------------------------------------------------------------
     void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte, const void* wpe, int B,
                          int T, int C, int v_begin, int v_end) override {
@@ -282,23 +279,31 @@ class CudaBackend final : public Backend {
             llmc_cuda::swiglu_backward<E>(ptr<E>(dgu), cptr<E>(gu), cptr<E>(dout), N, H, stream_);
         });
     }
-    // ---- Mixtral (cuda/moe.cuh: the element type from fp32_); probabilities and dw are fp32 (stat).
-    void moe_route(void* probs, void* topw, int* topi, int* offsets, int* perm, int* inv, const void* logits, int N,
-                   int NE, int K, const void* bias) override {
-        activate(),
-            llmc_cuda::moe_route(fp32_, probs, topw, topi, offsets, perm, inv, logits, N, NE, K, bias, stream_);
-    }
+    // ---- Mixtral (cuda/moe.cuh: the element type from fp32_); probabilities and dw are fp32 (stat); with
+    // --sync-free the groups' sizes and the routing figures stay on the device (moe_expert_matmul_*, figures).
+    void moe_route(void* p, void* tw, int* ti, int* off, int* perm, int* inv, const void* lg, int N, int NE, int K,
+                   const void* bias) override {
+        activate(), llmc_cuda::moe_route(fp32_, p, tw, ti, off, perm, inv, lg, N, NE, K, bias, stream_); }
     void moe_route_backward(void* dl, const void* p, const int* topi, const void* dw, const void* aux, int N, int NE,
                             int K) override {
-        activate(), llmc_cuda::moe_route_backward(fp32_, dl, p, topi, dw, aux, N, NE, K, stream_);
-    }
+        activate(), llmc_cuda::moe_route_backward(fp32_, dl, p, topi, dw, aux, N, NE, K, stream_); }
     void moe_dispatch(void* xg, void* dw, const void* x, const void* yg, const void* w, const int* inv, int N, int K,
                       int C) override {
-        activate(), llmc_cuda::moe_dispatch(fp32_, xg, dw, x, yg, w, inv, N, K, C, stream_);
-    }
+        activate(), llmc_cuda::moe_dispatch(fp32_, xg, dw, x, yg, w, inv, N, K, C, stream_); }
     void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
-        activate(), llmc_cuda::moe_combine(fp32_, out, yg, w, inv, N, K, C, stream_);
-    }
+        activate(), llmc_cuda::moe_combine(fp32_, out, yg, w, inv, N, K, C, stream_); }
+    void moe_expert_matmul_forward(void* y, const void* x, const void* w, const int* off, int R, int NE, int IC,
+                                   int OC) override {
+        activate(), llmc_cuda::moe_expert_matmul_forward(fp32_, y, x, w, off, R, NE, IC, OC, stream_); }
+    void moe_expert_matmul_backward(void* dx, void* dw, const void* dy, const void* x, const void* w, const int* off,
+                                    int R, int NE, int IC, int OC) override {
+        activate(), llmc_cuda::moe_expert_matmul_backward(fp32_, dx, dw, dy, x, w, off, R, NE, IC, OC, stream_); }
+    void moe_route_stats(void* st, void* ld, const void* p, const int* off, int N, int NE) override {
+        activate(), llmc_cuda::moe_route_stats(st, ld, p, off, N, NE, stream_); }
+    void moe_aux_loss(void* g, void* aux, void* st, int NE, double LN, double k) override {
+        activate(), llmc_cuda::moe_aux_loss(g, aux, st, NE, LN, k, stream_); }
+    void moe_balance(void* f, void* b, void* b64, void* ld, int L, int NE, double div, double rate) override {
+        activate(), llmc_cuda::moe_balance(f, b, b64, ld, L, NE, div, rate, stream_); }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {
         dispatch([&](auto tag) {
@@ -491,7 +496,6 @@ class CudaBackend final : public Backend {
                                               v_begin, V, write_grad, stream_);
         });
     }
-
     // ---- optimizer ---------------------------------------------------------------------
     void adamw_update(void* param, void* master, const void* grad, void* m, void* v, size_t n,
                       const AdamArgs& a) override {
@@ -535,7 +539,6 @@ class CudaBackend final : public Backend {
     void step_verdict(void* f, const StepVerdict& v) override { activate(), llmc_cuda::step_verdict(f, v, stream_); }
     void download_late(int k, const void* src, int n) override { activate(), late_[k & 1].start(src, n, stream_); }
     void wait_late(int k, double* dst) override { activate(), late_[k & 1].wait(dst); }
-
     // ---- recorded regions: CUDA graphs under LLMC_CUDA_GRAPH=1 (cuda/graphs.cuh) ----------
     bool region_replay(uint64_t key) override { return activate(), graphs_.replay(key, stream_); }
     bool region_begin(uint64_t key) override { return activate(), graphs_.begin(key, stream_); }
@@ -565,7 +568,6 @@ class CudaBackend final : public Backend {
         activate();
         fp32_ ? fn(float{}) : fn(bf16{});
     }
-
     float* scratch_floats(size_t n, const char* what) {
         return static_cast<float*>(scratch_.get(n * sizeof(float), stream_, what));
     }

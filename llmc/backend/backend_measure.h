@@ -57,6 +57,12 @@ class MeasureBackend : public Backend {
     void moe_route_backward(void*, const void*, const int*, const void*, const void*, int, int, int) override {}
     void moe_dispatch(void*, void*, const void*, const void*, const void*, const int*, int, int, int) override {}
     void moe_combine(void*, const void*, const void*, const int*, int, int, int) override {}
+    void moe_expert_matmul_forward(void*, const void*, const void*, const int*, int, int, int, int) override {}
+    void moe_expert_matmul_backward(void*, void*, const void*, const void*, const void*, const int*, int, int, int,
+                                    int) override {}
+    void moe_route_stats(void*, void*, const void*, const int*, int, int) override {}
+    void moe_aux_loss(void*, void*, void*, int, double, double) override {}
+    void moe_balance(void*, void*, void*, void*, int, int, double, double) override {}
     void matmul_forward(void*, const void*, const void*, const void*, int, int, int) override {}
     void matmul_backward(void*, void*, void*, const void*, const void*, const void*, int, int, int) override {}
     void add_bias(void*, const void*, int, int) override {}

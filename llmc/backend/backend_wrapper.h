@@ -154,6 +154,26 @@ class BackendWrapper : public Backend {
     void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
         device_op("moe_combine", [=] { in_->moe_combine(out, yg, w, inv, N, K, C); });
     }
+    void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
+                                   int IC, int OC) override {
+        device_op("moe_expert_matmul_forward",
+                  [=] { in_->moe_expert_matmul_forward(out, inp, weight, offsets, rows, E, IC, OC); });
+    }
+    void moe_expert_matmul_backward(void* dinp, void* dweight, const void* dout, const void* inp, const void* weight,
+                                    const int* offsets, int rows, int E, int IC, int OC) override {
+        device_op("moe_expert_matmul_backward",
+                  [=] { in_->moe_expert_matmul_backward(dinp, dweight, dout, inp, weight, offsets, rows, E, IC, OC); });
+    }
+    void moe_route_stats(void* stats, void* loads, const void* probs, const int* offsets, int N, int E) override {
+        device_op("moe_route_stats", [=] { in_->moe_route_stats(stats, loads, probs, offsets, N, E); });
+    }
+    void moe_aux_loss(void* grad, void* aux_acc, void* stats, int E, double LN, double gscale) override {
+        device_op("moe_aux_loss", [=] { in_->moe_aux_loss(grad, aux_acc, stats, E, LN, gscale); });
+    }
+    void moe_balance(void* figures, void* bias, void* bias64, void* loads, int L, int E, double divisor,
+                     double rate) override {
+        device_op("moe_balance", [=] { in_->moe_balance(figures, bias, bias64, loads, L, E, divisor, rate); });
+    }
     void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
                                  const AttnShape& s, bool first) override {
         device_op("attention_block_forward", [=] { in_->attention_block_forward(out_acc, lse_acc, q, k, v, s, first); });

@@ -2,8 +2,10 @@
 // Mixtral's section), one template per op for F = float or double: the
 // router's softmax, top-k and renormalisation with the grouping of the
 // tokens' rows by expert, its backward, and the moves of rows between token
-// order and grouped order. The per-expert products are the model's loop of
-// matmul over each expert's contiguous group.
+// order and grouped order; the routing statistics and the figures made of
+// them (moe_figures.h); the experts' products as each backend's matmul over
+// each expert's contiguous group, the groups read from the offsets in place
+// (CPU memory is the host's).
 //
 // Determinism: each output element is written by one thread in a fixed
 // order; the grouping is a sequential scan (stable: by expert, then token,
@@ -12,9 +14,13 @@
 
 #include <cmath>
 #include <cstddef>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "llmc/backend/backend.h"
 #include "llmc/backend/cpu_math.h"
+#include "llmc/backend/moe_figures.h"
 
 namespace cpu {
 
@@ -113,6 +119,67 @@ void moe_combine(F* out, const F* yg, const F* w, const int* inv, int N, int K, 
             for (int c = 0; c < C; c++) o[c] += s * yr[c];
         }
     }
+}
+
+// The experts' products (Backend::moe_expert_matmul_forward and _backward)
+// on a backend whose memory the host reads: be's own matmul over each
+// non-empty group, the calls the host-read step makes, so the results are
+// the same bits. The groups must be the rows' (offsets[E] == rows, in order).
+inline void check_groups(const int* off, int rows, int E) {
+    bool ok = off[0] == 0 && off[E] == rows;
+    for (int e = 0; e < E && ok; e++) ok = off[e + 1] >= off[e];
+    if (!ok) throw std::invalid_argument("moe_expert_matmul: offsets are not " + std::to_string(E) + " groups of " +
+                                         std::to_string(rows) + " rows");
+}
+inline void expert_matmul_forward(Backend& be, void* out, const void* inp, const void* weight, const int* off,
+                                  int rows, int E, int IC, int OC) {
+    check_groups(off, rows, E);
+    const Precision p = be.precision();
+    for (int e = 0; e < E; e++)
+        if (off[e + 1] > off[e])
+            be.matmul_forward(elem_ptr(out, p.act, (size_t)off[e] * OC), elem_ptr(inp, p.act, (size_t)off[e] * IC),
+                              elem_ptr(weight, p.param, (size_t)e * OC * IC), nullptr, off[e + 1] - off[e], IC, OC);
+}
+inline void expert_matmul_backward(Backend& be, void* dinp, void* dweight, const void* dout, const void* inp,
+                                   const void* weight, const int* off, int rows, int E, int IC, int OC) {
+    check_groups(off, rows, E);
+    const Precision p = be.precision();
+    for (int e = 0; e < E; e++)
+        if (off[e + 1] > off[e])
+            be.matmul_backward(elem_ptr(dinp, p.act, (size_t)off[e] * IC), elem_ptr(dweight, p.grad, (size_t)e * OC * IC),
+                               nullptr, elem_ptr(dout, p.act, (size_t)off[e] * OC),
+                               elem_ptr(inp, p.act, (size_t)off[e] * IC), elem_ptr(weight, p.param, (size_t)e * OC * IC),
+                               off[e + 1] - off[e], IC, OC);
+}
+
+// Backend::moe_route_stats, moe_aux_loss and moe_balance on host memory
+// (probs and bias of type F).
+template <typename F>
+void moe_route_stats(double* stats, double* loads, const F* probs, const int* off, int N, int E) {
+    for (int e = 0; e < E; e++) {
+        const int n_e = off[e + 1] - off[e];
+        stats[e] += n_e;
+        if (loads) loads[e] += n_e;
+        double sum = 0;
+        for (int n = 0; n < N; n++) sum += (double)probs[(size_t)n * E + e];
+        stats[E + e] += sum;
+    }
+}
+template <typename F>
+void moe_aux_loss(F* grad, double* aux_acc, double* stats, int E, double LN, double gscale) {
+    const double aux = moe_aux_from_stats(grad, stats, stats + E, E, LN, gscale);
+    for (int e = 0; e < E; e++) stats[e] = stats[E + e] = 0;
+    if (aux_acc) *aux_acc += aux;
+}
+template <typename F>
+void moe_balance(double* figures, F* bias, double* bias64, double* loads, int L, int E, double divisor, double rate) {
+    for (size_t i = 0; i < (size_t)L * E; i++) loads[i] /= divisor;
+    figures[step_figure::moe_maxvio] = moe_imbalance(loads, L, E);
+    if (bias64 && figures[step_figure::skip] == 0.0) {
+        moe_bias_step(bias64, loads, L, E, rate);
+        for (size_t i = 0; i < (size_t)L * E; i++) bias[i] = (F)bias64[i];
+    }
+    for (size_t i = 0; i < (size_t)L * E; i++) loads[i] = 0;
 }
 
 }  // namespace cpu

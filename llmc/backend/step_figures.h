@@ -58,12 +58,14 @@ LLMC_FIG_HD void apply_verdict(double* s, const StepVerdict& v) {
     namespace f = step_figure;
     if (v.phase == 3) {
         s[f::loss] = 0;
+        s[f::aux] = 0;
         s[f::step] += 1;
         return;
     }
     if (v.phase == 0) {
         const double l = s[f::loss] / v.loss_divisor;
         s[f::loss] = l;
+        s[f::aux] = s[f::aux] / v.loss_divisor;
         const bool spike = v.skip_spikes > 0 && s[f::loss_count] >= 5 && l > v.skip_spikes * s[f::loss_mean];
         s[f::skip] = (!figure_finite(l) || spike) ? 1.0 : 0.0;
         return;

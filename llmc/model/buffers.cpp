@@ -331,8 +331,9 @@ void GPT::release(int unit) {
 
 void GPT::region(Pass pass, int c, int slot, int B, int T, double dloss, const std::function<void()>& ops) {
     const bool backward = pass != Pass::forward;
-    // Mixtral's expert products need the routing's row counts on the host.
-    if (tp_ || cp_ || cfg_.moe() || !provider_->quiet(backward, pass == Pass::backward_last)) {
+    // Mixtral's expert products need the routing's row counts on the host,
+    // unless they stay on the device (keep_moe_on_device).
+    if (tp_ || cp_ || (cfg_.moe() && !moe_.on_device()) || !provider_->quiet(backward, pass == Pass::backward_last)) {
         ops();
         return;
     }

@@ -175,6 +175,22 @@ class GPT {
     // the routing adds to the probabilities for its choice of the K (not to
     // their weights); setting it turns it on.
     void set_moe_bias(const std::vector<double>& bias);
+    // The routing bias as it is now ([L, E]; a sync-free step moves it on
+    // the device).
+    std::vector<double> moe_bias() const;
+    // The sync-free step (--sync-free): the routing statistics, the
+    // load-balancing loss and its gradient, the experts' loads and the bias
+    // stay in backend memory, and the experts' products take their row
+    // counts there (Backend::moe_expert_matmul_*), so a Mixtral step reads
+    // nothing on the host. Not with expert parallelism (its exchange sizes
+    // go to the host) or a model split into pipeline chunks (its statistics
+    // cross stages on the host).
+    void keep_moe_on_device();
+    // Its step's end: the loads [L, E] (doubles in backend memory, to be
+    // summed over the world first), then moe_balance (backend.h) with the
+    // figures, the loads' divisor and the bias's rate (0: no bias).
+    void* moe_loads_device() { return moe_.loads_dev_; }
+    void moe_balance(void* figures, double divisor, double rate);
     // The load-balancing loss's coefficient for the rest of the run (0 under
     // --moe-balance bias).
     void set_aux_coef(double c) { cfg_.aux_coef = c; }
@@ -196,8 +212,9 @@ class GPT {
     // Training forwards with a loss gradient (dloss != 0) add their mean loss
     // to this double in backend memory instead of reading it (null: read it,
     // the default; forward_chunk then returns 0): a step whose figures stay
-    // on the device (step_figure::loss, backend.h).
-    void set_loss_figure(void* acc) { loss_figure_ = acc; }
+    // on the device (step_figure::loss, backend.h); aux (null: none), with
+    // the MoE state on the device, the load-balancing loss's (step_figure::aux).
+    void set_loss_figure(void* acc, void* aux = nullptr) { loss_figure_ = acc, aux_figure_ = aux; }
     // Training forwards' inputs, targets and docs in backend memory instead
     // of the host's (copied on the device: a step staged before it runs as
     // one recorded region, llmc/run/step_graph.h): set around that step's
@@ -373,6 +390,7 @@ class GPT {
     std::vector<char> grad_ready_;  // per slot of the head chunk
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
     void* loss_figure_ = nullptr;   // set_loss_figure
+    void* aux_figure_ = nullptr;    // set_loss_figure: Mixtral's load-balancing loss, kept on the device
     bool batch_on_device_ = false;  // set_batch_on_device
     int want_b_ = 0, want_pos_ = -1;   // the row a chunked forward without targets computes
     int logits_first_ = 0, logits_rows_ = 0;  // rows of the micro-batch the logits buffer holds

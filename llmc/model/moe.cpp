@@ -80,11 +80,19 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     be_->matmul_forward(r.logits, xin, P(Param::moe_gate, l), nullptr, N, C, E);
     const void* bias = moe_.bias_on_ ? elem_ptr(a.moe_bias, prec_.stat, (size_t)l * E) : nullptr;
     be_->moe_route(r.probs, r.topw, r.topi, r.offsets, r.perm, r.inv, r.logits, N, E, K, bias);
+    // The grouped rows are the experts' input here; under ep they leave first.
+    be_->moe_dispatch(ep_ ? a.moe_send : r.xg, nullptr, xin, nullptr, nullptr, r.inv, N, K, C);
+    const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
+    if (moe_.on_device_) {  // the groups' sizes stay on the device (keep_moe_on_device)
+        be_->moe_expert_matmul_forward(r.fch, r.xg, w13, r.offsets, N * K, E, C, 2 * Hl);
+        activation(r.h, r.fch, N * K);
+        be_->moe_expert_matmul_forward(r.yg, r.h, w2, r.offsets, N * K, E, Hl, C);
+        be_->moe_combine(out, r.yg, r.topw, r.inv, N, K, C);
+        return;
+    }
     std::vector<int>& off = *r.offsets_host;
     off.resize((size_t)E + 1);
     be_->download(off.data(), DType::I32, r.offsets, DType::I32, (size_t)E + 1);
-    // The grouped rows are the experts' input here; under ep they leave first.
-    be_->moe_dispatch(ep_ ? a.moe_send : r.xg, nullptr, xin, nullptr, nullptr, r.inv, N, K, C);
     ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[r.route] : nullptr;
     if (ep_) {
         ep_->plan(off, route);
@@ -92,7 +100,6 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     }
     const std::vector<ExpertBlock> blocks = expert_blocks(off, route, table_.experts);
     void* y = ep_ ? a.moe_ye : r.yg;  // the experts' outputs, in the experts' row order
-    const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
     for (const ExpertBlock& b : blocks)  // expert rows: [gate | up] of its hidden layer
         if (b.n > 0)
             be_->matmul_forward(elem_ptr(r.fch, act, b.row * 2 * Hl), elem_ptr(r.xg, act, b.row * C),
@@ -111,7 +118,9 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param, gt = prec_.grad;
     const ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[la.index] : nullptr;
-    const std::vector<ExpertBlock> blocks = expert_blocks(moe_.offsets_[la.index], route, table_.experts);
+    // The groups from the host's copy of the offsets, or none (on the device).
+    const std::vector<ExpertBlock> blocks =
+        moe_.on_device_ ? std::vector<ExpertBlock>() : expert_blocks(moe_.offsets_[la.index], route, table_.experts);
     // The combine's backward: each grouped row's gradient, and the weights'.
     be_->moe_dispatch(a.moe_dg, a.moe_dtopw, dout, la.yg, la.topw, la.inv, N, K, C);
     if (tp_) tp_->sum(a.moe_dtopw, (size_t)N * K, prec_.stat);  // the whole expert outputs' dot products
@@ -120,12 +129,14 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     if (ep_) ep_->dispatch(a.moe_dg, dg, *route, C, act);
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
     void *dw13 = G(Param::moe_fc, l), *dw2 = G(Param::moe_proj, l);
+    if (moe_.on_device_) be_->moe_expert_matmul_backward(a.dh, dw2, dg, la.h, w2, la.offsets, N * K, E, Hl, C);
     for (const ExpertBlock& b : blocks)
         if (b.n > 0)
             be_->matmul_backward(elem_ptr(a.dh, act, b.row * Hl), elem_ptr(dw2, gt, (size_t)b.expert * C * Hl), nullptr,
                                  elem_ptr(dg, act, b.row * C), elem_ptr(la.h, act, b.row * Hl),
                                  elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C);
     be_->swiglu_backward(a.dfch, la.fch, a.dh, moe_expert_rows(la, N), Hl);
+    if (moe_.on_device_) be_->moe_expert_matmul_backward(dg, dw13, a.dfch, la.xg, w13, la.offsets, N * K, E, C, 2 * Hl);
     for (const ExpertBlock& b : blocks)  // the experts' input rows' gradients (dg again: its rows are done)
         if (b.n > 0)
             be_->matmul_backward(elem_ptr(dg, act, b.row * C), elem_ptr(dw13, gt, (size_t)b.expert * 2 * Hl * C),
@@ -146,6 +157,12 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
 // s); and, counting, to the layer's loads.
 void GPT::moe_stats(int l, const LayerActs& la, int N, size_t s) {
     const int E = cfg_.experts;
+    if (moe_.on_device_) {
+        be_->moe_route_stats(elem_ptr(moe_.stats_dev_, DType::F64, s * 2 * E),
+                             moe_.count_loads_ ? elem_ptr(moe_.loads_dev_, DType::F64, (size_t)l * E) : nullptr,
+                             la.probs, la.offsets, N, E);
+        return;
+    }
     const std::vector<int>& off = moe_.offsets_[la.index];
     if (moe_.count_loads_)
         for (int e = 0; e < E; e++) moe_.load_[(size_t)l * E + e] += off[e + 1] - off[e];
@@ -175,6 +192,13 @@ void GPT::moe_aux(size_t s, int N, double dloss, bool count) {
     std::vector<double>& cnt = moe_.count_[s];
     std::vector<double>& psum = moe_.psum_[s];
     const double tokens = (double)N * (cp_ ? cp_->size() : 1);  // the micro-batch's, over the cp group
+    if (moe_.on_device_) {  // the same arithmetic on the device (moe_figures.h)
+        void* st = elem_ptr(moe_.stats_dev_, DType::F64, s * 2 * E);
+        if (cp_) cp_->sum(st, 2 * (size_t)E, DType::F64);
+        be_->moe_aux_loss(elem_ptr(a_->moe_aux_grad, prec_.stat, s * E), count ? aux_figure_ : nullptr, st, E,
+                          (double)cfg_.num_layers * tokens, cfg_.aux_coef * dloss * tokens * E);
+        return;
+    }
     if (cp_)
         for (int e = 0; e < E; e++) {
             cnt[e] = cp_->host_sum(cnt[e]);
@@ -198,5 +222,34 @@ void GPT::set_moe_bias(const std::vector<double>& bias) {
     const size_t n = (size_t)cfg_.num_layers * cfg_.experts;
     if (!cfg_.moe() || bias.size() != n) throw std::invalid_argument("set_moe_bias: not [L, E] of a Mixtral model");
     be_->upload(a_->moe_bias, prec_.stat, bias.data(), DType::F64, n);
+    if (moe_.on_device_) be_->upload(moe_.bias_dev_, DType::F64, bias.data(), DType::F64, n);
     moe_.bias_on_ = true;
+}
+
+std::vector<double> GPT::moe_bias() const {
+    const size_t n = (size_t)cfg_.num_layers * cfg_.experts;
+    std::vector<double> b(cfg_.moe() ? n : 0);
+    if (!b.empty()) {
+        if (moe_.on_device_) be_->download(b.data(), DType::F64, moe_.bias_dev_, DType::F64, n);
+        else be_->download(b.data(), DType::F64, a_->moe_bias, prec_.stat, n);
+    }
+    return b;
+}
+
+void GPT::keep_moe_on_device() {
+    if (!cfg_.moe() || moe_.on_device_) return;
+    if (ep_ || chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head)
+        throw std::logic_error("keep_moe_on_device: not with expert parallelism or pipeline chunks");
+    if (moe_.bias_on_) throw std::logic_error("keep_moe_on_device: before set_moe_bias");
+    const size_t E = cfg_.experts, L = cfg_.num_layers;
+    moe_.stats_dev_ = alloc_buffer("scratch", "moe_stats", moe_.count_.size() * 2 * E, DType::F64);
+    moe_.loads_dev_ = alloc_buffer("scratch", "moe_loads", L * E, DType::F64);
+    moe_.bias_dev_ = alloc_buffer("scratch", "moe_bias_f64", L * E, DType::F64);
+    moe_.on_device_ = true;
+}
+
+void GPT::moe_balance(void* figures, double divisor, double rate) {
+    if (!moe_.on_device_) throw std::logic_error("moe_balance: the MoE state is on the host");
+    be_->moe_balance(figures, moe_.bias_on_ ? a_->moe_bias : nullptr, moe_.bias_on_ ? moe_.bias_dev_ : nullptr,
+                     moe_.loads_dev_, cfg_.num_layers, cfg_.experts, divisor, rate);
 }

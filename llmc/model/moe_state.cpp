@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "llmc/backend/moe_figures.h"
+
 void MoeState::init(int L, int E, size_t layer_slots, size_t chunk_slots, bool ep) {
     E_ = E;
     load_.assign((size_t)L * E, 0.0);
@@ -35,24 +37,10 @@ std::vector<double> MoeState::take_loads() {
 void moe_bias_update(std::vector<double>* bias, const std::vector<double>& loads, int E, double rate) {
     if (bias->size() != loads.size() || E < 1 || loads.size() % E != 0)
         throw std::invalid_argument("moe_bias_update: loads and bias of other shapes");
-    for (size_t l = 0; l < loads.size() / E; l++) {
-        double mean = 0;
-        for (int e = 0; e < E; e++) mean += loads[l * E + e] / E;
-        for (int e = 0; e < E; e++) {
-            const double err = mean - loads[l * E + e];
-            (*bias)[l * E + e] += rate * (err > 0 ? 1 : err < 0 ? -1 : 0);
-        }
-    }
+    moe_bias_step(bias->data(), loads.data(), (int)(loads.size() / E), E, rate);
 }
 
 double moe_max_violation(const std::vector<double>& loads, int E) {
     if (E < 1 || loads.empty() || loads.size() % E != 0) return 0;
-    const size_t L = loads.size() / E;
-    double v = 0;
-    for (size_t l = 0; l < L; l++) {
-        double mean = 0, mx = 0;
-        for (int e = 0; e < E; e++) mean += loads[l * E + e] / E, mx = std::max(mx, loads[l * E + e]);
-        v += mean > 0 ? mx / mean - 1 : 0;
-    }
-    return v / L;
+    return moe_imbalance(loads.data(), (int)(loads.size() / E), E);
 }

@@ -38,6 +38,10 @@ class MoeState {
     void count_loads(bool on) { count_loads_ = on; }
     bool counting_loads() const { return count_loads_; }
     std::vector<double> take_loads();
+    // Whether the statistics, the load-balancing loss, the loads and the
+    // routing bias live in backend memory (GPT::keep_moe_on_device: the
+    // sync-free step), where nothing of the above is read on the host.
+    bool on_device() const { return on_device_; }
 
   private:
     friend class GPT;  // the blocks' forward and backward fill what follows
@@ -48,6 +52,11 @@ class MoeState {
     double aux_last_ = 0, aux_sum_ = 0;
     std::vector<double> load_;  // [L, E]: the training forwards' assignments since the last take
     bool count_loads_ = false, bias_on_ = false;
+    // On the device (doubles in backend memory): per chunk-slot [2E]
+    // statistics, the loads [L, E], and the routing bias [L, E] the stat-type
+    // bias is rounded from.
+    bool on_device_ = false;
+    void *stats_dev_ = nullptr, *loads_dev_ = nullptr, *bias_dev_ = nullptr;
 };
 
 // --moe-balance bias's update (DeepSeek-V3) from a step's loads [L, E]

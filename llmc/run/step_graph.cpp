@@ -6,11 +6,10 @@
 
 #include "llmc/base/fnv.h"
 
-std::string StepGraph::why_not(bool regions, bool sync_free, int world, bool moe) {
+std::string StepGraph::why_not(bool regions, bool sync_free, int world) {
     if (!regions) return "the backend records no regions";
     if (!sync_free) return "the step reads its loss and norm on the host (--sync-free 0)";
     if (world > 1) return "the step communicates (more than one rank)";
-    if (moe) return "a Mixtral step reads its routing on the host";
     return "";
 }
 

@@ -33,9 +33,8 @@ class StepGraph {
 
     // Why the run's steps cannot be one region ("" when they can): the
     // backend records no regions, the figures come to the host every step
-    // (no --sync-free), the step communicates (more than one rank), or a
-    // Mixtral model reads its routing on the host.
-    static std::string why_not(bool regions, bool sync_free, int world, bool moe);
+    // (no --sync-free), or the step communicates (more than one rank).
+    static std::string why_not(bool regions, bool sync_free, int world);
     // Turns it on for steps of `micro` micro-batches of B x T tokens (with
     // document starts when `docs`): the staging buffers in be's memory.
     void start(Backend* be, int micro, int B, int T, bool docs);

@@ -78,6 +78,7 @@ void Trainer::report_resume(const RunInfo& saved) {
 // (llmc/run/run_checkpoints.h).
 void Trainer::checkpoint() {
     st.rng_state = rng.state;
+    if (cfg.moe_balance == "bias" && s.model->moe().on_device()) st.moe_bias = s.model->moe_bias();  // moved there
     ckpt.write(cfg.output_dir, *s.model, owner(), st, run_info(), cfg.keep_checkpoints, main_rank);
 }
 

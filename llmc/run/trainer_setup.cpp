@@ -98,9 +98,16 @@ void Trainer::setup(const ArgParser& parser) {
     t_from_model = cfg.T == 0;
     if (t_from_model) cfg.T = default_seq_len(mc);
     lay.T = cfg.T;
-    setup_check(!(cfg.sync_free && mc.moe()),
-                "flag --sync-free: a mixture of experts reads its routing statistics on the host every step, which "
-                "the sync-free step does not do yet (model " + config_string(mc) + ")");
+    // A Mixtral step keeps its routing on the device (GPT::keep_moe_on_device)
+    // but for two exchanges that need sizes or sums on the host.
+    setup_check(!(cfg.sync_free && mc.moe() && lay.ep > 1),
+                "flag --sync-free: expert parallelism sizes each block's all-to-all from its row counts on the "
+                "host, which the sync-free step does not read (drop --ep " + std::to_string(lay.ep) +
+                    " or --sync-free)");
+    setup_check(!(cfg.sync_free && mc.moe() && lay.pp > 1),
+                "flag --sync-free: a mixture of experts split into pipeline stages sums its routing statistics over "
+                "the stages on the host, which the sync-free step does not read (drop --pp " + std::to_string(lay.pp) +
+                    " or --sync-free)");
     setup_check(cfg.moe_balance != "bias" || mc.moe(),
                 "flag --moe-balance: bias balances the experts of a mixture-of-experts model (arch=mixtral), and the "
                 "model is " + config_string(mc));
@@ -217,6 +224,8 @@ void Trainer::setup(const ArgParser& parser) {
         s.model->init_random((uint64_t)cfg.seed);
     }
     setup_check(ok, err);
+    // --sync-free: a Mixtral's routing figures stay on the device.
+    if (cfg.sync_free && cfg.convert.empty() && mc.moe()) s.model->keep_moe_on_device();
     // --moe-balance bias: the routing bias (a resumed run's, else zero) in
     // place of the load-balancing loss, whose coefficient the run sets to 0
     // (so its checkpoints and exports record aux=0).
@@ -232,7 +241,7 @@ void Trainer::setup(const ArgParser& parser) {
     if (cfg.sync_free && cfg.convert.empty()) figures = be->alloc(step_figure::count * sizeof(double));
     // The whole step as one recorded region, where nothing in it comes back
     // to the host or goes to another rank (llmc/run/step_graph.h).
-    step_graph_off = StepGraph::why_not(be->region_stats().on, figures != nullptr, lay.world, mc.moe());
+    step_graph_off = StepGraph::why_not(be->region_stats().on, figures != nullptr, lay.world);
     if (step_graph_off.empty() && cfg.max_steps > 0)
         step_graph.start(be.get(), accum, cfg.B, T_local, cfg.document_mask != 0);
     print_settings(parser);

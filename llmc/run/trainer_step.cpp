@@ -102,18 +102,18 @@ PendingStep Trainer::issue_step(int step) {
             StepVerdict start;
             start.phase = 3;
             be->step_verdict(figures, start);
-            s.model->set_loss_figure(elem_ptr(figures, DType::F64, step_figure::loss));
+            s.model->set_loss_figure(elem_ptr(figures, DType::F64, step_figure::loss),
+                                     elem_ptr(figures, DType::F64, step_figure::aux));
         }
         s.model->set_batch_on_device(step_graph.on());
         loss = s.pipe->train_step(*s.model, load, cfg.B, T_local, 1.0 / (double)cfg.total_batch);
         s.model->set_batch_on_device(false);
         s.model->set_loss_figure(nullptr);
-        s.model->moe().count_loads(false);
         // Mixtral's load-balancing loss, the mean over the step's micro-batches
         // (each the same on the ranks of its cp group) as the loss; not part of
         // `loss`, which stays the cross-entropy (docs/moe.md). Pipeline stages
         // form it only with aux > 0 (their forward-only pass of the statistics).
-        if (mc.moe() && (lay.pp == 1 || mc.aux_coef > 0)) {
+        if (mc.moe() && !figures && (lay.pp == 1 || mc.aux_coef > 0)) {
             p.aux = grid.dpcp_group->host_all_reduce(s.model->moe().take_aux_sum(), ReduceOp::Sum) /
                     (accum * grid.dpcp_group->size());
             p.aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? p.aux : 0.0);
@@ -142,11 +142,18 @@ PendingStep Trainer::issue_step(int step) {
         norm = s.step(oc, step, step - st.skips, bad, &skipped, figures);
     };
     step_graph.run(work, hooked);
+    // (Here, not in work: a replayed step does not run work's host code.)
+    s.model->moe().count_loads(false);
     // Mixtral: the step's loads over the whole batch (every rank counted its
     // own tokens for its stage's layers; the tp ranks of a group the same
     // ones), their imbalance, and --moe-balance bias's update (not on a
     // skipped step: nothing is updated then).
-    if (mc.moe()) {
+    if (mc.moe() && figures) {  // the same on the device: the loads summed there, the figures' skip read there
+        if (grid.world->size() > 1)
+            grid.world->all_reduce(s.model->moe_loads_device(), (size_t)mc.num_layers * mc.experts, DType::F64,
+                                   ReduceOp::Sum);
+        s.model->moe_balance(figures, lay.tp, cfg.moe_balance == "bias" ? cfg.moe_bias_rate : 0.0);
+    } else if (mc.moe()) {
         std::vector<double> loads = s.model->moe().take_loads();
         dist_sum(&loads);
         for (double& x : loads) x /= lay.tp;
@@ -189,6 +196,7 @@ StepMetrics Trainer::finish_step(PendingStep& p, bool overlapped) {
         p.skipped = p.figures[step_figure::skip] != 0.0;
         st.loss_mean = p.figures[step_figure::loss_mean];
         st.loss_count = (int)p.figures[step_figure::loss_count];
+        if (mc.moe()) p.aux = p.figures[step_figure::aux], p.maxvio = p.figures[step_figure::moe_maxvio];
     }
     // The step's time: to its end (a synchronisation), or with the next step
     // already queued, since the previous report (the device ran them back to back).
@@ -290,7 +298,9 @@ double Trainer::step_loss(double loss, bool* bad) {
 // reads every figure at the step's end).
 void Trainer::reduce_loss_figure() {
     void* l = elem_ptr(figures, DType::F64, step_figure::loss);
-    if (grid.dpcp_group->size() > 1) grid.dpcp_group->all_reduce(l, 1, DType::F64, ReduceOp::Sum);
+    // With Mixtral's load-balancing loss beside it (step_figure::aux), as its host sum.
+    const size_t n = mc.moe() ? 2 : 1;
+    if (grid.dpcp_group->size() > 1) grid.dpcp_group->all_reduce(l, n, DType::F64, ReduceOp::Sum);
     if (s.groups.pp && s.groups.pp->size() > 1) s.groups.pp->all_reduce(l, 1, DType::F64, ReduceOp::Sum);
     StepVerdict v;
     v.loss_divisor = (double)accum * grid.dpcp_group->size();

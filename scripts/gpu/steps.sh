@@ -174,7 +174,7 @@ step_test() {
 # The step's variants against the default step, each right and timed:
 # AdamW's moments in bf16, the sync-free step (alone and as one graph).
 step_variants() {
-    begin_step variants 120
+    begin_step variants 160
     need core
     # AdamW's moments in bf16 (--optimizer-dtype bf16, nearest and
     # stochastic) against fp32 moments: losses and the optimizer's bytes.
@@ -186,6 +186,10 @@ step_variants() {
     # cuda_graph_replays (the scripts name their figures: no prefix).
     FIGS= FIGCMD="scripts/gpu/sync_free.py --steps 40 -b 16" SUMMARY_MATCH='^(PASS|FAIL)' \
         run_prog sync_free 100 60 "$PY" scripts/gpu/sync_free.py --out "$W/runs" --steps 40 -b 16
+    # A Mixtral (its routing on the device, the experts' grouped products).
+    FIGS= FIGCMD="scripts/gpu/sync_free.py --prefix mixtral_" SUMMARY_MATCH='^(PASS|FAIL)' \
+        run_prog sync_free_mixtral 60 30 "$PY" scripts/gpu/sync_free.py --out "$W/runs" --steps 20 --skip 5 -b 8 \
+        -t 256 --prefix mixtral_ --model "arch=mixtral,L=4,C=512,NH=8,NKV=4,F=1024,E=8,K=2,V=257,T=256"
     end_step
 }
 

@@ -22,7 +22,9 @@
 # "N passed, N failed".
 # Run by scripts/gpu/check.sh's test step; on its own, from any directory:
 #   usage: scripts/gpu/sync_free.py --out DIR [--steps 40] [--skip 10] [-b 16]
-#              [--device cuda] [--dtype bf16] [--model M] [-t T]
+#              [--device cuda] [--dtype bf16] [--model M] [-t T] [--prefix P]
+# (--prefix mixtral_ with a Mixtral --model: its routing kept on the device
+# and the experts' grouped products, the figures named mixtral_...)
 # (--device cpu --dtype fp32 --model L=2,C=32,NH=2,V=257,T=64 -t 64 checks
 # this script without a GPU.)
 import argparse
@@ -48,6 +50,7 @@ def main():
     ap.add_argument("--model", default="L=12,C=768,NH=12,V=257,T=1024")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--prefix", default="", help="put before every figure's name (another model's run)")
     a = ap.parse_args()
     check = Checks(show_pass=True)
     # The variants: the host-read step, the sync-free step, and the sync-free
@@ -58,7 +61,7 @@ def main():
     replays = None
     for rep in range(2):
         for v, sf, env in variants:
-            d = os.path.join(a.out, f"sync_free_{v}_{rep}")
+            d = os.path.join(a.out, f"{a.prefix}sync_free_{v}_{rep}")
             cmd = [os.path.join(ROOT, "train_gpt"), "-e", a.model, "-t", str(a.t), "-b", str(a.b), "-x",
                    str(a.steps), "-s", "0", "-v", "0", "--device", a.device, "--dtype", a.dtype, "--sync-free", str(sf),
                    "-o", d]
@@ -91,21 +94,21 @@ def main():
     for v, what in ((1, "sync-free"), (2, "whole-step graph")):
         if losses[0] and losses[v]:
             r = max(abs(x - y) / abs(y) for x, y in zip(losses[v][0], losses[0][0]))
-            print(f"figure {'sync_free_loss_rel' if v == 1 else 'whole_step_graph_loss_rel'} {r:.6e} rel")
+            print(f"figure {a.prefix}{'sync_free_loss_rel' if v == 1 else 'whole_step_graph_loss_rel'} {r:.6e} rel")
             check(r <= 1e-3, f"{what} losses within {r:.2e} of the host-read step's (at most 1e-3)")
     med = {v: statistics.median(speed[v]) for v in speed if speed[v]}
     if 0 in med and 1 in med:
-        print(f"figure sync_free_base_tokens_per_s {med[0]:.0f} tokens/s")
-        print(f"figure sync_free_tokens_per_s {med[1]:.0f} tokens/s")
-        print(f"figure sync_free_step_over_base {med[1] / med[0]:.4f} ratio")
+        print(f"figure {a.prefix}sync_free_base_tokens_per_s {med[0]:.0f} tokens/s")
+        print(f"figure {a.prefix}sync_free_tokens_per_s {med[1]:.0f} tokens/s")
+        print(f"figure {a.prefix}sync_free_step_over_base {med[1] / med[0]:.4f} ratio")
     if 2 in med:
-        print(f"figure whole_step_graph_tokens_per_s {med[2]:.0f} tokens/s")
+        print(f"figure {a.prefix}whole_step_graph_tokens_per_s {med[2]:.0f} tokens/s")
         if 0 in med:
-            print(f"figure whole_step_graph_over_base {med[2] / med[0]:.4f} ratio")
+            print(f"figure {a.prefix}whole_step_graph_over_base {med[2] / med[0]:.4f} ratio")
         if 1 in med:
-            print(f"figure whole_step_graph_over_sync_free {med[2] / med[1]:.4f} ratio")
+            print(f"figure {a.prefix}whole_step_graph_over_sync_free {med[2] / med[1]:.4f} ratio")
     if replays is not None:
-        print(f"figure cuda_graph_replays {replays} replays")
+        print(f"figure {a.prefix}cuda_graph_replays {replays} replays")
     sys.exit(check.summary())
 
 

@@ -20,8 +20,10 @@
 #     accumulation, a warmup and cosine schedule (the learning rate and
 #     Adam's t on the device), bf16 moments rounded stochastically (the
 #     rounding key from the device's step count), the document mask,
-#     Llama with --head-chunk, a NaN-poisoned step (run plainly, skipped),
-#     and a resume; a run that cannot have it says why.
+#     Llama with --head-chunk, Mixtral with the load-balancing loss and
+#     with the routing bias (both kept on the device), a NaN-poisoned step
+#     (run plainly, skipped), and a resume; a run that cannot have it says
+#     why.
 # Last line: "N passed, N failed".
 import os
 import re
@@ -37,6 +39,7 @@ check = Checks()
 STEPS = 6
 GPT2 = "L=4,C=32,NH=4,V=97,Vp=97,T=64"
 LLAMA = "arch=llama,L=4,C=32,NH=4,NKV=2,F=48,V=97,T=64"
+MIXTRAL = "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64,aux=0.05"
 
 
 def run(np_, args, graphs):
@@ -157,6 +160,11 @@ def body(tmp):
     whole_step(tmp, "bf16 backend", gpt2[:-6] + ["--dtype", "bf16", "-l", "3e-3", "-u", "2"] + sf, (1, STEPS - 2, 1))
     whole_step(tmp, "llama head-chunk document mask", llama + sf + ["--head-chunk", "24", "--document-mask", "1",
                "--eot-token", "5"], (1, STEPS - 2, 1))
+    # Mixtral: its routing figures on the device (the experts' products take
+    # their row counts there), the load-balancing loss and the routing bias.
+    mix = ["-e", MIXTRAL] + common
+    whole_step(tmp, "mixtral aux", mix + sf, (1, STEPS - 2, 1))
+    whole_step(tmp, "mixtral bias", mix + sf + ["--moe-balance", "bias", "--moe-bias-rate", "0.01"], (1, STEPS - 2, 1))
     whole_step(tmp, "nan at step 3", gpt2 + sf, (1, STEPS - 3, 2), {"LLMC_TEST_NAN_STEP": "3"})
     whole_step(tmp, "resume at 3", gpt2 + sf, (1, STEPS - 5, 1), resume_at=3)
     whole_step(tmp, "host-read step", gpt2, "--sync-free 0")

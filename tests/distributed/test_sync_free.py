@@ -23,7 +23,13 @@
 #     when nothing in between reads the model: the reports come in order,
 #     validation, samples and checkpoints where due, and a stop signal ends
 #     the run after the queued step, with a checkpoint to resume from;
-#   - a Mixtral model is refused in one line naming --sync-free.
+#   - Mixtral (its routing statistics, load-balancing loss, loads and
+#     routing bias on the device, the experts' products sized there): the
+#     same figures (aux_loss and moe_maxvio too) and shards in one process,
+#     dp with ZeRO 0-3, tp with sp, cp and tp x dp, in fp64, fp32 and bf16,
+#     with --moe-balance bias, a skipped step and a resume; one read per
+#     step; expert and pipeline parallelism refused in one line naming
+#     --sync-free and the flag.
 # Last line: "N passed, N failed".
 import json
 import os
@@ -50,7 +56,7 @@ def base(dtype, model=GPT, steps=STEPS):
 
 
 def figures(d):
-    keys = ("step", "loss", "grad_norm", "val_loss", "skipped", "skips")
+    keys = ("step", "loss", "grad_norm", "val_loss", "skipped", "skips", "aux_loss", "moe_maxvio")
     with open(os.path.join(d, "metrics.jsonl")) as f:
         return [{k: m.get(k) for k in keys} for m in map(json.loads, f)]
 
@@ -89,6 +95,33 @@ def test_layouts(tmp):
     pair(tmp, "llama_fp64_tp2_z1", 4, base("fp64", LLAMA) + ["-d", "256", "-b", "8", "--tp", "2", "-z", "1"])
     pair(tmp, "bf16_np0", 0, base("bf16") + ["-d", "256", "-b", "8"])
     pair(tmp, "bf16_np2_z1", 2, base("bf16") + ["-d", "256", "-b", "8", "-z", "1"])
+
+
+def test_mixtral(tmp):
+    a = base("fp64", MIX) + ["-d", "256"]
+    for np_, extra in [(0, ["-b", "4"]), (2, ["-b", "8", "-z", "0"]), (2, ["-b", "4", "-z", "1"]),
+                       (2, ["-b", "8", "-z", "3"]), (2, ["-b", "8", "--tp", "2", "--sp", "1"]),
+                       (2, ["-b", "8", "--cp", "2"]), (4, ["-b", "4", "--tp", "2", "-z", "1"])]:
+        pair(tmp, f"mix_fp64_np{np_}_" + "".join(extra).replace("-", ""), np_, a + extra)
+    pair(tmp, "mix_fp32_np2_z2", 2, base("fp32", MIX) + ["-d", "256", "-b", "8", "-z", "2"])
+    pair(tmp, "mix_bf16_np0", 0, base("bf16", MIX) + ["-d", "256", "-b", "8"])
+    # The routing bias moved on the device (not on a skipped step), and back
+    # in the checkpoint for a resume.
+    bias = ["--moe-balance", "bias", "--moe-bias-rate", "0.01", "--max-skips", "100"]
+    r = pair(tmp, "mix_bias_nan_np2_z1", 2, a + bias + ["-b", "4", "-z", "1"], env={"LLMC_TEST_NAN_STEP": "3"})
+    if r:
+        check(all("step     4: update skipped" in o for o in r), "mixtral bias: step 4 not skipped")
+    full, saved, d = (os.path.join(tmp, f"mix_rs_{x}") for x in ("full", "saved", "resumed"))
+    rs = a + bias + ["-b", "8", "--tp", "2", "--sync-free", "1"]
+    ok = train(2, rs + ["-o", full])[0] == 0
+    ok = ok and train(2, rs[:rs.index("-n") + 1] + ["4"] + rs[rs.index("-n") + 2:] + ["-o", saved])[0] == 0
+    if check(ok, "mixtral resume: the runs"):
+        copy_checkpoint(saved, d, 4)
+        rc, out, err = train(2, rs + ["-y", "1", "-o", d])
+        if check(rc == 0, f"mixtral resume: {err[-300:]}"):
+            check(figures(full)[4:] == figures(d) and shards_equal(full, d, STEPS),
+                  "mixtral resume (bias, tp 2): the resumed run differs from the uninterrupted one")
+            print("  mixtral resumed at step 4 (tp 2, --moe-balance bias): equal to the uninterrupted run")
 
 
 def test_bad_steps(tmp):
@@ -131,8 +164,9 @@ def test_regions(tmp):
 
 
 def test_host_reads(tmp):
-    for np_, extra in [(0, ["-b", "4"]), (2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "--pp", "2"])]:
-        r = pair(tmp, f"reads_np{np_}", np_, base("fp32", steps=4) + ["-d", "256"] + extra,
+    for np_, model, extra in [(0, GPT, ["-b", "4"]), (2, GPT, ["-b", "4", "-z", "1"]), (2, GPT, ["-b", "4", "--pp", "2"]),
+                              (0, MIX, ["-b", "4"]), (2, MIX, ["-b", "4", "--tp", "2", "--moe-balance", "bias"])]:
+        r = pair(tmp, f"reads_np{np_}_{model[:8]}", np_, base("fp32", model, steps=4) + ["-d", "256"] + extra,
                  env={"LLMC_TEST_HOST_READS": "1"}, steps=4)
         if not r:
             continue
@@ -151,9 +185,11 @@ def suite(tmp):
     global DATA
     DATA = os.path.join(tmp, "data.bin")
     write_shard(DATA, np.random.default_rng(5).integers(0, 97, 40000))
-    refusals(check, [(0, MIX, ["--sync-free", "1"], "--sync-free")],
+    refusals(check, [(2, MIX, ["--sync-free", "1", "--ep", "2"], "--ep 2 or --sync-free"),
+                     (2, MIX, ["--sync-free", "1", "--pp", "2"], "--pp 2 or --sync-free")],
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", "2", "-s", "0"])
     test_host_reads(tmp)
+    test_mixtral(tmp)
     test_layouts(tmp)
     test_bad_steps(tmp)
     test_resume(tmp)

@@ -3,7 +3,11 @@
 // llmc/backend/cpu_moe.h on the GPU: element type E (bf16 or fp32) for the
 // activations, fp32 for the statistics (router probabilities, the weights'
 // gradient, the load-balancing gradient). The per-expert products are the
-// model's loop of cuBLASLt matmuls over each expert's group of rows.
+// model's loop of cuBLASLt matmuls over each expert's group of rows, or,
+// when the groups' sizes stay on the device (--sync-free), one launch per
+// product over every group (grouped_gemm.h); the routing statistics, the
+// load-balancing loss and the balance figures are small kernels running
+// moe_figures.h.
 //   routing   one thread per token: softmax, top-k (ties to the lower
 //             index), renormalisation; then one thread groups the N·K
 //             assignments by expert (a sequential, stable scan: the order
@@ -14,6 +18,8 @@
 #pragma once
 
 #include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/cuda/grouped_gemm.h"
+#include "llmc/backend/moe_figures.h"
 
 namespace llmc_cuda {
 
@@ -167,6 +173,121 @@ inline void moe_combine(bool fp32, void* out, const void* yg, const void* w, con
         using E = decltype(t);
         moe_combine_kernel<E><<<(unsigned)N, 128, 0, stream>>>((E*)out, (const E*)yg, (const E*)w, inv, K, C);
     });
+}
+
+// ---- the groups' sizes on the device -----------------------------------------------
+template <typename E>
+struct GgLoad {
+    __device__ float operator()(const E* p) const { return to_float(*p); }
+};
+template <typename E>
+struct GgStore {
+    __device__ void operator()(E* p, float v) const { *p = from_float<E>(v); }
+};
+// which: 0 forward, 1 input gradient, 2 weight gradient (grouped_gemm.h's jobs).
+template <typename E>
+__global__ void __launch_bounds__(grouped_gemm::kThreads)
+    grouped_gemm_kernel(int which, E* C, const E* A, const E* B, const int* off, int NE, int IC, int OC) {
+    namespace gg = grouped_gemm;
+    __shared__ float sm[gg::kSmemFloats];
+    gg::BlockJob<E> j;
+    const bool mine = which == 0   ? gg::forward_job(&j, C, A, B, off, NE, IC, OC, blockIdx.x, blockIdx.y)
+                      : which == 1 ? gg::input_job(&j, C, A, B, off, NE, IC, OC, blockIdx.x, blockIdx.y)
+                                   : gg::weight_job(&j, C, A, B, off, IC, OC, blockIdx.x, blockIdx.y, blockIdx.z);
+    if (!mine) return;  // the same for every thread of the block
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < j.K; k0 += gg::kDepth) {
+        gg::load_tiles(threadIdx.x, sm, sm + gg::kDepth * gg::kPitch, j.A, j.B, j.m0, j.n0, k0, GgLoad<E>());
+        __syncthreads();
+        gg::multiply_add(threadIdx.x, sm, sm + gg::kDepth * gg::kPitch, acc);
+        __syncthreads();
+    }
+    gg::store_patch(threadIdx.x, acc, j.C, j.ldc, j.m0, j.n0, j.M, j.N, j.accumulate, GgLoad<E>(), GgStore<E>());
+}
+
+// rows: the grouped rows (offsets[NE], at most N·K), which bounds the grid.
+inline void moe_expert_matmul_forward(bool fp32, void* out, const void* inp, const void* w, const int* off, int rows,
+                                      int NE, int IC, int OC, cudaStream_t stream) {
+    namespace gg = grouped_gemm;
+    if (rows <= 0) return;
+    const dim3 grid((unsigned)ceil_div(OC, gg::kTile), (unsigned)gg::row_tiles_bound(rows, NE));
+    moe_typed(fp32, [&](auto t) {
+        using E = decltype(t);
+        grouped_gemm_kernel<E><<<grid, gg::kThreads, 0, stream>>>(0, (E*)out, (const E*)inp, (const E*)w, off, NE, IC,
+                                                                   OC);
+    });
+}
+inline void moe_expert_matmul_backward(bool fp32, void* dinp, void* dw, const void* dout, const void* inp,
+                                       const void* w, const int* off, int rows, int NE, int IC, int OC,
+                                       cudaStream_t stream) {
+    namespace gg = grouped_gemm;
+    if (rows <= 0) return;
+    moe_typed(fp32, [&](auto t) {
+        using E = decltype(t);
+        if (dinp) {
+            const dim3 grid((unsigned)ceil_div(IC, gg::kTile), (unsigned)gg::row_tiles_bound(rows, NE));
+            grouped_gemm_kernel<E><<<grid, gg::kThreads, 0, stream>>>(1, (E*)dinp, (const E*)dout, (const E*)w, off,
+                                                                       NE, IC, OC);
+        }
+        const dim3 grid((unsigned)ceil_div(IC, gg::kTile), (unsigned)ceil_div(OC, gg::kTile), (unsigned)NE);
+        grouped_gemm_kernel<E><<<grid, gg::kThreads, 0, stream>>>(2, (E*)dw, (const E*)dout, (const E*)inp, off, NE,
+                                                                   IC, OC);
+    });
+}
+
+constexpr int kStatsBlock = 256;
+// One block per expert: its assignments, and its probabilities' sum by a
+// fixed-order tree (the same bits every run).
+__global__ void __launch_bounds__(kStatsBlock)
+    moe_route_stats_kernel(double* stats, double* loads, const float* probs, const int* off, int N, int NE) {
+    __shared__ double part[kStatsBlock];
+    const int e = blockIdx.x, t = threadIdx.x;
+    double s = 0;
+    for (int n = t; n < N; n += kStatsBlock) s += (double)probs[(size_t)n * NE + e];
+    part[t] = s;
+    __syncthreads();
+    for (int w = kStatsBlock / 2; w > 0; w >>= 1) {
+        if (t < w) part[t] += part[t + w];
+        __syncthreads();
+    }
+    if (t != 0) return;
+    const int c = off[e + 1] - off[e];
+    stats[e] += c;
+    if (loads) loads[e] += c;
+    stats[NE + e] += part[0];
+}
+__global__ void moe_aux_loss_kernel(float* grad, double* aux_acc, double* stats, int NE, double LN, double gscale) {
+    const double aux = moe_aux_from_stats(grad, stats, stats + NE, NE, LN, gscale);
+    for (int e = 0; e < 2 * NE; e++) stats[e] = 0;
+    if (aux_acc) *aux_acc += aux;
+}
+__global__ void moe_balance_kernel(double* figures, float* bias, double* bias64, double* loads, int L, int NE,
+                                   double divisor, double rate) {
+    const size_t n = (size_t)L * NE;
+    for (size_t i = 0; i < n; i++) loads[i] /= divisor;
+    figures[step_figure::moe_maxvio] = moe_imbalance(loads, L, NE);
+    if (bias64 && figures[step_figure::skip] == 0.0) {
+        moe_bias_step(bias64, loads, L, NE, rate);
+        for (size_t i = 0; i < n; i++) bias[i] = (float)bias64[i];
+    }
+    for (size_t i = 0; i < n; i++) loads[i] = 0;
+}
+inline void moe_route_stats(void* stats, void* loads, const void* probs, const int* off, int N, int NE,
+                            cudaStream_t stream) {
+    moe_route_stats_kernel<<<(unsigned)NE, kStatsBlock, 0, stream>>>((double*)stats, (double*)loads,
+                                                                     (const float*)probs, off, N, NE);
+    CUDA_CHECK_LAUNCH();
+}
+inline void moe_aux_loss(void* grad, void* aux_acc, void* stats, int NE, double LN, double gscale,
+                         cudaStream_t stream) {
+    moe_aux_loss_kernel<<<1, 1, 0, stream>>>((float*)grad, (double*)aux_acc, (double*)stats, NE, LN, gscale);
+    CUDA_CHECK_LAUNCH();
+}
+inline void moe_balance(void* figures, void* bias, void* bias64, void* loads, int L, int NE, double divisor,
+                        double rate, cudaStream_t stream) {
+    moe_balance_kernel<<<1, 1, 0, stream>>>((double*)figures, (float*)bias, (double*)bias64, (double*)loads, L, NE,
+                                            divisor, rate);
+    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace llmc_cuda
