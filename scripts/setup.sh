@@ -8,7 +8,8 @@
 #          build/hfenv, a virtual environment over the system packages (so
 #          Debian's torch 1.13 is used) with transformers, tokenizers and
 #          safetensors at pinned versions, for the Hugging Face reference
-#          (tests/reference/reference_hf.py) and tests/reference/test_hf.py
+#          (tests/reference/reference_hf.py) and tests/reference/test_hf.py,
+#          and ml_dtypes, NumPy's FP8 formats (tests/reference/test_fp8_grid.py)
 # Safe to run again: each package is installed only when missing, and the
 # virtual environment is left alone when it already imports the pins.
 set -euo pipefail
@@ -29,17 +30,18 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # The Hugging Face reference. transformers 4.40.2 is the last line that runs
 # on torch 1.13; the others are the versions it was checked with.
-HF_PINS="transformers==4.40.2 tokenizers==0.19.1 safetensors==0.4.3 huggingface-hub==0.23.0 regex==2026.11.15 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0"
+HF_PINS="transformers==4.40.2 tokenizers==0.19.1 safetensors==0.4.3 huggingface-hub==0.23.0 regex==2026.11.15 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0 ml_dtypes==0.4.1"
 HFENV="$(cd "$(dirname "$0")/.." && pwd)/build/hfenv"
 hf_ok() {
   "$HFENV/bin/python" - <<'PYEOF' 2>/dev/null
-import torch, transformers, tokenizers, safetensors
+import torch, transformers, tokenizers, safetensors, ml_dtypes
 assert transformers.__version__ == "4.40.2" and tokenizers.__version__ == "0.19.1" and safetensors.__version__ == "0.4.3"
+assert ml_dtypes.__version__ == "0.4.1"
 from transformers import LlamaForCausalLM, GPT2LMHeadModel
 PYEOF
 }
 if ! hf_ok; then
-  echo "setup: making $HFENV (transformers, tokenizers, safetensors)"
+  echo "setup: making $HFENV (transformers, tokenizers, safetensors, ml_dtypes)"
   /usr/bin/python3 -m venv --system-site-packages "$HFENV"
   # shellcheck disable=SC2086  # the pins are words
   "$HFENV/bin/pip" install -q --disable-pip-version-check $HF_PINS

@@ -178,6 +178,13 @@ reference_tier() {
     # The document mask: random rows with several EOTs (token 7) each.
     reference docmask_fp64 fp64 "$ODD" 3 24 --warmup 2 --final-frac 0.2 --steps 6 --document-mask 7
     reference docmask_fp32 fp32 "$ODD" 3 24 --warmup 2 --final-frac 0.2 --steps 6 --document-mask 7
+    # FP8 operands (docs/fp8.md) against the reference's own rounding, in fp64
+    # (in fp32 an operand a rounding away from a grid midpoint may round the
+    # other way, so the figures drift past fp32's tolerance).
+    run ref_fp8_fp64 "$PY" tests/reference/reference_gpt.py --spec "$ODD" --dtype fp64 --B 3 --T 19 --warmup 2 \
+        --final-frac 0.2 --wd 0.05 --clip 0.5 --fp8 1 --write-model "$REF/fp8.model.bin" --write-state "$REF/fp8.state.bin"
+    run test_gpt_fp8_fp64 build/test_gpt --model "$REF/fp8.model.bin" --state "$REF/fp8.state.bin" --device cpu \
+        --dtype fp64 --fp8 1
     # heads of 64: on a GPU, bf16 runs the tensor-core kernels with the mask
     reference docmask64_fp32 fp32 "L=2,C=128,NH=2,V=97,T=80" 2 80 --warmup 2 --steps 6 --document-mask 7
     if hf_ready; then
@@ -214,6 +221,8 @@ reference_tier() {
         # --generate (KV cache, text prompts) against transformers' generate.
         run hf_tokenize "$HFPY" tests/reference/test_tokenize.py
         run hf_generate "$HFPY" tests/reference/test_generate.py
+        # FP8's rounding (llmc/backend/fp8.h) against NumPy's ml_dtypes, bit for bit.
+        run fp8_grid "$HFPY" tests/reference/test_fp8_grid.py
     else
         run hf_reference_missing sh -c "echo 'build/hfenv does not import transformers: run scripts/setup.sh'; exit 1"
     fi
@@ -244,6 +253,7 @@ distributed_tier() {
     run test_graphs "$PY" tests/distributed/test_graphs.py
     run test_watchdog "$PY" tests/distributed/test_watchdog.py
     run test_stragglers "$PY" tests/distributed/test_stragglers.py
+    run test_fp8 "$PY" tests/distributed/test_fp8.py
     run test_bf16 "$PY" tests/distributed/test_bf16.py
     run test_optimizer_dtype "$PY" tests/distributed/test_optimizer_dtype.py
     run test_sync_free "$PY" tests/distributed/test_sync_free.py

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "llmc/backend/cpu_moe.h"
+#include "llmc/backend/cpu_fp8.h"
 #include "llmc/backend/cpu_ops.h"
 #include "llmc/backend/step_figures.h"
 
@@ -133,6 +134,21 @@ class CpuBackend : public Backend {
     }
     void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
         cpu::moe_combine(f(out), f(yg), f(w), inv, N, K, C);
+    }
+    bool fp8() const override { return true; }
+    void amax_to(void* dst, const void* x, DType t, size_t n) override {
+        *static_cast<double*>(dst) = t == DType::F64 ? cpu::amax(static_cast<const double*>(x), n)
+                                     : t == DType::F32 ? cpu::amax(static_cast<const float*>(x), n)
+                                                       : throw std::invalid_argument("cpu amax_to: unsupported type");
+    }
+    void fp8_round(void* dst, const void* x, DType t, size_t n, const void* amax, int format) override {
+        const double am = *static_cast<const double*>(amax);
+        if (t == DType::F64) cpu::fp8_round(static_cast<double*>(dst), static_cast<const double*>(x), n, am, format);
+        else if (t == DType::F32) cpu::fp8_round(static_cast<float*>(dst), static_cast<const float*>(x), n, am, format);
+        else throw std::invalid_argument("cpu fp8_round: unsupported type");
+    }
+    void bias_backward(void* dbias, const void* dout, int N, int OC) override {
+        cpu::bias_backward(f(dbias), f(dout), N, OC);
     }
     void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
                                    int IC, int OC) override {

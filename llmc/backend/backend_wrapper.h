@@ -154,6 +154,16 @@ class BackendWrapper : public Backend {
     void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
         device_op("moe_combine", [=] { in_->moe_combine(out, yg, w, inv, N, K, C); });
     }
+    bool fp8() const override { return in_->fp8(); }
+    void amax_to(void* dst, const void* x, DType t, size_t n) override {
+        device_op("amax_to", [=] { in_->amax_to(dst, x, t, n); });
+    }
+    void fp8_round(void* dst, const void* x, DType t, size_t n, const void* amax, int format) override {
+        device_op("fp8_round", [=] { in_->fp8_round(dst, x, t, n, amax, format); });
+    }
+    void bias_backward(void* dbias, const void* dout, int N, int OC) override {
+        device_op("bias_backward", [=] { in_->bias_backward(dbias, dout, N, OC); });
+    }
     void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
                                    int IC, int OC) override {
         device_op("moe_expert_matmul_forward",

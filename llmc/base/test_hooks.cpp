@@ -61,6 +61,11 @@ int checkpoint_delay_ms() {
     return e && *e ? std::max(0, std::atoi(e)) : 0;
 }
 
+bool fp8_local_amax() {
+    const char* e = std::getenv("LLMC_TEST_FP8_LOCAL_AMAX");
+    return e && *e && std::string(e) != "0";
+}
+
 bool host_reads() {
     const char* e = std::getenv("LLMC_TEST_HOST_READS");
     return e && *e && std::string(e) != "0";

@@ -51,6 +51,10 @@
 //   LLMC_TEST_SLOW_RANK=R:MS        world rank R sleeps MS ms at the start of
 //                                   each step: a straggler
 //                                   (tests/distributed/test_stragglers.py)
+//   LLMC_TEST_FP8_LOCAL_AMAX=1      --fp8 scales each operand by this rank's
+//                                   piece alone, skipping the group max, so
+//                                   tests/distributed/test_fp8.py sees a
+//                                   layout that would not quantise alike
 #pragma once
 #include <string>
 
@@ -83,5 +87,7 @@ bool matmul_tune();
 // The milliseconds world rank `rank` sleeps at the start of each step
 // (LLMC_TEST_SLOW_RANK=R:MS; 0: none).
 int slow_rank_ms(int rank);
+// Whether --fp8 skips the amax's group max (LLMC_TEST_FP8_LOCAL_AMAX=1).
+bool fp8_local_amax();
 
 }  // namespace test_hooks

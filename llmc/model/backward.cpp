@@ -102,20 +102,21 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
             const void* xin = f_input(la.ln2);
             moe_backward(l, la, dout, xin, N, aux);
         } else if (cfg_.llama()) {
-            be_->matmul_backward(a.dh, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
-                                 P(Param::fcprojw, l), N, Hl, C);
+            linear_backward(a.dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true);
             be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
+        } else if (fp8_) {  // the FP8 product, then the GELU's backward in place
+            linear_backward(a.dfch, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true);
+            be_->gelu_backward(a.dfch, la.fch, a.dfch, (size_t)N * Hl);
         } else {  // fcproj's input gradient through the GELU (one op: a backend may fuse them)
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
                                       P(Param::fcprojw, l), la.fch, N, Hl, C);
         }
         if (!cfg_.moe())
-            be_->matmul_backward(a.dln, G(Param::fcw, l), Gb(Param::fcb, l), a.dfch, f_input(la.ln2), P(Param::fcw, l),
-                                 N, C, (int)fch_width());
+            linear_backward(a.dln, Param::fcw, Gb(Param::fcb, l), a.dfch, f_input(la.ln2), l, N, C, (int)fch_width(),
+                            false);
         norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);
         // dresidual holds d(x2); attention path.
-        be_->matmul_backward(a.datt, G(Param::attprojw, l), Gb(Param::attprojb, l), g_bwd(), la.atty,
-                             P(Param::attprojw, l), N, Cl, C);
+        linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true);
         if (cp_)
             cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale, la.docs);
         else {
@@ -125,8 +126,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
                                     la.lse, shape);
         }
         rotate(a.dqkv, B, T, true);  // back through the rotary embeddings (Llama)
-        be_->matmul_backward(a.dln, G(Param::qkvw, l), Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), P(Param::qkvw, l),
-                             N, C, (int)W);
+        linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false);
         norm_backward(a.dresidual, f_bwd(), la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w, l, Ns);
         provider_->grads_done(u, last_micro_step);
         release(u);

@@ -116,7 +116,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
       prec_(be->precision()), B_(o.B), T_(o.T), recompute_(o.recompute),
       chunks_(o.chunks.empty() ? whole_model(cfg) : o.chunks), tp_(o.tp && o.tp->size() > 1 ? o.tp : nullptr),
       tp_size_(o.tp ? o.tp->size() : 1), cp_(o.cp && o.cp->size() > 1 ? o.cp : nullptr), head_chunk_(o.head_chunk),
-      ep_(o.ep && o.ep->size() > 1 ? o.ep : nullptr), sharding_(o.sharding), training_(o.training) {
+      ep_(o.ep && o.ep->size() > 1 ? o.ep : nullptr), sharding_(o.sharding), training_(o.training), fp8_(o.fp8) {
     const int B = o.B, T = o.T, head_chunk = o.head_chunk;
     const Recompute recompute = o.recompute;
     const Sharding& sharding = o.sharding;
@@ -212,6 +212,15 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         a.moe_bias = alloc_buffer(S, "moe_bias", (size_t)cfg.num_layers * E, st);
         be_->zero(a.moe_bias, (size_t)cfg.num_layers * E * dtype_size(st));
         moe_.init(cfg.num_layers, (int)E, LS, chunk_slots, ep_ != nullptr);
+    }
+    if (fp8_) {  // the four layers' FP8 operand copies (fp8.cpp)
+        if (!be_->fp8()) throw std::invalid_argument("GPT: the " + std::string(be_->name()) + " backend has no FP8 products");
+        const size_t in = N * std::max(std::max(C, Cl), Hl), dout = N * std::max(std::max(Wqkv, C), Fl);
+        const size_t w = std::max(std::max(Wqkv * C, C * Cl), std::max(Fl * C, C * Hl));
+        a.fp8_in = alloc_buffer(S, "fp8_input", in, act);
+        a.fp8_w = alloc_buffer(S, "fp8_weight", w, prec_.param);
+        a.fp8_dout = training ? alloc_buffer(S, "fp8_output_grad", dout, act) : nullptr;
+        a.fp8_amax = alloc_buffer(S, "fp8_amax", 3, DType::F64);
     }
     if (HSl) {
         a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);

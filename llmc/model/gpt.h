@@ -90,6 +90,9 @@ struct ModelOptions {
     // false: no gradients and no Adam state (generation: the weights and the
     // forward only); backward and a forward with a loss gradient then refuse.
     bool training = true;
+    // --fp8 1 (docs/fp8.md): the four linear layers of every block multiply
+    // operands rounded to FP8 grids at current scaling (fp8.cpp).
+    bool fp8 = false;
     // The parallel modes (null: off). Under sequence parallelism B·T must
     // divide by the tp degree.
     TensorParallelOps* tp = nullptr;
@@ -301,6 +304,16 @@ class GPT {
                        int layer, int N);
     void rotate(void* qkv, int B, int T, bool inverse);
     void activation(void* h, const void* fch, int N);
+    // The four linear layers' products (fp8.cpp): the backend's matmul, or
+    // with --fp8 1 the same on operands rounded to FP8 grids, each amax a
+    // max over the ranks that hold pieces of its tensor. Row-parallel
+    // layers (attention output, MLP down) split their input and weight
+    // over tp, column-parallel ones (QKV, MLP up) their weight and output
+    // gradient; cp splits every activation and output gradient.
+    void linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row);
+    void linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
+                         int OC, bool row);
+    const void* fp8_operand(int which, const void* x, DType t, size_t n, int format, bool tp_split, bool cp_split);
     // Rows of fch and h: N; Mixtral's N·K grouped rows, under expert
     // parallelism the most this rank's experts can receive.
     int mlp_rows(int N) const {
@@ -397,6 +410,7 @@ class GPT {
     ExpertParallelOps* ep_ = nullptr;  // null when ep = 1
     Sharding sharding_;
     bool training_ = true;  // gradients and Adam state allocated
+    bool fp8_ = false;      // ModelOptions::fp8: the four layers' products on FP8 operands
     UnitProvider* provider_ = nullptr;
     LocalUnits* local_ = nullptr;
     std::vector<const void*> unit_params_;  // acquired units' parameters, else null

@@ -70,9 +70,11 @@ class ContextParallelOps {
                                     int B, double scale, const int* docs = nullptr) = 0;
     // Element-wise sum of x over the group, in place (a logits row assembled
     // from the rank that holds it), and of a host value (the MoE block's
-    // routing statistics of a whole micro-batch).
+    // routing statistics of a whole micro-batch); and the element-wise max
+    // (an FP8 operand's amax over the sequence's pieces, docs/fp8.md).
     virtual void sum(void* x, size_t n, DType t) = 0;
     virtual double host_sum(double x) = 0;
+    virtual void max(void* x, size_t n, DType t) = 0;
 };
 
 // Expert parallelism (Mixtral): each rank of the ep group holds E/ep of a

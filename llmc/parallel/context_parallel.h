@@ -83,6 +83,7 @@ class ContextParallel final : public ContextParallelOps {
     // Sums over the cp group (a logits row, the MoE routing statistics).
     void sum(void* x, size_t n, DType t) override { comm_.all_reduce(x, n, t, ReduceOp::Sum); }
     double host_sum(double x) override { return comm_.host_all_reduce(x, ReduceOp::Sum); }
+    void max(void* x, size_t n, DType t) override { comm_.all_reduce(x, n, t, ReduceOp::Max); }
     // Holds the global positions of every rank's tokens (the key positions
     // of the document mask) for sequences of T = c·T_local.
     void set_document_mask();

@@ -16,6 +16,7 @@ std::string Layout::describe() const {
     if (ep > 1) s += ", ep " + std::to_string(ep);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
     if (bf16_optimizer) s += ", bf16 Adam state";
+    if (fp8) s += ", fp8 products";
     return s;
 }
 

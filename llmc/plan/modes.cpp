@@ -95,6 +95,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         parse_recompute(cfg.recompute, &b.recompute);
         b.head_chunk = cfg.head_chunk;
         b.bf16_optimizer = cfg.optimizer_dtype == "bf16";
+        b.fp8 = cfg.fp8 != 0;
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
         const long long degrees = (long long)b.pp * b.tp * b.cp;
         if (cfg.T == 0) note("-t " + std::to_string(b.T) + " (no -t: the model's context" +

@@ -26,6 +26,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "sync-free", O::Int, &c.sync_free,
            "1: the step's loss, gradient norm, clipping and skip decision stay on the device, read by the host one "
            "step late (no host synchronisation inside the step)", 0, 1, {}, "1"});
+    p.add({0, "fp8", O::Int, &c.fp8,
+           "1: the four linear layers of every block multiply FP8 operands (e4m3 inputs and weights, e5m2 output "
+           "gradients, per-tensor current scaling; docs/fp8.md)", 0, 1, {}, "1"});
     p.add({0, "matmul-tune", O::Int, &c.matmul_tune,
            "1: after the first step, time several algorithms for each matrix product and keep the fastest, the "
            "same on every rank (kept in -o's matmul_tuning.txt for the next run)", 0, 1, {}, "1"});
@@ -194,6 +197,7 @@ bool layout_from_flags(const TrainConfig& cfg, int world, Layout* lp, std::strin
     l.total_batch = cfg.total_batch;
     l.head_chunk = cfg.head_chunk;
     l.bf16_optimizer = cfg.optimizer_dtype == "bf16";
+    l.fp8 = cfg.fp8 != 0;
     if (cfg.optimizer_rounding == "stochastic" && !l.bf16_optimizer) {
         *err = "flag --optimizer-rounding: stochastic rounding is for bf16 moments (add --optimizer-dtype bf16)";
         return false;

@@ -26,6 +26,8 @@ import sys
 import numpy as np
 import torch
 
+from fp8_reference import Fp8Linear
+
 MODEL_MAGIC = 20240326
 STATE_MAGIC = 20240327
 DATA_MAGIC_U16 = 20240520
@@ -300,6 +302,15 @@ def causal_attention(q, k, v, allowed=None):
     return (e / e.sum(dim=-1, keepdim=True)) @ v
 
 
+# FP8 operands (docs/fp8.md): the four linear layers through Fp8Linear
+# (fp8_reference.py) with --fp8 1.
+USE_FP8 = False
+
+
+def linear(x, w, b):
+    return Fp8Linear.apply(x, w, b) if USE_FP8 else x @ w.t() + b
+
+
 def forward(params, cfg, inputs, targets=None, eot=None):
     """Returns (logits over all Vp columns (B,T,Vp), mean loss over columns < V or None).
     eot: the document mask's separator (None: causal attention only)."""
@@ -311,14 +322,14 @@ def forward(params, cfg, inputs, targets=None, eot=None):
     x = p["wte"][inputs] + p["wpe"][:T].unsqueeze(0)
     for l in range(cfg.L):
         h = layernorm(x, p["ln1w"][l], p["ln1b"][l])
-        qkv = h @ p["qkvw"][l].t() + p["qkvb"][l]          # (B,T,3C): Q | K | V
+        qkv = linear(h, p["qkvw"][l], p["qkvb"][l])        # (B,T,3C): Q | K | V
         q, k, v = qkv.split(C, dim=-1)
         q, k, v = (t.reshape(B, T, NH, HS).transpose(1, 2) for t in (q, k, v))
         y = causal_attention(q, k, v, allowed).transpose(1, 2).reshape(B, T, C)
-        x = x + (y @ p["attprojw"][l].t() + p["attprojb"][l])
+        x = x + linear(y, p["attprojw"][l], p["attprojb"][l])
         h = layernorm(x, p["ln2w"][l], p["ln2b"][l])
-        h = gelu_tanh(h @ p["fcw"][l].t() + p["fcb"][l])
-        x = x + (h @ p["fcprojw"][l].t() + p["fcprojb"][l])
+        h = gelu_tanh(linear(h, p["fcw"][l], p["fcb"][l]))
+        x = x + linear(h, p["fcprojw"][l], p["fcprojb"][l])
     x = layernorm(x, p["lnfw"], p["lnfb"])
     logits = x @ p["wte"].t()                                # (B,T,Vp)
     if targets is None:
@@ -491,6 +502,8 @@ def build_argparser():
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--final-frac", type=float, default=1.0)
     ap.add_argument("--write-model", help="write the initial model here")
+    ap.add_argument("--fp8", type=int, choices=(0, 1), default=0,
+                    help="1: the four linear layers of each block on FP8 operands (docs/fp8.md)")
     ap.add_argument("--model-version", type=int, choices=(3, 5), default=3)
     ap.add_argument("--write-state", help="write the debug state here")
     ap.add_argument("--document-mask", type=int, default=None, metavar="EOT",
@@ -500,6 +513,8 @@ def build_argparser():
 
 def main(argv=None):
     args = build_argparser().parse_args(argv)
+    global USE_FP8
+    USE_FP8 = args.fp8 == 1
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     try:

@@ -10,7 +10,7 @@
 // 1e-5 (CPU); bf16 see docs/gpu-results.md.
 //
 // usage: test_gpt --model M --state S.bin [--device cpu|cuda]
-//                 [--dtype fp32|fp64|bf16] [--tol X] [--document-mask EOT]
+//                 [--dtype fp32|fp64|bf16] [--tol X] [--document-mask EOT] [--fp8 1]
 //        test_gpt --model M --write-logits OUT [--B 2 --T 16 --data-seed 1]
 //        test_gpt --model M [--write-weights OUT] [--export-hf DIR]
 // M: an llm.c model file, a Hugging Face directory (config.json), or an
@@ -199,6 +199,8 @@ int main(int argc, char** argv) {
     p.add({0, "document-mask", Option::Int, &eot,
            "attention within documents ending with this token id (the reference's --document-mask; -1: off)", -1,
            1 << 30});
+    int fp8 = 0;
+    p.add({0, "fp8", Option::Int, &fp8, "1: the four linear layers on FP8 operands (the reference's --fp8)", 0, 1});
     p.add({0, "B", Option::Int, &lB, "rows for --write-logits", 1, 1 << 16});
     p.add({0, "T", Option::Int, &lT, "sequence length for --write-logits", 1, 1 << 20});
     p.add({0, "data-seed", Option::Long, &data_seed, "seed of the --write-logits inputs", 0, 9e18});
@@ -263,7 +265,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
     }
-    GPT model(be.get(), c, {s.B, s.T});
+    ModelOptions mo(s.B, s.T);
+    mo.fp8 = fp8 != 0;
+    GPT model(be.get(), c, mo);
     if (!load_weights(model_path, src, model, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
         return 1;
