@@ -143,6 +143,7 @@ struct Workspace {
     int head_size = 0;     // head size of those attentions (C / NH)
     int runs = 0;          // most runs of one adamw_update_multi or sum_squares_multi
     size_t run_elems = 0;  // most elements of all the runs of one sum_squares_multi
+    size_t fp8_elems = 0;  // --fp8: most elements of one FP8 product's operand (0: none)
 };
 
 class Backend {
@@ -259,18 +260,22 @@ class Backend {
         (void)dst, (void)x, (void)t, (void)n;
         refuse("amax_to");
     }
-    // dst = x rounded to format's grid at current scaling, back at x's scale:
-    // s = fp8::scale_for(*amax), dst_i = fp8::round_to(x_i · s) / s (type t,
-    // both n elements; the operand copy an emulated FP8 product multiplies).
-    virtual void fp8_round(void* dst, const void* x, DType t, size_t n, const void* amax, int format) {
-        (void)dst, (void)x, (void)t, (void)n, (void)amax, (void)format;
-        refuse("fp8_round");
+    // matmul_forward / matmul_backward on FP8 operands: amax [3] doubles in
+    // backend memory, the largest magnitudes of the whole input, weight and
+    // output gradient (the model's group max taken); the input and weight in
+    // e4m3, the output gradient in e5m2, each at scale fmax / amax; the
+    // products of the rounded values divided by both scales; the bias, and
+    // its gradient from the unrounded output gradient, in the compute type.
+    virtual void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
+                                    int OC, const void* amax) {
+        (void)out, (void)inp, (void)weight, (void)bias, (void)N, (void)IC, (void)OC, (void)amax;
+        refuse("matmul_forward_fp8");
     }
-    // dbias (+=) = column sums of dout [N, OC] (the bias gradient beside an
-    // FP8 product, from the unrounded gradient).
-    virtual void bias_backward(void* dbias, const void* dout, int N, int OC) {
-        (void)dbias, (void)dout, (void)N, (void)OC;
-        refuse("bias_backward");
+    virtual void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                                     const void* weight, int N, int IC, int OC, const void* amax) {
+        (void)dinp, (void)dweight, (void)dbias, (void)dout, (void)inp, (void)weight, (void)N, (void)IC, (void)OC,
+            (void)amax;
+        refuse("matmul_backward_fp8");
     }
 
     // GELU, tanh approximation. gelu_backward: dinp = gelu'(inp) * dout

@@ -8,6 +8,7 @@
 #include <new>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 #include "llmc/backend/cpu_moe.h"
 #include "llmc/backend/cpu_fp8.h"
@@ -25,6 +26,12 @@ class CpuBackend : public Backend {
     static constexpr DType kType = sizeof(F) == 8 ? DType::F64 : DType::F32;
 
     std::unordered_map<void*, size_t> sizes_;
+    std::vector<F> fp8_[3];  // the FP8 operand copies: input, weight, output gradient
+    F* fp8_copy(int i, const F* x, size_t n, double amax, fp8::Format fmt) {
+        if (fp8_[i].size() < n) fp8_[i].resize(n);
+        cpu::fp8_round(fp8_[i].data(), x, n, amax, (int)fmt);
+        return fp8_[i].data();
+    }
     size_t in_use_ = 0, peak_ = 0;
 
   public:
@@ -141,14 +148,23 @@ class CpuBackend : public Backend {
                                      : t == DType::F32 ? cpu::amax(static_cast<const float*>(x), n)
                                                        : throw std::invalid_argument("cpu amax_to: unsupported type");
     }
-    void fp8_round(void* dst, const void* x, DType t, size_t n, const void* amax, int format) override {
-        const double am = *static_cast<const double*>(amax);
-        if (t == DType::F64) cpu::fp8_round(static_cast<double*>(dst), static_cast<const double*>(x), n, am, format);
-        else if (t == DType::F32) cpu::fp8_round(static_cast<float*>(dst), static_cast<const float*>(x), n, am, format);
-        else throw std::invalid_argument("cpu fp8_round: unsupported type");
+    // The operands' rounded copies (cpu_fp8.h) in host scratch, then the
+    // ordinary product of the copies.
+    void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
+                            const void* amax) override {
+        const double* am = static_cast<const double*>(amax);
+        F* xq = fp8_copy(0, f(inp), (size_t)N * IC, am[0], fp8::Format::e4m3);
+        F* wq = fp8_copy(1, f(weight), (size_t)OC * IC, am[1], fp8::Format::e4m3);
+        cpu::matmul_forward(f(out), xq, wq, f(bias), N, IC, OC);
     }
-    void bias_backward(void* dbias, const void* dout, int N, int OC) override {
-        cpu::bias_backward(f(dbias), f(dout), N, OC);
+    void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                             const void* weight, int N, int IC, int OC, const void* amax) override {
+        const double* am = static_cast<const double*>(amax);
+        F* dq = fp8_copy(2, f(dout), (size_t)N * OC, am[2], fp8::Format::e5m2);
+        F* xq = fp8_copy(0, f(inp), (size_t)N * IC, am[0], fp8::Format::e4m3);
+        F* wq = fp8_copy(1, f(weight), (size_t)OC * IC, am[1], fp8::Format::e4m3);
+        cpu::matmul_backward(f(dinp), f(dweight), (F*)nullptr, dq, xq, wq, N, IC, OC);
+        if (dbias) cpu::bias_backward(f(dbias), f(dout), N, OC);  // from the unrounded gradient
     }
     void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
                                    int IC, int OC) override {

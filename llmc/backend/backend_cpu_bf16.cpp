@@ -245,20 +245,24 @@ class CpuBf16Backend final : public Backend {
         run({{out, NC, true}, {yg, NC * K, false}, {w, w ? (size_t)N * K : 0, false}},
             [&](float** y) { f_->moe_combine(y[0], y[1], y[2], inv, N, K, C); });
     }
-    // FP8 operands (docs/fp8.md): bf16 widened, rounded to the grid in the
-    // fp32 backend, stored back in bf16 (one more rounding of each copy).
+    // FP8 products (docs/fp8.md): the bf16 operands widened, the fp32
+    // backend's product of their rounded copies, its outputs rounded to bf16.
     bool fp8() const override { return true; }
     void amax_to(void* dst, const void* x, DType t, size_t n) override {
         if (t != DType::BF16) return f_->amax_to(dst, x, t, n);
         run({{x, n, false}}, [&](float** y) { f_->amax_to(dst, y[0], DType::F32, n); });
     }
-    void fp8_round(void* dst, const void* x, DType t, size_t n, const void* amax, int format) override {
-        if (t != DType::BF16) return f_->fp8_round(dst, x, t, n, amax, format);
-        run({{dst, n, true}, {x, n, false}}, [&](float** y) { f_->fp8_round(y[0], y[1], DType::F32, n, amax, format); });
+    void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
+                            const void* amax) override {
+        run({{out, (size_t)N * OC, true}, {inp, (size_t)N * IC, false}, {weight, (size_t)OC * IC, false},
+             {bias, bias ? (size_t)OC : 0, false}},
+            [&](float** x) { f_->matmul_forward_fp8(x[0], x[1], x[2], x[3], N, IC, OC, amax); });
     }
-    void bias_backward(void* dbias, const void* dout, int N, int OC) override {
-        run({{dbias, (size_t)OC, true}, {dout, (size_t)N * OC, false}},
-            [&](float** x) { cpu::bias_backward(x[0], x[1], N, OC); });
+    void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                             const void* weight, int N, int IC, int OC, const void* amax) override {
+        run({{dinp, (size_t)N * IC, true}, {dweight, (size_t)OC * IC, true}, {dbias, dbias ? (size_t)OC : 0, true},
+             {dout, (size_t)N * OC, false}, {inp, (size_t)N * IC, false}, {weight, (size_t)OC * IC, false}},
+            [&](float** x) { f_->matmul_backward_fp8(x[0], x[1], x[2], x[3], x[4], x[5], N, IC, OC, amax); });
     }
     // The experts' products: this backend's matmul over each group; the
     // routing figures are doubles and fp32 (stat): the fp32 backend's.

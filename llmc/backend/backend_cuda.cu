@@ -1,19 +1,14 @@
 // llmc/backend/backend_cuda.cu: the Backend on one CUDA device.
 //
-// Precision (backend.h): the default build keeps parameters, gradients and activations in bf16,
-// master weights, Adam m/v and per-row statistics in fp32; the fp32 build keeps everything in
-// fp32 (no master copy) so kernels can be checked tightly against the CPU backend. Every op
-// dispatches to the kernel templates of llmc/backend/cuda/*.cuh with E = bf16 or float.
-//
-// All work goes to one stream owned by the backend (cuBLASLt included), so ops run in call
-// order; transfers to and from the host synchronise that stream before they return. Host <->
-// device conversion runs on the device through a fixed staging buffer allocated with the
-// backend: the host never holds a converted copy of a whole buffer (cuda/staging.cuh).
-// Temporary device memory the kernels need (partial sums, attention's D vector, encoder sort
-// keys, the multi-run tables) lives in scratch buffers that the model stack reserves once
-// (reserve_workspace, cuda/scratch.cuh and cuda/workspace.h), so no device memory is allocated
-// or freed between steps; they are not counted in bytes_in_use(): that figure is the model's own
-// buffers, as the memory report expects. Switches come from the environment once (cuda/switches.h).
+// Precision (backend.h): by default bf16 parameters, gradients and activations, fp32 master weights,
+// Adam m/v and per-row statistics; the fp32 build keeps everything in fp32 (no master copy) so kernels
+// can be checked tightly against the CPU backend. Ops dispatch to llmc/backend/cuda/*.cuh with E = bf16
+// or float. All work goes to one stream owned by the backend (cuBLASLt included), so ops run in call
+// order; transfers synchronise it, converting on the device through a fixed staging buffer
+// (cuda/staging.cuh). The kernels' temporary memory lives in scratch buffers the model stack reserves
+// once (reserve_workspace, cuda/scratch.cuh, cuda/workspace.h): nothing is allocated or freed between
+// steps, and bytes_in_use() is the model's own buffers. Switches come from the environment once
+// (cuda/switches.h).
 #include "llmc/backend/backend_cuda.h"
 
 #include <algorithm>
@@ -33,6 +28,7 @@
 #include "llmc/backend/cuda/encoder.cuh"
 #include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/event_marks.cuh"
+#include "llmc/backend/cuda/fp8.cuh"
 #include "llmc/backend/cuda/graphs.cuh"
 #include "llmc/backend/cuda/layernorm.cuh"
 #include "llmc/backend/cuda/matmul.cuh"
@@ -49,7 +45,6 @@
 using llmc_cuda::bf16;
 using llmc_cuda::device_convert;
 using llmc_cuda::GrowBuffer;
-
 namespace {
 
 class CudaBackend final : public Backend {
@@ -71,6 +66,9 @@ class CudaBackend final : public Backend {
         mm_.init(stream_, workspace);
         mm_.bias_grad_epilogue = bgrad;
         staging_.reserve(kStagingElems * dtype_size(DType::F64), stream_);
+        cudaDeviceProp p;
+        CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
+        fp8_capable_ = p.major * 10 + p.minor >= 89;
     }
     ~CudaBackend() override {
         cudaSetDevice(device_);
@@ -91,9 +89,8 @@ class CudaBackend final : public Backend {
         if (fp32_) return {DType::F32, DType::F32, DType::F32, false, DType::F32, DType::F32, DType::F32};
         return {DType::BF16, DType::BF16, DType::F32, true, DType::F32, DType::BF16, DType::F32};
     }
-    // LayerNorm, RMSNorm and bias gradients, attention's dk/dv (summed over a GQA group in a fixed head
-    // order), encoder backward and the norm sum in an order that depends only on the shapes (no floating-point
-    // atomics), but cuBLASLt's algorithm choice is not promised to give the same bits on every run.
+    // Norm and bias gradients, attention's dk/dv, encoder backward and the norm sum add in an order fixed by the
+    // shapes (no float atomics), but cuBLASLt's algorithm choice may not give the same bits on every run.
     bool deterministic() const override { return false; }
     // ---- memory ---------------------------------------------------------------------
     // The GPU's free memory, shared by the ranks that run on it (local ranks are dealt to the GPUs in turn).
@@ -193,6 +190,7 @@ class CudaBackend final : public Backend {
         llmc_cuda::encoder_backward_reserve(enc_, w.rows, w.seq, w.channels, w.vocab_rows, stream_);
         adam_table_.reserve(w.runs, stream_);
         sumsq_.reserve(w.runs, w.run_elems, stream_);
+        fp8_.reserve(w.fp8_elems, stream_);
     }
     // ---- model ops --------------------------------------------------------------------
     void encoder_forward(void* out, const int* tokens, const int* pos, const void* wte, const void* wpe, int B,
@@ -304,6 +302,16 @@ class CudaBackend final : public Backend {
         activate(), llmc_cuda::moe_aux_loss(g, aux, st, NE, LN, k, stream_); }
     void moe_balance(void* f, void* b, void* b64, void* ld, int L, int NE, double div, double rate) override {
         activate(), llmc_cuda::moe_balance(f, b, b64, ld, L, NE, div, rate, stream_); }
+    // ---- FP8 products (cuda/fp8.cuh), where the device has FP8 tensor cores (compute capability 8.9 and later).
+    bool fp8() const override { return fp8_capable_; }
+    void amax_to(void* dst, const void* x, DType, size_t n) override { activate(), fp8_.amax(fp32_, dst, x, n); }
+    void matmul_forward_fp8(void* y, const void* x, const void* w, const void* b, int N, int IC, int OC,
+                            const void* am) override {
+        activate(), fp8_.forward(fp32_, y, x, w, b, N, IC, OC, am); }
+    void matmul_backward_fp8(void* dx, void* dw, void* db, const void* dy, const void* x, const void* w, int N, int IC,
+                             int OC, const void* am) override {
+        const size_t nsc = db ? llmc_cuda::matmul_backward_scratch_floats(N, OC) : 0;
+        activate(), fp8_.backward(fp32_, dx, dw, db, dy, x, w, N, IC, OC, am, scratch_floats(nsc, "fp8 dbias")); }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {
         dispatch([&](auto tag) {
@@ -367,12 +375,9 @@ class CudaBackend final : public Backend {
     // Gradients have the activation type in both precisions (bf16 or fp32).
     void accumulate(void* dst, const void* src, size_t n) override { residual_forward(dst, dst, src, n); }
     void* native_stream() override { return stream_; }
-    // Attention: bf16 activations with head size 64 or 128 (and 16-byte
-    // aligned rows) run on tensor cores (cuda/attention_tc.cuh); fp32 mode,
-    // other head sizes and odd layouts on the CUDA-core kernels
-    // (cuda/attention.cuh). LLMC_ATTN_TC=0 forces the latter. Both take the
-    // document mask (AttnShape::doc_start); the one-kernel backward
-    // (LLMC_ATTN_BWD=5) does not, so masked calls keep the two kernels.
+    // Attention: bf16 with head size 64 or 128 (16-byte aligned rows) on tensor cores (cuda/attention_tc.cuh),
+    // the rest (or LLMC_ATTN_TC=0) on the CUDA-core kernels (cuda/attention.cuh). Both take the document
+    // mask; the one-kernel backward (LLMC_ATTN_BWD=5) does not, so masked calls keep the two kernels.
     static bool use_tc(const AttnShape& s, std::initializer_list<const void*> ptrs) {
         return llmc_cuda::attention_tc_enabled() && llmc_cuda::attention_tc_supported(s, ptrs);
     }
@@ -412,8 +417,7 @@ class CudaBackend final : public Backend {
                                              stream_);
         });
     }
-    // Ring attention: the running out/lse and the block gradients are fp32
-    // (the stat type); q, k, v, dout and the final out are the activation type.
+    // Ring attention: running out/lse and block gradients fp32 (stat); q, k, v, dout, out the activation type.
     void attention_block_forward(void* out_acc, void* lse_acc, const void* q, const void* k, const void* v,
                                  const AttnShape& s, bool first) override {
         dispatch([&](auto tag) {
@@ -468,8 +472,7 @@ class CudaBackend final : public Backend {
                                                write_grad, stream_);
         });
     }
-    // Vocab-parallel cross-entropy: logits in the activation type, row_max,
-    // target_logit, sumexp and losses fp32 (the stat type).
+    // Vocab-parallel cross-entropy: logits the activation type; row_max, target_logit, sumexp, losses fp32.
     void crossentropy_stats(const void* logits, const int* targets, void* row_max, void* target_logit, int N, int Vl,
                             int v_begin, int V) override {
         dispatch([&](auto tag) {
@@ -503,8 +506,7 @@ class CudaBackend final : public Backend {
             llmc_cuda::adamw_update_any<decltype(tag)>(param, ptr<float>(master), grad, m, v, n, a, stream_);
         });
     }
-    // One launch for every run (llmc/backend/cuda/adamw.cuh); the piece table stays
-    // on the device while the runs are the same as last time.
+    // One launch for every run (cuda/adamw.cuh); the piece table stays on the device while the runs repeat.
     void adamw_update_multi(const AdamSpan* spans, int count, const AdamArgs& a) override {
         dispatch([&](auto tag) { adam_table_.update_spans<decltype(tag)>(spans, count, a, pieces_, stream_); });
     }
@@ -555,13 +557,9 @@ class CudaBackend final : public Backend {
 
   private:
     static constexpr size_t kStagingElems = (size_t)1 << 20;  // per transfer chunk (8 MiB of fp64)
-
     template <typename E> static E* ptr(void* p) { return static_cast<E*>(p); }
     template <typename E> static const E* cptr(const void* p) { return static_cast<const E*>(p); }
-
-    // Several backends (one per device) may live in one process.
-    void activate() const { CUDA_CHECK(cudaSetDevice(device_)); }
-
+    void activate() const { CUDA_CHECK(cudaSetDevice(device_)); }  // several backends may share a process
     // Call fn with a value of the element type of this build.
     template <typename Fn>
     void dispatch(Fn&& fn) {
@@ -576,6 +574,8 @@ class CudaBackend final : public Backend {
     bool fp32_;
     cudaStream_t stream_ = nullptr;
     llmc_cuda::MatmulContext mm_;
+    llmc_cuda::Fp8Ops fp8_;
+    bool fp8_capable_ = false;
     llmc_switch::GeluFusion gelu_fusion_ = llmc_switch::GeluFusion::none;
     llmc_cuda::EncoderBackwardScratch enc_;
     llmc_cuda::AdamMultiTable adam_table_;

@@ -59,8 +59,9 @@ class MeasureBackend : public Backend {
     void moe_combine(void*, const void*, const void*, const int*, int, int, int) override {}
     bool fp8() const override { return real_ ? real_->fp8() : true; }
     void amax_to(void*, const void*, DType, size_t) override {}
-    void fp8_round(void*, const void*, DType, size_t, const void*, int) override {}
-    void bias_backward(void*, const void*, int, int) override {}
+    void matmul_forward_fp8(void*, const void*, const void*, const void*, int, int, int, const void*) override {}
+    void matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int, int, int,
+                             const void*) override {}
     void moe_expert_matmul_forward(void*, const void*, const void*, const int*, int, int, int, int) override {}
     void moe_expert_matmul_backward(void*, void*, const void*, const void*, const void*, const int*, int, int, int,
                                     int) override {}

@@ -158,11 +158,14 @@ class BackendWrapper : public Backend {
     void amax_to(void* dst, const void* x, DType t, size_t n) override {
         device_op("amax_to", [=] { in_->amax_to(dst, x, t, n); });
     }
-    void fp8_round(void* dst, const void* x, DType t, size_t n, const void* amax, int format) override {
-        device_op("fp8_round", [=] { in_->fp8_round(dst, x, t, n, amax, format); });
+    void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
+                            const void* amax) override {
+        device_op("matmul_forward_fp8", [=] { in_->matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax); });
     }
-    void bias_backward(void* dbias, const void* dout, int N, int OC) override {
-        device_op("bias_backward", [=] { in_->bias_backward(dbias, dout, N, OC); });
+    void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                             const void* weight, int N, int IC, int OC, const void* amax) override {
+        device_op("matmul_backward_fp8",
+                  [=] { in_->matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax); });
     }
     void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
                                    int IC, int OC) override {

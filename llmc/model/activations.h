@@ -39,10 +39,9 @@ struct GPT::Acts {
     void *moe_send = nullptr, *moe_ye = nullptr;
     void* moe_bias = nullptr;  // [L, E] stat: --moe-balance bias's routing bias
     void* moe_aux_grad = nullptr;  // [chunk-slots, E] stat: the load-balancing loss's gradient per probability
-    // --fp8 1 (docs/fp8.md): the rounded copies of a product's input, weight
-    // and output gradient ([N, IC] act, [OC, IC] param, [N, OC] act at the
-    // largest of the four layers), and their amax (3 doubles).
-    void *fp8_in = nullptr, *fp8_w = nullptr, *fp8_dout = nullptr, *fp8_amax = nullptr;
+    // --fp8 1 (docs/fp8.md): the amax of a product's input, weight and output
+    // gradient (3 doubles; the backend keeps the operands' FP8 copies).
+    void* fp8_amax = nullptr;
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
     void* logits;                               // [N,Vl]; with --head-chunk ROWS one [ROWS,Vl] for all slots

@@ -213,13 +213,8 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         be_->zero(a.moe_bias, (size_t)cfg.num_layers * E * dtype_size(st));
         moe_.init(cfg.num_layers, (int)E, LS, chunk_slots, ep_ != nullptr);
     }
-    if (fp8_) {  // the four layers' FP8 operand copies (fp8.cpp)
+    if (fp8_) {  // the four layers' FP8 operands' amax (fp8.cpp): input, weight, output gradient
         if (!be_->fp8()) throw std::invalid_argument("GPT: the " + std::string(be_->name()) + " backend has no FP8 products");
-        const size_t in = N * std::max(std::max(C, Cl), Hl), dout = N * std::max(std::max(Wqkv, C), Fl);
-        const size_t w = std::max(std::max(Wqkv * C, C * Cl), std::max(Fl * C, C * Hl));
-        a.fp8_in = alloc_buffer(S, "fp8_input", in, act);
-        a.fp8_w = alloc_buffer(S, "fp8_weight", w, prec_.param);
-        a.fp8_dout = training ? alloc_buffer(S, "fp8_output_grad", dout, act) : nullptr;
         a.fp8_amax = alloc_buffer(S, "fp8_amax", 3, DType::F64);
     }
     if (HSl) {
@@ -490,5 +485,10 @@ Workspace GPT::workspace() const {
     w.head_size = cfg_.head_size();
     w.runs = (int)table_.entries.size();
     w.run_elems = table_.total;
+    if (fp8_) {  // the four layers' inputs, output gradients and weights (fp8.cpp)
+        const size_t N = (size_t)B_ * T_, C = cfg_.channels, Cl = table_.heads * cfg_.head_size(), Hl = table_.hidden;
+        const size_t Wq = qkv_width(), Fl = fch_width();
+        w.fp8_elems = std::max({N * std::max({C, Cl, Hl, Wq, Fl}), Wq * C, C * Cl, Fl * C, C * Hl});
+    }
     return w;
 }

@@ -313,7 +313,8 @@ class GPT {
     void linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row);
     void linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
                          int OC, bool row);
-    const void* fp8_operand(int which, const void* x, DType t, size_t n, int format, bool tp_split, bool cp_split);
+    // fp8_amax [which] (0 input, 1 weight, 2 output gradient) of x, with the group max.
+    void fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, bool cp_split);
     // Rows of fch and h: N; Mixtral's N·K grouped rows, under expert
     // parallelism the most this rank's experts can receive.
     int mlp_rows(int N) const {

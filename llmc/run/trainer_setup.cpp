@@ -99,8 +99,8 @@ void Trainer::setup(const ArgParser& parser) {
     if (t_from_model) cfg.T = default_seq_len(mc);
     lay.T = cfg.T;
     setup_check(!cfg.fp8 || be->fp8(), std::string("flag --fp8: the ") + be->name() +
-                                           " backend's FP8 products are not built yet (the CPU emulates them exactly: "
-                                           "--device cpu)");
+                                           " device has no FP8 tensor cores (compute capability 8.9 or later; the "
+                                           "CPU emulates them exactly: --device cpu)");
     // A Mixtral step keeps its routing on the device (GPT::keep_moe_on_device)
     // but for two exchanges that need sizes or sums on the host.
     setup_check(!(cfg.sync_free && mc.moe() && lay.ep > 1),

@@ -1,0 +1,158 @@
+// dev/cuda/fp8.cu: kernel lab for the FP8 products (docs/fp8.md,
+// llmc/backend/cuda/fp8.cuh) against the CPU's exact emulation
+// (llmc/backend/cpu_fp8.h):
+//   amax       the largest magnitude of a tensor (exact: a max), and NaN wins
+//   quantize   bytes of x · scale by the conversion instruction (satfinite)
+//              against fp8.h's rounding of the same fp32 values, e4m3 and
+//              e5m2, plain and transposed (exact: every byte)
+//   products   forward, input gradient and weight gradient (+=) through
+//              cuBLASLt's FP8 matmul with the descale pointers, against the
+//              CPU's product of the rounded copies (fp32 accumulation on both
+//              sides, different orders: a relative tolerance), bf16 and fp32
+//              outputs, with a bias
+// Timing (bf16 outputs, N=8192 tokens, 1024 -> 4096, and d12's 768 -> 3072):
+// TFLOP/s of the three products, and beside them the bf16 products
+// (matmul.cuh) of the same shapes.
+#include <cstring>
+#include <type_traits>
+
+#include "common.h"
+#include "llmc/backend/cpu_fp8.h"
+#include "llmc/backend/cpu_ops.h"
+#include "llmc/backend/cuda/fp8.cuh"
+
+using namespace llmc_cuda;
+
+static std::vector<uint8_t> bytes_from_device(const uint8_t* d, size_t n) {
+    std::vector<uint8_t> h(n);
+    CUDA_CHECK(cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost));
+    return h;
+}
+static void count(bool ok, const std::string& what, const std::string& detail) {
+    std::printf("  %-52s %s  %s\n", what.c_str(), detail.c_str(), ok ? "PASS" : "FAIL");
+    (ok ? lab::g_passed : lab::g_failed)++;
+}
+
+// amax and the quantising kernel, exactly.
+static void check_quantize(int rows, int cols) {
+    std::vector<float> x = lab::rand_normal((size_t)rows * cols, 3.f, 21);
+    x[7] = 1e6f;  // saturates at either scale's end? (the scale maps it to fmax exactly)
+    float* dx = lab::to_device<float>(x);
+    double* dam = lab::dev_alloc<double>(3);
+    unsigned* bits = lab::dev_alloc<unsigned>(1);
+    amax_to<float>(dam, dx, x.size(), bits, 0);
+    double am = 0;
+    CUDA_CHECK(cudaMemcpy(&am, dam, sizeof am, cudaMemcpyDeviceToHost));
+    const double want = cpu::amax(x.data(), x.size());
+    count(am == want, "amax " + std::to_string(rows) + "x" + std::to_string(cols), "got " + std::to_string(am));
+    float* sc = lab::dev_alloc<float>(6);
+    CUDA_CHECK(cudaMemcpy(dam + 1, &am, sizeof am, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dam + 2, &am, sizeof am, cudaMemcpyHostToDevice));
+    fp8_scales_kernel<<<1, 32>>>(sc, dam);
+    float s[6];
+    CUDA_CHECK(cudaMemcpy(s, sc, sizeof s, cudaMemcpyDeviceToHost));
+    uint8_t* q = lab::dev_alloc<uint8_t>(x.size());
+    for (int e5 = 0; e5 < 2; e5++)
+        for (int t = 0; t < 2; t++) {
+            fp8_quantize<float>(q, dx, rows, cols, sc + (e5 ? 2 : 0), e5 == 1, t == 1, 0);
+            const std::vector<uint8_t> got = bytes_from_device(q, x.size());
+            const fp8::Format f = e5 ? fp8::Format::e5m2 : fp8::Format::e4m3;
+            size_t bad = 0;
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < cols; c++) {
+                    const float v = x[(size_t)r * cols + c] * s[e5 ? 2 : 0];  // the kernel's fp32 product
+                    const uint8_t w = fp8::encode((double)v, f);
+                    bad += got[t ? (size_t)c * rows + r : (size_t)r * cols + c] != w;
+                }
+            count(bad == 0, std::string("quantize ") + (e5 ? "e5m2" : "e4m3") + (t ? " transposed" : ""),
+                  std::to_string(bad) + " of " + std::to_string(x.size()) + " bytes differ");
+        }
+    for (void* p : {(void*)dx, (void*)dam, (void*)bits, (void*)sc, (void*)q}) lab::dev_free(p);
+}
+
+// The three products against the CPU's emulation (fp32 copies, cpu_fp8.h).
+template <typename E>
+static void check_products(int N, int IC, int OC, double tol) {
+    const std::string l = std::string(std::is_same<E, float>::value ? "fp32" : "bf16") + " N=" + std::to_string(N) +
+                          " " + std::to_string(IC) + "->" + std::to_string(OC);
+    std::vector<float> x = lab::rand_normal((size_t)N * IC, 1.f, 31), w = lab::rand_normal((size_t)OC * IC, 0.05f, 32);
+    std::vector<float> dy = lab::rand_normal((size_t)N * OC, 1e-3f, 33), b = lab::rand_normal(OC, 0.1f, 34);
+    std::vector<float> dw0 = lab::rand_normal((size_t)OC * IC, 1e-3f, 35);
+    if (!std::is_same<E, float>::value)
+        for (auto* v : {&x, &w, &dy, &b, &dw0})
+            for (float& t : *v) t = lab::round_bf16(t);
+    const double am[3] = {cpu::amax(x.data(), x.size()), cpu::amax(w.data(), w.size()), cpu::amax(dy.data(), dy.size())};
+    std::vector<float> xq(x.size()), wq(w.size()), dq(dy.size());
+    cpu::fp8_round(xq.data(), x.data(), x.size(), am[0], 0);
+    cpu::fp8_round(wq.data(), w.data(), w.size(), am[1], 0);
+    cpu::fp8_round(dq.data(), dy.data(), dy.size(), am[2], 1);
+    std::vector<float> y((size_t)N * OC), dx((size_t)N * IC), dw = dw0;
+    cpu::matmul_forward(y.data(), xq.data(), wq.data(), b.data(), N, IC, OC);
+    cpu::matmul_backward(dx.data(), dw.data(), (float*)nullptr, dq.data(), xq.data(), wq.data(), N, IC, OC);
+    E *d_x = lab::to_device<E>(x), *d_w = lab::to_device<E>(w), *d_dy = lab::to_device<E>(dy), *d_b = lab::to_device<E>(b);
+    E *d_y = lab::dev_alloc<E>(y.size()), *d_dx = lab::dev_alloc<E>(dx.size()), *d_dw = lab::to_device<E>(dw0);
+    double* d_am = lab::dev_alloc<double>(3);
+    CUDA_CHECK(cudaMemcpy(d_am, am, sizeof am, cudaMemcpyHostToDevice));
+    Fp8Ops ops;
+    ops.reserve(std::max({(size_t)N * IC, (size_t)OC * IC, (size_t)N * OC}), 0);
+    const bool fp32 = std::is_same<E, float>::value;
+    ops.forward(fp32, d_y, d_x, d_w, d_b, N, IC, OC, d_am);
+    ops.backward(fp32, d_dx, d_dw, nullptr, d_dy, d_x, d_w, N, IC, OC, d_am, nullptr);
+    lab::validate((l + " forward").c_str(), lab::from_device(d_y, y.size()), y, tol);
+    lab::validate((l + " input grad").c_str(), lab::from_device(d_dx, dx.size()), dx, tol);
+    lab::validate((l + " weight grad").c_str(), lab::from_device(d_dw, dw.size()), dw, tol);
+    for (void* p : {(void*)d_x, (void*)d_w, (void*)d_dy, (void*)d_b, (void*)d_y, (void*)d_dx, (void*)d_dw, (void*)d_am})
+        lab::dev_free(p);
+}
+
+static void time_shape(int N, int IC, int OC) {
+    bf16 *x = lab::to_device<bf16>(lab::rand_normal((size_t)N * IC, 1.f, 41)),
+         *w = lab::to_device<bf16>(lab::rand_normal((size_t)OC * IC, 0.02f, 42)),
+         *dy = lab::to_device<bf16>(lab::rand_normal((size_t)N * OC, 1e-3f, 43));
+    bf16 *y = lab::dev_alloc<bf16>((size_t)N * OC), *dx = lab::dev_alloc<bf16>((size_t)N * IC),
+         *dw = lab::dev_alloc<bf16>((size_t)OC * IC);
+    double* am = lab::dev_alloc<double>(3);
+    const double h[3] = {4.0, 0.1, 5e-3};
+    CUDA_CHECK(cudaMemcpy(am, h, sizeof h, cudaMemcpyHostToDevice));
+    Fp8Ops ops;
+    ops.reserve(std::max({(size_t)N * IC, (size_t)OC * IC, (size_t)N * OC}), 0);
+    MatmulContext mm;
+    mm.init(0);
+    float* scratch = lab::dev_alloc<float>(matmul_backward_scratch_floats(N, OC));
+    const double flop = 2.0 * N * IC * OC;
+    const std::string shp = std::to_string(N) + "x" + std::to_string(IC) + "->" + std::to_string(OC);
+    float f8f = lab::time_ms([&] { ops.forward(false, y, x, w, nullptr, N, IC, OC, am); });
+    float f8b = lab::time_ms([&] { ops.backward(false, dx, dw, nullptr, dy, x, w, N, IC, OC, am, nullptr); });
+    float bff = lab::time_ms([&] { matmul_forward<bf16>(mm, y, x, w, nullptr, N, IC, OC); });
+    float bfb = lab::time_ms([&] { matmul_backward<bf16>(mm, dx, dw, nullptr, dy, x, w, N, IC, OC, scratch); });
+    lab::report_tflops(("fp8 forward " + shp).c_str(), f8f, flop);
+    lab::report_tflops(("fp8 backward (input + weight) " + shp).c_str(), f8b, 2 * flop);
+    lab::report_tflops(("bf16 forward " + shp).c_str(), bff, flop);
+    lab::report_tflops(("bf16 backward " + shp).c_str(), bfb, 2 * flop);
+    std::printf("figure fp8_products_over_bf16_%s %g ratio\n", lab::slug(shp.c_str()).c_str(), (bff + bfb) / (f8f + f8b));
+    mm.destroy();
+    for (void* p : {(void*)x, (void*)w, (void*)dy, (void*)y, (void*)dx, (void*)dw, (void*)am, (void*)scratch})
+        lab::dev_free(p);
+}
+
+int main() {
+    if (!lab::have_gpu()) return lab::finish();
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+    if (major * 10 + minor < 89) {
+        std::printf("no FP8 tensor cores here (compute capability %d.%d)\n", major, minor);
+        return lab::finish();
+    }
+    std::printf("validation\n");
+    check_quantize(64, 96);
+    check_quantize(1000, 130);
+    check_products<float>(64, 48, 80, 1e-5);
+    check_products<bf16>(256, 128, 384, 1e-2);
+    check_products<float>(1024, 768, 3072, 1e-5);
+    if (lab::check_only()) return lab::finish();
+    std::printf("timing (bf16 outputs)\n");
+    time_shape(8192, 768, 3072);
+    time_shape(8192, 1024, 4096);
+    return lab::finish();
+}
