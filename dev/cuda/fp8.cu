@@ -36,7 +36,7 @@ static void count(bool ok, const std::string& what, const std::string& detail) {
 // amax and the quantising kernel, exactly.
 static void check_quantize(int rows, int cols) {
     std::vector<float> x = lab::rand_normal((size_t)rows * cols, 3.f, 21);
-    x[7] = 1e6f;  // saturates at either scale's end? (the scale maps it to fmax exactly)
+    x[7] = 1e6f;  // the amax: its scale maps it to fmax, the rest of the tensor far below (subnormals, zeros)
     float* dx = lab::to_device<float>(x);
     double* dam = lab::dev_alloc<double>(3);
     unsigned* bits = lab::dev_alloc<unsigned>(1);

@@ -260,6 +260,17 @@ class Backend {
         (void)dst, (void)x, (void)t, (void)n;
         refuse("amax_to");
     }
+    // Delayed scaling (--fp8-history; doubles): with record step_max = max(step_max, *amax); then *amax = the
+    // max of history [len] (the operand's last steps' amaxes) when it holds any. At a step's end, unless skip or
+    // figures[skip], each of `slots` histories moves one back and takes its step_max; every step_max is zeroed.
+    virtual void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record) {
+        (void)amax, (void)step_max, (void)history, (void)len, (void)record;
+        refuse("fp8_delayed");
+    }
+    virtual void fp8_history_push(void* history, void* step_max, int slots, int len, const void* figures, bool skip) {
+        (void)history, (void)step_max, (void)slots, (void)len, (void)figures, (void)skip;
+        refuse("fp8_history_push");
+    }
     // matmul_forward / matmul_backward on FP8 operands: amax [3] doubles in
     // backend memory, the largest magnitudes of the whole input, weight and
     // output gradient (the model's group max taken); the input and weight in

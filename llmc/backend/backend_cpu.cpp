@@ -148,6 +148,14 @@ class CpuBackend : public Backend {
                                      : t == DType::F32 ? cpu::amax(static_cast<const float*>(x), n)
                                                        : throw std::invalid_argument("cpu amax_to: unsupported type");
     }
+    void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record) override {
+        cpu::fp8_delayed(static_cast<double*>(amax), static_cast<double*>(step_max),
+                         static_cast<const double*>(history), len, record);
+    }
+    void fp8_history_push(void* history, void* step_max, int slots, int len, const void* figures, bool skip) override {
+        cpu::fp8_history_push(static_cast<double*>(history), static_cast<double*>(step_max), slots, len,
+                              static_cast<const double*>(figures), skip);
+    }
     // The operands' rounded copies (cpu_fp8.h) in host scratch, then the
     // ordinary product of the copies.
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,

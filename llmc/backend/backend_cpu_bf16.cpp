@@ -252,6 +252,12 @@ class CpuBf16Backend final : public Backend {
         if (t != DType::BF16) return f_->amax_to(dst, x, t, n);
         run({{x, n, false}}, [&](float** y) { f_->amax_to(dst, y[0], DType::F32, n); });
     }
+    void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record) override {
+        f_->fp8_delayed(amax, step_max, history, len, record);
+    }
+    void fp8_history_push(void* history, void* step_max, int slots, int len, const void* figures, bool skip) override {
+        f_->fp8_history_push(history, step_max, slots, len, figures, skip);
+    }
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
                             const void* amax) override {
         run({{out, (size_t)N * OC, true}, {inp, (size_t)N * IC, false}, {weight, (size_t)OC * IC, false},

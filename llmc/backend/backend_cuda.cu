@@ -1,14 +1,13 @@
 // llmc/backend/backend_cuda.cu: the Backend on one CUDA device.
 //
-// Precision (backend.h): by default bf16 parameters, gradients and activations, fp32 master weights,
-// Adam m/v and per-row statistics; the fp32 build keeps everything in fp32 (no master copy) so kernels
-// can be checked tightly against the CPU backend. Ops dispatch to llmc/backend/cuda/*.cuh with E = bf16
-// or float. All work goes to one stream owned by the backend (cuBLASLt included), so ops run in call
-// order; transfers synchronise it, converting on the device through a fixed staging buffer
-// (cuda/staging.cuh). The kernels' temporary memory lives in scratch buffers the model stack reserves
-// once (reserve_workspace, cuda/scratch.cuh, cuda/workspace.h): nothing is allocated or freed between
-// steps, and bytes_in_use() is the model's own buffers. Switches come from the environment once
-// (cuda/switches.h).
+// Precision (backend.h): by default bf16 parameters, gradients and activations, fp32 master weights, Adam m/v
+// and per-row statistics; the fp32 build keeps everything in fp32 (no master copy) so kernels can be checked
+// tightly against the CPU backend. Ops dispatch to llmc/backend/cuda/*.cuh with E = bf16 or float. All work goes
+// to one stream owned by the backend (cuBLASLt included), so ops run in call order; transfers synchronise it,
+// converting on the device through a fixed staging buffer (cuda/staging.cuh). The kernels' temporary memory is
+// in scratch buffers the model stack reserves once (reserve_workspace, cuda/scratch.cuh, cuda/workspace.h):
+// nothing is allocated or freed between steps, and bytes_in_use() is the model's own buffers. Switches come from
+// the environment once (cuda/switches.h).
 #include "llmc/backend/backend_cuda.h"
 
 #include <algorithm>
@@ -302,9 +301,13 @@ class CudaBackend final : public Backend {
         activate(), llmc_cuda::moe_aux_loss(g, aux, st, NE, LN, k, stream_); }
     void moe_balance(void* f, void* b, void* b64, void* ld, int L, int NE, double div, double rate) override {
         activate(), llmc_cuda::moe_balance(f, b, b64, ld, L, NE, div, rate, stream_); }
-    // ---- FP8 products (cuda/fp8.cuh), where the device has FP8 tensor cores (compute capability 8.9 and later).
+    // ---- FP8 products (cuda/fp8.cuh), on FP8 tensor cores (compute capability 8.9 and later).
     bool fp8() const override { return fp8_capable_; }
     void amax_to(void* dst, const void* x, DType, size_t n) override { activate(), fp8_.amax(fp32_, dst, x, n); }
+    void fp8_delayed(void* a, void* s, const void* h, int n, bool r) override {
+        activate(), fp8_.delayed(a, s, h, n, r); }
+    void fp8_history_push(void* h, void* s, int n, int len, const void* f, bool skip) override {
+        activate(), fp8_.history_push(h, s, n, len, f, skip); }
     void matmul_forward_fp8(void* y, const void* x, const void* w, const void* b, int N, int IC, int OC,
                             const void* am) override {
         activate(), fp8_.forward(fp32_, y, x, w, b, N, IC, OC, am); }
@@ -554,7 +557,6 @@ class CudaBackend final : public Backend {
     int mark() override { return activate(), marks_.mark(stream_); }
     double mark_ms(int a, int b) override { return marks_.ms(a, b); }
     void clear_marks() override { marks_.clear(); }
-
   private:
     static constexpr size_t kStagingElems = (size_t)1 << 20;  // per transfer chunk (8 MiB of fp64)
     template <typename E> static E* ptr(void* p) { return static_cast<E*>(p); }
@@ -569,13 +571,12 @@ class CudaBackend final : public Backend {
     float* scratch_floats(size_t n, const char* what) {
         return static_cast<float*>(scratch_.get(n * sizeof(float), stream_, what));
     }
-
     int device_;
     bool fp32_;
     cudaStream_t stream_ = nullptr;
     llmc_cuda::MatmulContext mm_;
     llmc_cuda::Fp8Ops fp8_;
-    bool fp8_capable_ = false;
+    bool fp8_capable_ = false;  // FP8 tensor cores
     llmc_switch::GeluFusion gelu_fusion_ = llmc_switch::GeluFusion::none;
     llmc_cuda::EncoderBackwardScratch enc_;
     llmc_cuda::AdamMultiTable adam_table_;
@@ -588,7 +589,6 @@ class CudaBackend final : public Backend {
     std::unordered_map<void*, size_t> sizes_;
     size_t in_use_ = 0, peak_ = 0;
 };
-
 }  // namespace
 
 Backend* make_cuda_backend(int device_index, bool fp32) {

@@ -59,6 +59,8 @@ class MeasureBackend : public Backend {
     void moe_combine(void*, const void*, const void*, const int*, int, int, int) override {}
     bool fp8() const override { return real_ ? real_->fp8() : true; }
     void amax_to(void*, const void*, DType, size_t) override {}
+    void fp8_delayed(void*, void*, const void*, int, bool) override {}
+    void fp8_history_push(void*, void*, int, int, const void*, bool) override {}
     void matmul_forward_fp8(void*, const void*, const void*, const void*, int, int, int, const void*) override {}
     void matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int, int, int,
                              const void*) override {}

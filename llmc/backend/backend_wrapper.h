@@ -158,6 +158,12 @@ class BackendWrapper : public Backend {
     void amax_to(void* dst, const void* x, DType t, size_t n) override {
         device_op("amax_to", [=] { in_->amax_to(dst, x, t, n); });
     }
+    void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record) override {
+        device_op("fp8_delayed", [=] { in_->fp8_delayed(amax, step_max, history, len, record); });
+    }
+    void fp8_history_push(void* history, void* step_max, int slots, int len, const void* figures, bool skip) override {
+        device_op("fp8_history_push", [=] { in_->fp8_history_push(history, step_max, slots, len, figures, skip); });
+    }
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
                             const void* amax) override {
         device_op("matmul_forward_fp8", [=] { in_->matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax); });

@@ -201,6 +201,7 @@ std::string checkpoint_index_text(GPT& model, int world, const TrainState& st, c
     j["loss_mean"] = st.loss_mean;
     j["loss_count"] = st.loss_count;
     if (!st.moe_bias.empty()) j["moe_bias"] = st.moe_bias;
+    if (!st.fp8_history.empty()) j["fp8_amax_history"] = st.fp8_history;
     j["run"] = {{"max_steps", run.max_steps}, {"total_batch", run.total_batch}, {"B", run.B}, {"T", run.T},
                 {"world", run.world}, {"pp", run.pp}, {"vpp", run.vpp}, {"dp", run.dp}, {"cp", run.cp},
                 {"tp", run.tp}, {"sp", run.sp}, {"zero", run.zero}, {"recompute", run.recompute},

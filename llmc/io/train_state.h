@@ -20,6 +20,7 @@ struct TrainState {
     int loss_count = 0;
     // --moe-balance bias: the routing bias [L, E] (empty otherwise).
     std::vector<double> moe_bias;
+    std::vector<double> fp8_history;  // --fp8-history: [L, 4, 3, N] amaxes, newest first (docs/fp8.md)
 };
 
 // The flags and layout of the run that wrote a checkpoint (a resume compares

@@ -42,6 +42,9 @@ struct GPT::Acts {
     // --fp8 1 (docs/fp8.md): the amax of a product's input, weight and output
     // gradient (3 doubles; the backend keeps the operands' FP8 copies).
     void* fp8_amax = nullptr;
+    // --fp8-history: per (layer, linear, operand) the last N steps' amaxes
+    // ([L, 4, 3, N] doubles, newest first) and this step's ([L, 4, 3]).
+    void *fp8_hist = nullptr, *fp8_step = nullptr;
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
     void* logits;                               // [N,Vl]; with --head-chunk ROWS one [ROWS,Vl] for all slots

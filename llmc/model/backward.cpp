@@ -40,6 +40,7 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) 
 }
 
 void GPT::backward_ops(int c, int slot, bool last_micro_step) {
+    fp8_record_ = true;
     const ModelChunk& ch = chunks_.at(c);
     Acts& a = *a_;
     const bool sp = tp_ && tp_->sp();

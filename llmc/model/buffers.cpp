@@ -116,7 +116,8 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
       prec_(be->precision()), B_(o.B), T_(o.T), recompute_(o.recompute),
       chunks_(o.chunks.empty() ? whole_model(cfg) : o.chunks), tp_(o.tp && o.tp->size() > 1 ? o.tp : nullptr),
       tp_size_(o.tp ? o.tp->size() : 1), cp_(o.cp && o.cp->size() > 1 ? o.cp : nullptr), head_chunk_(o.head_chunk),
-      ep_(o.ep && o.ep->size() > 1 ? o.ep : nullptr), sharding_(o.sharding), training_(o.training), fp8_(o.fp8) {
+      ep_(o.ep && o.ep->size() > 1 ? o.ep : nullptr), sharding_(o.sharding), training_(o.training), fp8_(o.fp8),
+      fp8_len_(o.fp8 ? o.fp8_history : 0) {
     const int B = o.B, T = o.T, head_chunk = o.head_chunk;
     const Recompute recompute = o.recompute;
     const Sharding& sharding = o.sharding;
@@ -216,6 +217,11 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     if (fp8_) {  // the four layers' FP8 operands' amax (fp8.cpp): input, weight, output gradient
         if (!be_->fp8()) throw std::invalid_argument("GPT: the " + std::string(be_->name()) + " backend has no FP8 products");
         a.fp8_amax = alloc_buffer(S, "fp8_amax", 3, DType::F64);
+        if (fp8_len_ > 0) {
+            const size_t slots = (size_t)cfg.num_layers * 12;
+            a.fp8_hist = alloc_buffer(S, "fp8_amax_history", slots * fp8_len_, DType::F64);
+            a.fp8_step = alloc_buffer(S, "fp8_amax_step", slots, DType::F64);
+        }
     }
     if (HSl) {
         a.lnf = alloc_buffer(A, "lnf", HSl * Ns * C, act);

@@ -128,6 +128,7 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
                           double dloss, const int* docs) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");
     if (dloss != 0.0 && !training_) throw std::logic_error("forward: a loss gradient in a model built without gradients");
+    fp8_record_ = dloss != 0.0;  // --fp8-history: the step's amaxes are the training passes' (fp8.cpp)
     if (cp_ && T != T_) throw std::invalid_argument("forward: context parallel runs whole local sequences");
     const ModelChunk& ch = chunks_.at(c);
     if (slot < 0 || slot >= ch.slots) throw std::logic_error("forward: no such activation slot");

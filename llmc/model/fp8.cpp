@@ -6,17 +6,50 @@
 // the ranks that hold the others first, so every layout rounds every value
 // the same way: under tp the weights of all four layers, the input of the
 // row-parallel ones and the output gradient of the column-parallel ones;
-// under cp every activation and output gradient (split by sequence).
+// under cp every activation and output gradient (split by sequence). With
+// --fp8-history the scale comes from the largest amax of the operand's last
+// N steps (delayed scaling), and the step's own amaxes join the history at
+// its end, maxed over the dp x cp ranks (the trainer's collective), so the
+// history too is the same in every layout.
+#include <stdexcept>
+
 #include "llmc/base/test_hooks.h"
 #include "llmc/model/activations.h"
 #include "llmc/model/gpt.h"
 
-void GPT::fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, bool cp_split) {
+// The four layers' index in the history: QKV, attention output, MLP up, MLP down.
+static int linear_index(Param w) {
+    return w == Param::qkvw ? 0 : w == Param::attprojw ? 1 : w == Param::fcw ? 2 : 3;
+}
+
+void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split) {
     void* am = elem_ptr(a_->fp8_amax, DType::F64, (size_t)which);
     be_->amax_to(am, x, t, n);
     static const bool local = test_hooks::fp8_local_amax();  // the tests' counter-example
     if (tp_split && tp_ && !local) tp_->max(am, 1, DType::F64);
     if (cp_split && cp_ && !local) cp_->max(am, 1, DType::F64);
+    if (fp8_len_ > 0) {  // delayed scaling: record the whole tensor's amax, scale by the history's
+        const size_t slot = ((size_t)l * 4 + linear_index(w)) * 3 + which;
+        be_->fp8_delayed(am, elem_ptr(a_->fp8_step, DType::F64, slot),
+                         elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, fp8_record_);
+    }
+}
+
+void* GPT::fp8_step_amax() { return a_->fp8_step; }
+
+void GPT::fp8_push(const void* figures, bool skipped) {
+    if (fp8_len_ > 0) be_->fp8_history_push(a_->fp8_hist, a_->fp8_step, fp8_slots(), fp8_len_, figures, skipped);
+}
+
+std::vector<double> GPT::fp8_history() const {
+    std::vector<double> h((size_t)fp8_slots() * fp8_len_);
+    if (!h.empty()) be_->download(h.data(), DType::F64, a_->fp8_hist, DType::F64, h.size());
+    return h;
+}
+
+void GPT::set_fp8_history(const std::vector<double>& h) {
+    if (h.size() != (size_t)fp8_slots() * fp8_len_) throw std::invalid_argument("set_fp8_history: another shape");
+    be_->upload(a_->fp8_hist, DType::F64, h.data(), DType::F64, h.size());
 }
 
 void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row) {
@@ -24,8 +57,8 @@ void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, i
         be_->matmul_forward(out, in, P(w, l), bias, N, IC, OC);
         return;
     }
-    fp8_amax(0, in, prec_.act, (size_t)N * IC, row, true);
-    fp8_amax(1, P(w, l), prec_.param, (size_t)OC * IC, true, false);
+    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true);
+    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false);
     be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, a_->fp8_amax);
 }
 
@@ -35,8 +68,8 @@ void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, co
         be_->matmul_backward(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
-    fp8_amax(0, in, prec_.act, (size_t)N * IC, row, true);
-    fp8_amax(1, P(w, l), prec_.param, (size_t)OC * IC, true, false);
-    fp8_amax(2, dout, prec_.act, (size_t)N * OC, !row, true);
+    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true);
+    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false);
+    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true);
     be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
 }

@@ -93,6 +93,9 @@ struct ModelOptions {
     // --fp8 1 (docs/fp8.md): the four linear layers of every block multiply
     // operands rounded to FP8 grids at current scaling (fp8.cpp).
     bool fp8 = false;
+    // With fp8: delayed scaling, each operand scaled by the largest amax of
+    // its last fp8_history steps (0: current scaling, its own amax).
+    int fp8_history = 0;
     // The parallel modes (null: off). Under sequence parallelism B·T must
     // divide by the tp degree.
     TensorParallelOps* tp = nullptr;
@@ -194,6 +197,16 @@ class GPT {
     // figures, the loads' divisor and the bias's rate (0: no bias).
     void* moe_loads_device() { return moe_.loads_dev_; }
     void moe_balance(void* figures, double divisor, double rate);
+    // --fp8-history (docs/fp8.md): the step's end (its amaxes, maxed over
+    // the dp x cp ranks first by the caller: fp8_step_amax's fp8_slots()
+    // doubles, then pushed into the histories unless the step was skipped,
+    // by the host's word or the figures'), and the histories [L, 4 layers,
+    // 3 operands, N] for checkpoints (this rank's layers; zero elsewhere).
+    int fp8_slots() const { return fp8_len_ ? cfg_.num_layers * 12 : 0; }
+    void* fp8_step_amax();
+    void fp8_push(const void* figures, bool skipped);
+    std::vector<double> fp8_history() const;
+    void set_fp8_history(const std::vector<double>& h);
     // The load-balancing loss's coefficient for the rest of the run (0 under
     // --moe-balance bias).
     void set_aux_coef(double c) { cfg_.aux_coef = c; }
@@ -314,7 +327,7 @@ class GPT {
     void linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
                          int OC, bool row);
     // fp8_amax [which] (0 input, 1 weight, 2 output gradient) of x, with the group max.
-    void fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, bool cp_split);
+    void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split);
     // Rows of fch and h: N; Mixtral's N·K grouped rows, under expert
     // parallelism the most this rank's experts can receive.
     int mlp_rows(int N) const {
@@ -412,6 +425,8 @@ class GPT {
     Sharding sharding_;
     bool training_ = true;  // gradients and Adam state allocated
     bool fp8_ = false;      // ModelOptions::fp8: the four layers' products on FP8 operands
+    int fp8_len_ = 0;       // ModelOptions::fp8_history
+    bool fp8_record_ = false;  // the pass records its amaxes for the history (a training pass)
     UnitProvider* provider_ = nullptr;
     LocalUnits* local_ = nullptr;
     std::vector<const void*> unit_params_;  // acquired units' parameters, else null

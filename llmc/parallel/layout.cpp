@@ -16,7 +16,8 @@ std::string Layout::describe() const {
     if (ep > 1) s += ", ep " + std::to_string(ep);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
     if (bf16_optimizer) s += ", bf16 Adam state";
-    if (fp8) s += ", fp8 products";
+    if (fp8) s += fp8_history > 0 ? ", fp8 products (delayed scaling over " + std::to_string(fp8_history) + ")"
+                                  : ", fp8 products";
     return s;
 }
 

@@ -43,6 +43,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     o.head_chunk = l.head_chunk;
     o.bf16_optimizer_state = l.bf16_optimizer;
     o.fp8 = l.fp8;
+    o.fp8_history = l.fp8_history;
     o.tp = s->tp.get();
     o.cp = s->cp.get();
     o.ep = s->ep.get();

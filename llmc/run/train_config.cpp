@@ -29,6 +29,9 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "fp8", O::Int, &c.fp8,
            "1: the four linear layers of every block multiply FP8 operands (e4m3 inputs and weights, e5m2 output "
            "gradients, per-tensor current scaling; docs/fp8.md)", 0, 1, {}, "1"});
+    p.add({0, "fp8-history", O::Int, &c.fp8_history,
+           "with --fp8 1: delayed scaling, each operand scaled by the largest amax of its last N steps (0: current "
+           "scaling, its own amax)", 0, 1024});
     p.add({0, "matmul-tune", O::Int, &c.matmul_tune,
            "1: after the first step, time several algorithms for each matrix product and keep the fastest, the "
            "same on every rank (kept in -o's matmul_tuning.txt for the next run)", 0, 1, {}, "1"});
@@ -198,6 +201,11 @@ bool layout_from_flags(const TrainConfig& cfg, int world, Layout* lp, std::strin
     l.head_chunk = cfg.head_chunk;
     l.bf16_optimizer = cfg.optimizer_dtype == "bf16";
     l.fp8 = cfg.fp8 != 0;
+    l.fp8_history = cfg.fp8_history;
+    if (cfg.fp8_history > 0 && !cfg.fp8) {
+        *err = "flag --fp8-history: delayed scaling is for FP8 products (add --fp8 1)";
+        return false;
+    }
     if (cfg.optimizer_rounding == "stochastic" && !l.bf16_optimizer) {
         *err = "flag --optimizer-rounding: stochastic rounding is for bf16 moments (add --optimizer-dtype bf16)";
         return false;

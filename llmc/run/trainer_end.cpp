@@ -79,6 +79,10 @@ void Trainer::report_resume(const RunInfo& saved) {
 void Trainer::checkpoint() {
     st.rng_state = rng.state;
     if (cfg.moe_balance == "bias" && s.model->moe().on_device()) st.moe_bias = s.model->moe_bias();  // moved there
+    if (s.model->fp8_slots()) {  // --fp8-history: every stage's layers (zero elsewhere), the same on every rank
+        st.fp8_history = s.model->fp8_history();
+        grid.world->host_all_reduce_n(st.fp8_history.data(), st.fp8_history.size(), ReduceOp::Max);
+    }
     ckpt.write(cfg.output_dir, *s.model, owner(), st, run_info(), cfg.keep_checkpoints, main_rank);
 }
 

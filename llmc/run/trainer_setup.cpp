@@ -227,6 +227,14 @@ void Trainer::setup(const ArgParser& parser) {
         s.model->init_random((uint64_t)cfg.seed);
     }
     setup_check(ok, err);
+    // --fp8-history: the amax history a resumed run left (else it starts empty).
+    if (lay.fp8_history > 0 && !st.fp8_history.empty()) {
+        const size_t want = (size_t)s.model->fp8_slots() * lay.fp8_history;
+        setup_check(st.fp8_history.size() == want,
+                    "flag --fp8-history " + std::to_string(lay.fp8_history) + ": the checkpoint's amax history holds " +
+                        std::to_string(st.fp8_history.size() / s.model->fp8_slots()) + " steps per operand");
+        s.model->set_fp8_history(st.fp8_history);
+    }
     // --sync-free: a Mixtral's routing figures stay on the device.
     if (cfg.sync_free && cfg.convert.empty() && mc.moe()) s.model->keep_moe_on_device();
     // --moe-balance bias: the routing bias (a resumed run's, else zero) in

@@ -140,6 +140,13 @@ PendingStep Trainer::issue_step(int step) {
         // skipped step never happened, for the schedule and Adam's t; with
         // --sync-free the device keeps the count).
         norm = s.step(oc, step, step - st.skips, bad, &skipped, figures);
+        // --fp8-history: the step's amaxes over the dp x cp ranks (each saw
+        // its own micro-batches), into the history unless the step was skipped.
+        if (s.model->fp8_slots()) {
+            if (grid.dpcp_group->size() > 1)
+                grid.dpcp_group->all_reduce(s.model->fp8_step_amax(), s.model->fp8_slots(), DType::F64, ReduceOp::Max);
+            s.model->fp8_push(figures, skipped);
+        }
     };
     step_graph.run(work, hooked);
     // (Here, not in work: a replayed step does not run work's host code.)

@@ -10,7 +10,9 @@
 # experts stay in the compute type) in dp and ep. Also: FP8 changes the
 # losses (the rounding is on) but little; a resume continues bit for bit
 # (current scaling keeps no state); the bf16 backend trains with it; the
-# planner's memory line equals the run's (one process, tp 2); and a
+# planner's memory line equals the run's (one process, tp 2); delayed
+# scaling (--fp8-history) in the layouts and in checkpoints (a resume, also
+# in another layout); and a
 # run that quantised without the group max (LLMC_TEST_FP8_LOCAL_AMAX=1,
 # each rank's own pieces) differs under tp, so the check can fail. Last
 # line: "N passed, N failed".
@@ -84,6 +86,50 @@ def test_effect_and_resume(tmp):
         print(f"  bf16 backend --fp8 1: losses rel {r:.2e} of the fp64 run's")
 
 
+def test_delayed(tmp):
+    """--fp8-history N: each operand scaled by the largest amax of its last N
+    steps, the steps' amaxes maxed over the dp x cp ranks: every layout the
+    same as one process; the history rides in checkpoints (a resume, also in
+    another layout, continues the run)."""
+    import json
+    hist = ["--fp8-history", "3"]
+    equivalence(check, os.path.join(tmp, "delayed"), "fp64", base() + hist + ["-d", "256"], ["-b", "4", "-d", "256"], [
+        (2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "--tp", "2", "--sp", "1"]), (2, ["-b", "4", "--cp", "2"]),
+        (2, ["-b", "4", "--pp", "2"]), (4, ["-b", "4", "--tp", "2", "-z", "1"])], steps=STEPS)
+    runs = {}
+    for h in ("0", "3"):
+        d = os.path.join(tmp, f"delayed_{h}")
+        rc, out, err = train(0, base() + ["--fp8-history", h, "-b", "4", "-d", "256", "-n", str(STEPS), "-o", d])
+        if check(rc == 0, f"--fp8-history {h}: {err[-300:]}"):
+            runs[h] = read_checkpoint(d, STEPS)[0]
+    if len(runs) == 2:
+        r = rel(runs["3"], runs["0"])
+        check(r > 1e-9, f"delayed scaling differs from current scaling ({r:.2e})")
+        print(f"  --fp8-history 3 against current scaling: final weights rel {r:.2e}")
+    full, saved = os.path.join(tmp, "dl_full"), os.path.join(tmp, "dl_saved")
+    a = base() + hist + ["-b", "4", "-d", "256"]
+    ok = train(2, a + ["-z", "1", "-n", str(STEPS), "-o", full])[0] == 0
+    ok = ok and train(2, a + ["-z", "1", "-n", "3", "-x", "3", "-o", saved])[0] == 0
+    if not check(ok, "delayed resume: the runs"):
+        return
+    with open(os.path.join(saved, "ckpt_00000003", "index.json")) as f:
+        h = json.load(f).get("fp8_amax_history", [])
+    check(len(h) == 4 * 12 * 3 and max(h) > 0, f"the checkpoint holds the amax history ({len(h)} values)")
+    full_l = [m["loss"] for m in metrics(full)][3:]
+    for np_, extra, exact in [(2, ["-z", "1"], True), (2, ["--tp", "2"], False)]:
+        d = os.path.join(tmp, "dl_resumed_" + "".join(extra).replace("-", ""))
+        copy_checkpoint(saved, d, 3)
+        rc, out, err = train(np_, a + extra + ["-n", str(STEPS), "-y", "1", "-o", d])
+        if not check(rc == 0, f"delayed resume {' '.join(extra)}: {err[-300:]}"):
+            continue
+        got = [m["loss"] for m in metrics(d)]
+        if exact:
+            check(got == full_l and shards_equal(full, d, STEPS), "delayed resume (same layout): not bit for bit")
+        else:
+            check(rel(got, full_l) <= 1e-10, f"delayed resume in tp 2: losses rel {rel(got, full_l):.2e}")
+        print(f"  delayed scaling resumed at step 3 ({' '.join(extra)}): losses rel {rel(got, full_l):.2e}")
+
+
 def test_local_amax_differs(tmp):
     """Without the group max (each rank scaling by its own piece) tp differs:
     the layouts' agreement above comes from the max, not by chance."""
@@ -120,11 +166,13 @@ def suite(tmp):
     global DATA
     DATA = os.path.join(tmp, "data.bin")
     write_shard(DATA, np.random.default_rng(9).integers(0, 97, 40000))
-    refusals(check, [(0, GPT, ["--fp8", "2"], "--fp8")],
+    refusals(check, [(0, GPT, ["--fp8", "2"], "--fp8"), (0, GPT, ["--fp8", "0", "--fp8-history", "3"],
+                                                                  "--fp8-history")],
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", "2", "-s", "0"])
     test_effect_and_resume(tmp)
     test_plan_memory(tmp)
     test_layouts(tmp)
+    test_delayed(tmp)
     test_local_amax_differs(tmp)
 
 

@@ -8,7 +8,8 @@
 // largest finite value saturated, NaN kept, zero's sign kept. Inputs:
 // every grid value, every midpoint between neighbours and its two
 // neighbours in double, random magnitudes across the whole range and
-// beyond, and the specials. Also current scaling's factor.
+// beyond, and the specials. Also current scaling's factor, and delayed
+// scaling's bookkeeping (the step's max, the history's max, the push).
 //
 // With --encode FORMAT IN OUT it writes the bytes of IN's doubles (raw
 // little-endian) to OUT, for tests/reference/test_fp8_grid.py, which
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/backend/cpu_fp8.h"
 #include "llmc/backend/fp8.h"
 #include "tests/lib/check.h"
 
@@ -140,5 +142,33 @@ int main(int argc, char** argv) {
           "scale_for: fmax / amax, 1 for 0 and non-finite amax");
     CHECK(fp8::round_to(3.0 * fp8::scale_for(3.0, fp8::Format::e4m3), fp8::Format::e4m3) == 448.0,
           "scale_for: amax · scale is the largest finite value");
+    // Delayed scaling's bookkeeping (cpu_fp8.h): the step's max recorded, the
+    // history's max used once it holds any, a push shifting it (not on a
+    // skipped step), NaN winning a max.
+    {
+        double hist[3] = {0, 0, 0}, step = 0, am = 2.0;
+        cpu::fp8_delayed(&am, &step, hist, 3, true);
+        CHECK(am == 2.0 && step == 2.0, "delayed: an empty history keeps the current amax (%g), records it (%g)", am, step);
+        am = 5.0;
+        cpu::fp8_delayed(&am, &step, hist, 3, false);
+        CHECK(step == 2.0, "delayed: a pass that does not record leaves the step's max");
+        cpu::fp8_history_push(hist, &step, 1, 3, nullptr, false);
+        CHECK(hist[0] == 2.0 && hist[1] == 0 && step == 0, "push: the step's max first, the step's zeroed");
+        am = 7.0;
+        cpu::fp8_delayed(&am, &step, hist, 3, true);
+        CHECK(am == 2.0 && step == 7.0, "delayed: scaled by the history's max (%g), the current recorded (%g)", am, step);
+        cpu::fp8_history_push(hist, &step, 1, 3, nullptr, true);
+        CHECK(hist[0] == 2.0 && hist[1] == 0 && step == 0, "push on a skipped step: the history unchanged");
+        double fig[step_figure::count] = {};
+        fig[step_figure::skip] = 1;
+        step = 9;
+        cpu::fp8_history_push(hist, &step, 1, 3, fig, false);
+        CHECK(hist[0] == 2.0 && step == 0, "push: the figures' skip is a skip too");
+        step = 4, fig[step_figure::skip] = 0;
+        cpu::fp8_history_push(hist, &step, 1, 3, fig, false);
+        CHECK(hist[0] == 4.0 && hist[1] == 2.0 && hist[2] == 0, "push: the history moves back");
+        CHECK(std::isnan(cpu::nan_max(1.0, NAN)) && std::isnan(cpu::nan_max(NAN, 1.0)) && cpu::nan_max(1, 3) == 3,
+              "nan_max: NaN wins");
+    }
     return check_summary();
 }

@@ -72,6 +72,29 @@ __global__ void fp8_scales_kernel(float* sc, const double* amax) {
     sc[3 + i] = (float)(1.0 / s);
 }
 
+// Delayed scaling's bookkeeping (Backend::fp8_delayed, fp8_history_push;
+// the CPU's cpu_fp8.h, one thread here: a handful of numbers).
+__device__ __forceinline__ double nan_max(double a, double b) {
+    return (a != a || b != b) ? (a != a ? a : b) : fmax(a, b);
+}
+__global__ void fp8_delayed_kernel(double* amax, double* step_max, const double* hist, int len, bool record) {
+    if (record) *step_max = nan_max(*step_max, *amax);
+    double m = 0;
+    for (int j = 0; j < len; j++) m = nan_max(m, hist[j]);
+    if (m != 0) *amax = m;
+}
+__global__ void fp8_history_push_kernel(double* hist, double* step_max, int slots, int len, const double* figures,
+                                        bool skip) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= slots) return;
+    if (!skip && !(figures && figures[step_figure::skip] != 0.0)) {
+        double* h = hist + (size_t)i * len;
+        for (int j = len - 1; j > 0; j--) h[j] = h[j - 1];
+        h[0] = step_max[i];
+    }
+    step_max[i] = 0;
+}
+
 __device__ __forceinline__ uint8_t fp8_of(float v, bool e5m2) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
@@ -274,9 +297,9 @@ class Fp8Ops {
     }
     // The backend's ops, the element type from fp32 (bf16 otherwise).
     void amax(bool fp32, void* dst, const void* x, size_t n) {
-        const unsigned* b = scratch(0).bits;
-        if (fp32) amax_to<float>(static_cast<double*>(dst), static_cast<const float*>(x), n, (unsigned*)b, stream_);
-        else amax_to<bf16>(static_cast<double*>(dst), static_cast<const bf16*>(x), n, (unsigned*)b, stream_);
+        unsigned* b = scratch(0).bits;
+        if (fp32) amax_to<float>(static_cast<double*>(dst), static_cast<const float*>(x), n, b, stream_);
+        else amax_to<bf16>(static_cast<double*>(dst), static_cast<const bf16*>(x), n, b, stream_);
     }
     void forward(bool fp32, void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
                  const void* amax) {
@@ -288,6 +311,15 @@ class Fp8Ops {
         else
             matmul_forward_fp8<bf16>(gemm_, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N,
                                      IC, OC, am, stream_);
+    }
+    void delayed(void* amax, void* step_max, const void* hist, int len, bool record) {
+        fp8_delayed_kernel<<<1, 1, 0, stream_>>>((double*)amax, (double*)step_max, (const double*)hist, len, record);
+        CUDA_CHECK_LAUNCH();
+    }
+    void history_push(void* hist, void* step_max, int slots, int len, const void* figures, bool skip) {
+        fp8_history_push_kernel<<<(unsigned)ceil_div(slots, 128), 128, 0, stream_>>>(
+            (double*)hist, (double*)step_max, slots, len, (const double*)figures, skip);
+        CUDA_CHECK_LAUNCH();
     }
     // The bias gradient (from the unrounded dout) with matmul.cuh's kernel
     // and its scratch (matmul_backward_scratch_floats).
