@@ -185,6 +185,13 @@ reference_tier() {
         --final-frac 0.2 --wd 0.05 --clip 0.5 --fp8 1 --write-model "$REF/fp8.model.bin" --write-state "$REF/fp8.state.bin"
     run test_gpt_fp8_fp64 build/test_gpt --model "$REF/fp8.model.bin" --state "$REF/fp8.state.bin" --device cpu \
         --dtype fp64 --fp8 1
+    # ... with delayed scaling: each operand's scale from the largest amax of
+    # its last 3 steps (the reference's own bookkeeping, fp8_reference.py).
+    run ref_fp8_delayed_fp64 "$PY" tests/reference/reference_gpt.py --spec "$ODD" --dtype fp64 --B 3 --T 19 \
+        --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5 --fp8 1 --fp8-history 3 \
+        --write-model "$REF/fp8_delayed.model.bin" --write-state "$REF/fp8_delayed.state.bin"
+    run test_gpt_fp8_delayed_fp64 build/test_gpt --model "$REF/fp8_delayed.model.bin" \
+        --state "$REF/fp8_delayed.state.bin" --device cpu --dtype fp64 --fp8 1 --fp8-history 3
     # ... and at widths and a token count that cuBLASLt's FP8 products take
     # (multiples of 16): the reference a GPU checks its FP8 path against.
     run ref_fp8_round_fp64 "$PY" tests/reference/reference_gpt.py --spec "$ROUND" --dtype fp64 --B 4 --T 32 --warmup 3 \

@@ -253,8 +253,8 @@ class Backend {
     virtual void add_bias(void* out, const void* bias, int N, int OC) = 0;
 
     // ---- FP8 products (--fp8 1, docs/fp8.md; fp8.h's grids) ---------------------
-    // Whether this backend runs them (the CPU emulates them exactly).
-    virtual bool fp8() const { return false; }
+    // 0: this backend has none; else the multiple its products' rows, IC and OC must be (CPU: 1, emulated exactly).
+    virtual int fp8() const { return 0; }
     // *dst (one double) = max |x_i| over n elements of type t (NaN if any is).
     virtual void amax_to(void* dst, const void* x, DType t, size_t n) {
         (void)dst, (void)x, (void)t, (void)n;

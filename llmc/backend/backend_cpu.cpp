@@ -12,6 +12,7 @@
 
 #include "llmc/backend/cpu_moe.h"
 #include "llmc/backend/cpu_fp8.h"
+#include "llmc/base/test_hooks.h"
 #include "llmc/backend/cpu_ops.h"
 #include "llmc/backend/step_figures.h"
 
@@ -142,7 +143,7 @@ class CpuBackend : public Backend {
     void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
         cpu::moe_combine(f(out), f(yg), f(w), inv, N, K, C);
     }
-    bool fp8() const override { return true; }
+    int fp8() const override { return test_hooks::fp8_align(); }
     void amax_to(void* dst, const void* x, DType t, size_t n) override {
         *static_cast<double*>(dst) = t == DType::F64 ? cpu::amax(static_cast<const double*>(x), n)
                                      : t == DType::F32 ? cpu::amax(static_cast<const float*>(x), n)

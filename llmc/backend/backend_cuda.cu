@@ -302,7 +302,7 @@ class CudaBackend final : public Backend {
     void moe_balance(void* f, void* b, void* b64, void* ld, int L, int NE, double div, double rate) override {
         activate(), llmc_cuda::moe_balance(f, b, b64, ld, L, NE, div, rate, stream_); }
     // ---- FP8 products (cuda/fp8.cuh), on FP8 tensor cores (compute capability 8.9 and later).
-    bool fp8() const override { return fp8_capable_; }
+    int fp8() const override { return fp8_capable_ ? 16 : 0; }  // cuBLASLt's FP8 products
     void amax_to(void* dst, const void* x, DType, size_t n) override { activate(), fp8_.amax(fp32_, dst, x, n); }
     void fp8_delayed(void* a, void* s, const void* h, int n, bool r) override {
         activate(), fp8_.delayed(a, s, h, n, r); }

@@ -57,7 +57,7 @@ class MeasureBackend : public Backend {
     void moe_route_backward(void*, const void*, const int*, const void*, const void*, int, int, int) override {}
     void moe_dispatch(void*, void*, const void*, const void*, const void*, const int*, int, int, int) override {}
     void moe_combine(void*, const void*, const void*, const int*, int, int, int) override {}
-    bool fp8() const override { return real_ ? real_->fp8() : true; }
+    int fp8() const override { return real_ ? real_->fp8() : 1; }
     void amax_to(void*, const void*, DType, size_t) override {}
     void fp8_delayed(void*, void*, const void*, int, bool) override {}
     void fp8_history_push(void*, void*, int, int, const void*, bool) override {}

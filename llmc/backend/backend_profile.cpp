@@ -36,10 +36,25 @@ class ProfilingBackend final : public BackendWrapper {
         BackendWrapper::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
     }
 
+    // FP8 products (--fp8 1): the same classes. Their operands' amax ops run
+    // just before them (llmc/model/fp8.cpp) and count to the product that
+    // follows.
+    void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
+                            const void* amax) override {
+        product_ = product_class(IC, OC);
+        BackendWrapper::matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax);
+    }
+    void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                             const void* weight, int N, int IC, int OC, const void* amax) override {
+        product_ = product_class(IC, OC);
+        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax);
+    }
+
     void take(std::vector<double>* ms) {
         ms->assign(kCount, 0.0);
         for (const Span& s : spans_) (*ms)[s.cls] += in_->mark_ms(s.a, s.b);
         spans_.clear();
+        pending_ = 0;
         in_->clear_marks();
     }
 
@@ -74,13 +89,20 @@ class ProfilingBackend final : public BackendWrapper {
         return kCopy;
     }
     void device_op(const char* name, std::function<void()> fn) override {
-        const bool product = std::strcmp(name, "matmul_forward") == 0 || std::strcmp(name, "matmul_backward") == 0;
+        auto is = [&](const char* n) { return std::strcmp(name, n) == 0; };
+        const bool product =
+            is("matmul_forward") || is("matmul_backward") || is("matmul_forward_fp8") || is("matmul_backward_fp8");
+        const bool scaling = is("amax_to") || is("fp8_delayed");
         const int cls = product ? product_ : op_class(name);
         const int a = in_->mark();
         fn();
+        if (product)
+            for (size_t i = pending_; i < spans_.size(); i++) spans_[i].cls = cls;
         spans_.push_back({cls, a, in_->mark()});
+        if (!scaling) pending_ = spans_.size();
     }
     int product_ = kCopy;
+    size_t pending_ = 0;  // spans_[pending_..]: amax ops waiting for their product
     std::vector<Span> spans_;
 };
 

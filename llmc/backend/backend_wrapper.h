@@ -154,7 +154,7 @@ class BackendWrapper : public Backend {
     void moe_combine(void* out, const void* yg, const void* w, const int* inv, int N, int K, int C) override {
         device_op("moe_combine", [=] { in_->moe_combine(out, yg, w, inv, N, K, C); });
     }
-    bool fp8() const override { return in_->fp8(); }
+    int fp8() const override { return in_->fp8(); }
     void amax_to(void* dst, const void* x, DType t, size_t n) override {
         device_op("amax_to", [=] { in_->amax_to(dst, x, t, n); });
     }

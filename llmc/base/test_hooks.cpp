@@ -66,6 +66,12 @@ bool fp8_local_amax() {
     return e && *e && std::string(e) != "0";
 }
 
+int fp8_align() {
+    const char* e = std::getenv("LLMC_TEST_FP8_ALIGN");
+    const int q = e ? std::atoi(e) : 1;
+    return q > 1 ? q : 1;
+}
+
 bool host_reads() {
     const char* e = std::getenv("LLMC_TEST_HOST_READS");
     return e && *e && std::string(e) != "0";

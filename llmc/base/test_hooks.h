@@ -55,6 +55,11 @@
 //                                   piece alone, skipping the group max, so
 //                                   tests/distributed/test_fp8.py sees a
 //                                   layout that would not quantise alike
+//   LLMC_TEST_FP8_ALIGN=Q           the CPU backends report that their FP8
+//                                   products need widths that are multiples
+//                                   of Q, as cuBLASLt's (16) do, so the setup
+//                                   check of those widths runs without a GPU
+//                                   (tests/distributed/test_fp8.py)
 #pragma once
 #include <string>
 
@@ -89,5 +94,7 @@ bool matmul_tune();
 int slow_rank_ms(int rank);
 // Whether --fp8 skips the amax's group max (LLMC_TEST_FP8_LOCAL_AMAX=1).
 bool fp8_local_amax();
+// The multiple the CPU backends' FP8 products claim to need (LLMC_TEST_FP8_ALIGN; 1: none).
+int fp8_align();
 
 }  // namespace test_hooks

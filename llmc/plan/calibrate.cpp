@@ -10,6 +10,7 @@
 
 #include "llmc/backend/backends.h"
 #include "llmc/base/rng.h"
+#include "llmc/plan/cost_model.h"
 
 namespace {
 
@@ -148,6 +149,32 @@ bool calibrate(Backend& be, ProcessGrid& grid, const GPTConfig& mc, int B, int T
     // One kernel's fixed cost: an add of one element.
     const double launch = time_op(be, world, 200, [&] { be.residual_forward(r1, r1, r2, 1); });
 
+    // The FP8 products (--fp8 1, docs/fp8.md) at the same shapes, where the
+    // backend has them and takes the shapes (Backend::fp8: cuBLASLt's need
+    // multiples of 16). Their ops quantise their own operands first: that
+    // part, the bytes the cost model counts for it at the memory rate just
+    // measured, is taken off, and what is left gives the products' rate.
+    double fp8_flops = 0;
+    const bool cpu = std::string(be.name()) == "cpu";
+    if (be.fp8() > 0 && C % be.fp8() == 0 && N % be.fp8() == 0) {
+        void* am = buf.make(3, DType::F64, rng);
+        be.amax_to(elem_ptr(am, DType::F64, 0), x, a, (size_t)N * H);
+        be.amax_to(elem_ptr(am, DType::F64, 1), w, pt, (size_t)4 * C * C);
+        be.amax_to(elem_ptr(am, DType::F64, 2), y, a, (size_t)N * H);
+        const double t8 = time_op(be, world, 5, [&] {
+            for (const auto& s : shapes) be.matmul_forward_fp8(y, x, w, bias, N, s[0], s[1], am);
+            for (const auto& s : shapes) be.matmul_backward_fp8(dx, dw, dbias, y, x, w, N, s[0], s[1], am);
+        });
+        double quant = 0;
+        for (const auto& s : shapes)
+            for (bool backward : {false, true}) {
+                const CostModel::Fp8Passes f =
+                    CostModel::fp8_passes(cpu, ab, (double)dtype_size(pt), N, s[0], s[1], backward);
+                quant += f.quant_bytes / (mem_bytes / mem_s) + f.quant_ops * launch;
+            }
+        fp8_flops = mm_flops / std::max(t8 - quant, 0.1 * t8);
+    }
+
     Hardware h;
     h.name = name;
     h.device = be.name();
@@ -155,6 +182,7 @@ bool calibrate(Backend& be, ProcessGrid& grid, const GPTConfig& mc, int B, int T
     h.threads = std::string(be.name()) == "cpu" ? omp_get_max_threads() : 0;
     h.peak_flops = backend_peak_flops(be);
     h.matmul_flops = mm_flops / mm_s;
+    h.fp8_matmul_flops = fp8_flops;
     h.attn_flops = attn_flops / attn_s;
     h.mem_bw = mem_bytes / mem_s;
     h.launch_s = launch;
@@ -191,14 +219,15 @@ bool calibrate(Backend& be, ProcessGrid& grid, const GPTConfig& mc, int B, int T
     }
     h.inter_bw = h.intra_bw;
     h.inter_lat = h.intra_lat;
-    char src[640];
+    char src[768];
     std::snprintf(src, sizeof(src),
                   "measured by --calibrate on %d %s rank(s)%s at L=%d C=%d NH=%d, B=%d, T=%d: matmul %.3g FLOP/s "
                   "at the block's shapes, %.0f%% of a %dx%dx%d product's %.3g FLOP/s; attention %.3g FLOP/s, "
-                  "memory-bound %.3g B/s, %.3g s per launch; all-reduce and send-recv fitted over 4 KiB-8 MiB",
+                  "memory-bound %.3g B/s, %.3g s per launch; FP8 products %.3g FLOP/s (0: none here); all-reduce "
+                  "and send-recv fitted over 4 KiB-8 MiB",
                   g, be.name(), h.threads ? (" (" + std::to_string(h.threads) + " thread(s) each)").c_str() : "",
                   mc.num_layers, C, NH, B, T, h.matmul_flops, 100 * h.matmul_flops / big_flops, big, big, big,
-                  big_flops, h.attn_flops, h.mem_bw, h.launch_s);
+                  big_flops, h.attn_flops, h.mem_bw, h.launch_s, h.fp8_matmul_flops);
     h.source = src;
     *hw = h;
     return true;

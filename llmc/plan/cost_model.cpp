@@ -13,6 +13,27 @@ CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, co
     gb_ = (double)dtype_size(prec.grad);
     master_ = prec.has_master;
     ov_ = std::min(1.0, std::max(0.0, hw.comm_overlap));
+    rate8_ = !l.fp8 ? 0 : hw.fp8_matmul_flops > 0 ? hw.fp8_matmul_flops : hw.matmul_flops;
+}
+
+CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC,
+                                           bool backward) {
+    Fp8Passes p;
+    const double x = N * IC, w = OC * IC, dy = N * OC;
+    p.amax_bytes = a * x + pb * w + (backward ? a * dy : 0);
+    // The GPU's amax is two kernels (the max as float bits, then stored as
+    // a double); the scales one more kernel before the quantisers.
+    p.amax_ops = (backward ? 3 : 2) * (cpu ? 1 : 2);
+    if (cpu) {  // each operand rounded to a copy once, inside the product's op
+        p.quant_bytes = 2 * (a * x + pb * w + (backward ? a * dy : 0));
+    } else if (!backward) {  // x and W as they are
+        p.quant_bytes = (a + 1) * x + (pb + 1) * w;
+        p.quant_ops = 1 + 2;
+    } else {  // dy for dX, W^T for dX, dy^T and x^T for dW
+        p.quant_bytes = 2 * (a + 1) * dy + (pb + 1) * w + (a + 1) * x;
+        p.quant_ops = 1 + 4;
+    }
+    return p;
 }
 
 // Tiles of tm x tn over the M x N output (either orientation, whichever is
@@ -22,11 +43,12 @@ CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, co
 // output, a long K), K is split over the idle ones, as cuBLAS does, at the
 // cost of writing and reading back the fp32 partial sums; a split keeps at
 // least 256 of K (an assumption: the split heuristics are not published).
-double CostModel::gemm(double M, double N, double K, double batch) const {
+double CostModel::gemm(double M, double N, double K, double batch, double rate) const {
     const double flops = 2.0 * M * N * K * batch;
     if (flops <= 0) return 0;
-    if (hw_.sm_count <= 0 || hw_.gemm_tile_m <= 0 || hw_.gemm_tile_n <= 0) return flops / hw_.matmul_flops + hw_.launch_s;
-    const double S = hw_.sm_count, rate_sm = hw_.matmul_flops / S;
+    if (rate <= 0) rate = hw_.matmul_flops;
+    if (hw_.sm_count <= 0 || hw_.gemm_tile_m <= 0 || hw_.gemm_tile_n <= 0) return flops / rate + hw_.launch_s;
+    const double S = hw_.sm_count, rate_sm = rate / S;
     auto time = [&](double tm, double tn) {
         const double tiles = batch * std::ceil(M / tm) * std::ceil(N / tn);
         const double split = tiles >= S ? 1 : std::max(1.0, std::min(std::floor(S / tiles), std::floor(K / 256)));
@@ -45,7 +67,9 @@ struct Linear {
 };
 }  // namespace
 
-// One block's four products forward (backward: dX and dW of each). Mixtral
+// One block's four products forward (backward: dX and dW of each); with
+// --fp8 1 at the FP8 rate, their operands' amax and quantisation beside
+// them (fp8_passes), the delayed scaling's op after each amax. Mixtral
 // (docs/moe.md): the MLP's two become the router's (C -> E, replicated
 // over tp) and, for each of the E experts, the two over its rows, N·K/E of
 // them under an even routing: E products of a launch each. Under expert
@@ -55,12 +79,18 @@ double CostModel::block_gemms(bool backward, int layer) const {
     const double C = c_.channels, tp = l_.tp, N = (double)l_.B * l_.T_local(), H = c_.hidden() / tp;
     const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp, Wfc = c_.llama() ? 2 * H : H;
     const Linear ls[] = {{C, C / tp + 2 * Ckv}, {C / tp, C}, {C, Wfc}, {H, C}};
-    auto product = [&](double rows, const Linear& x) {
-        return backward ? gemm(rows, x.in, x.out) + gemm(x.in, x.out, rows) : gemm(rows, x.out, x.in);
+    auto product = [&](double rows, const Linear& x, double rate = 0) {
+        return backward ? gemm(rows, x.in, x.out, 1, rate) + gemm(x.in, x.out, rows, 1, rate)
+                        : gemm(rows, x.out, x.in, 1, rate);
+    };
+    auto fp8 = [&](const Linear& x) {
+        const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, N, x.in, x.out, backward);
+        const int delayed = l_.fp8_history > 0 ? (backward ? 3 : 2) : 0;
+        return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
     };
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
-        if (layer < 0 || layer == i) t += product(N, ls[i]);
+        if (layer < 0 || layer == i) t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i]) : product(N, ls[i]);
     if (c_.moe()) {
         const double E = c_.experts, rows = N * c_.top_k / E;
         if (layer < 0) t += product(N, {C, E});
@@ -144,10 +174,17 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
         if (!l.sp) blk_tp = (4 + (full ? 2 : 0)) * all_reduce(nb, l.tp, ltp);
         else blk_tp = ((6 + (full ? 2 : 0)) + (4 + (full ? 2 : 0))) * gather_scatter(nb, l.tp, ltp);
     }
+    // --fp8 1: an amax of a tensor split over the group is a max over it,
+    // one number, blocking (llmc/model/fp8.cpp). Of the FP8 layers (four,
+    // a Mixtral's two), under tp every weight and the row-parallel layers'
+    // input, and backward the column-parallel ones' output gradient too;
+    // under cp every input, and backward every output gradient.
+    const double f8 = !l.fp8 ? 0 : c_.moe() ? 2 : 4, passes = full ? 2 : 1;
+    if (l.tp > 1) blk_tp += (passes * 1.5 * f8 + 2 * f8) * all_reduce(8, l.tp, ltp);
     // cp, hybrid (--cp-impl hybrid): the all-to-all over a group of n =
     // cp_a2a consecutive ranks and the ring over the cp/n groups; a2a alone
     // is n = cp (no ring), the ring alone n = 1 (no all-to-all).
-    double blk_cp = 0;
+    double blk_cp = l.cp > 1 ? (passes * f8 + 2 * f8) * all_reduce(8, l.cp, lcp) : 0;
     const double n = l.cp > 1 ? l.cp_a2a : 1, ring = cp / n;
     if (n > 1) {
         // all-to-all: blocking exchanges of X channels per token, each

@@ -61,8 +61,22 @@ class CostModel {
                  const std::vector<size_t>& stage_experts = {}) const;
 
     // Seconds of `batch` products of an M x K by a K x N matrix (the wave
-    // model above), launch included.
-    double gemm(double M, double N, double K, double batch = 1) const;
+    // model above), launch included; at `rate` FLOP/s for a large product
+    // (0: the profile's matmul_flops).
+    double gemm(double M, double N, double K, double batch = 1, double rate = 0) const;
+
+    // With --fp8 1 (docs/fp8.md), what one linear layer's operands cost
+    // beside its FP8 product, forward or backward, N rows, IC -> OC: the
+    // amax passes (each operand read; separate ops) and the quantisation
+    // (read, and the copy written: FP8 bytes on a GPU, with the transposed
+    // copies cuBLASLt's products need; the compute type's on the CPU's
+    // emulation, which rounds in place of the GPU's byte copies); a, pb:
+    // bytes of an activation and of a weight element.
+    struct Fp8Passes {
+        double amax_bytes = 0, quant_bytes = 0;
+        int amax_ops = 0, quant_ops = 0;
+    };
+    static Fp8Passes fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC, bool backward);
 
   private:
     struct Link {
@@ -85,4 +99,5 @@ class CostModel {
     bool standard_;
     double a_, st_, pb_, gb_, ov_;
     bool master_;
+    double rate8_;  // FP8 products' rate (--fp8 1; 0: off)
 };

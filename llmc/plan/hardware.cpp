@@ -28,7 +28,9 @@ Hardware h100_sxm() {
         "3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s total (450 each way); DGX H100: one 400 Gb/s ConnectX-7 port "
         "per GPU (50 GB/s); 132 SMs (H100 SXM5). Large bf16 matmul about 790 TFLOP/s, 80% of peak: reported "
         "for H100 and H200, not yet measured by this project (docs/design.md section 10; 792 TFLOP/s measured "
-        "by the ml-engineering book's MAMF finder, CUDA 12.1). GEMM tile 128x256: cuBLAS's most efficient "
+        "by the ml-engineering book's MAMF finder, CUDA 12.1). FP8 products: 1979 TFLOP/s dense peak (the same "
+        "datasheet), assumed at 2/3 of it, 1320 TFLOP/s (an FP8 product meets the same power limit as a bf16 one at "
+        "twice the rate, so it keeps less of its peak), not yet measured by this project. GEMM tile 128x256: cuBLAS's most efficient "
         "tiles are 256x128 and 128x256 (NVIDIA, Matrix Multiplication Background User's Guide, sec. 2.3), "
         "which one it picks per shape is assumed. Attention 137 TFLOP/s, 14% of peak: this trainer's "
         "tensor-core kernels measured in its kernel lab on an H200 (the H100's 132 SMs and clocks; "
@@ -43,6 +45,7 @@ Hardware h100_sxm() {
         "CUDA context, NCCL and allocator slack.";
     h.peak_flops = 989e12;
     h.matmul_flops = 790e12;
+    h.fp8_matmul_flops = 1979e12 * 2 / 3;
     h.attn_flops = 3.5 / (1 / 173e12 + 2.5 / 126e12);
     h.mem_bw = 0.8 * 3.35e12;
     h.mem_bytes = 80e9;
@@ -65,7 +68,8 @@ Hardware a100_sxm_80g() {
     h.source =
         "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): 312 TFLOP/s dense bf16, 2.0 TB/s HBM2e, 80 GB, "
         "NVLink 600 GB/s total (300 each way); DGX A100: one 200 Gb/s HDR InfiniBand port per GPU (25 GB/s); "
-        "108 SMs. GEMM tile 128x256: cuBLAS's most efficient tiles (NVIDIA, Matrix Multiplication Background "
+        "108 SMs, no FP8 tensor cores (--fp8 1 needs compute capability 8.9). GEMM tile 128x256: cuBLAS's most "
+        "efficient tiles (NVIDIA, Matrix Multiplication Background "
         "User's Guide, sec. 2.3), which one it picks per shape is assumed. Attention 60% of peak: "
         "FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, abstract); this trainer's kernels have not "
         "run on an A100. Collectives at what NCCL reaches: all-reduce bus bandwidth about 200 GB/s on 8 A100 "
@@ -109,6 +113,7 @@ Hardware cpu_host() {
                "10 GB/s for memory-bound ops, 10 us per op; MPI between ranks at 5 GB/s and 20 us, not beside compute";
     h.peak_flops = 0;  // MFU is not reported on a CPU
     h.matmul_flops = 16e9 * (double)cores;
+    h.fp8_matmul_flops = h.matmul_flops;  // --fp8 1 emulated: the rounded copies multiply in the compute type
     h.attn_flops = 4e9 * (double)cores;
     h.mem_bw = 10e9;
     h.mem_bytes = mem > 0 ? mem : 0;
@@ -144,7 +149,8 @@ static std::string hardware_problem(const Hardware& h) {
     for (const auto& r : rates)
         if (!(std::isfinite(r.second) && r.second > 0)) return bad(r.first, r.second, "must be a positive rate");
     const std::pair<const char*, double> others[] = {
-        {"peak_flops", h.peak_flops}, {"mem_bytes", h.mem_bytes}, {"reserve_bytes", h.reserve_bytes},
+        {"peak_flops", h.peak_flops},         {"fp8_matmul_flops", h.fp8_matmul_flops},
+        {"mem_bytes", h.mem_bytes},           {"reserve_bytes", h.reserve_bytes},
         {"launch_s", h.launch_s},     {"intra_lat", h.intra_lat}, {"inter_lat", h.inter_lat},
         {"p2p_lat", h.p2p_lat},       {"p2p_bw", h.p2p_bw}};
     for (const auto& o : others)
@@ -190,6 +196,7 @@ bool load_hardware(const std::string& s, Hardware* hw, std::string* err) {
         h.source = j.value("source", std::string("file ") + s);
         h.peak_flops = j.value("peak_flops", 0.0);
         h.matmul_flops = j.at("matmul_flops");
+        h.fp8_matmul_flops = j.value("fp8_matmul_flops", 0.0);
         h.attn_flops = j.at("attn_flops");
         h.mem_bw = j.at("mem_bw");
         h.mem_bytes = j.value("mem_bytes", 0.0);
@@ -225,6 +232,7 @@ bool save_hardware(const std::string& path, const Hardware& h, std::string* err)
               {"dtype", h.dtype},
               {"peak_flops", h.peak_flops},
               {"matmul_flops", h.matmul_flops},
+              {"fp8_matmul_flops", h.fp8_matmul_flops},
               {"attn_flops", h.attn_flops},
               {"mem_bw", h.mem_bw},
               {"mem_bytes", h.mem_bytes},

@@ -17,6 +17,11 @@ struct Hardware {
     std::string source;     // where the numbers come from
     double peak_flops = 0;  // dense peak of the training dtype (FLOP/s): MFU's denominator (0: unknown)
     double matmul_flops = 0;  // FLOP/s a large matrix product of the training dtype reaches
+    // FLOP/s a large FP8 product reaches (--fp8 1, docs/fp8.md), its operands
+    // already quantised. 0: the device has none (a GPU profile then refuses
+    // --fp8 1); a CPU's emulation multiplies in the compute type, at
+    // matmul_flops.
+    double fp8_matmul_flops = 0;
     double attn_flops = 0;    // FLOP/s the attention kernels reach
     double mem_bw = 0;        // bytes/s memory-bound kernels reach
     double mem_bytes = 0;     // device memory (bytes)

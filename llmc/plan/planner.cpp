@@ -307,6 +307,12 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
     if (!make_proto(r.device, r.dtype, &proto, err)) return false;
     std::vector<Planned> plans;
     const Layout& b = r.base;
+    if (b.fp8 && r.hw.device == "cuda" && !(r.hw.fp8_matmul_flops > 0)) {
+        *err = "flag --fp8: hardware " + r.hw.name +
+               " has no FP8 products (its profile gives no fp8_matmul_flops; FP8 tensor cores need compute "
+               "capability 8.9 or later)";
+        return false;
+    }
     if (r.mode == "eval") {
         Layout l = b;
         if (!check_layout(&l, mc, err)) return false;

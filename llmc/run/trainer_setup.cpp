@@ -190,6 +190,22 @@ void Trainer::setup(const ArgParser& parser) {
         ps.head_rows = t.vocab_rows;
         ps.experts = mc.moe() ? mc.experts : 0;
         set_profile_shapes(*be, ps);
+        // --fp8 1 where the FP8 products take only some shapes (cuBLASLt's:
+        // K and N multiples of 16): every FP8 layer's widths on this rank,
+        // and the micro-batch's rows (the weight gradient's K). A Mixtral's
+        // MLP is its experts, not in FP8.
+        const int q = cfg.fp8 ? be->fp8() : 1;
+        std::vector<std::pair<std::string, long long>> dims = {
+            {"C", ps.C}, {"the attention's width on this rank", ps.attn_in}, {"QKV's width on this rank", ps.qkv_out},
+            {"B x T per rank (-b " + std::to_string(lay.B) + ", -t " + std::to_string(lay.T) + ")",
+             (long long)lay.B * lay.T_local()}};
+        if (!mc.moe()) dims.push_back({"the MLP's hidden width on this rank", ps.fcproj_in});
+        if (!mc.moe()) dims.push_back({"the MLP's up width on this rank", ps.fc_out});
+        for (const auto& d : dims)
+            setup_check(q <= 1 || d.second % q == 0,
+                        std::string("flag --fp8: the ") + be->name() + " backend's FP8 products need widths that " +
+                            "are multiples of " + std::to_string(q) + ", and " + d.first + " is " +
+                            std::to_string(d.second));
     }
     if (cfg.document_mask) {
         s.model->set_document_mask();

@@ -10,18 +10,25 @@
 # experts stay in the compute type) in dp and ep. Also: FP8 changes the
 # losses (the rounding is on) but little; a resume continues bit for bit
 # (current scaling keeps no state); the bf16 backend trains with it; the
-# planner's memory line equals the run's (one process, tp 2); delayed
+# planner's memory line equals the run's (one process, tp 2) and it prices
+# the FP8 products, their operands' passes and group maxes by formula, and
+# refuses a profile without FP8 products; widths that a backend's FP8
+# products do not take are refused at setup (LLMC_TEST_FP8_ALIGN); delayed
 # scaling (--fp8-history) in the layouts and in checkpoints (a resume, also
 # in another layout); and a
 # run that quantised without the group max (LLMC_TEST_FP8_LOCAL_AMAX=1,
 # each rank's own pieces) differs under tp, so the check can fail. Last
 # line: "N passed, N failed".
+import json
 import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TESTS, "lib"))
+sys.path.insert(0, os.path.join(TESTS, "e2e"))
+from test_planner import wave_gemm  # noqa: E402
 from testlib import (Checks, copy_checkpoint, equivalence, metrics, read_checkpoint, refusals, rel, run_suite,
                      shards_equal, train, write_shard)
 
@@ -162,6 +169,101 @@ def test_plan_memory(tmp):
             print(f"  plan eval --fp8 1 {' '.join(extra) or '(one process)'}: {plan_b.group(1)} bytes, as the run")
 
 
+def plan_row(tmp, name, prof, args, fp8):
+    """--plan eval of args on the profile prof (a dict), with --fp8 fp8: its JSON row."""
+    path, jp = os.path.join(tmp, name + ".json"), os.path.join(tmp, f"{name}_{fp8}.jsonl")
+    with open(path, "w") as f:
+        json.dump(dict({"name": name, "attn_flops": 1e30, "launch_s": 0, "intra_bw": 1e30, "intra_lat": 0}, **prof), f)
+    rc, out, err = train(0, ["--plan", "eval"] + args + ["--fp8", str(fp8), "--hardware", path, "--plan-json", jp])
+    if not check(rc == 0, f"plan {name} --fp8 {fp8}: {err[-300:]}"):
+        return None
+    with open(jp) as f:
+        return json.loads(f.readline())
+
+
+def test_plan_time(tmp):
+    """The planner prices --fp8 1 (llmc/plan/cost_model.cpp), each part
+    against its formula written again here: the four linear layers' products
+    at the profile's FP8 rate by the wave model (a Mixtral's experts, router
+    and every model's head at the compute type's), the operands' amax and
+    quantisation passes by their bytes (a GPU's FP8 copies and transposes,
+    the CPU emulation's copies in the compute type), the group max of an
+    amax under tp and cp a collective of one number each; a profile without
+    FP8 products refuses the flag."""
+    S, tile, rate, rate8, L, B, T = 64, (2, 4), 1e12, 3e12, 2, 64, 16
+    g = lambda M, N, K, r: wave_gemm(M, N, K, S, tile, r)  # noqa: E731
+    both = lambda M, i, o, r: g(M, o, i, r) + g(M, i, o, r) + g(i, o, M, r)  # noqa: E731
+    waves = {"matmul_flops": rate, "fp8_matmul_flops": rate8, "mem_bw": 1e30, "sm_count": S, "gemm_tile_m": tile[0],
+             "gemm_tile_n": tile[1]}
+    N, C, V = B * T, 8, 16
+    flags = ["-t", str(T), "-b", str(B), "-d", str(B * T), "--world", "1"]
+    row = plan_row(tmp, "w8", waves, ["-e", f"L={L},C={C},NH=2,V={V},Vp={V},T={T}"] + flags, 1)
+    if row:
+        block = sum(both(N, i, o, rate8) for i, o in ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)))
+        want, got = L * block + both(N, C, V, rate), row["breakdown_ms"]["compute"] / 1e3
+        check(abs(got / want - 1) < 1e-9, f"FP8 products: planned {got}, formula {want}")
+        print(f"  planned FP8 products: {got * 1e6:.4f} us, formula {want * 1e6:.4f} us")
+    E, K, F, Ckv = 4, 2, 12, 4
+    row = plan_row(tmp, "w8m", waves, ["-e", f"arch=mixtral,L={L},C={C},NH=2,NKV=1,F={F},E={E},K={K},V={V},T={T}"]
+                   + flags, 1)
+    if row:
+        R = N * K // E
+        block = (both(N, C, C + 2 * Ckv, rate8) + both(N, C, C, rate8) + both(N, C, E, rate)
+                 + E * (both(R, C, 2 * F, rate) + both(R, F, C, rate)))
+        want, got = L * block + both(N, C, V, rate), row["breakdown_ms"]["compute"] / 1e3
+        check(abs(got / want - 1) < 1e-9, f"Mixtral FP8: planned {got}, formula {want} (experts in bf16)")
+    # The passes: products free, memory at 1 GB/s; the difference --fp8 makes.
+    bw, C = 1e9, 32
+    model = ["-e", f"L={L},C={C},NH=4,V={V},Vp={V},T={T}"] + flags
+    for device, dtype, a in (("cuda", "bf16", 2), ("cpu", "fp32", 4)):
+        prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": device, "dtype": dtype}
+        rows = [plan_row(tmp, "passes_" + device, prof, model + ["--dtype", dtype], f) for f in (0, 1)]
+        if not all(rows):
+            continue
+        got = (rows[1]["breakdown_ms"]["compute"] - rows[0]["breakdown_ms"]["compute"]) / 1e3
+        want = 0
+        for i, o in ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)):
+            x, w, dy = N * i, o * i, N * o
+            if device == "cpu":  # amax read, then the rounded copy read and written: 3 passes of each operand
+                want += 3 * a * (x + w) + 3 * a * (x + w + dy)
+            else:  # amax read; quantised: read, a byte written (dy twice: as it is and transposed)
+                want += a * (x + w) + (a + 1) * (x + w) + a * (x + w + dy) + 2 * (a + 1) * dy + (a + 1) * (w + x)
+        want = L * want / bw
+        check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device}: planned {got}, formula {want}")
+        print(f"  planned FP8 operand passes ({device}, {dtype}): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
+    # The group max: 4 FP8 layers; tp: 6 maxes forward, 8 backward; cp: 4 and 8.
+    lat = 1e-6
+    prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": 1e30, "intra_lat": lat, "gpus_per_node": 8}
+    for kind, n_max in (("tp", 14), ("cp", 12)):
+        args = model[:-2] + ["--world", "2", f"--{kind}", "2"]
+        rows = [plan_row(tmp, "max_" + kind, prof, args, f) for f in (0, 1)]
+        if all(rows):
+            got = (rows[1]["breakdown_ms"][kind] - rows[0]["breakdown_ms"][kind]) / 1e3
+            want = L * n_max * 2 * lat  # an all-reduce of one number over 2 ranks: 2 latencies
+            check(abs(got / want - 1) < 1e-9, f"FP8 group max under {kind} 2: planned {got}, formula {want}")
+    rc, out, err = train(0, ["--plan", "eval", "-e", GPT, "--hardware", "a100", "--fp8", "1"])
+    lines = [x for x in err.splitlines() if x.startswith("train_gpt")]
+    check(rc != 0 and len(lines) == 1 and "--fp8" in lines[0] and "a100" in lines[0],
+          f"--fp8 1 on a profile without FP8 products is refused: rc={rc} {err[-300:]!r}")
+
+
+def test_widths():
+    """A backend whose FP8 products take only some widths (cuBLASLt's:
+    multiples of 16; the CPU made to claim the same by LLMC_TEST_FP8_ALIGN)
+    refuses, before the first step and in one line from every rank, a
+    layer width or micro-batch that is not one, naming it."""
+    refusals(check, [(0, "L=2,C=32,NH=4,V=97,T=64", ["-b", "4", "-t", "16"], None),
+                     (0, "L=2,C=32,NH=4,V=97,T=64", ["-b", "1", "-t", "12"], ("--fp8", "B x T per rank")),
+                     (0, "L=2,C=40,NH=4,V=97,T=64", ["-b", "4", "-t", "16"], ("--fp8", "C is 40")),
+                     (2, "L=2,C=48,NH=4,V=97,T=64", ["-b", "4", "-t", "16", "--tp", "2"],
+                      ("--fp8", "the attention's width on this rank is 24")),
+                     (2, "L=2,C=32,NH=4,V=97,T=64", ["-b", "3", "-t", "16", "--cp", "2"],
+                      ("--fp8", "B x T per rank")),
+                     (0, "arch=mixtral,L=2,C=32,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64", ["-b", "4", "-t", "16"], None)],
+             lambda model: ["-e", model, "-i", DATA, "-j", "", "-x", "1", "-s", "0", "-v", "0", "--fp8", "1"],
+             env={"LLMC_TEST_FP8_ALIGN": "16"})
+
+
 def suite(tmp):
     global DATA
     DATA = os.path.join(tmp, "data.bin")
@@ -171,6 +273,8 @@ def suite(tmp):
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", "2", "-s", "0"])
     test_effect_and_resume(tmp)
     test_plan_memory(tmp)
+    test_plan_time(tmp)
+    test_widths()
     test_layouts(tmp)
     test_delayed(tmp)
     test_local_amax_differs(tmp)

@@ -9,7 +9,8 @@
 #     the classes a model's ops belong to are the ones that took time (GPT-2:
 #     its four products, the head, attention both ways, norms, embeddings,
 #     the optimizer; Llama adds its activation and rotary embeddings), and
-#     those it has no op of took none (GPT-2: rope, moe);
+#     those it has no op of took none (GPT-2: rope, moe); with --fp8 1 the
+#     FP8 products and their operands' amax count to their layers;
 #   - the ops lie inside the step: their sum is at most the step's time and,
 #     in one process (the host work between them small, no collectives to
 #     wait for), more than half of it;
@@ -94,6 +95,14 @@ def test_runs(tmp):
     check_classes("llama", same_run(tmp, "llama", LLAMA), gpt2_busy + ["activation", "rope"], ["moe"])
     # (With ranks, the step also waits for the collectives: no floor on the ops' share.)
     check_classes("dp2 zero-1", same_run(tmp, "dp2", GPT2 + ["-z", "1"], np=2), gpt2_busy, ["rope", "moe"], 0)
+    # --fp8 1: the FP8 products count to their layers (their amax ops too),
+    # not to copy, where an op of no known class goes.
+    steps = same_run(tmp, "fp8", GPT2 + ["--fp8", "1"])
+    check_classes("--fp8 1", steps, gpt2_busy, ["rope", "moe"])
+    for m in steps:
+        b = m["breakdown_ms"]
+        products = b["qkv"] + b["attproj"] + b["fc"] + b["fcproj"]
+        c(b["copy"] < products / 4, f"--fp8 1 step {m['step']}: copy {b['copy']} ms against the products' {products}")
     # Recorded regions are off while profiling: every op is seen, the run the same.
     steps = same_run(tmp, "graph", GPT2, extra_env={"LLMC_CPU_GRAPH": "1"})
     check_classes("with LLMC_CPU_GRAPH=1", steps, gpt2_busy, ["rope", "moe"])

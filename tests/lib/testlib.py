@@ -192,18 +192,20 @@ def equivalence(check, tmp, dtype, args, single, layouts, steps=10, keys=("loss"
             check("tp replicas of LayerNorm, wpe and row-parallel biases: identical" in out, f"{what}: replicas differ")
 
 
-def refusals(check, cases, args_of, timeout=60):
+def refusals(check, cases, args_of, timeout=60, env=None):
     """Each (np, model, extra, flag): train_gpt with args_of(model) + extra
-    ends with exit status != 0 and one line (the ranks agree) that names
-    flag; flag None: the run succeeds."""
+    (and env's variables) ends with exit status != 0 and one line (the ranks
+    agree) that names flag (a string, or a tuple of strings it names all
+    of); flag None: the run succeeds."""
     for np_, model, extra, flag in cases:
-        rc, out, err = train(np_, args_of(model) + extra, timeout=timeout)
+        rc, out, err = train(np_, args_of(model) + extra, timeout=timeout, env=env)
         lines = [l for l in err.splitlines() if l.startswith("train_gpt")]
         what = f"{model.split(',', 1)[1]} {' '.join(extra)}"
         if flag is None:
             check(rc == 0, f"{what}: rc={rc} {err[-300:]!r}")
             continue
-        check(rc != 0 and len(lines) == 1 and flag in lines[0], f"{what}: rc={rc} {err[-300:]!r}")
+        named = all(f in lines[0] for f in ((flag,) if isinstance(flag, str) else flag)) if lines else False
+        check(rc != 0 and len(lines) == 1 and named, f"{what}: rc={rc} {err[-300:]!r}")
         if lines:
             print(f"  {' '.join(extra) or model}: {lines[0]}")
 

@@ -26,7 +26,7 @@ import sys
 import numpy as np
 import torch
 
-from fp8_reference import Fp8Linear
+from fp8_reference import DELAYED, Fp8Linear
 
 MODEL_MAGIC = 20240326
 STATE_MAGIC = 20240327
@@ -303,12 +303,13 @@ def causal_attention(q, k, v, allowed=None):
 
 
 # FP8 operands (docs/fp8.md): the four linear layers through Fp8Linear
-# (fp8_reference.py) with --fp8 1.
+# (fp8_reference.py) with --fp8 1; key (layer, 0-3: QKV, attention output,
+# MLP up, MLP down) tells the operands apart for --fp8-history.
 USE_FP8 = False
 
 
-def linear(x, w, b):
-    return Fp8Linear.apply(x, w, b) if USE_FP8 else x @ w.t() + b
+def linear(x, w, b, key):
+    return Fp8Linear.apply(x, w, b, key) if USE_FP8 else x @ w.t() + b
 
 
 def forward(params, cfg, inputs, targets=None, eot=None):
@@ -322,14 +323,14 @@ def forward(params, cfg, inputs, targets=None, eot=None):
     x = p["wte"][inputs] + p["wpe"][:T].unsqueeze(0)
     for l in range(cfg.L):
         h = layernorm(x, p["ln1w"][l], p["ln1b"][l])
-        qkv = linear(h, p["qkvw"][l], p["qkvb"][l])        # (B,T,3C): Q | K | V
+        qkv = linear(h, p["qkvw"][l], p["qkvb"][l], (l, 0))        # (B,T,3C): Q | K | V
         q, k, v = qkv.split(C, dim=-1)
         q, k, v = (t.reshape(B, T, NH, HS).transpose(1, 2) for t in (q, k, v))
         y = causal_attention(q, k, v, allowed).transpose(1, 2).reshape(B, T, C)
-        x = x + linear(y, p["attprojw"][l], p["attprojb"][l])
+        x = x + linear(y, p["attprojw"][l], p["attprojb"][l], (l, 1))
         h = layernorm(x, p["ln2w"][l], p["ln2b"][l])
-        h = gelu_tanh(linear(h, p["fcw"][l], p["fcb"][l]))
-        x = x + linear(h, p["fcprojw"][l], p["fcprojb"][l])
+        h = gelu_tanh(linear(h, p["fcw"][l], p["fcb"][l], (l, 2)))
+        x = x + linear(h, p["fcprojw"][l], p["fcprojb"][l], (l, 3))
     x = layernorm(x, p["lnfw"], p["lnfb"])
     logits = x @ p["wte"].t()                                # (B,T,Vp)
     if targets is None:
@@ -409,6 +410,7 @@ def train(params_fp32, cfg, inputs, targets, hp, S, dtype=torch.float64, eot=Non
                 vhat = v[n] / bc2
                 wd = hp.wd if n in DECAY_NAMES else 0.0
                 p.sub_(lr * (mhat / (torch.sqrt(vhat) + hp.eps) + wd * p))
+        DELAYED.end_step()  # --fp8-history: the step's amaxes join the histories
     out["params"] = {n: params[n].detach().clone() for n in names}
     return out
 
@@ -504,6 +506,8 @@ def build_argparser():
     ap.add_argument("--write-model", help="write the initial model here")
     ap.add_argument("--fp8", type=int, choices=(0, 1), default=0,
                     help="1: the four linear layers of each block on FP8 operands (docs/fp8.md)")
+    ap.add_argument("--fp8-history", type=int, default=0, metavar="N",
+                    help="with --fp8 1: delayed scaling by the largest amax of each operand's last N steps")
     ap.add_argument("--model-version", type=int, choices=(3, 5), default=3)
     ap.add_argument("--write-state", help="write the debug state here")
     ap.add_argument("--document-mask", type=int, default=None, metavar="EOT",
@@ -515,6 +519,7 @@ def main(argv=None):
     args = build_argparser().parse_args(argv)
     global USE_FP8
     USE_FP8 = args.fp8 == 1
+    DELAYED.length = args.fp8_history if USE_FP8 else 0
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     try:

@@ -10,7 +10,7 @@
 // 1e-5 (CPU); bf16 see docs/gpu-results.md.
 //
 // usage: test_gpt --model M --state S.bin [--device cpu|cuda]
-//                 [--dtype fp32|fp64|bf16] [--tol X] [--document-mask EOT] [--fp8 1]
+//                 [--dtype fp32|fp64|bf16] [--tol X] [--document-mask EOT] [--fp8 1 [--fp8-history N]]
 //        test_gpt --model M --write-logits OUT [--B 2 --T 16 --data-seed 1]
 //        test_gpt --model M [--write-weights OUT] [--export-hf DIR]
 // M: an llm.c model file, a Hugging Face directory (config.json), or an
@@ -201,6 +201,10 @@ int main(int argc, char** argv) {
            1 << 30});
     int fp8 = 0;
     p.add({0, "fp8", Option::Int, &fp8, "1: the four linear layers on FP8 operands (the reference's --fp8)", 0, 1});
+    int fp8_history = 0;
+    p.add({0, "fp8-history", Option::Int, &fp8_history,
+           "with --fp8 1: delayed scaling over N steps, pushed after each step (the reference's --fp8-history)", 0,
+           1 << 20});
     p.add({0, "B", Option::Int, &lB, "rows for --write-logits", 1, 1 << 16});
     p.add({0, "T", Option::Int, &lT, "sequence length for --write-logits", 1, 1 << 20});
     p.add({0, "data-seed", Option::Long, &data_seed, "seed of the --write-logits inputs", 0, 9e18});
@@ -267,6 +271,7 @@ int main(int argc, char** argv) {
     }
     ModelOptions mo(s.B, s.T);
     mo.fp8 = fp8 != 0;
+    mo.fp8_history = fp8 ? fp8_history : 0;
     GPT model(be.get(), c, mo);
     if (!load_weights(model_path, src, model, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());
@@ -319,6 +324,7 @@ int main(int argc, char** argv) {
         losses[step] = objective(model.forward(s.inputs.data(), s.targets.data(), s.B, s.T, 1.0 / (double)N, dc));
         model.backward();
         adamw_step(model, s.opt, step);
+        model.fp8_push(nullptr, false);  // --fp8-history: one process, no dp x cp max to take first
         std::printf("  step %2d loss %.12f (reference %.12f)\n", step, losses[step], s.step_losses[step]);
     }
     ck.check("step losses", losses.data(), s.step_losses.data(), losses.size(), tol_steps);
