@@ -87,7 +87,7 @@ def main():
         print(f"figure whole_step_graph_replays {whole.group(2)} replays")
     if a.breakdown:
         breakdown(timed, args, a, env)
-    bubble = re.search(r"pipeline bubble \(.*\): (.*); formula \(pp-1\)/\(m\*vpp\) = ([0-9.]+)", p.stdout)
+    bubble = re.search(r"pipeline bubble \(.*\): (.*); formula \S+ = ([0-9.]+)", p.stdout)
     if bubble:
         for stage, value in re.findall(r"stage (\d+) ([0-9.]+)", bubble.group(1)):
             print(f"figure pipeline_bubble_stage{stage} {value} idle/busy")

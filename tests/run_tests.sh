@@ -259,6 +259,7 @@ distributed_tier() {
     run test_tp "$PY" tests/distributed/test_tp.py
     run test_cp "$PY" tests/distributed/test_cp.py
     run test_pp "$PY" tests/distributed/test_pp.py
+    run test_zero_bubble "$PY" tests/distributed/test_zero_bubble.py
     run test_document_mask "$PY" tests/distributed/test_document_mask.py
     run test_llama "$PY" tests/distributed/test_llama.py
     run test_qwen2 "$PY" tests/distributed/test_qwen2.py

@@ -226,7 +226,7 @@ class Backend {
     virtual void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                                 int OC) = 0;
     // dinp = dout · weight (overwrite; may be null to skip),
-    // dweight (+=) = dout^T · inp, dbias (+=, may be null) = column sums of dout.
+    // dweight (+=, may be null) = dout^T · inp, dbias (+=, may be null) = column sums of dout.
     virtual void matmul_backward(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                  const void* weight, int N, int IC, int OC) = 0;
 

@@ -157,10 +157,12 @@ class CpuBf16Backend final : public Backend {
             gemm(false, false, N, IC, OC, 1.f, dout, OC, weight, IC, 0.f, y, IC);
             f_->convert(dinp, DType::BF16, y, DType::F32, (size_t)N * IC);
         }
-        float* w = fp32(0, (size_t)OC * IC);
-        f_->convert(w, DType::F32, dweight, DType::BF16, (size_t)OC * IC);
-        gemm(true, false, OC, IC, N, 1.f, dout, OC, inp, IC, 1.f, w, IC);
-        f_->convert(dweight, DType::BF16, w, DType::F32, (size_t)OC * IC);
+        if (dweight) {
+            float* w = fp32(0, (size_t)OC * IC);
+            f_->convert(w, DType::F32, dweight, DType::BF16, (size_t)OC * IC);
+            gemm(true, false, OC, IC, N, 1.f, dout, OC, inp, IC, 1.f, w, IC);
+            f_->convert(dweight, DType::BF16, w, DType::F32, (size_t)OC * IC);
+        }
         if (dbias)
             run({{dbias, (size_t)OC, true}, {dout, (size_t)N * OC, false}},
                 [&](float** x) { cpu::bias_backward(x[0], x[1], N, OC); });

@@ -275,7 +275,7 @@ template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int N, int IC,
                      int OC) {
     if (dinp) gemm(false, false, N, IC, OC, F(1), dout, OC, weight, IC, F(0), dinp, IC);
-    gemm(true, false, OC, IC, N, F(1), dout, OC, inp, IC, F(1), dweight, IC);
+    if (dweight) gemm(true, false, OC, IC, N, F(1), dout, OC, inp, IC, F(1), dweight, IC);
     if (dbias) bias_backward(dbias, dout, N, OC);
 }
 

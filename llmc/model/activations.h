@@ -65,6 +65,9 @@ struct GPT::Acts {
     void* dh;                 // [N,Hl] gradient of the MLP's activation output
     void* dfch;               // [N,Fl] gradient of fch (GPT-2: the same buffer as dh)
     void* dqkv;               // [N,3Cl]
+    // split_backward: per layer-slot, the output gradients of QKV, the
+    // attention's projection, fc and its projection, from B for W
+    void *g_qkv = nullptr, *g_attproj = nullptr, *g_fc = nullptr, *g_fcproj = nullptr;
 };
 
 // Block l's slices of the activations, for N tokens (Ns in the residual
@@ -74,5 +77,6 @@ struct GPT::LayerActs {
     const int* docs;  // the slot's document starts [B·T] (null: no document mask)
     void *probs, *topw, *xg, *yg;  // Mixtral (null otherwise)
     int *topi, *offsets, *perm, *inv;
+    void *g_qkv, *g_attproj, *g_fc, *g_fcproj;  // split_backward: the kept output gradients (null otherwise)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)
 };

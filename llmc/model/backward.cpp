@@ -1,8 +1,9 @@
 // llmc/model/backward.cpp: the backward of a model chunk: the forward's
 // steps in reverse (llmc/model/forward.cpp), with one residual-gradient
 // buffer that each norm's backward accumulates into, recomputing first what
-// the recompute mode did not keep; and the sum of sequence-parallel partial
-// gradients.
+// the recompute mode did not keep; split for zero-bubble pipelines into B
+// (the input gradient) and W (the linear layers' weight gradients); and the
+// sum of sequence-parallel partial gradients.
 #include <cmath>
 #include <stdexcept>
 
@@ -18,10 +19,17 @@ void GPT::norm_backward(void* dinp, const void* dout, const void* inp, const voi
                                 N, C);
 }
 
-void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) {
+void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step, BackwardPart part) {
     const ModelChunk& ch = chunks_.at(c);
     if (!training_) throw std::logic_error("backward: the model was built without gradients (training = false)");
     if (slot < 0 || slot >= ch.slots) throw std::logic_error("backward: no such activation slot");
+    if (part != BackwardPart::all && !a_->g_qkv)
+        throw std::logic_error("backward: a split backward needs a model built with split_backward");
+    if (part == BackwardPart::weights) {  // from what B kept: nothing to check or copy
+        region(last_micro_step ? Pass::weights_last : Pass::weights, c, slot, last_B_, last_T_, 0.0,
+               [&] { weights_ops(c, slot, last_micro_step); });
+        return;
+    }
     if (ch.head && !grad_ready_[slot]) throw std::logic_error("backward: the last forward computed no loss gradient");
     // Gradient buffers are handed out afresh for each backward (ZeRO-2/3).
     const int final_unit = cfg_.num_layers + 1;
@@ -35,11 +43,34 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step) 
     if (!ch.head) be_->copy(a_->dresidual, dy, Ns * cfg_.channels * dtype_size(prec_.act));
     if (ch.head) grad_ready_[slot] = 0;
     // The rest is device work only: a recorded region (backend.h).
-    region(last_micro_step ? Pass::backward_last : Pass::backward, c, slot, last_B_, last_T_, 0.0,
-           [&] { backward_ops(c, slot, last_micro_step); });
+    const bool b = part == BackwardPart::input;
+    region(last_micro_step ? (b ? Pass::input_last : Pass::backward_last) : (b ? Pass::input : Pass::backward), c,
+           slot, last_B_, last_T_, 0.0, [&] { backward_ops(c, slot, last_micro_step, part); });
 }
 
-void GPT::backward_ops(int c, int slot, bool last_micro_step) {
+// W of a split backward: each block's linear weight and bias gradients, in
+// the order the whole backward computes them, from the output gradients B
+// kept and the inputs the forward kept; then the block's unit is done.
+void GPT::weights_ops(int c, int slot, bool last_micro_step) {
+    const ModelChunk& ch = chunks_.at(c);
+    const int C = cfg_.channels, N = last_B_ * last_T_, Cl = table_.heads * cfg_.head_size(), Hl = table_.hidden;
+    for (int l = ch.first_layer + ch.layers - 1; l >= ch.first_layer; l--) {
+        const int u = block_unit(l);
+        acquire(u);
+        const LayerActs la = layer_acts(l, slot, N, N);
+        auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
+            be_->matmul_backward(nullptr, G(w, l), Gb(b, l), dout, in, P(w, l), N, IC, OC);
+        };
+        dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.h, Hl, C);
+        dw(Param::fcw, Param::fcb, la.g_fc, la.ln2, C, (int)fch_width());
+        dw(Param::attprojw, Param::attprojb, la.g_attproj, la.atty, Cl, C);
+        dw(Param::qkvw, Param::qkvb, la.g_qkv, la.ln1, C, (int)qkv_width());
+        provider_->grads_done(u, last_micro_step);
+        release(u);
+    }
+}
+
+void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part) {
     fp8_record_ = true;
     const ModelChunk& ch = chunks_.at(c);
     Acts& a = *a_;
@@ -83,6 +114,13 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
         release(final_unit);
     }
 
+    // B of a split backward: each linear layer's input gradient alone, its
+    // output gradient kept for W (la.g_*); the norms' gradients here.
+    const bool input_only = part == BackwardPart::input;
+    auto keep = [&](void* to, const void* dout, size_t n) {
+        be_->copy(to, dout, n * dtype_size(act));
+        return to;
+    };
     for (int l = end - 1; l >= first; l--) {
         const int u = block_unit(l);
         acquire(u);
@@ -102,6 +140,16 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
             const void* dout = g_bwd();  // the tp collectives in a fixed order
             const void* xin = f_input(la.ln2);
             moe_backward(l, la, dout, xin, N, aux);
+        } else if (input_only) {
+            const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
+            if (cfg_.llama()) {
+                be_->matmul_backward(a.dh, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), N, Hl, C);
+                be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
+            } else {
+                be_->matmul_backward_gelu(a.dfch, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), la.fch, N, Hl, C);
+            }
+            keep(la.g_fc, a.dfch, (size_t)N * fch_width());
+            be_->matmul_backward(a.dln, nullptr, nullptr, a.dfch, la.ln2, P(Param::fcw, l), N, C, (int)fch_width());
         } else if (cfg_.llama()) {
             linear_backward(a.dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true);
             be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
@@ -112,12 +160,16 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
                                       P(Param::fcprojw, l), la.fch, N, Hl, C);
         }
-        if (!cfg_.moe())
+        if (!cfg_.moe() && !input_only)
             linear_backward(a.dln, Param::fcw, Gb(Param::fcb, l), a.dfch, f_input(la.ln2), l, N, C, (int)fch_width(),
                             false);
         norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);
         // dresidual holds d(x2); attention path.
-        linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true);
+        if (input_only)
+            be_->matmul_backward(a.datt, nullptr, nullptr, keep(la.g_attproj, g_bwd(), (size_t)N * C), la.atty,
+                                 P(Param::attprojw, l), N, Cl, C);
+        else
+            linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true);
         if (cp_)
             cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale, la.docs);
         else {
@@ -127,9 +179,13 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step) {
                                     la.lse, shape);
         }
         rotate(a.dqkv, B, T, true);  // back through the rotary embeddings (Llama)
-        linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false);
+        if (input_only)
+            be_->matmul_backward(a.dln, nullptr, nullptr, keep(la.g_qkv, a.dqkv, (size_t)N * W), la.ln1,
+                                 P(Param::qkvw, l), N, C, (int)W);
+        else
+            linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false);
         norm_backward(a.dresidual, f_bwd(), la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w, l, Ns);
-        provider_->grads_done(u, last_micro_step);
+        if (!input_only) provider_->grads_done(u, last_micro_step);  // (split: after its W)
         release(u);
     }
     if (!ch.embed) return;  // dresidual holds the gradient of the chunk's input

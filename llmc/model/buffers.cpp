@@ -186,6 +186,21 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     a.fch = block_buf("fch", R * Fl, act, a.keep_block);
     a.fch_gelu = block_buf("fch_gelu", R * Hl, act, a.keep_gelu);
     a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
+    if (o.split_backward) {
+        // W reads the linear layers' inputs where the forward left them and
+        // their output gradients kept here: what the first version of the
+        // split does not keep or would have to gather again is refused.
+        const char* why = tp_ ? "tensor parallelism" : nullptr;
+        if (!why && recompute != Recompute::none) why = "recompute";
+        if (!why && cfg.moe()) why = "Mixtral";
+        if (!why && o.fp8) why = "--fp8";
+        if (!why && sharding.grads) why = "ZeRO-2 and 3";
+        if (why) throw std::invalid_argument(std::string("GPT: the split backward does not yet support ") + why);
+        a.g_qkv = alloc_buffer(A, "w_grad_qkv", LS * N * Wqkv, act, true);
+        a.g_attproj = alloc_buffer(A, "w_grad_attproj", LS * N * C, act, true);
+        a.g_fc = alloc_buffer(A, "w_grad_fc", LS * R * Fl, act, true);
+        a.g_fcproj = alloc_buffer(A, "w_grad_fcproj", LS * N * C, act, true);
+    }
     if (cfg.moe()) {
         const size_t E = cfg.experts, K = cfg.top_k;
         a.moe_probs = block_buf("moe_probs", N * E, st, a.keep_block);
@@ -423,6 +438,10 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.inv = ati(a.moe_inv, (size_t)N * K);
     r.xg = at(a.moe_xg, kb, R * C, act);
     r.yg = at(a.moe_yg, kb, (size_t)N * K * C, act);
+    r.g_qkv = a.g_qkv ? act_layer(a.g_qkv, i, N * qkv_width(), act) : nullptr;
+    r.g_attproj = a.g_attproj ? act_layer(a.g_attproj, i, N * C, act) : nullptr;
+    r.g_fc = a.g_fc ? act_layer(a.g_fc, i, R * fch_width(), act) : nullptr;
+    r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, i, N * C, act) : nullptr;
     r.index = kb ? (size_t)i : layer_slots_;
     return r;
 }

@@ -96,6 +96,10 @@ struct ModelOptions {
     // With fp8: delayed scaling, each operand scaled by the largest amax of
     // its last fp8_history steps (0: current scaling, its own amax).
     int fp8_history = 0;
+    // Zero-bubble pipelines: each block's backward may run as an input part
+    // and, later, a weights part (backward_chunk's part), the linear layers'
+    // output gradients kept per layer-slot in between.
+    bool split_backward = false;
     // The parallel modes (null: off). Under sequence parallelism B·T must
     // divide by the tp degree.
     TensorParallelOps* tp = nullptr;
@@ -252,8 +256,15 @@ class GPT {
     const void* chunk_output(int c, int slot);
     // Backward of chunk c for the micro-batch in `slot`: dy is the gradient
     // of its output (null for the head chunk, which starts from its loss);
-    // last_micro_step as for backward().
-    void backward_chunk(int c, int slot, const void* dy, bool last_micro_step = true);
+    // last_micro_step as for backward(). With split_backward the part may be
+    // `input` (B: every gradient but the blocks' linear weights and biases,
+    // the chunk's input gradient among them) and then `weights` (W: those,
+    // from the output gradients B kept; dy unused); B then W give the same
+    // gradients as `all`, bit for bit on the CPU. A block's unit is done
+    // (told to the unit provider) after its W.
+    enum class BackwardPart { all, input, weights };
+    void backward_chunk(int c, int slot, const void* dy, bool last_micro_step = true,
+                        BackwardPart part = BackwardPart::all);
     // The gradient of the input of the chunk whose backward ran last (not
     // for the embedding chunk); valid until the next backward.
     const void* input_grad() const;
@@ -365,7 +376,8 @@ class GPT {
     void head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt, bool has_targets, int N,
                       double dloss);
     // backward_chunk's device work (the recorded region), after its bookkeeping.
-    void backward_ops(int c, int slot, bool last_micro_step);
+    void backward_ops(int c, int slot, bool last_micro_step, BackwardPart part);
+    void weights_ops(int c, int slot, bool last_micro_step);  // the W part (backward.cpp)
     // The mean of the losses the last head forward left (a download), or
     // (set_loss_figure, dloss != 0) 0 with the mean added on the device.
     double head_loss(int N, double dloss);
@@ -385,7 +397,7 @@ class GPT {
     // the model (region_model_, never reused: two models of one shape on one
     // backend hold different buffers), the pass, the chunk, the slot, the
     // shape and the loss scale (a kernel argument).
-    enum class Pass { forward, backward_last, backward };
+    enum class Pass { forward, backward_last, backward, input_last, input, weights_last, weights };
     void region(Pass pass, int c, int slot, int B, int T, double dloss, const std::function<void()>& ops);
     const uint64_t region_model_;
     int chunk_of_layer(int l) const;

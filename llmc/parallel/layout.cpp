@@ -13,6 +13,7 @@ std::string Layout::describe() const {
                     std::to_string(dp()) + " x cp " + std::to_string(cp) + cp_words + " x tp " + std::to_string(tp) +
                     (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
                     ", recompute " + recompute_name(recompute);
+    if (pp_order == PipeOrder::zb_h1) s += ", zb-h1";
     if (ep > 1) s += ", ep " + std::to_string(ep);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
     if (bf16_optimizer) s += ", bf16 Adam state";
@@ -126,7 +127,15 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     if (micro > 1000000000LL)
         return fail("flag -d: " + std::to_string(l.total_batch) + " tokens per step is " + std::to_string(micro) +
                     " micro-steps of B*T*dp = " + std::to_string(rows_per_micro * l.T) + " tokens (at most 1e9)");
-    if (!pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err)) {
+    // ZB-H1's split backward keeps each linear layer's output gradient for
+    // its W and reads the inputs where the forward left them: what would
+    // have to be gathered or recomputed again is not split yet.
+    if (l.pp_order == PipeOrder::zb_h1) {
+        const char* why = l.tp > 1 ? "--tp" : l.recompute != Recompute::none ? "-r" : c.moe() ? "arch=mixtral"
+                          : l.fp8 ? "--fp8" : l.zero >= 2 ? "-z 2 and 3" : nullptr;
+        if (why) return fail(std::string("flag --pp-schedule: zb-h1 does not run with ") + why + " yet");
+    }
+    if (!pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err, l.pp_order)) {
         // Too few micro-batches for the pipeline: say which -d gives 4 per
         // stage (bubble (pp-1)/(4·pp·vpp), under a fifth of the step).
         if (micro < l.pp)

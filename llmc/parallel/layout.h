@@ -11,9 +11,11 @@
 
 #include "llmc/model/config.h"
 #include "llmc/model/gpt.h"
+#include "llmc/parallel/pipeline_schedule.h"
 struct Layout {
     int world = 1;
     int pp = 1, vpp = 1, tp = 1, cp = 1, sp = 0, zero = 0;
+    PipeOrder pp_order = PipeOrder::standard;  // --pp-schedule (standard: 1F1B, or interleaved when vpp > 1)
     // Expert parallel (Mixtral, docs/moe.md): the experts split over groups
     // of ep data-parallel ranks (ep divides dp and the expert count).
     int ep = 1;

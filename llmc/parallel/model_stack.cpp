@@ -22,7 +22,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     s->tp.reset(new TensorParallel(*g.tp, l.sp != 0));
     // The pipeline says which chunks of blocks this stage runs (its
     // micro-batches are the accumulation steps); the model allocates them.
-    s->pipe.reset(new PipelineParallel(*g.pp, *g.embed, mc.num_layers, l.vpp, l.micro_batches()));
+    s->pipe.reset(new PipelineParallel(*g.pp, *g.embed, mc.num_layers, l.vpp, l.micro_batches(), l.pp_order));
     // The all-to-all's group: the cp group (a2a), its part (hybrid), none (ring).
     Comm* a2a = l.cp > 1 && l.cp_a2a == l.cp ? g.cp : l.cp > 1 && l.cp_a2a > 1 ? g.cp_a2a : nullptr;
     if (l.cp_hybrid() && (!g.cp_a2a || !g.cp_ring))
@@ -44,6 +44,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     o.bf16_optimizer_state = l.bf16_optimizer;
     o.fp8 = l.fp8;
     o.fp8_history = l.fp8_history;
+    o.split_backward = s->pipe->schedule().split();  // zero-bubble: B and W apart
     o.tp = s->tp.get();
     o.cp = s->cp.get();
     o.ep = s->ep.get();

@@ -9,11 +9,13 @@
 
 #include "llmc/base/trace.h"
 
-PipelineParallel::PipelineParallel(Comm& pp_group, Comm& embed, int L, int vpp, int m)
+PipelineParallel::PipelineParallel(Comm& pp_group, Comm& embed, int L, int vpp, int m, PipeOrder order)
     : comm_(pp_group), embed_(embed), pp_(pp_group.size()), stage_(pp_group.rank()), vpp_(vpp), m_(m), L_(L) {
     std::string why;
-    if (!pipe_layout_ok(L, pp_, vpp, m, &why)) throw std::invalid_argument(why);
-    sched_ = shared_pipe_schedule(pp_, vpp, m);
+    // One stage runs no pipeline: its order is the plain one.
+    if (pp_ == 1) order = PipeOrder::standard;
+    if (!pipe_layout_ok(L, pp_, vpp, m, &why, order)) throw std::invalid_argument(why);
+    sched_ = shared_pipe_schedule(pp_, vpp, m, order);
 }
 
 PipelineParallel::~PipelineParallel() {
@@ -149,6 +151,11 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
         }
         const ModelChunk& ch = chunks[a.chunk];
         const int v = a.chunk * pp_ + stage_;
+        if (a.kind == PipeAction::Weight) {  // a split backward's W: the weights' gradients, this stage's own
+            trace::Scope span("W mb" + std::to_string(a.mb) + " v" + std::to_string(v), "backward");
+            model.backward_chunk(a.chunk, a.slot, nullptr, a.mb == m_ - 1, GPT::BackwardPart::weights);
+            continue;
+        }
         const bool fwd = a.kind == PipeAction::Forward;
         const void* in = nullptr;
         if (a.in_buf >= 0) {
@@ -165,7 +172,8 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
             // Stages 0 and 1 of ZeRO reduce a unit's gradients when its last
             // micro-batch's backward is done.
             if (!moe.empty()) model.set_moe_aux(a.chunk, a.slot, moe[a.mb], B * T, dloss);
-            model.backward_chunk(a.chunk, a.slot, in, a.mb == m_ - 1);
+            model.backward_chunk(a.chunk, a.slot, in, a.mb == m_ - 1,
+                                 sched_->split() ? GPT::BackwardPart::input : GPT::BackwardPart::all);
             if (!ch.embed) {  // the input's gradient goes back to the previous virtual stage
                 const int sb = next_send;
                 next_send = (next_send + 1) % (int)send_.size();

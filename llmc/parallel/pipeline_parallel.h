@@ -41,7 +41,7 @@ class PipelineParallel {
     // the last stage (tied wte). L blocks, vpp chunks per stage, m
     // micro-batches per step. Throws std::invalid_argument naming the flag
     // when the layout does not fit.
-    PipelineParallel(Comm& pp_group, Comm& embed, int L, int vpp, int m);
+    PipelineParallel(Comm& pp_group, Comm& embed, int L, int vpp, int m, PipeOrder order = PipeOrder::standard);
     ~PipelineParallel();
     int size() const { return pp_; }
     int stage() const { return stage_; }
@@ -88,8 +88,8 @@ class PipelineParallel {
     // whole pipeline's span of the step. Collective over the pp group;
     // returns one value per stage (empty when nothing was traced).
     std::vector<double> measured_bubble();
-    // The formula: (pp - 1) / (m·V).
-    double bubble_formula() const { return (double)(pp_ - 1) / ((double)m_ * vpp_); }
+    // The schedule's formula: (pp - 1) / (m·V); ZB-H1 (pp - 1) / (3m).
+    double bubble_formula() const { return pipe_bubble_formula(pp_, vpp_, m_, sched_->order); }
 
   private:
     struct Handle {

@@ -8,7 +8,53 @@
 #include <stdexcept>
 #include <tuple>
 
-std::vector<PipeAction> pipe_compute_order(int pp, int V, int m, int s) {
+const char* pipe_order_name(PipeOrder o, int vpp) {
+    return o == PipeOrder::zb_h1 ? "zb-h1" : vpp > 1 ? "interleaved" : "1f1b";
+}
+
+bool pipe_order_of(const std::string& name, int vpp, PipeOrder* o, std::string* err) {
+    *o = name == "zb-h1" ? PipeOrder::zb_h1 : PipeOrder::standard;
+    if (name == "1f1b" && vpp > 1) *err = "flag --pp-schedule: 1f1b runs one model chunk per stage (drop --vpp)";
+    else if (name == "interleaved" && vpp < 2) *err = "flag --pp-schedule: interleaved needs --vpp 2 or more";
+    else if (!name.empty() && name != "1f1b" && name != "interleaved" && name != "zb-h1")
+        *err = "flag --pp-schedule: '" + name + "': expected 1f1b, interleaved or zb-h1";
+    else return true;
+    return false;
+}
+
+// ZB-H1's order (pipeline_schedule.h): the lock-step run of its rules, for
+// every stage at once (a stage's choice waits on the others' progress).
+static std::vector<std::vector<PipeAction>> zb_h1_orders(int pp, int m) {
+    std::vector<std::vector<PipeAction>> out(pp);
+    // The tick each stage did its F and B of each micro-batch (-1: not yet).
+    std::vector<std::vector<int>> f_at(pp, std::vector<int>(m, -1)), b_at(pp, std::vector<int>(m, -1));
+    std::vector<int> next_f(pp, 0), next_b(pp, 0), next_w(pp, 0);
+    auto before = [](int at, int t) { return at >= 0 && at < t; };
+    for (int t = 0, left = 3 * m * pp; left > 0; t++) {
+        std::vector<std::pair<PipeAction::Kind, int>> picks(pp, {PipeAction::Exchange, -1});
+        for (int s = 0; s < pp; s++) {
+            const int b = next_b[s], f = next_f[s], waiting = next_b[s] - next_w[s];
+            if (b < f && before(s == pp - 1 ? f_at[s][b] : b_at[s + 1][b], t)) picks[s] = {PipeAction::Backward, b};
+            else if (waiting >= pp) picks[s] = {PipeAction::Weight, next_w[s]};
+            else if (f < m && f - b < pp - s && (s == 0 || before(f_at[s - 1][f], t))) picks[s] = {PipeAction::Forward, f};
+            else if (waiting > 0) picks[s] = {PipeAction::Weight, next_w[s]};
+        }
+        for (int s = 0; s < pp; s++) {
+            if (picks[s].second < 0) continue;
+            PipeAction a;
+            a.kind = picks[s].first, a.mb = picks[s].second, a.chunk = 0;
+            out[s].push_back(a);
+            left--;
+            if (a.kind == PipeAction::Forward) f_at[s][next_f[s]++] = t;
+            else if (a.kind == PipeAction::Backward) b_at[s][next_b[s]++] = t;
+            else next_w[s]++;
+        }
+    }
+    return out;
+}
+
+std::vector<PipeAction> pipe_compute_order(int pp, int V, int m, int s, PipeOrder order) {
+    if (order == PipeOrder::zb_h1) return zb_h1_orders(pp, m).at(s);
     std::vector<PipeAction> out;
     auto op = [&](PipeAction::Kind kind, int mb, int chunk) {
         PipeAction a;
@@ -44,11 +90,14 @@ std::vector<PipeAction> pipe_compute_order(int pp, int V, int m, int s) {
     return out;
 }
 
-static bool schedule_ok(int pp, int V, int m, std::string* err) {
+static bool schedule_ok(int pp, int V, int m, std::string* err, PipeOrder order) {
     auto fail = [&](const std::string& s) {
         *err = s;
         return false;
     };
+    if (order == PipeOrder::zb_h1 && pp < 2) return fail("flag --pp-schedule: zb-h1 needs --pp > 1");
+    if (order == PipeOrder::zb_h1 && V != 1)
+        return fail("flag --pp-schedule: zb-h1 runs one model chunk per stage (drop --vpp " + std::to_string(V) + ")");
     if (pp < 1) return fail("flag --pp: " + std::to_string(pp) + " must be at least 1");
     if (V < 1) return fail("flag --vpp: " + std::to_string(V) + " must be at least 1");
     if (V > 1 && pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
@@ -61,45 +110,55 @@ static bool schedule_ok(int pp, int V, int m, std::string* err) {
     return true;
 }
 
-bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err) {
+bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err, PipeOrder order) {
     if (pp >= 1 && vpp >= 1 && L % (pp * vpp) != 0) {
         *err = std::string(vpp > 1 ? "flag --vpp" : "flag --pp") + ": the " + std::to_string(L) +
                " blocks do not split evenly into pp·vpp = " + std::to_string(pp * vpp) + " model chunks";
         return false;
     }
-    return schedule_ok(pp, vpp, m, err);
+    return schedule_ok(pp, vpp, m, err, order);
 }
 
 // Schedules are pure functions of (pp, vpp, m) and the planner asks for the
 // same ones many times (every rank of every layout it sizes): kept once made.
-static PipeSchedule make_schedule_uncached(int pp, int V, int m);
+static PipeSchedule make_schedule_uncached(int pp, int V, int m, PipeOrder order);
 
-std::shared_ptr<const PipeSchedule> shared_pipe_schedule(int pp, int V, int m) {
-    static std::map<std::tuple<int, int, int>, std::shared_ptr<const PipeSchedule>> cache;
+std::shared_ptr<const PipeSchedule> shared_pipe_schedule(int pp, int V, int m, PipeOrder order) {
+    static std::map<std::tuple<int, int, int, int>, std::shared_ptr<const PipeSchedule>> cache;
     std::string why;
-    if (!schedule_ok(pp, V, m, &why)) throw std::invalid_argument(why);
-    auto it = cache.find({pp, V, m});
+    if (!schedule_ok(pp, V, m, &why, order)) throw std::invalid_argument(why);
+    const std::tuple<int, int, int, int> key{pp, V, m, (int)order};
+    auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     if (cache.size() > 256) cache.clear();
-    auto sched = std::make_shared<const PipeSchedule>(make_schedule_uncached(pp, V, m));
-    cache[{pp, V, m}] = sched;
+    auto sched = std::make_shared<const PipeSchedule>(make_schedule_uncached(pp, V, m, order));
+    cache[key] = sched;
     return sched;
 }
 
-PipeSchedule make_pipe_schedule(int pp, int V, int m) { return *shared_pipe_schedule(pp, V, m); }
+PipeSchedule make_pipe_schedule(int pp, int V, int m, PipeOrder order) {
+    return *shared_pipe_schedule(pp, V, m, order);
+}
 
-static PipeSchedule make_schedule_uncached(int pp, int V, int m) {
+double pipe_bubble_formula(int pp, int V, int m, PipeOrder order) {
+    return (double)(pp - 1) / ((double)m * V * (order == PipeOrder::zb_h1 ? 3 : 1));
+}
+
+static PipeSchedule make_schedule_uncached(int pp, int V, int m, PipeOrder kind) {
     PipeSchedule S;
     S.pp = pp;
     S.vpp = V;
     S.m = m;
+    S.order = kind;
     S.stages.assign(pp, {});
     S.slots.assign(pp, std::vector<int>(V, 0));
     S.recv_bufs.assign(pp, 0);
     const int nv = pp * V;
     auto stage_of = [&](int v) { return v % pp; };
-    std::vector<std::vector<PipeAction>> order(pp);
-    for (int s = 0; s < pp; s++) order[s] = pipe_compute_order(pp, V, m, s);
+    std::vector<std::vector<PipeAction>> order(pp);  // each stage's compute order
+    if (S.split()) order = zb_h1_orders(pp, m);
+    else
+        for (int s = 0; s < pp; s++) order[s] = pipe_compute_order(pp, V, m, s);
     // When each message was made (tick), and where its data sits.
     std::map<std::tuple<int, int, bool>, int> made;       // (mb, v, grad) -> tick
     std::map<std::tuple<int, int, bool>, int> recv_buf;   // -> receive buffer at its consumer
@@ -124,6 +183,15 @@ static PipeSchedule make_schedule_uncached(int pp, int V, int m) {
             if (next[s] == order[s].size()) continue;
             PipeAction a = order[s][next[s]];
             const int v = a.chunk * pp + s;
+            if (a.kind == PipeAction::Weight) {  // after its B in program order; frees the slot
+                a.tick = t;
+                a.slot = fwd_slot.at({a.mb, v});
+                free_slots[s][a.chunk].push_back(a.slot);
+                S.stages[s].push_back(a);
+                next[s]++;
+                left--;
+                continue;
+            }
             // Ready: its input message was made in an earlier tick.
             bool fwd = a.kind == PipeAction::Forward;
             std::tuple<int, int, bool> need = fwd ? std::make_tuple(a.mb, v - 1, false) : std::make_tuple(a.mb, v + 1, true);
@@ -141,7 +209,7 @@ static PipeSchedule make_schedule_uncached(int pp, int V, int m) {
                 if (v < nv - 1) sent.push_back({a.mb, v, false});
             } else {
                 a.slot = fwd_slot.at({a.mb, v});
-                free_slots[s][a.chunk].push_back(a.slot);
+                if (!S.split()) free_slots[s][a.chunk].push_back(a.slot);  // (split: after the W)
                 if (v > 0) sent.push_back({a.mb, v, true});
             }
             S.stages[s].push_back(a);
@@ -178,7 +246,7 @@ static PipeSchedule make_schedule_uncached(int pp, int V, int m) {
     return S;
 }
 
-double simulate_pipe_time(const PipeSchedule& S, double tf, double tb, std::vector<double>* busy) {
+double simulate_pipe_time(const PipeSchedule& S, double tf, double tb, std::vector<double>* busy, double tw) {
     const int pp = S.pp, nv = pp * S.vpp;
     std::map<std::tuple<int, int, bool>, double> ready;  // message -> time available
     std::vector<size_t> next(pp, 0);
@@ -198,6 +266,15 @@ double simulate_pipe_time(const PipeSchedule& S, double tf, double tb, std::vect
                 const bool fwd = a.kind == PipeAction::Forward;
                 const int v = a.chunk * pp + s;
                 double start = free_at[s];
+                if (a.kind == PipeAction::Weight) {  // waits for nothing but the stage
+                    free_at[s] = start + tw;
+                    (*busy)[s] += tw;
+                    makespan = std::max(makespan, free_at[s]);
+                    next[s]++;
+                    left--;
+                    progress = true;
+                    continue;
+                }
                 if (fwd ? v > 0 : v < nv - 1) {
                     auto it = ready.find(fwd ? std::make_tuple(a.mb, v - 1, false) : std::make_tuple(a.mb, v + 1, true));
                     if (it == ready.end()) break;

@@ -14,6 +14,19 @@
 //     for the same, ...), backwards the chunks in reverse; warm-up
 //     (pp - s - 1)·2 + (V - 1)·pp chunk-forwards. The bubble shrinks from
 //     (pp-1)/m to (pp-1)/(m·V) of the ideal time.
+//   ZB-H1 (V = 1, --pp-schedule zb-h1; Qi et al. 2024, zero-bubble
+//     pipelines): each backward split into B, the input's gradient (on the
+//     critical path: the previous stage waits for it), and W, the weights'
+//     (which can wait, GPT::BackwardPart). The order is what a lock-step run
+//     with F, B and W of one tick each gives when every stage, at every tick,
+//     takes the first of: B, if its gradient has arrived (the last stage: its
+//     own forward is done); W, if pp of them wait; F, if its input has
+//     arrived and fewer than pp - s micro-batches are between their F and B
+//     (1F1B's limit); a waiting W. The waiting W's fill the cool-down, so the
+//     bubble falls from 1F1B's (pp-1)·(F+B+W) to (pp-1)·(F+B-W) ticks,
+//     (pp-1)/(3m) of the step when the three take the same time; a stage
+//     holds the activations of up to pp - 1 more micro-batches than 1F1B
+//     (those whose W waits: their slot is free after W).
 //
 // When the transfers happen is planned once (make_pipe_schedule) by running
 // the compute orders in lock step: at each tick every stage does its next op
@@ -29,6 +42,15 @@
 
 // A message between virtual stages: the activation leaving virtual stage v
 // (grad = false, to v + 1) or the gradient of v's input (grad = true, to v - 1).
+// The order of the compute ops: 1F1B or interleaved (by V), or zero-bubble.
+enum class PipeOrder { standard, zb_h1 };
+// "1f1b", "interleaved" (by vpp) or "zb-h1".
+const char* pipe_order_name(PipeOrder o, int vpp);
+// --pp-schedule NAME with --vpp vpp ("": 1F1B or interleaved by vpp); false
+// with *err naming the flag when they disagree (1f1b with vpp > 1,
+// interleaved without it).
+bool pipe_order_of(const std::string& name, int vpp, PipeOrder* o, std::string* err);
+
 struct PipeMsg {
     int mb, v;
     bool grad;
@@ -46,7 +68,7 @@ struct PipeXfer {
 
 // A stage's actions in program order.
 struct PipeAction {
-    enum Kind { Forward, Backward, Exchange } kind;
+    enum Kind { Forward, Backward, Exchange, Weight } kind;  // Backward: B alone when the schedule splits (W: Weight)
     int tick = 0;              // lock-step time of the action
     int mb = -1, chunk = -1;   // compute: micro-batch and the stage's chunk index (v = chunk·pp + stage)
     int slot = -1;             // compute: the chunk's activation slot for this micro-batch
@@ -56,6 +78,8 @@ struct PipeAction {
 
 struct PipeSchedule {
     int pp = 1, vpp = 1, m = 1;
+    PipeOrder order = PipeOrder::standard;
+    bool split() const { return order == PipeOrder::zb_h1; }  // backwards as B then W
     std::vector<std::vector<PipeAction>> stages;  // [stage] actions in program order
     std::vector<std::vector<int>> slots;          // [stage][chunk] activation slots (micro-batches in flight)
     std::vector<int> recv_bufs;                   // [stage] receive buffers needed at once
@@ -63,22 +87,28 @@ struct PipeSchedule {
 };
 
 // Whether L blocks, pp stages, vpp chunks per stage and m micro-batches
-// make a pipeline; false with *err naming the flag (--pp, --vpp or -d).
-bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err);
+// make a pipeline of that order; false with *err naming the flag (--pp,
+// --vpp, -d or --pp-schedule).
+bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err, PipeOrder order = PipeOrder::standard);
 
 // The schedule of pp stages, vpp chunks per stage and m micro-batches.
 // Throws std::invalid_argument naming the flag when they do not fit
-// (m < pp names -d; V > 1 needs m % pp == 0 and pp > 1).
-PipeSchedule make_pipe_schedule(int pp, int vpp, int m);
-// The same, made once per (pp, vpp, m) and shared (the planner sizes many
-// ranks of many layouts).
-std::shared_ptr<const PipeSchedule> shared_pipe_schedule(int pp, int vpp, int m);
-// The compute order alone: stage s's forwards and backwards as (kind, mb, chunk).
-std::vector<PipeAction> pipe_compute_order(int pp, int vpp, int m, int s);
+// (m < pp names -d; V > 1 needs m % pp == 0 and pp > 1; ZB-H1 V = 1).
+PipeSchedule make_pipe_schedule(int pp, int vpp, int m, PipeOrder order = PipeOrder::standard);
+// The same, made once per (pp, vpp, m, order) and shared (the planner sizes
+// many ranks of many layouts).
+std::shared_ptr<const PipeSchedule> shared_pipe_schedule(int pp, int vpp, int m,
+                                                         PipeOrder order = PipeOrder::standard);
+// The compute order alone: stage s's forwards, backwards (and W's) as (kind, mb, chunk).
+std::vector<PipeAction> pipe_compute_order(int pp, int vpp, int m, int s, PipeOrder order = PipeOrder::standard);
 
-// Time of the schedule when a chunk's forward takes tf and its backward tb
-// and transfers are free: each stage runs its compute order, an op starting
-// when the stage is free and its input is there. Returns the makespan, and
-// per stage the busy time; used by tests to check the bubble formulas.
-double simulate_pipe_time(const PipeSchedule& s, double tf, double tb, std::vector<double>* busy);
+// Time of the schedule when a chunk's forward takes tf, its backward tb
+// (a split schedule's B) and a split schedule's W tw, transfers free: each
+// stage runs its compute order, an op starting when the stage is free and
+// its input is there. Returns the makespan, and per stage the busy time;
+// used by tests to check the bubble formulas.
+double simulate_pipe_time(const PipeSchedule& s, double tf, double tb, std::vector<double>* busy, double tw = 0);
+// The bubble over the busy time when F, B and W take the same time (an
+// unsplit backward twice a forward): (pp-1)/(m·V), ZB-H1 (pp-1)/(3m).
+double pipe_bubble_formula(int pp, int vpp, int m, PipeOrder order);
 

@@ -75,11 +75,12 @@ struct Linear {
 // them under an even routing: E products of a launch each. Under expert
 // parallelism the same: each of the E/ep local experts takes a block of
 // N·K/E rows from each of the ep ranks, E blocks in all.
-double CostModel::block_gemms(bool backward, int layer) const {
+double CostModel::block_gemms(bool backward, int layer, bool weights_only) const {
     const double C = c_.channels, tp = l_.tp, N = (double)l_.B * l_.T_local(), H = c_.hidden() / tp;
     const double Ckv = (double)c_.kv_heads() * c_.head_size() / tp, Wfc = c_.llama() ? 2 * H : H;
     const Linear ls[] = {{C, C / tp + 2 * Ckv}, {C / tp, C}, {C, Wfc}, {H, C}};
     auto product = [&](double rows, const Linear& x, double rate = 0) {
+        if (weights_only) return gemm(x.in, x.out, rows, 1, rate);
         return backward ? gemm(rows, x.in, x.out, 1, rate) + gemm(x.in, x.out, rows, 1, rate)
                         : gemm(rows, x.out, x.in, 1, rate);
     };
@@ -277,7 +278,12 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     k.tp = m * tp_max;
     k.cp = m * cp_max;
     k.ep = m * ep_max;
+    // The bubble: (pp-1)/V of a micro-batch's stage time; ZB-H1 (pp-1) times
+    // F + B - W, the stage time less twice its W (the blocks' weight-gradient
+    // products), which fill the cool-down (llmc/parallel/pipeline_schedule.h).
     k.bubble = l.pp > 1 ? (l.pp - 1) / V * t_max : 0;
+    if (l.pp > 1 && l.pp_order == PipeOrder::zb_h1)
+        k.bubble = (l.pp - 1) * std::max(0.0, t_max - 2 * blocks * block_gemms(true, -1, true));
     if (l.pp > 1) {
         const double hop = p2p(Ns * C * a_, lpp);
         k.pp = 2 * (l.pp * V - 1) * hop + (1 - ov_) * 2 * m * V * hop;  // fill and drain; and every transfer without overlap

@@ -89,8 +89,10 @@ class CostModel {
     double expose(double comm, double compute) const;
     // One block's linear products, forward or backward, one micro-batch;
     // with `layer` (0 qkv, 1 attproj, 2 fc, 3 fcproj) that layer's alone (a
-    // Mixtral's experts as fc and fcproj, its router as neither).
-    double block_gemms(bool backward, int layer = -1) const;
+    // Mixtral's experts as fc and fcproj, its router as neither); with
+    // weights_only the backward's weight-gradient products alone (a
+    // zero-bubble schedule's W).
+    double block_gemms(bool backward, int layer = -1, bool weights_only = false) const;
 
     const GPTConfig& c_;
     const Layout& l_;

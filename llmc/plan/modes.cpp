@@ -54,7 +54,7 @@ static std::string shell_word(const std::string& v) {
 static std::string run_flags(const ArgParser& parser) {
     static const char* const not_passed[] = {
         "model", "batch-size", "seq-len", "total-batch", "zero", "tp", "sp", "cp", "cp-impl", "cp-a2a", "ep", "pp",
-        "vpp", "recompute", "config", "plan", "world", "gpus-per-node", "hardware", "plan-json", "plan-attention",
+        "vpp", "pp-schedule", "recompute", "config", "plan", "world", "gpus-per-node", "hardware", "plan-json", "plan-attention",
         "plan-top", "calibrate", "convert", "generate", "prompt-ids", "max-new-tokens", "temperature", "top-k",
         "top-p", "ignore-eos", "kv-cache"};
     std::string out;
@@ -135,6 +135,8 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         if (r.mode == "eval" || r.fix_cp) ok = cp_a2a_of(cfg.cp_impl, b.cp, cfg.cp_a2a, &b.cp_a2a, &err);
         else if (cfg.cp_impl != "hybrid" || cfg.cp_a2a <= 1)
             ok = cp_a2a_of(cfg.cp_impl, b.world, cfg.cp_a2a, &b.cp_a2a, &err);
+        ok = ok && pipe_order_of(cfg.pp_schedule, cfg.vpp, &b.pp_order, &err);
+        r.fix_pp_schedule = parser.given("pp-schedule");
         ok = ok && (dist_world_rank() != 0 || run_planner(mc, r, &err));
     }
     setup_check(ok, err);

@@ -49,7 +49,7 @@ struct PlanRequest {
     std::string cp_impl = "ring";
     int cp_a2a = 0;            // hybrid: --cp-a2a, ranks per all-to-all group
     bool fix_pp = false, fix_vpp = false, fix_tp = false, fix_cp = false, fix_sp = false, fix_zero = false,
-         fix_B = false, fix_recompute = false, fix_ep = false;
+         fix_B = false, fix_recompute = false, fix_ep = false, fix_pp_schedule = false;
     Hardware hw;
     std::string device = "cuda";  // whose precision and allocation rounding the memory uses
     std::string dtype = "auto";

@@ -68,6 +68,7 @@ struct TrainConfig {
     int cp_a2a = 0;                // hybrid: ranks per all-to-all group (0: not given)
     int pp = 1;                // pipeline stages
     int vpp = 1;               // model chunks per pipeline stage (interleaved 1F1B when > 1)
+    std::string pp_schedule;   // --pp-schedule: 1f1b, interleaved, zb-h1 ("": from vpp)
     std::string trace = "";    // Chrome trace-event JSON of the run
     std::string comm = "auto";
     double collective_timeout = 300;  // seconds a collective may wait before the job ends (0: no limit)

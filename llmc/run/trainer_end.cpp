@@ -178,7 +178,8 @@ void Trainer::finish() {
         if (main_rank && lay.pp > 1 && !bubble.empty()) {
             std::printf("pipeline bubble (idle / busy, steps 2..%d, from the trace):", cfg.max_steps);
             for (size_t s = 0; s < bubble.size(); s++) std::printf(" stage %zu %.3f", s, bubble[s]);
-            std::printf("; formula (pp-1)/(m*vpp) = %.3f\n", s.pipe->bubble_formula());
+            std::printf("; formula %s = %.3f\n", lay.pp_order == PipeOrder::zb_h1 ? "(pp-1)/(3m)" : "(pp-1)/(m*vpp)",
+                        s.pipe->bubble_formula());
         }
         bool ok = trace::finish(*grid.world, &err);
         if (!ok) end_job(err);

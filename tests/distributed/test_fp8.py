@@ -29,8 +29,8 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TESTS, "lib"))
 sys.path.insert(0, os.path.join(TESTS, "e2e"))
 from test_planner import wave_gemm  # noqa: E402
-from testlib import (Checks, copy_checkpoint, equivalence, metrics, read_checkpoint, refusals, rel, run_suite,
-                     shards_equal, train, write_shard)
+from testlib import (Checks, copy_checkpoint, equivalence, metrics, plan_memory, read_checkpoint, refusals, rel,
+                     run_suite, shards_equal, train, write_shard)
 
 check = Checks()
 GPT = "L=4,C=32,NH=4,V=97,Vp=97,T=64"
@@ -155,18 +155,12 @@ def test_local_amax_differs(tmp):
 def test_plan_memory(tmp):
     """The planner builds the same model on its measuring backend: its memory
     line equals the run's, FP8 operand copies included."""
-    import re
     for np_, extra in [(0, []), (2, ["--tp", "2"])]:
-        a = base() + ["-b", "4", "-d", "256", "-x", "1"] + extra
-        rc, out, err = train(np_, a)
-        run_b = re.search(r"memory\[0\] start: .* bytes=(\d+)", out)
-        rc2, out2, err2 = train(0, a + ["--plan", "eval"] + (["--world", str(np_)] if np_ else []))
-        plan_b = re.search(r"memory\[0\] plan: .* bytes=(\d+)", out2)
-        ok = rc == 0 and rc2 == 0 and run_b and plan_b and run_b.group(1) == plan_b.group(1)
-        check(ok, f"--fp8 1 {' '.join(extra)}: the plan's bytes {plan_b and plan_b.group(1)} equal the run's "
-              f"{run_b and run_b.group(1)}")
+        run_b, plan_b, err = plan_memory(np_, base() + ["-b", "4", "-d", "256", "-x", "1"] + extra)
+        ok = run_b is not None and run_b == plan_b
+        check(ok, f"--fp8 1 {' '.join(extra)}: the plan's bytes {plan_b} equal the run's {run_b} {err}")
         if ok:
-            print(f"  plan eval --fp8 1 {' '.join(extra) or '(one process)'}: {plan_b.group(1)} bytes, as the run")
+            print(f"  plan eval --fp8 1 {' '.join(extra) or '(one process)'}: {plan_b} bytes, as the run")
 
 
 def plan_row(tmp, name, prof, args, fp8):

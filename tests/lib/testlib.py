@@ -210,6 +210,19 @@ def refusals(check, cases, args_of, timeout=60, env=None):
             print(f"  {' '.join(extra) or model}: {lines[0]}")
 
 
+def plan_memory(np_, args, extra_plan=()):
+    """Trains args (np_ ranks, 0: one process) and plans them (--plan eval,
+    --world np_): (rank 0's memory line bytes of the run, of the plan, and
+    the two runs' stderr), None for a bytes figure that is missing."""
+    import re
+    rc, out, err = train(np_, args)
+    run_b = re.search(r"memory\[0\] start: .* bytes=(\d+)", out)
+    rc2, out2, err2 = train(0, args + ["--plan", "eval"] + (["--world", str(np_)] if np_ else []) + list(extra_plan))
+    plan_b = re.search(r"memory\[0\] plan: .* bytes=(\d+)", out2)
+    return (run_b.group(1) if rc == 0 and run_b else None), (plan_b.group(1) if rc2 == 0 and plan_b else None), \
+        err[-200:] + err2[-200:]
+
+
 def resume_check(check, tmp, args, single, saved, resumes, at=5):
     """Trains one process with args + single (uninterrupted); saves at step
     `at` with saved = (np, extra); resumes a copy of that checkpoint with each

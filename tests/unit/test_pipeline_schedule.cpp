@@ -1,9 +1,11 @@
 // tests/unit/test_pipeline_schedule.cpp: the pipeline schedules of
 // llmc/parallel/pipeline_parallel.h, checked without running a model, for pp in
-// 1..8, vpp in 1..4 and several micro-batch counts:
+// 1..8, vpp in 1..4 and several micro-batch counts, and ZB-H1 (vpp 1):
 //   - every (micro-batch, virtual stage) is run forward once and backward
-//     once, on the stage that owns it, forward first, in the 1F1B (or
-//     interleaved) order the compute order promises;
+//     once (ZB-H1: and its W once, after its B, on the micro-batch's slot),
+//     on the stage that owns it, forward first, in the 1F1B (or interleaved
+//     or zero-bubble) order the compute order promises, backwards of a
+//     chunk in micro-batch order (gradients accumulate as in one process);
 //   - every input a forward or backward needs arrives in an exchange before
 //     it, and every send meets its receive in the other stage's exchange of
 //     the same tick (what makes the groups deadlock-free), with sends in
@@ -11,10 +13,12 @@
 //   - activation slots are never shared by two micro-batches in flight,
 //     receive buffers never overwritten before their op has read them;
 //   - micro-batches in flight: min(pp - s, m) on stage s under 1F1B
-//     (docs/design.md section 7);
+//     (docs/design.md section 7), at most pp - s + pp - 1 under ZB-H1 (its
+//     waiting W's);
 //   - on a cost model (forward 1, backward 2, per chunk divided by vpp, free
 //     transfers) the bubble of every stage is (pp - 1) / (m·vpp) of its busy
-//     time, exactly;
+//     time, exactly; ZB-H1 with F, B and W of 1 each: (pp - 1) / (3m), the
+//     bubble a third of 1F1B's;
 //   - the flags that do not fit give errors naming them.
 // Last line: "N passed, N failed".
 #include <cmath>
@@ -34,11 +38,13 @@ static bool check(bool ok, const std::string& what) {
     return ok;
 }
 
-static void test_schedule(int pp, int V, int m) {
-    const std::string tag = "pp=" + std::to_string(pp) + " vpp=" + std::to_string(V) + " m=" + std::to_string(m) + ": ";
+static void test_schedule(int pp, int V, int m, PipeOrder po = PipeOrder::standard) {
+    const std::string tag = std::string(pipe_order_name(po, V)) + " pp=" + std::to_string(pp) + " vpp=" +
+                            std::to_string(V) + " m=" + std::to_string(m) + ": ";
+    const bool split = po == PipeOrder::zb_h1;
     PipeSchedule S;
     try {
-        S = make_pipe_schedule(pp, V, m);
+        S = make_pipe_schedule(pp, V, m, po);
     } catch (const std::exception& e) {
         check(false, tag + e.what());
         return;
@@ -47,10 +53,11 @@ static void test_schedule(int pp, int V, int m) {
     bool once = true, order_ok = true, inputs_ok = true, pairs_ok = true, slots_ok = true, bufs_ok = true;
     // Per tick, the transfers each stage issues: (send?, from, to, mb, v, grad).
     std::map<int, std::multiset<std::tuple<int, int, int, int, bool>>> sends, recvs;
-    std::map<std::tuple<int, int>, int> fwd_count, bwd_count;
+    std::map<std::tuple<int, int>, int> fwd_count, bwd_count, w_count, last_bwd;
+    bool bwd_in_order = true;
     for (int s = 0; s < pp; s++) {
         // The compute order, as the actions list it.
-        std::vector<PipeAction> order = pipe_compute_order(pp, V, m, s), got;
+        std::vector<PipeAction> order = pipe_compute_order(pp, V, m, s, po), got;
         std::map<int, int> buf_holder;                     // receive buffer -> message it holds (-1 free)
         std::set<std::tuple<int, int, bool>> arrived;      // messages received so far
         std::map<std::pair<int, int>, int> slot_owner;     // (chunk, slot) -> micro-batch
@@ -74,7 +81,18 @@ static void test_schedule(int pp, int V, int m) {
             }
             got.push_back(a);
             const int v = a.chunk * pp + s;
+            if (a.kind == PipeAction::Weight) {  // after its B, on its slot, which it frees; no input
+                w_count[{a.mb, v}]++;
+                if (!split || bwd_count[{a.mb, v}] != 1 || a.in_buf >= 0) inputs_ok = false;
+                if (slot_owner[{a.chunk, a.slot}] != a.mb) slots_ok = false;
+                slot_owner[{a.chunk, a.slot}] = -1;
+                continue;
+            }
             const bool fwd = a.kind == PipeAction::Forward;
+            if (!fwd) {  // a chunk's backwards in micro-batch order
+                if (last_bwd.count({s, a.chunk}) && last_bwd[{s, a.chunk}] + 1 != a.mb) bwd_in_order = false;
+                last_bwd[{s, a.chunk}] = a.mb;
+            }
             if (fwd) fwd_count[{a.mb, v}]++;
             else bwd_count[{a.mb, v}]++;
             // Its input must have arrived, in the buffer the action names.
@@ -92,7 +110,7 @@ static void test_schedule(int pp, int V, int m) {
                 done_fwd[{a.mb, v}] = true;
             } else {
                 if (!done_fwd[{a.mb, v}] || slot_owner[{a.chunk, a.slot}] != a.mb) slots_ok = false;
-                slot_owner[{a.chunk, a.slot}] = -1;
+                if (!split) slot_owner[{a.chunk, a.slot}] = -1;  // (split: the W frees it)
             }
             if (a.slot < 0 || a.slot >= S.slots[s][a.chunk]) slots_ok = false;
         }
@@ -100,20 +118,25 @@ static void test_schedule(int pp, int V, int m) {
         for (size_t i = 0; i < got.size() && i < order.size(); i++)
             if (got[i].kind != order[i].kind || got[i].mb != order[i].mb || got[i].chunk != order[i].chunk)
                 order_ok = false;
-        if (V == 1)
+        if (V == 1 && !split)
             check(S.slots[s][0] == std::min(pp - s, m), tag + "stage " + std::to_string(s) + " keeps " +
                                                             std::to_string(S.slots[s][0]) + " micro-batches, want " +
                                                             std::to_string(std::min(pp - s, m)));
+        if (split)
+            check(S.slots[s][0] <= std::min(2 * pp - 1 - s, m),
+                  tag + "stage " + std::to_string(s) + " keeps " + std::to_string(S.slots[s][0]) + " micro-batches");
     }
     for (int mb = 0; mb < m; mb++)
         for (int v = 0; v < nv; v++)
-            if (fwd_count[{mb, v}] != 1 || bwd_count[{mb, v}] != 1) once = false;
+            if (fwd_count[{mb, v}] != 1 || bwd_count[{mb, v}] != 1 || w_count[{mb, v}] != (split ? 1 : 0))
+                once = false;
     // Every send meets its receive in the same tick, and nothing else is received.
     for (auto& kv : sends)
         if (recvs[kv.first] != kv.second) pairs_ok = false;
     for (auto& kv : recvs)
         if (sends[kv.first] != kv.second) pairs_ok = false;
     check(once, tag + "each micro-batch and virtual stage forward and backward once");
+    check(bwd_in_order, tag + "backwards in micro-batch order");
     check(order_ok, tag + "actions in tick order and in the compute order");
     check(inputs_ok, tag + "inputs arrive before their op, in the buffer it reads");
     check(pairs_ok, tag + "sends and receives paired in the same tick");
@@ -121,12 +144,13 @@ static void test_schedule(int pp, int V, int m) {
     check(bufs_ok, tag + "receive buffers not overwritten before read");
     // The bubble on the cost model.
     std::vector<double> busy;
-    const double makespan = simulate_pipe_time(S, 1.0 / V, 2.0 / V, &busy);
-    const double want = (pp - 1.0) / ((double)m * V);
+    const double makespan = split ? simulate_pipe_time(S, 1, 1, &busy, 1) : simulate_pipe_time(S, 1.0 / V, 2.0 / V, &busy);
+    const double want = (pp - 1.0) / ((double)m * V * (split ? 3 : 1));
+    check(want == pipe_bubble_formula(pp, V, m, po), tag + "pipe_bubble_formula");
     bool bubble_ok = true;
     for (int s = 0; s < pp; s++)
         if (std::fabs((makespan - busy[s]) / busy[s] - want) > 1e-9) bubble_ok = false;
-    check(bubble_ok, tag + "bubble (pp-1)/(m*vpp) = " + std::to_string(want) + " on every stage, got " +
+    check(bubble_ok, tag + "bubble " + std::to_string(want) + " on every stage, got " +
                          std::to_string((makespan - busy[0]) / busy[0]));
 }
 
@@ -147,6 +171,18 @@ static void test_errors() {
               "pp=" + std::to_string(b.pp) + " vpp=" + std::to_string(b.V) + " m=" + std::to_string(b.m) +
                   " is refused naming " + b.flag + " (got: " + got + ")");
     }
+    // ZB-H1: two stages or more, one chunk each; the flag's names.
+    std::string err;
+    check(!pipe_layout_ok(4, 1, 1, 4, &err, PipeOrder::zb_h1) && err.find("--pp-schedule") != std::string::npos,
+          "zb-h1 on one stage is refused naming --pp-schedule: " + err);
+    check(!pipe_layout_ok(8, 2, 2, 4, &err, PipeOrder::zb_h1) && err.find("--pp-schedule") != std::string::npos,
+          "zb-h1 with --vpp 2 is refused naming --pp-schedule: " + err);
+    PipeOrder o;
+    check(pipe_order_of("zb-h1", 1, &o, &err) && o == PipeOrder::zb_h1, "--pp-schedule zb-h1");
+    check(pipe_order_of("", 2, &o, &err) && o == PipeOrder::standard, "no --pp-schedule: from --vpp");
+    check(!pipe_order_of("1f1b", 2, &o, &err) && err.find("--pp-schedule") != std::string::npos, "1f1b with --vpp 2");
+    check(!pipe_order_of("interleaved", 1, &o, &err), "interleaved without --vpp");
+    check(!pipe_order_of("zbx", 1, &o, &err) && err.find("zbx") != std::string::npos, "an unknown schedule: " + err);
 }
 
 int main() {
@@ -156,8 +192,16 @@ int main() {
             for (int m : {pp, pp + 1, 2 * pp, 3 * pp + 1, 4 * pp, 8 * pp}) {
                 if (V > 1 && m % pp != 0) continue;
                 test_schedule(pp, V, m);
+                if (V == 1 && pp > 1) test_schedule(pp, V, m, PipeOrder::zb_h1);
             }
         }
+    for (int pp : {2, 4, 8}) {  // the makespans side by side (F = 1; 1F1B's backward 2, ZB-H1's B and W 1 each)
+        std::vector<double> busy;
+        const int m = 2 * pp;
+        std::printf("pp %d, m %d: makespan 1f1b %g, zb-h1 %g, ideal %d\n", pp, m,
+                    simulate_pipe_time(make_pipe_schedule(pp, 1, m), 1, 2, &busy),
+                    simulate_pipe_time(make_pipe_schedule(pp, 1, m, PipeOrder::zb_h1), 1, 1, &busy, 1), 3 * m);
+    }
     test_errors();
     std::printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;

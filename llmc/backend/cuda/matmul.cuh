@@ -478,6 +478,10 @@ void matmul_backward(MatmulContext& ctx, E* dinp, E* dweight, E* dbias, const E*
                      int N, int IC, int OC, float* scratch) {
     if (N <= 0 || IC <= 0 || OC <= 0) return;  // nothing to add, and cuBLASLt rejects empty shapes
     if (dinp) ctx.gemm<E>(dinp, weight, false, IC, dout, false, OC, IC, N, OC, 0.f);
+    if (!dweight) {  // the input gradient alone (a split backward's B)
+        if (dbias) bias_backward(dbias, dout, N, OC, scratch, ctx.stream());
+        return;
+    }
     if (dbias && ctx.bias_grad_epilogue) {
         // BGRADB sums B (dout) over the product's k (the N rows): the bias
         // gradient, overwritten into the scratch (at least OC floats, so

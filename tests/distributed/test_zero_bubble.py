@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+# tests/distributed/test_zero_bubble.py: the zero-bubble pipeline schedule
+# (--pp-schedule zb-h1, llmc/parallel/pipeline_schedule.h: each backward
+# split into B, the input's gradient, and W, the weights', GPT::BackwardPart)
+# on the CPU under mpirun, against independent truths:
+#   - equivalence: pp 2 and 4, pp 2 x dp 2 with ZeRO 0 and 1, pp 2 x cp 2
+#     (ring and all-to-all) for GPT-2; pp 2 and pp 2 x dp 2 ZeRO 1 for
+#     Llama; pp 2 for Qwen2 (q, k, v biases): 10 steps of losses and the
+#     final weights equal one process (fp64 <= 1e-10; fp32 pp 2 <= 1e-5);
+#   - bit for bit: zb-h1 and 1F1B in the same layout give the same losses
+#     and the same checkpoint bytes (the gradients accumulate in the same
+#     micro-batch order, B's norms and W's products alike);
+#   - checkpoints: saved under 1F1B, resumed under zb-h1 (pp 2 and pp 4),
+#     and saved under zb-h1, resumed in one process, with the uninterrupted
+#     run's losses;
+#   - the planner: --plan eval's memory line equals the run's (zb-h1 holds
+#     the W's waiting micro-batches and their output gradients), its bubble
+#     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
+#     zb-h1 in its launch line where its cost model says it wins;
+#   - errors: zb-h1 with --tp, -r, a Mixtral, --fp8, ZeRO 2 and 3, --vpp,
+#     one stage, an unknown schedule, 1f1b with --vpp and interleaved
+#     without it: one line naming --pp-schedule, every rank exits.
+# The schedule itself (order, slots, the bubble on a cost model) is checked
+# in tests/unit/test_pipeline_schedule.cpp, the split backward against the
+# whole one in tests/unit/test_split_backward.cpp.
+# Last line: "N passed, N failed".
+import filecmp
+import os
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+from testlib import Checks, equivalence, metrics, plan_memory, refusals, resume_check, run_suite, train, write_shard
+
+L, C, NH, V, T = 4, 32, 4, 97, 16
+GPT = f"L={L},C={C},NH={NH},V={V},Vp={V},T=64"
+LLAMA = f"arch=llama,L={L},C={C},NH={NH},NKV=2,F=48,V={V},T=64"
+QWEN = f"arch=qwen2,L={L},C={C},NH={NH},NKV=2,F=48,V={V},T=64"
+ZB = ["--pp-schedule", "zb-h1"]
+check = Checks()
+DATA = None
+
+
+def base(dtype, steps=10, model=GPT):
+    return ["-e", model, "-i", DATA, "-j", "", "-t", str(T), "-x", str(steps), "-s", "0", "--dtype", dtype,
+            "-c", "0.1", "-l", "3e-3", "-u", "3", "-q", "0.2", "--grad-clip", "0.5", "-d", "256"]
+
+
+def test_equivalence(tmp):
+    pp = ["-b", "2", "--pp"]
+    equivalence(check, tmp, "fp64", base("fp64"), ["-b", "16"], [
+        (2, pp + ["2"] + ZB), (4, pp + ["4"] + ZB), (4, pp + ["2", "-z", "0"] + ZB), (4, pp + ["2", "-z", "1"] + ZB),
+        (4, pp + ["2", "--cp", "2"] + ZB), (4, pp + ["2", "--cp", "2", "--cp-impl", "a2a"] + ZB)])
+    equivalence(check, tmp, "fp64", base("fp64", model=LLAMA), ["-b", "16"],
+                [(2, pp + ["2"] + ZB), (4, pp + ["2", "-z", "1"] + ZB)])
+    equivalence(check, tmp, "fp64", base("fp64", model=QWEN), ["-b", "16"], [(2, pp + ["2"] + ZB)])
+    equivalence(check, tmp, "fp32", base("fp32"), ["-b", "16"], [(2, pp + ["2"] + ZB)])
+
+
+def test_bitwise(tmp):
+    """zb-h1 against 1F1B in the same layout: the same bytes."""
+    for np_, extra in ((2, ["--pp", "2"]), (4, ["--pp", "2", "-z", "1"])):
+        runs = []
+        for sched in ("1f1b", "zb-h1"):
+            d = os.path.join(tmp, f"bits_{np_}_{sched}")
+            rc, out, err = train(np_, base("fp32", 6) + ["-b", "2", "-n", "6", "-o", d, "--pp-schedule", sched] + extra)
+            if check(rc == 0, f"{sched} {extra}: {err[-300:]}"):
+                runs.append(d)
+        if len(runs) != 2:
+            continue
+        same_loss = [m["loss"] for m in metrics(runs[0])] == [m["loss"] for m in metrics(runs[1])]
+        ck = [os.path.join(r, "ckpt_00000006") for r in runs]
+        files = sorted(f for f in os.listdir(ck[0]) if f.endswith(".bin"))
+        same_bytes = bool(files) and all(filecmp.cmp(os.path.join(ck[0], f), os.path.join(ck[1], f), shallow=False)
+                                         for f in files)
+        check(same_loss and same_bytes, f"{extra} fp32: zb-h1 equals 1F1B bit for bit (losses {same_loss}, "
+              f"checkpoint shards {same_bytes})")
+        print(f"  {' '.join(extra)} fp32: zb-h1 and 1f1b: losses equal {same_loss}, {len(files)} checkpoint "
+              f"shards equal {same_bytes}")
+
+
+def test_checkpoints(tmp):
+    resume_check(check, tmp, base("fp64"), ["-b", "16"], (2, ["-b", "2", "--pp", "2"]),
+                 ((2, ["-b", "2", "--pp", "2"] + ZB), (4, ["-b", "2", "--pp", "4"] + ZB)))
+    back = os.path.join(tmp, "from_zb")
+    os.makedirs(back)
+    resume_check(check, back, base("fp64"), ["-b", "16"], (2, ["-b", "2", "--pp", "2"] + ZB), ((0, ["-b", "16"]),))
+
+
+def test_planner(tmp):
+    run_b, plan_b, err = plan_memory(2, base("fp32", 1) + ["-b", "2", "--pp", "2"] + ZB)
+    ok = run_b is not None and run_b == plan_b
+    check(ok, f"zb-h1 pp 2: the plan's bytes {plan_b} equal the run's {run_b} {err}")
+    if ok:
+        print(f"  plan eval --pp 2 --pp-schedule zb-h1: {plan_b} bytes on rank 0, as the run")
+    # The bubble on an H100 profile: zb-h1's below 1F1B's.
+    bubbles = {}
+    for sched in ("1f1b", "zb-h1"):
+        rc, out, err = train(0, ["--plan", "eval", "-e", "d12", "--world", "8", "--pp", "4", "-b", "4", "-t", "1024",
+                                 "-d", str(32 * 4 * 1024 * 2), "--hardware", "h100-sxm", "--pp-schedule", sched])
+        mo = re.search(r"bubble ([0-9.]+)", out)
+        if check(rc == 0 and mo, f"plan eval --pp-schedule {sched}: {err[-300:]} {out[-300:]}"):
+            bubbles[sched] = float(mo.group(1))
+    if len(bubbles) == 2:
+        check(bubbles["zb-h1"] < bubbles["1f1b"], f"the planned bubble: zb-h1 {bubbles['zb-h1']} ms under 1F1B's "
+              f"{bubbles['1f1b']} ms")
+        print(f"  planned bubble, d12 pp 4 on h100-sxm: 1f1b {bubbles['1f1b']} ms, zb-h1 {bubbles['zb-h1']} ms")
+    rc, out, err = train(0, ["--plan", "search", "-e", "d12", "--world", "8", "--pp", "4", "--tp", "1", "-t", "1024",
+                             "-d", str(32 * 1024), "--hardware", "h100-sxm", "-r", "none", "-z", "1"])
+    launch = re.search(r"launch: (.*)", out)
+    check(rc == 0 and launch and "--pp-schedule zb-h1" in launch.group(1),
+          f"a search with --pp 4 picks zb-h1 and names it: {launch and launch.group(1)} {err[-300:]}")
+
+
+def test_errors():
+    refusals(check, [(4, GPT, ["--pp", "2", "--tp", "2"] + ZB, ("--pp-schedule", "--tp")),
+                     (2, GPT, ["--pp", "2", "-r", "full"] + ZB, ("--pp-schedule", "-r")),
+                     (2, "arch=mixtral,L=4,C=32,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64", ["--pp", "2"] + ZB,
+                      ("--pp-schedule", "mixtral")),
+                     (2, GPT, ["--pp", "2", "--fp8", "1"] + ZB, ("--pp-schedule", "--fp8")),
+                     (4, GPT, ["--pp", "2", "-z", "2"] + ZB, ("--pp-schedule", "-z 2")),
+                     (2, GPT, ["--pp", "2", "--vpp", "2"] + ZB, ("--pp-schedule", "--vpp")),
+                     (1, GPT, ZB, ("--pp-schedule", "--pp > 1")),
+                     (2, GPT, ["--pp", "2", "--pp-schedule", "zbx"], "--pp-schedule"),
+                     (2, GPT, ["--pp", "2", "--vpp", "2", "--pp-schedule", "1f1b"], "--pp-schedule"),
+                     (2, GPT, ["--pp", "2", "--pp-schedule", "interleaved"], "--pp-schedule")],
+             lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", str(T), "-x", "1", "-s", "0", "-b", "2", "-d",
+                            "256"])
+
+
+def suite(tmp):
+    global DATA
+    DATA = os.path.join(tmp, "data.bin")
+    write_shard(DATA, np.random.default_rng(13).integers(0, V, 40000))
+    test_errors()
+    test_bitwise(tmp)
+    test_planner(tmp)
+    test_equivalence(tmp)
+    test_checkpoints(tmp)
+
+
+def main():
+    run_suite(check, "llmc_zb_", suite)
+
+
+if __name__ == "__main__":
+    main()
