@@ -54,17 +54,18 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step, 
 void GPT::weights_ops(int c, int slot, bool last_micro_step) {
     const ModelChunk& ch = chunks_.at(c);
     const int C = cfg_.channels, N = last_B_ * last_T_, Cl = table_.heads * cfg_.head_size(), Hl = table_.hidden;
+    const int Ns = tp_ && tp_->sp() ? N / tp_size_ : N;
     for (int l = ch.first_layer + ch.layers - 1; l >= ch.first_layer; l--) {
         const int u = block_unit(l);
         acquire(u);
-        const LayerActs la = layer_acts(l, slot, N, N);
+        const LayerActs la = layer_acts(l, slot, N, Ns);
         auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
             be_->matmul_backward(nullptr, G(w, l), Gb(b, l), dout, in, P(w, l), N, IC, OC);
         };
         dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.h, Hl, C);
-        dw(Param::fcw, Param::fcb, la.g_fc, la.ln2, C, (int)fch_width());
+        dw(Param::fcw, Param::fcb, la.g_fc, la.g_ln2, C, (int)fch_width());
         dw(Param::attprojw, Param::attprojb, la.g_attproj, la.atty, Cl, C);
-        dw(Param::qkvw, Param::qkvb, la.g_qkv, la.ln1, C, (int)qkv_width());
+        dw(Param::qkvw, Param::qkvb, la.g_qkv, la.g_ln1, C, (int)qkv_width());
         provider_->grads_done(u, last_micro_step);
         release(u);
     }
@@ -149,7 +150,9 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
                 be_->matmul_backward_gelu(a.dfch, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), la.fch, N, Hl, C);
             }
             keep(la.g_fc, a.dfch, (size_t)N * fch_width());
-            be_->matmul_backward(a.dln, nullptr, nullptr, a.dfch, la.ln2, P(Param::fcw, l), N, C, (int)fch_width());
+            const void* xin = f_input(la.ln2);  // (gathered under sp: kept for W, which issues no collective)
+            if (xin != la.g_ln2) keep(la.g_ln2, xin, (size_t)N * C);
+            be_->matmul_backward(a.dln, nullptr, nullptr, a.dfch, xin, P(Param::fcw, l), N, C, (int)fch_width());
         } else if (cfg_.llama()) {
             linear_backward(a.dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true);
             be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
@@ -179,9 +182,12 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
                                     la.lse, shape);
         }
         rotate(a.dqkv, B, T, true);  // back through the rotary embeddings (Llama)
-        if (input_only)
-            be_->matmul_backward(a.dln, nullptr, nullptr, keep(la.g_qkv, a.dqkv, (size_t)N * W), la.ln1,
+        if (input_only) {
+            const void* xin = f_input(la.ln1);
+            if (xin != la.g_ln1) keep(la.g_ln1, xin, (size_t)N * C);
+            be_->matmul_backward(a.dln, nullptr, nullptr, keep(la.g_qkv, a.dqkv, (size_t)N * W), xin,
                                  P(Param::qkvw, l), N, C, (int)W);
+        }
         else
             linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false);
         norm_backward(a.dresidual, f_bwd(), la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w, l, Ns);

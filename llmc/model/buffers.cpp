@@ -187,11 +187,12 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     a.fch_gelu = block_buf("fch_gelu", R * Hl, act, a.keep_gelu);
     a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
     if (o.split_backward) {
-        // W reads the linear layers' inputs where the forward left them and
-        // their output gradients kept here: what the first version of the
-        // split does not keep or would have to gather again is refused.
-        const char* why = tp_ ? "tensor parallelism" : nullptr;
-        if (!why && recompute != Recompute::none) why = "recompute";
+        // W reads the linear layers' inputs where the forward left them (under
+        // sequence parallelism the column-parallel ones' gathered copies, kept
+        // here by B, so W issues no collective) and their output gradients
+        // kept here: what the split does not keep yet is refused.
+        const char* why = nullptr;
+        if (recompute != Recompute::none) why = "recompute";
         if (!why && cfg.moe()) why = "Mixtral";
         if (!why && o.fp8) why = "--fp8";
         if (!why && sharding.grads) why = "ZeRO-2 and 3";
@@ -200,6 +201,8 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         a.g_attproj = alloc_buffer(A, "w_grad_attproj", LS * N * C, act, true);
         a.g_fc = alloc_buffer(A, "w_grad_fc", LS * R * Fl, act, true);
         a.g_fcproj = alloc_buffer(A, "w_grad_fcproj", LS * N * C, act, true);
+        if (sp) a.g_ln1 = alloc_buffer(A, "w_input_ln1", LS * N * C, act, true);
+        if (sp) a.g_ln2 = alloc_buffer(A, "w_input_ln2", LS * N * C, act, true);
     }
     if (cfg.moe()) {
         const size_t E = cfg.experts, K = cfg.top_k;
@@ -442,6 +445,8 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_attproj = a.g_attproj ? act_layer(a.g_attproj, i, N * C, act) : nullptr;
     r.g_fc = a.g_fc ? act_layer(a.g_fc, i, R * fch_width(), act) : nullptr;
     r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, i, N * C, act) : nullptr;
+    r.g_ln1 = a.g_ln1 ? act_layer(a.g_ln1, i, N * C, act) : r.ln1;  // W's inputs of QKV and fc
+    r.g_ln2 = a.g_ln2 ? act_layer(a.g_ln2, i, N * C, act) : r.ln2;
     r.index = kb ? (size_t)i : layer_slots_;
     return r;
 }

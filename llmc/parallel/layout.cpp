@@ -129,9 +129,11 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
                     " micro-steps of B*T*dp = " + std::to_string(rows_per_micro * l.T) + " tokens (at most 1e9)");
     // ZB-H1's split backward keeps each linear layer's output gradient for
     // its W and reads the inputs where the forward left them: what would
-    // have to be gathered or recomputed again is not split yet.
+    // have to be recomputed again (-r), kept per expert (Mixtral), rounded
+    // again (--fp8) or whose gradient buffers are handed out per backward
+    // (ZeRO 2 and 3) is not split yet.
     if (l.pp_order == PipeOrder::zb_h1) {
-        const char* why = l.tp > 1 ? "--tp" : l.recompute != Recompute::none ? "-r" : c.moe() ? "arch=mixtral"
+        const char* why = l.recompute != Recompute::none ? "-r" : c.moe() ? "arch=mixtral"
                           : l.fp8 ? "--fp8" : l.zero >= 2 ? "-z 2 and 3" : nullptr;
         if (why) return fail(std::string("flag --pp-schedule: zb-h1 does not run with ") + why + " yet");
     }
