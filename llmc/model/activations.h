@@ -68,8 +68,9 @@ struct GPT::Acts {
     // split_backward: per layer-slot, the output gradients of QKV, the
     // attention's projection, fc and its projection, from B for W
     void *g_qkv = nullptr, *g_attproj = nullptr, *g_fc = nullptr, *g_fcproj = nullptr;
-    // ... and under sequence parallelism the gathered inputs of QKV and fc
-    void *g_ln1 = nullptr, *g_ln2 = nullptr;
+    // ... and the inputs W cannot find where the forward left them: QKV's and
+    // fc's (gathered under sp, or recomputed), the projections' (recomputed)
+    void *g_ln1 = nullptr, *g_ln2 = nullptr, *g_atty = nullptr, *g_h = nullptr;
 };
 
 // Block l's slices of the activations, for N tokens (Ns in the residual
@@ -80,6 +81,6 @@ struct GPT::LayerActs {
     void *probs, *topw, *xg, *yg;  // Mixtral (null otherwise)
     int *topi, *offsets, *perm, *inv;
     void *g_qkv, *g_attproj, *g_fc, *g_fcproj;  // split_backward: the kept output gradients (null otherwise)
-    void *g_ln1, *g_ln2;  // split_backward: QKV's and fc's whole inputs (kept gathered under sp; else ln1, ln2)
+    void *g_ln1, *g_ln2, *g_atty, *g_h;  // split_backward: the four layers' inputs for W (kept copies, or ln1 ...)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)
 };

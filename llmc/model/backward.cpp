@@ -62,9 +62,9 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
             be_->matmul_backward(nullptr, G(w, l), Gb(b, l), dout, in, P(w, l), N, IC, OC);
         };
-        dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.h, Hl, C);
+        dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.g_h, Hl, C);
         dw(Param::fcw, Param::fcb, la.g_fc, la.g_ln2, C, (int)fch_width());
-        dw(Param::attprojw, Param::attprojb, la.g_attproj, la.atty, Cl, C);
+        dw(Param::attprojw, Param::attprojb, la.g_attproj, la.g_atty, Cl, C);
         dw(Param::qkvw, Param::qkvb, la.g_qkv, la.g_ln1, C, (int)qkv_width());
         provider_->grads_done(u, last_micro_step);
         release(u);
@@ -142,6 +142,8 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             const void* xin = f_input(la.ln2);
             moe_backward(l, la, dout, xin, N, aux);
         } else if (input_only) {
+            if (la.g_h != la.h) keep(la.g_h, la.h, (size_t)N * Hl);  // recomputed: kept for W
+            if (la.g_atty != la.atty) keep(la.g_atty, la.atty, (size_t)N * Cl);
             const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
             if (cfg_.llama()) {
                 be_->matmul_backward(a.dh, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), N, Hl, C);

@@ -187,13 +187,13 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     a.fch_gelu = block_buf("fch_gelu", R * Hl, act, a.keep_gelu);
     a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
     if (o.split_backward) {
-        // W reads the linear layers' inputs where the forward left them (under
-        // sequence parallelism the column-parallel ones' gathered copies, kept
-        // here by B, so W issues no collective) and their output gradients
-        // kept here: what the split does not keep yet is refused.
+        // W reads the linear layers' inputs where the forward left them, or
+        // copies B keeps here: under sequence parallelism the column-parallel
+        // ones' gathered inputs (so W issues no collective), under recompute
+        // what B recomputed into the block's scratch; and their output
+        // gradients, kept here. What the split does not keep yet is refused.
         const char* why = nullptr;
-        if (recompute != Recompute::none) why = "recompute";
-        if (!why && cfg.moe()) why = "Mixtral";
+        if (cfg.moe()) why = "Mixtral";
         if (!why && o.fp8) why = "--fp8";
         if (!why && sharding.grads) why = "ZeRO-2 and 3";
         if (why) throw std::invalid_argument(std::string("GPT: the split backward does not yet support ") + why);
@@ -201,8 +201,10 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         a.g_attproj = alloc_buffer(A, "w_grad_attproj", LS * N * C, act, true);
         a.g_fc = alloc_buffer(A, "w_grad_fc", LS * R * Fl, act, true);
         a.g_fcproj = alloc_buffer(A, "w_grad_fcproj", LS * N * C, act, true);
-        if (sp) a.g_ln1 = alloc_buffer(A, "w_input_ln1", LS * N * C, act, true);
-        if (sp) a.g_ln2 = alloc_buffer(A, "w_input_ln2", LS * N * C, act, true);
+        if (sp || !a.keep_block) a.g_ln1 = alloc_buffer(A, "w_input_ln1", LS * N * C, act, true);
+        if (sp || !a.keep_block) a.g_ln2 = alloc_buffer(A, "w_input_ln2", LS * N * C, act, true);
+        if (!a.keep_attn) a.g_atty = alloc_buffer(A, "w_input_atty", LS * N * Cl, act, true);
+        if (!a.keep_gelu) a.g_h = alloc_buffer(A, "w_input_h", LS * R * Hl, act, true);
     }
     if (cfg.moe()) {
         const size_t E = cfg.experts, K = cfg.top_k;
@@ -447,6 +449,8 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, i, N * C, act) : nullptr;
     r.g_ln1 = a.g_ln1 ? act_layer(a.g_ln1, i, N * C, act) : r.ln1;  // W's inputs of QKV and fc
     r.g_ln2 = a.g_ln2 ? act_layer(a.g_ln2, i, N * C, act) : r.ln2;
+    r.g_atty = a.g_atty ? act_layer(a.g_atty, i, N * Cl, act) : r.atty;  // W's inputs of the projections
+    r.g_h = a.g_h ? act_layer(a.g_h, i, R * Hl, act) : r.h;
     r.index = kb ? (size_t)i : layer_slots_;
     return r;
 }

@@ -128,13 +128,12 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
         return fail("flag -d: " + std::to_string(l.total_batch) + " tokens per step is " + std::to_string(micro) +
                     " micro-steps of B*T*dp = " + std::to_string(rows_per_micro * l.T) + " tokens (at most 1e9)");
     // ZB-H1's split backward keeps each linear layer's output gradient for
-    // its W and reads the inputs where the forward left them: what would
-    // have to be recomputed again (-r), kept per expert (Mixtral), rounded
-    // again (--fp8) or whose gradient buffers are handed out per backward
-    // (ZeRO 2 and 3) is not split yet.
+    // its W and reads the inputs where the forward left them or B kept
+    // them: what would have to be kept per expert (Mixtral), rounded again
+    // (--fp8) or whose gradient buffers are handed out per backward (ZeRO 2
+    // and 3) is not split yet.
     if (l.pp_order == PipeOrder::zb_h1) {
-        const char* why = l.recompute != Recompute::none ? "-r" : c.moe() ? "arch=mixtral"
-                          : l.fp8 ? "--fp8" : l.zero >= 2 ? "-z 2 and 3" : nullptr;
+        const char* why = c.moe() ? "arch=mixtral" : l.fp8 ? "--fp8" : l.zero >= 2 ? "-z 2 and 3" : nullptr;
         if (why) return fail(std::string("flag --pp-schedule: zb-h1 does not run with ") + why + " yet");
     }
     if (!pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err, l.pp_order)) {

@@ -5,7 +5,8 @@
 # on the CPU under mpirun, against independent truths:
 #   - equivalence: pp 2 and 4, pp 2 x dp 2 with ZeRO 0 and 1, pp 2 x cp 2
 #     (ring and all-to-all), pp 2 x tp 2 with and without sp, pp 2 x tp 2
-#     (sp) x dp 2 ZeRO 1 for GPT-2; pp 2, pp 2 x dp 2 ZeRO 1 and pp 2 x tp 2
+#     (sp) x dp 2 ZeRO 1, pp 2 with recompute full and selective, pp 2 x tp 2
+#     (sp) with recompute gelu for GPT-2; pp 2, pp 2 x dp 2 ZeRO 1 and pp 2 x tp 2
 #     (sp) for Llama; pp 2 for Qwen2 (q, k, v biases): 10 steps of losses
 #     and the final weights equal one process (fp64 <= 1e-10; fp32 pp 2 <=
 #     1e-5);
@@ -19,7 +20,7 @@
 #     the W's waiting micro-batches and their output gradients), its bubble
 #     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
 #     zb-h1 in its launch line where its cost model says it wins;
-#   - errors: zb-h1 with -r, a Mixtral, --fp8, ZeRO 2 and 3, --vpp,
+#   - errors: zb-h1 with a Mixtral, --fp8, ZeRO 2 and 3, --vpp,
 #     one stage, an unknown schedule, 1f1b with --vpp and interleaved
 #     without it: one line naming --pp-schedule, every rank exits.
 # The schedule itself (order, slots, the bubble on a cost model) is checked
@@ -56,7 +57,8 @@ def test_equivalence(tmp):
         (2, pp + ["2"] + ZB), (4, pp + ["4"] + ZB), (4, pp + ["2", "-z", "0"] + ZB), (4, pp + ["2", "-z", "1"] + ZB),
         (4, pp + ["2", "--cp", "2"] + ZB), (4, pp + ["2", "--cp", "2", "--cp-impl", "a2a"] + ZB),
         (4, pp + ["2", "--tp", "2"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZB),
-        (8, pp + ["2", "--tp", "2", "--sp", "1", "-z", "1"] + ZB)])
+        (8, pp + ["2", "--tp", "2", "--sp", "1", "-z", "1"] + ZB), (2, pp + ["2", "-r", "full"] + ZB),
+        (2, pp + ["2", "-r", "selective"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1", "-r", "gelu"] + ZB)])
     equivalence(check, tmp, "fp64", base("fp64", model=LLAMA), ["-b", "16"],
                 [(2, pp + ["2"] + ZB), (4, pp + ["2", "-z", "1"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZB)])
     equivalence(check, tmp, "fp64", base("fp64", model=QWEN), ["-b", "16"], [(2, pp + ["2"] + ZB)])
@@ -119,8 +121,7 @@ def test_planner(tmp):
 
 
 def test_errors():
-    refusals(check, [(2, GPT, ["--pp", "2", "-r", "full"] + ZB, ("--pp-schedule", "-r")),
-                     (2, "arch=mixtral,L=4,C=32,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64", ["--pp", "2"] + ZB,
+    refusals(check, [(2, "arch=mixtral,L=4,C=32,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64", ["--pp", "2"] + ZB,
                       ("--pp-schedule", "mixtral")),
                      (2, GPT, ["--pp", "2", "--fp8", "1"] + ZB, ("--pp-schedule", "--fp8")),
                      (4, GPT, ["--pp", "2", "-z", "2"] + ZB, ("--pp-schedule", "-z 2")),
