@@ -62,8 +62,12 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
             be_->matmul_backward(nullptr, G(w, l), Gb(b, l), dout, in, P(w, l), N, IC, OC);
         };
-        dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.g_h, Hl, C);
-        dw(Param::fcw, Param::fcb, la.g_fc, la.g_ln2, C, (int)fch_width());
+        if (cfg_.moe()) {
+            moe_backward(l, la, nullptr, nullptr, N, nullptr, BackwardPart::weights);
+        } else {
+            dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.g_h, Hl, C);
+            dw(Param::fcw, Param::fcb, la.g_fc, la.g_ln2, C, (int)fch_width());
+        }
         dw(Param::attprojw, Param::attprojb, la.g_attproj, la.g_atty, Cl, C);
         dw(Param::qkvw, Param::qkvb, la.g_qkv, la.g_ln1, C, (int)qkv_width());
         provider_->grads_done(u, last_micro_step);
@@ -140,10 +144,9 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             const void* aux = elem_ptr(a.moe_aux_grad, prec_.stat, (slot_base_[c] + slot) * (size_t)cfg_.experts);
             const void* dout = g_bwd();  // the tp collectives in a fixed order
             const void* xin = f_input(la.ln2);
-            moe_backward(l, la, dout, xin, N, aux);
+            moe_backward(l, la, dout, xin, N, aux, part);
         } else if (input_only) {
             if (la.g_h != la.h) keep(la.g_h, la.h, (size_t)N * Hl);  // recomputed: kept for W
-            if (la.g_atty != la.atty) keep(la.g_atty, la.atty, (size_t)N * Cl);
             const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
             if (cfg_.llama()) {
                 be_->matmul_backward(a.dh, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), N, Hl, C);
@@ -170,10 +173,11 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
                             false);
         norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);
         // dresidual holds d(x2); attention path.
-        if (input_only)
+        if (input_only) {
+            if (la.g_atty != la.atty) keep(la.g_atty, la.atty, (size_t)N * Cl);  // recomputed: kept for W
             be_->matmul_backward(a.datt, nullptr, nullptr, keep(la.g_attproj, g_bwd(), (size_t)N * C), la.atty,
                                  P(Param::attprojw, l), N, Cl, C);
-        else
+        } else
             linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true);
         if (cp_)
             cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale, la.docs);

@@ -365,7 +365,10 @@ class GPT {
         size_t route;                    // moe_.routes_'s index (expert parallel)
     };
     void moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, int N);
-    void moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad);
+    // part: all, or B (the weights' products left out, their output
+    // gradients kept in la.g_*) or W (those products alone, from what B kept).
+    void moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad,
+                      BackwardPart part = BackwardPart::all);
     void moe_stats(int l, const LayerActs& la, int N, size_t s);
     void moe_aux(size_t s, int N, double dloss, bool count = true);
     MoeState moe_;

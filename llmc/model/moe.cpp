@@ -113,7 +113,8 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     be_->moe_combine(out, r.yg, r.topw, r.inv, N, K, C);
 }
 
-void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad) {
+void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void* xin, int N, const void* aux_grad,
+                       BackwardPart part) {
     Acts& a = *a_;
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param, gt = prec_.grad;
@@ -121,25 +122,50 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     // The groups from the host's copy of the offsets, or none (on the device).
     const std::vector<ExpertBlock> blocks =
         moe_.on_device_ ? std::vector<ExpertBlock>() : expert_blocks(moe_.offsets_[la.index], route, table_.experts);
+    if (part != BackwardPart::all && moe_.on_device_)
+        throw std::logic_error("moe_backward: a split backward reads the experts' row counts on the host");
+    const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
+    const size_t rows = (size_t)moe_expert_rows(la, N);
+    if (part == BackwardPart::weights) {  // W: the experts' and the router's weight gradients, as below
+        void *dw13 = G(Param::moe_fc, l), *dw2 = G(Param::moe_proj, l);
+        for (const ExpertBlock& b : blocks)
+            if (b.n > 0)
+                be_->matmul_backward(nullptr, elem_ptr(dw2, gt, (size_t)b.expert * C * Hl), nullptr,
+                                     elem_ptr(la.g_fcproj, act, b.row * C), elem_ptr(la.g_h, act, b.row * Hl),
+                                     elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C);
+        for (const ExpertBlock& b : blocks)
+            if (b.n > 0)
+                be_->matmul_backward(nullptr, elem_ptr(dw13, gt, (size_t)b.expert * 2 * Hl * C), nullptr,
+                                     elem_ptr(la.g_fc, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
+                                     elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl);
+        be_->matmul_backward(nullptr, G(Param::moe_gate, l), nullptr, la.g_router, la.g_ln2, P(Param::moe_gate, l), N,
+                             C, E);
+        return;
+    }
+    const bool input_only = part == BackwardPart::input;
+    auto keep = [&](void* to, const void* from, size_t n) { be_->copy(to, from, n * dtype_size(act)); };
+    if (input_only && la.g_h != la.h) keep(la.g_h, la.h, rows * Hl);  // recomputed: kept for W
     // The combine's backward: each grouped row's gradient, and the weights'.
     be_->moe_dispatch(a.moe_dg, a.moe_dtopw, dout, la.yg, la.topw, la.inv, N, K, C);
     if (tp_) tp_->sum(a.moe_dtopw, (size_t)N * K, prec_.stat);  // the whole expert outputs' dot products
     // The experts' side: the rows' gradients (sent to the experts' ranks under ep).
     void* dg = ep_ ? a.moe_ye : a.moe_dg;
     if (ep_) ep_->dispatch(a.moe_dg, dg, *route, C, act);
-    const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
-    void *dw13 = G(Param::moe_fc, l), *dw2 = G(Param::moe_proj, l);
+    if (input_only) keep(la.g_fcproj, dg, rows * C);  // the experts' output gradients, for W
+    void *dw13 = input_only ? nullptr : G(Param::moe_fc, l), *dw2 = input_only ? nullptr : G(Param::moe_proj, l);
+    auto at = [&](void* base, size_t off) { return base ? elem_ptr(base, gt, off) : nullptr; };
     if (moe_.on_device_) be_->moe_expert_matmul_backward(a.dh, dw2, dg, la.h, w2, la.offsets, N * K, E, Hl, C);
     for (const ExpertBlock& b : blocks)
         if (b.n > 0)
-            be_->matmul_backward(elem_ptr(a.dh, act, b.row * Hl), elem_ptr(dw2, gt, (size_t)b.expert * C * Hl), nullptr,
+            be_->matmul_backward(elem_ptr(a.dh, act, b.row * Hl), at(dw2, (size_t)b.expert * C * Hl), nullptr,
                                  elem_ptr(dg, act, b.row * C), elem_ptr(la.h, act, b.row * Hl),
                                  elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C);
     be_->swiglu_backward(a.dfch, la.fch, a.dh, moe_expert_rows(la, N), Hl);
+    if (input_only) keep(la.g_fc, a.dfch, rows * 2 * Hl);
     if (moe_.on_device_) be_->moe_expert_matmul_backward(dg, dw13, a.dfch, la.xg, w13, la.offsets, N * K, E, C, 2 * Hl);
     for (const ExpertBlock& b : blocks)  // the experts' input rows' gradients (dg again: its rows are done)
         if (b.n > 0)
-            be_->matmul_backward(elem_ptr(dg, act, b.row * C), elem_ptr(dw13, gt, (size_t)b.expert * 2 * Hl * C),
+            be_->matmul_backward(elem_ptr(dg, act, b.row * C), at(dw13, (size_t)b.expert * 2 * Hl * C),
                                  nullptr, elem_ptr(a.dfch, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
                                  elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl);
     if (ep_) ep_->combine(dg, a.moe_dg, *route, C, act);  // back to the tokens' rank, in the grouped order
@@ -148,7 +174,10 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     // the load-balancing loss's gradient. Its input gradient is whole on
     // every tp rank: added on one, as the f operator's backward sums dln.
     be_->moe_route_backward(a.moe_dlogits, la.probs, la.topi, a.moe_dtopw, aux_grad, N, E, K);
-    be_->matmul_backward(a.moe_dx, G(Param::moe_gate, l), nullptr, a.moe_dlogits, xin, P(Param::moe_gate, l), N, C, E);
+    if (input_only) keep(la.g_router, a.moe_dlogits, (size_t)N * E);
+    if (input_only && xin != la.g_ln2) keep(la.g_ln2, xin, (size_t)N * C);
+    be_->matmul_backward(a.moe_dx, input_only ? nullptr : G(Param::moe_gate, l), nullptr, a.moe_dlogits, xin,
+                         P(Param::moe_gate, l), N, C, E);
     if (!tp_ || tp_->rank() == 0) be_->residual_forward(a.dln, a.dln, a.moe_dx, (size_t)N * C);
 }
 

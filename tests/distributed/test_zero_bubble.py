@@ -7,7 +7,9 @@
 #     (ring and all-to-all), pp 2 x tp 2 with and without sp, pp 2 x tp 2
 #     (sp) x dp 2 ZeRO 1, pp 2 with recompute full and selective, pp 2 x tp 2
 #     (sp) with recompute gelu for GPT-2; pp 2, pp 2 x dp 2 ZeRO 1 and pp 2 x tp 2
-#     (sp) for Llama; pp 2 for Qwen2 (q, k, v biases): 10 steps of losses
+#     (sp) for Llama; pp 2 for Qwen2 (q, k, v biases); pp 2, pp 2 x ep 2,
+#     pp 2 x tp 2 and pp 2 with selective recompute for Mixtral (its
+#     experts' and router's weight gradients in W): 10 steps of losses
 #     and the final weights equal one process (fp64 <= 1e-10; fp32 pp 2 <=
 #     1e-5);
 #   - bit for bit: zb-h1 and 1F1B in the same layout (pp 2; x dp 2 ZeRO 1;
@@ -20,7 +22,7 @@
 #     the W's waiting micro-batches and their output gradients), its bubble
 #     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
 #     zb-h1 in its launch line where its cost model says it wins;
-#   - errors: zb-h1 with a Mixtral, --fp8, ZeRO 2 and 3, --vpp,
+#   - errors: zb-h1 with a Mixtral under full recompute, --fp8, ZeRO 2 and 3, --vpp,
 #     one stage, an unknown schedule, 1f1b with --vpp and interleaved
 #     without it: one line naming --pp-schedule, every rank exits.
 # The schedule itself (order, slots, the bubble on a cost model) is checked
@@ -41,6 +43,7 @@ L, C, NH, V, T = 4, 32, 4, 97, 16
 GPT = f"L={L},C={C},NH={NH},V={V},Vp={V},T=64"
 LLAMA = f"arch=llama,L={L},C={C},NH={NH},NKV=2,F=48,V={V},T=64"
 QWEN = f"arch=qwen2,L={L},C={C},NH={NH},NKV=2,F=48,V={V},T=64"
+MIX = f"arch=mixtral,L={L},C=48,NH={NH},NKV=2,F=40,E=4,K=2,V={V},T=64,aux=0.05"
 ZB = ["--pp-schedule", "zb-h1"]
 check = Checks()
 DATA = None
@@ -62,6 +65,11 @@ def test_equivalence(tmp):
     equivalence(check, tmp, "fp64", base("fp64", model=LLAMA), ["-b", "16"],
                 [(2, pp + ["2"] + ZB), (4, pp + ["2", "-z", "1"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZB)])
     equivalence(check, tmp, "fp64", base("fp64", model=QWEN), ["-b", "16"], [(2, pp + ["2"] + ZB)])
+    # (A Mixtral's load-balancing loss pools each micro-batch's routing: one
+    # process runs the same micro-batches of 2 rows.)
+    equivalence(check, tmp, "fp64", base("fp64", model=MIX), ["-b", "2"],
+                [(2, pp + ["2"] + ZB), (4, pp + ["2", "--ep", "2"] + ZB), (4, pp + ["2", "--tp", "2"] + ZB),
+                 (2, pp + ["2", "-r", "selective"] + ZB)])
     equivalence(check, tmp, "fp32", base("fp32"), ["-b", "16"], [(2, pp + ["2"] + ZB)])
 
 
@@ -121,8 +129,7 @@ def test_planner(tmp):
 
 
 def test_errors():
-    refusals(check, [(2, "arch=mixtral,L=4,C=32,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64", ["--pp", "2"] + ZB,
-                      ("--pp-schedule", "mixtral")),
+    refusals(check, [(2, MIX, ["--pp", "2", "-r", "full"] + ZB, ("--pp-schedule", "mixtral", "-r full")),
                      (2, GPT, ["--pp", "2", "--fp8", "1"] + ZB, ("--pp-schedule", "--fp8")),
                      (4, GPT, ["--pp", "2", "-z", "2"] + ZB, ("--pp-schedule", "-z 2")),
                      (2, GPT, ["--pp", "2", "--vpp", "2"] + ZB, ("--pp-schedule", "--vpp")),
