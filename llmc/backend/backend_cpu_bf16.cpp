@@ -269,8 +269,9 @@ class CpuBf16Backend final : public Backend {
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                              const void* weight, int N, int IC, int OC, const void* amax) override {
-        run({{dinp, (size_t)N * IC, true}, {dweight, (size_t)OC * IC, true}, {dbias, dbias ? (size_t)OC : 0, true},
-             {dout, (size_t)N * OC, false}, {inp, (size_t)N * IC, false}, {weight, (size_t)OC * IC, false}},
+        run({{dinp, dinp ? (size_t)N * IC : 0, true}, {dweight, dweight ? (size_t)OC * IC : 0, true},
+             {dbias, dbias ? (size_t)OC : 0, true}, {dout, (size_t)N * OC, false}, {inp, (size_t)N * IC, false},
+             {weight, (size_t)OC * IC, false}},
             [&](float** x) { f_->matmul_backward_fp8(x[0], x[1], x[2], x[3], x[4], x[5], N, IC, OC, amax); });
     }
     // The experts' products: this backend's matmul over each group; the

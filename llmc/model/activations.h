@@ -72,6 +72,7 @@ struct GPT::Acts {
     // fc's (gathered under sp, or recomputed), the projections' (recomputed)
     void *g_ln1 = nullptr, *g_ln2 = nullptr, *g_atty = nullptr, *g_h = nullptr;
     void* g_router = nullptr;  // Mixtral: the router's output gradient [N,E] (g_fcproj, g_fc: the experts' rows)
+    void* g_amax = nullptr;    // --fp8: the four layers' amaxes from B ([4][3] doubles per layer-slot)
 };
 
 // Block l's slices of the activations, for N tokens (Ns in the residual
@@ -84,5 +85,6 @@ struct GPT::LayerActs {
     void *g_qkv, *g_attproj, *g_fc, *g_fcproj;  // split_backward: the kept output gradients (null otherwise)
     void *g_ln1, *g_ln2, *g_atty, *g_h;  // split_backward: the four layers' inputs for W (kept copies, or ln1 ...)
     void* g_router;                      // split_backward, Mixtral: the router's output gradient
+    void* g_amax;                        // split_backward, --fp8: the four layers' amaxes from B
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)
 };

@@ -60,7 +60,7 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         acquire(u);
         const LayerActs la = layer_acts(l, slot, N, Ns);
         auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
-            be_->matmul_backward(nullptr, G(w, l), Gb(b, l), dout, in, P(w, l), N, IC, OC);
+            linear_backward_weights(w, Gb(b, l), dout, in, l, N, IC, OC, amax_kept(la, w));
         };
         if (cfg_.moe()) {
             moe_backward(l, la, nullptr, nullptr, N, nullptr, BackwardPart::weights);
@@ -73,6 +73,13 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         provider_->grads_done(u, last_micro_step);
         release(u);
     }
+}
+
+// --fp8 in a split backward: where B keeps a linear layer's three amaxes for its W.
+void* GPT::amax_kept(const LayerActs& la, Param w) {
+    if (!la.g_amax) return nullptr;
+    const int k = w == Param::qkvw ? 0 : w == Param::attprojw ? 1 : w == Param::fcw ? 2 : 3;
+    return elem_ptr(la.g_amax, DType::F64, (size_t)k * 3);
 }
 
 void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part) {
@@ -149,15 +156,20 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             if (la.g_h != la.h) keep(la.g_h, la.h, (size_t)N * Hl);  // recomputed: kept for W
             const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
             if (cfg_.llama()) {
-                be_->matmul_backward(a.dh, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), N, Hl, C);
+                linear_backward_input(a.dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_kept(la, Param::fcprojw));
                 be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
+            } else if (fp8_) {
+                linear_backward_input(a.dfch, Param::fcprojw, dout, la.h, l, N, Hl, C, true,
+                                      amax_kept(la, Param::fcprojw));
+                be_->gelu_backward(a.dfch, la.fch, a.dfch, (size_t)N * Hl);
             } else {
                 be_->matmul_backward_gelu(a.dfch, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), la.fch, N, Hl, C);
             }
             keep(la.g_fc, a.dfch, (size_t)N * fch_width());
             const void* xin = f_input(la.ln2);  // (gathered under sp: kept for W, which issues no collective)
             if (xin != la.g_ln2) keep(la.g_ln2, xin, (size_t)N * C);
-            be_->matmul_backward(a.dln, nullptr, nullptr, a.dfch, xin, P(Param::fcw, l), N, C, (int)fch_width());
+            linear_backward_input(a.dln, Param::fcw, a.dfch, xin, l, N, C, (int)fch_width(), false,
+                                  amax_kept(la, Param::fcw));
         } else if (cfg_.llama()) {
             linear_backward(a.dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true);
             be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
@@ -175,8 +187,8 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         // dresidual holds d(x2); attention path.
         if (input_only) {
             if (la.g_atty != la.atty) keep(la.g_atty, la.atty, (size_t)N * Cl);  // recomputed: kept for W
-            be_->matmul_backward(a.datt, nullptr, nullptr, keep(la.g_attproj, g_bwd(), (size_t)N * C), la.atty,
-                                 P(Param::attprojw, l), N, Cl, C);
+            linear_backward_input(a.datt, Param::attprojw, keep(la.g_attproj, g_bwd(), (size_t)N * C), la.atty, l, N,
+                                  Cl, C, true, amax_kept(la, Param::attprojw));
         } else
             linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true);
         if (cp_)
@@ -191,8 +203,8 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         if (input_only) {
             const void* xin = f_input(la.ln1);
             if (xin != la.g_ln1) keep(la.g_ln1, xin, (size_t)N * C);
-            be_->matmul_backward(a.dln, nullptr, nullptr, keep(la.g_qkv, a.dqkv, (size_t)N * W), xin,
-                                 P(Param::qkvw, l), N, C, (int)W);
+            linear_backward_input(a.dln, Param::qkvw, keep(la.g_qkv, a.dqkv, (size_t)N * W), xin, l, N, C, (int)W,
+                                  false, amax_kept(la, Param::qkvw));
         }
         else
             linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false);

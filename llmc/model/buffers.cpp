@@ -196,7 +196,6 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         // gone by W.)
         const char* why = nullptr;
         if (cfg.moe() && !a.keep_block) why = "a Mixtral under full recompute";
-        if (!why && o.fp8) why = "--fp8";
         if (!why && sharding.grads) why = "ZeRO-2 and 3";
         if (why) throw std::invalid_argument(std::string("GPT: the split backward does not yet support ") + why);
         a.g_qkv = alloc_buffer(A, "w_grad_qkv", LS * N * Wqkv, act, true);
@@ -204,6 +203,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         a.g_fc = alloc_buffer(A, "w_grad_fc", LS * R * Fl, act, true);
         a.g_fcproj = alloc_buffer(A, "w_grad_fcproj", LS * (cfg.moe() ? R : N) * C, act, true);
         if (cfg.moe()) a.g_router = alloc_buffer(A, "w_grad_router", LS * N * cfg.experts, act, true);
+        if (o.fp8) a.g_amax = alloc_buffer(A, "w_fp8_amax", LS * 12, DType::F64, true);
         if (sp || !a.keep_block) a.g_ln1 = alloc_buffer(A, "w_input_ln1", LS * N * C, act, true);
         if (sp || !a.keep_block) a.g_ln2 = alloc_buffer(A, "w_input_ln2", LS * N * C, act, true);
         if (!a.keep_attn) a.g_atty = alloc_buffer(A, "w_input_atty", LS * N * Cl, act, true);
@@ -451,6 +451,7 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_fc = a.g_fc ? act_layer(a.g_fc, i, R * fch_width(), act) : nullptr;
     r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, i, (cfg_.moe() ? R : (size_t)N) * C, act) : nullptr;
     r.g_router = a.g_router ? act_layer(a.g_router, i, (size_t)N * cfg_.experts, act) : nullptr;
+    r.g_amax = a.g_amax ? elem_ptr(a.g_amax, DType::F64, (size_t)i * 12) : nullptr;
     r.g_ln1 = a.g_ln1 ? act_layer(a.g_ln1, i, N * C, act) : r.ln1;  // W's inputs of QKV and fc
     r.g_ln2 = a.g_ln2 ? act_layer(a.g_ln2, i, N * C, act) : r.ln2;
     r.g_atty = a.g_atty ? act_layer(a.g_atty, i, N * Cl, act) : r.atty;  // W's inputs of the projections

@@ -73,3 +73,28 @@ void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, co
     fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true);
     be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
 }
+
+void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
+                                bool row, void* keep) {
+    if (!fp8_) {
+        be_->matmul_backward(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC);
+        return;
+    }
+    // The amaxes (and their group maxes, and delayed scaling's record) as the
+    // whole backward takes them; W uses these, so it issues no collective.
+    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true);
+    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false);
+    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true);
+    be_->copy(keep, a_->fp8_amax, 3 * sizeof(double));
+    be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
+}
+
+void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
+                                  const void* kept) {
+    if (!fp8_) {
+        be_->matmul_backward(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
+        return;
+    }
+    be_->copy(a_->fp8_amax, kept, 3 * sizeof(double));
+    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
+}

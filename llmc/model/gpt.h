@@ -337,6 +337,13 @@ class GPT {
     void linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row);
     void linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
                          int OC, bool row);
+    // A split backward's halves of linear_backward: B, the input's gradient
+    // alone (with --fp8 its three amaxes kept in keep, 3 doubles), and W,
+    // the weight's and bias's gradients (with --fp8 at B's amaxes, kept).
+    void linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
+                               bool row, void* keep);
+    void linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
+                                 const void* kept);
     // fp8_amax [which] (0 input, 1 weight, 2 output gradient) of x, with the group max.
     void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split);
     // Rows of fch and h: N; Mixtral's N·K grouped rows, under expert
@@ -381,6 +388,7 @@ class GPT {
     // backward_chunk's device work (the recorded region), after its bookkeeping.
     void backward_ops(int c, int slot, bool last_micro_step, BackwardPart part);
     void weights_ops(int c, int slot, bool last_micro_step);  // the W part (backward.cpp)
+    void* amax_kept(const LayerActs& la, Param w);
     // The mean of the losses the last head forward left (a download), or
     // (set_loss_figure, dloss != 0) 0 with the mean added on the device.
     double head_loss(int N, double dloss);

@@ -130,11 +130,11 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     // ZB-H1's split backward keeps each linear layer's output gradient for
     // its W and reads the inputs where the forward left them or B kept
     // them: what would have to be recomputed again (a Mixtral's routing
-    // under full recompute), rounded again (--fp8) or whose gradient
-    // buffers are handed out per backward (ZeRO 2 and 3) is not split yet.
+    // under full recompute) or whose gradient buffers are handed out per
+    // backward (ZeRO 2 and 3) is not split yet.
     if (l.pp_order == PipeOrder::zb_h1) {
         const char* why = c.moe() && l.recompute == Recompute::full ? "arch=mixtral under -r full"
-                          : l.fp8 ? "--fp8" : l.zero >= 2 ? "-z 2 and 3" : nullptr;
+                          : l.zero >= 2 ? "-z 2 and 3" : nullptr;
         if (why) return fail(std::string("flag --pp-schedule: zb-h1 does not run with ") + why + " yet");
     }
     if (!pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err, l.pp_order)) {

@@ -9,7 +9,9 @@
 #     (sp) with recompute gelu for GPT-2; pp 2, pp 2 x dp 2 ZeRO 1 and pp 2 x tp 2
 #     (sp) for Llama; pp 2 for Qwen2 (q, k, v biases); pp 2, pp 2 x ep 2,
 #     pp 2 x tp 2 and pp 2 with selective recompute for Mixtral (its
-#     experts' and router's weight gradients in W): 10 steps of losses
+#     experts' and router's weight gradients in W); with --fp8 1 pp 2,
+#     pp 2 x tp 2 (sp), pp 2 x cp 2 and delayed scaling (W at the amaxes B
+#     took): 10 steps of losses
 #     and the final weights equal one process (fp64 <= 1e-10; fp32 pp 2 <=
 #     1e-5);
 #   - bit for bit: zb-h1 and 1F1B in the same layout (pp 2; x dp 2 ZeRO 1;
@@ -22,7 +24,7 @@
 #     the W's waiting micro-batches and their output gradients), its bubble
 #     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
 #     zb-h1 in its launch line where its cost model says it wins;
-#   - errors: zb-h1 with a Mixtral under full recompute, --fp8, ZeRO 2 and 3, --vpp,
+#   - errors: zb-h1 with a Mixtral under full recompute, ZeRO 2 and 3, --vpp,
 #     one stage, an unknown schedule, 1f1b with --vpp and interleaved
 #     without it: one line naming --pp-schedule, every rank exits.
 # The schedule itself (order, slots, the bubble on a cost model) is checked
@@ -71,6 +73,12 @@ def test_equivalence(tmp):
                 [(2, pp + ["2"] + ZB), (4, pp + ["2", "--ep", "2"] + ZB), (4, pp + ["2", "--tp", "2"] + ZB),
                  (2, pp + ["2", "-r", "selective"] + ZB)])
     equivalence(check, tmp, "fp32", base("fp32"), ["-b", "16"], [(2, pp + ["2"] + ZB)])
+    # --fp8 1 (each micro-batch's own amaxes: one process runs the same
+    # micro-batches), current and delayed scaling.
+    equivalence(check, tmp, "fp64", base("fp64") + ["--fp8", "1"], ["-b", "2"],
+                [(2, pp + ["2"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZB), (4, pp + ["2", "--cp", "2"] + ZB)])
+    equivalence(check, tmp, "fp64", base("fp64") + ["--fp8", "1", "--fp8-history", "2"], ["-b", "2"],
+                [(2, pp + ["2"] + ZB)])
 
 
 def test_bitwise(tmp):
@@ -130,7 +138,6 @@ def test_planner(tmp):
 
 def test_errors():
     refusals(check, [(2, MIX, ["--pp", "2", "-r", "full"] + ZB, ("--pp-schedule", "mixtral", "-r full")),
-                     (2, GPT, ["--pp", "2", "--fp8", "1"] + ZB, ("--pp-schedule", "--fp8")),
                      (4, GPT, ["--pp", "2", "-z", "2"] + ZB, ("--pp-schedule", "-z 2")),
                      (2, GPT, ["--pp", "2", "--vpp", "2"] + ZB, ("--pp-schedule", "--vpp")),
                      (1, GPT, ZB, ("--pp-schedule", "--pp > 1")),

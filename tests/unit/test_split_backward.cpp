@@ -7,10 +7,11 @@
 // micro-batches). Every gradient must be the same bit for bit, for GPT-2,
 // Llama, Qwen2 (q, k, v biases) and Mixtral (experts, router, aux loss)
 // blocks in fp64, fp32 and bf16, with the last micro-step told to B and W
-// alike, and under every recompute mode
-// (gelu, selective, full: B keeps what it recomputed for W). The comparison
-// can fail: leaving out one W changes the gradients. A model the split does
-// not support yet (Mixtral) is refused.
+// alike, under every recompute mode (gelu, selective, full: B keeps what it
+// recomputed for W) and with --fp8 1 (B keeps the amaxes it took for W).
+// The comparison can fail: leaving out one W changes the gradients. What
+// the split does not support yet (a Mixtral under full recompute) is
+// refused.
 // Last line: "N passed, N failed".
 #include <cstring>
 #include <memory>
@@ -43,9 +44,10 @@ Batch batch(uint64_t seed) {
 // forward, B, W and the whole backward of micro-batch 0 or 1, each in its
 // own slot), as doubles.
 std::vector<double> grads(Backend* be, const GPTConfig& c, const std::string& order, bool split,
-                          Recompute rc = Recompute::none) {
+                          Recompute rc = Recompute::none, bool fp8 = false) {
     ModelOptions o(B, T);
     o.recompute = rc;
+    o.fp8 = fp8;
     ModelChunk ch;
     ch.layers = c.num_layers, ch.embed = ch.head = true, ch.slots = 2;
     o.chunks = {ch};
@@ -102,6 +104,12 @@ int main() {
             CHECK(same(grads(be.get(), c, "F0 A0 F1 A1", true), whole), "%s %s: split_backward changed 'all'", spec,
                   dtype);
             std::printf("%-48s %s: B then W equal the whole backward bit for bit\n", spec, dtype);
+            {  // --fp8 1: B keeps its amaxes for W
+                const std::vector<double> w8 = grads(be.get(), c, "F0 A0 F1 A1", false, Recompute::none, true);
+                CHECK(same(grads(be.get(), c, "F0 F1 B0 B1 W0 W1", true, Recompute::none, true), w8),
+                      "%s %s --fp8: B then W", spec, dtype);
+                CHECK(!same(w8, whole), "%s %s --fp8 changed nothing", spec, dtype);
+            }
             if (std::string(dtype) == "bf16") continue;
             for (Recompute rc : {Recompute::gelu, Recompute::selective, Recompute::full}) {
                 if (c.moe() && rc == Recompute::full) continue;  // (refused: below)

@@ -268,6 +268,7 @@ void matmul_backward_fp8(Fp8Gemm& g, const Fp8Scratch& s, E* dinp, E* dweight, c
         fp8_quantize<E>(s.wt, weight, OC, IC, s.scales + 1, false, true, stream);
         g.run(dinp, cuda_dtype<E>(), s.dy, true, s.wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, nullptr);
     }
+    if (!dweight) return;  // the input gradient alone (a split backward's B)
     // dW[OC, IC] += (dy^T)[OC, N] · (x^T)[IC, N]^T
     fp8_quantize<E>(s.dyt, dout, N, OC, s.scales + 2, true, true, stream);
     fp8_quantize<E>(s.xt, inp, N, IC, s.scales + 0, false, true, stream);
