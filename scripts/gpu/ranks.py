@@ -3,7 +3,8 @@
 # backend with collectives staged through host memory over MPI; NCCL refuses
 # two ranks on one device), each layout against one process on the same GPU:
 #   dp=2 x ZeRO 0-3, dp=4 x ZeRO 1, tp=2, tp=2 + sp, cp=2, cp=4, and
-#   cp=2 x tp=2 x sp x dp=2 ZeRO-1 (8 ranks),
+#   cp=2 x tp=2 x sp x dp=2 ZeRO-1 (8 ranks), pp=2 (1F1B and zero-bubble
+#   ZB-H1), pp=2 x tp=2 + sp x ZeRO-1,
 # trained for 10 steps on the same global batch (-d) from the same seed. The
 # losses of every step and the final weights (the step-10 checkpoint's state
 # file) are compared by relative error ‖a-b‖/‖b‖:
@@ -43,6 +44,7 @@ LAYOUTS = {
     "cp2": (2, ["--cp", "2"]), "cp4": (4, ["--cp", "4"]),
     "cp2_tp2_sp_dp2_z1": (8, ["--cp", "2", "--tp", "2", "--sp", "1", "-z", "1"]),
     "pp2": (2, ["--pp", "2"]), "pp2_tp2_sp_z1": (4, ["--pp", "2", "--tp", "2", "--sp", "1", "-z", "1"]),
+    "pp2_zb": (2, ["--pp", "2", "--pp-schedule", "zb-h1"]),
 }
 
 

@@ -471,7 +471,7 @@ step_ranks() {
     fi
     [[ $DRY == 1 ]] || say "$(mpirun --version 2>&1 | head -n 1)"
     local match='^([a-z0-9]+, one process|  (fp32|bf16) )|^FAIL'
-    # GPT-2 in twelve layouts, fp32 and bf16: 26 runs of ~5 s.
+    # GPT-2 in thirteen layouts, fp32 and bf16: 28 runs of ~5 s.
     FIGS=ranks_ FIGCMD="scripts/gpu/ranks.py (mpirun -np N train_gpt --device cuda --comm mpi)" MIN=30 \
         SUMMARY_MATCH=$match run_prog ranks 180 50 "$PY" scripts/gpu/ranks.py --out "$W/runs" --timeout 60
     # A Llama (GQA, SwiGLU, RoPE, untied head) under four of them, fp32: 5 runs.
