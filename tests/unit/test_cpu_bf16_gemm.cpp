@@ -11,7 +11,8 @@
 //     beta = 0 with C full of NaN (C is not read);
 //   - gemm_bf16 takes the dot path exactly when cpu_bf16_dot_available(),
 //     and LLMC_CPU_BF16_DOT=0 turns it off;
-//   - the same bits with 1 and 2 OpenMP threads (one owner per C tile);
+//   - the dot path: the same bits with 1 and 2 OpenMP threads (one owner per
+//     C tile; the widened path is OpenBLAS's sgemm, not held to it);
 //   - the dot path's documented difference: a product below fp32's normal
 //     range is flushed to zero (the widened path keeps it).
 // Last line: "N passed, N failed".
@@ -190,10 +191,14 @@ int main() {
     }
 
     // ---- determinism: 1 and 2 threads, several tiles of C ----------------------------------
+    // Our kernel's bits may not depend on the thread count. The widened path
+    // is OpenBLAS's sgemm, whose bits do with some of its kernels (its
+    // Haswell and generic Prescott ones, which it takes on a CPU it does not
+    // recognise: measured), so it is not held to this.
     for (int t = 0; t < 4; t++) {
         const Problem p = make_problem({(t & 1) != 0, (t & 2) != 0, 200, 300, 129, 1.f, 1.f, 1}, 200 + t);
         const GemmFn fns[2] = {gemm_bf16_widened, gemm_bf16_dot};
-        for (int f = 0; f < (dot ? 2 : 1); f++) {
+        for (int f = 1; f < (dot ? 2 : 1); f++) {
             omp_set_num_threads(1);
             const std::vector<float> one = run(fns[f], p);
             omp_set_num_threads(2);
