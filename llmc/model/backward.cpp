@@ -75,13 +75,6 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
     }
 }
 
-// --fp8 in a split backward: where B keeps a linear layer's three amaxes for its W.
-void* GPT::amax_kept(const LayerActs& la, Param w) {
-    if (!la.g_amax) return nullptr;
-    const int k = w == Param::qkvw ? 0 : w == Param::attprojw ? 1 : w == Param::fcw ? 2 : 3;
-    return elem_ptr(la.g_amax, DType::F64, (size_t)k * 3);
-}
-
 void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part) {
     fp8_record_ = true;
     const ModelChunk& ch = chunks_.at(c);

@@ -37,6 +37,11 @@ void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, 
 
 void* GPT::fp8_step_amax() { return a_->fp8_step; }
 
+// --fp8 in a split backward: where B keeps a linear layer's three amaxes for its W.
+void* GPT::amax_kept(const LayerActs& la, Param w) {
+    return la.g_amax ? elem_ptr(la.g_amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
+}
+
 void GPT::fp8_push(const void* figures, bool skipped) {
     if (fp8_len_ > 0) be_->fp8_history_push(a_->fp8_hist, a_->fp8_step, fp8_slots(), fp8_len_, figures, skipped);
 }
