@@ -6,7 +6,8 @@
 #   bytes moved per step by each group and kind (from metrics.jsonl), and
 #   bytes held per rank (model state, activations, peak) from the memory lines,
 #   and with --pp the bubble each stage measured from a trace of the run
-#   beside the formula (pp-1)/(m·vpp) (--pp-schedule zb-h1: (pp-1)/(3m));
+#   beside the formula (pp-1)/(m·vpp) (--pp-schedule zb-h1: (pp-1)/(3m);
+#   zbv: (pp-1)/(6m));
 #   with --breakdown, the step's time by op class (the trainer under
 #   LLMC_BREAKDOWN=1, llmc/backend/backend_profile.h: each op between two
 #   timing marks, CUDA events on a GPU; the medians over the timed steps),

@@ -28,7 +28,8 @@ def frontier(points):
 
 
 def label(p):
-    vpp = f" vpp{p['vpp']}" if p.get("vpp", 1) > 1 else " zb-h1" if p.get("pp_schedule") == "zb-h1" else ""
+    sched = p.get("pp_schedule", "")
+    vpp = f" {sched}" if sched in ("zb-h1", "zbv") else f" vpp{p['vpp']}" if p.get("vpp", 1) > 1 else ""
     return (f"pp{p['pp']}{vpp} dp{p['dp']} cp{p['cp']} tp{p['tp']}{' sp' if p['sp'] else ''} z{p['zero']} "
             f"B{p['B']} {p['recompute']}")
 

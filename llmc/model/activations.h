@@ -73,6 +73,11 @@ struct GPT::Acts {
     void *g_ln1 = nullptr, *g_ln2 = nullptr, *g_atty = nullptr, *g_h = nullptr;
     void* g_router = nullptr;  // Mixtral: the router's output gradient [N,E] (g_fcproj, g_fc: the experts' rows)
     void* g_amax = nullptr;    // --fp8: the four layers' amaxes from B ([4][3] doubles per layer-slot)
+    // ZeRO 2 and 3: the two norms' output gradients [Ns,C] for W's norm
+    // weight gradients, and where B's own go ([2C], discarded); under full
+    // recompute also the norms' inputs B recomputed: x2 [Ns,C] and the
+    // statistics [4][Ns] (ln1 mean, rstd, ln2 mean, rstd)
+    void *g_dln1 = nullptr, *g_dln2 = nullptr, *norm_discard = nullptr, *g_x2 = nullptr, *g_stats = nullptr;
 };
 
 // Block l's slices of the activations, for N tokens (Ns in the residual
@@ -86,5 +91,7 @@ struct GPT::LayerActs {
     void *g_ln1, *g_ln2, *g_atty, *g_h;  // split_backward: the four layers' inputs for W (kept copies, or ln1 ...)
     void* g_router;                      // split_backward, Mixtral: the router's output gradient
     void* g_amax;                        // split_backward, --fp8: the four layers' amaxes from B
+    void *g_dln1, *g_dln2;               // split_backward, ZeRO 2 and 3: the norms' output gradients from B
+    void *g_x2, *g_stats;                // ... under full recompute: the norms' inputs B recomputed (else null)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)
 };

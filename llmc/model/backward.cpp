@@ -11,12 +11,14 @@
 #include "llmc/model/gpt.h"
 
 void GPT::norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
-                        int layer, int N) {
+                        int layer, int N, void* discard) {
     const int C = cfg_.channels;
-    if (cfg_.llama()) be_->rmsnorm_backward(dinp, G(w, layer), dout, inp, P(w, layer), rstd, N, C);
+    if (discard) be_->zero(discard, 2 * (size_t)C * dtype_size(prec_.grad));
+    void* dw = discard ? discard : G(w, layer);
+    if (cfg_.llama()) be_->rmsnorm_backward(dinp, dw, dout, inp, P(w, layer), rstd, N, C);
     else
-        be_->layernorm_backward(dinp, G(w, layer), G(bias_of(w), layer), dout, inp, P(w, layer), mean, rstd,
-                                N, C);
+        be_->layernorm_backward(dinp, dw, discard ? elem_ptr(discard, prec_.grad, C) : G(bias_of(w), layer), dout,
+                                inp, P(w, layer), mean, rstd, N, C);
 }
 
 void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step, BackwardPart part) {
@@ -58,6 +60,7 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
     for (int l = ch.first_layer + ch.layers - 1; l >= ch.first_layer; l--) {
         const int u = block_unit(l);
         acquire(u);
+        unit_grads_[u] = nullptr;  // handed out afresh for each W (ZeRO 2 and 3)
         const LayerActs la = layer_acts(l, slot, N, Ns);
         auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
             linear_backward_weights(w, Gb(b, l), dout, in, l, N, IC, OC, amax_kept(la, w));
@@ -70,6 +73,19 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         }
         dw(Param::attprojw, Param::attprojb, la.g_attproj, la.g_atty, Cl, C);
         dw(Param::qkvw, Param::qkvb, la.g_qkv, la.g_ln1, C, (int)qkv_width());
+        if (la.g_dln1) {  // ZeRO 2 and 3: the norms' weight gradients from B's output gradients (dx unused)
+            // The norms' inputs: where the forward left them, or (full
+            // recompute) where B kept them; la.x, the block's input, is kept.
+            const void* stats[4] = {la.ln1_mean, la.ln1_rstd, la.ln2_mean, la.ln2_rstd};
+            if (la.g_stats)
+                for (int k = 0; k < 4; k++)
+                    if (stats[k]) stats[k] = elem_ptr(la.g_stats, prec_.stat, (size_t)k * Ns);
+            for (int k : {1, 0}) {  // ln2, then ln1, as the whole backward
+                be_->zero(a_->dln, (size_t)Ns * C * dtype_size(prec_.act));
+                norm_backward(a_->dln, k ? la.g_dln2 : la.g_dln1, k ? (la.g_x2 ? la.g_x2 : la.x2) : la.x,
+                              stats[2 * k], stats[2 * k + 1], k ? Param::ln2w : Param::ln1w, l, Ns);
+            }
+        }
         provider_->grads_done(u, last_micro_step);
         release(u);
     }
@@ -107,7 +123,9 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         if (ch.layers > 0) provider_->prefetch(block_unit(end - 1));
         void* dlnf = head_backward(slot, lnf, N);
         if (cfg_.tied && !ch.embed) {  // the last stage's copy of the embedding unit is done
-            provider_->grads_done(0, last_micro_step);
+            // (unless this rank's embeddings are still to come, ZBV's stage 0:
+            // their backward ends the unit's accumulation)
+            provider_->grads_done(0, last_micro_step && !holds_embeddings());
             release(0);
         }
         be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
@@ -134,6 +152,14 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         // What the recompute mode did not keep, from what it kept.
         if (!a.keep_block) {
             block_forward(l, la, B, T, true);
+            if (input_only && la.g_x2) {  // ZeRO 2 and 3: W's norm inputs, recomputed here
+                be_->copy(la.g_x2, la.x2, (size_t)Ns * C * dtype_size(act));
+                const void* stats[4] = {la.ln1_mean, la.ln1_rstd, la.ln2_mean, la.ln2_rstd};
+                for (int k = 0; k < 4; k++)
+                    if (stats[k])
+                        be_->copy(elem_ptr(la.g_stats, prec_.stat, (size_t)k * Ns), stats[k],
+                                  (size_t)Ns * dtype_size(prec_.stat));
+            }
         } else {
             if (!a.keep_attn) attention_core(la, B, T);
             if (!a.keep_gelu) activation(la.h, la.fch, cfg_.moe() ? moe_expert_rows(la, N) : N);
@@ -176,7 +202,15 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         if (!cfg_.moe() && !input_only)
             linear_backward(a.dln, Param::fcw, Gb(Param::fcb, l), a.dfch, f_input(la.ln2), l, N, C, (int)fch_width(),
                             false);
-        norm_backward(a.dresidual, f_bwd(), la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, l, Ns);
+        // (ZeRO 2 and 3 under a split backward: B keeps the norm's output
+        // gradient and its W computes the norm's weight gradients, so a block's
+        // gradient buffer is handed out once per micro-batch, in W.)
+        auto block_norm_backward = [&](void* kept, const void* inp, const void* mean, const void* rstd, Param w) {
+            void* dout = f_bwd();
+            if (input_only && kept) keep(kept, dout, (size_t)Ns * C);
+            norm_backward(a.dresidual, dout, inp, mean, rstd, w, l, Ns, input_only && kept ? a.norm_discard : nullptr);
+        };
+        block_norm_backward(la.g_dln2, la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w);
         // dresidual holds d(x2); attention path.
         if (input_only) {
             if (la.g_atty != la.atty) keep(la.g_atty, la.atty, (size_t)N * Cl);  // recomputed: kept for W
@@ -201,7 +235,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         }
         else
             linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false);
-        norm_backward(a.dresidual, f_bwd(), la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w, l, Ns);
+        block_norm_backward(la.g_dln1, la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w);
         if (!input_only) provider_->grads_done(u, last_micro_step);  // (split: after its W)
         release(u);
     }

@@ -196,7 +196,6 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         // gone by W.)
         const char* why = nullptr;
         if (cfg.moe() && !a.keep_block) why = "a Mixtral under full recompute";
-        if (!why && sharding.grads) why = "ZeRO-2 and 3";
         if (why) throw std::invalid_argument(std::string("GPT: the split backward does not yet support ") + why);
         a.g_qkv = alloc_buffer(A, "w_grad_qkv", LS * N * Wqkv, act, true);
         a.g_attproj = alloc_buffer(A, "w_grad_attproj", LS * N * C, act, true);
@@ -208,6 +207,17 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         if (sp || !a.keep_block) a.g_ln2 = alloc_buffer(A, "w_input_ln2", LS * N * C, act, true);
         if (!a.keep_attn) a.g_atty = alloc_buffer(A, "w_input_atty", LS * N * Cl, act, true);
         if (!a.keep_gelu) a.g_h = alloc_buffer(A, "w_input_h", LS * R * Hl, act, true);
+        // ZeRO 2 and 3 hand a block's gradient buffer out per backward: W
+        // takes the norms' weight gradients too (from their inputs, which the
+        // forward keeps, and the output gradients B keeps here), so B leaves
+        // the block's gradients alone.
+        if (sharding.grads) {
+            a.g_dln1 = alloc_buffer(A, "w_grad_ln1", LS * Ns * C, act, true);
+            a.g_dln2 = alloc_buffer(A, "w_grad_ln2", LS * Ns * C, act, true);
+            a.norm_discard = alloc_buffer(S, "norm_grads_discarded", 2 * (size_t)C, prec_.grad);
+            if (!a.keep_block) a.g_x2 = alloc_buffer(A, "w_input_x2", LS * Ns * C, act, true);
+            if (!a.keep_block) a.g_stats = alloc_buffer(A, "w_norm_stats", LS * 4 * Ns, st, true);
+        }
     }
     if (cfg.moe()) {
         const size_t E = cfg.experts, K = cfg.top_k;
@@ -452,6 +462,10 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, i, (cfg_.moe() ? R : (size_t)N) * C, act) : nullptr;
     r.g_router = a.g_router ? act_layer(a.g_router, i, (size_t)N * cfg_.experts, act) : nullptr;
     r.g_amax = a.g_amax ? elem_ptr(a.g_amax, DType::F64, (size_t)i * 12) : nullptr;
+    r.g_dln1 = a.g_dln1 ? act_layer(a.g_dln1, i, Ns * C, act) : nullptr;
+    r.g_dln2 = a.g_dln2 ? act_layer(a.g_dln2, i, Ns * C, act) : nullptr;
+    r.g_x2 = a.g_x2 ? act_layer(a.g_x2, i, Ns * C, act) : nullptr;
+    r.g_stats = a.g_stats ? act_layer(a.g_stats, i, 4 * (size_t)Ns, st) : nullptr;
     r.g_ln1 = a.g_ln1 ? act_layer(a.g_ln1, i, N * C, act) : r.ln1;  // W's inputs of QKV and fc
     r.g_ln2 = a.g_ln2 ? act_layer(a.g_ln2, i, N * C, act) : r.ln2;
     r.g_atty = a.g_atty ? act_layer(a.g_atty, i, N * Cl, act) : r.atty;  // W's inputs of the projections

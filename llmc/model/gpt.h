@@ -217,6 +217,11 @@ class GPT {
 
     // ---- model chunks (pipeline parallel) ----
     const std::vector<ModelChunk>& chunks() const { return chunks_; }
+    bool holds_embeddings() const {  // whether one of this rank's chunks starts the model
+        for (const ModelChunk& c : chunks_)
+            if (c.embed) return true;
+        return false;
+    }
     // Elements of the activation that crosses a chunk boundary: the residual
     // stream of B·T tokens (this rank's N/tp under sequence parallelism).
     size_t boundary_elems() const;
@@ -324,8 +329,10 @@ class GPT {
     void norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N);
     void residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
                        int layer, int N);
+    // discard: where the weights' (and bias') gradients go instead of the
+    // unit's (a split backward's B under ZeRO 2 and 3, whose W computes them).
     void norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
-                       int layer, int N);
+                       int layer, int N, void* discard = nullptr);
     void rotate(void* qkv, int B, int T, bool inverse);
     void activation(void* h, const void* fch, int N);
     // The four linear layers' products (fp8.cpp): the backend's matmul, or

@@ -13,7 +13,7 @@ std::string Layout::describe() const {
                     std::to_string(dp()) + " x cp " + std::to_string(cp) + cp_words + " x tp " + std::to_string(tp) +
                     (sp ? " (sp)" : "") + ", ZeRO " + std::to_string(zero) + ", B=" + std::to_string(B) +
                     ", recompute " + recompute_name(recompute);
-    if (pp_order == PipeOrder::zb_h1) s += ", zb-h1";
+    if (pp_order != PipeOrder::standard) s += std::string(", ") + pipe_order_name(pp_order, vpp);
     if (ep > 1) s += ", ep " + std::to_string(ep);
     if (head_chunk > 0) s += ", head chunk " + std::to_string(head_chunk);
     if (bf16_optimizer) s += ", bf16 Adam state";
@@ -73,6 +73,8 @@ bool check_world(const Layout& l, std::string* err) {
     if (l.ep > 1 && l.dp() % l.ep != 0)
         return fail("flag --ep: " + std::to_string(l.ep) + " does not divide the " + std::to_string(l.dp()) +
                     " data-parallel ranks (world / (pp*tp*cp); the experts are split over dp ranks)");
+    if (l.pp_order != PipeOrder::standard && l.pp == 1)
+        return fail(std::string("flag --pp-schedule: ") + pipe_order_name(l.pp_order, l.vpp) + " needs --pp > 1");
     if (l.vpp > 1 && l.pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
     return true;
 }
@@ -127,15 +129,16 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     if (micro > 1000000000LL)
         return fail("flag -d: " + std::to_string(l.total_batch) + " tokens per step is " + std::to_string(micro) +
                     " micro-steps of B*T*dp = " + std::to_string(rows_per_micro * l.T) + " tokens (at most 1e9)");
-    // ZB-H1's split backward keeps each linear layer's output gradient for
-    // its W and reads the inputs where the forward left them or B kept
-    // them: what would have to be recomputed again (a Mixtral's routing
-    // under full recompute) or whose gradient buffers are handed out per
-    // backward (ZeRO 2 and 3) is not split yet.
-    if (l.pp_order == PipeOrder::zb_h1) {
-        const char* why = c.moe() && l.recompute == Recompute::full ? "arch=mixtral under -r full"
-                          : l.zero >= 2 ? "-z 2 and 3" : nullptr;
-        if (why) return fail(std::string("flag --pp-schedule: zb-h1 does not run with ") + why + " yet");
+    // The zero-bubble schedules' split backward keeps each linear layer's
+    // output gradient for its W and reads the inputs where the forward left
+    // them or B kept them: what would have to be recomputed again (a
+    // Mixtral's routing and grouped rows under full recompute) is not split
+    // yet.
+    if (l.pp_order != PipeOrder::standard) {
+        const char* why = c.moe() && l.recompute == Recompute::full ? "arch=mixtral under -r full" : nullptr;
+        if (why)
+            return fail(std::string("flag --pp-schedule: ") + pipe_order_name(l.pp_order, l.vpp) +
+                        " does not run with " + why + " yet");
     }
     if (!pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err, l.pp_order)) {
         // Too few micro-batches for the pipeline: say which -d gives 4 per

@@ -28,7 +28,7 @@ std::vector<ModelChunk> PipelineParallel::chunks() const {
     const int per = L_ / (pp_ * vpp_), last = pp_ * vpp_ - 1;
     std::vector<ModelChunk> out;
     for (int k = 0; k < vpp_; k++) {
-        const int v = k * pp_ + stage_;
+        const int v = sched_->virtual_stage(k, stage_);
         ModelChunk c;
         c.first_layer = v * per;
         c.layers = per;
@@ -77,11 +77,12 @@ void PipelineParallel::exchange(GPT& model, const PipeAction& a, const std::vect
     const int nv = pp_ * vpp_;
     std::vector<P2POp> ops;
     std::vector<int> owner;  // per op: receive buffer (>= 0), gradient send buffer (-2 - sb), or -1
+    const void* to_self = nullptr;  // the data of a message to this stage (ZBV's turn of the V)
     for (const PipeXfer& x : a.xfers) {
         P2POp op{x.send, nullptr, x.peer, elems_, msg_tag(x.msg, nv)};
         int who = -1;
         if (x.send && !x.msg.grad) {
-            op.buf = const_cast<void*>(model.chunk_output(x.msg.v / pp_, x.buf));
+            op.buf = const_cast<void*>(model.chunk_output(sched_->chunk_of(x.msg.v), x.buf));
         } else if (x.send) {
             const int sb = send_buf_of_msg[x.msg.mb * nv + x.msg.v];
             op.buf = send_[sb];
@@ -90,6 +91,11 @@ void PipelineParallel::exchange(GPT& model, const PipeAction& a, const std::vect
             wait(recv_handle_[x.buf]);  // (read already, in program order; a no-op)
             op.buf = recv_[x.buf];
             who = x.buf;
+        }
+        if (x.peer == stage_) {  // a send to itself is followed by its receive: a copy
+            if (x.send) to_self = op.buf;
+            else be_->copy(op.buf, to_self, elems_ * dtype_size(act_));
+            continue;
         }
         ops.push_back(op);
         owner.push_back(who);
@@ -150,7 +156,7 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
             continue;
         }
         const ModelChunk& ch = chunks[a.chunk];
-        const int v = a.chunk * pp_ + stage_;
+        const int v = sched_->virtual_stage(a.chunk, stage_);
         if (a.kind == PipeAction::Weight) {  // a split backward's W: the weights' gradients, this stage's own
             trace::Scope span("W mb" + std::to_string(a.mb) + " v" + std::to_string(v), "backward");
             model.backward_chunk(a.chunk, a.slot, nullptr, a.mb == m_ - 1, GPT::BackwardPart::weights);
@@ -192,28 +198,32 @@ double PipelineParallel::forward_only(GPT& model, const int* inputs, const int* 
                                       const int* docs) {
     if (pp_ == 1) return model.forward(inputs, targets, B, T, 0.0, docs);
     // One virtual stage after the other; each transfer alone in its group,
-    // issued in the same order on both ends.
+    // issued in the same order on both ends (ZBV's turn of the V, from a
+    // stage to itself, reads the previous chunk's output where it is).
+    const PipeSchedule& S = *sched_;
     const int nv = pp_ * vpp_;
     double loss = 0;
     for (int v = 0; v < nv; v++) {
-        const int k = v / pp_;
-        if (v % pp_ != stage_) continue;
-        if (v > 0) transfer({false, recv_[0], (v - 1) % pp_, elems_, msg_tag({0, v - 1, false}, nv)});
-        loss = model.forward_chunk(k, 0, inputs, recv_[0], v == nv - 1 ? targets : nullptr, B, T, 0.0, docs);
-        if (v < nv - 1)
-            transfer({true, const_cast<void*>(model.chunk_output(k, 0)), (v + 1) % pp_, elems_, msg_tag({0, v, false}, nv)});
+        if (S.stage_of(v) != stage_) continue;
+        const int k = S.chunk_of(v);
+        const void* in = recv_[0];
+        if (v > 0 && S.stage_of(v - 1) == stage_) in = model.chunk_output(S.chunk_of(v - 1), 0);
+        else if (v > 0) transfer({false, recv_[0], S.stage_of(v - 1), elems_, msg_tag({0, v - 1, false}, nv)});
+        loss = model.forward_chunk(k, 0, inputs, in, v == nv - 1 ? targets : nullptr, B, T, 0.0, docs);
+        if (v < nv - 1 && S.stage_of(v + 1) != stage_)
+            transfer({true, const_cast<void*>(model.chunk_output(k, 0)), S.stage_of(v + 1), elems_, msg_tag({0, v, false}, nv)});
     }
-    return sum_over_stages(stage_ == pp_ - 1 ? loss : 0.0);
+    return sum_over_stages(stage_ == S.head_stage() ? loss : 0.0);
 }
 
 void PipelineParallel::logits_row(GPT& model, int b, int pos, float* out) {
     const int V = model.config().vocab_size;
     if (pp_ == 1) return model.logits_row(b, pos, out, DType::F32);
-    if (stage_ == pp_ - 1) {
+    if (stage_ == sched_->head_stage()) {
         model.logits_row(b, pos, out, DType::F32);
         be_->upload(row_, DType::F32, out, DType::F32, V);
     }
-    comm_.broadcast(row_, V, DType::F32, pp_ - 1);
+    comm_.broadcast(row_, V, DType::F32, sched_->head_stage());
     be_->download(out, DType::F32, row_, DType::F32, V);
 }
 

@@ -7,12 +7,15 @@
 //
 // Stages. The L blocks are cut into pp·V model chunks of L/(pp·V) blocks
 // (V = --vpp virtual stages per rank); virtual stage v = k·pp + s is chunk k
-// of stage s, so stage s holds chunks s, s + pp, s + 2pp, ... The first
-// virtual stage starts with the embeddings, the last ends with the final
-// LayerNorm and the LM head. wte is tied: the last stage keeps a copy of the
-// whole embedding unit (wte and wpe, so both ends shard it alike under ZeRO)
-// and the two copies' gradients are summed over the embedding group (first
-// and last stage) before the optimizer, so they stay bitwise equal.
+// of stage s, so stage s holds chunks s, s + pp, s + 2pp, ... (ZBV places
+// its two chunks in a V: s and 2pp-1-s; PipeSchedule::virtual_stage). The
+// first virtual stage starts with the embeddings, the last ends with the
+// final LayerNorm and the LM head. wte is tied: the last stage keeps a copy
+// of the whole embedding unit (wte and wpe, so both ends shard it alike
+// under ZeRO) and the two copies' gradients are summed over the embedding
+// group (first and last stage) before the optimizer, so they stay bitwise
+// equal. Under ZBV both ends are on stage 0, which holds the one copy (its
+// embedding group is itself).
 //
 // Point-to-point. A forward sends the residual stream leaving its chunk
 // ([B, T/cp, C], 1/tp of the tokens under sp) to the next virtual stage; a
@@ -24,7 +27,8 @@
 // waits for a receive only right before the op that needs it, and for a
 // send only when its buffer is needed again (or at the end of the step),
 // never for a send while it needs a receive (which could wait for the peer
-// to finish computing).
+// to finish computing). A message from a stage to itself (ZBV's turn at the
+// bottom of the V) is a copy into its receive buffer, no transfer.
 #pragma once
 #include <functional>
 #include <memory>
@@ -46,6 +50,7 @@ class PipelineParallel {
     int size() const { return pp_; }
     int stage() const { return stage_; }
     int vpp() const { return vpp_; }
+    int head_stage() const { return sched_->head_stage(); }  // the stage of the LM head (the loss)
     const PipeSchedule& schedule() const { return *sched_; }
     // The model chunks of this stage, for GPT's constructor.
     std::vector<ModelChunk> chunks() const;
@@ -60,8 +65,8 @@ class PipelineParallel {
     using Loader = std::function<void(int mb, const int** inputs, const int** targets, const int** docs)>;
     // One step's forwards and backwards over the m micro-batches (the schedule
     // above); gradients accumulate in the model (through dp's provider).
-    // Returns the sum of the micro-batches' mean losses on the last stage, 0
-    // elsewhere.
+    // Returns the sum of the micro-batches' mean losses on the head's stage,
+    // 0 elsewhere.
     // The backward of a unit's last micro-batch says so to the model's unit
     // provider (ZeRO stages 0 and 1 reduce only then).
     double train_step(GPT& model, const Loader& load, int B, int T, double dloss);
@@ -73,7 +78,7 @@ class PipelineParallel {
     // samples); returns its mean loss on every rank (0 without targets).
     double forward_only(GPT& model, const int* inputs, const int* targets, int B, int T, const int* docs = nullptr);
     // Logits row (b, pos) of the last forward_only, first V columns, as fp32
-    // on every rank (the last stage computes it; broadcast over the pp group).
+    // on every rank (the head's stage computes it; broadcast over the pp group).
     void logits_row(GPT& model, int b, int pos, float* out);
 
     // Whether the first and the last stage's copies of the embedding unit
@@ -88,7 +93,7 @@ class PipelineParallel {
     // whole pipeline's span of the step. Collective over the pp group;
     // returns one value per stage (empty when nothing was traced).
     std::vector<double> measured_bubble();
-    // The schedule's formula: (pp - 1) / (m·V); ZB-H1 (pp - 1) / (3m).
+    // The schedule's formula: (pp - 1) / (m·V); ZB-H1 (pp - 1) / (3m); ZBV (pp - 1) / (6m).
     double bubble_formula() const { return pipe_bubble_formula(pp_, vpp_, m_, sched_->order); }
 
   private:

@@ -9,18 +9,34 @@
 #include <tuple>
 
 const char* pipe_order_name(PipeOrder o, int vpp) {
-    return o == PipeOrder::zb_h1 ? "zb-h1" : vpp > 1 ? "interleaved" : "1f1b";
+    return o == PipeOrder::zb_h1 ? "zb-h1" : o == PipeOrder::zbv ? "zbv" : vpp > 1 ? "interleaved" : "1f1b";
 }
 
 bool pipe_order_of(const std::string& name, int vpp, PipeOrder* o, std::string* err) {
-    *o = name == "zb-h1" ? PipeOrder::zb_h1 : PipeOrder::standard;
+    *o = name == "zb-h1" ? PipeOrder::zb_h1 : name == "zbv" ? PipeOrder::zbv : PipeOrder::standard;
     if (name == "1f1b" && vpp > 1) *err = "flag --pp-schedule: 1f1b runs one model chunk per stage (drop --vpp)";
     else if (name == "interleaved" && vpp < 2) *err = "flag --pp-schedule: interleaved needs --vpp 2 or more";
-    else if (!name.empty() && name != "1f1b" && name != "interleaved" && name != "zb-h1")
-        *err = "flag --pp-schedule: '" + name + "': expected 1f1b, interleaved or zb-h1";
+    else if (name == "zbv" && vpp > 2)
+        *err = "flag --vpp: zbv places two model chunks per stage (--vpp " + std::to_string(vpp) + "; give 2 or leave it out)";
+    else if (!name.empty() && name != "1f1b" && name != "interleaved" && name != "zb-h1" && name != "zbv")
+        *err = "flag --pp-schedule: '" + name + "': expected 1f1b, interleaved, zb-h1 or zbv";
     else return true;
     return false;
 }
+
+int pipe_chunks_per_stage(PipeOrder o, int vpp) { return o == PipeOrder::zbv ? 2 : vpp; }
+
+int pipe_virtual_stage(PipeOrder o, int pp, int k, int s) {
+    if (o == PipeOrder::zbv) return k == 0 ? s : 2 * pp - 1 - s;
+    return k * pp + s;
+}
+
+int pipe_stage_of(PipeOrder o, int pp, int v) {
+    if (o == PipeOrder::zbv) return v < pp ? v : 2 * pp - 1 - v;
+    return v % pp;
+}
+
+int pipe_chunk_of(PipeOrder o, int pp, int v) { return o == PipeOrder::zbv ? (v < pp ? 0 : 1) : v / pp; }
 
 // ZB-H1's order (pipeline_schedule.h): the lock-step run of its rules, for
 // every stage at once (a stage's choice waits on the others' progress).
@@ -53,8 +69,101 @@ static std::vector<std::vector<PipeAction>> zb_h1_orders(int pp, int m) {
     return out;
 }
 
+// ZBV's order (pipeline_schedule.h) under one variant of its rules: the
+// lock-step run, for every stage at once, of chunk-sized ticks. cap0: the
+// activations chunk 0 may hold (chunk 1: 2pp - cap0; each chunk's slots are
+// allocated for its most at once, so the stage holds at most 2pp); w_limit:
+// the waiting W's that go before a forward; b_first: the chunk whose B goes
+// first when both have one; lead: how far chunk 0's forwards may run ahead of
+// chunk 1's on stage s (0: no limit). Empty when the rules stall.
+static std::vector<std::vector<PipeAction>> zbv_run(int pp, int m, int cap0, int w_limit, int b_first, int lead,
+                                                    int* ticks) {
+    const int nv = 2 * pp;
+    std::vector<std::vector<PipeAction>> out(pp);
+    std::vector<std::vector<int>> f_at(nv, std::vector<int>(m, -1)), b_at(nv, std::vector<int>(m, -1));
+    std::vector<std::vector<int>> nf(pp, std::vector<int>(2, 0)), nb(pp, std::vector<int>(2, 0));
+    std::vector<std::vector<std::pair<int, int>>> waiting(pp);  // (mb, chunk) of B's whose W waits, in order
+    std::vector<size_t> next_w(pp, 0);
+    std::vector<std::vector<int>> held(pp, std::vector<int>(2, 0));  // activations from F to W, per chunk
+    auto before = [](int at, int t) { return at >= 0 && at < t; };
+    auto virt = [&](int k, int s) { return pipe_virtual_stage(PipeOrder::zbv, pp, k, s); };
+    int t = 0;
+    for (int left = 6 * m * pp; left > 0; t++) {
+        std::vector<std::pair<PipeAction::Kind, int>> picks(pp, {PipeAction::Exchange, -1});  // (kind, chunk)
+        for (int s = 0; s < pp; s++) {
+            auto b_ready = [&](int k) {
+                const int b = nb[s][k], v = virt(k, s);
+                return b < nf[s][k] && before(v == nv - 1 ? f_at[v][b] : b_at[v + 1][b], t);
+            };
+            auto f_ready = [&](int k) {
+                const int f = nf[s][k], v = virt(k, s);
+                if (f >= m || held[s][k] >= (k == 0 ? cap0 : 2 * pp - cap0)) return false;
+                // chunk 0's lead: the forwards that fit before chunk 1's first
+                // input comes back down the V (2(pp-s)-1), or fewer
+                const int lead_max = lead == 1 ? 2 * (pp - s) - 1 : lead == 2 ? pp - s : 2 * (pp - s) - 2;
+                if (k == 0 && lead > 0 && nf[s][0] - nf[s][1] >= lead_max) return false;
+                return v == 0 || before(f_at[v - 1][f], t);
+            };
+            const int wait_n = (int)(waiting[s].size() - next_w[s]);
+            if (b_ready(b_first)) picks[s] = {PipeAction::Backward, b_first};
+            else if (b_ready(1 - b_first)) picks[s] = {PipeAction::Backward, 1 - b_first};
+            else if (wait_n >= w_limit) picks[s] = {PipeAction::Weight, -1};
+            else if (f_ready(1)) picks[s] = {PipeAction::Forward, 1};
+            else if (f_ready(0)) picks[s] = {PipeAction::Forward, 0};
+            else if (wait_n > 0) picks[s] = {PipeAction::Weight, -1};
+        }
+        bool any = false;
+        for (int s = 0; s < pp; s++) {
+            const PipeAction::Kind kind = picks[s].first;
+            if (kind == PipeAction::Exchange) continue;
+            PipeAction a;
+            a.kind = kind;
+            if (kind == PipeAction::Weight) {
+                a.mb = waiting[s][next_w[s]].first, a.chunk = waiting[s][next_w[s]].second;
+                next_w[s]++;
+                held[s][a.chunk]--;
+            } else {
+                const int k = picks[s].second, v = virt(k, s);
+                a.chunk = k;
+                if (kind == PipeAction::Forward) {
+                    a.mb = nf[s][k]++;
+                    f_at[v][a.mb] = t;
+                    held[s][k]++;
+                } else {
+                    a.mb = nb[s][k]++;
+                    b_at[v][a.mb] = t;
+                    waiting[s].push_back({a.mb, k});
+                }
+            }
+            out[s].push_back(a);
+            left--;
+            any = true;
+        }
+        if (!any) return {};  // nothing changed: nothing ever will
+    }
+    *ticks = t;
+    return out;
+}
+
+// ZBV's order: the shortest of the variants' runs (the first of equals).
+static std::vector<std::vector<PipeAction>> zbv_orders(int pp, int m) {
+    std::vector<std::vector<PipeAction>> best;
+    int best_ticks = 0;
+    for (int cap0 = pp; cap0 <= std::min(pp + 3, 2 * pp - 1); cap0++)
+        for (int w_limit : {pp, 2 * pp, 1 << 30})
+            for (int b_first : {0, 1})
+                for (int lead : {0, 1, 2, 3}) {
+                    int ticks = 0;
+                    std::vector<std::vector<PipeAction>> o = zbv_run(pp, m, cap0, w_limit, b_first, lead, &ticks);
+                    if (!o.empty() && (best.empty() || ticks < best_ticks)) best = o, best_ticks = ticks;
+                }
+    if (best.empty()) throw std::logic_error("ZBV: no order of its rules finishes");
+    return best;
+}
+
 std::vector<PipeAction> pipe_compute_order(int pp, int V, int m, int s, PipeOrder order) {
     if (order == PipeOrder::zb_h1) return zb_h1_orders(pp, m).at(s);
+    if (order == PipeOrder::zbv) return zbv_orders(pp, m).at(s);
     std::vector<PipeAction> out;
     auto op = [&](PipeAction::Kind kind, int mb, int chunk) {
         PipeAction a;
@@ -98,13 +207,16 @@ static bool schedule_ok(int pp, int V, int m, std::string* err, PipeOrder order)
     if (order == PipeOrder::zb_h1 && pp < 2) return fail("flag --pp-schedule: zb-h1 needs --pp > 1");
     if (order == PipeOrder::zb_h1 && V != 1)
         return fail("flag --pp-schedule: zb-h1 runs one model chunk per stage (drop --vpp " + std::to_string(V) + ")");
+    if (order == PipeOrder::zbv && pp < 2) return fail("flag --pp-schedule: zbv needs --pp > 1");
+    if (order == PipeOrder::zbv && V != 2)
+        return fail("flag --vpp: zbv places two model chunks per stage (--vpp " + std::to_string(V) + ")");
     if (pp < 1) return fail("flag --pp: " + std::to_string(pp) + " must be at least 1");
     if (V < 1) return fail("flag --vpp: " + std::to_string(V) + " must be at least 1");
     if (V > 1 && pp == 1) return fail("flag --vpp: interleaved stages need --pp > 1");
     if (m < pp)
         return fail("flag -d: " + std::to_string(m) + " micro-batch(es) per step for " + std::to_string(pp) +
                     " pipeline stages; the pipeline needs at least one per stage");
-    if (V > 1 && m % pp != 0)
+    if (V > 1 && m % pp != 0 && order != PipeOrder::zbv)
         return fail("flag -d: the interleaved schedule (--vpp " + std::to_string(V) + ") needs the " +
                     std::to_string(m) + " micro-batches per step to be a multiple of --pp " + std::to_string(pp));
     return true;
@@ -112,8 +224,11 @@ static bool schedule_ok(int pp, int V, int m, std::string* err, PipeOrder order)
 
 bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err, PipeOrder order) {
     if (pp >= 1 && vpp >= 1 && L % (pp * vpp) != 0) {
-        *err = std::string(vpp > 1 ? "flag --vpp" : "flag --pp") + ": the " + std::to_string(L) +
-               " blocks do not split evenly into pp·vpp = " + std::to_string(pp * vpp) + " model chunks";
+        *err = order == PipeOrder::zbv ? "flag --pp-schedule: zbv cuts the model into 2·pp = " +
+                                             std::to_string(pp * vpp) + " model chunks; the " + std::to_string(L) +
+                                             " blocks do not split evenly into them"
+               : std::string(vpp > 1 ? "flag --vpp" : "flag --pp") + ": the " + std::to_string(L) +
+                     " blocks do not split evenly into pp·vpp = " + std::to_string(pp * vpp) + " model chunks";
         return false;
     }
     return schedule_ok(pp, vpp, m, err, order);
@@ -141,6 +256,7 @@ PipeSchedule make_pipe_schedule(int pp, int V, int m, PipeOrder order) {
 }
 
 double pipe_bubble_formula(int pp, int V, int m, PipeOrder order) {
+    if (order == PipeOrder::zbv) return (double)(pp - 1) / (6.0 * m);
     return (double)(pp - 1) / ((double)m * V * (order == PipeOrder::zb_h1 ? 3 : 1));
 }
 
@@ -154,9 +270,10 @@ static PipeSchedule make_schedule_uncached(int pp, int V, int m, PipeOrder kind)
     S.slots.assign(pp, std::vector<int>(V, 0));
     S.recv_bufs.assign(pp, 0);
     const int nv = pp * V;
-    auto stage_of = [&](int v) { return v % pp; };
+    auto stage_of = [&](int v) { return S.stage_of(v); };
     std::vector<std::vector<PipeAction>> order(pp);  // each stage's compute order
-    if (S.split()) order = zb_h1_orders(pp, m);
+    if (kind == PipeOrder::zb_h1) order = zb_h1_orders(pp, m);
+    else if (kind == PipeOrder::zbv) order = zbv_orders(pp, m);
     else
         for (int s = 0; s < pp; s++) order[s] = pipe_compute_order(pp, V, m, s);
     // When each message was made (tick), and where its data sits.
@@ -182,7 +299,7 @@ static PipeSchedule make_schedule_uncached(int pp, int V, int m, PipeOrder kind)
         for (int s = 0; s < pp; s++) {
             if (next[s] == order[s].size()) continue;
             PipeAction a = order[s][next[s]];
-            const int v = a.chunk * pp + s;
+            const int v = S.virtual_stage(a.chunk, s);
             if (a.kind == PipeAction::Weight) {  // after its B in program order; frees the slot
                 a.tick = t;
                 a.slot = fwd_slot.at({a.mb, v});
@@ -264,7 +381,7 @@ double simulate_pipe_time(const PipeSchedule& S, double tf, double tb, std::vect
             while (next[s] < ops[s].size()) {
                 const PipeAction& a = *ops[s][next[s]];
                 const bool fwd = a.kind == PipeAction::Forward;
-                const int v = a.chunk * pp + s;
+                const int v = S.virtual_stage(a.chunk, s);
                 double start = free_at[s];
                 if (a.kind == PipeAction::Weight) {  // waits for nothing but the stage
                     free_at[s] = start + tw;

@@ -27,6 +27,22 @@
 //     (pp-1)/(3m) of the step when the three take the same time; a stage
 //     holds the activations of up to pp - 1 more micro-batches than 1F1B
 //     (those whose W waits: their slot is free after W).
+//   ZBV (V = 2, --pp-schedule zbv; the V schedule of the same paper): two
+//     chunks per stage placed in a V, virtual stage v on stage v for v < pp
+//     and on stage 2pp-1-v after, so stage 0 holds the first and the last
+//     chunk (the embeddings and the LM head) and the turn at the bottom of
+//     the V (stage pp-1's chunk 0 to its chunk 1) is no transfer. The order
+//     is again a lock-step run of rules, over chunk-sized ticks: B if one
+//     has its gradient, W if a limit of them wait, F if its input has
+//     arrived and its chunk holds fewer than its share of 2pp activations
+//     (1F1B's memory: pp micro-batches of a whole stage; chunk 1's first),
+//     a waiting W. A few variants of the rules (the two chunks' shares, the
+//     W limit, which chunk's B goes first, how far chunk 0's forwards may
+//     run ahead of chunk 1's) are run and the shortest kept. With F, B and
+//     W of a chunk taking one tick each the stage is busy 6m ticks and the
+//     bubble is pp - 1 ticks, (pp-1)/(6m) of the step: half of ZB-H1's at
+//     the same memory, with twice the pipeline transfers. That is exact
+//     when m is a multiple of pp; otherwise the rules lose a few ticks more.
 //
 // When the transfers happen is planned once (make_pipe_schedule) by running
 // the compute orders in lock step: at each tick every stage does its next op
@@ -43,13 +59,21 @@
 // A message between virtual stages: the activation leaving virtual stage v
 // (grad = false, to v + 1) or the gradient of v's input (grad = true, to v - 1).
 // The order of the compute ops: 1F1B or interleaved (by V), or zero-bubble.
-enum class PipeOrder { standard, zb_h1 };
-// "1f1b", "interleaved" (by vpp) or "zb-h1".
+enum class PipeOrder { standard, zb_h1, zbv };
+// "1f1b", "interleaved" (by vpp), "zb-h1" or "zbv".
 const char* pipe_order_name(PipeOrder o, int vpp);
 // --pp-schedule NAME with --vpp vpp ("": 1F1B or interleaved by vpp); false
 // with *err naming the flag when they disagree (1f1b with vpp > 1,
-// interleaved without it).
+// interleaved without it, zbv with vpp other than 1 or 2).
 bool pipe_order_of(const std::string& name, int vpp, PipeOrder* o, std::string* err);
+// The chunks per stage an order runs: zbv 2, the others vpp.
+int pipe_chunks_per_stage(PipeOrder o, int vpp);
+// Which virtual stage is chunk k of stage s: k·pp + s (1F1B, interleaved,
+// ZB-H1), or the V of ZBV (s, then 2pp-1-s).
+int pipe_virtual_stage(PipeOrder o, int pp, int k, int s);
+// The stage of virtual stage v, and its chunk index there.
+int pipe_stage_of(PipeOrder o, int pp, int v);
+int pipe_chunk_of(PipeOrder o, int pp, int v);
 
 struct PipeMsg {
     int mb, v;
@@ -79,7 +103,11 @@ struct PipeAction {
 struct PipeSchedule {
     int pp = 1, vpp = 1, m = 1;
     PipeOrder order = PipeOrder::standard;
-    bool split() const { return order == PipeOrder::zb_h1; }  // backwards as B then W
+    bool split() const { return order != PipeOrder::standard; }  // backwards as B then W
+    int virtual_stage(int k, int s) const { return pipe_virtual_stage(order, pp, k, s); }
+    int stage_of(int v) const { return pipe_stage_of(order, pp, v); }
+    int chunk_of(int v) const { return pipe_chunk_of(order, pp, v); }
+    int head_stage() const { return stage_of(pp * vpp - 1); }  // the stage of the LM head
     std::vector<std::vector<PipeAction>> stages;  // [stage] actions in program order
     std::vector<std::vector<int>> slots;          // [stage][chunk] activation slots (micro-batches in flight)
     std::vector<int> recv_bufs;                   // [stage] receive buffers needed at once
@@ -93,7 +121,7 @@ bool pipe_layout_ok(int L, int pp, int vpp, int m, std::string* err, PipeOrder o
 
 // The schedule of pp stages, vpp chunks per stage and m micro-batches.
 // Throws std::invalid_argument naming the flag when they do not fit
-// (m < pp names -d; V > 1 needs m % pp == 0 and pp > 1; ZB-H1 V = 1).
+// (m < pp names -d; V > 1 needs m % pp == 0 and pp > 1; ZB-H1 V = 1, ZBV V = 2).
 PipeSchedule make_pipe_schedule(int pp, int vpp, int m, PipeOrder order = PipeOrder::standard);
 // The same, made once per (pp, vpp, m, order) and shared (the planner sizes
 // many ranks of many layouts).
@@ -109,6 +137,7 @@ std::vector<PipeAction> pipe_compute_order(int pp, int vpp, int m, int s, PipeOr
 // used by tests to check the bubble formulas.
 double simulate_pipe_time(const PipeSchedule& s, double tf, double tb, std::vector<double>* busy, double tw = 0);
 // The bubble over the busy time when F, B and W take the same time (an
-// unsplit backward twice a forward): (pp-1)/(m·V), ZB-H1 (pp-1)/(3m).
+// unsplit backward twice a forward): (pp-1)/(m·V), ZB-H1 (pp-1)/(3m),
+// ZBV (pp-1)/(6m).
 double pipe_bubble_formula(int pp, int vpp, int m, PipeOrder order);
 

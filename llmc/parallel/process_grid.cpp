@@ -43,8 +43,12 @@ std::vector<GroupSpec> group_specs(const Layout& l, int r) {
     g.push_back({"tp", (p.pp * dp + p.dp) * cp + p.cp, p.tp, tp});
     g.push_back({"dpcp", p.pp * tp + p.tp, p.dp * cp + p.cp, dp * cp});
     g.push_back({"pp", in_stage, p.pp, pp});
-    const bool end_stage = p.pp == 0 || p.pp == pp - 1;
-    g.push_back({"embed", end_stage ? in_stage : -1, p.pp == pp - 1 && pp > 1 ? 1 : 0, pp > 1 ? 2 : 1});
+    // The stages of the first and the last virtual stage (tied wte): stage 0
+    // and the last, or stage 0 alone under ZBV (its V ends where it starts).
+    const int head_stage = pipe_stage_of(l.pp_order, pp, pp * pipe_chunks_per_stage(l.pp_order, l.vpp) - 1);
+    const bool end_stage = p.pp == 0 || p.pp == head_stage;
+    g.push_back({"embed", end_stage ? in_stage : -1, p.pp == head_stage && head_stage > 0 ? 1 : 0,
+                 head_stage > 0 ? 2 : 1});
     if (l.cp_hybrid()) {  // the cp group's a2a groups and rings
         const int n = l.cp_a2a, cp_color = (p.pp * dp + p.dp) * tp + p.tp, groups = cp / n;
         g.push_back({"cp_a2a", cp_color * groups + p.cp / n, p.cp % n, n});

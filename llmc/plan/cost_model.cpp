@@ -254,7 +254,7 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
         double comp = blocks * blk_compute + accumulate(stage_params[s]), tpc = blocks * blk_tp, cpc = blocks * blk_cp;
         const double epc = blocks * blk_ep;
         if (s == 0) comp += emb;
-        if (s == l.pp - 1) comp += head;
+        if (s == pipe_stage_of(l.pp_order, l.pp, l.pp * l.vpp - 1)) comp += head;  // (ZBV: stage 0)
         if (comp + tpc + cpc + epc > t_max)
             t_max = comp + tpc + cpc + epc, c_max = comp, tp_max = tpc, cp_max = cpc, ep_max = epc;
     }
@@ -280,13 +280,18 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     k.ep = m * ep_max;
     // The bubble: (pp-1)/V of a micro-batch's stage time; ZB-H1 (pp-1) times
     // F + B - W, the stage time less twice its W (the blocks' weight-gradient
-    // products), which fill the cool-down (llmc/parallel/pipeline_schedule.h).
+    // products), which fill the cool-down; ZBV the same of a chunk, half a
+    // stage (llmc/parallel/pipeline_schedule.h).
     k.bubble = l.pp > 1 ? (l.pp - 1) / V * t_max : 0;
-    if (l.pp > 1 && l.pp_order == PipeOrder::zb_h1)
-        k.bubble = (l.pp - 1) * std::max(0.0, t_max - 2 * blocks * block_gemms(true, -1, true));
+    const double f_b_w = std::max(0.0, t_max - 2 * blocks * block_gemms(true, -1, true));
+    if (l.pp > 1 && l.pp_order == PipeOrder::zb_h1) k.bubble = (l.pp - 1) * f_b_w;
+    if (l.pp > 1 && l.pp_order == PipeOrder::zbv) k.bubble = (l.pp - 1) * f_b_w / 2;
     if (l.pp > 1) {
         const double hop = p2p(Ns * C * a_, lpp);
-        k.pp = 2 * (l.pp * V - 1) * hop + (1 - ov_) * 2 * m * V * hop;  // fill and drain; and every transfer without overlap
+        // Fill and drain (ZBV's turn of the V is no transfer); and every
+        // transfer without overlap.
+        const int hops = l.pp * (int)V - 1 - (l.pp_order == PipeOrder::zbv ? 1 : 0);
+        k.pp = 2 * hops * hop + (1 - ov_) * 2 * m * V * hop;
     }
     // dp: the gradients of the stage over dp x cp, overlapped with the
     // backward as the runtime does it; under expert parallelism the experts'

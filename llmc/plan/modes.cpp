@@ -136,6 +136,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         else if (cfg.cp_impl != "hybrid" || cfg.cp_a2a <= 1)
             ok = cp_a2a_of(cfg.cp_impl, b.world, cfg.cp_a2a, &b.cp_a2a, &err);
         ok = ok && pipe_order_of(cfg.pp_schedule, cfg.vpp, &b.pp_order, &err);
+        if (ok) b.vpp = pipe_chunks_per_stage(b.pp_order, b.vpp);
         r.fix_pp_schedule = parser.given("pp-schedule");
         ok = ok && (dist_world_rank() != 0 || run_planner(mc, r, &err));
     }

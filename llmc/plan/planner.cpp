@@ -191,7 +191,7 @@ void print_row(const Planned& p, int i, const char* mark) {
     const std::string ep = l.ep > 1 ? " ep " + std::to_string(l.ep) : "", ep_ms = l.ep > 1 ? " ep " + fixed(k.ep * 1e3, 1) : "";
     std::printf("%3d  pp %-2d vpp %d%s dp %-4d cp %-2d%s tp %-2d sp %d z%d B %-3d %-9s%s %10s %s %9.1f %12.0f %7.1f %5.1f%%"
                 "  | comp %.1f tp %.1f cp %.1f pp %.1f dp %.1f bubble %.1f opt %.1f%s\n",
-                i, l.pp, l.vpp, l.pp_order == PipeOrder::zb_h1 ? "z" : " ", l.dp(), l.cp, cp_impl_mark(l), l.tp, l.sp,
+                i, l.pp, l.vpp, l.pp_order == PipeOrder::zb_h1 ? "z" : l.pp_order == PipeOrder::zbv ? "v" : " ", l.dp(), l.cp, cp_impl_mark(l), l.tp, l.sp,
                 l.zero, l.B, recompute_name(l.recompute), ep.c_str(), gib((double)p.max_bytes).c_str(), mark, k.step * 1e3, p.tokens_per_s, p.tflops / 1e12,
                 100 * p.mfu, k.compute * 1e3, k.tp * 1e3, k.cp * 1e3, k.pp * 1e3, k.dp * 1e3, k.bubble * 1e3,
                 k.optimizer * 1e3, ep_ms.c_str());
@@ -214,8 +214,8 @@ static void print_launch(const Planned& w, const PlanRequest& r) {
     if (l.cp_hybrid()) cmd += " --cp-impl hybrid --cp-a2a " + std::to_string(l.cp_a2a);
     else if (l.cp > 1 && l.cp_a2a > 1) cmd += " --cp-impl a2a";
     if (l.pp > 1) cmd += " --pp " + std::to_string(l.pp);
-    if (l.vpp > 1) cmd += " --vpp " + std::to_string(l.vpp);
-    if (l.pp_order == PipeOrder::zb_h1) cmd += " --pp-schedule zb-h1";
+    if (l.vpp > 1 && l.pp_order != PipeOrder::zbv) cmd += " --vpp " + std::to_string(l.vpp);
+    if (l.pp_order != PipeOrder::standard) cmd += std::string(" --pp-schedule ") + pipe_order_name(l.pp_order, l.vpp);
     if (l.ep > 1) cmd += " --ep " + std::to_string(l.ep);
     if (l.recompute != Recompute::none) cmd += std::string(" -r ") + recompute_name(l.recompute);
     cmd += r.run_flags;
@@ -344,7 +344,8 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                                     for (int ep : ep_sizes(r, mc, dp))
                                     for (PipeOrder po : r.fix_pp_schedule ? std::vector<PipeOrder>{b.pp_order}
                                                                           : std::vector<PipeOrder>{PipeOrder::standard,
-                                                                                                   PipeOrder::zb_h1}) {
+                                                                                                   PipeOrder::zb_h1,
+                                                                                                   PipeOrder::zbv}) {
                                         Layout l = b;
                                         l.pp = pp, l.tp = tp, l.cp = cp, l.B = B, l.vpp = vpp, l.sp = sp, l.zero = zero;
                                         l.recompute = rc;
@@ -354,6 +355,7 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                                         std::string why_not;
                                         if (vpp > 1 && pp == 1) continue;
                                         if (po == PipeOrder::zb_h1 && (pp == 1 || vpp > 1)) continue;
+                                        if (po == PipeOrder::zbv && (pp == 1 || vpp != 2)) continue;
                                         if (sp && tp == 1) continue;
                                         if (!check_layout(&l, mc, &why_not)) continue;
                                         plans.push_back(plan_one(mc, l, r, proto, false));
@@ -395,7 +397,7 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
         for (const Planned& p : plans) fitting += p.fits;
         std::printf("%zu layouts, %zu fit in %s per device (less %s for the runtime); the best %d:\n", plans.size(),
                     fitting, gib(hw.mem_bytes).c_str(), gib(hw.reserve_bytes).c_str(), std::min<int>(r.top, (int)plans.size()));
-        std::printf("  #  layout (z: --pp-schedule zb-h1)                    memory    step ms     tokens/s  TFLOP/s   MFU"
+        std::printf("  #  layout (z, v: --pp-schedule zb-h1, zbv)            memory    step ms     tokens/s  TFLOP/s   MFU"
                     "  | ms per step\n");
         const Planned& w = plans.front();
         auto tie = [&](const Planned& p) { return p.fits && w.fits && p.tokens_per_s >= (1 - kPlanTieBand) * w.tokens_per_s; };

@@ -23,7 +23,8 @@
 //             InfiniBand otherwise; tp is blocking, the ring overlaps its
 //             transfers with the block's attention;
 //   pp        the bubble of the schedule, (pp-1)/(m·vpp) of the stage's
-//             time, and the transfers on the pipeline's fill and drain;
+//             time (ZB-H1: (pp-1)·(F+B-W) of a stage, ZBV of a chunk),
+//             and the transfers on the pipeline's fill and drain;
 //   ep        (Mixtral) the experts' all-to-all of the grouped rows, out
 //             and back, forward and backward, blocking, and the counts'
 //             all-gather before each forward's;

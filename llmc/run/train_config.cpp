@@ -95,10 +95,10 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "pp", O::Int, &c.pp, "pipeline stages (1F1B; L and -d micro-batches must fit)", 1, 1 << 16});
     p.add({0, "vpp", O::Int, &c.vpp, "model chunks per pipeline stage (interleaved 1F1B when > 1)", 1, 1 << 16});
     p.add({0, "pp-schedule", O::String, &c.pp_schedule,
-           "the pipeline's schedule: 1f1b, interleaved (with --vpp) or zb-h1 (zero bubble: each backward split into "
-           "its input's and its weights' gradients, the weights' filling the bubble; docs/parallelism.md); not "
-           "given: 1f1b, or interleaved with --vpp", 0, 0,
-           {"1f1b", "interleaved", "zb-h1"}});
+           "the pipeline's schedule: 1f1b, interleaved (with --vpp), zb-h1 (zero bubble: each backward split into "
+           "its input's and its weights' gradients, the weights' filling the bubble) or zbv (zero bubble over two "
+           "chunks per stage placed in a V; docs/parallelism.md); not given: 1f1b, or interleaved with --vpp",
+           0, 0, {"1f1b", "interleaved", "zb-h1", "zbv"}});
     p.add({0, "trace", O::String, &c.trace, "write a Chrome trace (Perfetto) of the run to this file"});
     p.add({0, "memory-budget", O::Double, &c.memory_budget, "MiB the backend may hold per rank (0: no cap)", 0, 1e12});
     p.add({0, "comm", O::String, &c.comm, "collectives: nccl (GPU default) or mpi (host; staged on GPUs)", 0, 0,
@@ -208,6 +208,7 @@ bool layout_from_flags(const TrainConfig& cfg, int world, Layout* lp, std::strin
     l.fp8 = cfg.fp8 != 0;
     l.fp8_history = cfg.fp8_history;
     if (!pipe_order_of(cfg.pp_schedule, cfg.vpp, &l.pp_order, err)) return false;
+    l.vpp = pipe_chunks_per_stage(l.pp_order, cfg.vpp);  // (zbv: two, in a V)
     if (cfg.fp8_history > 0 && !cfg.fp8) {
         *err = "flag --fp8-history: delayed scaling is for FP8 products (add --fp8 1)";
         return false;

@@ -30,7 +30,7 @@ RunInfo Trainer::run_info() const {
     r.T = cfg.T;
     r.world = lay.world;
     r.pp = lay.pp;
-    r.vpp = cfg.vpp;
+    r.vpp = lay.vpp;
     r.dp = lay.dp();
     r.cp = lay.cp;
     r.tp = lay.tp;
@@ -178,7 +178,10 @@ void Trainer::finish() {
         if (main_rank && lay.pp > 1 && !bubble.empty()) {
             std::printf("pipeline bubble (idle / busy, steps 2..%d, from the trace):", cfg.max_steps);
             for (size_t s = 0; s < bubble.size(); s++) std::printf(" stage %zu %.3f", s, bubble[s]);
-            std::printf("; formula %s = %.3f\n", lay.pp_order == PipeOrder::zb_h1 ? "(pp-1)/(3m)" : "(pp-1)/(m*vpp)",
+            std::printf("; formula %s = %.3f\n",
+                        lay.pp_order == PipeOrder::zb_h1 ? "(pp-1)/(3m)"
+                        : lay.pp_order == PipeOrder::zbv ? "(pp-1)/(6m)"
+                                                         : "(pp-1)/(m*vpp)",
                         s.pipe->bubble_formula());
         }
         bool ok = trace::finish(*grid.world, &err);

@@ -424,7 +424,7 @@ void Trainer::print_settings(const ArgParser& parser) {
                 config_string(mc).c_str(), s.model->table().file_params, s.model->table().params);
     if (lay.pp > 1)
         std::printf("pipeline: %d stages x %d chunk(s) of %d block(s), %s schedule, %d micro-batches per step\n",
-                    lay.pp, cfg.vpp, mc.num_layers / (lay.pp * cfg.vpp), pipe_order_name(lay.pp_order, cfg.vpp),
+                    lay.pp, lay.vpp, mc.num_layers / (lay.pp * lay.vpp), pipe_order_name(lay.pp_order, lay.vpp),
                     accum);
     if (!cfg.convert.empty() || cfg.max_steps == 0) {
         if (resume_step >= 0)

@@ -116,7 +116,7 @@ PendingStep Trainer::issue_step(int step) {
         if (mc.moe() && !figures && (lay.pp == 1 || mc.aux_coef > 0)) {
             p.aux = grid.dpcp_group->host_all_reduce(s.model->moe().take_aux_sum(), ReduceOp::Sum) /
                     (accum * grid.dpcp_group->size());
-            p.aux = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? p.aux : 0.0);
+            p.aux = s.pipe->sum_over_stages(grid.pp_rank == s.pipe->head_stage() ? p.aux : 0.0);
         }
         // The loss's verdict: on the host (bad), or on the device (--sync-free:
         // the optimizer step reads it there).
@@ -289,7 +289,7 @@ StepMetrics Trainer::finish_step(PendingStep& p, bool overlapped) {
 // max makes the verdict one even if it were not.
 double Trainer::step_loss(double loss, bool* bad) {
     loss = grid.dpcp_group->host_all_reduce(loss, ReduceOp::Sum) / (accum * grid.dpcp_group->size());
-    loss = s.pipe->sum_over_stages(grid.pp_rank == lay.pp - 1 ? loss : 0.0);
+    loss = s.pipe->sum_over_stages(grid.pp_rank == s.pipe->head_stage() ? loss : 0.0);
     double f[step_figure::count] = {};
     f[step_figure::loss] = loss, f[step_figure::loss_mean] = st.loss_mean, f[step_figure::loss_count] = st.loss_count;
     StepVerdict v;

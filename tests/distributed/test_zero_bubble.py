@@ -1,32 +1,39 @@
 #!/usr/bin/python3
-# tests/distributed/test_zero_bubble.py: the zero-bubble pipeline schedule
-# (--pp-schedule zb-h1, llmc/parallel/pipeline_schedule.h: each backward
-# split into B, the input's gradient, and W, the weights', GPT::BackwardPart)
-# on the CPU under mpirun, against independent truths:
+# tests/distributed/test_zero_bubble.py: the zero-bubble pipeline schedules
+# (--pp-schedule zb-h1 and zbv, llmc/parallel/pipeline_schedule.h: each
+# backward split into B, the input's gradient, and W, the weights',
+# GPT::BackwardPart; ZBV over two chunks per stage placed in a V) on the CPU
+# under mpirun, against independent truths:
 #   - equivalence: pp 2 and 4, pp 2 x dp 2 with ZeRO 0 and 1, pp 2 x cp 2
 #     (ring and all-to-all), pp 2 x tp 2 with and without sp, pp 2 x tp 2
 #     (sp) x dp 2 ZeRO 1, pp 2 with recompute full and selective, pp 2 x tp 2
-#     (sp) with recompute gelu for GPT-2; pp 2, pp 2 x dp 2 ZeRO 1 and pp 2 x tp 2
+#     (sp) with recompute gelu, pp 2 x dp 2 ZeRO 2 (and full recompute) and
+#     3 (selective recompute), pp 2 x tp 2 (sp) x dp 2 ZeRO 3 (W takes the
+#     norms' weight gradients) for GPT-2; pp 2, pp 2 x dp 2 ZeRO 1 and pp 2 x tp 2
 #     (sp) for Llama; pp 2 for Qwen2 (q, k, v biases); pp 2, pp 2 x ep 2,
 #     pp 2 x tp 2 and pp 2 with selective recompute for Mixtral (its
 #     experts' and router's weight gradients in W); with --fp8 1 pp 2,
 #     pp 2 x tp 2 (sp), pp 2 x cp 2 and delayed scaling (W at the amaxes B
-#     took): 10 steps of losses
-#     and the final weights equal one process (fp64 <= 1e-10; fp32 pp 2 <=
-#     1e-5);
-#   - bit for bit: zb-h1 and 1F1B in the same layout (pp 2; x dp 2 ZeRO 1;
-#     x tp 2 with sp) give the same losses and the same checkpoint bytes (the gradients accumulate in the same
+#     took); zbv: pp 2 and 4, pp 2 x dp 2 ZeRO 1, 2 and 3 (full recompute), pp 2 x tp 2 (sp), pp 2 x
+#     cp 2, pp 2 with recompute full, Llama pp 2 (untied head) and pp 2 x
+#     tp 2 (sp), Mixtral pp 2 and pp 2 x ep 2, --fp8 1 pp 2: 10 steps of
+#     losses and the final weights equal one process (fp64 <= 1e-10; fp32
+#     pp 2 <= 1e-5);
+#   - bit for bit: zb-h1 and 1F1B in the same layout (pp 2; x dp 2 ZeRO 1
+#     and 2; x tp 2 with sp) give the same losses and the same checkpoint bytes (the gradients accumulate in the same
 #     micro-batch order, B's norms and W's products alike);
-#   - checkpoints: saved under 1F1B, resumed under zb-h1 (pp 2 and pp 4),
-#     and saved under zb-h1, resumed in one process, with the uninterrupted
-#     run's losses;
+#   - checkpoints: saved under 1F1B, resumed under zb-h1 (pp 2 and pp 4)
+#     and zbv (pp 2), and saved under zb-h1 and zbv, resumed in one
+#     process, with the uninterrupted run's losses;
 #   - the planner: --plan eval's memory line equals the run's (zb-h1 holds
 #     the W's waiting micro-batches and their output gradients), its bubble
 #     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
-#     zb-h1 in its launch line where its cost model says it wins;
-#   - errors: zb-h1 with a Mixtral under full recompute, ZeRO 2 and 3, --vpp,
+#     zb-h1 in its launch line where its cost model says it wins; zbv the
+#     same (memory; bubble below zb-h1's; a search with --pp 3 --vpp 2);
+#   - errors: zb-h1 with a Mixtral under full recompute, --vpp,
 #     one stage, an unknown schedule, 1f1b with --vpp and interleaved
-#     without it: one line naming --pp-schedule, every rank exits.
+#     without it; zbv with a Mixtral under full recompute, --vpp 3, one stage, blocks that do not
+#     split into 2pp chunks: one line naming the flag, every rank exits.
 # The schedule itself (order, slots, the bubble on a cost model) is checked
 # in tests/unit/test_pipeline_schedule.cpp, the split backward against the
 # whole one in tests/unit/test_split_backward.cpp.
@@ -46,7 +53,9 @@ GPT = f"L={L},C={C},NH={NH},V={V},Vp={V},T=64"
 LLAMA = f"arch=llama,L={L},C={C},NH={NH},NKV=2,F=48,V={V},T=64"
 QWEN = f"arch=qwen2,L={L},C={C},NH={NH},NKV=2,F=48,V={V},T=64"
 MIX = f"arch=mixtral,L={L},C=48,NH={NH},NKV=2,F=40,E=4,K=2,V={V},T=64,aux=0.05"
+GPT8 = f"L=8,C={C},NH={NH},V={V},Vp={V},T=64"
 ZB = ["--pp-schedule", "zb-h1"]
+ZV = ["--pp-schedule", "zbv"]
 check = Checks()
 DATA = None
 
@@ -63,6 +72,9 @@ def test_equivalence(tmp):
         (4, pp + ["2", "--cp", "2"] + ZB), (4, pp + ["2", "--cp", "2", "--cp-impl", "a2a"] + ZB),
         (4, pp + ["2", "--tp", "2"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZB),
         (8, pp + ["2", "--tp", "2", "--sp", "1", "-z", "1"] + ZB), (2, pp + ["2", "-r", "full"] + ZB),
+        (4, pp + ["2", "-z", "2"] + ZB), (4, pp + ["2", "-z", "3", "-r", "selective"] + ZB),
+        (4, pp + ["2", "-z", "2", "-r", "full"] + ZB),
+        (8, pp + ["2", "--tp", "2", "--sp", "1", "-z", "3"] + ZB),
         (2, pp + ["2", "-r", "selective"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1", "-r", "gelu"] + ZB)])
     equivalence(check, tmp, "fp64", base("fp64", model=LLAMA), ["-b", "16"],
                 [(2, pp + ["2"] + ZB), (4, pp + ["2", "-z", "1"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZB)])
@@ -79,11 +91,24 @@ def test_equivalence(tmp):
                 [(2, pp + ["2"] + ZB), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZB), (4, pp + ["2", "--cp", "2"] + ZB)])
     equivalence(check, tmp, "fp64", base("fp64") + ["--fp8", "1", "--fp8-history", "2"], ["-b", "2"],
                 [(2, pp + ["2"] + ZB)])
+    # ZBV: stage 0 holds the first and the last chunk (one copy of the tied
+    # embeddings), the turn of the V is a copy on the last stage.
+    equivalence(check, tmp, "fp64", base("fp64"), ["-b", "16"], [
+        (2, pp + ["2"] + ZV), (4, pp + ["2", "-z", "1"] + ZV), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZV),
+        (4, pp + ["2", "--cp", "2"] + ZV), (2, pp + ["2", "-r", "full"] + ZV), (4, pp + ["2", "-z", "2"] + ZV),
+        (4, pp + ["2", "-z", "3", "-r", "full"] + ZV)])
+    equivalence(check, tmp, "fp64", base("fp64", model=GPT8), ["-b", "16"], [(4, pp + ["4"] + ZV)])
+    equivalence(check, tmp, "fp64", base("fp64", model=LLAMA), ["-b", "16"],
+                [(2, pp + ["2"] + ZV), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZV)])
+    equivalence(check, tmp, "fp64", base("fp64", model=MIX), ["-b", "2"],
+                [(2, pp + ["2"] + ZV), (4, pp + ["2", "--ep", "2"] + ZV)])
+    equivalence(check, tmp, "fp64", base("fp64") + ["--fp8", "1"], ["-b", "2"], [(2, pp + ["2"] + ZV)])
 
 
 def test_bitwise(tmp):
     """zb-h1 against 1F1B in the same layout: the same bytes."""
-    for np_, extra in ((2, ["--pp", "2"]), (4, ["--pp", "2", "-z", "1"]), (4, ["--pp", "2", "--tp", "2", "--sp", "1"])):
+    for np_, extra in ((2, ["--pp", "2"]), (4, ["--pp", "2", "-z", "1"]), (4, ["--pp", "2", "--tp", "2", "--sp", "1"]),
+                       (4, ["--pp", "2", "-z", "2"])):
         runs = []
         for sched in ("1f1b", "zb-h1"):
             d = os.path.join(tmp, f"bits_{np_}_{sched}")
@@ -105,45 +130,64 @@ def test_bitwise(tmp):
 
 def test_checkpoints(tmp):
     resume_check(check, tmp, base("fp64"), ["-b", "16"], (2, ["-b", "2", "--pp", "2"]),
-                 ((2, ["-b", "2", "--pp", "2"] + ZB), (4, ["-b", "2", "--pp", "4"] + ZB)))
-    back = os.path.join(tmp, "from_zb")
-    os.makedirs(back)
-    resume_check(check, back, base("fp64"), ["-b", "16"], (2, ["-b", "2", "--pp", "2"] + ZB), ((0, ["-b", "16"]),))
+                 ((2, ["-b", "2", "--pp", "2"] + ZB), (4, ["-b", "2", "--pp", "4"] + ZB), (2, ["-b", "2", "--pp", "2"] + ZV)))
+    for name, sched in (("from_zb", ZB), ("from_zbv", ZV)):
+        back = os.path.join(tmp, name)
+        os.makedirs(back)
+        resume_check(check, back, base("fp64"), ["-b", "16"], (2, ["-b", "2", "--pp", "2"] + sched), ((0, ["-b", "16"]),))
 
 
 def test_planner(tmp):
-    run_b, plan_b, err = plan_memory(2, base("fp32", 1) + ["-b", "2", "--pp", "2"] + ZB)
-    ok = run_b is not None and run_b == plan_b
-    check(ok, f"zb-h1 pp 2: the plan's bytes {plan_b} equal the run's {run_b} {err}")
-    if ok:
-        print(f"  plan eval --pp 2 --pp-schedule zb-h1: {plan_b} bytes on rank 0, as the run")
-    # The bubble on an H100 profile: zb-h1's below 1F1B's.
-    bubbles = {}
-    for sched in ("1f1b", "zb-h1"):
-        rc, out, err = train(0, ["--plan", "eval", "-e", "d12", "--world", "8", "--pp", "4", "-b", "4", "-t", "1024",
-                                 "-d", str(32 * 4 * 1024 * 2), "--hardware", "h100-sxm", "--pp-schedule", sched])
+    for sched in ("zb-h1", "zbv"):
+        run_b, plan_b, err = plan_memory(2, base("fp32", 1) + ["-b", "2", "--pp", "2", "--pp-schedule", sched])
+        ok = run_b is not None and run_b == plan_b
+        check(ok, f"{sched} pp 2: the plan's bytes {plan_b} equal the run's {run_b} {err}")
+        if ok:
+            print(f"  plan eval --pp 2 --pp-schedule {sched}: {plan_b} bytes on rank 0, as the run")
+    # The bubble on an H100 profile: zb-h1's below 1F1B's (pp 4); ZBV's
+    # (d12's 12 blocks in 6 chunks: pp 3) half of zb-h1's and under it.
+    b4 = planned_bubbles(4, ("1f1b", "zb-h1"))
+    if len(b4) == 2:
+        check(b4["zb-h1"] < b4["1f1b"], f"the planned bubble, pp 4: {b4}")
+    b3 = planned_bubbles(3, ("1f1b", "zb-h1", "zbv"))
+    if len(b3) == 3:
+        check(b3["zbv"] < b3["zb-h1"] < b3["1f1b"], f"the planned bubble, pp 3: {b3}")
+    # A search picks the zero-bubble schedule its cost model prefers, and
+    # names it: zb-h1 with --pp 4, zbv with two chunks per stage (--vpp 2).
+    for world, fixed, want in ((8, ["--pp", "4"], "zb-h1"), (6, ["--pp", "3", "--vpp", "2"], "zbv")):
+        rc, out, err = train(0, ["--plan", "search", "-e", "d12", "--world", str(world), "--tp", "1", "-t", "1024",
+                                 "-d", str(world * 4 * 1024), "--hardware", "h100-sxm", "-r", "none", "-z", "1"] + fixed)
+        launch = re.search(r"launch: (.*)", out)
+        check(rc == 0 and launch and f"--pp-schedule {want}" in launch.group(1) and "--vpp" not in launch.group(1),
+              f"a search with {' '.join(fixed)} picks {want} and names it: {launch and launch.group(1)} {err[-300:]}")
+
+
+def planned_bubbles(pp, schedules):
+    """--plan eval's bubble (ms) of d12 over pp stages of 2 dp ranks on an H100 profile, per schedule."""
+    got = {}
+    for sched in schedules:
+        rc, out, err = train(0, ["--plan", "eval", "-e", "d12", "--world", str(2 * pp), "--pp", str(pp), "-b", "4",
+                                 "-t", "1024", "-d", str(32 * pp * 1024 * 2), "--hardware", "h100-sxm",
+                                 "--pp-schedule", sched])
         mo = re.search(r"bubble ([0-9.]+)", out)
-        if check(rc == 0 and mo, f"plan eval --pp-schedule {sched}: {err[-300:]} {out[-300:]}"):
-            bubbles[sched] = float(mo.group(1))
-    if len(bubbles) == 2:
-        check(bubbles["zb-h1"] < bubbles["1f1b"], f"the planned bubble: zb-h1 {bubbles['zb-h1']} ms under 1F1B's "
-              f"{bubbles['1f1b']} ms")
-        print(f"  planned bubble, d12 pp 4 on h100-sxm: 1f1b {bubbles['1f1b']} ms, zb-h1 {bubbles['zb-h1']} ms")
-    rc, out, err = train(0, ["--plan", "search", "-e", "d12", "--world", "8", "--pp", "4", "--tp", "1", "-t", "1024",
-                             "-d", str(32 * 1024), "--hardware", "h100-sxm", "-r", "none", "-z", "1"])
-    launch = re.search(r"launch: (.*)", out)
-    check(rc == 0 and launch and "--pp-schedule zb-h1" in launch.group(1),
-          f"a search with --pp 4 picks zb-h1 and names it: {launch and launch.group(1)} {err[-300:]}")
+        if check(rc == 0 and mo, f"plan eval --pp {pp} --pp-schedule {sched}: {err[-300:]} {out[-300:]}"):
+            got[sched] = float(mo.group(1))
+    print(f"  planned bubble, d12 pp {pp} on h100-sxm: {got} ms")
+    return got
 
 
 def test_errors():
     refusals(check, [(2, MIX, ["--pp", "2", "-r", "full"] + ZB, ("--pp-schedule", "mixtral", "-r full")),
-                     (4, GPT, ["--pp", "2", "-z", "2"] + ZB, ("--pp-schedule", "-z 2")),
+
                      (2, GPT, ["--pp", "2", "--vpp", "2"] + ZB, ("--pp-schedule", "--vpp")),
                      (1, GPT, ZB, ("--pp-schedule", "--pp > 1")),
                      (2, GPT, ["--pp", "2", "--pp-schedule", "zbx"], "--pp-schedule"),
                      (2, GPT, ["--pp", "2", "--vpp", "2", "--pp-schedule", "1f1b"], "--pp-schedule"),
-                     (2, GPT, ["--pp", "2", "--pp-schedule", "interleaved"], "--pp-schedule")],
+                     (2, GPT, ["--pp", "2", "--pp-schedule", "interleaved"], "--pp-schedule"),
+                     (2, MIX, ["--pp", "2", "-r", "full"] + ZV, ("--pp-schedule", "zbv", "mixtral")),
+                     (2, GPT, ["--pp", "2", "--vpp", "3"] + ZV, "--vpp"),
+                     (1, GPT, ZV, ("--pp-schedule", "--pp > 1")),
+                     (2, GPT.replace("L=4", "L=6"), ["--pp", "2"] + ZV, ("--pp-schedule", "4 model chunks"))],
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", str(T), "-x", "1", "-s", "0", "-b", "2", "-d",
                             "256"])
 

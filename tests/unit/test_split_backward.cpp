@@ -8,7 +8,10 @@
 // Llama, Qwen2 (q, k, v biases) and Mixtral (experts, router, aux loss)
 // blocks in fp64, fp32 and bf16, with the last micro-step told to B and W
 // alike, under every recompute mode (gelu, selective, full: B keeps what it
-// recomputed for W) and with --fp8 1 (B keeps the amaxes it took for W).
+// recomputed for W), with --fp8 1 (B keeps the amaxes it took for W) and
+// under ZeRO 2 and 3 (a block's gradient buffer handed out per backward:
+// W takes the norms' weight gradients from the output gradients B kept,
+// and under full recompute from the norms' inputs B kept).
 // The comparison can fail: leaving out one W changes the gradients. What
 // the split does not support yet (a Mixtral under full recompute) is
 // refused.
@@ -21,7 +24,9 @@
 
 #include "llmc/backend/backends.h"
 #include "llmc/base/rng.h"
+#include "llmc/comm/comm_local.h"
 #include "llmc/model/gpt.h"
+#include "llmc/parallel/data_parallel.h"
 #include "tests/lib/check.h"
 
 namespace {
@@ -43,16 +48,22 @@ Batch batch(uint64_t seed) {
 // One step's gradients after the ops in `order` ("F0", "B1", "W0", "A1":
 // forward, B, W and the whole backward of micro-batch 0 or 1, each in its
 // own slot), as doubles.
+// zero: the ZeRO stage of a data-parallel group of one (its gradient
+// buffers handed out per backward from stage 2).
 std::vector<double> grads(Backend* be, const GPTConfig& c, const std::string& order, bool split,
-                          Recompute rc = Recompute::none, bool fp8 = false) {
+                          Recompute rc = Recompute::none, bool fp8 = false, int zero = 0) {
     ModelOptions o(B, T);
     o.recompute = rc;
     o.fp8 = fp8;
+    o.sharding = Sharding::for_zero(zero, 1, 0, 1, 0);
     ModelChunk ch;
     ch.layers = c.num_layers, ch.embed = ch.head = true, ch.slots = 2;
     o.chunks = {ch};
     o.split_backward = split;
     GPT model(be, c, o);
+    LocalComm one("dp", *be);
+    std::unique_ptr<DataParallel> dp;
+    if (zero) dp.reset(new DataParallel(model, one, zero));
     model.init_random(5);
     model.zero_grad();
     const Batch mb[2] = {batch(11), batch(12)};
@@ -66,6 +77,7 @@ std::vector<double> grads(Backend* be, const GPTConfig& c, const std::string& or
         if (op == 'B') model.backward_chunk(0, k, nullptr, last, Part::input);
         if (op == 'W') model.backward_chunk(0, k, nullptr, last, Part::weights);
     }
+    if (dp) dp->finish_reductions();
     const size_t n = model.table().total;
     std::vector<double> g(n);
     be->download(g.data(), DType::F64, model.grads(), model.precision().grad, n);
@@ -109,6 +121,19 @@ int main() {
                 CHECK(same(grads(be.get(), c, "F0 F1 B0 B1 W0 W1", true, Recompute::none, true), w8),
                       "%s %s --fp8: B then W", spec, dtype);
                 CHECK(!same(w8, whole), "%s %s --fp8 changed nothing", spec, dtype);
+            }
+            for (int zero : {2, 3}) {  // W takes the norms' weight gradients (under full recompute from B's copies)
+                const std::vector<double> wz = grads(be.get(), c, "F0 A0 F1 A1", false, Recompute::none, false, zero);
+                CHECK(same(grads(be.get(), c, "F0 F1 B0 B1 W0 W1", true, Recompute::none, false, zero), wz) &&
+                          same(grads(be.get(), c, "F0 B0 F1 W0 B1 W1", true, Recompute::none, false, zero), wz),
+                      "%s %s ZeRO %d: B then W", spec, dtype, zero);
+                if (!c.moe()) {
+                    const std::vector<double> wf = grads(be.get(), c, "F0 A0 F1 A1", false, Recompute::full, false, zero);
+                    CHECK(same(grads(be.get(), c, "F0 F1 B0 B1 W0 W1", true, Recompute::full, false, zero), wf),
+                          "%s %s ZeRO %d recompute full: B then W", spec, dtype, zero);
+                }
+                CHECK(!same(grads(be.get(), c, "F0 F1 B0 B1 W0", true, Recompute::none, false, zero), wz),
+                      "%s %s ZeRO %d: leaving out W1 changed nothing", spec, dtype, zero);
             }
             if (std::string(dtype) == "bf16") continue;
             for (Recompute rc : {Recompute::gelu, Recompute::selective, Recompute::full}) {
