@@ -78,6 +78,7 @@ struct GPT::Acts {
     // recompute also the norms' inputs B recomputed: x2 [Ns,C] and the
     // statistics [4][Ns] (ln1 mean, rstd, ln2 mean, rstd)
     void *g_dln1 = nullptr, *g_dln2 = nullptr, *norm_discard = nullptr, *g_x2 = nullptr, *g_stats = nullptr;
+    void* g_xg = nullptr;  // Mixtral under full recompute: the experts' input rows [R,C] (W's, recomputed by B)
 };
 
 // Block l's slices of the activations, for N tokens (Ns in the residual
@@ -94,4 +95,6 @@ struct GPT::LayerActs {
     void *g_dln1, *g_dln2;               // split_backward, ZeRO 2 and 3: the norms' output gradients from B
     void *g_x2, *g_stats;                // ... under full recompute: the norms' inputs B recomputed (else null)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)
+    size_t slot_index;  // the layer-slot, kept or not (a split backward's W under full recompute)
+    void* g_xg;         // split_backward, Mixtral under full recompute: the experts' input rows B recomputed
 };

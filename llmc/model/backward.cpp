@@ -152,6 +152,10 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         // What the recompute mode did not keep, from what it kept.
         if (!a.keep_block) {
             block_forward(l, la, B, T, true);
+            if (input_only && la.g_xg) {  // Mixtral: W's expert input rows and row groups, recomputed here
+                be_->copy(la.g_xg, la.xg, (size_t)moe_expert_rows(la, N) * C * dtype_size(act));
+                moe_keep_routing(la);
+            }
             if (input_only && la.g_x2) {  // ZeRO 2 and 3: W's norm inputs, recomputed here
                 be_->copy(la.g_x2, la.x2, (size_t)Ns * C * dtype_size(act));
                 const void* stats[4] = {la.ln1_mean, la.ln1_rstd, la.ln2_mean, la.ln2_rstd};

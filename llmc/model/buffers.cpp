@@ -192,11 +192,9 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         // ones' gathered inputs (so W issues no collective), under recompute
         // what B recomputed into the block's scratch; and their output
         // gradients, kept here. What the split does not keep yet is refused.
-        // (A Mixtral's fully recomputed routing lives in the block's scratch,
-        // gone by W.)
-        const char* why = nullptr;
-        if (cfg.moe() && !a.keep_block) why = "a Mixtral under full recompute";
-        if (why) throw std::invalid_argument(std::string("GPT: the split backward does not yet support ") + why);
+        // (A Mixtral's fully recomputed routing lives in the block's scratch:
+        // B keeps the experts' input rows, and the row groups on the host.)
+        if (cfg.moe() && !a.keep_block) a.g_xg = alloc_buffer(A, "w_input_experts", LS * R * C, act, true);
         a.g_qkv = alloc_buffer(A, "w_grad_qkv", LS * N * Wqkv, act, true);
         a.g_attproj = alloc_buffer(A, "w_grad_attproj", LS * N * C, act, true);
         a.g_fc = alloc_buffer(A, "w_grad_fc", LS * R * Fl, act, true);
@@ -471,6 +469,8 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_atty = a.g_atty ? act_layer(a.g_atty, i, N * Cl, act) : r.atty;  // W's inputs of the projections
     r.g_h = a.g_h ? act_layer(a.g_h, i, R * Hl, act) : r.h;
     r.index = kb ? (size_t)i : layer_slots_;
+    r.slot_index = (size_t)i;
+    r.g_xg = a.g_xg ? act_layer(a.g_xg, i, R * C, act) : nullptr;
     return r;
 }
 

@@ -361,6 +361,9 @@ class GPT {
     }
     // The rows the MoE block of layer-slot la's last forward gave its experts.
     int moe_expert_rows(const LayerActs& la, int N) const;
+    // A split backward under full recompute: the recomputed routing's host
+    // state (row groups, expert-parallel sizes) copied to the layer-slot's own for W.
+    void moe_keep_routing(const LayerActs& la);
     // Mixtral's MoE block (moe.cpp) in place of the MLP: its forward from
     // the (gathered) norm output xin into the row-parallel output buffer,
     // its backward into the column-parallel input gradient, and the

@@ -67,6 +67,11 @@ int GPT::moe_expert_rows(const LayerActs& la, int N) const {
     return ep_ ? (int)moe_.routes_[la.index].expert_rows : N * cfg_.top_k;
 }
 
+void GPT::moe_keep_routing(const LayerActs& la) {
+    moe_.offsets_[la.slot_index] = moe_.offsets_[la.index];
+    if (ep_) moe_.routes_[la.slot_index] = moe_.routes_[la.index];
+}
+
 void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
     const MoeRows r{a_->moe_logits, la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv,
                     la.xg,          la.fch,   la.h,    la.yg,   &moe_.offsets_[la.index], la.index};
@@ -118,10 +123,15 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     Acts& a = *a_;
     const int C = cfg_.channels, E = cfg_.experts, K = cfg_.top_k, Hl = table_.hidden;
     const DType act = prec_.act, pt = prec_.param, gt = prec_.grad;
-    const ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[la.index] : nullptr;
+    // W under full recompute reads the routing B kept for its layer-slot
+    // (moe_keep_routing) and the experts' input rows B copied.
+    const bool kept = part == BackwardPart::weights && la.g_xg;
+    const size_t index = kept ? la.slot_index : la.index;
+    const void* xg = kept ? la.g_xg : la.xg;
+    const ExpertParallelOps::Route* route = ep_ ? &moe_.routes_[index] : nullptr;
     // The groups from the host's copy of the offsets, or none (on the device).
     const std::vector<ExpertBlock> blocks =
-        moe_.on_device_ ? std::vector<ExpertBlock>() : expert_blocks(moe_.offsets_[la.index], route, table_.experts);
+        moe_.on_device_ ? std::vector<ExpertBlock>() : expert_blocks(moe_.offsets_[index], route, table_.experts);
     if (part != BackwardPart::all && moe_.on_device_)
         throw std::logic_error("moe_backward: a split backward reads the experts' row counts on the host");
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
@@ -136,7 +146,7 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
         for (const ExpertBlock& b : blocks)
             if (b.n > 0)
                 be_->matmul_backward(nullptr, elem_ptr(dw13, gt, (size_t)b.expert * 2 * Hl * C), nullptr,
-                                     elem_ptr(la.g_fc, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
+                                     elem_ptr(la.g_fc, act, b.row * 2 * Hl), elem_ptr(xg, act, b.row * C),
                                      elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl);
         be_->matmul_backward(nullptr, G(Param::moe_gate, l), nullptr, la.g_router, la.g_ln2, P(Param::moe_gate, l), N,
                              C, E);

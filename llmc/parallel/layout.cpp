@@ -129,17 +129,6 @@ bool check_layout(Layout* lp, const GPTConfig& c, std::string* err) {
     if (micro > 1000000000LL)
         return fail("flag -d: " + std::to_string(l.total_batch) + " tokens per step is " + std::to_string(micro) +
                     " micro-steps of B*T*dp = " + std::to_string(rows_per_micro * l.T) + " tokens (at most 1e9)");
-    // The zero-bubble schedules' split backward keeps each linear layer's
-    // output gradient for its W and reads the inputs where the forward left
-    // them or B kept them: what would have to be recomputed again (a
-    // Mixtral's routing and grouped rows under full recompute) is not split
-    // yet.
-    if (l.pp_order != PipeOrder::standard) {
-        const char* why = c.moe() && l.recompute == Recompute::full ? "arch=mixtral under -r full" : nullptr;
-        if (why)
-            return fail(std::string("flag --pp-schedule: ") + pipe_order_name(l.pp_order, l.vpp) +
-                        " does not run with " + why + " yet");
-    }
     if (!pipe_layout_ok(c.num_layers, l.pp, l.vpp, (int)micro, err, l.pp_order)) {
         // Too few micro-batches for the pipeline: say which -d gives 4 per
         // stage (bubble (pp-1)/(4·pp·vpp), under a fifth of the step).

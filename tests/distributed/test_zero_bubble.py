@@ -11,12 +11,14 @@
 #     3 (selective recompute), pp 2 x tp 2 (sp) x dp 2 ZeRO 3 (W takes the
 #     norms' weight gradients) for GPT-2; pp 2, pp 2 x dp 2 ZeRO 1 and pp 2 x tp 2
 #     (sp) for Llama; pp 2 for Qwen2 (q, k, v biases); pp 2, pp 2 x ep 2,
-#     pp 2 x tp 2 and pp 2 with selective recompute for Mixtral (its
-#     experts' and router's weight gradients in W); with --fp8 1 pp 2,
+#     pp 2 x tp 2, pp 2 with selective recompute, pp 2 x ep 2 and pp 2 x
+#     dp 2 ZeRO 2 with full recompute for Mixtral (its experts' and
+#     router's weight gradients in W; under full recompute from the rows and
+#     row groups B kept); with --fp8 1 pp 2,
 #     pp 2 x tp 2 (sp), pp 2 x cp 2 and delayed scaling (W at the amaxes B
 #     took); zbv: pp 2 and 4, pp 2 x dp 2 ZeRO 1, 2 and 3 (full recompute), pp 2 x tp 2 (sp), pp 2 x
 #     cp 2, pp 2 with recompute full, Llama pp 2 (untied head) and pp 2 x
-#     tp 2 (sp), Mixtral pp 2 and pp 2 x ep 2, --fp8 1 pp 2: 10 steps of
+#     tp 2 (sp), Mixtral pp 2, pp 2 x ep 2 and full recompute, --fp8 1 pp 2: 10 steps of
 #     losses and the final weights equal one process (fp64 <= 1e-10; fp32
 #     pp 2 <= 1e-5);
 #   - bit for bit: zb-h1 and 1F1B in the same layout (pp 2; x dp 2 ZeRO 1
@@ -30,9 +32,9 @@
 #     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
 #     zb-h1 in its launch line where its cost model says it wins; zbv the
 #     same (memory; bubble below zb-h1's; a search with --pp 3 --vpp 2);
-#   - errors: zb-h1 with a Mixtral under full recompute, --vpp,
+#   - errors: zb-h1 with --vpp,
 #     one stage, an unknown schedule, 1f1b with --vpp and interleaved
-#     without it; zbv with a Mixtral under full recompute, --vpp 3, one stage, blocks that do not
+#     without it; zbv with --vpp 3, one stage, blocks that do not
 #     split into 2pp chunks: one line naming the flag, every rank exits.
 # The schedule itself (order, slots, the bubble on a cost model) is checked
 # in tests/unit/test_pipeline_schedule.cpp, the split backward against the
@@ -83,7 +85,8 @@ def test_equivalence(tmp):
     # process runs the same micro-batches of 2 rows.)
     equivalence(check, tmp, "fp64", base("fp64", model=MIX), ["-b", "2"],
                 [(2, pp + ["2"] + ZB), (4, pp + ["2", "--ep", "2"] + ZB), (4, pp + ["2", "--tp", "2"] + ZB),
-                 (2, pp + ["2", "-r", "selective"] + ZB)])
+                 (2, pp + ["2", "-r", "selective"] + ZB), (4, pp + ["2", "--ep", "2", "-r", "full"] + ZB),
+                 (4, pp + ["2", "-z", "2", "-r", "full"] + ZB)])
     equivalence(check, tmp, "fp32", base("fp32"), ["-b", "16"], [(2, pp + ["2"] + ZB)])
     # --fp8 1 (each micro-batch's own amaxes: one process runs the same
     # micro-batches), current and delayed scaling.
@@ -101,7 +104,7 @@ def test_equivalence(tmp):
     equivalence(check, tmp, "fp64", base("fp64", model=LLAMA), ["-b", "16"],
                 [(2, pp + ["2"] + ZV), (4, pp + ["2", "--tp", "2", "--sp", "1"] + ZV)])
     equivalence(check, tmp, "fp64", base("fp64", model=MIX), ["-b", "2"],
-                [(2, pp + ["2"] + ZV), (4, pp + ["2", "--ep", "2"] + ZV)])
+                [(2, pp + ["2"] + ZV), (4, pp + ["2", "--ep", "2"] + ZV), (2, pp + ["2", "-r", "full"] + ZV)])
     equivalence(check, tmp, "fp64", base("fp64") + ["--fp8", "1"], ["-b", "2"], [(2, pp + ["2"] + ZV)])
 
 
@@ -177,14 +180,11 @@ def planned_bubbles(pp, schedules):
 
 
 def test_errors():
-    refusals(check, [(2, MIX, ["--pp", "2", "-r", "full"] + ZB, ("--pp-schedule", "mixtral", "-r full")),
-
-                     (2, GPT, ["--pp", "2", "--vpp", "2"] + ZB, ("--pp-schedule", "--vpp")),
+    refusals(check, [(2, GPT, ["--pp", "2", "--vpp", "2"] + ZB, ("--pp-schedule", "--vpp")),
                      (1, GPT, ZB, ("--pp-schedule", "--pp > 1")),
                      (2, GPT, ["--pp", "2", "--pp-schedule", "zbx"], "--pp-schedule"),
                      (2, GPT, ["--pp", "2", "--vpp", "2", "--pp-schedule", "1f1b"], "--pp-schedule"),
                      (2, GPT, ["--pp", "2", "--pp-schedule", "interleaved"], "--pp-schedule"),
-                     (2, MIX, ["--pp", "2", "-r", "full"] + ZV, ("--pp-schedule", "zbv", "mixtral")),
                      (2, GPT, ["--pp", "2", "--vpp", "3"] + ZV, "--vpp"),
                      (1, GPT, ZV, ("--pp-schedule", "--pp > 1")),
                      (2, GPT.replace("L=4", "L=6"), ["--pp", "2"] + ZV, ("--pp-schedule", "4 model chunks"))],
