@@ -280,6 +280,7 @@ e2e_tier() {
     tier "e2e: the trainer as a user runs it (tests/e2e)"
     run test_train "$PY" tests/e2e/test_train.py
     run test_defaults "$PY" tests/e2e/test_defaults.py
+    run test_cpu_threads "$PY" tests/e2e/test_cpu_threads.py
     run test_audit "$PY" tests/e2e/test_audit.py
     if [[ -z $HAVE_MPI ]]; then
         echo "(mpirun not found: test_memory and test_planner skipped; scripts/setup.sh installs Open MPI)"

@@ -325,6 +325,7 @@ class CpuBackend : public Backend {
 }  // namespace
 
 Backend* make_cpu_backend(DType dtype) {
+    cpu::blas_one_thread();
     if (dtype == DType::F32) return new CpuBackend<float>();
     if (dtype == DType::F64) return new CpuBackend<double>();
     throw std::invalid_argument(std::string("cpu backend: unsupported dtype ") + dtype_name(dtype));

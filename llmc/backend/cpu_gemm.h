@@ -9,6 +9,8 @@
 #include <cblas.h>
 #endif
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <vector>
@@ -16,17 +18,67 @@
 namespace cpu {
 
 #ifndef LLMC_NO_BLAS
-inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-                 int ldb, float beta, float* C, int ldc) {
+inline void blas_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                      int ldb, float beta, float* C, int ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                 lda, B, ldb, beta, C, ldc);
 }
-inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
-                 int ldb, double beta, double* C, int ldc) {
+inline void blas_gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
+                      int ldb, double beta, double* C, int ldc) {
     cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                 lda, B, ldb, beta, C, ldc);
 }
+
+// OpenBLAS on one thread: the threads are cpu::gemm's (below). Left to
+// itself OpenBLAS spreads a product over its threads, and with some of its
+// kernels the bits depend on how many. Its pthreads build obeys this; its
+// OpenMP build (which also sets OpenMP's thread count here: that is put
+// back) stays on one thread inside a parallel region, where cpu::gemm
+// makes every call.
+inline void blas_one_thread() {
+    const int threads = omp_get_max_threads();
+    openblas_set_num_threads(1);
+    omp_set_num_threads(threads);
+}
+
+// Blocks of C, each one single-threaded BLAS call, that the threads take
+// as they come free. Why: a thread that shares its core with another
+// process then does fewer blocks instead of holding every other thread at
+// the end of the product, and the thread count can change between steps
+// without changing a bit (the blocks depend on the shape alone). Rows of C
+// are cut when there are enough of them, else its columns; a small product
+// is one block. Every call is made inside a parallel region, one block
+// included: OpenBLAS built on OpenMP follows OpenMP's thread count outside
+// one (openblas_set_num_threads notwithstanding) and runs on the calling
+// thread alone inside.
+constexpr int kGemmBlock = 64;
+constexpr double kGemmSplitWork = 1 << 20;  // M·N·K below this: one block
+template <typename F>
+void gemm(bool ta, bool tb, int M, int N, int K, F alpha, const F* A, int lda, const F* B, int ldb, F beta, F* C,
+          int ldc) {
+    if (omp_in_parallel()) {  // (attention's tiles: already one thread's)
+        blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const bool split = (double)M * N * K >= kGemmSplitWork;
+    const bool by_rows = split && M >= 2 * kGemmBlock, by_cols = split && !by_rows && N >= 2 * kGemmBlock;
+    const int n = by_rows ? M : N, blocks = by_rows || by_cols ? (n + kGemmBlock - 1) / kGemmBlock : 1;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int b = 0; b < blocks; b++) {
+        if (blocks == 1) {
+            blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            continue;
+        }
+        const int o = b * kGemmBlock, w = std::min(kGemmBlock, n - o);
+        if (by_rows)
+            blas_gemm(ta, tb, w, N, K, alpha, ta ? A + o : A + (size_t)o * lda, lda, B, ldb, beta, C + (size_t)o * ldc,
+                      ldc);
+        else
+            blas_gemm(ta, tb, M, w, K, alpha, A, lda, tb ? B + (size_t)o * ldb : B + o, ldb, beta, C + o, ldc);
+    }
+}
 #else
+inline void blas_one_thread() {}
 // Without a BLAS (e.g. on a GPU machine whose image has none, where the CPU
 // backend serves tests and references at real sizes): a blocked product.
 // Each tile of C is owned by one thread; per block of KC inner elements the

@@ -101,4 +101,11 @@ bool matmul_tune() {
     return e && *e && std::string(e) != "0";
 }
 
+double cpu_others(int window) {
+    const char* e = std::getenv("LLMC_TEST_CPU_OTHERS");
+    if (!e || !*e) return -1.0;
+    for (const char* c; window > 0 && (c = std::strchr(e, ',')); window--) e = c + 1;
+    return std::atof(e);
+}
+
 }  // namespace test_hooks

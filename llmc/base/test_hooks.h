@@ -7,7 +7,8 @@
 // tests/distributed/test_sync_free.py (host reads),
 // tests/distributed/test_matmul_tune.py (stand-in matmul algorithms),
 // tests/e2e/test_supervise.py (a rank that dies once),
-// tests/distributed/test_stragglers.py (a slow rank).
+// tests/distributed/test_stragglers.py (a slow rank),
+// tests/e2e/test_cpu_threads.py (other processes' load).
 //
 //   LLMC_TEST_NAN_STEP=K[:R[:WHERE]] world rank R (default 0) poisons step K
 //                                   (from 0) with a NaN, so a bad step must be
@@ -60,6 +61,12 @@
 //                                   of Q, as cuBLASLt's (16) do, so the setup
 //                                   check of those widths runs without a GPU
 //                                   (tests/distributed/test_fp8.py)
+//   LLMC_TEST_CPU_OTHERS=X[,Y..]    the CPUs other processes used in the
+//                                   windows of the rank's thread count read
+//                                   as X, then Y, .. (the last one after),
+//                                   instead of /proc/stat's figure
+//                                   (tests/e2e/test_cpu_threads.py: the count
+//                                   follows the load down and back up)
 #pragma once
 #include <string>
 
@@ -96,5 +103,8 @@ int slow_rank_ms(int rank);
 bool fp8_local_amax();
 // The multiple the CPU backends' FP8 products claim to need (LLMC_TEST_FP8_ALIGN; 1: none).
 int fp8_align();
+// The other processes' CPUs to take instead of the measured ones in
+// window `window` (from 0) of llmc/run/cpu_threads.h (LLMC_TEST_CPU_OTHERS; < 0: none).
+double cpu_others(int window);
 
 }  // namespace test_hooks

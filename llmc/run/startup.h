@@ -65,5 +65,7 @@ std::string openmp_wait_text();
 // CPU threads: unless OMP_NUM_THREADS says otherwise, the ranks on a node
 // share its cores (every rank starting as many threads as the node has
 // cores runs several times slower), and no rank runs more threads than the
-// cores mpirun bound it to. Returns the line for the settings.
+// cores mpirun bound it to. Returns the line for the settings. During a
+// run the count may go lower while other processes use the cores
+// (llmc/run/cpu_threads.h).
 std::string choose_threads();

@@ -28,6 +28,7 @@
 #include "llmc/model/optimizer.h"
 #include "llmc/parallel/model_stack.h"
 #include "llmc/parallel/process_grid.h"
+#include "llmc/run/cpu_threads.h"
 #include "llmc/run/matmul_tune.h"
 #include "llmc/run/progress.h"
 #include "llmc/run/stragglers.h"
@@ -81,6 +82,7 @@ struct Trainer {
     RunProgress progress;
     MatmulTuning tuning;  // --matmul-tune
     StragglerWatch stragglers;  // --straggler-every
+    CpuThreads cpu_threads;     // the CPU backend's threads, following other processes' load
 
     // Setting up (trainer_setup.cpp).
     void setup(const ArgParser& parser);

@@ -2,6 +2,8 @@
 // flags against the world and the model, the backend, the process grid,
 // the data, the model and its parallel modes (counted first: the memory
 // check), the weights, the outputs.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
@@ -38,6 +40,7 @@ void Trainer::setup(const ArgParser& parser) {
                      cfg.checkpoint_every);
     be.reset(make_backend(cfg.device, cfg.dtype, dist_local_rank(), &err));
     setup_check(be != nullptr, err);
+    if (std::string(be->name()) == "cpu") cpu_threads.start(omp_get_max_threads(), dist_local_size());
     setup_check(cfg.optimizer_dtype != "fp32" || be->precision().opt == DType::F32,
                 "flag --optimizer-dtype: an fp64 run keeps AdamW's m and v in fp64 (auto) or bf16, not fp32");
     be->set_memory_budget((size_t)(cfg.memory_budget * 1024 * 1024));
@@ -406,6 +409,7 @@ void Trainer::print_settings(const ArgParser& parser) {
     for (const Option& o : parser.options())
         if (training_flag(o.name)) std::printf("| %-25s | %-48s |\n", o.name, option_value_string(o).c_str());
     std::printf("| %-25s | %-48s |\n", "threads per rank", threads.c_str());
+    std::printf("| %-25s | %-48s |\n", "threads follow the load", cpu_threads.text().c_str());
     std::printf("| %-25s | %-48s |\n", "OpenMP waits", openmp_wait_text().c_str());
     std::printf("+---------------------------+--------------------------------------------------+\n");
     const std::string cp_words = lay.cp_hybrid() ? " (hybrid: all-to-all over " + std::to_string(lay.cp_a2a) +

@@ -249,6 +249,8 @@ StepMetrics Trainer::finish_step(PendingStep& p, bool overlapped) {
         if (!comm_text.empty()) std::printf(" |%s", comm_text.c_str());
         std::printf("\n");
     }
+    const std::string threads_line = cpu_threads.after_step();
+    if (main_rank && !threads_line.empty()) std::printf("step %5d: %s\n", step + 1, threads_line.c_str());
     StragglerCheck sc;  // --straggler-every: a collective on the steps that close a window
     const double t_s = std::chrono::duration<double>(now.time_since_epoch()).count();
     if (stragglers.after_step(step, t_s, blocked_seconds(grid), *grid.world, &sc)) {
