@@ -62,14 +62,12 @@ void gemm(bool ta, bool tb, int M, int N, int K, F alpha, const F* A, int lda, c
     }
     const bool split = (double)M * N * K >= kGemmSplitWork;
     const bool by_rows = split && M >= 2 * kGemmBlock, by_cols = split && !by_rows && N >= 2 * kGemmBlock;
-    const int n = by_rows ? M : N, blocks = by_rows || by_cols ? (n + kGemmBlock - 1) / kGemmBlock : 1;
+    // Unsplit: one block of all N columns.
+    const int n = by_rows ? M : N, width = by_rows || by_cols ? kGemmBlock : std::max(1, N);
+    const int blocks = (n + width - 1) / width;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int b = 0; b < blocks; b++) {
-        if (blocks == 1) {
-            blas_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-            continue;
-        }
-        const int o = b * kGemmBlock, w = std::min(kGemmBlock, n - o);
+        const int o = b * width, w = std::min(width, n - o);
         if (by_rows)
             blas_gemm(ta, tb, w, N, K, alpha, ta ? A + o : A + (size_t)o * lda, lda, B, ldb, beta, C + (size_t)o * ldc,
                       ldc);

@@ -12,11 +12,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <sstream>
-#include <vector>
 
 #include "llmc/base/test_hooks.h"
 
@@ -47,9 +45,7 @@ void CpuThreads::start(int max_threads, int ranks) {
     CPU_ZERO(&set);
     if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
     cpus_ = CPU_COUNT(&set);
-    cpu_names_.clear();
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &set)) cpu_names_ += " " + std::to_string(c) + " ";
+    cpus_set_ = set;
     // Ranks bound to CPUs of their own (fewer than the node has) share
     // none with this one; unbound, they all run on every CPU.
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -75,7 +71,7 @@ bool CpuThreads::read(unsigned long long* busy, unsigned long long* all, unsigne
         unsigned long long v[8] = {};
         in >> cpu;
         for (auto& x : v) in >> x;
-        if (!in || cpu_names_.find(" " + std::to_string(cpu) + " ") == std::string::npos) continue;
+        if (!in || cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &cpus_set_)) continue;
         const unsigned long long idle = v[3] + v[4];
         const unsigned long long b = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
         *busy += b;
@@ -104,9 +100,10 @@ std::string CpuThreads::after_step() {
     unsigned long long busy = 0, all = 0, mine = 0;
     if (!read(&busy, &all, &mine)) return "";
     const double ticks = (double)(all - all0_) / cpus_;  // the window in ticks, per CPU
-    double others = ticks > 0 ? std::max(0.0, (double)(busy - busy0_) - (double)(mine - mine0_)) / ticks : 0.0;
+    const double theirs = (double)(busy - busy0_) - (double)(mine - mine0_);
     busy0_ = busy, all0_ = all, mine0_ = mine, start_ = now;
     if (ticks <= 0) return "";
+    double others = std::max(0.0, theirs) / ticks;
     const double hook = test_hooks::cpu_others(windows_++);
     if (hook >= 0) others = hook;
     const int want = threads_for_load(max_, cpus_, others, ranks_);

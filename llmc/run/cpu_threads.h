@@ -10,6 +10,8 @@
 // matrix products (llmc/backend/cpu_gemm.h) split their work by its shape,
 // not by the threads. OMP_NUM_THREADS from the user turns this off.
 #pragma once
+#include <sched.h>
+
 #include <string>
 
 // The threads to run with: `cpus` CPUs this rank may run on, of which
@@ -42,5 +44,5 @@ private:
     unsigned long long busy0_ = 0, all0_ = 0, mine0_ = 0;  // the window's start
     double start_ = 0;                                     // its time, in seconds
     std::string why_off_;
-    std::string cpu_names_;  // the "cpuN" lines of /proc/stat that count, as " N " tokens
+    cpu_set_t cpus_set_{};  // the CPUs this rank may run on: the "cpuN" lines of /proc/stat that count
 };
