@@ -163,6 +163,19 @@ reference_hf() {
         --device cpu --dtype bf16 "${MASK[@]}"
 }
 
+# reference_hf_fp8 NAME SPEC B T EXTRA...: the same with --fp8 1 on both
+# sides, fp64 only (an fp32 operand a rounding from a grid midpoint may
+# round the other way: one FP8 step, past fp32's tolerance).
+reference_hf_fp8() {
+    local name=$1 spec=$2 B=$3 T=$4
+    shift 4
+    rm -rf "$REF/$name.hf"
+    run "hf_ref_$name" "$HFPY" tests/reference/reference_hf.py --spec "$spec" --B "$B" --T "$T" --fp8 1 \
+        --save-dir "$REF/$name.hf" --write-state "$REF/$name.state.bin" "$@"
+    run "hf_gpt_$name" build/test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" --device cpu --dtype fp64 \
+        --fp8 1
+}
+
 reference_tier() {
     tier "reference: one process against PyTorch and transformers (tests/reference)"
     mkdir -p "$REF"
@@ -225,6 +238,16 @@ reference_tier() {
             --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
         reference_hf mixtral_e3k1_tied "arch=mixtral,L=2,C=32,NH=4,NKV=1,F=48,E=3,K=1,V=97,T=16,tied=1,aux=0.1" 2 16 \
             --save-dtype bf16 --shard-size 30KB --warmup 3 --final-frac 0.1
+        # FP8 operands (docs/fp8.md) through transformers' own modules with
+        # their products' operands rounded (hf_fp8.py): Llama, Qwen2 with
+        # its biases, and Mixtral, each expert's rows one tensor (fp64).
+        reference_hf_fp8 llama_fp8 "arch=llama,L=3,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 19 \
+            --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+        reference_hf_fp8 qwen2_fp8 "arch=qwen2,L=2,C=64,NH=8,NKV=2,F=96,V=97,T=16,tied=1" 2 16 --warmup 3
+        reference_hf_fp8 mixtral_e4k2_fp8 "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=64,E=4,K=2,V=101,T=24,theta=500" 3 19 \
+            --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
+        reference_hf_fp8 mixtral_e3k1_fp8 "arch=mixtral,L=2,C=32,NH=4,NKV=1,F=48,E=3,K=1,V=97,T=16,tied=1,aux=0.1" \
+            2 16 --save-dtype bf16 --warmup 3 --final-frac 0.1
         # The document mask through transformers' attention masks: GPT-2, and Llama GQA 2:1.
         reference_hf gpt2_docmask "L=3,C=48,NH=3,V=97,T=24" 3 24 --steps 6 --warmup 2 --document-mask 7
         reference_hf llama_docmask "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 24 --steps 6 \

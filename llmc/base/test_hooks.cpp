@@ -66,6 +66,11 @@ bool fp8_local_amax() {
     return e && *e && std::string(e) != "0";
 }
 
+bool fp8_expert_whole() {
+    const char* e = std::getenv("LLMC_TEST_FP8_EXPERT_WHOLE");
+    return e && *e && std::string(e) != "0";
+}
+
 int fp8_align() {
     const char* e = std::getenv("LLMC_TEST_FP8_ALIGN");
     const int q = e ? std::atoi(e) : 1;

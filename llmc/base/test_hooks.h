@@ -101,6 +101,9 @@ bool matmul_tune();
 int slow_rank_ms(int rank);
 // Whether --fp8 skips the amax's group max (LLMC_TEST_FP8_LOCAL_AMAX=1).
 bool fp8_local_amax();
+// Whether --fp8 gives a Mixtral expert one amax over all its rows on this
+// rank instead of one per micro-batch's block (LLMC_TEST_FP8_EXPERT_WHOLE=1).
+bool fp8_expert_whole();
 // The multiple the CPU backends' FP8 products claim to need (LLMC_TEST_FP8_ALIGN; 1: none).
 int fp8_align();
 // The other processes' CPUs to take instead of the measured ones in

@@ -100,11 +100,12 @@ bool read_index(const std::string& dir, int step, Index* ix, std::string* err) {
             ix->st.loss_count = (int)index_int(j, "loss_count", 0, kInt);
             ix->st.loss_mean = j.at("loss_mean").get<double>();
         }
-        if (j.contains("fp8_amax_history")) {  // --fp8-history: [L, 4 layers, 3 operands, N steps]
+        if (j.contains("fp8_amax_history")) {  // --fp8-history: [L, 4 layers, 3 operands, N steps] (+ experts')
             ix->st.fp8_history = j.at("fp8_amax_history").get<std::vector<double>>();
-            const size_t per = (size_t)ix->cfg.num_layers * 12;
+            const size_t per = (size_t)ix->cfg.num_layers * ix->cfg.fp8_slots_per_layer();
             if (ix->st.fp8_history.empty() || ix->st.fp8_history.size() % per != 0)
-                throw std::runtime_error("fp8_amax_history is not [layers, 4, 3, steps]");
+                throw std::runtime_error("fp8_amax_history is not [layers, " +
+                                         std::to_string(ix->cfg.fp8_slots_per_layer()) + " operands, steps]");
         }
         if (j.contains("moe_bias")) {  // --moe-balance bias: one per layer and expert
             ix->st.moe_bias = j.at("moe_bias").get<std::vector<double>>();

@@ -38,6 +38,7 @@ struct GPT::Acts {
     // they go back ([R,C]).
     void *moe_send = nullptr, *moe_ye = nullptr;
     void* moe_bias = nullptr;  // [L, E] stat: --moe-balance bias's routing bias
+    void* moe_fp8_amax = nullptr;  // --fp8, Mixtral: [2 products][E blocks][3] doubles (expert_amax)
     void* moe_aux_grad = nullptr;  // [chunk-slots, E] stat: the load-balancing loss's gradient per probability
     // --fp8 1 (docs/fp8.md): the amax of a product's input, weight and output
     // gradient (3 doubles; the backend keeps the operands' FP8 copies).
@@ -72,7 +73,9 @@ struct GPT::Acts {
     // fc's (gathered under sp, or recomputed), the projections' (recomputed)
     void *g_ln1 = nullptr, *g_ln2 = nullptr, *g_atty = nullptr, *g_h = nullptr;
     void* g_router = nullptr;  // Mixtral: the router's output gradient [N,E] (g_fcproj, g_fc: the experts' rows)
-    void* g_amax = nullptr;    // --fp8: the four layers' amaxes from B ([4][3] doubles per layer-slot)
+    // --fp8: the four layers' amaxes from B ([4][3] doubles per layer-slot;
+    // a Mixtral's experts' [2][E][3] after them)
+    void* g_amax = nullptr;
     // ZeRO 2 and 3: the two norms' output gradients [Ns,C] for W's norm
     // weight gradients, and where B's own go ([2C], discarded); under full
     // recompute also the norms' inputs B recomputed: x2 [Ns,C] and the

@@ -53,6 +53,9 @@ struct GPTConfig {
     int head_size() const { return channels / num_heads; }
     int kv_heads() const { return num_kv_heads ? num_kv_heads : num_heads; }
     int hidden() const { return ffn ? ffn : 4 * channels; }
+    // --fp8-history's amax slots per layer (docs/fp8.md): 4 linear layers x
+    // 3 operands, then a Mixtral's E experts x 2 products x 3 operands.
+    int fp8_slots_per_layer() const { return 12 + (moe() ? 6 * experts : 0); }
     bool operator==(const GPTConfig& o) const {
         return arch == o.arch && max_seq_len == o.max_seq_len && vocab_size == o.vocab_size &&
                padded_vocab_size == o.padded_vocab_size && num_layers == o.num_layers &&

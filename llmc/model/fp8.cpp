@@ -11,11 +11,26 @@
 // N steps (delayed scaling), and the step's own amaxes join the history at
 // its end, maxed over the dp x cp ranks (the trainer's collective), so the
 // history too is the same in every layout.
+//
+// A Mixtral's experts (expert_amax): one expert's product over the rows of
+// one micro-batch is one tensor, as one process with gradient accumulation
+// runs it. Its rows reach the expert as a block (under expert parallelism
+// one block per peer, each peer's micro-batch its own), so each block has
+// its own input and output-gradient amax, and each expert's weight its own;
+// a block's rows split by sequence (cp) or its columns and weight by tp
+// take the max over those groups, all blocks in one all-reduce.
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "llmc/base/test_hooks.h"
 #include "llmc/model/activations.h"
 #include "llmc/model/gpt.h"
+
+// The history's slot of (layer, expert, product, operand), after the four layers'.
+static size_t expert_slot(const GPTConfig& c, int l, int expert, int p, int which) {
+    return (size_t)c.num_layers * 12 + (((size_t)l * c.experts + expert) * 2 + p) * 3 + which;
+}
 
 // The four layers' index in the history: QKV, attention output, MLP up, MLP down.
 static int linear_index(Param w) {
@@ -102,4 +117,61 @@ void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const 
     }
     be_->copy(a_->fp8_amax, kept, 3 * sizeof(double));
     be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
+}
+
+void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst) {
+    const int E = cfg_.experts, Hl = table_.hidden, El = table_.experts;
+    const size_t IC = p == 0 ? cfg_.channels : Hl, OC = p == 0 ? 2 * (size_t)Hl : cfg_.channels, wn = IC * OC;
+    const DType act = prec_.act, pt = prec_.param;
+    const void* w = P(p == 0 ? Param::moe_fc : Param::moe_proj, l);
+    if ((int)blocks.size() != E) throw std::logic_error("expert_amax: not one block per expert and peer");
+    auto at = [&](size_t b, int which) { return elem_ptr(dst, DType::F64, 3 * b + which); };
+    std::vector<int> first(El, -1);  // each expert's weight once, copied to its other blocks
+    for (size_t b = 0; b < blocks.size(); b++) {
+        const ExpertBlock& k = blocks[b];
+        be_->amax_to(at(b, 0), elem_ptr(x, act, k.row * IC), act, k.n * IC);
+        if (dy) be_->amax_to(at(b, 2), elem_ptr(dy, act, k.row * OC), act, k.n * OC);
+        if (first[k.expert] >= 0) {
+            be_->copy(at(b, 1), at(first[k.expert], 1), sizeof(double));
+        } else {
+            first[k.expert] = (int)b;
+            be_->amax_to(at(b, 1), elem_ptr(w, pt, (size_t)k.expert * wn), pt, wn);
+        }
+    }
+    static const bool whole = test_hooks::fp8_expert_whole();  // the tests' counter-example
+    if (whole) {  // one amax per expert over all its blocks: what one process never does under ep
+        std::vector<double> v(3 * (size_t)E);
+        be_->download(v.data(), DType::F64, dst, DType::F64, v.size());
+        for (size_t b = 0; b < blocks.size(); b++)
+            for (size_t o = 0; o < blocks.size(); o++)
+                if (blocks[o].expert == blocks[b].expert)
+                    for (int which : {0, 2}) v[3 * b + which] = std::max(v[3 * b + which], v[3 * o + which]);
+        be_->upload(dst, DType::F64, v.data(), DType::F64, v.size());
+    }
+    static const bool local = test_hooks::fp8_local_amax();
+    if (tp_ && !local) tp_->max(dst, 3 * (size_t)E, DType::F64);
+    if (cp_ && !local) cp_->max(dst, 3 * (size_t)E, DType::F64);
+    if (fp8_len_ == 0) return;
+    const int base = ep_ ? ep_->rank() * El : 0;  // a rank's experts are consecutive
+    for (size_t b = 0; b < blocks.size(); b++)
+        for (int which = 0; which < (dy ? 3 : 2); which++) {
+            const size_t slot = expert_slot(cfg_, l, base + blocks[b].expert, p, which);
+            be_->fp8_delayed(at(b, which), elem_ptr(a_->fp8_step, DType::F64, slot),
+                             elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, fp8_record_);
+        }
+}
+
+void* GPT::expert_amax_at(int p, size_t b) const {
+    return fp8_ ? elem_ptr(a_->moe_fp8_amax, DType::F64, ((size_t)p * cfg_.experts + b) * 3) : nullptr;
+}
+
+void GPT::expert_forward(void* out, const void* in, const void* w, int n, int IC, int OC, const void* amax) {
+    if (amax) be_->matmul_forward_fp8(out, in, w, nullptr, n, IC, OC, amax);
+    else be_->matmul_forward(out, in, w, nullptr, n, IC, OC);
+}
+
+void GPT::expert_backward(void* dinp, void* dw, const void* dout, const void* in, const void* w, int n, int IC,
+                          int OC, const void* amax) {
+    if (amax) be_->matmul_backward_fp8(dinp, dw, nullptr, dout, in, w, n, IC, OC, amax);
+    else be_->matmul_backward(dinp, dw, nullptr, dout, in, w, n, IC, OC);
 }

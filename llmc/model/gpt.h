@@ -205,8 +205,9 @@ class GPT {
     // the dp x cp ranks first by the caller: fp8_step_amax's fp8_slots()
     // doubles, then pushed into the histories unless the step was skipped,
     // by the host's word or the figures'), and the histories [L, 4 layers,
-    // 3 operands, N] for checkpoints (this rank's layers; zero elsewhere).
-    int fp8_slots() const { return fp8_len_ ? cfg_.num_layers * 12 : 0; }
+    // 3 operands, N], then a Mixtral's [L, E experts, 2 products, 3, N], for
+    // checkpoints (this rank's layers; zero elsewhere).
+    int fp8_slots() const { return fp8_len_ ? cfg_.num_layers * cfg_.fp8_slots_per_layer() : 0; }
     void* fp8_step_amax();
     void fp8_push(const void* figures, bool skipped);
     std::vector<double> fp8_history() const;
@@ -353,12 +354,38 @@ class GPT {
                                  const void* kept);
     // fp8_amax [which] (0 input, 1 weight, 2 output gradient) of x, with the group max.
     void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split);
+    // A Mixtral's experts take their rows in blocks, each one micro-batch's
+    // rows for one of this rank's experts (first row, rows, local expert):
+    // E blocks, one per expert, or under ep one per (peer, local expert).
+    struct ExpertBlock {
+        size_t row, n;
+        int expert;
+    };
+    // From the row groups by expert (offsets) or an ep route; El: local experts.
+    static std::vector<ExpertBlock> expert_blocks(const std::vector<int>& off, const ExpertParallelOps::Route* r,
+                                                  int El);
+    // --fp8 1 (fp8.cpp): product p of layer l's experts (0: w1|w3, input
+    // [rows, C]; 1: w2, input [rows, Hl]) on FP8 operands, each block one
+    // tensor: its input's, its expert's weight's and (dy given) its output
+    // gradient's amax at dst + 3·b for block b, maxed over the tp and cp
+    // groups, delayed scaling's bookkeeping done.
+    void expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst);
+    // Where block b's three amaxes of product p go (null without --fp8).
+    void* expert_amax_at(int p, size_t b) const;
+    // One block's product of expert weight w: plain (amax null) or on FP8
+    // operands at the block's three amaxes; the weight gradient accumulated.
+    void expert_forward(void* out, const void* in, const void* w, int n, int IC, int OC, const void* amax);
+    void expert_backward(void* dinp, void* dw, const void* dout, const void* in, const void* w, int n, int IC, int OC,
+                         const void* amax);
     // Rows of fch and h: N; Mixtral's N·K grouped rows, under expert
     // parallelism the most this rank's experts can receive.
     int mlp_rows(int N) const {
         if (!cfg_.moe()) return N;
         return ep_ ? ep_->size() * N * std::min(cfg_.top_k, ep_->local_experts()) : N * cfg_.top_k;
     }
+    // --fp8 in a split backward: the amaxes B keeps per layer-slot (the four
+    // layers' [4][3], a Mixtral's experts' [2][E][3] after them).
+    size_t amax_kept_per_slot() const { return 12 + (cfg_.moe() ? 6 * (size_t)cfg_.experts : 0); }
     // The rows the MoE block of layer-slot la's last forward gave its experts.
     int moe_expert_rows(const LayerActs& la, int N) const;
     // A split backward under full recompute: the recomputed routing's host

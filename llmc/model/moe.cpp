@@ -44,12 +44,9 @@
 #include "llmc/model/gpt.h"
 
 // The experts' side of a block: blocks of rows, each for one of this
-// rank's experts (first row, rows, local expert), in row order.
-struct ExpertBlock {
-    size_t row, n;
-    int expert;
-};
-static std::vector<ExpertBlock> expert_blocks(const std::vector<int>& off, const ExpertParallelOps::Route* r, int El) {
+// rank's experts, in row order.
+std::vector<GPT::ExpertBlock> GPT::expert_blocks(const std::vector<int>& off, const ExpertParallelOps::Route* r,
+                                                 int El) {
     std::vector<ExpertBlock> out;
     size_t row = 0;
     if (!r) {  // every expert here, its rows as grouped
@@ -88,7 +85,7 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     // The grouped rows are the experts' input here; under ep they leave first.
     be_->moe_dispatch(ep_ ? a.moe_send : r.xg, nullptr, xin, nullptr, nullptr, r.inv, N, K, C);
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
-    if (moe_.on_device_) {  // the groups' sizes stay on the device (keep_moe_on_device)
+    if (moe_.on_device_) {  // the groups' sizes stay on the device (keep_moe_on_device; not with --fp8)
         be_->moe_expert_matmul_forward(r.fch, r.xg, w13, r.offsets, N * K, E, C, 2 * Hl);
         activation(r.h, r.fch, N * K);
         be_->moe_expert_matmul_forward(r.yg, r.h, w2, r.offsets, N * K, E, Hl, C);
@@ -105,15 +102,22 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     }
     const std::vector<ExpertBlock> blocks = expert_blocks(off, route, table_.experts);
     void* y = ep_ ? a.moe_ye : r.yg;  // the experts' outputs, in the experts' row order
-    for (const ExpertBlock& b : blocks)  // expert rows: [gate | up] of its hidden layer
+    auto am = [&](int p, size_t b) { return expert_amax_at(p, b); };  // --fp8 1: each block's (null without)
+    if (fp8_) expert_amax(l, 0, blocks, r.xg, nullptr, am(0, 0));
+    for (size_t i = 0; i < blocks.size(); i++) {  // expert rows: [gate | up] of its hidden layer
+        const ExpertBlock& b = blocks[i];
         if (b.n > 0)
-            be_->matmul_forward(elem_ptr(r.fch, act, b.row * 2 * Hl), elem_ptr(r.xg, act, b.row * C),
-                                elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), nullptr, (int)b.n, C, 2 * Hl);
+            expert_forward(elem_ptr(r.fch, act, b.row * 2 * Hl), elem_ptr(r.xg, act, b.row * C),
+                           elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl, am(0, i));
+    }
     activation(r.h, r.fch, ep_ ? (int)moe_.routes_[r.route].expert_rows : N * K);
-    for (const ExpertBlock& b : blocks)
+    if (fp8_) expert_amax(l, 1, blocks, r.h, nullptr, am(1, 0));
+    for (size_t i = 0; i < blocks.size(); i++) {
+        const ExpertBlock& b = blocks[i];
         if (b.n > 0)
-            be_->matmul_forward(elem_ptr(y, act, b.row * C), elem_ptr(r.h, act, b.row * Hl),
-                                elem_ptr(w2, pt, (size_t)b.expert * C * Hl), nullptr, (int)b.n, Hl, C);
+            expert_forward(elem_ptr(y, act, b.row * C), elem_ptr(r.h, act, b.row * Hl),
+                           elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C, am(1, i));
+    }
     if (ep_) ep_->combine(a.moe_ye, r.yg, *route, C, act);
     be_->moe_combine(out, r.yg, r.topw, r.inv, N, K, C);
 }
@@ -136,18 +140,27 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
         throw std::logic_error("moe_backward: a split backward reads the experts' row counts on the host");
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
     const size_t rows = (size_t)moe_expert_rows(la, N);
+    // --fp8 1: each block's amaxes (null without), in W from B's copy.
+    auto am = [&](int p, size_t b) { return expert_amax_at(p, b); };
+    void* kept_amax = fp8_ && la.g_amax ? elem_ptr(la.g_amax, DType::F64, 12) : nullptr;
+    const size_t amax_bytes = 6 * (size_t)E * sizeof(double);
     if (part == BackwardPart::weights) {  // W: the experts' and the router's weight gradients, as below
         void *dw13 = G(Param::moe_fc, l), *dw2 = G(Param::moe_proj, l);
-        for (const ExpertBlock& b : blocks)
+        if (fp8_) be_->copy(a.moe_fp8_amax, kept_amax, amax_bytes);
+        for (size_t i = 0; i < blocks.size(); i++) {
+            const ExpertBlock& b = blocks[i];
             if (b.n > 0)
-                be_->matmul_backward(nullptr, elem_ptr(dw2, gt, (size_t)b.expert * C * Hl), nullptr,
-                                     elem_ptr(la.g_fcproj, act, b.row * C), elem_ptr(la.g_h, act, b.row * Hl),
-                                     elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C);
-        for (const ExpertBlock& b : blocks)
+                expert_backward(nullptr, elem_ptr(dw2, gt, (size_t)b.expert * C * Hl),
+                                elem_ptr(la.g_fcproj, act, b.row * C), elem_ptr(la.g_h, act, b.row * Hl),
+                                elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C, am(1, i));
+        }
+        for (size_t i = 0; i < blocks.size(); i++) {
+            const ExpertBlock& b = blocks[i];
             if (b.n > 0)
-                be_->matmul_backward(nullptr, elem_ptr(dw13, gt, (size_t)b.expert * 2 * Hl * C), nullptr,
-                                     elem_ptr(la.g_fc, act, b.row * 2 * Hl), elem_ptr(xg, act, b.row * C),
-                                     elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl);
+                expert_backward(nullptr, elem_ptr(dw13, gt, (size_t)b.expert * 2 * Hl * C),
+                                elem_ptr(la.g_fc, act, b.row * 2 * Hl), elem_ptr(xg, act, b.row * C),
+                                elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl, am(0, i));
+        }
         be_->matmul_backward(nullptr, G(Param::moe_gate, l), nullptr, la.g_router, la.g_ln2, P(Param::moe_gate, l), N,
                              C, E);
         return;
@@ -165,19 +178,26 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     void *dw13 = input_only ? nullptr : G(Param::moe_fc, l), *dw2 = input_only ? nullptr : G(Param::moe_proj, l);
     auto at = [&](void* base, size_t off) { return base ? elem_ptr(base, gt, off) : nullptr; };
     if (moe_.on_device_) be_->moe_expert_matmul_backward(a.dh, dw2, dg, la.h, w2, la.offsets, N * K, E, Hl, C);
-    for (const ExpertBlock& b : blocks)
+    if (fp8_) expert_amax(l, 1, blocks, la.h, dg, am(1, 0));
+    for (size_t i = 0; i < blocks.size(); i++) {
+        const ExpertBlock& b = blocks[i];
         if (b.n > 0)
-            be_->matmul_backward(elem_ptr(a.dh, act, b.row * Hl), at(dw2, (size_t)b.expert * C * Hl), nullptr,
-                                 elem_ptr(dg, act, b.row * C), elem_ptr(la.h, act, b.row * Hl),
-                                 elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C);
+            expert_backward(elem_ptr(a.dh, act, b.row * Hl), at(dw2, (size_t)b.expert * C * Hl),
+                            elem_ptr(dg, act, b.row * C), elem_ptr(la.h, act, b.row * Hl),
+                            elem_ptr(w2, pt, (size_t)b.expert * C * Hl), (int)b.n, Hl, C, am(1, i));
+    }
     be_->swiglu_backward(a.dfch, la.fch, a.dh, moe_expert_rows(la, N), Hl);
     if (input_only) keep(la.g_fc, a.dfch, rows * 2 * Hl);
     if (moe_.on_device_) be_->moe_expert_matmul_backward(dg, dw13, a.dfch, la.xg, w13, la.offsets, N * K, E, C, 2 * Hl);
-    for (const ExpertBlock& b : blocks)  // the experts' input rows' gradients (dg again: its rows are done)
+    if (fp8_) expert_amax(l, 0, blocks, la.xg, a.dfch, am(0, 0));
+    if (input_only && fp8_) be_->copy(kept_amax, a.moe_fp8_amax, amax_bytes);  // for W
+    for (size_t i = 0; i < blocks.size(); i++) {  // the experts' input rows' gradients (dg again: its rows are done)
+        const ExpertBlock& b = blocks[i];
         if (b.n > 0)
-            be_->matmul_backward(elem_ptr(dg, act, b.row * C), at(dw13, (size_t)b.expert * 2 * Hl * C),
-                                 nullptr, elem_ptr(a.dfch, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
-                                 elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl);
+            expert_backward(elem_ptr(dg, act, b.row * C), at(dw13, (size_t)b.expert * 2 * Hl * C),
+                            elem_ptr(a.dfch, act, b.row * 2 * Hl), elem_ptr(la.xg, act, b.row * C),
+                            elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl, am(0, i));
+    }
     if (ep_) ep_->combine(dg, a.moe_dg, *route, C, act);  // back to the tokens' rank, in the grouped order
     be_->moe_combine(a.dln, a.moe_dg, nullptr, la.inv, N, K, C);  // back to the tokens, summed over their experts
     // The router: through the weights' renormalisation and the softmax, with
@@ -280,6 +300,7 @@ void GPT::keep_moe_on_device() {
     if (ep_ || chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head)
         throw std::logic_error("keep_moe_on_device: not with expert parallelism or pipeline chunks");
     if (moe_.bias_on_) throw std::logic_error("keep_moe_on_device: before set_moe_bias");
+    if (fp8_) throw std::logic_error("keep_moe_on_device: not with --fp8 (its blocks are sized on the host)");
     const size_t E = cfg_.experts, L = cfg_.num_layers;
     moe_.stats_dev_ = alloc_buffer("scratch", "moe_stats", moe_.count_.size() * 2 * E, DType::F64);
     moe_.loads_dev_ = alloc_buffer("scratch", "moe_loads", L * E, DType::F64);

@@ -72,7 +72,8 @@ struct Linear {
 // them (fp8_passes), the delayed scaling's op after each amax. Mixtral
 // (docs/moe.md): the MLP's two become the router's (C -> E, replicated
 // over tp) and, for each of the E experts, the two over its rows, N·K/E of
-// them under an even routing: E products of a launch each. Under expert
+// them under an even routing: E products of a launch each (with --fp8 1
+// each block's operands their own passes, the router in the compute type). Under expert
 // parallelism the same: each of the E/ep local experts takes a block of
 // N·K/E rows from each of the ep ranks, E blocks in all.
 double CostModel::block_gemms(bool backward, int layer, bool weights_only) const {
@@ -84,19 +85,20 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
         return backward ? gemm(rows, x.in, x.out, 1, rate) + gemm(x.in, x.out, rows, 1, rate)
                         : gemm(rows, x.out, x.in, 1, rate);
     };
-    auto fp8 = [&](const Linear& x) {
-        const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, N, x.in, x.out, backward);
+    auto fp8 = [&](const Linear& x, double rows) {
+        const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward);
         const int delayed = l_.fp8_history > 0 ? (backward ? 3 : 2) : 0;
         return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
     };
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
-        if (layer < 0 || layer == i) t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i]) : product(N, ls[i]);
-    if (c_.moe()) {
+        if (layer < 0 || layer == i) t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N) : product(N, ls[i]);
+    if (c_.moe()) {  // the experts' blocks, each on FP8 operands of its own under --fp8 1
         const double E = c_.experts, rows = N * c_.top_k / E;
         if (layer < 0) t += product(N, {C, E});
         for (int i = 2; i < 4; i++)
-            if (layer < 0 || layer == i) t += E * product(rows, ls[i]);
+            if (layer < 0 || layer == i)
+                t += E * (rate8_ > 0 ? product(rows, ls[i], rate8_) + fp8(ls[i], rows) : product(rows, ls[i]));
     }
     return t;
 }
@@ -180,12 +182,17 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     // a Mixtral's two), under tp every weight and the row-parallel layers'
     // input, and backward the column-parallel ones' output gradient too;
     // under cp every input, and backward every output gradient.
+    // A Mixtral's experts: each of their two products' block amaxes in one
+    // max of 3E numbers, forward and backward (fp8.cpp's expert_amax).
     const double f8 = !l.fp8 ? 0 : c_.moe() ? 2 : 4, passes = full ? 2 : 1;
-    if (l.tp > 1) blk_tp += (passes * 1.5 * f8 + 2 * f8) * all_reduce(8, l.tp, ltp);
+    const double f8e = l.fp8 && c_.moe() ? 2 * passes + 2 : 0, f8e_bytes = 24.0 * c_.experts;
+    if (l.tp > 1)
+        blk_tp += (passes * 1.5 * f8 + 2 * f8) * all_reduce(8, l.tp, ltp) + f8e * all_reduce(f8e_bytes, l.tp, ltp);
     // cp, hybrid (--cp-impl hybrid): the all-to-all over a group of n =
     // cp_a2a consecutive ranks and the ring over the cp/n groups; a2a alone
     // is n = cp (no ring), the ring alone n = 1 (no all-to-all).
-    double blk_cp = l.cp > 1 ? (passes * f8 + 2 * f8) * all_reduce(8, l.cp, lcp) : 0;
+    double blk_cp = 0;
+    if (l.cp > 1) blk_cp = (passes * f8 + 2 * f8) * all_reduce(8, l.cp, lcp) + f8e * all_reduce(f8e_bytes, l.cp, lcp);
     const double n = l.cp > 1 ? l.cp_a2a : 1, ring = cp / n;
     if (n > 1) {
         // all-to-all: blocking exchanges of X channels per token, each

@@ -110,6 +110,9 @@ void Trainer::setup(const ArgParser& parser) {
                 "flag --sync-free: expert parallelism sizes each block's all-to-all from its row counts on the "
                 "host, which the sync-free step does not read (drop --ep " + std::to_string(lay.ep) +
                     " or --sync-free)");
+    setup_check(!(cfg.sync_free && mc.moe() && cfg.fp8),
+                "flag --sync-free: --fp8 1 scales a mixture of experts' products block by block, sized from their row "
+                "counts on the host, which the sync-free step does not read (drop --fp8 1 or --sync-free)");
     setup_check(!(cfg.sync_free && mc.moe() && lay.pp > 1),
                 "flag --sync-free: a mixture of experts split into pipeline stages sums its routing statistics over "
                 "the stages on the host, which the sync-free step does not read (drop --pp " + std::to_string(lay.pp) +
@@ -196,14 +199,16 @@ void Trainer::setup(const ArgParser& parser) {
         // --fp8 1 where the FP8 products take only some shapes (cuBLASLt's:
         // K and N multiples of 16): every FP8 layer's widths on this rank,
         // and the micro-batch's rows (the weight gradient's K). A Mixtral's
-        // MLP is its experts, not in FP8.
+        // experts take any row count (the backend pads K), and their widths
+        // are checked with the MLP's.
         const int q = cfg.fp8 ? be->fp8() : 1;
         std::vector<std::pair<std::string, long long>> dims = {
             {"C", ps.C}, {"the attention's width on this rank", ps.attn_in}, {"QKV's width on this rank", ps.qkv_out},
             {"B x T per rank (-b " + std::to_string(lay.B) + ", -t " + std::to_string(lay.T) + ")",
              (long long)lay.B * lay.T_local()}};
-        if (!mc.moe()) dims.push_back({"the MLP's hidden width on this rank", ps.fcproj_in});
-        if (!mc.moe()) dims.push_back({"the MLP's up width on this rank", ps.fc_out});
+        const std::string mlp = mc.moe() ? "an expert's" : "the MLP's";
+        dims.push_back({mlp + " hidden width on this rank", ps.fcproj_in});
+        dims.push_back({mlp + " up width on this rank", ps.fc_out});
         for (const auto& d : dims)
             setup_check(q <= 1 || d.second % q == 0,
                         std::string("flag --fp8: the ") + be->name() + " backend's FP8 products need widths that " +
@@ -251,7 +256,9 @@ void Trainer::setup(const ArgParser& parser) {
         const size_t want = (size_t)s.model->fp8_slots() * lay.fp8_history;
         setup_check(st.fp8_history.size() == want,
                     "flag --fp8-history " + std::to_string(lay.fp8_history) + ": the checkpoint's amax history holds " +
-                        std::to_string(st.fp8_history.size() / s.model->fp8_slots()) + " steps per operand");
+                        std::to_string(st.fp8_history.size()) + " values, and this model's " +
+                        std::to_string(s.model->fp8_slots()) + " operands over " + std::to_string(lay.fp8_history) +
+                        " steps are " + std::to_string(want));
         s.model->set_fp8_history(st.fp8_history);
     }
     // --sync-free: a Mixtral's routing figures stay on the device.

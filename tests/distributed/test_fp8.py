@@ -6,8 +6,13 @@
 # the same model: losses and final weights against one process with the same
 # micro-batches (fp64, relative error <= 1e-10) for GPT-2 in dp with ZeRO
 # 0-3, tp with and without sp, cp (ring and all-to-all), pp 1F1B and
-# interleaved, tp x dp and cp x tp; Llama in tp x dp and cp; Mixtral (its
-# experts stay in the compute type) in dp and ep. Also: FP8 changes the
+# interleaved, tp x dp and cp x tp; Llama in tp x dp and cp; Mixtral, its
+# experts on FP8 operands block by block (one micro-batch's rows for one
+# expert: one tensor), in dp, ep (also with tp, cp, full recompute, and
+# under a zero-bubble pipeline with ZeRO 2), tp, cp and pp, with current and
+# delayed scaling; one amax per expert over all its rows (what a product
+# taking several ranks' micro-batches would do, LLMC_TEST_FP8_EXPERT_WHOLE)
+# differs under ep, so the block scales are what make it equal. Also: FP8 changes the
 # losses (the rounding is on) but little; a resume continues bit for bit
 # (current scaling keeps no state); the bf16 backend trains with it; the
 # planner's memory line equals the run's (one process, tp 2) and it prices
@@ -56,8 +61,32 @@ def test_layouts(tmp):
     equivalence(check, os.path.join(tmp, "llama"), "fp64", base(LLAMA) + ["-d", "256"], single,
                 [(4, ["-b", "4", "--tp", "2", "-z", "1"]), (2, ["-b", "4", "--cp", "2"])], steps=STEPS)
     equivalence(check, os.path.join(tmp, "mix"), "fp64", base(MIX) + ["-d", "256"], single,
-                [(2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "--ep", "2"]), (2, ["-b", "4", "--tp", "2"])],
-                steps=STEPS)
+                [(2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "--ep", "2"]), (2, ["-b", "4", "--tp", "2"]),
+                 (2, ["-b", "4", "--cp", "2"]), (2, ["-b", "4", "--pp", "2"]), (4, ["-b", "4", "--ep", "2", "--tp", "2"]),
+                 (4, ["-b", "4", "--ep", "2", "--cp", "2"]), (2, ["-b", "4", "--ep", "2", "-r", "full"]),
+                 (4, ["-b", "4", "--ep", "2", "--pp", "2", "--pp-schedule", "zb-h1", "-z", "2"])], steps=STEPS)
+
+
+def test_experts(tmp):
+    """Each block of a Mixtral expert's products (one micro-batch's rows) is
+    one tensor with its own amax. With one amax per expert over all its rows
+    on the rank (LLMC_TEST_FP8_EXPERT_WHOLE) one process, one block per
+    expert, is unchanged, and ep 2, whose experts take both ranks'
+    micro-batches, differs from it: the block scales are what make the
+    layouts above agree."""
+    a = base(MIX) + ["-b", "4", "-d", "256", "-n", str(STEPS)]
+    w = {}
+    for name, np_, extra, env in [("single", 0, [], {}), ("single_whole", 0, [], {"LLMC_TEST_FP8_EXPERT_WHOLE": "1"}),
+                                  ("ep_whole", 2, ["--ep", "2"], {"LLMC_TEST_FP8_EXPERT_WHOLE": "1"})]:
+        d = os.path.join(tmp, "experts_" + name)
+        rc, out, err = train(np_, a + extra + ["-o", d], env=env)
+        if check(rc == 0, f"experts {name}: {err[-300:]}"):
+            w[name] = read_checkpoint(d, STEPS)[0]
+    if len(w) == 3:
+        check(rel(w["single_whole"], w["single"]) == 0, "one process: one block per expert, the same either way")
+        r = rel(w["ep_whole"], w["single"])
+        check(r > 1e-6, f"ep 2 with one amax per expert over both ranks' rows differs from one process ({r:.2e})")
+        print(f"  ep 2, one amax per expert instead of per block: final weights rel {r:.2e} from one process")
 
 
 def test_effect_and_resume(tmp):
@@ -103,6 +132,10 @@ def test_delayed(tmp):
     equivalence(check, os.path.join(tmp, "delayed"), "fp64", base() + hist + ["-d", "256"], ["-b", "4", "-d", "256"], [
         (2, ["-b", "4", "-z", "1"]), (2, ["-b", "4", "--tp", "2", "--sp", "1"]), (2, ["-b", "4", "--cp", "2"]),
         (2, ["-b", "4", "--pp", "2"]), (4, ["-b", "4", "--tp", "2", "-z", "1"])], steps=STEPS)
+    # A Mixtral's experts keep a history each (per layer, expert, product, operand).
+    equivalence(check, os.path.join(tmp, "delayed_mix"), "fp64", base(MIX) + hist + ["-d", "256"],
+                ["-b", "4", "-d", "256"], [(2, ["-b", "4", "--ep", "2"]), (2, ["-b", "4", "--cp", "2"]),
+                                           (4, ["-b", "4", "--ep", "2", "--tp", "2"])], steps=STEPS)
     runs = {}
     for h in ("0", "3"):
         d = os.path.join(tmp, f"delayed_{h}")
@@ -178,8 +211,8 @@ def plan_row(tmp, name, prof, args, fp8):
 def test_plan_time(tmp):
     """The planner prices --fp8 1 (llmc/plan/cost_model.cpp), each part
     against its formula written again here: the four linear layers' products
-    at the profile's FP8 rate by the wave model (a Mixtral's experts, router
-    and every model's head at the compute type's), the operands' amax and
+    at the profile's FP8 rate by the wave model (a Mixtral's experts too, its
+    router and every model's head at the compute type's), the operands' amax and
     quantisation passes by their bytes (a GPU's FP8 copies and transposes,
     the CPU emulation's copies in the compute type), the group max of an
     amax under tp and cp a collective of one number each; a profile without
@@ -203,9 +236,9 @@ def test_plan_time(tmp):
     if row:
         R = N * K // E
         block = (both(N, C, C + 2 * Ckv, rate8) + both(N, C, C, rate8) + both(N, C, E, rate)
-                 + E * (both(R, C, 2 * F, rate) + both(R, F, C, rate)))
+                 + E * (both(R, C, 2 * F, rate8) + both(R, F, C, rate8)))
         want, got = L * block + both(N, C, V, rate), row["breakdown_ms"]["compute"] / 1e3
-        check(abs(got / want - 1) < 1e-9, f"Mixtral FP8: planned {got}, formula {want} (experts in bf16)")
+        check(abs(got / want - 1) < 1e-9, f"Mixtral FP8: planned {got}, formula {want} (experts in FP8)")
     # The passes: products free, memory at 1 GB/s; the difference --fp8 makes.
     bw, C = 1e9, 32
     model = ["-e", f"L={L},C={C},NH=4,V={V},Vp={V},T={T}"] + flags
@@ -253,7 +286,9 @@ def test_widths():
                       ("--fp8", "the attention's width on this rank is 24")),
                      (2, "L=2,C=32,NH=4,V=97,T=64", ["-b", "3", "-t", "16", "--cp", "2"],
                       ("--fp8", "B x T per rank")),
-                     (0, "arch=mixtral,L=2,C=32,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64", ["-b", "4", "-t", "16"], None)],
+                     (0, "arch=mixtral,L=2,C=32,NH=4,NKV=2,F=40,E=4,K=2,V=97,T=64", ["-b", "4", "-t", "16"],
+                      ("--fp8", "an expert's hidden width on this rank is 40")),
+                     (0, "arch=mixtral,L=2,C=32,NH=4,NKV=2,F=48,E=4,K=2,V=97,T=64", ["-b", "4", "-t", "16"], None)],
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-x", "1", "-s", "0", "-v", "0", "--fp8", "1"],
              env={"LLMC_TEST_FP8_ALIGN": "16"})
 
@@ -263,13 +298,15 @@ def suite(tmp):
     DATA = os.path.join(tmp, "data.bin")
     write_shard(DATA, np.random.default_rng(9).integers(0, 97, 40000))
     refusals(check, [(0, GPT, ["--fp8", "2"], "--fp8"), (0, GPT, ["--fp8", "0", "--fp8-history", "3"],
-                                                                  "--fp8-history")],
+                                                                  "--fp8-history"),
+                     (0, MIX, ["--fp8", "1", "--sync-free", "1"], ("--sync-free", "--fp8"))],
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", "2", "-s", "0"])
     test_effect_and_resume(tmp)
     test_plan_memory(tmp)
     test_plan_time(tmp)
     test_widths()
     test_layouts(tmp)
+    test_experts(tmp)
     test_delayed(tmp)
     test_local_amax_differs(tmp)
 

@@ -15,6 +15,7 @@
 #       (llmc/model/tensors.h), and the losses of --steps AdamW steps with the project's
 #       semantics (docs/design.md section 2), by transformers' own modules in fp64.
 #       --document-mask EOT: random data with EOTs and attention within documents (below).
+#       --fp8 1: Llama's, Qwen2's and Mixtral's linear layers on FP8 operands (hf_fp8.py).
 #   --compare DIR --logits FILE
 #       loads DIR with from_pretrained and compares its logits on the inputs
 #       of FILE (written by test_gpt --write-logits) with FILE's logits;
@@ -468,6 +469,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--final-frac", type=float, default=1.0)
     ap.add_argument("--document-mask", type=int, metavar="EOT", help="documents end with EOT (1 token in 4)")
+    ap.add_argument("--fp8", type=int, choices=(0, 1), default=0,
+                    help="1: Llama's, Qwen2's and Mixtral's linear layers on FP8 operands (hf_fp8.py)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     try:
@@ -485,6 +488,11 @@ def main(argv=None):
                 raise RefError("--compare needs --logits FILE")
             return compare(args)
         s, model = build_and_save(args)
+        if args.fp8:
+            if s["arch"] == "gpt2":
+                raise RefError("--fp8 1: GPT-2's FP8 reference is reference_gpt.py --fp8 1")
+            import hf_fp8
+            hf_fp8.patch(model)
         T = args.T or s["T"]
         if not 0 < T <= s["T"]:
             raise RefError(f"--T {T} must be in 1..{s['T']}")

@@ -99,10 +99,12 @@ __device__ __forceinline__ uint8_t fp8_of(float v, bool e5m2) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 // q[r, c] = fp8(x[r, c] · scale) for a rows x cols matrix; with transpose,
-// q is written [cols, rows] (q[c, r]). Blocks of 32 x 8 threads, 32 x 32 tiles.
+// q is written [cols, ld] (q[c, r]), its columns rows..ld-1 zero (ld: rows
+// rounded up to 16, the K a weight gradient's product needs; at most the
+// tiles' 32). Blocks of 32 x 8 threads, 32 x 32 tiles.
 template <typename E>
 __global__ void fp8_quantize_kernel(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2,
-                                    bool transpose) {
+                                    bool transpose, int ld) {
     __shared__ uint8_t tile[32][33];
     const float s = *scale;
     const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
@@ -118,15 +120,21 @@ __global__ void fp8_quantize_kernel(uint8_t* q, const E* x, int rows, int cols, 
     __syncthreads();
     for (int j = threadIdx.y; j < 32; j += 8) {
         const int c = c0 + j, r = r0 + threadIdx.x;
-        if (c < cols && r < rows) q[(size_t)c * rows + r] = tile[threadIdx.x][j];
+        if (c < cols && r < ld) q[(size_t)c * ld + r] = r < rows ? tile[threadIdx.x][j] : (uint8_t)0;
     }
 }
+// The K of a weight gradient's product over `rows` rows: a multiple of 16
+// (cuBLASLt's FP8 rule), the padding zero bytes (+0 in both formats), which
+// add nothing to the sums. A Mixtral expert's block takes any row count.
+inline int fp8_padded_k(int rows) { return (rows + 15) / 16 * 16; }
+
 template <typename E>
 void fp8_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
                   cudaStream_t stream) {
     if (rows <= 0 || cols <= 0) return;
     const dim3 grid((unsigned)ceil_div(cols, 32), (unsigned)ceil_div(rows, 32)), block(32, 8);
-    fp8_quantize_kernel<E><<<grid, block, 0, stream>>>(q, x, rows, cols, scale, e5m2, transpose);
+    fp8_quantize_kernel<E><<<grid, block, 0, stream>>>(q, x, rows, cols, scale, e5m2, transpose,
+                                                       transpose ? fp8_padded_k(rows) : rows);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -269,10 +277,11 @@ void matmul_backward_fp8(Fp8Gemm& g, const Fp8Scratch& s, E* dinp, E* dweight, c
         g.run(dinp, cuda_dtype<E>(), s.dy, true, s.wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, nullptr);
     }
     if (!dweight) return;  // the input gradient alone (a split backward's B)
-    // dW[OC, IC] += (dy^T)[OC, N] · (x^T)[IC, N]^T
+    // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
     fp8_quantize<E>(s.dyt, dout, N, OC, s.scales + 2, true, true, stream);
     fp8_quantize<E>(s.xt, inp, N, IC, s.scales + 0, false, true, stream);
-    g.run(dweight, cuda_dtype<E>(), s.dyt, true, s.xt, false, OC, IC, N, s.scales + 5, s.scales + 3, true, nullptr);
+    g.run(dweight, cuda_dtype<E>(), s.dyt, true, s.xt, false, OC, IC, fp8_padded_k(N), s.scales + 5, s.scales + 3,
+          true, nullptr);
 }
 
 // What the CUDA backend holds for the FP8 products: a cuBLASLt handle and
@@ -326,7 +335,8 @@ class Fp8Ops {
     // and its scratch (matmul_backward_scratch_floats).
     void backward(bool fp32, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
                   int N, int IC, int OC, const void* amax, float* bias_scratch) {
-        const Fp8Scratch s = scratch(std::max({(size_t)N * IC, (size_t)OC * IC, (size_t)N * OC}));
+        const size_t Np = (size_t)fp8_padded_k(N);  // the transposed copies' rows
+        const Fp8Scratch s = scratch(std::max({Np * IC, (size_t)OC * IC, Np * OC}));
         const double* am = static_cast<const double*>(amax);
         if (fp32) {
             matmul_backward_fp8<float>(gemm_, s, (float*)dinp, (float*)dw, (const float*)dout, (const float*)inp,
