@@ -2,6 +2,8 @@
 // one block's slices of them. Private to the model's own sources: buffers.cpp
 // allocates them, forward.cpp and backward.cpp compute in them.
 #pragma once
+#include <array>
+
 #include "llmc/model/gpt.h"
 
 // Activations. N = B·T tokens; Ns = tokens of the residual stream held here
@@ -100,4 +102,7 @@ struct GPT::LayerActs {
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)
     size_t slot_index;  // the layer-slot, kept or not (a split backward's W under full recompute)
     void* g_xg;         // split_backward, Mixtral under full recompute: the experts' input rows B recomputed
+    // The two norms' statistics in g_stats' order: ln1 mean, rstd, ln2 mean,
+    // rstd (a mean is null for RMSNorm).
+    std::array<const void*, 4> norm_stats() const { return {ln1_mean, ln1_rstd, ln2_mean, ln2_rstd}; }
 };

@@ -4,6 +4,7 @@
 // the recompute mode did not keep; split for zero-bubble pipelines into B
 // (the input gradient) and W (the linear layers' weight gradients); and the
 // sum of sequence-parallel partial gradients.
+#include <array>
 #include <cmath>
 #include <stdexcept>
 
@@ -76,7 +77,7 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         if (la.g_dln1) {  // ZeRO 2 and 3: the norms' weight gradients from B's output gradients (dx unused)
             // The norms' inputs: where the forward left them, or (full
             // recompute) where B kept them; la.x, the block's input, is kept.
-            const void* stats[4] = {la.ln1_mean, la.ln1_rstd, la.ln2_mean, la.ln2_rstd};
+            std::array<const void*, 4> stats = la.norm_stats();
             if (la.g_stats)
                 for (int k = 0; k < 4; k++)
                     if (stats[k]) stats[k] = elem_ptr(la.g_stats, prec_.stat, (size_t)k * Ns);
@@ -158,7 +159,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             }
             if (input_only && la.g_x2) {  // ZeRO 2 and 3: W's norm inputs, recomputed here
                 be_->copy(la.g_x2, la.x2, (size_t)Ns * C * dtype_size(act));
-                const void* stats[4] = {la.ln1_mean, la.ln1_rstd, la.ln2_mean, la.ln2_rstd};
+                const std::array<const void*, 4> stats = la.norm_stats();
                 for (int k = 0; k < 4; k++)
                     if (stats[k])
                         be_->copy(elem_ptr(la.g_stats, prec_.stat, (size_t)k * Ns), stats[k],

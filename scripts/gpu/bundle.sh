@@ -37,9 +37,12 @@
 #                    commit, from LLMQ_DEPS (default build/gpu/deps/llmq_deps,
 #                    one clone per dependency at the tags llmq_build.sh
 #                    names; unpacked to build/gpu/deps/llmq_deps)
-#   refs_hf.tar.*    a MixtralForCausalLM and its fp64 state from transformers
-#                    (tests/reference/reference_hf.py), when build/hfenv has it:
-#                    the test step checks the MoE CUDA ops against it
+#   refs_hf.tar.*    a MixtralForCausalLM and its fp64 states from transformers
+#                    (tests/reference/reference_hf.py), plain and with
+#                    --fp8 1 (hf_fp8.py), when build/hfenv has it: the test
+#                    step checks the MoE CUDA ops and the experts' FP8
+#                    products (any row count: the weight gradient's padded
+#                    K) against them
 #   MANIFEST.txt     versions, sources and checksums of the above
 #   COMMIT           this tree's commit, "+dirty" when the working tree
 #                    differs (the figures' commit where the GPU machine's
@@ -216,11 +219,15 @@ fi
 HFPY=build/hfenv/bin/python
 if "$HFPY" -c "import transformers" 2>/dev/null; then
     mkdir -p "$TMP/refs_hf"
-    if "$HFPY" tests/reference/reference_hf.py --spec "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=64,E=4,K=2,V=101,T=24,theta=500" \
-        --B 3 --T 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5 --save-dir "$TMP/refs_hf/mixtral_e4k2.hf" \
-        --write-state "$TMP/refs_hf/mixtral_e4k2.state.bin" > "$TMP/refs_hf.log" 2>&1; then
+    mix="arch=mixtral,L=2,C=48,NH=4,NKV=2,F=64,E=4,K=2,V=101,T=24,theta=500"
+    hp=(--B 3 --T 19 --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5)
+    if "$HFPY" tests/reference/reference_hf.py --spec "$mix" "${hp[@]}" --save-dir "$TMP/refs_hf/mixtral_e4k2.hf" \
+        --write-state "$TMP/refs_hf/mixtral_e4k2.state.bin" > "$TMP/refs_hf.log" 2>&1 &&
+        "$HFPY" tests/reference/reference_hf.py --spec "$mix" "${hp[@]}" --fp8 1 \
+            --save-dir "$TMP/refs_hf/mixtral_e4k2_fp8.hf" --write-state "$TMP/refs_hf/mixtral_e4k2_fp8.state.bin" \
+            >> "$TMP/refs_hf.log" 2>&1; then
         a=$(archive_pack "$OUTDIR/refs_hf" "$TMP" refs_hf)
-        note "refs_hf: MixtralForCausalLM mixtral_e4k2 (tests/reference/reference_hf.py, transformers" \
+        note "refs_hf: MixtralForCausalLM mixtral_e4k2 and mixtral_e4k2_fp8 (tests/reference/reference_hf.py, transformers" \
             "$("$HFPY" -c "import transformers; print(transformers.__version__)")) -> $(basename "$a")"
     else
         note "refs_hf: reference_hf.py failed ($(tail -n 1 "$TMP/refs_hf.log")); not bundled"

@@ -4,7 +4,9 @@
 # two ranks on one device), each layout against one process on the same GPU:
 #   dp=2 x ZeRO 0-3, dp=4 x ZeRO 1, tp=2, tp=2 + sp, cp=2, cp=4, and
 #   cp=2 x tp=2 x sp x dp=2 ZeRO-1 (8 ranks), pp=2 (1F1B and zero-bubble
-#   ZB-H1), pp=2 x tp=2 + sp x ZeRO-1,
+#   ZB-H1), pp=2 x tp=2 + sp x ZeRO-1, pp=2 ZB-H1 x dp=2 ZeRO-2, and pp=2
+#   ZBV (its V needs 4 layers: against one process of the same model with
+#   L=4),
 # trained for 10 steps on the same global batch (-d) from the same seed. The
 # losses of every step and the final weights (the step-10 checkpoint's state
 # file) are compared by relative error ‖a-b‖/‖b‖:
@@ -46,7 +48,11 @@ LAYOUTS = {
     "pp2": (2, ["--pp", "2"]), "pp2_tp2_sp_z1": (4, ["--pp", "2", "--tp", "2", "--sp", "1", "-z", "1"]),
     "pp2_zb": (2, ["--pp", "2", "--pp-schedule", "zb-h1"]),
     "pp2_zb_dp2_z2": (4, ["--pp", "2", "--pp-schedule", "zb-h1", "-z", "2"]),
+    "pp2_zbv": (2, ["--pp", "2", "--pp-schedule", "zbv"]),
 }
+# Layouts whose model has more layers than MODELS' 2 (the one-process run they
+# are compared with has them too): ZBV places 2 chunks on each of pp stages.
+LAYERS = {"pp2_zbv": 4}
 
 
 def flag(flags, name):
@@ -77,24 +83,38 @@ def main():
     check = Checks()
     data = os.path.join(ROOT, "data", "tiny", "tiny_train_000001.bin")
     fig = "" if a.model == "gpt2" else a.model + "_"
-    base = ["-e", MODELS[a.model], "-i", data, "-j", "", "-t", str(T), "-d", str(ROWS * T), "-x", "10", "-n", "10",
+    base = ["-i", data, "-j", "", "-t", str(T), "-d", str(ROWS * T), "-x", "10", "-n", "10",
             "-s", "0", "-v", "0", "-l", "1e-3", "-u", "3", "-q", "0.2", "-c", "0.1", "--device", a.device]
     try:
         for dtype in a.dtypes.split(","):
             tol = TOL["kFp32"] if dtype == "fp32" else a.bf16_tol
-            ref = os.path.join(tmp, f"single_{dtype}")
-            rc, out, err = train(0, base + ["--dtype", dtype, "-b", str(ROWS), "-o", ref], timeout=a.timeout)
-            if not check(rc == 0, f"one process {dtype}: rc={rc} {err[-400:]}"):
-                continue
-            ref_l, ref_w = [m["loss"] for m in metrics(ref)], read_checkpoint(ref, 10)[0]
-            print(f"{a.model}, one process {dtype}: losses {ref_l[0]:.4f} -> {ref_l[-1]:.4f}", flush=True)
+            refs = {}  # layers: the one-process run's (losses, final weights), or None if it failed
+
+            def reference(layers):
+                if layers not in refs:
+                    model = MODELS[a.model].replace("L=2,", f"L={layers},")
+                    ref = os.path.join(tmp, f"single_{dtype}_L{layers}")
+                    rc, out, err = train(0, base + ["-e", model, "--dtype", dtype, "-b", str(ROWS), "-o", ref],
+                                         timeout=a.timeout)
+                    refs[layers] = None
+                    if check(rc == 0, f"one process {dtype} L={layers}: rc={rc} {err[-400:]}"):
+                        refs[layers] = ([m["loss"] for m in metrics(ref)], read_checkpoint(ref, 10)[0])
+                        losses = refs[layers][0]
+                        print(f"{a.model} L={layers}, one process {dtype}: losses {losses[0]:.4f} -> "
+                              f"{losses[-1]:.4f}", flush=True)
+                return refs[layers]
             for name in names:
                 np_, flags = LAYOUTS[name]
+                layers = LAYERS.get(name, 2)
+                if reference(layers) is None:
+                    continue
+                ref_l, ref_w = reference(layers)
+                model = MODELS[a.model].replace("L=2,", f"L={layers},")
                 d = os.path.join(tmp, f"{dtype}_{name}")
                 b = rows_per_micro_batch(np_, flags)
                 try:
-                    rc, out, err = train(np_, base + ["--dtype", dtype, "-b", str(b), "--comm", "mpi", "-o", d] + flags,
-                                         timeout=a.timeout)
+                    rc, out, err = train(np_, base + ["-e", model, "--dtype", dtype, "-b", str(b), "--comm", "mpi",
+                                                      "-o", d] + flags, timeout=a.timeout)
                 except Exception as e:  # a hang: subprocess.TimeoutExpired
                     rc, err = -1, f"{type(e).__name__}: {e}"
                 what = f"{dtype} {name} (np={np_} {' '.join(flags)} -b {b})"
