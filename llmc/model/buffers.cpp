@@ -542,10 +542,11 @@ Workspace GPT::workspace() const {
     if (fp8_) {  // the four layers' inputs, output gradients and weights (fp8.cpp)
         const size_t N = (size_t)B_ * T_, C = cfg_.channels, Cl = table_.heads * cfg_.head_size(), Hl = table_.hidden;
         const size_t Wq = qkv_width(), Fl = fch_width();
-        w.fp8_elems = std::max({N * std::max({C, Cl, Hl, Wq, Fl}), Wq * C, C * Cl, Fl * C, C * Hl});
-        // A Mixtral's expert blocks: up to all R rows in one, their count
-        // padded to a multiple of 16 for the weight gradient's K.
-        if (cfg_.moe()) w.fp8_elems = std::max(w.fp8_elems, ((size_t)mlp_rows((int)N) + 15) * std::max(C, Fl));
+        // Rows padded to a multiple of 16 (the weight gradient's K, cuda/fp8.cuh);
+        // a Mixtral's expert blocks: up to all R rows in one.
+        const size_t Np = (N + 15) / 16 * 16, Rp = ((size_t)mlp_rows((int)N) + 15) / 16 * 16;
+        w.fp8_elems = std::max({Np * std::max({C, Cl, Hl, Wq, Fl}), Wq * C, C * Cl, Fl * C, C * Hl});
+        if (cfg_.moe()) w.fp8_elems = std::max(w.fp8_elems, Rp * std::max(C, Fl));
     }
     return w;
 }

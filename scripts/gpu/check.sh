@@ -23,10 +23,13 @@
 #     5    optional, after the others: the rest of test_real_shapes (heads
 #          of 128, a Llama, N*Vp > 2^31) and the planner against the measured
 #          tokens/s
+#     6    FP8 (--fp8 1) against bf16: d12 and the Qwen2.5-1.5B shape's
+#          tokens/s, beside llm.q's FP8 mode, and the loss after 300 steps
+#          of the same data (the fp8 step)
 #          or steps, comma-separated: env build test peers bench qwen
 #          breakdown shapes variants lab ranks curve sanitize shapes_more
-#          plan; or all
-#          (commands 1 to 5)
+#          plan fp8; or all
+#          (commands 1 to 6)
 #   OUTDIR where the results go (default build/gpu/check); runs into the
 #          same folder add up:
 #     summary.txt        every line printed, as it is printed
@@ -40,7 +43,7 @@
 #          for it, the clock) against the budget. GPU_DRY_BUILD=prebuilt|
 #          source: which build to assume (default: prebuilt when the bundle
 #          has prebuilt binaries).
-# Budget: GPU_CHECK_SECONDS (default 540; `all`: 5 x 540). Every program
+# Budget: GPU_CHECK_SECONDS (default 540; `all`: 6 x 540). Every program
 # runs under a time limit inside its step's, and the steps inside the
 # budget; what would start with too little time left is a row marked
 # SKIPPED. A crash, a timeout or a FAIL is its program's row and hides
@@ -48,7 +51,7 @@
 # build/gpu/deps. Exit status: 0 when nothing failed or was skipped.
 set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
-ALL_STEPS=(env build test peers bench qwen breakdown shapes variants lab ranks curve sanitize shapes_more plan)
+ALL_STEPS=(env build test peers bench qwen breakdown shapes variants lab ranks curve sanitize shapes_more plan fp8)
 DRY=${GPU_DRY_RUN:-0}
 [[ ${1:-} == --dry-run ]] && { DRY=1; shift; }
 [[ $DRY == 1 ]] || DRY=0
@@ -61,13 +64,14 @@ case $WHAT in
     3) STEPS=(env build lab ranks curve) ;;
     4) STEPS=(env build shapes variants sanitize) ;;
     5) STEPS=(env build shapes_more plan) ;;
-    all) STEPS=(env build test peers bench qwen breakdown shapes variants lab ranks curve sanitize shapes_more plan)
-         BUDGET=${GPU_CHECK_SECONDS:-2700} ;;
+    6) STEPS=(env build fp8) ;;
+    all) STEPS=(env build test peers bench qwen breakdown shapes variants lab ranks curve sanitize shapes_more plan fp8)
+         BUDGET=${GPU_CHECK_SECONDS:-3240} ;;
     __build | __env | __ldd) STEPS=() ;;
     *) IFS=', ' read -r -a STEPS <<< "$WHAT"
        for s in "${STEPS[@]}"; do
            [[ " ${ALL_STEPS[*]} " == *" $s "* ]] ||
-               { echo "check.sh: unknown step '$s' (1 2 3 4 5 all, or: ${ALL_STEPS[*]})" >&2; exit 2; }
+               { echo "check.sh: unknown step '$s' (1 2 3 4 5 6 all, or: ${ALL_STEPS[*]})" >&2; exit 2; }
        done ;;
 esac
 OUTDIR=${2:-}

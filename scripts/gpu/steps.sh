@@ -9,7 +9,7 @@
 # The groups of binaries each step needs (lib.sh: group_bins).
 declare -A STEP_NEEDS=([env]="" [build]="" [test]="tests" [shapes]="tests" [bench]="core" [lab]="lab"
     [ranks]="core" [curve]="core" [sanitize]="tests attn_lab" [shapes_more]="tests" [plan]="core" [peers]="core"
-    [qwen]="core" [breakdown]="core" [variants]="core")
+    [qwen]="core" [breakdown]="core" [variants]="core" [fp8]="core")
 
 needed_groups() {
     local s g all="" picked=""

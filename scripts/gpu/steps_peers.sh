@@ -4,6 +4,7 @@
 # where its step's time goes:
 #   peers      d12 beside llm.c's production build (cuDNN) and compiled PyTorch
 #   qwen       Qwen2.5-0.5B and -1.5B shapes beside llm.q
+#   fp8        --fp8 1 against bf16 (d12, Qwen2.5-1.5B), and llm.q's FP8 mode
 #   breakdown  d12's step by op class, measured and planned
 # Helpers (bench_data, llmc_ready, tokens_per_s, llmc_tokens_per_s, ratio)
 # are scripts/gpu/steps.sh's.
@@ -150,6 +151,82 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_0
         fi
         [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "Qwen2.5-$name" "${ours:--}" "${lm:--}" "${ratio:--}")"
     done
+    end_step
+}
+
+# ---- fp8 ----------------------------------------------------------------------------
+# FP8 training (--fp8 1, docs/fp8.md) against bf16 on the same GPU, in the
+# same command: d12 (B=32, T=1024, -r 1, the bench step's run) and the
+# Qwen2.5-1.5B shape (the qwen step's run: B=16, 8 micro-batches), each
+# with and without --fp8 1 (tokens/s from the median step after the
+# warm-up); llm.q's FP8 mode (--matmul-dtype=e4m3) at the 1.5B shape with
+# the qwen step's recipe; then scripts/gpu/fp8_loss.py: 300 steps of the
+# embedded text with and without --fp8 1, d12's and the 1.5B model's bodies.
+# Figures: fp8_d12_over_bf16, fp8_qwen2.5_1.5b_over_bf16,
+# fp8_qwen2.5_1.5b_over_llmq_fp8 (and the tokens/s behind each),
+# fp8_d12_loss_rel_diff_300, fp8_qwen2.5_1.5b_loss_rel_diff_300.
+step_fp8() {
+    begin_step fp8 540
+    need core
+    local data=build/gpu/bench_tokens.bin tok=build/gpu/qwen_tokens.bin f bf f8 lm ratio src desc="" llmq_ok=0
+    bench_data
+    local d12=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 1 --device cuda)
+    local q15=(-e "$QWEN_15B" -i "$tok" -j "" -b 16 -t 1024 -d 131072 -r 0 --device cuda)
+    for f in 0 1; do
+        FIGS=d12_b32_t1024_r1_fp8_${f}_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${d12[*]} --fp8 $f" \
+            MIN=40 run_prog "d12_fp8_$f" 100 35 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${d12[@]}" --fp8 "$f"
+    done
+    bf=$(tokens_per_s "$W/d12_fp8_0.log") f8=$(tokens_per_s "$W/d12_fp8_1.log")
+    ratio=$(ratio "$f8" "$bf")
+    [[ -n $ratio ]] && figure fp8_d12_over_bf16 "$ratio" ratio "d12 -b 32 -t 1024 -r 1: tokens/s with --fp8 1 over without"
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' d12 "${bf:--}" "${f8:--}" "${ratio:--}")"
+    [[ -f $tok && $DRY == 0 ]] || run_prog qwen_data 60 10 "$PY" -c "import sys
+sys.path.insert(0, 'scripts')
+import numpy as np, shards
+shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_000_000), 151936)" "$tok"
+    for f in 0 1; do
+        FIGS=qwen2.5_1.5b_fp8_${f}_ FIGCMD="scripts/benchmark.py --steps 12 --warmup 2 -- ${q15[*]} --fp8 $f" MIN=60 \
+            run_prog "qwen_1.5b_fp8_$f" 150 70 "$PY" scripts/benchmark.py --steps 12 --warmup 2 -- "${q15[@]}" --fp8 "$f"
+    done
+    bf=$(tokens_per_s "$W/qwen_1.5b_fp8_0.log") f8=$(tokens_per_s "$W/qwen_1.5b_fp8_1.log")
+    ratio=$(ratio "$f8" "$bf")
+    [[ -n $ratio ]] && figure fp8_qwen2.5_1.5b_over_bf16 "$ratio" ratio \
+        "Qwen2.5-1.5B shape -b 16 -d 131072: tokens/s with --fp8 1 over without"
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' Qwen2.5-1.5B "${bf:--}" "${f8:--}" "${ratio:--}")"
+    src=$(llmq_source)
+    if [[ -n $src ]]; then
+        run_prog llmq_build 300 "0|120" bash scripts/gpu/llmq_build.sh "$src" && llmq_ok=1
+        [[ -f build/gpu/llmq_train.bin && $DRY == 0 ]] ||
+            run_prog llmq_tokens 60 5 "$PY" scripts/gpu/llmq_tokens.py "$tok" build/gpu/llmq_train.bin --vocab 151936
+        [[ -f build/gpu/llmq_eval.bin && $DRY == 0 ]] ||
+            run_prog llmq_tokens_eval 60 3 "$PY" scripts/gpu/llmq_tokens.py "$tok" build/gpu/llmq_eval.bin \
+                --vocab 151936 --head 65537
+        [[ $DRY == 1 ]] || desc="llm.q $(cut -d' ' -f2 build/gpu/llmq/stamp 2>/dev/null | cut -c1-12)"
+    else
+        say "llm.q: no sources (LLMQ_SRC=DIR or the bundle's): its FP8 mode not measured"
+    fi
+    if ((llmq_ok)) || [[ $DRY == 1 && -n $src ]]; then
+        local qdir=$W/llmq_fp8
+        local cmd=(build/gpu/llmq/train --model=Qwen2.5-1.5B --from-scratch --gpus=1
+            --train-file=build/gpu/llmq_train.bin --eval-file=build/gpu/llmq_eval.bin --seq-len=1024 --batch-size=32
+            --grad-accumulation=4 --steps=12 --model-dtype=bf16 --matmul-dtype=e4m3 --use-cuda-graphs
+            --learning-rate=3e-4 --warmup=2 --eval-every-n-steps=0 --ckpt-interval=0 --save-training-state=false
+            --log-gpu-util=0 --lmhead-chunks=4 "--out-dir=$qdir" "--checkpoint-dir=$qdir/ckpt" "--log-file=$qdir/log.json")
+        [[ $DRY == 1 ]] || mkdir -p "$qdir"
+        MIN=60 run_prog llmq_qwen_1.5b_fp8 200 90 "${cmd[@]}"
+        lm=$(llmq_median_tps "$qdir/log.json")
+        [[ -n $lm ]] && figure qwen2.5_1.5b_llmq_fp8_tokens_per_s "$lm" tok/s "${cmd[*]} ($desc)"
+        ratio=$(ratio "$f8" "$lm")
+        [[ -n $ratio ]] && figure fp8_qwen2.5_1.5b_over_llmq_fp8 "$ratio" ratio \
+            "ours with --fp8 1 (above) over llm.q --matmul-dtype=e4m3 ($desc)"
+        [[ $DRY == 1 ]] || rm -rf "$qdir/ckpt" "$qdir"/*.safetensors 2>/dev/null
+        [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "llm.q e4m3 1.5B" "${lm:--}" "${f8:--}" "${ratio:--}")"
+    fi
+    local lim
+    lim=$(fit 240)
+    FIGS="" FIGCMD="scripts/gpu/fp8_loss.py (train_gpt, data/tiny, 300 steps, -b 8 -t 1024, --fp8 0 and 1)" MIN=60 \
+        SUMMARY_MATCH='^(PASS|FAIL|  [a-z])' run_prog fp8_loss 240 200 "$PY" scripts/gpu/fp8_loss.py --out "$W/runs" \
+        --deadline $((lim - 10))
     end_step
 }
 

@@ -187,13 +187,16 @@ def test_local_amax_differs(tmp):
 
 def test_plan_memory(tmp):
     """The planner builds the same model on its measuring backend: its memory
-    line equals the run's, FP8 operand copies included."""
-    for np_, extra in [(0, []), (2, ["--tp", "2"])]:
-        run_b, plan_b, err = plan_memory(np_, base() + ["-b", "4", "-d", "256", "-x", "1"] + extra)
+    line equals the run's, FP8 operand copies included (a Mixtral's: its
+    experts' block amaxes and histories too)."""
+    for np_, model, extra in [(0, GPT, []), (2, GPT, ["--tp", "2"]), (0, MIX, ["--fp8-history", "3"]),
+                              (2, MIX, ["--ep", "2"])]:
+        run_b, plan_b, err = plan_memory(np_, base(model) + ["-b", "4", "-d", "256", "-x", "1"] + extra)
         ok = run_b is not None and run_b == plan_b
         check(ok, f"--fp8 1 {' '.join(extra)}: the plan's bytes {plan_b} equal the run's {run_b} {err}")
         if ok:
-            print(f"  plan eval --fp8 1 {' '.join(extra) or '(one process)'}: {plan_b} bytes, as the run")
+            print(f"  plan eval --fp8 1 {model.split(',')[0]} {' '.join(extra) or '(one process)'}: {plan_b} bytes, "
+                  "as the run")
 
 
 def plan_row(tmp, name, prof, args, fp8):
