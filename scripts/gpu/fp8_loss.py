@@ -27,6 +27,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from curve import ROOT, finish, launch, metrics  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from checks import Checks  # noqa: E402
+
 MODELS = {
     "d12": "L=12,C=768,NH=12,V=257,T=1024",
     "qwen2.5_1.5b": "arch=qwen2,L=28,C=1536,NH=12,NKV=2,F=8960,V=257,T=1024,theta=1000000,tied=1",
@@ -50,13 +53,7 @@ def main():
     start = time.time()
     os.makedirs(a.out, exist_ok=True)
     data = os.path.join(ROOT, "data", "tiny")
-    passed = failed = 0
-
-    def check(ok, what):
-        nonlocal passed, failed
-        print(("PASS " if ok else "FAIL ") + what, flush=True)
-        passed, failed = passed + bool(ok), failed + (not ok)
-
+    check = Checks(show_pass=True)
     left = lambda: a.deadline - (time.time() - start)  # noqa: E731
     dtype = ["--dtype", "bf16"] if a.device == "cuda" else ["--dtype", "fp32"]
     for name in a.models.split(","):
@@ -93,8 +90,7 @@ def main():
         check(bf[-1] < bf[0] and f8[-1] < f8[0], f"{name}: both losses fall ({bf[0]:.3f} -> {bf[-1]:.3f}, "
                                                  f"{f8[0]:.3f} -> {f8[-1]:.3f})")
         check(diff <= 0.01, f"{name}: the FP8 loss at step {a.steps} within 1% of bf16's ({diff:.2e})")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    sys.exit(check.summary())
 
 
 if __name__ == "__main__":
