@@ -9,8 +9,8 @@
 # interleaved, tp x dp and cp x tp; Llama in tp x dp and cp; Mixtral, its
 # experts on FP8 operands block by block (one micro-batch's rows for one
 # expert: one tensor), in dp, ep (also with tp, cp, full recompute, and
-# under a zero-bubble pipeline with ZeRO 2), tp, cp and pp, with current and
-# delayed scaling; one amax per expert over all its rows (what a product
+# under ZB-H1 with ZeRO 2 and ZBV under full recompute), tp, cp and pp, with
+# current and delayed scaling; one amax per expert over all its rows (what a product
 # taking several ranks' micro-batches would do, LLMC_TEST_FP8_EXPERT_WHOLE)
 # differs under ep, so the block scales are what make it equal. Also: FP8 changes the
 # losses (the rounding is on) but little; a resume continues bit for bit
@@ -87,6 +87,11 @@ def test_experts(tmp):
         r = rel(w["ep_whole"], w["single"])
         check(r > 1e-6, f"ep 2 with one amax per expert over both ranks' rows differs from one process ({r:.2e})")
         print(f"  ep 2, one amax per expert instead of per block: final weights rel {r:.2e} from one process")
+    # ZBV (4 layers: two chunks on each of 2 stages) with ep 2 under full
+    # recompute: B keeps the blocks' amaxes for W, with delayed scaling.
+    equivalence(check, os.path.join(tmp, "mix_zbv"), "fp64",
+                base(MIX.replace("L=2", "L=4")) + ["-d", "256", "--fp8-history", "2"], ["-b", "4"],
+                [(4, ["-b", "4", "--pp", "2", "--pp-schedule", "zbv", "--ep", "2", "-r", "full"])], steps=STEPS)
 
 
 def test_effect_and_resume(tmp):
