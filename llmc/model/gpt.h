@@ -383,9 +383,10 @@ class GPT {
         if (!cfg_.moe()) return N;
         return ep_ ? ep_->size() * N * std::min(cfg_.top_k, ep_->local_experts()) : N * cfg_.top_k;
     }
-    // --fp8 in a split backward: the amaxes B keeps per layer-slot (the four
-    // layers' [4][3], a Mixtral's experts' [2][E][3] after them).
-    size_t amax_kept_per_slot() const { return 12 + (cfg_.moe() ? 6 * (size_t)cfg_.experts : 0); }
+    // --fp8 in a split backward: the amaxes B keeps per layer-slot, as many
+    // as a layer's in the history (the four layers' [4][3], a Mixtral's
+    // experts' [2 products][E blocks][3] after them).
+    size_t amax_kept_per_slot() const { return (size_t)cfg_.fp8_slots_per_layer(); }
     // The rows the MoE block of layer-slot la's last forward gave its experts.
     int moe_expert_rows(const LayerActs& la, int N) const;
     // A split backward under full recompute: the recomputed routing's host
