@@ -104,25 +104,60 @@ llmq_median_tps() {
         awk '{a[NR] = $1} END {if (NR) printf "%.0f\n", (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'
 }
 
+QWEN_TOKENS=build/gpu/qwen_tokens.bin
+
+# qwen_tokens: random tokens of Qwen's vocabulary in QWEN_TOKENS (made once).
+qwen_tokens() {
+    [[ -f $QWEN_TOKENS && $DRY == 0 ]] || run_prog qwen_data 60 10 "$PY" -c "import sys
+sys.path.insert(0, 'scripts')
+import numpy as np, shards
+shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_000_000), 151936)" "$QWEN_TOKENS"
+}
+
+# llmq_prepare: llm.q built from its sources and its token files made from
+# QWEN_TOKENS; LLMQ_OK=1 when it can run, LLMQ_DESC its commit for the figures.
+llmq_prepare() {
+    local src
+    LLMQ_OK=0 LLMQ_DESC=""
+    src=$(llmq_source)
+    if [[ -z $src ]]; then
+        say "llm.q: no sources (LLMQ_SRC=DIR, a clone of https://github.com/IST-DASLab/llmq, or the bundle's):" \
+            "ours only"
+        return
+    fi
+    run_prog llmq_build 300 "0|120" bash scripts/gpu/llmq_build.sh "$src" && LLMQ_OK=1
+    run_prog llmq_tokens 60 5 "$PY" scripts/gpu/llmq_tokens.py "$QWEN_TOKENS" build/gpu/llmq_train.bin \
+        --vocab 151936
+    run_prog llmq_tokens_eval 60 3 "$PY" scripts/gpu/llmq_tokens.py "$QWEN_TOKENS" \
+        build/gpu/llmq_eval.bin --vocab 151936 --head 65537
+    [[ $DRY == 1 ]] || LLMQ_DESC="llm.q $(cut -d' ' -f2 build/gpu/llmq/stamp 2>/dev/null | cut -c1-12)"
+}
+
+# llmq_measure PROG ASSUMED SIZE MATMUL QDIR EXTRA...: llm.q from scratch at
+# Qwen2.5-SIZE with the qwen step's recipe (B=32, 4 micro-batches, 12 steps,
+# CUDA graphs), its products in MATMUL (bf16, or e4m3: its FP8 mode), as
+# program PROG; LLMQ_CMD its command, LLMQ_TPS its tokens/s (empty if none).
+llmq_measure() {
+    local prog=$1 assumed=$2 size=$3 mm=$4 qdir=$5
+    shift 5
+    LLMQ_CMD=(build/gpu/llmq/train "--model=Qwen2.5-${size}B" --from-scratch --gpus=1
+        --train-file=build/gpu/llmq_train.bin --eval-file=build/gpu/llmq_eval.bin --seq-len=1024
+        --batch-size=32 --grad-accumulation=4 --steps=12 --model-dtype=bf16 "--matmul-dtype=$mm"
+        --use-cuda-graphs --learning-rate=3e-4 --warmup=2 --eval-every-n-steps=0 --ckpt-interval=0
+        --save-training-state=false --log-gpu-util=0 "$@" "--out-dir=$qdir"
+        "--checkpoint-dir=$qdir/ckpt" "--log-file=$qdir/log.json")
+    [[ $DRY == 1 ]] || mkdir -p "$qdir"
+    MIN=60 run_prog "$prog" 200 "$assumed" "${LLMQ_CMD[@]}"
+    LLMQ_TPS=$(llmq_median_tps "$qdir/log.json")
+    [[ $DRY == 1 ]] || rm -rf "$qdir/ckpt" "$qdir"/*.safetensors 2>/dev/null  # the model llm.q writes at its end
+}
+
 step_qwen() {
     begin_step qwen 420
     need core
-    local tok=build/gpu/qwen_tokens.bin src name spec B d ours lm ratio llmq_ok=0 desc=""
-    [[ -f $tok && $DRY == 0 ]] || run_prog qwen_data 60 10 "$PY" -c "import sys
-sys.path.insert(0, 'scripts')
-import numpy as np, shards
-shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_000_000), 151936)" "$tok"
-    src=$(llmq_source)
-    if [[ -n $src ]]; then
-        run_prog llmq_build 300 "0|120" bash scripts/gpu/llmq_build.sh "$src" && llmq_ok=1
-        run_prog llmq_tokens 60 5 "$PY" scripts/gpu/llmq_tokens.py "$tok" build/gpu/llmq_train.bin \
-            --vocab 151936
-        run_prog llmq_tokens_eval 60 3 "$PY" scripts/gpu/llmq_tokens.py "$tok" \
-            build/gpu/llmq_eval.bin --vocab 151936 --head 65537
-        [[ $DRY == 1 ]] || desc="llm.q $(cut -d' ' -f2 build/gpu/llmq/stamp 2>/dev/null | cut -c1-12)"
-    else
-        say "llm.q: no sources (LLMQ_SRC=DIR, a clone of https://github.com/IST-DASLab/llmq, or the bundle's): ours only"
-    fi
+    local tok=$QWEN_TOKENS name spec B ours lm ratio
+    qwen_tokens
+    llmq_prepare
     [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' run tokens/s llmq_tok/s ratio)"
     for name in 0.5b 1.5b; do
         if [[ $name == 0.5b ]]; then spec=$QWEN_05B B=32; else spec=$QWEN_15B B=16; fi
@@ -133,21 +168,14 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_0
             --steps 12 --warmup 2 -- "${args[@]}"
         ours=$(tokens_per_s "$W/ours_qwen_$name.log")
         lm="" ratio=""
-        if ((llmq_ok)) || [[ $DRY == 1 && -n $src ]]; then
-            local qdir=$W/llmq_$name
-            local cmd=(build/gpu/llmq/train "--model=Qwen2.5-${name%b}B" --from-scratch --gpus=1
-                --train-file=build/gpu/llmq_train.bin --eval-file=build/gpu/llmq_eval.bin --seq-len=1024
-                --batch-size=32 --grad-accumulation=4 --steps=12 --model-dtype=bf16 --matmul-dtype=bf16
-                --use-cuda-graphs --learning-rate=3e-4 --warmup=2 --eval-every-n-steps=0 --ckpt-interval=0
-                --save-training-state=false --log-gpu-util=0 "${extra[@]}" "--out-dir=$qdir"
-                "--checkpoint-dir=$qdir/ckpt" "--log-file=$qdir/log.json")
-            [[ $DRY == 1 ]] || mkdir -p "$qdir"
-            MIN=60 run_prog "llmq_qwen_$name" 200 "$([[ $name == 0.5b ]] && echo 50 || echo 90)" "${cmd[@]}"
-            lm=$(llmq_median_tps "$qdir/log.json")
-            [[ -n $lm ]] && figure "qwen2.5_${name}_llmq_tokens_per_s" "$lm" tok/s "${cmd[*]} ($desc)"
+        if ((LLMQ_OK)); then
+            llmq_measure "llmq_qwen_$name" "$([[ $name == 0.5b ]] && echo 50 || echo 90)" "${name%b}" bf16 \
+                "$W/llmq_$name" "${extra[@]}"
+            lm=$LLMQ_TPS
+            [[ -n $lm ]] && figure "qwen2.5_${name}_llmq_tokens_per_s" "$lm" tok/s "${LLMQ_CMD[*]} ($LLMQ_DESC)"
             ratio=$(ratio "$ours" "$lm")
-            [[ -n $ratio ]] && figure "qwen2.5_${name}_ours_over_llmq" "$ratio" ratio "the two figures above ($desc)"
-            [[ $DRY == 1 ]] || rm -rf "$qdir/ckpt" "$qdir"/*.safetensors 2>/dev/null  # the model llm.q writes at its end
+            [[ -n $ratio ]] &&
+                figure "qwen2.5_${name}_ours_over_llmq" "$ratio" ratio "the two figures above ($LLMQ_DESC)"
         fi
         [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "Qwen2.5-$name" "${ours:--}" "${lm:--}" "${ratio:--}")"
     done
@@ -165,62 +193,42 @@ shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_0
 # Figures: fp8_d12_over_bf16, fp8_qwen2.5_1.5b_over_bf16,
 # fp8_qwen2.5_1.5b_over_llmq_fp8 (and the tokens/s behind each),
 # fp8_d12_loss_rel_diff_300, fp8_qwen2.5_1.5b_loss_rel_diff_300.
+# fp8_pair NAME FIG LIMIT ASSUMED MIN STEPS WARMUP WHAT ARGS...: scripts/benchmark.py
+# of ARGS with --fp8 0 and 1 (programs NAME_fp8_0 and _1, figures
+# FIG_fp8_0_... and FIG_fp8_1_...), then figure fp8_FIG_over_bf16 (WHAT
+# names the run) and a row; FP8_TPS: the --fp8 1 run's tokens/s.
+fp8_pair() {
+    local name=$1 fig=$2 limit=$3 assumed=$4 min=$5 steps=$6 warmup=$7 what=$8 f bf ratio
+    shift 8
+    for f in 0 1; do
+        FIGS=${fig}_fp8_${f}_ FIGCMD="scripts/benchmark.py --steps $steps --warmup $warmup -- $* --fp8 $f" MIN=$min \
+            run_prog "${name}_fp8_$f" "$limit" "$assumed" "$PY" scripts/benchmark.py --steps "$steps" \
+            --warmup "$warmup" -- "$@" --fp8 "$f"
+    done
+    bf=$(tokens_per_s "$W/${name}_fp8_0.log") FP8_TPS=$(tokens_per_s "$W/${name}_fp8_1.log")
+    ratio=$(ratio "$FP8_TPS" "$bf")
+    [[ -n $ratio ]] && figure "fp8_${fig}_over_bf16" "$ratio" ratio "$what: tokens/s with --fp8 1 over without"
+    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "$name" "${bf:--}" "${FP8_TPS:--}" "${ratio:--}")"
+}
+
 step_fp8() {
     begin_step fp8 540
     need core
-    local data=build/gpu/bench_tokens.bin tok=build/gpu/qwen_tokens.bin f bf f8 lm ratio src desc="" llmq_ok=0
+    local data=build/gpu/bench_tokens.bin ratio
     bench_data
-    local d12=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 1 --device cuda)
-    local q15=(-e "$QWEN_15B" -i "$tok" -j "" -b 16 -t 1024 -d 131072 -r 0 --device cuda)
-    for f in 0 1; do
-        FIGS=d12_b32_t1024_r1_fp8_${f}_ FIGCMD="scripts/benchmark.py --steps 30 --warmup 5 -- ${d12[*]} --fp8 $f" \
-            MIN=40 run_prog "d12_fp8_$f" 100 35 "$PY" scripts/benchmark.py --steps 30 --warmup 5 -- "${d12[@]}" --fp8 "$f"
-    done
-    bf=$(tokens_per_s "$W/d12_fp8_0.log") f8=$(tokens_per_s "$W/d12_fp8_1.log")
-    ratio=$(ratio "$f8" "$bf")
-    [[ -n $ratio ]] && figure fp8_d12_over_bf16 "$ratio" ratio "d12 -b 32 -t 1024 -r 1: tokens/s with --fp8 1 over without"
-    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' d12 "${bf:--}" "${f8:--}" "${ratio:--}")"
-    [[ -f $tok && $DRY == 0 ]] || run_prog qwen_data 60 10 "$PY" -c "import sys
-sys.path.insert(0, 'scripts')
-import numpy as np, shards
-shards.write_shard(sys.argv[1], np.random.default_rng(0).integers(0, 151936, 8_000_000), 151936)" "$tok"
-    for f in 0 1; do
-        FIGS=qwen2.5_1.5b_fp8_${f}_ FIGCMD="scripts/benchmark.py --steps 12 --warmup 2 -- ${q15[*]} --fp8 $f" MIN=60 \
-            run_prog "qwen_1.5b_fp8_$f" 150 70 "$PY" scripts/benchmark.py --steps 12 --warmup 2 -- "${q15[@]}" --fp8 "$f"
-    done
-    bf=$(tokens_per_s "$W/qwen_1.5b_fp8_0.log") f8=$(tokens_per_s "$W/qwen_1.5b_fp8_1.log")
-    ratio=$(ratio "$f8" "$bf")
-    [[ -n $ratio ]] && figure fp8_qwen2.5_1.5b_over_bf16 "$ratio" ratio \
-        "Qwen2.5-1.5B shape -b 16 -d 131072: tokens/s with --fp8 1 over without"
-    [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' Qwen2.5-1.5B "${bf:--}" "${f8:--}" "${ratio:--}")"
-    src=$(llmq_source)
-    if [[ -n $src ]]; then
-        run_prog llmq_build 300 "0|120" bash scripts/gpu/llmq_build.sh "$src" && llmq_ok=1
-        [[ -f build/gpu/llmq_train.bin && $DRY == 0 ]] ||
-            run_prog llmq_tokens 60 5 "$PY" scripts/gpu/llmq_tokens.py "$tok" build/gpu/llmq_train.bin --vocab 151936
-        [[ -f build/gpu/llmq_eval.bin && $DRY == 0 ]] ||
-            run_prog llmq_tokens_eval 60 3 "$PY" scripts/gpu/llmq_tokens.py "$tok" build/gpu/llmq_eval.bin \
-                --vocab 151936 --head 65537
-        [[ $DRY == 1 ]] || desc="llm.q $(cut -d' ' -f2 build/gpu/llmq/stamp 2>/dev/null | cut -c1-12)"
-    else
-        say "llm.q: no sources (LLMQ_SRC=DIR or the bundle's): its FP8 mode not measured"
-    fi
-    if ((llmq_ok)) || [[ $DRY == 1 && -n $src ]]; then
-        local qdir=$W/llmq_fp8
-        local cmd=(build/gpu/llmq/train --model=Qwen2.5-1.5B --from-scratch --gpus=1
-            --train-file=build/gpu/llmq_train.bin --eval-file=build/gpu/llmq_eval.bin --seq-len=1024 --batch-size=32
-            --grad-accumulation=4 --steps=12 --model-dtype=bf16 --matmul-dtype=e4m3 --use-cuda-graphs
-            --learning-rate=3e-4 --warmup=2 --eval-every-n-steps=0 --ckpt-interval=0 --save-training-state=false
-            --log-gpu-util=0 --lmhead-chunks=4 "--out-dir=$qdir" "--checkpoint-dir=$qdir/ckpt" "--log-file=$qdir/log.json")
-        [[ $DRY == 1 ]] || mkdir -p "$qdir"
-        MIN=60 run_prog llmq_qwen_1.5b_fp8 200 90 "${cmd[@]}"
-        lm=$(llmq_median_tps "$qdir/log.json")
-        [[ -n $lm ]] && figure qwen2.5_1.5b_llmq_fp8_tokens_per_s "$lm" tok/s "${cmd[*]} ($desc)"
-        ratio=$(ratio "$f8" "$lm")
+    fp8_pair d12 d12 100 35 40 30 5 "d12 -b 32 -t 1024 -r 1" -e d12 -i "$data" -j "" -b 32 -t 1024 -r 1 --device cuda
+    qwen_tokens
+    fp8_pair qwen_1.5b qwen2.5_1.5b 150 70 60 12 2 "Qwen2.5-1.5B shape -b 16 -d 131072" -e "$QWEN_15B" \
+        -i "$QWEN_TOKENS" -j "" -b 16 -t 1024 -d 131072 -r 0 --device cuda
+    llmq_prepare
+    if ((LLMQ_OK)); then
+        llmq_measure llmq_qwen_1.5b_fp8 90 1.5 e4m3 "$W/llmq_fp8" --lmhead-chunks=4
+        [[ -n $LLMQ_TPS ]] && figure qwen2.5_1.5b_llmq_fp8_tokens_per_s "$LLMQ_TPS" tok/s "${LLMQ_CMD[*]} ($LLMQ_DESC)"
+        ratio=$(ratio "$FP8_TPS" "$LLMQ_TPS")
         [[ -n $ratio ]] && figure fp8_qwen2.5_1.5b_over_llmq_fp8 "$ratio" ratio \
-            "ours with --fp8 1 (above) over llm.q --matmul-dtype=e4m3 ($desc)"
-        [[ $DRY == 1 ]] || rm -rf "$qdir/ckpt" "$qdir"/*.safetensors 2>/dev/null
-        [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "llm.q e4m3 1.5B" "${lm:--}" "${f8:--}" "${ratio:--}")"
+            "ours with --fp8 1 (above) over llm.q --matmul-dtype=e4m3 ($LLMQ_DESC)"
+        [[ $DRY == 1 ]] ||
+            say "$(printf '%-22s %14s %14s %10s' "llm.q e4m3 1.5B" "${LLMQ_TPS:--}" "${FP8_TPS:--}" "${ratio:--}")"
     fi
     local lim
     lim=$(fit 240)
