@@ -4,7 +4,8 @@
 //   amax       the largest magnitude of a tensor (exact: a max), and NaN wins
 //   quantize   bytes of x · scale by the conversion instruction (satfinite)
 //              against fp8.h's rounding of the same fp32 values, e4m3 and
-//              e5m2, plain and transposed (exact: every byte)
+//              e5m2, plain, transposed (rows padded to 16 with zero bytes)
+//              and both in one pass (exact: every byte)
 //   products   forward, input gradient and weight gradient (+=) through
 //              cuBLASLt's FP8 matmul with the descale pointers, against the
 //              CPU's product of the rounded copies (fp32 accumulation on both
@@ -51,23 +52,34 @@ static void check_quantize(int rows, int cols) {
     fp8_scales_kernel<<<1, 32>>>(sc, dam);
     float s[6];
     CUDA_CHECK(cudaMemcpy(s, sc, sizeof s, cudaMemcpyDeviceToHost));
-    uint8_t* q = lab::dev_alloc<uint8_t>(x.size());
+    // Transposed: [cols, ld], ld the rows padded to 16 with zero bytes; t == 2
+    // also writes the plain bytes in the same pass (a backward's dy).
+    const size_t ld = (size_t)fp8_padded_k(rows), nt = (size_t)cols * ld;
+    uint8_t *q = lab::dev_alloc<uint8_t>(nt), *plain = lab::dev_alloc<uint8_t>(x.size());
     for (int e5 = 0; e5 < 2; e5++)
-        for (int t = 0; t < 2; t++) {
-            fp8_quantize<float>(q, dx, rows, cols, sc + (e5 ? 2 : 0), e5 == 1, t == 1, 0);
-            const std::vector<uint8_t> got = bytes_from_device(q, x.size());
+        for (int t = 0; t < 3; t++) {
+            CUDA_CHECK(cudaMemset(q, 0x55, nt));  // the padding must be written, not found
+            CUDA_CHECK(cudaMemset(plain, 0x55, x.size()));
+            fp8_quantize<float>(q, dx, rows, cols, sc + (e5 ? 2 : 0), e5 == 1, t >= 1, 0, t == 2 ? plain : nullptr);
+            const std::vector<uint8_t> got = bytes_from_device(q, t ? nt : x.size());
+            const std::vector<uint8_t> got_plain = bytes_from_device(plain, x.size());
             const fp8::Format f = e5 ? fp8::Format::e5m2 : fp8::Format::e4m3;
             size_t bad = 0;
             for (int r = 0; r < rows; r++)
                 for (int c = 0; c < cols; c++) {
                     const float v = x[(size_t)r * cols + c] * s[e5 ? 2 : 0];  // the kernel's fp32 product
                     const uint8_t w = fp8::encode((double)v, f);
-                    bad += got[t ? (size_t)c * rows + r : (size_t)r * cols + c] != w;
+                    bad += got[t ? (size_t)c * ld + r : (size_t)r * cols + c] != w;
+                    if (t == 2) bad += got_plain[(size_t)r * cols + c] != w;
                 }
-            count(bad == 0, std::string("quantize ") + (e5 ? "e5m2" : "e4m3") + (t ? " transposed" : ""),
-                  std::to_string(bad) + " of " + std::to_string(x.size()) + " bytes differ");
+            if (t)
+                for (int c = 0; c < cols; c++)
+                    for (size_t r = rows; r < ld; r++) bad += got[(size_t)c * ld + r] != 0;
+            const char* how[] = {"", " transposed", " transposed and plain"};
+            count(bad == 0, std::string("quantize ") + (e5 ? "e5m2" : "e4m3") + how[t],
+                  std::to_string(bad) + " of " + std::to_string(t ? nt : x.size()) + " bytes differ");
         }
-    for (void* p : {(void*)dx, (void*)dam, (void*)bits, (void*)sc, (void*)q}) lab::dev_free(p);
+    for (void* p : {(void*)dx, (void*)dam, (void*)bits, (void*)sc, (void*)q, (void*)plain}) lab::dev_free(p);
 }
 
 // The three products against the CPU's emulation (fp32 copies, cpu_fp8.h).
@@ -102,6 +114,13 @@ static void check_products(int N, int IC, int OC, double tol) {
     lab::validate((l + " forward").c_str(), lab::from_device(d_y, y.size()), y, tol);
     lab::validate((l + " input grad").c_str(), lab::from_device(d_dx, dx.size()), dx, tol);
     lab::validate((l + " weight grad").c_str(), lab::from_device(d_dw, dw.size()), dw, tol);
+    // A split backward's halves: B (dy quantised as it is) then W (transposed).
+    CUDA_CHECK(cudaMemset(d_dx, 0, dx.size() * sizeof(E)));
+    lab::copy_to_device<E>(d_dw, dw0);
+    ops.backward(fp32, d_dx, nullptr, nullptr, d_dy, d_x, d_w, N, IC, OC, d_am, nullptr);
+    ops.backward(fp32, nullptr, d_dw, nullptr, d_dy, d_x, d_w, N, IC, OC, d_am, nullptr);
+    lab::validate((l + " input grad, B alone").c_str(), lab::from_device(d_dx, dx.size()), dx, tol);
+    lab::validate((l + " weight grad, W alone").c_str(), lab::from_device(d_dw, dw.size()), dw, tol);
     for (void* p : {(void*)d_x, (void*)d_w, (void*)d_dy, (void*)d_b, (void*)d_y, (void*)d_dx, (void*)d_dw, (void*)d_am})
         lab::dev_free(p);
 }

@@ -40,10 +40,11 @@ struct GPT::Acts {
     // they go back ([R,C]).
     void *moe_send = nullptr, *moe_ye = nullptr;
     void* moe_bias = nullptr;  // [L, E] stat: --moe-balance bias's routing bias
-    void* moe_fp8_amax = nullptr;  // --fp8, Mixtral: [2 products][E blocks][3] doubles (expert_amax)
     void* moe_aux_grad = nullptr;  // [chunk-slots, E] stat: the load-balancing loss's gradient per probability
-    // --fp8 1 (docs/fp8.md): the amax of a product's input, weight and output
-    // gradient (3 doubles; the backend keeps the operands' FP8 copies).
+    // --fp8 1 (docs/fp8.md), per layer-slot: the amaxes of the four linear
+    // layers' input, weight and output gradient ([4][3] doubles; a Mixtral's
+    // experts' [2 products][E blocks][3] after them), the forward's two kept
+    // for the backward (the backend keeps the operands' FP8 copies).
     void* fp8_amax = nullptr;
     // --fp8-history: per (layer, linear, operand) the last N steps' amaxes
     // ([L, 4, 3, N] doubles, newest first) and this step's ([L, 4, 3]).
@@ -75,9 +76,6 @@ struct GPT::Acts {
     // fc's (gathered under sp, or recomputed), the projections' (recomputed)
     void *g_ln1 = nullptr, *g_ln2 = nullptr, *g_atty = nullptr, *g_h = nullptr;
     void* g_router = nullptr;  // Mixtral: the router's output gradient [N,E] (g_fcproj, g_fc: the experts' rows)
-    // --fp8: the four layers' amaxes from B ([4][3] doubles per layer-slot;
-    // a Mixtral's experts' [2][E][3] after them)
-    void* g_amax = nullptr;
     // ZeRO 2 and 3: the two norms' output gradients [Ns,C] for W's norm
     // weight gradients, and where B's own go ([2C], discarded); under full
     // recompute also the norms' inputs B recomputed: x2 [Ns,C] and the
@@ -96,7 +94,7 @@ struct GPT::LayerActs {
     void *g_qkv, *g_attproj, *g_fc, *g_fcproj;  // split_backward: the kept output gradients (null otherwise)
     void *g_ln1, *g_ln2, *g_atty, *g_h;  // split_backward: the four layers' inputs for W (kept copies, or ln1 ...)
     void* g_router;                      // split_backward, Mixtral: the router's output gradient
-    void* g_amax;                        // split_backward, --fp8: the four layers' amaxes from B
+    void* amax;                          // --fp8: the slot's amaxes (Acts::fp8_amax; else null)
     void *g_dln1, *g_dln2;               // split_backward, ZeRO 2 and 3: the norms' output gradients from B
     void *g_x2, *g_stats;                // ... under full recompute: the norms' inputs B recomputed (else null)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)

@@ -64,7 +64,7 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         unit_grads_[u] = nullptr;  // handed out afresh for each W (ZeRO 2 and 3)
         const LayerActs la = layer_acts(l, slot, N, Ns);
         auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
-            linear_backward_weights(w, Gb(b, l), dout, in, l, N, IC, OC, amax_kept(la, w));
+            linear_backward_weights(w, Gb(b, l), dout, in, l, N, IC, OC, amax_of(la, w));
         };
         if (cfg_.moe()) {
             moe_backward(l, la, nullptr, nullptr, N, nullptr, BackwardPart::weights);
@@ -180,11 +180,11 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             if (la.g_h != la.h) keep(la.g_h, la.h, (size_t)N * Hl);  // recomputed: kept for W
             const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
             if (cfg_.llama()) {
-                linear_backward_input(a.dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_kept(la, Param::fcprojw));
+                linear_backward_input(a.dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_of(la, Param::fcprojw));
                 be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
             } else if (fp8_) {
                 linear_backward_input(a.dfch, Param::fcprojw, dout, la.h, l, N, Hl, C, true,
-                                      amax_kept(la, Param::fcprojw));
+                                      amax_of(la, Param::fcprojw));
                 be_->gelu_backward(a.dfch, la.fch, a.dfch, (size_t)N * Hl);
             } else {
                 be_->matmul_backward_gelu(a.dfch, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), la.fch, N, Hl, C);
@@ -193,12 +193,14 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             const void* xin = f_input(la.ln2);  // (gathered under sp: kept for W, which issues no collective)
             if (xin != la.g_ln2) keep(la.g_ln2, xin, (size_t)N * C);
             linear_backward_input(a.dln, Param::fcw, a.dfch, xin, l, N, C, (int)fch_width(), false,
-                                  amax_kept(la, Param::fcw));
+                                  amax_of(la, Param::fcw));
         } else if (cfg_.llama()) {
-            linear_backward(a.dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true);
+            linear_backward(a.dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
+                            amax_of(la, Param::fcprojw));
             be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
         } else if (fp8_) {  // the FP8 product, then the GELU's backward in place
-            linear_backward(a.dfch, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true);
+            linear_backward(a.dfch, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
+                            amax_of(la, Param::fcprojw));
             be_->gelu_backward(a.dfch, la.fch, a.dfch, (size_t)N * Hl);
         } else {  // fcproj's input gradient through the GELU (one op: a backend may fuse them)
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
@@ -206,7 +208,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         }
         if (!cfg_.moe() && !input_only)
             linear_backward(a.dln, Param::fcw, Gb(Param::fcb, l), a.dfch, f_input(la.ln2), l, N, C, (int)fch_width(),
-                            false);
+                            false, amax_of(la, Param::fcw));
         // (ZeRO 2 and 3 under a split backward: B keeps the norm's output
         // gradient and its W computes the norm's weight gradients, so a block's
         // gradient buffer is handed out once per micro-batch, in W.)
@@ -220,9 +222,10 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         if (input_only) {
             if (la.g_atty != la.atty) keep(la.g_atty, la.atty, (size_t)N * Cl);  // recomputed: kept for W
             linear_backward_input(a.datt, Param::attprojw, keep(la.g_attproj, g_bwd(), (size_t)N * C), la.atty, l, N,
-                                  Cl, C, true, amax_kept(la, Param::attprojw));
+                                  Cl, C, true, amax_of(la, Param::attprojw));
         } else
-            linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true);
+            linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true,
+                            amax_of(la, Param::attprojw));
         if (cp_)
             cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale, la.docs);
         else {
@@ -236,10 +239,11 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             const void* xin = f_input(la.ln1);
             if (xin != la.g_ln1) keep(la.g_ln1, xin, (size_t)N * C);
             linear_backward_input(a.dln, Param::qkvw, keep(la.g_qkv, a.dqkv, (size_t)N * W), xin, l, N, C, (int)W,
-                                  false, amax_kept(la, Param::qkvw));
+                                  false, amax_of(la, Param::qkvw));
         }
         else
-            linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false);
+            linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false,
+                            amax_of(la, Param::qkvw));
         block_norm_backward(la.g_dln1, la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w);
         if (!input_only) provider_->grads_done(u, last_micro_step);  // (split: after its W)
         release(u);

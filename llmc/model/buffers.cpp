@@ -200,7 +200,6 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         a.g_fc = alloc_buffer(A, "w_grad_fc", LS * R * Fl, act, true);
         a.g_fcproj = alloc_buffer(A, "w_grad_fcproj", LS * (cfg.moe() ? R : N) * C, act, true);
         if (cfg.moe()) a.g_router = alloc_buffer(A, "w_grad_router", LS * N * cfg.experts, act, true);
-        if (o.fp8) a.g_amax = alloc_buffer(A, "w_fp8_amax", LS * amax_kept_per_slot(), DType::F64, true);
         if (sp || !a.keep_block) a.g_ln1 = alloc_buffer(A, "w_input_ln1", LS * N * C, act, true);
         if (sp || !a.keep_block) a.g_ln2 = alloc_buffer(A, "w_input_ln2", LS * N * C, act, true);
         if (!a.keep_attn) a.g_atty = alloc_buffer(A, "w_input_atty", LS * N * Cl, act, true);
@@ -247,8 +246,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     }
     if (fp8_) {  // the four layers' FP8 operands' amax (fp8.cpp): input, weight, output gradient
         if (!be_->fp8()) throw std::invalid_argument("GPT: the " + std::string(be_->name()) + " backend has no FP8 products");
-        a.fp8_amax = alloc_buffer(S, "fp8_amax", 3, DType::F64);
-        if (cfg.moe()) a.moe_fp8_amax = alloc_buffer(S, "moe_fp8_amax", 6 * (size_t)cfg.experts, DType::F64);
+        a.fp8_amax = alloc_buffer(A, "fp8_amax", LS * amax_per_slot(), DType::F64, true);
         if (fp8_len_ > 0) {
             const size_t slots = (size_t)fp8_slots();
             a.fp8_hist = alloc_buffer(S, "fp8_amax_history", slots * fp8_len_, DType::F64);
@@ -460,7 +458,7 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_fc = a.g_fc ? act_layer(a.g_fc, i, R * fch_width(), act) : nullptr;
     r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, i, (cfg_.moe() ? R : (size_t)N) * C, act) : nullptr;
     r.g_router = a.g_router ? act_layer(a.g_router, i, (size_t)N * cfg_.experts, act) : nullptr;
-    r.g_amax = a.g_amax ? elem_ptr(a.g_amax, DType::F64, (size_t)i * amax_kept_per_slot()) : nullptr;
+    r.amax = a.fp8_amax ? elem_ptr(a.fp8_amax, DType::F64, (size_t)i * amax_per_slot()) : nullptr;
     r.g_dln1 = a.g_dln1 ? act_layer(a.g_dln1, i, Ns * C, act) : nullptr;
     r.g_dln2 = a.g_dln2 ? act_layer(a.g_dln2, i, Ns * C, act) : nullptr;
     r.g_x2 = a.g_x2 ? act_layer(a.g_x2, i, Ns * C, act) : nullptr;

@@ -111,7 +111,8 @@ void GPT::decode(KVCache& kv, const int* tokens, int n, void* logits, DType dt) 
         residual_norm(kv.x2, kv.ln, kv.mean, kv.rstd, kv.x, kv.proj, Param::ln2w, l, n);
         if (cfg_.moe()) {  // Mixtral: the MoE block on the new rows (moe.cpp), into proj
             const MoeRows r{kv.moe_logits, kv.moe_probs, kv.moe_topw, kv.moe_topi, kv.moe_offsets, kv.moe_perm,
-                            kv.moe_inv,    kv.moe_xg,    kv.fch,      kv.h,        kv.moe_yg,   &kv.moe_offsets_host, 0};
+                            kv.moe_inv,    kv.moe_xg,    kv.fch,      kv.h,        kv.moe_yg,   &kv.moe_offsets_host, 0,
+                            nullptr};
             moe_rows_forward(l, r, kv.ln, kv.proj, n);
         } else if (cfg_.llama()) {
             be_->matmul_forward(kv.fch, kv.ln, P(Param::fcw, l), Pb(Param::fcb, l), n, C, (int)fch_width());

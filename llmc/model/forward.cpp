@@ -49,11 +49,12 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
     };
     if (norm_input) norm(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, Param::ln1w, l, Ns);
     // attention: QKV column-parallel by heads, attproj row-parallel
-    linear_forward(la.qkv, f_fwd(la.ln1), Param::qkvw, Pb(Param::qkvb, l), l, N, C, (int)qkv_width(), false);
+    linear_forward(la.qkv, f_fwd(la.ln1), Param::qkvw, Pb(Param::qkvb, l), l, N, C, (int)qkv_width(), false,
+                   amax_of(la, Param::qkvw));
     rotate(la.qkv, B, T, false);
     attention_core(la, B, T);
     linear_forward(a.proj, la.atty, Param::attprojw, bias_in_matmul ? Pb(Param::attprojb, l) : nullptr, l, N, Cl, C,
-                   true);
+                   true, amax_of(la, Param::attprojw));
     void* attn_out = g_fwd(Pb(Param::attprojb, l));
     residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns);
     // Mixtral: the MoE block (moe.cpp), its experts split like the MLP.
@@ -63,15 +64,18 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
     }
     // MLP: fc column-parallel, fcproj row-parallel
     if (cfg_.llama()) {
-        linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false);
+        linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false,
+                       amax_of(la, Param::fcw));
         activation(la.h, la.fch, N);
     } else if (fp8_) {  // the FP8 product, then its GELU
-        linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false);
+        linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false,
+                       amax_of(la, Param::fcw));
         activation(la.h, la.fch, N);
     } else {  // the product and its GELU (one op: a backend may fuse them)
         be_->matmul_gelu_forward(la.fch, la.h, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
     }
-    linear_forward(a.proj, la.h, Param::fcprojw, bias_in_matmul ? Pb(Param::fcprojb, l) : nullptr, l, N, Hl, C, true);
+    linear_forward(a.proj, la.h, Param::fcprojw, bias_in_matmul ? Pb(Param::fcprojb, l) : nullptr, l, N, Hl, C, true,
+                   amax_of(la, Param::fcprojw));
     return g_fwd(Pb(Param::fcprojb, l));
 }
 

@@ -10,7 +10,9 @@
 // --fp8-history the scale comes from the largest amax of the operand's last
 // N steps (delayed scaling), and the step's own amaxes join the history at
 // its end, maxed over the dp x cp ranks (the trainer's collective), so the
-// history too is the same in every layout.
+// history too is the same in every layout. Each operand is measured once
+// per micro-batch: the backward reads the forward's input and weight amaxes
+// from the layer-slot (LayerActs::amax) and measures the output gradient.
 //
 // A Mixtral's experts (expert_amax): one expert's product over the rows of
 // one micro-batch is one tensor, as one process with gradient accumulation
@@ -37,8 +39,9 @@ static int linear_index(Param w) {
     return w == Param::qkvw ? 0 : w == Param::attprojw ? 1 : w == Param::fcw ? 2 : 3;
 }
 
-void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split) {
-    void* am = elem_ptr(a_->fp8_amax, DType::F64, (size_t)which);
+void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,
+                   void* amax) {
+    void* am = elem_ptr(amax, DType::F64, (size_t)which);
     be_->amax_to(am, x, t, n);
     static const bool local = test_hooks::fp8_local_amax();  // the tests' counter-example
     if (tp_split && tp_ && !local) tp_->max(am, 1, DType::F64);
@@ -52,9 +55,8 @@ void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, 
 
 void* GPT::fp8_step_amax() { return a_->fp8_step; }
 
-// --fp8 in a split backward: where B keeps a linear layer's three amaxes for its W.
-void* GPT::amax_kept(const LayerActs& la, Param w) {
-    return la.g_amax ? elem_ptr(la.g_amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
+void* GPT::amax_of(const LayerActs& la, Param w) const {
+    return la.amax ? elem_ptr(la.amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
 }
 
 void GPT::fp8_push(const void* figures, bool skipped) {
@@ -72,51 +74,54 @@ void GPT::set_fp8_history(const std::vector<double>& h) {
     be_->upload(a_->fp8_hist, DType::F64, h.data(), DType::F64, h.size());
 }
 
-void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row) {
+// The input's and the weight's amax are the forward's: the backward of a
+// micro-batch multiplies the same two tensors (kept or recomputed bit for
+// bit, the weight unchanged until the step's update) and finds them in the
+// layer-slot, so it measures only the output gradient, and under tp and cp
+// issues only that one's group max. (Delayed scaling: the forward's amaxes
+// are already the history's, and recording the input's again would add
+// nothing to the step's max.)
+void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row,
+                         void* amax) {
     if (!fp8_) {
         be_->matmul_forward(out, in, P(w, l), bias, N, IC, OC);
         return;
     }
-    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true);
-    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false);
-    be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, a_->fp8_amax);
+    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true, amax);
+    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false, amax);
+    be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, amax);
 }
 
 void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
-                          int OC, bool row) {
+                          int OC, bool row, void* amax) {
     if (!fp8_) {
         be_->matmul_backward(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
-    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true);
-    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false);
-    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true);
-    be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
+    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax);
 }
 
 void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
-                                bool row, void* keep) {
+                                bool row, void* amax) {
     if (!fp8_) {
         be_->matmul_backward(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC);
         return;
     }
-    // The amaxes (and their group maxes, and delayed scaling's record) as the
-    // whole backward takes them; W uses these, so it issues no collective.
-    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true);
-    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false);
-    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true);
-    be_->copy(keep, a_->fp8_amax, 3 * sizeof(double));
-    be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
+    // The output gradient's amax (its group max, delayed scaling's record)
+    // as the whole backward takes it, beside the forward's two: W reads all
+    // three from the slot and issues no collective.
+    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, amax);
 }
 
 void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
-                                  const void* kept) {
+                                  const void* amax) {
     if (!fp8_) {
         be_->matmul_backward(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
-    be_->copy(a_->fp8_amax, kept, 3 * sizeof(double));
-    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, a_->fp8_amax);
+    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax);
 }
 
 void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst) {
@@ -126,11 +131,17 @@ void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, cons
     const void* w = P(p == 0 ? Param::moe_fc : Param::moe_proj, l);
     if ((int)blocks.size() != E) throw std::logic_error("expert_amax: not one block per expert and peer");
     auto at = [&](size_t b, int which) { return elem_ptr(dst, DType::F64, 3 * b + which); };
+    // The forward measures the blocks' inputs and the experts' weights, the
+    // backward the blocks' output gradients (the rest is the forward's).
+    const int which_rows = dy ? 2 : 0;
     std::vector<int> first(El, -1);  // each expert's weight once, copied to its other blocks
     for (size_t b = 0; b < blocks.size(); b++) {
         const ExpertBlock& k = blocks[b];
+        if (dy) {
+            be_->amax_to(at(b, 2), elem_ptr(dy, act, k.row * OC), act, k.n * OC);
+            continue;
+        }
         be_->amax_to(at(b, 0), elem_ptr(x, act, k.row * IC), act, k.n * IC);
-        if (dy) be_->amax_to(at(b, 2), elem_ptr(dy, act, k.row * OC), act, k.n * OC);
         if (first[k.expert] >= 0) {
             be_->copy(at(b, 1), at(first[k.expert], 1), sizeof(double));
         } else {
@@ -145,24 +156,26 @@ void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, cons
         for (size_t b = 0; b < blocks.size(); b++)
             for (size_t o = 0; o < blocks.size(); o++)
                 if (blocks[o].expert == blocks[b].expert)
-                    for (int which : {0, 2}) v[3 * b + which] = std::max(v[3 * b + which], v[3 * o + which]);
+                    v[3 * b + which_rows] = std::max(v[3 * b + which_rows], v[3 * o + which_rows]);
         be_->upload(dst, DType::F64, v.data(), DType::F64, v.size());
     }
+    // One all-reduce of all 3E numbers: the backward's max of the forward's
+    // (already the group's, the same on every rank) changes nothing.
     static const bool local = test_hooks::fp8_local_amax();
     if (tp_ && !local) tp_->max(dst, 3 * (size_t)E, DType::F64);
     if (cp_ && !local) cp_->max(dst, 3 * (size_t)E, DType::F64);
     if (fp8_len_ == 0) return;
     const int base = ep_ ? ep_->rank() * El : 0;  // a rank's experts are consecutive
     for (size_t b = 0; b < blocks.size(); b++)
-        for (int which = 0; which < (dy ? 3 : 2); which++) {
+        for (int which : dy ? std::vector<int>{2} : std::vector<int>{0, 1}) {
             const size_t slot = expert_slot(cfg_, l, base + blocks[b].expert, p, which);
             be_->fp8_delayed(at(b, which), elem_ptr(a_->fp8_step, DType::F64, slot),
                              elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, fp8_record_);
         }
 }
 
-void* GPT::expert_amax_at(int p, size_t b) const {
-    return fp8_ ? elem_ptr(a_->moe_fp8_amax, DType::F64, ((size_t)p * cfg_.experts + b) * 3) : nullptr;
+void* GPT::expert_amax_at(void* slot, int p, size_t b) const {
+    return slot ? elem_ptr(slot, DType::F64, 12 + ((size_t)p * cfg_.experts + b) * 3) : nullptr;
 }
 
 void GPT::expert_forward(void* out, const void* in, const void* w, int n, int IC, int OC, const void* amax) {

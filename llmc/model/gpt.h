@@ -341,19 +341,26 @@ class GPT {
     // max over the ranks that hold pieces of its tensor. Row-parallel
     // layers (attention output, MLP down) split their input and weight
     // over tp, column-parallel ones (QKV, MLP up) their weight and output
-    // gradient; cp splits every activation and output gradient.
-    void linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row);
+    // gradient; cp splits every activation and output gradient. amax: the
+    // layer's three amaxes in its layer-slot (amax_of; null without --fp8):
+    // the forward takes the input's and the weight's, the backward the
+    // output gradient's and reads the other two where its forward left them
+    // (the same tensors), so each operand is measured once per micro-batch.
+    void linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row,
+                        void* amax);
     void linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
-                         int OC, bool row);
+                         int OC, bool row, void* amax);
     // A split backward's halves of linear_backward: B, the input's gradient
-    // alone (with --fp8 its three amaxes kept in keep, 3 doubles), and W,
-    // the weight's and bias's gradients (with --fp8 at B's amaxes, kept).
+    // alone (with --fp8 the output gradient's amax joins the forward's in
+    // the layer-slot), and W, the weight's and bias's gradients (with --fp8
+    // at the three, as B left them).
     void linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
-                               bool row, void* keep);
+                               bool row, void* amax);
     void linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
-                                 const void* kept);
-    // fp8_amax [which] (0 input, 1 weight, 2 output gradient) of x, with the group max.
-    void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split);
+                                 const void* amax);
+    // amax[which] (0 input, 1 weight, 2 output gradient) of x, with the group max.
+    void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,
+                  void* amax);
     // A Mixtral's experts take their rows in blocks, each one micro-batch's
     // rows for one of this rank's experts (first row, rows, local expert):
     // E blocks, one per expert, or under ep one per (peer, local expert).
@@ -366,12 +373,14 @@ class GPT {
                                                   int El);
     // --fp8 1 (fp8.cpp): product p of layer l's experts (0: w1|w3, input
     // [rows, C]; 1: w2, input [rows, Hl]) on FP8 operands, each block one
-    // tensor: its input's, its expert's weight's and (dy given) its output
-    // gradient's amax at dst + 3·b for block b, maxed over the tp and cp
-    // groups, delayed scaling's bookkeeping done.
+    // tensor. Forward (dy null): its input's and its expert's weight's amax;
+    // backward: its output gradient's, beside the forward's (the same
+    // blocks); at dst + 3·b for block b, maxed over the tp and cp groups,
+    // delayed scaling's bookkeeping done.
     void expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst);
-    // Where block b's three amaxes of product p go (null without --fp8).
-    void* expert_amax_at(int p, size_t b) const;
+    // Where block b's three amaxes of product p go among a layer-slot's
+    // (slot: LayerActs::amax; null without --fp8).
+    void* expert_amax_at(void* slot, int p, size_t b) const;
     // One block's product of expert weight w: plain (amax null) or on FP8
     // operands at the block's three amaxes; the weight gradient accumulated.
     void expert_forward(void* out, const void* in, const void* w, int n, int IC, int OC, const void* amax);
@@ -383,10 +392,10 @@ class GPT {
         if (!cfg_.moe()) return N;
         return ep_ ? ep_->size() * N * std::min(cfg_.top_k, ep_->local_experts()) : N * cfg_.top_k;
     }
-    // --fp8 in a split backward: the amaxes B keeps per layer-slot, as many
-    // as a layer's in the history (the four layers' [4][3], a Mixtral's
-    // experts' [2 products][E blocks][3] after them).
-    size_t amax_kept_per_slot() const { return (size_t)cfg_.fp8_slots_per_layer(); }
+    // --fp8: the amaxes a layer-slot keeps from its forward for its
+    // backward, as many as a layer's in the history (the four layers'
+    // [4][3], a Mixtral's experts' [2 products][E blocks][3] after them).
+    size_t amax_per_slot() const { return (size_t)cfg_.fp8_slots_per_layer(); }
     // The rows the MoE block of layer-slot la's last forward gave its experts.
     int moe_expert_rows(const LayerActs& la, int N) const;
     // A split backward under full recompute: the recomputed routing's host
@@ -408,6 +417,7 @@ class GPT {
         void *xg, *fch, *h, *yg;
         std::vector<int>* offsets_host;  // the expert offsets read back
         size_t route;                    // moe_.routes_'s index (expert parallel)
+        void* amax;                      // --fp8: the layer-slot's amaxes (null: plain products, as decoding)
     };
     void moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, int N);
     // part: all, or B (the weights' products left out, their output
@@ -426,7 +436,7 @@ class GPT {
     // backward_chunk's device work (the recorded region), after its bookkeeping.
     void backward_ops(int c, int slot, bool last_micro_step, BackwardPart part);
     void weights_ops(int c, int slot, bool last_micro_step);  // the W part (backward.cpp)
-    void* amax_kept(const LayerActs& la, Param w);
+    void* amax_of(const LayerActs& la, Param w) const;  // linear layer w's three amaxes in la's slot
     // The mean of the losses the last head forward left (a download), or
     // (set_loss_figure, dloss != 0) 0 with the mean added on the device.
     double head_loss(int N, double dloss);

@@ -71,7 +71,7 @@ void GPT::moe_keep_routing(const LayerActs& la) {
 
 void GPT::moe_forward(int l, const LayerActs& la, const void* xin, int N) {
     const MoeRows r{a_->moe_logits, la.probs, la.topw, la.topi, la.offsets, la.perm, la.inv,
-                    la.xg,          la.fch,   la.h,    la.yg,   &moe_.offsets_[la.index], la.index};
+                    la.xg,          la.fch,   la.h,    la.yg,   &moe_.offsets_[la.index], la.index, la.amax};
     moe_rows_forward(l, r, xin, a_->proj, N);
 }
 
@@ -102,8 +102,8 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     }
     const std::vector<ExpertBlock> blocks = expert_blocks(off, route, table_.experts);
     void* y = ep_ ? a.moe_ye : r.yg;  // the experts' outputs, in the experts' row order
-    auto am = [&](int p, size_t b) { return expert_amax_at(p, b); };  // --fp8 1: each block's (null without)
-    if (fp8_) expert_amax(l, 0, blocks, r.xg, nullptr, am(0, 0));
+    auto am = [&](int p, size_t b) { return expert_amax_at(r.amax, p, b); };  // --fp8 1 (null without, and decoding)
+    if (r.amax) expert_amax(l, 0, blocks, r.xg, nullptr, am(0, 0));
     for (size_t i = 0; i < blocks.size(); i++) {  // expert rows: [gate | up] of its hidden layer
         const ExpertBlock& b = blocks[i];
         if (b.n > 0)
@@ -111,7 +111,7 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
                            elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl, am(0, i));
     }
     activation(r.h, r.fch, ep_ ? (int)moe_.routes_[r.route].expert_rows : N * K);
-    if (fp8_) expert_amax(l, 1, blocks, r.h, nullptr, am(1, 0));
+    if (r.amax) expert_amax(l, 1, blocks, r.h, nullptr, am(1, 0));
     for (size_t i = 0; i < blocks.size(); i++) {
         const ExpertBlock& b = blocks[i];
         if (b.n > 0)
@@ -140,13 +140,11 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
         throw std::logic_error("moe_backward: a split backward reads the experts' row counts on the host");
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
     const size_t rows = (size_t)moe_expert_rows(la, N);
-    // --fp8 1: each block's amaxes (null without), in W from B's copy.
-    auto am = [&](int p, size_t b) { return expert_amax_at(p, b); };
-    void* kept_amax = fp8_ && la.g_amax ? elem_ptr(la.g_amax, DType::F64, 12) : nullptr;
-    const size_t amax_bytes = 6 * (size_t)E * sizeof(double);
+    // --fp8 1: each block's amaxes in the layer-slot (null without): the
+    // forward's, and B's output gradients' for W.
+    auto am = [&](int p, size_t b) { return expert_amax_at(la.amax, p, b); };
     if (part == BackwardPart::weights) {  // W: the experts' and the router's weight gradients, as below
         void *dw13 = G(Param::moe_fc, l), *dw2 = G(Param::moe_proj, l);
-        if (fp8_) be_->copy(a.moe_fp8_amax, kept_amax, amax_bytes);
         for (size_t i = 0; i < blocks.size(); i++) {
             const ExpertBlock& b = blocks[i];
             if (b.n > 0)
@@ -190,7 +188,6 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     if (input_only) keep(la.g_fc, a.dfch, rows * 2 * Hl);
     if (moe_.on_device_) be_->moe_expert_matmul_backward(dg, dw13, a.dfch, la.xg, w13, la.offsets, N * K, E, C, 2 * Hl);
     if (fp8_) expert_amax(l, 0, blocks, la.xg, a.dfch, am(0, 0));
-    if (input_only && fp8_) be_->copy(kept_amax, a.moe_fp8_amax, amax_bytes);  // for W
     for (size_t i = 0; i < blocks.size(); i++) {  // the experts' input rows' gradients (dg again: its rows are done)
         const ExpertBlock& b = blocks[i];
         if (b.n > 0)

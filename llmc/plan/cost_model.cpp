@@ -20,18 +20,20 @@ CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double
                                            bool backward) {
     Fp8Passes p;
     const double x = N * IC, w = OC * IC, dy = N * OC;
-    p.amax_bytes = a * x + pb * w + (backward ? a * dy : 0);
+    // The forward measures the input and the weight, the backward only the
+    // output gradient (the other two are the forward's, llmc/model/fp8.cpp).
+    p.amax_bytes = backward ? a * dy : a * x + pb * w;
     // The GPU's amax is two kernels (the max as float bits, then stored as
     // a double); the scales one more kernel before the quantisers.
-    p.amax_ops = (backward ? 3 : 2) * (cpu ? 1 : 2);
+    p.amax_ops = (backward ? 1 : 2) * (cpu ? 1 : 2);
     if (cpu) {  // each operand rounded to a copy once, inside the product's op
         p.quant_bytes = 2 * (a * x + pb * w + (backward ? a * dy : 0));
     } else if (!backward) {  // x and W as they are
         p.quant_bytes = (a + 1) * x + (pb + 1) * w;
         p.quant_ops = 1 + 2;
-    } else {  // dy for dX, W^T for dX, dy^T and x^T for dW
-        p.quant_bytes = 2 * (a + 1) * dy + (pb + 1) * w + (a + 1) * x;
-        p.quant_ops = 1 + 4;
+    } else {  // dy for dX and dy^T for dW in one pass, W^T for dX, x^T for dW
+        p.quant_bytes = (a + 2) * dy + (pb + 1) * w + (a + 1) * x;
+        p.quant_ops = 1 + 3;
     }
     return p;
 }
@@ -87,7 +89,7 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     };
     auto fp8 = [&](const Linear& x, double rows) {
         const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward);
-        const int delayed = l_.fp8_history > 0 ? (backward ? 3 : 2) : 0;
+        const int delayed = l_.fp8_history > 0 ? (backward ? 1 : 2) : 0;
         return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
     };
     double t = 0;
@@ -179,20 +181,21 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     }
     // --fp8 1: an amax of a tensor split over the group is a max over it,
     // one number, blocking (llmc/model/fp8.cpp). Of the FP8 layers (four,
-    // a Mixtral's two), under tp every weight and the row-parallel layers'
-    // input, and backward the column-parallel ones' output gradient too;
-    // under cp every input, and backward every output gradient.
+    // a Mixtral's two), under tp the forward's every weight and the
+    // row-parallel layers' input, the backward's the column-parallel ones'
+    // output gradient; under cp every input forward, every output gradient
+    // backward (the backward reads the forward's input and weight amaxes).
     // A Mixtral's experts: each of their two products' block amaxes in one
     // max of 3E numbers, forward and backward (fp8.cpp's expert_amax).
     const double f8 = !l.fp8 ? 0 : c_.moe() ? 2 : 4, passes = full ? 2 : 1;
     const double f8e = l.fp8 && c_.moe() ? 2 * passes + 2 : 0, f8e_bytes = 24.0 * c_.experts;
     if (l.tp > 1)
-        blk_tp += (passes * 1.5 * f8 + 2 * f8) * all_reduce(8, l.tp, ltp) + f8e * all_reduce(f8e_bytes, l.tp, ltp);
+        blk_tp += (passes * 1.5 * f8 + 0.5 * f8) * all_reduce(8, l.tp, ltp) + f8e * all_reduce(f8e_bytes, l.tp, ltp);
     // cp, hybrid (--cp-impl hybrid): the all-to-all over a group of n =
     // cp_a2a consecutive ranks and the ring over the cp/n groups; a2a alone
     // is n = cp (no ring), the ring alone n = 1 (no all-to-all).
     double blk_cp = 0;
-    if (l.cp > 1) blk_cp = (passes * f8 + 2 * f8) * all_reduce(8, l.cp, lcp) + f8e * all_reduce(f8e_bytes, l.cp, lcp);
+    if (l.cp > 1) blk_cp = (passes * f8 + f8) * all_reduce(8, l.cp, lcp) + f8e * all_reduce(f8e_bytes, l.cp, lcp);
     const double n = l.cp > 1 ? l.cp_a2a : 1, ring = cp / n;
     if (n > 1) {
         // all-to-all: blocking exchanges of X channels per token, each

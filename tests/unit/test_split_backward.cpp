@@ -8,7 +8,7 @@
 // Llama, Qwen2 (q, k, v biases) and Mixtral (experts, router, aux loss)
 // blocks in fp64, fp32 and bf16, with the last micro-step told to B and W
 // alike, under every recompute mode (gelu, selective, full: B keeps what it
-// recomputed for W), with --fp8 1 (B keeps the amaxes it took for W) and
+// recomputed for W), with --fp8 1 (W reads the amaxes of the slot) and
 // under ZeRO 2 and 3 (a block's gradient buffer handed out per backward:
 // W takes the norms' weight gradients from the output gradients B kept,
 // and under full recompute from the norms' inputs B kept).
@@ -116,7 +116,7 @@ int main() {
             CHECK(same(grads(be.get(), c, "F0 A0 F1 A1", true), whole), "%s %s: split_backward changed 'all'", spec,
                   dtype);
             std::printf("%-48s %s: B then W equal the whole backward bit for bit\n", spec, dtype);
-            {  // --fp8 1: B keeps its amaxes for W
+            {  // --fp8 1: W reads the forward's and B's amaxes from the slot
                 const std::vector<double> w8 = grads(be.get(), c, "F0 A0 F1 A1", false, Recompute::none, true);
                 CHECK(same(grads(be.get(), c, "F0 F1 B0 B1 W0 W1", true, Recompute::none, true), w8),
                       "%s %s --fp8: B then W", spec, dtype);

@@ -101,10 +101,12 @@ __device__ __forceinline__ uint8_t fp8_of(float v, bool e5m2) {
 // q[r, c] = fp8(x[r, c] · scale) for a rows x cols matrix; with transpose,
 // q is written [cols, ld] (q[c, r]), its columns rows..ld-1 zero (ld: rows
 // rounded up to 16, the K a weight gradient's product needs; at most the
-// tiles' 32). Blocks of 32 x 8 threads, 32 x 32 tiles.
+// tiles' 32), and `plain`, when given, gets the bytes as they are too: a
+// backward's output gradient, needed both ways, is read once. Blocks of
+// 32 x 8 threads, 32 x 32 tiles.
 template <typename E>
 __global__ void fp8_quantize_kernel(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2,
-                                    bool transpose, int ld) {
+                                    bool transpose, int ld, uint8_t* plain) {
     __shared__ uint8_t tile[32][33];
     const float s = *scale;
     const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
@@ -114,6 +116,7 @@ __global__ void fp8_quantize_kernel(uint8_t* q, const E* x, int rows, int cols, 
             const uint8_t v = fp8_of(to_float(x[(size_t)r * cols + c]) * s, e5m2);
             if (transpose) tile[j][threadIdx.x] = v;
             else q[(size_t)r * cols + c] = v;
+            if (transpose && plain) plain[(size_t)r * cols + c] = v;
         }
     }
     if (!transpose) return;  // (the same for the whole block)
@@ -128,13 +131,15 @@ __global__ void fp8_quantize_kernel(uint8_t* q, const E* x, int rows, int cols, 
 // add nothing to the sums. A Mixtral expert's block takes any row count.
 inline int fp8_padded_k(int rows) { return (rows + 15) / 16 * 16; }
 
+// plain (with transpose only): the same bytes untransposed, in the same pass.
 template <typename E>
 void fp8_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, uint8_t* plain = nullptr) {
     if (rows <= 0 || cols <= 0) return;
     const dim3 grid((unsigned)ceil_div(cols, 32), (unsigned)ceil_div(rows, 32)), block(32, 8);
     fp8_quantize_kernel<E><<<grid, block, 0, stream>>>(q, x, rows, cols, scale, e5m2, transpose,
-                                                       transpose ? fp8_padded_k(rows) : rows);
+                                                       transpose ? fp8_padded_k(rows) : rows,
+                                                       transpose ? plain : nullptr);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -271,14 +276,17 @@ void matmul_backward_fp8(Fp8Gemm& g, const Fp8Scratch& s, E* dinp, E* dweight, c
                          const E* weight, int N, int IC, int OC, const double* amax, cudaStream_t stream) {
     fp8_scales_kernel<<<1, 32, 0, stream>>>(s.scales, amax);
     CUDA_CHECK_LAUNCH();
+    // The output gradient both ways in one pass when both products run
+    // (a split backward's B and W each quantise their own).
+    if (dinp && dweight) fp8_quantize<E>(s.dyt, dout, N, OC, s.scales + 2, true, true, stream, s.dy);
     if (dinp) {  // dx[N, IC] = dy[N, OC] · (W^T)[IC, OC]^T
-        fp8_quantize<E>(s.dy, dout, N, OC, s.scales + 2, true, false, stream);
+        if (!dweight) fp8_quantize<E>(s.dy, dout, N, OC, s.scales + 2, true, false, stream);
         fp8_quantize<E>(s.wt, weight, OC, IC, s.scales + 1, false, true, stream);
         g.run(dinp, cuda_dtype<E>(), s.dy, true, s.wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, nullptr);
     }
     if (!dweight) return;  // the input gradient alone (a split backward's B)
     // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
-    fp8_quantize<E>(s.dyt, dout, N, OC, s.scales + 2, true, true, stream);
+    if (!dinp) fp8_quantize<E>(s.dyt, dout, N, OC, s.scales + 2, true, true, stream);
     fp8_quantize<E>(s.xt, inp, N, IC, s.scales + 0, false, true, stream);
     g.run(dweight, cuda_dtype<E>(), s.dyt, true, s.xt, false, OC, IC, fp8_padded_k(N), s.scales + 5, s.scales + 3,
           true, nullptr);

@@ -1,0 +1,139 @@
+// tests/unit/test_fp8_passes.cpp: with --fp8 1 each FP8 operand of a
+// micro-batch is measured once (llmc/model/fp8.cpp): the forward takes the
+// amax of each linear layer's input and weight (a Mixtral's: each expert
+// block's input and each expert's weight), the backward only the output
+// gradients', and reads the other two from the layer-slot where its forward
+// left them. A backend in front of the CPU's counts the amax passes and the
+// elements they read in one micro-batch's forward, backward (whole, or B
+// then W: W measures nothing) and, under full recompute, the recomputed
+// forward, against the count written out from the layers' shapes. Measuring
+// the input and the weight again in the backward (as before) fails it;
+// that the amaxes read are the right ones is the reference tests' part
+// (test_gpt --fp8 1 against reference_gpt.py and transformers, and every
+// layout against one process in tests/distributed/test_fp8.py).
+// Last line: "N passed, N failed".
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmc/backend/backend_wrapper.h"
+#include "llmc/backend/backends.h"
+#include "llmc/base/rng.h"
+#include "llmc/model/gpt.h"
+#include "tests/lib/check.h"
+
+namespace {
+
+constexpr int B = 2, T = 16, V = 97;
+
+class CountingBackend : public BackendWrapper {
+  public:
+    explicit CountingBackend(Backend* inner) : BackendWrapper(inner) {}
+    void amax_to(void* dst, const void* x, DType t, size_t n) override {
+        calls++, elems += n;
+        BackendWrapper::amax_to(dst, x, t, n);
+    }
+    size_t calls = 0, elems = 0;
+};
+
+struct Count {
+    size_t calls = 0, elems = 0;
+    Count& add(size_t n, size_t times = 1) { return calls += times, elems += n * times, *this; }
+};
+
+// The passes of one layer: forward (the inputs and weights) and backward
+// (the output gradients) from the shapes. N rows; a Mixtral's experts get
+// N·K rows in E blocks (one per expert: one process, no ep).
+void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd) {
+    const size_t N = (size_t)B * T, C = c.channels, HS = c.head_size();
+    const size_t qkv = C + 2 * (size_t)c.kv_heads() * HS;
+    auto linear = [&](size_t IC, size_t OC) { fwd->add(N * IC).add(OC * IC), bwd->add(N * OC); };
+    linear(C, qkv);
+    linear(C, C);
+    if (c.moe()) {
+        const size_t E = c.experts, R = N * c.top_k, F = c.hidden();
+        for (size_t IC : {C, F}) {
+            const size_t OC = IC == C ? 2 * F : C;
+            fwd->add(0, E).elems += R * IC;  // the blocks' inputs, E passes over R rows in all
+            fwd->add(OC * IC, E);            // each expert's weight
+            bwd->add(0, E).elems += R * OC;  // the blocks' output gradients
+        }
+        return;
+    }
+    const size_t H = c.hidden(), F = c.llama() ? 2 * H : H;
+    linear(C, F);
+    linear(H, C);
+}
+
+struct Run {
+    size_t fwd_calls, fwd_elems, bwd_calls, bwd_elems, w_calls;
+};
+
+Run passes(const GPTConfig& c, Recompute rc, bool split) {
+    std::string err;
+    CountingBackend* be = new CountingBackend(make_backend("cpu", "fp64", 0, &err));
+    std::unique_ptr<Backend> own(be);
+    ModelOptions o(B, T);
+    o.recompute = rc;
+    o.fp8 = true;
+    ModelChunk ch;
+    ch.layers = c.num_layers, ch.embed = ch.head = true, ch.slots = 1;
+    o.chunks = {ch};
+    o.split_backward = split;
+    GPT model(be, c, o);
+    model.init_random(5);
+    model.zero_grad();
+    std::vector<int> in(B * T), tg(B * T);
+    Rng r(11);
+    for (int i = 0; i < B * T; i++) in[i] = (int)(r.next_u64() % V), tg[i] = (int)(r.next_u64() % V);
+    Run run{};
+    be->calls = be->elems = 0;
+    model.forward_chunk(0, 0, in.data(), nullptr, tg.data(), B, T, 1.0 / (B * T));
+    run.fwd_calls = be->calls, run.fwd_elems = be->elems;
+    be->calls = be->elems = 0;
+    if (split) {
+        model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::input);
+        run.bwd_calls = be->calls, run.bwd_elems = be->elems;
+        be->calls = be->elems = 0;
+        model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::weights);
+        run.w_calls = be->calls;
+    } else {
+        model.backward_chunk(0, 0, nullptr, true);
+        run.bwd_calls = be->calls, run.bwd_elems = be->elems;
+    }
+    return run;
+}
+
+}  // namespace
+
+int main() {
+    const char* models[] = {"L=2,C=32,NH=4,V=97,T=16", "arch=llama,L=2,C=32,NH=4,NKV=2,F=48,V=97,T=16",
+                            "arch=mixtral,L=2,C=32,NH=4,NKV=2,F=48,E=4,K=2,V=97,T=16"};
+    for (const char* spec : models) {
+        GPTConfig c;
+        std::string err;
+        CHECK(parse_model_spec(spec, &c, &err), "%s: %s", spec, err.c_str());
+        Count f, b;
+        for (int l = 0; l < c.num_layers; l++) layer_passes(c, &f, &b);
+        for (Recompute rc : {Recompute::none, Recompute::gelu, Recompute::selective, Recompute::full})
+            for (bool split : {false, true}) {
+                const Run r = passes(c, rc, split);
+                // Full recompute runs each block's forward again before its backward.
+                const size_t rf = rc == Recompute::full ? 1 : 0;
+                const char* how = split ? "B then W" : "whole";
+                CHECK(r.fwd_calls == f.calls && r.fwd_elems == f.elems,
+                      "%s -r %s: forward %zu amax passes over %zu elements, want %zu over %zu", spec,
+                      recompute_name(rc), r.fwd_calls, r.fwd_elems, f.calls, f.elems);
+                CHECK(r.bwd_calls == b.calls + rf * f.calls && r.bwd_elems == b.elems + rf * f.elems,
+                      "%s -r %s %s: backward %zu amax passes over %zu elements, want %zu over %zu (only the output "
+                      "gradients'%s)",
+                      spec, recompute_name(rc), how, r.bwd_calls, r.bwd_elems, b.calls + rf * f.calls,
+                      b.elems + rf * f.elems, rf ? ", after the recomputed forward's" : "");
+                if (split) CHECK(r.w_calls == 0, "%s -r %s: W measured %zu amaxes (B's are in the slot)", spec,
+                                 recompute_name(rc), r.w_calls);
+            }
+        std::printf("%-52s forward %zu amax passes (%zu elements), backward %zu (%zu)\n", spec, f.calls, f.elems,
+                    b.calls, b.elems);
+    }
+    return check_summary();
+}
