@@ -11,6 +11,9 @@
 //              CPU's product of the rounded copies (fp32 accumulation on both
 //              sides, different orders: a relative tolerance), bf16 and fp32
 //              outputs, with a bias
+//   activation GELU and SwiGLU forward and backward measuring the amax of
+//              what they write (Backend::activation_amax): the same bytes
+//              as the plain kernels, the amax exact
 // Timing (bf16 outputs, N=8192 tokens, 1024 -> 4096, and d12's 768 -> 3072):
 // TFLOP/s of the three products, and beside them the bf16 products
 // (matmul.cuh) of the same shapes.
@@ -125,6 +128,46 @@ static void check_products(int N, int IC, int OC, double tol) {
         lab::dev_free(p);
 }
 
+// Backend::activation_amax: GELU and SwiGLU, forward and backward, writing
+// exactly what the plain kernels write, the amax exactly the max of |what
+// they wrote| (read back and taken on the host); then the time beside the
+// plain kernel followed by a separate amax pass.
+template <typename E>
+static void check_activation_amax(int N, int H, bool timing) {
+    const std::string t = std::is_same<E, float>::value ? "fp32" : "bf16";
+    const std::vector<float> a = lab::rand_normal((size_t)N * 2 * H, 2.f, 51), d = lab::rand_normal((size_t)N * 2 * H, 1.f, 52);
+    E *da = lab::to_device<E>(a), *dd = lab::to_device<E>(d), *o1 = lab::dev_alloc<E>(a.size()), *o2 = lab::dev_alloc<E>(a.size());
+    double* am = lab::dev_alloc<double>(1);
+    Fp8Ops ops;
+    ops.reserve(1, 0);
+    const bool fp32 = std::is_same<E, float>::value;
+    for (int k = 0; k < 4; k++) {
+        const bool swiglu = k >= 2, back = k % 2 == 1;
+        const size_t n = (size_t)N * H * (swiglu && back ? 2 : 1);
+        auto plain = [&] {
+            if (swiglu && back) swiglu_backward<E>(o1, da, dd, N, H, 0);
+            else if (swiglu) swiglu_forward<E>(o1, da, N, H, 0);
+            else if (back) gelu_backward<E>(o1, da, dd, n, 0);
+            else gelu_forward<E>(o1, da, n, 0);
+        };
+        auto fused = [&] { ops.activation(fp32, swiglu, o2, da, back ? dd : nullptr, N, H, am); };
+        plain(), fused();
+        const std::vector<float> w1 = lab::from_device(o1, n), w2 = lab::from_device(o2, n);
+        double want = 0, got = 0;
+        for (float v : w1) want = std::max(want, (double)std::fabs(v));
+        CUDA_CHECK(cudaMemcpy(&got, am, sizeof got, cudaMemcpyDeviceToHost));
+        const std::string what = t + (swiglu ? " swiglu" : " gelu") + (back ? " backward" : " forward");
+        count(std::memcmp(w1.data(), w2.data(), n * sizeof(float)) == 0 && got == want, "activation_amax " + what,
+              "amax " + std::to_string(got) + " want " + std::to_string(want));
+        if (!timing) continue;
+        const float ms_fused = lab::time_ms(fused);
+        const float ms_two = lab::time_ms([&] { plain(), ops.amax(fp32, am, o1, n); });
+        std::printf("figure activation_amax_%s_over_separate %g ratio\n", lab::slug(what.c_str()).c_str(),
+                    ms_two / ms_fused);
+    }
+    for (void* p : {(void*)da, (void*)dd, (void*)o1, (void*)o2, (void*)am}) lab::dev_free(p);
+}
+
 static void time_shape(int N, int IC, int OC) {
     bf16 *x = lab::to_device<bf16>(lab::rand_normal((size_t)N * IC, 1.f, 41)),
          *w = lab::to_device<bf16>(lab::rand_normal((size_t)OC * IC, 0.02f, 42)),
@@ -173,9 +216,12 @@ int main() {
     // A Mixtral expert's block: any row count (the weight gradient pads K).
     check_products<float>(37, 48, 80, 1e-5);
     check_products<bf16>(5, 128, 96, 1e-2);
+    check_activation_amax<float>(37, 96, false);
+    check_activation_amax<bf16>(64, 200, false);
     if (lab::check_only()) return lab::finish();
     std::printf("timing (bf16 outputs)\n");
     time_shape(8192, 768, 3072);
     time_shape(8192, 1024, 4096);
+    check_activation_amax<bf16>(4096, 8960, true);  // Qwen2.5-1.5B's MLP width
     return lab::finish();
 }

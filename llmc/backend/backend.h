@@ -254,23 +254,15 @@ class Backend {
 
     // ---- FP8 products (--fp8 1, docs/fp8.md; fp8.h's grids) ---------------------
     // 0: this backend has none; else the multiple its products' rows, IC and OC must be (CPU: 1, emulated exactly).
+    // The ops below refuse by default (backends.cpp), the activation's excepted.
     virtual int fp8() const { return 0; }
     // *dst (one double) = max |x_i| over n elements of type t (NaN if any is).
-    virtual void amax_to(void* dst, const void* x, DType t, size_t n) {
-        (void)dst, (void)x, (void)t, (void)n;
-        refuse("amax_to");
-    }
+    virtual void amax_to(void* dst, const void* x, DType t, size_t n);
     // Delayed scaling (--fp8-history; doubles): with record step_max = max(step_max, *amax); then *amax = the
     // max of history [len] (the operand's last steps' amaxes) when it holds any. At a step's end, unless skip or
     // figures[skip], each of `slots` histories moves one back and takes its step_max; every step_max is zeroed.
-    virtual void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record) {
-        (void)amax, (void)step_max, (void)history, (void)len, (void)record;
-        refuse("fp8_delayed");
-    }
-    virtual void fp8_history_push(void* history, void* step_max, int slots, int len, const void* figures, bool skip) {
-        (void)history, (void)step_max, (void)slots, (void)len, (void)figures, (void)skip;
-        refuse("fp8_history_push");
-    }
+    virtual void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record);
+    virtual void fp8_history_push(void* history, void* step_max, int slots, int len, const void* figures, bool skip);
     // matmul_forward / matmul_backward on FP8 operands: amax [3] doubles in
     // backend memory, the largest magnitudes of the whole input, weight and
     // output gradient (the model's group max taken); the input and weight in
@@ -278,16 +270,14 @@ class Backend {
     // products of the rounded values divided by both scales; the bias, and
     // its gradient from the unrounded output gradient, in the compute type.
     virtual void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
-                                    int OC, const void* amax) {
-        (void)out, (void)inp, (void)weight, (void)bias, (void)N, (void)IC, (void)OC, (void)amax;
-        refuse("matmul_forward_fp8");
-    }
+                                    int OC, const void* amax);
     virtual void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                                     const void* weight, int N, int IC, int OC, const void* amax) {
-        (void)dinp, (void)dweight, (void)dbias, (void)dout, (void)inp, (void)weight, (void)N, (void)IC, (void)OC,
-            (void)amax;
-        refuse("matmul_backward_fp8");
-    }
+                                     const void* weight, int N, int IC, int OC, const void* amax);
+    // The MLP's activation, GELU or SwiGLU (gelu_/swiglu_ ops; H the hidden
+    // width): forward (dout null) or backward, and at amax (one double) the
+    // largest magnitude of what it wrote, the next FP8 product's operand,
+    // measured in the pass that writes it (CUDA); by default the op, then amax_to.
+    virtual void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax);
 
     // GELU, tanh approximation. gelu_backward: dinp = gelu'(inp) * dout
     // (overwrite; dinp may alias dout).

@@ -158,6 +158,9 @@ class BackendWrapper : public Backend {
     void amax_to(void* dst, const void* x, DType t, size_t n) override {
         device_op("amax_to", [=] { in_->amax_to(dst, x, t, n); });
     }
+    void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) override {
+        device_op("activation_amax", [=] { in_->activation_amax(swiglu, out, a, dout, N, H, amax); });
+    }
     void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record) override {
         device_op("fp8_delayed", [=] { in_->fp8_delayed(amax, step_max, history, len, record); });
     }

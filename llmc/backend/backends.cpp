@@ -90,3 +90,25 @@ double Backend::mark_ms(int a, int b) { return marks_.at(b) - marks_.at(a); }
 void Backend::refuse(const char* op) const {
     throw std::logic_error(std::string(op) + ": not implemented by the " + name() + " backend");
 }
+
+// The FP8 ops of a backend without FP8 products (backend.h).
+void Backend::amax_to(void*, const void*, DType, size_t) { refuse("amax_to"); }
+void Backend::fp8_delayed(void*, void*, const void*, int, bool) { refuse("fp8_delayed"); }
+void Backend::fp8_history_push(void*, void*, int, int, const void*, bool) { refuse("fp8_history_push"); }
+void Backend::matmul_forward_fp8(void*, const void*, const void*, const void*, int, int, int, const void*) {
+    refuse("matmul_forward_fp8");
+}
+void Backend::matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int, int, int,
+                                  const void*) {
+    refuse("matmul_backward_fp8");
+}
+
+// The activation, then its output's amax: two passes (a backend may fuse them).
+void Backend::activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+    const size_t n = (size_t)N * H;
+    if (swiglu && dout) swiglu_backward(out, a, dout, N, H);
+    else if (swiglu) swiglu_forward(out, a, N, H);
+    else if (dout) gelu_backward(out, a, dout, n);
+    else gelu_forward(out, a, n);
+    amax_to(amax, out, precision().act, swiglu && dout ? 2 * n : n);  // SwiGLU's backward writes [gate | up]
+}

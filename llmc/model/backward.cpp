@@ -170,6 +170,8 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             if (!a.keep_gelu) activation(la.h, la.fch, cfg_.moe() ? moe_expert_rows(la, N) : N);
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
+        // With --fp8 the activation's backward measures fc's output gradient.
+        void* fc_dy_amax = la.amax && !cfg_.moe() ? elem_ptr(amax_of(la, Param::fcw), DType::F64, 2) : nullptr;
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
         if (cfg_.moe()) {  // the MoE block (moe.cpp): dln = its input's gradient
             const void* aux = elem_ptr(a.moe_aux_grad, prec_.stat, (slot_base_[c] + slot) * (size_t)cfg_.experts);
@@ -179,13 +181,10 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         } else if (input_only) {
             if (la.g_h != la.h) keep(la.g_h, la.h, (size_t)N * Hl);  // recomputed: kept for W
             const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
-            if (cfg_.llama()) {
-                linear_backward_input(a.dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_of(la, Param::fcprojw));
-                be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
-            } else if (fp8_) {
-                linear_backward_input(a.dfch, Param::fcprojw, dout, la.h, l, N, Hl, C, true,
-                                      amax_of(la, Param::fcprojw));
-                be_->gelu_backward(a.dfch, la.fch, a.dfch, (size_t)N * Hl);
+            if (cfg_.llama() || fp8_) {  // fcproj's input gradient, then the activation's (measuring fc's dy)
+                void* dh = cfg_.llama() ? a.dh : a.dfch;  // (GELU's backward in place)
+                linear_backward_input(dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_of(la, Param::fcprojw));
+                activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax);
             } else {
                 be_->matmul_backward_gelu(a.dfch, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), la.fch, N, Hl, C);
             }
@@ -193,22 +192,19 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             const void* xin = f_input(la.ln2);  // (gathered under sp: kept for W, which issues no collective)
             if (xin != la.g_ln2) keep(la.g_ln2, xin, (size_t)N * C);
             linear_backward_input(a.dln, Param::fcw, a.dfch, xin, l, N, C, (int)fch_width(), false,
-                                  amax_of(la, Param::fcw));
-        } else if (cfg_.llama()) {
-            linear_backward(a.dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
+                                  amax_of(la, Param::fcw), fc_dy_amax != nullptr);
+        } else if (cfg_.llama() || fp8_) {  // the product, then the activation's backward (GELU's in place)
+            void* dh = cfg_.llama() ? a.dh : a.dfch;
+            linear_backward(dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
                             amax_of(la, Param::fcprojw));
-            be_->swiglu_backward(a.dfch, la.fch, a.dh, N, Hl);
-        } else if (fp8_) {  // the FP8 product, then the GELU's backward in place
-            linear_backward(a.dfch, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
-                            amax_of(la, Param::fcprojw));
-            be_->gelu_backward(a.dfch, la.fch, a.dfch, (size_t)N * Hl);
+            activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax);
         } else {  // fcproj's input gradient through the GELU (one op: a backend may fuse them)
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
                                       P(Param::fcprojw, l), la.fch, N, Hl, C);
         }
         if (!cfg_.moe() && !input_only)
             linear_backward(a.dln, Param::fcw, Gb(Param::fcb, l), a.dfch, f_input(la.ln2), l, N, C, (int)fch_width(),
-                            false, amax_of(la, Param::fcw));
+                            false, amax_of(la, Param::fcw), fc_dy_amax != nullptr);
         // (ZeRO 2 and 3 under a split backward: B keeps the norm's output
         // gradient and its W computes the norm's weight gradients, so a block's
         // gradient buffer is handed out once per micro-batch, in W.)

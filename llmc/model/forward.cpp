@@ -62,20 +62,18 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
         moe_forward(l, la, f_fwd(la.ln2), N);
         return g_fwd(nullptr);
     }
-    // MLP: fc column-parallel, fcproj row-parallel
-    if (cfg_.llama()) {
+    // MLP: fc column-parallel, fcproj row-parallel. With --fp8 the
+    // activation measures fcproj's input as it writes it.
+    void* proj_amax = amax_of(la, Param::fcprojw);
+    if (cfg_.llama() || fp8_) {  // the product, then its activation
         linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false,
                        amax_of(la, Param::fcw));
-        activation(la.h, la.fch, N);
-    } else if (fp8_) {  // the FP8 product, then its GELU
-        linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false,
-                       amax_of(la, Param::fcw));
-        activation(la.h, la.fch, N);
+        activation(la.h, la.fch, N, proj_amax);
     } else {  // the product and its GELU (one op: a backend may fuse them)
         be_->matmul_gelu_forward(la.fch, la.h, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
     }
     linear_forward(a.proj, la.h, Param::fcprojw, bias_in_matmul ? Pb(Param::fcprojb, l) : nullptr, l, N, Hl, C, true,
-                   amax_of(la, Param::fcprojw));
+                   proj_amax, proj_amax != nullptr);
     return g_fwd(Pb(Param::fcprojb, l));
 }
 
@@ -123,11 +121,6 @@ void GPT::rotate(void* qkv, int B, int T, bool inverse) {
 }
 
 // The MLP's activation: GELU of fch (GPT-2), or SwiGLU of its gate and up halves.
-void GPT::activation(void* h, const void* fch, int N) {
-    if (cfg_.llama()) be_->swiglu_forward(h, fch, N, table_.hidden);
-    else be_->gelu_forward(h, fch, (size_t)N * table_.hidden);
-}
-
 double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
                           double dloss, const int* docs) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");

@@ -42,7 +42,7 @@ static int linear_index(Param w) {
 void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,
                    void* amax) {
     void* am = elem_ptr(amax, DType::F64, (size_t)which);
-    be_->amax_to(am, x, t, n);
+    if (x) be_->amax_to(am, x, t, n);  // (null: the op that wrote it measured it, activation_amax)
     static const bool local = test_hooks::fp8_local_amax();  // the tests' counter-example
     if (tp_split && tp_ && !local) tp_->max(am, 1, DType::F64);
     if (cp_split && cp_ && !local) cp_->max(am, 1, DType::F64);
@@ -82,28 +82,28 @@ void GPT::set_fp8_history(const std::vector<double>& h) {
 // are already the history's, and recording the input's again would add
 // nothing to the step's max.)
 void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row,
-                         void* amax) {
+                         void* amax, bool in_measured) {
     if (!fp8_) {
         be_->matmul_forward(out, in, P(w, l), bias, N, IC, OC);
         return;
     }
-    fp8_amax(0, w, l, in, prec_.act, (size_t)N * IC, row, true, amax);
+    fp8_amax(0, w, l, in_measured ? nullptr : in, prec_.act, (size_t)N * IC, row, true, amax);
     fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false, amax);
     be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, amax);
 }
 
 void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
-                          int OC, bool row, void* amax) {
+                          int OC, bool row, void* amax, bool dout_measured) {
     if (!fp8_) {
         be_->matmul_backward(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
-    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    fp8_amax(2, w, l, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
     be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax);
 }
 
 void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
-                                bool row, void* amax) {
+                                bool row, void* amax, bool dout_measured) {
     if (!fp8_) {
         be_->matmul_backward(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC);
         return;
@@ -111,7 +111,7 @@ void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const voi
     // The output gradient's amax (its group max, delayed scaling's record)
     // as the whole backward takes it, beside the forward's two: W reads all
     // three from the slot and issues no collective.
-    fp8_amax(2, w, l, dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    fp8_amax(2, w, l, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
     be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, amax);
 }
 
@@ -122,6 +122,21 @@ void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const 
         return;
     }
     be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax);
+}
+
+// The MLP's activation between its two FP8 products writes the next one's
+// operand (forward fcproj's input, backward fc's output gradient): with an
+// amax slot, it measures what it writes in the same pass (activation_amax).
+void GPT::activation(void* h, const void* fch, int N, void* amax) {
+    if (amax) be_->activation_amax(cfg_.llama(), h, fch, nullptr, N, table_.hidden, amax);
+    else if (cfg_.llama()) be_->swiglu_forward(h, fch, N, table_.hidden);
+    else be_->gelu_forward(h, fch, (size_t)N * table_.hidden);
+}
+
+void GPT::activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax) {
+    if (amax) be_->activation_amax(cfg_.llama(), dfch, fch, dh, N, table_.hidden, amax);
+    else if (cfg_.llama()) be_->swiglu_backward(dfch, fch, dh, N, table_.hidden);
+    else be_->gelu_backward(dfch, fch, dh, (size_t)N * table_.hidden);
 }
 
 void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst) {

@@ -335,7 +335,11 @@ class GPT {
     void norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
                        int layer, int N, void* discard = nullptr);
     void rotate(void* qkv, int B, int T, bool inverse);
-    void activation(void* h, const void* fch, int N);
+    // The MLP's GELU or SwiGLU, forward (h from fch) and backward (dfch from
+    // dh); amax (one double, or null): with --fp8 the amax of what it writes,
+    // the next FP8 product's operand, measured in the same pass (fp8.cpp).
+    void activation(void* h, const void* fch, int N, void* amax = nullptr);
+    void activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax);
     // The four linear layers' products (fp8.cpp): the backend's matmul, or
     // with --fp8 1 the same on operands rounded to FP8 grids, each amax a
     // max over the ranks that hold pieces of its tensor. Row-parallel
@@ -346,19 +350,22 @@ class GPT {
     // the forward takes the input's and the weight's, the backward the
     // output gradient's and reads the other two where its forward left them
     // (the same tensors), so each operand is measured once per micro-batch.
+    // in_measured / dout_measured: the op that wrote that operand measured
+    // its amax into the slot (activation's), so it is not read again here.
     void linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row,
-                        void* amax);
+                        void* amax, bool in_measured = false);
     void linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
-                         int OC, bool row, void* amax);
+                         int OC, bool row, void* amax, bool dout_measured = false);
     // A split backward's halves of linear_backward: B, the input's gradient
     // alone (with --fp8 the output gradient's amax joins the forward's in
     // the layer-slot), and W, the weight's and bias's gradients (with --fp8
     // at the three, as B left them).
     void linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
-                               bool row, void* amax);
+                               bool row, void* amax, bool dout_measured = false);
     void linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
                                  const void* amax);
-    // amax[which] (0 input, 1 weight, 2 output gradient) of x, with the group max.
+    // amax[which] (0 input, 1 weight, 2 output gradient) of x (null: already
+    // there, measured by the op that wrote it), with the group max.
     void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,
                   void* amax);
     // A Mixtral's experts take their rows in blocks, each one micro-batch's

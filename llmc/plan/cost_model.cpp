@@ -17,7 +17,7 @@ CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, co
 }
 
 CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC,
-                                           bool backward) {
+                                           bool backward, bool fused) {
     Fp8Passes p;
     const double x = N * IC, w = OC * IC, dy = N * OC;
     // The forward measures the input and the weight, the backward only the
@@ -26,6 +26,10 @@ CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double
     // The GPU's amax is two kernels (the max as float bits, then stored as
     // a double); the scales one more kernel before the quantisers.
     p.amax_ops = (backward ? 1 : 2) * (cpu ? 1 : 2);
+    // fused: the activation before the product measured that operand as it
+    // wrote it (the GPU's activation_amax): no read, only the store (the
+    // CPU's reads it after the op, a pass as before).
+    if (fused && !cpu) p.amax_bytes -= backward ? a * dy : a * x, p.amax_ops -= 1;
     if (cpu) {  // each operand rounded to a copy once, inside the product's op
         p.quant_bytes = 2 * (a * x + pb * w + (backward ? a * dy : 0));
     } else if (!backward) {  // x and W as they are
@@ -87,14 +91,16 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
         return backward ? gemm(rows, x.in, x.out, 1, rate) + gemm(x.in, x.out, rows, 1, rate)
                         : gemm(rows, x.out, x.in, 1, rate);
     };
-    auto fp8 = [&](const Linear& x, double rows) {
-        const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward);
+    // fused: the MLP's activation measures fcproj's input forward and fc's output gradient backward.
+    auto fp8 = [&](const Linear& x, double rows, bool fused = false) {
+        const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused);
         const int delayed = l_.fp8_history > 0 ? (backward ? 1 : 2) : 0;
         return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
     };
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
-        if (layer < 0 || layer == i) t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N) : product(N, ls[i]);
+        if (layer < 0 || layer == i)
+            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, i == (backward ? 2 : 3)) : product(N, ls[i]);
     if (c_.moe()) {  // the experts' blocks, each on FP8 operands of its own under --fp8 1
         const double E = c_.experts, rows = N * c_.top_k / E;
         if (layer < 0) t += product(N, {C, E});

@@ -76,7 +76,10 @@ class CostModel {
         double amax_bytes = 0, quant_bytes = 0;
         int amax_ops = 0, quant_ops = 0;
     };
-    static Fp8Passes fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC, bool backward);
+    // fused: the operand the pass measures (forward the input, backward the
+    // output gradient) was measured by the op that wrote it.
+    static Fp8Passes fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC, bool backward,
+                                bool fused = false);
 
   private:
     struct Link {

@@ -3,11 +3,15 @@
 // amax of each linear layer's input and weight (a Mixtral's: each expert
 // block's input and each expert's weight), the backward only the output
 // gradients', and reads the other two from the layer-slot where its forward
-// left them. A backend in front of the CPU's counts the amax passes and the
-// elements they read in one micro-batch's forward, backward (whole, or B
-// then W: W measures nothing) and, under full recompute, the recomputed
-// forward, against the count written out from the layers' shapes. Measuring
-// the input and the weight again in the backward (as before) fails it;
+// left them; and the MLP's activation (GELU, SwiGLU) measures what it
+// writes, the next product's operand (forward fcproj's input, backward fc's
+// output gradient), in its own op (Backend::activation_amax, one pass on a
+// GPU). A backend in front of the CPU's counts the amax passes and the
+// elements they read, and the activations that measure, in one
+// micro-batch's forward, backward (whole, or B then W: W measures nothing)
+// and, under full recompute, the recomputed forward, against the count
+// written out from the layers' shapes. Measuring the input and the weight
+// again in the backward, or an activation's output in a pass of its own, fails it;
 // that the amaxes read are the right ones is the reference tests' part
 // (test_gpt --fp8 1 against reference_gpt.py and transformers, and every
 // layout against one process in tests/distributed/test_fp8.py).
@@ -33,12 +37,18 @@ class CountingBackend : public BackendWrapper {
         calls++, elems += n;
         BackendWrapper::amax_to(dst, x, t, n);
     }
-    size_t calls = 0, elems = 0;
+    void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) override {
+        fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);
+        BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax);
+    }
+    void reset() { calls = elems = fused = fused_elems = 0; }
+    size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
 };
 
 struct Count {
-    size_t calls = 0, elems = 0;
+    size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
     Count& add(size_t n, size_t times = 1) { return calls += times, elems += n * times, *this; }
+    Count& measured_by_activation(size_t n) { return fused++, fused_elems += n, *this; }
 };
 
 // The passes of one layer: forward (the inputs and weights) and backward
@@ -60,14 +70,23 @@ void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd) {
         }
         return;
     }
+    // The MLP's activation measures what it writes: fcproj's input forward,
+    // fc's output gradient backward.
     const size_t H = c.hidden(), F = c.llama() ? 2 * H : H;
-    linear(C, F);
-    linear(H, C);
+    fwd->add(N * C).add(F * C), bwd->measured_by_activation(N * F);  // fc
+    fwd->add(H * C).measured_by_activation(N * H), bwd->add(N * C);   // fcproj
 }
 
 struct Run {
-    size_t fwd_calls, fwd_elems, bwd_calls, bwd_elems, w_calls;
+    Count fwd, bwd;
+    size_t w_calls;
 };
+Count taken(CountingBackend* be) {
+    Count c;
+    c.calls = be->calls, c.elems = be->elems, c.fused = be->fused, c.fused_elems = be->fused_elems;
+    be->reset();
+    return c;
+}
 
 Run passes(const GPTConfig& c, Recompute rc, bool split) {
     std::string err;
@@ -87,19 +106,17 @@ Run passes(const GPTConfig& c, Recompute rc, bool split) {
     Rng r(11);
     for (int i = 0; i < B * T; i++) in[i] = (int)(r.next_u64() % V), tg[i] = (int)(r.next_u64() % V);
     Run run{};
-    be->calls = be->elems = 0;
+    be->reset();
     model.forward_chunk(0, 0, in.data(), nullptr, tg.data(), B, T, 1.0 / (B * T));
-    run.fwd_calls = be->calls, run.fwd_elems = be->elems;
-    be->calls = be->elems = 0;
+    run.fwd = taken(be);
     if (split) {
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::input);
-        run.bwd_calls = be->calls, run.bwd_elems = be->elems;
-        be->calls = be->elems = 0;
+        run.bwd = taken(be);
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::weights);
-        run.w_calls = be->calls;
+        run.w_calls = taken(be).calls;
     } else {
         model.backward_chunk(0, 0, nullptr, true);
-        run.bwd_calls = be->calls, run.bwd_elems = be->elems;
+        run.bwd = taken(be);
     }
     return run;
 }
@@ -121,19 +138,28 @@ int main() {
                 // Full recompute runs each block's forward again before its backward.
                 const size_t rf = rc == Recompute::full ? 1 : 0;
                 const char* how = split ? "B then W" : "whole";
-                CHECK(r.fwd_calls == f.calls && r.fwd_elems == f.elems,
+                CHECK(r.fwd.calls == f.calls && r.fwd.elems == f.elems,
                       "%s -r %s: forward %zu amax passes over %zu elements, want %zu over %zu", spec,
-                      recompute_name(rc), r.fwd_calls, r.fwd_elems, f.calls, f.elems);
-                CHECK(r.bwd_calls == b.calls + rf * f.calls && r.bwd_elems == b.elems + rf * f.elems,
+                      recompute_name(rc), r.fwd.calls, r.fwd.elems, f.calls, f.elems);
+                CHECK(r.fwd.fused == f.fused && r.fwd.fused_elems == f.fused_elems,
+                      "%s -r %s: forward %zu activations measured %zu elements, want %zu over %zu", spec,
+                      recompute_name(rc), r.fwd.fused, r.fwd.fused_elems, f.fused, f.fused_elems);
+                const Count want{b.calls + rf * f.calls, b.elems + rf * f.elems, b.fused + rf * f.fused,
+                                 b.fused_elems + rf * f.fused_elems};
+                CHECK(r.bwd.calls == want.calls && r.bwd.elems == want.elems,
                       "%s -r %s %s: backward %zu amax passes over %zu elements, want %zu over %zu (only the output "
                       "gradients'%s)",
-                      spec, recompute_name(rc), how, r.bwd_calls, r.bwd_elems, b.calls + rf * f.calls,
-                      b.elems + rf * f.elems, rf ? ", after the recomputed forward's" : "");
+                      spec, recompute_name(rc), how, r.bwd.calls, r.bwd.elems, want.calls, want.elems,
+                      rf ? ", after the recomputed forward's" : "");
+                CHECK(r.bwd.fused == want.fused && r.bwd.fused_elems == want.fused_elems,
+                      "%s -r %s %s: backward %zu activations measured %zu elements, want %zu over %zu", spec,
+                      recompute_name(rc), how, r.bwd.fused, r.bwd.fused_elems, want.fused, want.fused_elems);
                 if (split) CHECK(r.w_calls == 0, "%s -r %s: W measured %zu amaxes (B's are in the slot)", spec,
                                  recompute_name(rc), r.w_calls);
             }
-        std::printf("%-52s forward %zu amax passes (%zu elements), backward %zu (%zu)\n", spec, f.calls, f.elems,
-                    b.calls, b.elems);
+        std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in activations (%zu), backward %zu (%zu) + %zu "
+                    "(%zu)\n",
+                    spec, f.calls, f.elems, f.fused, f.fused_elems, b.calls, b.elems, b.fused, b.fused_elems);
     }
     return check_summary();
 }

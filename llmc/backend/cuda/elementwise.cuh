@@ -41,8 +41,11 @@ __device__ __forceinline__ size_t global_threads() { return (size_t)gridDim.x * 
 
 // out = op(a) or op(a, b) over n elements, W per access. f(first, count)
 // from for_each_pack: count is W (a whole pack) or 1 (a tail element).
+// amax (null: none): the max of |out| as written (abs_bits) into *amax, the
+// next FP8 product's operand measured in this pass (Backend::activation_amax).
 template <typename E, int W, typename Op>
-__global__ void map1_kernel(E* out, const E* a, size_t n, Op op) {
+__global__ void map1_kernel(E* out, const E* a, size_t n, Op op, unsigned* amax) {
+    unsigned m = 0;
     llmc_idx::for_each_pack(n, W, global_tid(), global_threads(), [&](size_t i, int count) {
         if (count == W) {
             const Vec<E, W> x = load_vec<E, W>(a + i);
@@ -50,13 +53,19 @@ __global__ void map1_kernel(E* out, const E* a, size_t n, Op op) {
 #pragma unroll
             for (int j = 0; j < W; j++) y.v[j] = from_float<E>(op(to_float(x.v[j])));
             store_vec<E, W>(out + i, y);
+            if (amax)
+                for (int j = 0; j < W; j++) m = max(m, abs_bits(to_float(y.v[j])));
         } else {
-            out[i] = from_float<E>(op(to_float(a[i])));
+            const E y = from_float<E>(op(to_float(a[i])));
+            out[i] = y;
+            if (amax) m = max(m, abs_bits(to_float(y)));
         }
     });
+    if (amax) warp_amax_commit(amax, m);
 }
 template <typename E, int W, typename Op>
-__global__ void map2_kernel(E* out, const E* a, const E* b, size_t n, Op op) {
+__global__ void map2_kernel(E* out, const E* a, const E* b, size_t n, Op op, unsigned* amax) {
+    unsigned m = 0;
     llmc_idx::for_each_pack(n, W, global_tid(), global_threads(), [&](size_t i, int count) {
         if (count == W) {
             const Vec<E, W> x = load_vec<E, W>(a + i);
@@ -65,10 +74,15 @@ __global__ void map2_kernel(E* out, const E* a, const E* b, size_t n, Op op) {
 #pragma unroll
             for (int j = 0; j < W; j++) y.v[j] = from_float<E>(op(to_float(x.v[j]), to_float(z.v[j])));
             store_vec<E, W>(out + i, y);
+            if (amax)
+                for (int j = 0; j < W; j++) m = max(m, abs_bits(to_float(y.v[j])));
         } else {
-            out[i] = from_float<E>(op(to_float(a[i]), to_float(b[i])));
+            const E y = from_float<E>(op(to_float(a[i]), to_float(b[i])));
+            out[i] = y;
+            if (amax) m = max(m, abs_bits(to_float(y)));
         }
     });
+    if (amax) warp_amax_commit(amax, m);
 }
 
 struct GeluForwardOp {
@@ -85,34 +99,35 @@ struct AddOp {
 inline unsigned map_grid(size_t n, int W) { return grid_for(ceil_div(n, (size_t)W), 256, (size_t)132 * 32); }
 
 template <typename E, typename Op>
-void launch_map1(E* out, const E* a, size_t n, Op op, cudaStream_t stream) {
+void launch_map1(E* out, const E* a, size_t n, Op op, cudaStream_t stream, unsigned* amax = nullptr) {
     if (n == 0) return;
     constexpr int V = kVec<E>;
     if (aligned16(out) && aligned16(a))
-        map1_kernel<E, V, Op><<<map_grid(n, V), 256, 0, stream>>>(out, a, n, op);
+        map1_kernel<E, V, Op><<<map_grid(n, V), 256, 0, stream>>>(out, a, n, op, amax);
     else
-        map1_kernel<E, 1, Op><<<map_grid(n, 1), 256, 0, stream>>>(out, a, n, op);
+        map1_kernel<E, 1, Op><<<map_grid(n, 1), 256, 0, stream>>>(out, a, n, op, amax);
     CUDA_CHECK_LAUNCH();
 }
 template <typename E, typename Op>
-void launch_map2(E* out, const E* a, const E* b, size_t n, Op op, cudaStream_t stream) {
+void launch_map2(E* out, const E* a, const E* b, size_t n, Op op, cudaStream_t stream, unsigned* amax = nullptr) {
     if (n == 0) return;
     constexpr int V = kVec<E>;
     if (aligned16(out) && aligned16(a) && aligned16(b))
-        map2_kernel<E, V, Op><<<map_grid(n, V), 256, 0, stream>>>(out, a, b, n, op);
+        map2_kernel<E, V, Op><<<map_grid(n, V), 256, 0, stream>>>(out, a, b, n, op, amax);
     else
-        map2_kernel<E, 1, Op><<<map_grid(n, 1), 256, 0, stream>>>(out, a, b, n, op);
+        map2_kernel<E, 1, Op><<<map_grid(n, 1), 256, 0, stream>>>(out, a, b, n, op, amax);
     CUDA_CHECK_LAUNCH();
 }
 
+// amax: see map1_kernel (null: none).
 template <typename E>
-void gelu_forward(E* out, const E* inp, size_t n, cudaStream_t stream) {
-    launch_map1<E>(out, inp, n, GeluForwardOp{}, stream);
+void gelu_forward(E* out, const E* inp, size_t n, cudaStream_t stream, unsigned* amax = nullptr) {
+    launch_map1<E>(out, inp, n, GeluForwardOp{}, stream, amax);
 }
 
 template <typename E>
-void gelu_backward(E* dinp, const E* inp, const E* dout, size_t n, cudaStream_t stream) {
-    launch_map2<E>(dinp, inp, dout, n, GeluBackwardOp{}, stream);
+void gelu_backward(E* dinp, const E* inp, const E* dout, size_t n, cudaStream_t stream, unsigned* amax = nullptr) {
+    launch_map2<E>(dinp, inp, dout, n, GeluBackwardOp{}, stream, amax);
 }
 
 template <typename E>

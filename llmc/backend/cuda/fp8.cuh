@@ -26,27 +26,22 @@
 #include <tuple>
 
 #include "llmc/backend/cuda/common.cuh"
+#include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/matmul.cuh"
 #include "llmc/backend/cuda/scratch.cuh"
+#include "llmc/backend/cuda/swiglu.cuh"
 #include "llmc/backend/fp8.h"
 
 namespace llmc_cuda {
 
-// |x| as the bits of a non-negative float, NaN (canonical, positive) above
-// +inf above every finite value: the max of the bits is the max of the
-// magnitudes with NaN winning, so atomicMax on them is exact and
-// deterministic.
-__device__ __forceinline__ unsigned abs_bits(float x) {
-    const float a = fabsf(x);
-    return a != a ? 0x7fc00000u : __float_as_uint(a);
-}
+// The max of |x| as float bits (common.cuh's abs_bits: NaN wins), exact
+// and deterministic by atomicMax.
 template <typename E>
 __global__ void amax_bits_kernel(unsigned* out, const E* x, size_t n) {
     unsigned m = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         m = max(m, abs_bits(to_float(x[i])));
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) atomicMax(out, m);
+    warp_amax_commit(out, m);
 }
 __global__ void amax_store_kernel(double* dst, const unsigned* bits) { *dst = (double)__uint_as_float(*bits); }
 
@@ -292,6 +287,15 @@ void matmul_backward_fp8(Fp8Gemm& g, const Fp8Scratch& s, E* dinp, E* dweight, c
           true, nullptr);
 }
 
+template <typename E>
+void activation_amax(bool swiglu, E* out, const E* a, const E* dout, int N, int H, unsigned* bits,
+                     cudaStream_t stream) {
+    if (swiglu && dout) swiglu_backward<E>(out, a, dout, N, H, stream, bits);
+    else if (swiglu) swiglu_forward<E>(out, a, N, H, stream, bits);
+    else if (dout) gelu_backward<E>(out, a, dout, (size_t)N * H, stream, bits);
+    else gelu_forward<E>(out, a, (size_t)N * H, stream, bits);
+}
+
 // What the CUDA backend holds for the FP8 products: a cuBLASLt handle and
 // workspace of their own, the products' descriptors, and the operands'
 // scratch, all made by reserve() when the model stack is built (nothing is
@@ -329,6 +333,16 @@ class Fp8Ops {
         else
             matmul_forward_fp8<bf16>(gemm_, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N,
                                      IC, OC, am, stream_);
+    }
+    // Backend::activation_amax: the GELU or SwiGLU kernel takes the max of
+    // what it writes into the amax bits as it goes (no pass of its own).
+    void activation(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+        unsigned* b = scratch(0).bits;
+        CUDA_CHECK(cudaMemsetAsync(b, 0, sizeof(unsigned), stream_));
+        if (fp32) activation_amax<float>(swiglu, (float*)out, (const float*)a, (const float*)dout, N, H, b, stream_);
+        else activation_amax<bf16>(swiglu, (bf16*)out, (const bf16*)a, (const bf16*)dout, N, H, b, stream_);
+        amax_store_kernel<<<1, 1, 0, stream_>>>(static_cast<double*>(amax), b);
+        CUDA_CHECK_LAUNCH();
     }
     void delayed(void* amax, void* step_max, const void* hist, int len, bool record) {
         fp8_delayed_kernel<<<1, 1, 0, stream_>>>((double*)amax, (double*)step_max, (const double*)hist, len, record);

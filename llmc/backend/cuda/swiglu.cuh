@@ -24,9 +24,18 @@ namespace llmc_cuda {
 
 __device__ __forceinline__ float sigmoidf_(float g) { return 1.f / (1.f + expf(-g)); }
 
+// amax (null: none): the max of |what it writes| as written (abs_bits) into
+// *amax, the next FP8 product's operand measured in this pass
+// (Backend::activation_amax).
+template <typename E>
+__device__ __forceinline__ unsigned written_bits(float v) {
+    return abs_bits(to_float(from_float<E>(v)));
+}
+
 template <typename E, int W>
-__global__ void swiglu_forward_kernel(E* out, const E* gu, int N, int H) {
+__global__ void swiglu_forward_kernel(E* out, const E* gu, int N, int H, unsigned* amax) {
     const size_t n_out = (size_t)N * H;
+    unsigned m = 0;
     llmc_idx::for_each_pack(n_out, W, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x,
                             [&](size_t e, int count) {
                                 // count == W: a whole pack (one row, H % W == 0); 1: one element.
@@ -40,16 +49,21 @@ __global__ void swiglu_forward_kernel(E* out, const E* gu, int N, int H) {
 #pragma unroll
                                     for (int j = 0; j < W; j++) o[j] = gf[j] * sigmoidf_(gf[j]) * uf[j];
                                     store_floats<E, W>(out + e, o);
+                                    if (amax)
+                                        for (int j = 0; j < W; j++) m = max(m, written_bits<E>(o[j]));
                                 } else {
-                                    const float gf = to_float(*g);
-                                    out[e] = from_float<E>(gf * sigmoidf_(gf) * to_float(*u));
+                                    const float gf = to_float(*g), o = gf * sigmoidf_(gf) * to_float(*u);
+                                    out[e] = from_float<E>(o);
+                                    if (amax) m = max(m, written_bits<E>(o));
                                 }
                             });
+    if (amax) warp_amax_commit(amax, m);
 }
 
 template <typename E, int W>
-__global__ void swiglu_backward_kernel(E* dgu, const E* gu, const E* dout, int N, int H) {
+__global__ void swiglu_backward_kernel(E* dgu, const E* gu, const E* dout, int N, int H, unsigned* amax) {
     const size_t n_out = (size_t)N * H;
+    unsigned m = 0;
     llmc_idx::for_each_pack(n_out, W, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x,
                             [&](size_t e, int count) {
                                 const size_t n = e / (size_t)H, i = e % (size_t)H;
@@ -67,13 +81,19 @@ __global__ void swiglu_backward_kernel(E* dgu, const E* gu, const E* dout, int N
                                     }
                                     store_floats<E, W>(dgu + go, dg);
                                     store_floats<E, W>(dgu + go + H, du);
+                                    if (amax)
+                                        for (int j = 0; j < W; j++)
+                                            m = max(m, max(written_bits<E>(dg[j]), written_bits<E>(du[j])));
                                 } else {
                                     const float gf = to_float(gu[go]), uf = to_float(gu[go + H]);
                                     const float dy = to_float(dout[e]), sg = sigmoidf_(gf);
-                                    dgu[go] = from_float<E>(dy * uf * sg * (1.f + gf * (1.f - sg)));
-                                    dgu[go + H] = from_float<E>(dy * gf * sg);
+                                    const float dg = dy * uf * sg * (1.f + gf * (1.f - sg)), du = dy * gf * sg;
+                                    dgu[go] = from_float<E>(dg);
+                                    dgu[go + H] = from_float<E>(du);
+                                    if (amax) m = max(m, max(written_bits<E>(dg), written_bits<E>(du)));
                                 }
                             });
+    if (amax) warp_amax_commit(amax, m);
 }
 
 // 16-byte packs when every row of every operand starts aligned.
@@ -89,26 +109,26 @@ inline bool swiglu_vec_ok(int H, std::initializer_list<const void*> ptrs) {
 inline unsigned swiglu_grid(size_t n, int W) { return grid_for(ceil_div(n, (size_t)W), 256, (size_t)132 * 32); }
 
 template <typename E>
-void swiglu_forward(E* out, const E* gu, int N, int H, cudaStream_t stream) {
+void swiglu_forward(E* out, const E* gu, int N, int H, cudaStream_t stream, unsigned* amax = nullptr) {
     const size_t n = (size_t)N * H;
     if (N <= 0 || H <= 0) return;
     constexpr int V = kVec<E>;
     if (swiglu_vec_ok<E>(H, {out, gu}))
-        swiglu_forward_kernel<E, V><<<swiglu_grid(n, V), 256, 0, stream>>>(out, gu, N, H);
+        swiglu_forward_kernel<E, V><<<swiglu_grid(n, V), 256, 0, stream>>>(out, gu, N, H, amax);
     else
-        swiglu_forward_kernel<E, 1><<<swiglu_grid(n, 1), 256, 0, stream>>>(out, gu, N, H);
+        swiglu_forward_kernel<E, 1><<<swiglu_grid(n, 1), 256, 0, stream>>>(out, gu, N, H, amax);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename E>
-void swiglu_backward(E* dgu, const E* gu, const E* dout, int N, int H, cudaStream_t stream) {
+void swiglu_backward(E* dgu, const E* gu, const E* dout, int N, int H, cudaStream_t stream, unsigned* amax = nullptr) {
     const size_t n = (size_t)N * H;
     if (N <= 0 || H <= 0) return;
     constexpr int V = kVec<E>;
     if (swiglu_vec_ok<E>(H, {dgu, gu, dout}))
-        swiglu_backward_kernel<E, V><<<swiglu_grid(n, V), 256, 0, stream>>>(dgu, gu, dout, N, H);
+        swiglu_backward_kernel<E, V><<<swiglu_grid(n, V), 256, 0, stream>>>(dgu, gu, dout, N, H, amax);
     else
-        swiglu_backward_kernel<E, 1><<<swiglu_grid(n, 1), 256, 0, stream>>>(dgu, gu, dout, N, H);
+        swiglu_backward_kernel<E, 1><<<swiglu_grid(n, 1), 256, 0, stream>>>(dgu, gu, dout, N, H, amax);
     CUDA_CHECK_LAUNCH();
 }
 
