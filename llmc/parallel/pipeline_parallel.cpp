@@ -168,25 +168,27 @@ double PipelineParallel::train_step(GPT& model, const Loader& load, int B, int T
             wait(recv_handle_[a.in_buf]);
             in = recv_[a.in_buf];
         }
-        trace::Scope span((fwd ? "F mb" : "B mb") + std::to_string(a.mb) + " v" + std::to_string(v),
-                          fwd ? "forward" : "backward");
-        if (fwd) {
-            const int *inputs = nullptr, *targets = nullptr, *docs = nullptr;
-            load(a.mb, &inputs, &targets, &docs);
-            loss += model.forward_chunk(a.chunk, a.slot, inputs, in, ch.head ? targets : nullptr, B, T, dloss, docs);
-        } else {
-            // Stages 0 and 1 of ZeRO reduce a unit's gradients when its last
-            // micro-batch's backward is done.
-            if (!moe.empty()) model.set_moe_aux(a.chunk, a.slot, moe[a.mb], B * T, dloss);
-            model.backward_chunk(a.chunk, a.slot, in, a.mb == m_ - 1,
-                                 sched_->split() ? GPT::BackwardPart::input : GPT::BackwardPart::all);
-            if (!ch.embed) {  // the input's gradient goes back to the previous virtual stage
-                const int sb = next_send;
-                next_send = (next_send + 1) % (int)send_.size();
-                wait(send_handle_[sb]);
-                be_->copy(send_[sb], model.input_grad(), elems_ * dtype_size(act_));
-                send_buf_of_msg[a.mb * nv + v] = sb;
+        {  // the op's span: its compute, not the waits for transfers before and after it
+            trace::Scope span((fwd ? "F mb" : "B mb") + std::to_string(a.mb) + " v" + std::to_string(v),
+                              fwd ? "forward" : "backward");
+            if (fwd) {
+                const int *inputs = nullptr, *targets = nullptr, *docs = nullptr;
+                load(a.mb, &inputs, &targets, &docs);
+                loss += model.forward_chunk(a.chunk, a.slot, inputs, in, ch.head ? targets : nullptr, B, T, dloss, docs);
+            } else {
+                // Stages 0 and 1 of ZeRO reduce a unit's gradients when its last
+                // micro-batch's backward is done.
+                if (!moe.empty()) model.set_moe_aux(a.chunk, a.slot, moe[a.mb], B * T, dloss);
+                model.backward_chunk(a.chunk, a.slot, in, a.mb == m_ - 1,
+                                     sched_->split() ? GPT::BackwardPart::input : GPT::BackwardPart::all);
             }
+        }
+        if (!fwd && !ch.embed) {  // the input's gradient goes back to the previous virtual stage
+            const int sb = next_send;
+            next_send = (next_send + 1) % (int)send_.size();
+            wait(send_handle_[sb]);  // (a send buffer still in flight: waiting, not busy)
+            be_->copy(send_[sb], model.input_grad(), elems_ * dtype_size(act_));
+            send_buf_of_msg[a.mb * nv + v] = sb;
         }
     }
     for (size_t i = 0; i < handles_.size(); i++) wait((int)i);
