@@ -121,6 +121,15 @@ void GPT::rotate(void* qkv, int B, int T, bool inverse) {
 }
 
 // The MLP's activation: GELU of fch (GPT-2), or SwiGLU of its gate and up halves.
+// The MLP's GELU or SwiGLU; with --fp8 it measures what it writes, the next
+// FP8 product's operand (fcproj's input forward, fc's output gradient
+// backward), in the same op (Backend::activation_amax; fp8.cpp).
+void GPT::activation(void* h, const void* fch, int N, void* amax) {
+    if (amax) be_->activation_amax(cfg_.llama(), h, fch, nullptr, N, table_.hidden, amax);
+    else if (cfg_.llama()) be_->swiglu_forward(h, fch, N, table_.hidden);
+    else be_->gelu_forward(h, fch, (size_t)N * table_.hidden);
+}
+
 double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
                           double dloss, const int* docs) {
     if (B > B_ || T > T_ || B <= 0 || T <= 0) throw std::invalid_argument("forward: batch larger than allocated");

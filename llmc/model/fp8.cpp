@@ -124,21 +124,6 @@ void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const 
     be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax);
 }
 
-// The MLP's activation between its two FP8 products writes the next one's
-// operand (forward fcproj's input, backward fc's output gradient): with an
-// amax slot, it measures what it writes in the same pass (activation_amax).
-void GPT::activation(void* h, const void* fch, int N, void* amax) {
-    if (amax) be_->activation_amax(cfg_.llama(), h, fch, nullptr, N, table_.hidden, amax);
-    else if (cfg_.llama()) be_->swiglu_forward(h, fch, N, table_.hidden);
-    else be_->gelu_forward(h, fch, (size_t)N * table_.hidden);
-}
-
-void GPT::activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax) {
-    if (amax) be_->activation_amax(cfg_.llama(), dfch, fch, dh, N, table_.hidden, amax);
-    else if (cfg_.llama()) be_->swiglu_backward(dfch, fch, dh, N, table_.hidden);
-    else be_->gelu_backward(dfch, fch, dh, (size_t)N * table_.hidden);
-}
-
 void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst) {
     const int E = cfg_.experts, Hl = table_.hidden, El = table_.experts;
     const size_t IC = p == 0 ? cfg_.channels : Hl, OC = p == 0 ? 2 * (size_t)Hl : cfg_.channels, wn = IC * OC;
@@ -182,7 +167,7 @@ void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, cons
     if (fp8_len_ == 0) return;
     const int base = ep_ ? ep_->rank() * El : 0;  // a rank's experts are consecutive
     for (size_t b = 0; b < blocks.size(); b++)
-        for (int which : dy ? std::vector<int>{2} : std::vector<int>{0, 1}) {
+        for (int which = dy ? 2 : 0; which < (dy ? 3 : 2); which++) {
             const size_t slot = expert_slot(cfg_, l, base + blocks[b].expert, p, which);
             be_->fp8_delayed(at(b, which), elem_ptr(a_->fp8_step, DType::F64, slot),
                              elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, fp8_record_);
