@@ -278,6 +278,8 @@ class Backend {
     // largest magnitude of what it wrote, the next FP8 product's operand,
     // measured in the pass that writes it (CUDA); by default the op, then amax_to.
     virtual void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax);
+    // The same op without the amax: the gelu_ or swiglu_ op, forward (dout null) or backward.
+    void activation(bool swiglu, void* out, const void* a, const void* dout, int N, int H);
 
     // GELU, tanh approximation. gelu_backward: dinp = gelu'(inp) * dout
     // (overwrite; dinp may alias dout).

@@ -103,12 +103,17 @@ void Backend::matmul_backward_fp8(void*, void*, void*, const void*, const void*,
     refuse("matmul_backward_fp8");
 }
 
-// The activation, then its output's amax: two passes (a backend may fuse them).
-void Backend::activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+void Backend::activation(bool swiglu, void* out, const void* a, const void* dout, int N, int H) {
     const size_t n = (size_t)N * H;
     if (swiglu && dout) swiglu_backward(out, a, dout, N, H);
     else if (swiglu) swiglu_forward(out, a, N, H);
     else if (dout) gelu_backward(out, a, dout, n);
     else gelu_forward(out, a, n);
-    amax_to(amax, out, precision().act, swiglu && dout ? 2 * n : n);  // SwiGLU's backward writes [gate | up]
+}
+
+// The activation, then its output's amax: two passes (a backend may fuse them).
+void Backend::activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+    activation(swiglu, out, a, dout, N, H);
+    // (SwiGLU's backward writes [gate | up], 2H per row)
+    amax_to(amax, out, precision().act, (size_t)N * H * (swiglu && dout ? 2 : 1));
 }

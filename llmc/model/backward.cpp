@@ -54,8 +54,7 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step, 
 // activation's backward (forward.cpp), the same way.
 void GPT::activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax) {
     if (amax) be_->activation_amax(cfg_.llama(), dfch, fch, dh, N, table_.hidden, amax);
-    else if (cfg_.llama()) be_->swiglu_backward(dfch, fch, dh, N, table_.hidden);
-    else be_->gelu_backward(dfch, fch, dh, (size_t)N * table_.hidden);
+    else be_->activation(cfg_.llama(), dfch, fch, dh, N, table_.hidden);
 }
 
 // W of a split backward: each block's linear weight and bias gradients, in

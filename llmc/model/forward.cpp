@@ -126,8 +126,7 @@ void GPT::rotate(void* qkv, int B, int T, bool inverse) {
 // backward), in the same op (Backend::activation_amax; fp8.cpp).
 void GPT::activation(void* h, const void* fch, int N, void* amax) {
     if (amax) be_->activation_amax(cfg_.llama(), h, fch, nullptr, N, table_.hidden, amax);
-    else if (cfg_.llama()) be_->swiglu_forward(h, fch, N, table_.hidden);
-    else be_->gelu_forward(h, fch, (size_t)N * table_.hidden);
+    else be_->activation(cfg_.llama(), h, fch, nullptr, N, table_.hidden);
 }
 
 double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, const int* targets, int B, int T,
