@@ -57,7 +57,7 @@ static void check_quantize(int rows, int cols) {
     CUDA_CHECK(cudaMemcpy(s, sc, sizeof s, cudaMemcpyDeviceToHost));
     // Transposed: [cols, ld], ld the rows padded to 16 with zero bytes; t == 2
     // also writes the plain bytes in the same pass (a backward's dy).
-    const size_t ld = (size_t)fp8_padded_k(rows), nt = (size_t)cols * ld;
+    const size_t ld = (size_t)fp8k::padded_k(rows), nt = (size_t)cols * ld;
     uint8_t *q = lab::dev_alloc<uint8_t>(nt), *plain = lab::dev_alloc<uint8_t>(x.size());
     for (int e5 = 0; e5 < 2; e5++)
         for (int t = 0; t < 3; t++) {
@@ -109,7 +109,7 @@ static void check_products(int N, int IC, int OC, double tol) {
     double* d_am = lab::dev_alloc<double>(3);
     CUDA_CHECK(cudaMemcpy(d_am, am, sizeof am, cudaMemcpyHostToDevice));
     Fp8Ops ops;
-    const size_t Np = (size_t)fp8_padded_k(N);  // the weight gradient's K, padded with zeros
+    const size_t Np = (size_t)fp8k::padded_k(N);  // the weight gradient's K, padded with zeros
     ops.reserve(std::max({Np * IC, (size_t)OC * IC, Np * OC}), 0);
     const bool fp32 = std::is_same<E, float>::value;
     ops.forward(fp32, d_y, d_x, d_w, d_b, N, IC, OC, d_am);

@@ -33,24 +33,13 @@ void fp8_round(F* dst, const F* x, size_t n, double amax, int format) {
     for (long long i = 0; i < (long long)n; i++) dst[i] = (F)(fp8::round_to((double)x[i] * s, f) / s);
 }
 
-// Backend::fp8_delayed and fp8_history_push on host memory (NaN wins a max).
-inline double nan_max(double a, double b) { return (a != a || b != b) ? (a != a ? a : b) : (a > b ? a : b); }
+// Backend::fp8_delayed and fp8_history_push on host memory (fp8.h's bookkeeping).
 inline void fp8_delayed(double* amax, double* step_max, const double* hist, int len, bool record) {
-    if (record) *step_max = nan_max(*step_max, *amax);
-    double m = 0;
-    for (int j = 0; j < len; j++) m = nan_max(m, hist[j]);
-    if (m != 0) *amax = m;
+    fp8::delayed(amax, step_max, hist, len, record);
 }
 inline void fp8_history_push(double* hist, double* step_max, int slots, int len, const double* figures, bool skip) {
     const bool push = !skip && !(figures && figures[step_figure::skip] != 0.0);
-    for (int i = 0; i < slots; i++) {
-        if (push) {
-            double* h = hist + (size_t)i * len;
-            for (int j = len - 1; j > 0; j--) h[j] = h[j - 1];
-            h[0] = step_max[i];
-        }
-        step_max[i] = 0;
-    }
+    for (int i = 0; i < slots; i++) fp8::history_push_one(hist + (size_t)i * len, step_max + i, len, push);
 }
 
 }  // namespace cpu

@@ -121,4 +121,50 @@ FP8_HD double scale_for(double amax, Format f) {
     return spec(f).max / amax;
 }
 
+// |x| as the bits of a non-negative float, NaN (one canonical pattern)
+// above +inf above every finite value: the max of the bits is the max of
+// the magnitudes with NaN winning, so a max (atomicMax on the GPU) over
+// them is exact and independent of the order.
+FP8_HD unsigned abs_bits(float x) {
+    const float a = fabsf(x);
+    if (a != a) return 0x7fc00000u;
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(a);
+#else
+    unsigned u;
+    std::memcpy(&u, &a, sizeof u);
+    return u;
+#endif
+}
+FP8_HD float float_of_bits(unsigned u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+// Delayed scaling's bookkeeping (Backend::fp8_delayed, fp8_history_push),
+// one definition for the CPU and the GPU. NaN wins a max.
+FP8_HD double nan_max(double a, double b) { return (a != a || b != b) ? (a != a ? a : b) : (a > b ? a : b); }
+// With record, step_max = max(step_max, *amax); then *amax = the largest of
+// the operand's history [len] when it holds any amax (else it stays).
+FP8_HD void delayed(double* amax, double* step_max, const double* hist, int len, bool record) {
+    if (record) *step_max = nan_max(*step_max, *amax);
+    double m = 0;
+    for (int j = 0; j < len; j++) m = nan_max(m, hist[j]);
+    if (m != 0) *amax = m;
+}
+// One operand at a step's end: with push, its step max becomes the newest
+// of its history [len] (the oldest drops out); the step max restarts at 0.
+FP8_HD void history_push_one(double* hist, double* step_max, int len, bool push) {
+    if (push) {
+        for (int j = len - 1; j > 0; j--) hist[j] = hist[j - 1];
+        hist[0] = *step_max;
+    }
+    *step_max = 0;
+}
+
 }  // namespace fp8

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "llmc/backend/cuda/attention_tc_kernels.h"
+#include "tests/unit/emu_barrier.h"
 
 using namespace mma_layout;
 
@@ -93,37 +94,6 @@ inline void emu_mma(float (&d)[32][4], const uint32_t (&a)[32][4], const uint32_
 }
 
 // ---- the emulated GPU ----------------------------------------------------------------
-// A deadlocked kernel stops the test with a message instead of hanging it.
-[[noreturn]] inline void emu_hang(const char* what) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "emulated GPU: %s waited 300 s (a deadlock in the kernel)\n", what);
-    std::fflush(stderr);
-    std::_Exit(3);
-}
-constexpr auto kEmuHang = std::chrono::seconds(300);  // generous: a busy machine is slow, a deadlock is forever
-
-class Barrier {
-  public:
-    explicit Barrier(int n) : n_(n) {}
-    void wait() {
-        std::unique_lock<std::mutex> lk(mu_);
-        const unsigned gen = gen_;
-        if (++count_ == n_) {
-            count_ = 0;
-            gen_++;
-            cv_.notify_all();
-        } else if (!cv_.wait_for(lk, kEmuHang, [&] { return gen_ != gen; })) {
-            emu_hang("a barrier");
-        }
-    }
-
-  private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    int n_, count_ = 0;
-    unsigned gen_ = 0;
-};
-
 struct alignas(16) Chunk {
     unsigned char b[16];
 };

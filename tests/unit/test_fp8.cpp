@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
         step = 4, fig[step_figure::skip] = 0;
         cpu::fp8_history_push(hist, &step, 1, 3, fig, false);
         CHECK(hist[0] == 4.0 && hist[1] == 2.0 && hist[2] == 0, "push: the history moves back");
-        CHECK(std::isnan(cpu::nan_max(1.0, NAN)) && std::isnan(cpu::nan_max(NAN, 1.0)) && cpu::nan_max(1, 3) == 3,
+        CHECK(std::isnan(fp8::nan_max(1.0, NAN)) && std::isnan(fp8::nan_max(NAN, 1.0)) && fp8::nan_max(1, 3) == 3,
               "nan_max: NaN wins");
     }
     return check_summary();

@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "llmc/backend/cuda/kernel_index.h"
+#include "llmc/backend/fp8.h"
 
 // A failed CUDA call is a broken machine or a bug: name the place and stop.
 #define CUDA_CHECK(call)                                                                                  \
@@ -232,14 +233,9 @@ inline void allow_smem(Kernel k, size_t bytes) {
     if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-// |x| as the bits of a non-negative float, NaN (canonical, positive) above
-// +inf above every finite value: the max of the bits is the max of the
-// magnitudes with NaN winning, so atomicMax on them is exact and
-// deterministic (the FP8 operands' amax, cuda/fp8.cuh).
-__device__ __forceinline__ unsigned abs_bits(float x) {
-    const float a = fabsf(x);
-    return a != a ? 0x7fc00000u : __float_as_uint(a);
-}
+// |x| as float bits that order like the magnitudes, NaN winning (the FP8
+// operands' amax by atomicMax, cuda/fp8.cuh): fp8.h's, shared with the CPU.
+using fp8::abs_bits;
 // The warp's largest m into *bits (one atomicMax); every lane of the warp calls it.
 __device__ __forceinline__ void warp_amax_commit(unsigned* bits, unsigned m) {
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));

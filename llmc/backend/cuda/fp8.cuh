@@ -6,14 +6,9 @@
 // products take, and the product through cuBLASLt with the two descale
 // pointers, accumulated in fp32.
 //
-// cuBLASLt multiplies FP8 only as "TN" (both operands contiguous along K).
-// In row-major terms every product here is C[M, N] = A[M, K] · B[N, K]^T
-// with A and B K-contiguous:
-//   forward         out[N, OC]  = x[N, IC]      · W[OC, IC]^T      (as stored)
-//   input gradient  dx[N, IC]   = dy[N, OC]     · (W^T)[IC, OC]^T  (W transposed)
-//   weight gradient dW[OC, IC] += (dy^T)[OC, N] · (x^T)[IC, N]^T   (dy, x transposed)
-// so the quantising kernel writes a transposed copy where one is needed
-// (32 x 32 tiles through shared memory).
+// The kernels' bodies and the order of a product's launches are in
+// fp8_kernels.h, which the CPU's test runs on an emulated GPU; here they
+// become CUDA kernels (a context of built-ins) and the products cuBLASLt's.
 //
 // Written without a GPU at hand: dev/cuda/fp8.cu checks it against the CPU's
 // exact emulation (cpu_fp8.h); until a GPU has run it, docs/fp8.md says so.
@@ -27,6 +22,7 @@
 
 #include "llmc/backend/cuda/common.cuh"
 #include "llmc/backend/cuda/elementwise.cuh"
+#include "llmc/backend/cuda/fp8_kernels.h"
 #include "llmc/backend/cuda/matmul.cuh"
 #include "llmc/backend/cuda/scratch.cuh"
 #include "llmc/backend/cuda/swiglu.cuh"
@@ -34,107 +30,73 @@
 
 namespace llmc_cuda {
 
-// The max of |x| as float bits (common.cuh's abs_bits: NaN wins), exact
-// and deterministic by atomicMax.
+// fp8_kernels.h's context on the device: CUDA's built-ins.
+struct Fp8Ctx {
+    using Tile = uint8_t[fp8k::kTile + 1];
+    Tile* tile_ = nullptr;
+    __device__ int tx() const { return threadIdx.x; }
+    __device__ int ty() const { return threadIdx.y; }
+    __device__ int bx() const { return blockIdx.x; }
+    __device__ int by() const { return blockIdx.y; }
+    __device__ int bdx() const { return blockDim.x; }
+    __device__ int gdx() const { return gridDim.x; }
+    __device__ void sync() const { __syncthreads(); }
+    __device__ Tile* tile() const { return tile_; }
+    template <typename E>
+    __device__ float to_f(E e) const { return to_float(e); }
+    __device__ uint8_t fp8(float v, bool e5m2) const {
+        return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+    }
+    __device__ void warp_max_commit(unsigned* bits, unsigned m) const { warp_amax_commit(bits, m); }
+};
+
 template <typename E>
 __global__ void amax_bits_kernel(unsigned* out, const E* x, size_t n) {
-    unsigned m = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        m = max(m, abs_bits(to_float(x[i])));
-    warp_amax_commit(out, m);
+    Fp8Ctx c;
+    fp8k::amax_body(c, out, x, n);
 }
-__global__ void amax_store_kernel(double* dst, const unsigned* bits) { *dst = (double)__uint_as_float(*bits); }
+__global__ void amax_store_kernel(double* dst, const unsigned* bits) { *dst = (double)fp8::float_of_bits(*bits); }
 
 // bits: one unsigned of scratch.
 template <typename E>
 void amax_to(double* dst, const E* x, size_t n, unsigned* bits, cudaStream_t stream) {
     CUDA_CHECK(cudaMemsetAsync(bits, 0, sizeof(unsigned), stream));
-    if (n > 0) {
-        const unsigned blocks = (unsigned)std::min<size_t>(ceil_div(n, (size_t)256), 1024);
-        amax_bits_kernel<E><<<blocks, 256, 0, stream>>>(bits, x, n);
-    }
+    if (n > 0) amax_bits_kernel<E><<<fp8k::amax_blocks(n), fp8k::kAmaxThreads, 0, stream>>>(bits, x, n);
     amax_store_kernel<<<1, 1, 0, stream>>>(dst, bits);
     CUDA_CHECK_LAUNCH();
 }
 
-// sc[i] = scale of operand i (0 input e4m3, 1 weight e4m3, 2 output
-// gradient e5m2) from amax[i]; sc[3 + i] = 1 / sc[i], the product's descale.
-__global__ void fp8_scales_kernel(float* sc, const double* amax) {
-    const int i = threadIdx.x;
-    if (i >= 3) return;
-    const double s = fp8::scale_for(amax[i], i == 2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
-    sc[i] = (float)s;
-    sc[3 + i] = (float)(1.0 / s);
-}
+__global__ void fp8_scales_kernel(float* sc, const double* amax) { fp8k::scales_one(sc, amax, threadIdx.x); }
 
-// Delayed scaling's bookkeeping (Backend::fp8_delayed, fp8_history_push;
-// the CPU's cpu_fp8.h, one thread here: a handful of numbers).
-__device__ __forceinline__ double nan_max(double a, double b) {
-    return (a != a || b != b) ? (a != a ? a : b) : fmax(a, b);
-}
+// Delayed scaling's bookkeeping (fp8.h's, as the CPU's): a handful of numbers.
 __global__ void fp8_delayed_kernel(double* amax, double* step_max, const double* hist, int len, bool record) {
-    if (record) *step_max = nan_max(*step_max, *amax);
-    double m = 0;
-    for (int j = 0; j < len; j++) m = nan_max(m, hist[j]);
-    if (m != 0) *amax = m;
+    fp8::delayed(amax, step_max, hist, len, record);
 }
 __global__ void fp8_history_push_kernel(double* hist, double* step_max, int slots, int len, const double* figures,
                                         bool skip) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= slots) return;
-    if (!skip && !(figures && figures[step_figure::skip] != 0.0)) {
-        double* h = hist + (size_t)i * len;
-        for (int j = len - 1; j > 0; j--) h[j] = h[j - 1];
-        h[0] = step_max[i];
-    }
-    step_max[i] = 0;
+    const bool push = !skip && !(figures && figures[step_figure::skip] != 0.0);
+    fp8::history_push_one(hist + (size_t)i * len, step_max + i, len, push);
 }
 
-__device__ __forceinline__ uint8_t fp8_of(float v, bool e5m2) {
-    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
-}
-// q[r, c] = fp8(x[r, c] · scale) for a rows x cols matrix; with transpose,
-// q is written [cols, ld] (q[c, r]), its columns rows..ld-1 zero (ld: rows
-// rounded up to 16, the K a weight gradient's product needs; at most the
-// tiles' 32), and `plain`, when given, gets the bytes as they are too: a
-// backward's output gradient, needed both ways, is read once. Blocks of
-// 32 x 8 threads, 32 x 32 tiles.
 template <typename E>
 __global__ void fp8_quantize_kernel(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2,
                                     bool transpose, int ld, uint8_t* plain) {
-    __shared__ uint8_t tile[32][33];
-    const float s = *scale;
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
-    for (int j = threadIdx.y; j < 32; j += 8) {
-        const int r = r0 + j, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) {
-            const uint8_t v = fp8_of(to_float(x[(size_t)r * cols + c]) * s, e5m2);
-            if (transpose) tile[j][threadIdx.x] = v;
-            else q[(size_t)r * cols + c] = v;
-            if (transpose && plain) plain[(size_t)r * cols + c] = v;
-        }
-    }
-    if (!transpose) return;  // (the same for the whole block)
-    __syncthreads();
-    for (int j = threadIdx.y; j < 32; j += 8) {
-        const int c = c0 + j, r = r0 + threadIdx.x;
-        if (c < cols && r < ld) q[(size_t)c * ld + r] = r < rows ? tile[threadIdx.x][j] : (uint8_t)0;
-    }
+    __shared__ uint8_t tile[fp8k::kTile][fp8k::kTile + 1];
+    Fp8Ctx c{tile};
+    fp8k::quantize_body(c, q, x, rows, cols, scale, e5m2, transpose, ld, plain);
 }
-// The K of a weight gradient's product over `rows` rows: a multiple of 16
-// (cuBLASLt's FP8 rule), the padding zero bytes (+0 in both formats), which
-// add nothing to the sums. A Mixtral expert's block takes any row count.
-inline int fp8_padded_k(int rows) { return (rows + 15) / 16 * 16; }
 
-// plain (with transpose only): the same bytes untransposed, in the same pass.
+// The quantising copy (fp8k::quantize_body); plain (with transpose only):
+// the same bytes untransposed, in the same pass.
 template <typename E>
 void fp8_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
                   cudaStream_t stream, uint8_t* plain = nullptr) {
     if (rows <= 0 || cols <= 0) return;
-    const dim3 grid((unsigned)ceil_div(cols, 32), (unsigned)ceil_div(rows, 32)), block(32, 8);
-    fp8_quantize_kernel<E><<<grid, block, 0, stream>>>(q, x, rows, cols, scale, e5m2, transpose,
-                                                       transpose ? fp8_padded_k(rows) : rows,
-                                                       transpose ? plain : nullptr);
+    const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols, transpose);
+    fp8_quantize_kernel<E><<<dim3(g.gx, g.gy), dim3(fp8k::kTile, fp8k::kTileRows), 0, stream>>>(
+        q, x, rows, cols, scale, e5m2, transpose, g.ld, transpose ? plain : nullptr);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -233,59 +195,25 @@ class Fp8Gemm {
     std::map<Key, Entry> cache_;
 };
 
-// The operands' scratch: six byte buffers of at most `elems` each (the
-// input, weight and output gradient, and their transposes), the amax bits
-// and the six scales, carved from one block of device memory.
-struct Fp8Scratch {
-    uint8_t *x, *w, *dy, *xt, *wt, *dyt;
-    unsigned* bits;
-    float* scales;  // [scale x, w, dy, descale x, w, dy]
-    static size_t bytes(size_t elems) { return 6 * round_up(elems) + 256; }
-    static size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
-    static Fp8Scratch carve(void* base, size_t elems) {
-        uint8_t* p = static_cast<uint8_t*>(base);
-        const size_t e = round_up(elems);
-        Fp8Scratch s;
-        s.x = p, s.w = p + e, s.dy = p + 2 * e, s.xt = p + 3 * e, s.wt = p + 4 * e, s.dyt = p + 5 * e;
-        s.bits = reinterpret_cast<unsigned*>(p + 6 * e);
-        s.scales = reinterpret_cast<float*>(p + 6 * e + 16);
-        return s;
+// fp8k::forward / backward's executor on the device: the kernels above on
+// `stream`, the products through g.
+template <typename E>
+struct Fp8Exec {
+    Fp8Gemm& g;
+    cudaStream_t stream;
+    void scales(float* sc, const double* amax) {
+        fp8_scales_kernel<<<1, 32, 0, stream>>>(sc, amax);
+        CUDA_CHECK_LAUNCH();
+    }
+    void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
+                  uint8_t* plain) {
+        fp8_quantize<E>(q, x, rows, cols, scale, e5m2, transpose, stream, plain);
+    }
+    void gemm(E* C, const uint8_t* A, bool a_e5m2, const uint8_t* B, bool b_e5m2, int M, int N, int K,
+              const float* descale_a, const float* descale_b, bool accumulate, const E* bias) {
+        g.run(C, cuda_dtype<E>(), A, a_e5m2, B, b_e5m2, M, N, K, descale_a, descale_b, accumulate, bias);
     }
 };
-
-// Backend::matmul_forward_fp8 on the device: amax [3] doubles (the model's).
-template <typename E>
-void matmul_forward_fp8(Fp8Gemm& g, const Fp8Scratch& s, E* out, const E* inp, const E* weight, const E* bias, int N,
-                        int IC, int OC, const double* amax, cudaStream_t stream) {
-    fp8_scales_kernel<<<1, 32, 0, stream>>>(s.scales, amax);
-    CUDA_CHECK_LAUNCH();
-    fp8_quantize<E>(s.x, inp, N, IC, s.scales + 0, false, false, stream);
-    fp8_quantize<E>(s.w, weight, OC, IC, s.scales + 1, false, false, stream);
-    g.run(out, cuda_dtype<E>(), s.x, false, s.w, false, N, OC, IC, s.scales + 3, s.scales + 4, false, bias);
-}
-
-// Backend::matmul_backward_fp8 on the device; the bias gradient is the
-// caller's (from the unrounded gradient).
-template <typename E>
-void matmul_backward_fp8(Fp8Gemm& g, const Fp8Scratch& s, E* dinp, E* dweight, const E* dout, const E* inp,
-                         const E* weight, int N, int IC, int OC, const double* amax, cudaStream_t stream) {
-    fp8_scales_kernel<<<1, 32, 0, stream>>>(s.scales, amax);
-    CUDA_CHECK_LAUNCH();
-    // The output gradient both ways in one pass when both products run
-    // (a split backward's B and W each quantise their own).
-    if (dinp && dweight) fp8_quantize<E>(s.dyt, dout, N, OC, s.scales + 2, true, true, stream, s.dy);
-    if (dinp) {  // dx[N, IC] = dy[N, OC] · (W^T)[IC, OC]^T
-        if (!dweight) fp8_quantize<E>(s.dy, dout, N, OC, s.scales + 2, true, false, stream);
-        fp8_quantize<E>(s.wt, weight, OC, IC, s.scales + 1, false, true, stream);
-        g.run(dinp, cuda_dtype<E>(), s.dy, true, s.wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, nullptr);
-    }
-    if (!dweight) return;  // the input gradient alone (a split backward's B)
-    // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
-    if (!dinp) fp8_quantize<E>(s.dyt, dout, N, OC, s.scales + 2, true, true, stream);
-    fp8_quantize<E>(s.xt, inp, N, IC, s.scales + 0, false, true, stream);
-    g.run(dweight, cuda_dtype<E>(), s.dyt, true, s.xt, false, OC, IC, fp8_padded_k(N), s.scales + 5, s.scales + 3,
-          true, nullptr);
-}
 
 template <typename E>
 void activation_amax(bool swiglu, E* out, const E* a, const E* dout, int N, int H, unsigned* bits,
@@ -313,7 +241,7 @@ class Fp8Ops {
             ws_.reserve(kWorkspace, stream);
             gemm_.init(handle_, ws_.get(kWorkspace, stream, "fp8 workspace"), kWorkspace, stream);
         }
-        buf_.reserve(Fp8Scratch::bytes(elems), stream);
+        buf_.reserve(fp8k::Scratch::bytes(elems), stream);
         elems_ = std::max(elems_, elems);
         stream_ = stream;
     }
@@ -325,14 +253,15 @@ class Fp8Ops {
     }
     void forward(bool fp32, void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
                  const void* amax) {
-        const Fp8Scratch s = scratch(std::max((size_t)N * IC, (size_t)OC * IC));
+        const fp8k::Scratch s = scratch(fp8k::forward_elems(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
-        if (fp32)
-            matmul_forward_fp8<float>(gemm_, s, (float*)out, (const float*)inp, (const float*)w, (const float*)bias,
-                                      N, IC, OC, am, stream_);
-        else
-            matmul_forward_fp8<bf16>(gemm_, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N,
-                                     IC, OC, am, stream_);
+        if (fp32) {
+            Fp8Exec<float> ex{gemm_, stream_};
+            fp8k::forward(ex, s, (float*)out, (const float*)inp, (const float*)w, (const float*)bias, N, IC, OC, am);
+        } else {
+            Fp8Exec<bf16> ex{gemm_, stream_};
+            fp8k::forward(ex, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N, IC, OC, am);
+        }
     }
     // Backend::activation_amax: the GELU or SwiGLU kernel takes the max of
     // what it writes into the amax bits as it goes (no pass of its own).
@@ -357,27 +286,28 @@ class Fp8Ops {
     // and its scratch (matmul_backward_scratch_floats).
     void backward(bool fp32, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
                   int N, int IC, int OC, const void* amax, float* bias_scratch) {
-        const size_t Np = (size_t)fp8_padded_k(N);  // the transposed copies' rows
-        const Fp8Scratch s = scratch(std::max({Np * IC, (size_t)OC * IC, Np * OC}));
+        const fp8k::Scratch s = scratch(fp8k::backward_elems(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
         if (fp32) {
-            matmul_backward_fp8<float>(gemm_, s, (float*)dinp, (float*)dw, (const float*)dout, (const float*)inp,
-                                       (const float*)w, N, IC, OC, am, stream_);
+            Fp8Exec<float> ex{gemm_, stream_};
+            fp8k::backward(ex, s, (float*)dinp, (float*)dw, (const float*)dout, (const float*)inp, (const float*)w, N,
+                           IC, OC, am);
             if (dbias) bias_backward<float>((float*)dbias, (const float*)dout, N, OC, bias_scratch, stream_);
         } else {
-            matmul_backward_fp8<bf16>(gemm_, s, (bf16*)dinp, (bf16*)dw, (const bf16*)dout, (const bf16*)inp,
-                                      (const bf16*)w, N, IC, OC, am, stream_);
+            Fp8Exec<bf16> ex{gemm_, stream_};
+            fp8k::backward(ex, s, (bf16*)dinp, (bf16*)dw, (const bf16*)dout, (const bf16*)inp, (const bf16*)w, N, IC,
+                           OC, am);
             if (dbias) bias_backward<bf16>((bf16*)dbias, (const bf16*)dout, N, OC, bias_scratch, stream_);
         }
     }
 
   private:
     static constexpr size_t kWorkspace = (size_t)32 << 20;
-    Fp8Scratch scratch(size_t need) {
+    fp8k::Scratch scratch(size_t need) {
         if (need > elems_)
             throw std::runtime_error("cuda fp8: an operand of " + std::to_string(need) + " elements, more than the " +
                                      std::to_string(elems_) + " reserved (Workspace::fp8_elems)");
-        return Fp8Scratch::carve(buf_.get(Fp8Scratch::bytes(elems_), stream_, "fp8 operands"), elems_);
+        return fp8k::Scratch::carve(buf_.get(fp8k::Scratch::bytes(elems_), stream_, "fp8 operands"), elems_);
     }
     cublasLtHandle_t handle_ = nullptr;
     GrowBuffer ws_, buf_;

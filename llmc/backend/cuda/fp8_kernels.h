@@ -1,0 +1,183 @@
+// llmc/backend/cuda/fp8_kernels.h: the FP8 products' kernels (an operand's
+// amax, the scales, the quantising and transposing copy) and the order of
+// launches of a product's forward and backward, written once for two
+// executors. cuda/fp8.cuh runs them on the GPU: the bodies as __global__
+// kernels through a context of CUDA built-ins, the products through
+// cuBLASLt. tests/unit/test_fp8_kernels.cpp runs the very same code on the
+// CPU: the bodies on an emulated block of host threads (one per CUDA
+// thread, __syncthreads a barrier, the shared tile pre-filled with garbage,
+// every byte outside an operand's buffer watched), the products by a
+// transcription of cuBLASLt's "TN" contract, and checks the result against
+// the CPU backend's exact emulation (docs/fp8.md). Compiles without CUDA.
+//
+// A context Ctx provides, per thread:
+//   tx(), ty(), bx(), by()     threadIdx.x, threadIdx.y, blockIdx.x, blockIdx.y
+//   bdx(), gdx()               blockDim.x, gridDim.x
+//   sync()                     __syncthreads()
+//   tile()                     the block's shared uint8_t[kTile][kTile + 1]
+//   to_f(e)                    an element (float or bf16) as float
+//   fp8(v, e5m2)               the conversion instruction: v to an e4m3 or e5m2
+//                              byte, saturating, to nearest even (fp8.h's rounding)
+//   warp_max_commit(p, m)      the max of m over the warp into *p (one atomicMax
+//                              by its first lane); every lane of the warp calls it
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "llmc/backend/fp8.h"
+
+#if defined(__CUDACC__)
+#define FP8K_BODY __device__ __forceinline__
+#else
+#define FP8K_BODY inline
+#endif
+
+namespace fp8k {
+
+// ---- the kernels' bodies ------------------------------------------------------------
+
+// amax: a grid-stride max of |x| as float bits (fp8.h's abs_bits: exact,
+// NaN wins) into *bits, which the caller zeroes first. Blocks of
+// kAmaxThreads (1-D), amax_blocks(n) of them.
+constexpr int kAmaxThreads = 256;
+inline unsigned amax_blocks(size_t n) { return (unsigned)std::min<size_t>((n + kAmaxThreads - 1) / kAmaxThreads, 1024); }
+template <class Ctx, class E>
+FP8K_BODY void amax_body(Ctx& c, unsigned* bits, const E* x, size_t n) {
+    unsigned m = 0;
+    for (size_t i = (size_t)c.bx() * c.bdx() + c.tx(); i < n; i += (size_t)c.gdx() * c.bdx()) {
+        const unsigned b = fp8::abs_bits(c.to_f(x[i]));
+        m = b > m ? b : m;
+    }
+    c.warp_max_commit(bits, m);
+}
+
+// sc[i] = the scale of operand i (0 input e4m3, 1 weight e4m3, 2 output
+// gradient e5m2) from amax[i]; sc[3 + i] = 1 / sc[i], the product's descale.
+// Thread i of one block (i < 3 do the work).
+FP8K_BODY void scales_one(float* sc, const double* amax, int i) {
+    if (i >= 3) return;
+    const double s = fp8::scale_for(amax[i], i == 2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
+    sc[i] = (float)s;
+    sc[3 + i] = (float)(1.0 / s);
+}
+
+// q[r, c] = fp8(x[r, c] · scale) for a rows x cols matrix; with transpose,
+// q is written [cols, ld] (q[c, r]), its columns rows..ld-1 zero (ld: rows
+// rounded up to 16, the K a weight gradient's product needs), and `plain`,
+// when given, gets the bytes as they are too: a backward's output
+// gradient, needed both ways, is read once. Blocks of kTile x kTileRows
+// threads, one kTile x kTile tile each, through shared memory when
+// transposing (quantize_grid: the grid and ld).
+constexpr int kTile = 32, kTileRows = 8;
+// The K of a weight gradient's product over `rows` rows: a multiple of 16
+// (cuBLASLt's FP8 rule), the padding zero bytes (+0 in both formats), which
+// add nothing to the sums. A Mixtral expert's block takes any row count.
+inline int padded_k(int rows) { return (rows + 15) / 16 * 16; }
+struct QuantizeGrid {
+    unsigned gx, gy;  // tiles along the columns, along the rows
+    int ld;           // q's row length when transposed (rows otherwise)
+};
+inline QuantizeGrid quantize_grid(int rows, int cols, bool transpose) {
+    // (padded_k adds at most 15 rows, all inside the last tile's 32)
+    return {(unsigned)((cols + kTile - 1) / kTile), (unsigned)((rows + kTile - 1) / kTile),
+            transpose ? padded_k(rows) : rows};
+}
+template <class Ctx, class E>
+FP8K_BODY void quantize_body(Ctx& c, uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2,
+                             bool transpose, int ld, uint8_t* plain) {
+    uint8_t(*tile)[kTile + 1] = c.tile();
+    const float s = *scale;
+    const int c0 = c.bx() * kTile, r0 = c.by() * kTile;
+    for (int j = c.ty(); j < kTile; j += kTileRows) {
+        const int r = r0 + j, col = c0 + c.tx();
+        if (r < rows && col < cols) {
+            const uint8_t v = c.fp8(c.to_f(x[(size_t)r * cols + col]) * s, e5m2);
+            if (transpose) tile[j][c.tx()] = v;
+            else q[(size_t)r * cols + col] = v;
+            if (transpose && plain) plain[(size_t)r * cols + col] = v;
+        }
+    }
+    if (!transpose) return;  // (the same for the whole block)
+    c.sync();
+    for (int j = c.ty(); j < kTile; j += kTileRows) {
+        const int col = c0 + j, r = r0 + c.tx();
+        if (col < cols && r < ld) q[(size_t)col * ld + r] = r < rows ? tile[c.tx()][j] : (uint8_t)0;
+    }
+}
+
+// ---- a product's launches -----------------------------------------------------------
+
+// The operands' scratch: six byte buffers of `elems` each (the input,
+// weight and output gradient, and their transposes), the amax bits and
+// the six scales, carved from one block of memory.
+struct Scratch {
+    uint8_t *x, *w, *dy, *xt, *wt, *dyt;
+    unsigned* bits;
+    float* scales;  // [scale x, w, dy, descale x, w, dy]
+    static size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
+    static size_t bytes(size_t elems) { return 6 * round_up(elems) + 256; }
+    static Scratch carve(void* base, size_t elems) {
+        uint8_t* p = static_cast<uint8_t*>(base);
+        const size_t e = round_up(elems);
+        Scratch s;
+        s.x = p, s.w = p + e, s.dy = p + 2 * e, s.xt = p + 3 * e, s.wt = p + 4 * e, s.dyt = p + 5 * e;
+        s.bits = reinterpret_cast<unsigned*>(p + 6 * e);
+        s.scales = reinterpret_cast<float*>(p + 6 * e + 16);
+        return s;
+    }
+};
+// The elements each operand buffer must hold for a product's forward and backward.
+inline size_t forward_elems(int N, int IC, int OC) { return std::max((size_t)N * IC, (size_t)OC * IC); }
+inline size_t backward_elems(int N, int IC, int OC) {
+    const size_t Np = (size_t)padded_k(N);  // the transposed copies' rows
+    return std::max({Np * IC, (size_t)OC * IC, Np * OC});
+}
+
+// An executor X (the GPU's in fp8.cuh, the test's emulated one) provides:
+//   scales(sc, amax)                              the scales body, one block
+//   quantize(q, x, rows, cols, scale, e5m2, transpose, plain)
+//                                                 the quantise body on quantize_grid
+//   gemm(C, A, a_e5m2, B, b_e5m2, M, N, K, descale_a, descale_b, accumulate, bias)
+//        row-major C[M, N] (+)= (A[M, K] · B[N, K]^T) · descale_a · descale_b
+//        (+ bias[N]), A and B FP8 bytes contiguous along K, accumulated in
+//        fp32; K and N multiples of 16 (cuBLASLt's "TN" FP8 product)
+// cuBLASLt multiplies FP8 only as "TN", so every product here is
+// C[M, N] = A[M, K] · B[N, K]^T with both operands K-contiguous:
+//   forward         out[N, OC]  = x[N, IC]      · W[OC, IC]^T      (as stored)
+//   input gradient  dx[N, IC]   = dy[N, OC]     · (W^T)[IC, OC]^T  (W transposed)
+//   weight gradient dW[OC, IC] += (dy^T)[OC, N] · (x^T)[IC, N]^T   (dy, x transposed)
+// amax [3] doubles: the model's (input, weight, output gradient).
+template <class X, class E>
+void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC,
+             const double* amax) {
+    ex.scales(s.scales, amax);
+    ex.quantize(s.x, inp, N, IC, s.scales + 0, false, false, nullptr);
+    ex.quantize(s.w, weight, OC, IC, s.scales + 1, false, false, nullptr);
+    ex.gemm(out, s.x, false, s.w, false, N, OC, IC, s.scales + 3, s.scales + 4, false, bias);
+}
+
+// dinp (overwritten) and dweight (+=), either may be null (a split
+// backward's B, then its W); the bias gradient is the caller's (from the
+// unrounded gradient).
+template <class X, class E>
+void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const E* inp, const E* weight, int N,
+              int IC, int OC, const double* amax) {
+    ex.scales(s.scales, amax);
+    // The output gradient both ways in one pass when both products run.
+    if (dinp && dweight) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, s.dy);
+    if (dinp) {  // dx[N, IC] = dy[N, OC] · (W^T)[IC, OC]^T
+        if (!dweight) ex.quantize(s.dy, dout, N, OC, s.scales + 2, true, false, nullptr);
+        ex.quantize(s.wt, weight, OC, IC, s.scales + 1, false, true, nullptr);
+        // W^T's rows are OC long: padded_k(OC) = OC, the model's widths being multiples of 16
+        ex.gemm(dinp, s.dy, true, s.wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, (const E*)nullptr);
+    }
+    if (!dweight) return;
+    // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
+    if (!dinp) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, nullptr);
+    ex.quantize(s.xt, inp, N, IC, s.scales + 0, false, true, nullptr);
+    ex.gemm(dweight, s.dyt, true, s.xt, false, OC, IC, padded_k(N), s.scales + 5, s.scales + 3, true,
+            (const E*)nullptr);
+}
+
+}  // namespace fp8k

@@ -1,0 +1,361 @@
+// tests/unit/test_fp8_kernels.cpp: the GPU's FP8 products run on the CPU.
+// llmc/backend/cuda/fp8_kernels.h holds the CUDA kernels' bodies (amax,
+// scales, the quantising and transposing copy) and the order of a
+// product's launches; here the same code runs on an emulated GPU: one host
+// thread per CUDA thread, __syncthreads a barrier, the shared tile filled
+// with garbage first, warp maxima and atomicMax under a mutex, the
+// conversion instruction as fp8.h's rounding. The products go to a
+// transcription of cuBLASLt's FP8 "TN" contract (C[M, N] = A[M, K] ·
+// B[N, K]^T, both K-contiguous, K and N multiples of 16, the descales
+// multiplied in), which also checks that every operand sits inside its
+// scratch buffer as sized by fp8k::forward_elems / backward_elems.
+//
+// Checked against independent truths:
+//   - amax: the max of |x| over the data (NaN wins), on the kernel's own
+//     grid and on a grid smaller than the data (the stride loop);
+//   - the quantising copy: every byte where the layout says (plain,
+//     transposed with its rows padded to 16 by zeros, both ways at once),
+//     nothing written outside, for ragged shapes in both formats;
+//   - the products: forward, the whole backward, B alone and W alone
+//     (accumulating), against the CPU backend's exact emulation
+//     (matmul_forward_fp8 / matmul_backward_fp8) on the same operands: in
+//     fp64 with scales that are powers of two both compute the same
+//     values, so they agree to the last bits of a sum's rounding; in fp32
+//     to fp32 accumulation.
+// What this cannot check: cuBLASLt itself (its descriptors in cuda/fp8.cuh)
+// and the conversion instruction; dev/cuda/fp8.cu does on a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "llmc/backend/backend.h"
+#include "llmc/backend/backends.h"
+#include "llmc/backend/cpu_fp8.h"
+#include "llmc/backend/cuda/fp8_kernels.h"
+#include "tests/lib/check.h"
+#include "tests/unit/emu_barrier.h"
+
+namespace {
+
+// ---- the emulated GPU ----------------------------------------------------------------
+struct EmuBlock {
+    int n;
+    Barrier block;
+    std::vector<std::unique_ptr<Barrier>> warps;
+    std::vector<unsigned> lane_value;
+    uint8_t tile[fp8k::kTile][fp8k::kTile + 1];
+    explicit EmuBlock(int threads) : n(threads), block(threads), lane_value(threads) {
+        for (int w = 0; w * 32 < n; w++) warps.push_back(std::make_unique<Barrier>(std::min(32, n - 32 * w)));
+        std::memset(tile, 0xA5, sizeof tile);  // what an unwritten shared byte reads as
+    }
+};
+std::mutex g_atomic;
+
+struct EmuCtx {
+    EmuBlock* b;
+    int tx_, ty_, bx_, by_, bdx_, gdx_;
+    using Tile = uint8_t[fp8k::kTile + 1];
+    int tx() const { return tx_; }
+    int ty() const { return ty_; }
+    int bx() const { return bx_; }
+    int by() const { return by_; }
+    int bdx() const { return bdx_; }
+    int gdx() const { return gdx_; }
+    void sync() { b->block.wait(); }
+    Tile* tile() { return b->tile; }
+    float to_f(float e) const { return e; }
+    float to_f(double e) const { return (float)e; }
+    uint8_t fp8(float v, bool e5m2) const {
+        return fp8::encode((double)v, e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
+    }
+    void warp_max_commit(unsigned* p, unsigned m) {
+        const int lin = tx_ + ty_ * bdx_, w = lin / 32;
+        b->lane_value[lin] = m;
+        b->warps[w]->wait();
+        if (lin % 32 == 0) {
+            unsigned best = 0;
+            for (int i = 32 * w; i < std::min(32 * w + 32, b->n); i++) best = std::max(best, b->lane_value[i]);
+            std::lock_guard<std::mutex> lk(g_atomic);
+            *p = std::max(*p, best);
+        }
+        b->warps[w]->wait();
+    }
+};
+
+// body(ctx) for every thread of a gx x gy grid of bdx x bdy blocks.
+template <class Body>
+void run_grid(unsigned gx, unsigned gy, int bdx, int bdy, Body body) {
+    for (unsigned by = 0; by < gy; by++)
+        for (unsigned bx = 0; bx < gx; bx++) {
+            EmuBlock blk(bdx * bdy);
+            std::vector<std::thread> th;
+            for (int ty = 0; ty < bdy; ty++)
+                for (int tx = 0; tx < bdx; tx++)
+                    th.emplace_back([&, tx, ty] {
+                        EmuCtx c{&blk, tx, ty, (int)bx, (int)by, bdx, (int)gx};
+                        body(c);
+                    });
+            for (auto& t : th) t.join();
+        }
+}
+
+template <class E>
+void emu_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
+                  uint8_t* plain) {
+    if (rows <= 0 || cols <= 0) return;
+    const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols, transpose);
+    run_grid(g.gx, g.gy, fp8k::kTile, fp8k::kTileRows, [&](EmuCtx& c) {
+        fp8k::quantize_body(c, q, x, rows, cols, scale, e5m2, transpose, g.ld, transpose ? plain : nullptr);
+    });
+}
+
+// ---- amax ------------------------------------------------------------------------------
+unsigned emu_amax(const float* x, size_t n, unsigned blocks) {
+    unsigned bits = 0;
+    if (n > 0)
+        run_grid(blocks, 1, fp8k::kAmaxThreads, 1, [&](EmuCtx& c) { fp8k::amax_body(c, &bits, x, n); });
+    return bits;
+}
+
+void test_amax() {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-3.f, 3.f);
+    for (size_t n : {(size_t)0, (size_t)1, (size_t)31, (size_t)257, (size_t)3000}) {
+        std::vector<float> x(n);
+        for (float& v : x) v = u(rng);
+        if (n > 40) x[n / 3] = -7.25f;  // the largest magnitude, negative
+        const float want = (float)cpu::amax(x.data(), n);
+        const float got = fp8::float_of_bits(emu_amax(x.data(), n, fp8k::amax_blocks(n)));
+        CHECK(got == want, "amax n=%zu on its grid: %g, want %g", n, got, want);
+        if (n > 1000) {  // 2 blocks of 256 for 3000 elements: each thread strides
+            const float g2 = fp8::float_of_bits(emu_amax(x.data(), n, 2));
+            CHECK(g2 == want, "amax n=%zu on 2 blocks: %g, want %g", n, g2, want);
+        }
+    }
+    std::vector<float> x(600, 1.f);
+    x[599] = -INFINITY;
+    CHECK(std::isinf(fp8::float_of_bits(emu_amax(x.data(), x.size(), 3))), "amax: an infinity");
+    x[5] = NAN;
+    CHECK(std::isnan(fp8::float_of_bits(emu_amax(x.data(), x.size(), 3))), "amax: NaN wins over an infinity");
+    x.assign(300, -0.f);
+    CHECK(emu_amax(x.data(), x.size(), 2) == 0u, "amax of -0: the bits of +0");
+}
+
+// ---- scales ------------------------------------------------------------------------------
+void test_scales() {
+    const double amax[3] = {3.5, 0.0, 1e-3};
+    float sc[6];
+    for (int i = 0; i < 32; i++) fp8k::scales_one(sc, amax, i);
+    CHECK(sc[0] == 128.f && sc[3] == 1.f / 128, "scales: e4m3 448/3.5 = 128 and its inverse");
+    CHECK(sc[1] == 1.f && sc[4] == 1.f, "scales: an amax of 0 leaves the values as they are");
+    CHECK(sc[2] == (float)(57344.0 / 1e-3) && sc[5] == (float)(1e-3 / 57344.0), "scales: e5m2 from 57344");
+}
+
+// ---- the quantising copy -------------------------------------------------------------
+constexpr uint8_t kCanary = 0xFF;  // NaN in both formats: never a byte of these data (checked below)
+constexpr size_t kGuard = 64;
+
+void test_quantize() {
+    struct Shape {
+        int rows, cols;
+    };
+    const Shape shapes[] = {{1, 1}, {5, 40}, {33, 31}, {64, 64}, {100, 37}, {17, 130}};
+    std::mt19937 rng(11);
+    for (const Shape& sh : shapes)
+        for (int e5 = 0; e5 < 2; e5++)
+            for (int mode = 0; mode < 3; mode++) {  // plain, transposed, both ways
+                const int R = sh.rows, C = sh.cols, ld = fp8k::padded_k(R);
+                const bool tr = mode >= 1;
+                std::normal_distribution<float> nd(0.f, e5 ? 0.02f : 1.5f);
+                std::vector<float> x((size_t)R * C);
+                for (float& v : x) v = nd(rng);
+                x[0] = e5 ? 3e-6f : 1e-4f;  // a subnormal of the scaled grid
+                if (x.size() > 2) x[2] = e5 ? 9.f : 900.f;  // saturates
+                const float scale = (float)fp8::scale_for(cpu::amax(x.data(), x.size()) / 8,
+                                                          e5 ? fp8::Format::e5m2 : fp8::Format::e4m3);
+                const size_t qn = tr ? (size_t)C * ld : (size_t)R * C;
+                std::vector<uint8_t> q(qn + 2 * kGuard, kCanary), plain((size_t)R * C + 2 * kGuard, kCanary);
+                emu_quantize(q.data() + kGuard, x.data(), R, C, &scale, e5 == 1, tr,
+                             mode == 2 ? plain.data() + kGuard : nullptr);
+                auto want = [&](int r, int c) {
+                    const float v = x[(size_t)r * C + c] * scale;  // in float, as the kernel
+                    return fp8::encode((double)v, e5 ? fp8::Format::e5m2 : fp8::Format::e4m3);
+                };
+                int bad = 0, bad_pad = 0, bad_plain = 0, canary_hits = 0;
+                for (int r = 0; r < R; r++)
+                    for (int c = 0; c < C; c++) {
+                        const uint8_t w = want(r, c);
+                        canary_hits += w == kCanary;
+                        bad += q[kGuard + (tr ? (size_t)c * ld + r : (size_t)r * C + c)] != w;
+                        if (mode == 2) bad_plain += plain[kGuard + (size_t)r * C + c] != w;
+                    }
+                if (tr)
+                    for (int c = 0; c < C; c++)
+                        for (int r = R; r < ld; r++) bad_pad += q[kGuard + (size_t)c * ld + r] != 0;
+                bool guards = true;
+                for (size_t i = 0; i < kGuard; i++)
+                    guards &= q[i] == kCanary && q[kGuard + qn + i] == kCanary && plain[i] == kCanary &&
+                              plain[kGuard + (size_t)R * C + i] == kCanary;
+                if (mode != 2)
+                    for (size_t i = kGuard; i < kGuard + (size_t)R * C; i++) guards &= plain[i] == kCanary;
+                const char* mn = mode == 0 ? "plain" : mode == 1 ? "transposed" : "both ways";
+                CHECK(canary_hits == 0, "quantize %dx%d: the canary byte occurs in the data (pick another)", R, C);
+                CHECK(bad == 0, "quantize %dx%d %s %s: %d bytes differ from fp8(x * scale) at the layout's place",
+                      R, C, e5 ? "e5m2" : "e4m3", mn, bad);
+                CHECK(bad_pad == 0, "quantize %dx%d %s: %d padding bytes (rows %d..%d) not zero", R, C, mn, bad_pad,
+                      R, ld - 1);
+                CHECK(bad_plain == 0, "quantize %dx%d both ways: %d plain bytes differ", R, C, bad_plain);
+                CHECK(guards, "quantize %dx%d %s %s: a byte written outside its buffer", R, C,
+                      e5 ? "e5m2" : "e4m3", mn);
+            }
+}
+
+// ---- the products ------------------------------------------------------------------------
+// fp8k's executor on the emulated GPU; gemm transcribes cuBLASLt's TN FP8 product.
+template <class E>
+struct EmuExec {
+    fp8k::Scratch s;
+    size_t elems;  // what each buffer of s holds
+    std::string* err;
+    bool inside(const uint8_t* p, size_t n) const {
+        for (const uint8_t* b : {s.x, s.w, s.dy, s.xt, s.wt, s.dyt})
+            if (p == b) return n <= elems;
+        return false;
+    }
+    void fail(const std::string& what) {
+        if (err->empty()) *err = what;
+    }
+    void scales(float* sc, const double* amax) {
+        run_grid(1, 1, 32, 1, [&](EmuCtx& c) { fp8k::scales_one(sc, amax, c.tx()); });
+    }
+    void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
+                  uint8_t* plain) {
+        const size_t n = transpose ? (size_t)cols * fp8k::padded_k(rows) : (size_t)rows * cols;
+        if (!inside(q, n)) fail("a quantised copy of " + std::to_string(n) + " bytes outside its scratch buffer");
+        if (plain && !inside(plain, (size_t)rows * cols)) fail("the plain copy outside its scratch buffer");
+        if (!err->empty()) return;
+        emu_quantize(q, x, rows, cols, scale, e5m2, transpose, plain);
+    }
+    void gemm(E* C, const uint8_t* A, bool a5, const uint8_t* B, bool b5, int M, int N, int K, const float* da,
+              const float* db, bool accumulate, const E* bias) {
+        if (K % 16 || N % 16 || M <= 0) fail("a product cuBLASLt refuses: M N K = " + std::to_string(M) + " " +
+                                             std::to_string(N) + " " + std::to_string(K));
+        if (!inside(A, (size_t)M * K) || !inside(B, (size_t)N * K)) fail("a product's operand outside its buffer");
+        if (!err->empty()) return;
+        const fp8::Format fa = a5 ? fp8::Format::e5m2 : fp8::Format::e4m3;
+        const fp8::Format fb = b5 ? fp8::Format::e5m2 : fp8::Format::e4m3;
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+                double acc = 0;
+                for (int k = 0; k < K; k++)
+                    acc += fp8::decode(A[(size_t)m * K + k], fa) * fp8::decode(B[(size_t)n * K + k], fb);
+                double v = acc * (double)*da * (double)*db;
+                if (bias) v += (double)bias[n];
+                if (accumulate) v += (double)C[(size_t)m * N + n];
+                C[(size_t)m * N + n] = (E)v;
+            }
+    }
+};
+
+// max |a - b| over the largest |b| (or 1e-30).
+template <class E>
+double rel_diff(const std::vector<E>& a, const std::vector<E>& b) {
+    double d = 0, m = 1e-30;
+    for (size_t i = 0; i < a.size(); i++) {
+        d = std::max(d, std::fabs((double)a[i] - (double)b[i]));
+        m = std::max(m, std::fabs((double)b[i]));
+    }
+    return d / m;
+}
+
+// One shape, forward and every backward mode, the emulated GPU path against
+// the CPU backend of the same precision.
+template <class E>
+void test_product(Backend& cpu_be, int N, int IC, int OC, bool saturate, double tol) {
+    std::mt19937 rng(N * 131 + IC * 7 + OC);
+    auto fill = [&](std::vector<E>& v, size_t n, float sd) {
+        std::normal_distribution<float> nd(0.f, sd);
+        v.resize(n);
+        for (E& e : v) e = (E)nd(rng);  // float values: exact in either E
+    };
+    std::vector<E> x, w, dy, bias, dw0;
+    fill(x, (size_t)N * IC, 1.f), fill(w, (size_t)OC * IC, 0.3f), fill(dy, (size_t)N * OC, 0.01f);
+    fill(bias, OC, 0.1f), fill(dw0, (size_t)OC * IC, 0.05f);
+    // Powers of two: x at scale 16 (or 256, saturating its tails), w at 64, dy at 2^16.
+    const double amax[3] = {448.0 / (saturate ? 256 : 16), 448.0 / 64, 57344.0 / 65536};
+    const char* tn = sizeof(E) == 8 ? "fp64" : "fp32";
+
+    auto run_emu = [&](const char* what, size_t elems, auto op, std::string& err) {
+        std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary);
+        EmuExec<E> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};
+        op(ex);
+        if (!err.empty()) std::printf("  (%s %dx%dx%d: %s)\n", what, N, IC, OC, err.c_str());
+    };
+    // forward, with and without the bias
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        std::vector<E> out_emu((size_t)N * OC), out_cpu((size_t)N * OC);
+        const E* b = with_bias ? bias.data() : nullptr;
+        std::string err;
+        run_emu("forward", fp8k::forward_elems(N, IC, OC), [&](EmuExec<E>& ex) {
+            fp8k::forward(ex, ex.s, out_emu.data(), x.data(), w.data(), b, N, IC, OC, amax);
+        }, err);
+        cpu_be.matmul_forward_fp8(out_cpu.data(), x.data(), w.data(), b, N, IC, OC, amax);
+        const double d = rel_diff(out_emu, out_cpu);
+        CHECK(err.empty() && d <= tol, "%s forward N=%d IC=%d OC=%d bias=%d%s: rel diff %.3g (tol %.1g) %s", tn, N,
+              IC, OC, with_bias, saturate ? " saturating" : "", d, tol, err.c_str());
+    }
+    // backward: whole, B alone, W alone (dW accumulates onto dw0)
+    for (int mode = 0; mode < 3; mode++) {
+        const bool want_dx = mode != 2, want_dw = mode != 1;
+        std::vector<E> dx_emu((size_t)N * IC, (E)7), dx_cpu((size_t)N * IC, (E)7);
+        std::vector<E> dw_emu = dw0, dw_cpu = dw0;
+        std::string err;
+        run_emu("backward", fp8k::backward_elems(N, IC, OC), [&](EmuExec<E>& ex) {
+            fp8k::backward(ex, ex.s, want_dx ? dx_emu.data() : nullptr, want_dw ? dw_emu.data() : nullptr, dy.data(),
+                           x.data(), w.data(), N, IC, OC, amax);
+        }, err);
+        cpu_be.matmul_backward_fp8(want_dx ? dx_cpu.data() : nullptr, want_dw ? dw_cpu.data() : nullptr, nullptr,
+                                   dy.data(), x.data(), w.data(), N, IC, OC, amax);
+        const char* mn = mode == 0 ? "whole" : mode == 1 ? "B (dx alone)" : "W (dW alone)";
+        const double ddx = rel_diff(dx_emu, dx_cpu), ddw = rel_diff(dw_emu, dw_cpu);
+        CHECK(err.empty() && ddx <= tol && ddw <= tol,
+              "%s backward %s N=%d IC=%d OC=%d%s: dx rel diff %.3g, dW %.3g (tol %.1g) %s", tn, mn, N, IC, OC,
+              saturate ? " saturating" : "", ddx, ddw, tol, err.c_str());
+        if (mode == 1) CHECK(dw_emu == dw0, "backward B alone leaves dW as it was");
+        if (mode == 2) CHECK(dx_emu == std::vector<E>((size_t)N * IC, (E)7), "backward W alone leaves dx alone");
+    }
+}
+
+void test_products() {
+    std::string err;
+    std::unique_ptr<Backend> f64(make_backend("cpu", "fp64", 0, &err)), f32(make_backend("cpu", "fp32", 0, &err));
+    CHECK(f64 && f32, "the CPU backends: %s", err.c_str());
+    if (!f64 || !f32) return;
+    struct Shape {
+        int N, IC, OC;
+    };
+    // Row counts not multiples of 16 (a weight gradient's padded K), a
+    // Mixtral expert's block of 5 rows, a single row.
+    const Shape shapes[] = {{37, 48, 80}, {16, 32, 16}, {5, 64, 32}, {1, 16, 16}, {70, 16, 48}};
+    for (const Shape& s : shapes) {
+        test_product<double>(*f64, s.N, s.IC, s.OC, false, 1e-13);
+        test_product<float>(*f32, s.N, s.IC, s.OC, false, 2e-6);
+    }
+    test_product<double>(*f64, 37, 48, 80, true, 1e-13);
+}
+
+}  // namespace
+
+int main() {
+    test_amax();
+    test_scales();
+    test_quantize();
+    test_products();
+    return check_summary();
+}
