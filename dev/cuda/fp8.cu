@@ -24,6 +24,7 @@
 #include "llmc/backend/cpu_fp8.h"
 #include "llmc/backend/cpu_ops.h"
 #include "llmc/backend/cuda/fp8.cuh"
+#include "llmc/backend/cuda/norms.cuh"
 
 using namespace llmc_cuda;
 
@@ -168,6 +169,56 @@ static void check_activation_amax(int N, int H, bool timing) {
     for (void* p : {(void*)da, (void*)dd, (void*)o1, (void*)o2, (void*)am}) lab::dev_free(p);
 }
 
+// The norms measuring what they write (Backend::norm_amax /
+// norm_backward_amax, cuda/norms.cuh with amax bits): the bytes equal to
+// the plain kernels' and the amax to the host's max of what they wrote;
+// C = 768 takes the vector kernels, C = 100 the scalar or looped ones.
+template <typename E>
+static void check_norm_amax(int N, int C, bool timing) {
+    const std::string t = std::is_same<E, float>::value ? "fp32" : "bf16";
+    const size_t n = (size_t)N * C;
+    const std::vector<float> a = lab::rand_normal(n, 1.f, 61), b = lab::rand_normal(n, 1.f, 62),
+                             g = lab::rand_normal(n, 0.1f, 63), w = lab::rand_normal(C, 1.f, 64);
+    E *da = lab::to_device<E>(a), *db = lab::to_device<E>(b), *dg = lab::to_device<E>(g), *dw = lab::to_device<E>(w),
+      *bias = lab::to_device<E>(b), *o1 = lab::dev_alloc<E>(n), *o2 = lab::dev_alloc<E>(n), *r1 = lab::dev_alloc<E>(n),
+      *r2 = lab::dev_alloc<E>(n), *gw = lab::dev_alloc<E>(2 * (size_t)C);
+    float *mean = lab::dev_alloc<float>(N), *rstd = lab::dev_alloc<float>(N);
+    float* scratch = lab::dev_alloc<float>(std::max(norm_backward_scratch_floats(true, N, C),
+                                                    norm_backward_scratch_floats(false, N, C)));
+    double* am = lab::dev_alloc<double>(1);
+    Fp8Ops ops;
+    ops.reserve(1, 0);
+    for (int k = 0; k < 6; k++) {  // LayerNorm, RMSNorm x (plain, after the residual add, backward)
+        const bool rms = k >= 3, res = k % 3 == 1, back = k % 3 == 2;
+        auto run = [&](E* out, E* resid, unsigned* bits) {
+            if (back) {  // dinp (out, preset to a) += the norm's gradient of dout = g
+                CUDA_CHECK(cudaMemcpy(out, da, n * sizeof(E), cudaMemcpyDeviceToDevice));
+                norm_backward<E>(rms, out, gw, rms ? nullptr : gw + C, dg, db, dw, mean, rstd, N, C, scratch, 0, bits);
+            } else {
+                norm_forward<E>(rms, resid, out, mean, rstd, da, res ? db : nullptr, dw, bias, N, C, 1e-5, 0, bits);
+            }
+        };
+        if (back) norm_forward<E>(rms, nullptr, o1, mean, rstd, db, nullptr, dw, bias, N, C, 1e-5, 0, nullptr);
+        run(o1, r1, nullptr);
+        ops.measured(am, [&](unsigned* bits) { run(o2, r2, bits); });
+        const std::vector<float> w1 = lab::from_device(o1, n), w2 = lab::from_device(o2, n);
+        double want = 0, got = 0;
+        for (float v : w1) want = std::max(want, (double)std::fabs(v));
+        CUDA_CHECK(cudaMemcpy(&got, am, sizeof got, cudaMemcpyDeviceToHost));
+        const std::string what = t + (rms ? " rmsnorm" : " layernorm") + (back ? " backward" : res ? " residual" : "") +
+                                 " C=" + std::to_string(C);
+        count(std::memcmp(w1.data(), w2.data(), n * sizeof(float)) == 0 && got == want, "norm_amax " + what,
+              "amax " + std::to_string(got) + " want " + std::to_string(want));
+        if (!timing) continue;
+        const float ms_fused = lab::time_ms([&] { ops.measured(am, [&](unsigned* bits) { run(o2, r2, bits); }); });
+        const float ms_two = lab::time_ms([&] { run(o1, r1, nullptr), ops.amax(std::is_same<E, float>::value, am, o1, n); });
+        std::printf("figure norm_amax_%s_over_separate %g ratio\n", lab::slug(what.c_str()).c_str(), ms_two / ms_fused);
+    }
+    for (void* p : {(void*)da, (void*)db, (void*)dg, (void*)dw, (void*)bias, (void*)o1, (void*)o2, (void*)r1,
+                    (void*)r2, (void*)gw, (void*)mean, (void*)rstd, (void*)scratch, (void*)am})
+        lab::dev_free(p);
+}
+
 static void time_shape(int N, int IC, int OC) {
     bf16 *x = lab::to_device<bf16>(lab::rand_normal((size_t)N * IC, 1.f, 41)),
          *w = lab::to_device<bf16>(lab::rand_normal((size_t)OC * IC, 0.02f, 42)),
@@ -218,10 +269,15 @@ int main() {
     check_products<bf16>(5, 128, 96, 1e-2);
     check_activation_amax<float>(37, 96, false);
     check_activation_amax<bf16>(64, 200, false);
+    check_norm_amax<float>(37, 768, false);
+    check_norm_amax<float>(37, 100, false);
+    check_norm_amax<bf16>(64, 768, false);
+    check_norm_amax<bf16>(64, 100, false);
     if (lab::check_only()) return lab::finish();
     std::printf("timing (bf16 outputs)\n");
     time_shape(8192, 768, 3072);
     time_shape(8192, 1024, 4096);
     check_activation_amax<bf16>(4096, 8960, true);  // Qwen2.5-1.5B's MLP width
+    check_norm_amax<bf16>(65536, 768, true);         // d12's norms, B x T = 64 x 1024
     return lab::finish();
 }

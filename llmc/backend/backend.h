@@ -280,6 +280,19 @@ class Backend {
     virtual void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax);
     // The same op without the amax: the gelu_ or swiglu_ op, forward (dout null) or backward.
     void activation(bool swiglu, void* out, const void* a, const void* dout, int N, int H);
+    // A block's norm: LayerNorm (rms false; mean, bias) or RMSNorm (eps), of a (b null) or of
+    // residual = a + b (the four forward ops); with amax (one double), the largest magnitude of out as
+    // written, the next FP8 product's input, measured in the same pass on CUDA (by default: amax_to after).
+    void norm(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+              const void* w, const void* bias, int N, int C, double eps, void* amax = nullptr);
+    virtual void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                           const void* w, const void* bias, int N, int C, double eps, void* amax);
+    // Its backward (layernorm_ or rmsnorm_backward; db null for RMSNorm); with amax, the largest magnitude
+    // of dinp as it ends (after its +=): the residual gradient, the row-parallel products' output gradient.
+    void norm_backward(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                       const void* mean, const void* rstd, int N, int C, void* amax = nullptr);
+    virtual void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                                    const void* w, const void* mean, const void* rstd, int N, int C, void* amax);
 
     // GELU, tanh approximation. gelu_backward: dinp = gelu'(inp) * dout
     // (overwrite; dinp may alias dout).
@@ -305,22 +318,13 @@ class Backend {
     // and GPT-2 runs on it; the model calls them only for Llama.
     // out = inp / sqrt(mean(inp²) + eps) * w over the last dim C, N rows;
     // rstd [N] (type stat) keeps 1/sqrt(mean + eps) for the backward.
-    virtual void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) {
-        (void)out, (void)rstd, (void)inp, (void)w, (void)N, (void)C, (void)eps;
-        refuse("rmsnorm_forward");
-    }
+    virtual void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps);
     // residual = a + b; out = RMSNorm(residual) (fused on the GPU).
     virtual void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b,
-                                          const void* w, int N, int C, double eps) {
-        (void)residual, (void)out, (void)rstd, (void)a, (void)b, (void)w, (void)N, (void)C, (void)eps;
-        refuse("residual_rmsnorm_forward");
-    }
+                                          const void* w, int N, int C, double eps);
     // dinp (+=), dw (+=) from dout, the forward's input and its rstd.
     virtual void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w,
-                                  const void* rstd, int N, int C) {
-        (void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)rstd, (void)N, (void)C;
-        refuse("rmsnorm_backward");
-    }
+                                  const void* rstd, int N, int C);
     // Rotary position embeddings, in place, on `heads` heads of HS channels
     // at the start of each of the B·T rows of x (row b·T + t at
     // x + (b·T + t)·row_stride), token t at position pos[t] (int32, backend

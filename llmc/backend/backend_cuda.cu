@@ -29,11 +29,10 @@
 #include "llmc/backend/cuda/event_marks.cuh"
 #include "llmc/backend/cuda/fp8.cuh"
 #include "llmc/backend/cuda/graphs.cuh"
-#include "llmc/backend/cuda/layernorm.cuh"
 #include "llmc/backend/cuda/matmul.cuh"
 #include "llmc/backend/cuda/moe.cuh"
 #include "llmc/backend/cuda/global_norm.cuh"
-#include "llmc/backend/cuda/rmsnorm.cuh"
+#include "llmc/backend/cuda/norms.cuh"
 #include "llmc/backend/cuda/rope.cuh"
 #include "llmc/backend/cuda/scratch.cuh"
 #include "llmc/backend/cuda/staging.cuh"
@@ -208,54 +207,35 @@ class CudaBackend final : public Backend {
                                            v_end, enc_, stream_);
         });
     }
+    // ---- the norms (cuda/norms.cuh; Llama's RMSNorm); stats fp32; with --fp8 (norm_amax,
+    // norm_backward_amax) their kernels take the amax of what they write (fp8.cuh's measured).
     void layernorm_forward(void* out, void* mean, void* rstd, const void* inp, const void* w, const void* b, int N,
                            int C) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            llmc_cuda::layernorm_forward<E>(ptr<E>(out), ptr<float>(mean), ptr<float>(rstd), cptr<E>(inp), cptr<E>(w),
-                                            cptr<E>(b), N, C, stream_);
-        });
+        norm_k(false, nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, 0, nullptr);
     }
     void residual_layernorm_forward(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                                     const void* w, const void* bias, int N, int C) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            llmc_cuda::residual_layernorm_forward<E>(ptr<E>(residual), ptr<E>(out), ptr<float>(mean), ptr<float>(rstd),
-                                                     cptr<E>(a), cptr<E>(b), cptr<E>(w), cptr<E>(bias), N, C, stream_);
-        });
+        norm_k(false, residual, out, mean, rstd, a, b, w, bias, N, C, 0, nullptr);
+    }
+    void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) override {
+        norm_k(true, nullptr, out, nullptr, rstd, inp, nullptr, w, nullptr, N, C, eps, nullptr); }
+    void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b, const void* w,
+                                  int N, int C, double eps) override {
+        norm_k(true, residual, out, nullptr, rstd, a, b, w, nullptr, N, C, eps, nullptr);
     }
     void layernorm_backward(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                             const void* mean, const void* rstd, int N, int C) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            float* scratch = scratch_floats(llmc_cuda::layernorm_backward_scratch_floats(N, C), "layernorm_backward");
-            llmc_cuda::layernorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), ptr<E>(db), cptr<E>(dout), cptr<E>(inp),
-                                             cptr<E>(w), cptr<float>(mean), cptr<float>(rstd), N, C, scratch, stream_);
-        });
-    }
-    // ---- Llama ops (cuda/rmsnorm.cuh, rope.cuh, swiglu.cuh); rstd is fp32 (stat).
-    void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            llmc_cuda::rmsnorm_forward<E>(ptr<E>(out), ptr<float>(rstd), cptr<E>(inp), cptr<E>(w), N, C, eps, stream_);
-        });
-    }
-    void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b, const void* w,
-                                  int N, int C, double eps) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            llmc_cuda::residual_rmsnorm_forward<E>(ptr<E>(residual), ptr<E>(out), ptr<float>(rstd), cptr<E>(a),
-                                                   cptr<E>(b), cptr<E>(w), N, C, eps, stream_);
-        });
-    }
+        norm_bwd_k(false, dinp, dw, db, dout, inp, w, mean, rstd, N, C, nullptr); }
     void rmsnorm_backward(void* dinp, void* dw, const void* dout, const void* inp, const void* w, const void* rstd,
                           int N, int C) override {
-        dispatch([&](auto tag) {
-            using E = decltype(tag);
-            float* scratch = scratch_floats(llmc_cuda::rmsnorm_backward_scratch_floats(N, C), "rmsnorm_backward");
-            llmc_cuda::rmsnorm_backward<E>(ptr<E>(dinp), ptr<E>(dw), cptr<E>(dout), cptr<E>(inp), cptr<E>(w),
-                                           cptr<float>(rstd), N, C, scratch, stream_);
-        });
+        norm_bwd_k(true, dinp, dw, nullptr, dout, inp, w, nullptr, rstd, N, C, nullptr); }
+    void norm_amax(bool rms, void* res, void* out, void* mean, void* rstd, const void* a, const void* b, const void* w,
+                   const void* bias, int N, int C, double eps, void* amax) override {
+        activate(), fp8_.measured(amax, [&](unsigned* m) { norm_k(rms, res, out, mean, rstd, a, b, w, bias, N, C, eps, m); });
+    }
+    void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                            const void* mean, const void* rstd, int N, int C, void* amax) override {
+        activate(), fp8_.measured(amax, [&](unsigned* m) { norm_bwd_k(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, m); });
     }
     void rope(void* x, size_t row_stride, int heads, int HS, const int* pos, int B, int T, double theta,
               bool inverse) override {
@@ -567,6 +547,24 @@ class CudaBackend final : public Backend {
     void dispatch(Fn&& fn) {
         activate();
         fp32_ ? fn(float{}) : fn(bf16{});
+    }
+    // The norms by kind (cuda/norms.cuh; b: after the residual add), bits their amax (or null).
+    void norm_k(bool rms, void* res, void* o, void* m, void* r, const void* a, const void* b, const void* w,
+                const void* bias, int N, int C, double eps, unsigned* bits) {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            llmc_cuda::norm_forward<E>(rms, ptr<E>(res), ptr<E>(o), ptr<float>(m), ptr<float>(r), cptr<E>(a),
+                                       cptr<E>(b), cptr<E>(w), cptr<E>(bias), N, C, eps, stream_, bits);
+        });
+    }
+    void norm_bwd_k(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                    const void* m, const void* r, int N, int C, unsigned* bits) {
+        dispatch([&](auto tag) {
+            using E = decltype(tag);
+            float* sc = scratch_floats(llmc_cuda::norm_backward_scratch_floats(rms, N, C), "norm_backward");
+            llmc_cuda::norm_backward<E>(rms, ptr<E>(dinp), ptr<E>(dw), ptr<E>(db), cptr<E>(dout), cptr<E>(inp),
+                                        cptr<E>(w), cptr<float>(m), cptr<float>(r), N, C, sc, stream_, bits);
+        });
     }
     float* scratch_floats(size_t n, const char* what) {
         return static_cast<float*>(scratch_.get(n * sizeof(float), stream_, what));

@@ -80,7 +80,8 @@ class ProfilingBackend final : public BackendWrapper {
         if (is("softmax_crossentropy") || is("crossentropy")) return kHead;
         if (is("attention_forward") || is("attention_block_forward")) return kAttnFwd;
         if (is("attention_backward") || is("attention_block_backward")) return kAttnBwd;
-        if (is("layernorm") || is("rmsnorm") || is("residual_layernorm") || is("residual_rmsnorm")) return kNorm;
+        if (is("layernorm") || is("rmsnorm") || is("residual_layernorm") || is("residual_rmsnorm") || is("norm"))
+            return kNorm;
         if (is("gelu") || is("swiglu") || is("activation")) return kAct;
         if (is("residual") || is("add_bias") || is("accumulate")) return kResidual;
         if (is("rope")) return kRope;

@@ -161,6 +161,15 @@ class BackendWrapper : public Backend {
     void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) override {
         device_op("activation_amax", [=] { in_->activation_amax(swiglu, out, a, dout, N, H, amax); });
     }
+    void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                   const void* w, const void* bias, int N, int C, double eps, void* amax) override {
+        device_op("norm_amax", [=] { in_->norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax); });
+    }
+    void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                            const void* mean, const void* rstd, int N, int C, void* amax) override {
+        device_op("norm_backward_amax",
+                  [=] { in_->norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax); });
+    }
     void fp8_delayed(void* amax, void* step_max, const void* history, int len, bool record) override {
         device_op("fp8_delayed", [=] { in_->fp8_delayed(amax, step_max, history, len, record); });
     }

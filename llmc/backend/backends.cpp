@@ -117,3 +117,39 @@ void Backend::activation_amax(bool swiglu, void* out, const void* a, const void*
     // (SwiGLU's backward writes [gate | up], 2H per row)
     amax_to(amax, out, precision().act, (size_t)N * H * (swiglu && dout ? 2 : 1));
 }
+
+// The block's norms: the forward and backward ops by kind, then (amax
+// given) the output's amax in a pass of its own (a backend may fuse it).
+void Backend::norm(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                   const void* w, const void* bias, int N, int C, double eps, void* amax) {
+    if (amax) return norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax);
+    if (rms && b) residual_rmsnorm_forward(residual, out, rstd, a, b, w, N, C, eps);
+    else if (rms) rmsnorm_forward(out, rstd, a, w, N, C, eps);
+    else if (b) residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, C);
+    else layernorm_forward(out, mean, rstd, a, w, bias, N, C);
+}
+void Backend::norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                        const void* w, const void* bias, int N, int C, double eps, void* amax) {
+    norm(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps);
+    amax_to(amax, out, precision().act, (size_t)N * C);
+}
+void Backend::norm_backward(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                            const void* w, const void* mean, const void* rstd, int N, int C, void* amax) {
+    if (amax) return norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax);
+    if (rms) rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+    else layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+void Backend::norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                                 const void* w, const void* mean, const void* rstd, int N, int C, void* amax) {
+    norm_backward(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    amax_to(amax, dinp, precision().act, (size_t)N * C);
+}
+
+// Llama's ops refuse on a backend without them (GPT-2 runs there).
+void Backend::rmsnorm_forward(void*, void*, const void*, const void*, int, int, double) { refuse("rmsnorm_forward"); }
+void Backend::residual_rmsnorm_forward(void*, void*, void*, const void*, const void*, const void*, int, int, double) {
+    refuse("residual_rmsnorm_forward");
+}
+void Backend::rmsnorm_backward(void*, void*, const void*, const void*, const void*, const void*, int, int) {
+    refuse("rmsnorm_backward");
+}

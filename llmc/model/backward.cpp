@@ -12,14 +12,13 @@
 #include "llmc/model/gpt.h"
 
 void GPT::norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
-                        int layer, int N, void* discard) {
+                        int layer, int N, void* discard, void* amax) {
     const int C = cfg_.channels;
+    const bool rms = cfg_.llama();
     if (discard) be_->zero(discard, 2 * (size_t)C * dtype_size(prec_.grad));
     void* dw = discard ? discard : G(w, layer);
-    if (cfg_.llama()) be_->rmsnorm_backward(dinp, dw, dout, inp, P(w, layer), rstd, N, C);
-    else
-        be_->layernorm_backward(dinp, dw, discard ? elem_ptr(discard, prec_.grad, C) : G(bias_of(w), layer), dout,
-                                inp, P(w, layer), mean, rstd, N, C);
+    void* db = rms ? nullptr : discard ? elem_ptr(discard, prec_.grad, C) : G(bias_of(w), layer);
+    be_->norm_backward(rms, dinp, dw, db, dout, inp, P(w, layer), mean, rstd, N, C, amax);
 }
 
 void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step, BackwardPart part) {
@@ -138,8 +137,11 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         be_->zero(a.dresidual, (size_t)Ns * C * dtype_size(act));
         const void* lnf_in = ch.layers > 0 ? layer_acts(end - 1, slot, N, Ns).x3 : chunk_in(c, slot);
         void* dln = tp_ ? tp_->f_backward(dlnf, a.dln_s, C, N, act) : dlnf;
+        // (With --fp8 it measures the last block's fcproj output gradient, the residual gradient it leaves.)
+        void* proj_dy = ch.layers > 0 && !cfg_.moe()
+                            ? norm_amax_at(layer_acts(end - 1, slot, N, Ns), Param::fcprojw, 2) : nullptr;
         norm_backward(a.dresidual, dln, lnf_in, a.lnf_mean ? elem_ptr(a.lnf_mean, prec_.stat, (size_t)slot * Ns) : nullptr,
-                      elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Param::lnfw, 0, Ns);
+                      elem_ptr(a.lnf_rstd, prec_.stat, (size_t)slot * Ns), Param::lnfw, 0, Ns, nullptr, proj_dy);
         provider_->grads_done(final_unit, last_micro_step);
         release(final_unit);
     }
@@ -176,8 +178,14 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             if (!a.keep_gelu) activation(la.h, la.fch, cfg_.moe() ? moe_expert_rows(la, N) : N);
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
-        // With --fp8 the activation's backward measures fc's output gradient.
+        // With --fp8 the activation's backward measures fc's output gradient,
+        // and the norms' backward the residual gradient they leave, the
+        // row-parallel products' output gradient: fcproj's by the next
+        // block's ln1 (or lnf) in this chunk (a chunk's last block receives
+        // it), attproj's by this block's ln2.
         void* fc_dy_amax = la.amax && !cfg_.moe() ? elem_ptr(amax_of(la, Param::fcw), DType::F64, 2) : nullptr;
+        const bool proj_dy_measured = !cfg_.moe() && (l + 1 < end || ch.head) && norm_amax_at(la, Param::fcprojw, 2);
+        void* att_dy_amax = norm_amax_at(la, Param::attprojw, 2);
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
         if (cfg_.moe()) {  // the MoE block (moe.cpp): dln = its input's gradient
             const void* aux = elem_ptr(a.moe_aux_grad, prec_.stat, (slot_base_[c] + slot) * (size_t)cfg_.experts);
@@ -189,7 +197,8 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
             if (cfg_.llama() || fp8_) {  // fcproj's input gradient, then the activation's (measuring fc's dy)
                 void* dh = cfg_.llama() ? a.dh : a.dfch;  // (GELU's backward in place)
-                linear_backward_input(dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_of(la, Param::fcprojw));
+                linear_backward_input(dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_of(la, Param::fcprojw),
+                                      proj_dy_measured);
                 activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax);
             } else {
                 be_->matmul_backward_gelu(a.dfch, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), la.fch, N, Hl, C);
@@ -202,7 +211,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         } else if (cfg_.llama() || fp8_) {  // the product, then the activation's backward (GELU's in place)
             void* dh = cfg_.llama() ? a.dh : a.dfch;
             linear_backward(dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
-                            amax_of(la, Param::fcprojw));
+                            amax_of(la, Param::fcprojw), proj_dy_measured);
             activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax);
         } else {  // fcproj's input gradient through the GELU (one op: a backend may fuse them)
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
@@ -214,20 +223,22 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         // (ZeRO 2 and 3 under a split backward: B keeps the norm's output
         // gradient and its W computes the norm's weight gradients, so a block's
         // gradient buffer is handed out once per micro-batch, in W.)
-        auto block_norm_backward = [&](void* kept, const void* inp, const void* mean, const void* rstd, Param w) {
+        auto block_norm_backward = [&](void* kept, const void* inp, const void* mean, const void* rstd, Param w,
+                                       void* amax) {
             void* dout = f_bwd();
             if (input_only && kept) keep(kept, dout, (size_t)Ns * C);
-            norm_backward(a.dresidual, dout, inp, mean, rstd, w, l, Ns, input_only && kept ? a.norm_discard : nullptr);
+            norm_backward(a.dresidual, dout, inp, mean, rstd, w, l, Ns, input_only && kept ? a.norm_discard : nullptr,
+                          amax);
         };
-        block_norm_backward(la.g_dln2, la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w);
+        block_norm_backward(la.g_dln2, la.x2, la.ln2_mean, la.ln2_rstd, Param::ln2w, att_dy_amax);
         // dresidual holds d(x2); attention path.
         if (input_only) {
             if (la.g_atty != la.atty) keep(la.g_atty, la.atty, (size_t)N * Cl);  // recomputed: kept for W
             linear_backward_input(a.datt, Param::attprojw, keep(la.g_attproj, g_bwd(), (size_t)N * C), la.atty, l, N,
-                                  Cl, C, true, amax_of(la, Param::attprojw));
+                                  Cl, C, true, amax_of(la, Param::attprojw), att_dy_amax != nullptr);
         } else
             linear_backward(a.datt, Param::attprojw, Gb(Param::attprojb, l), g_bwd(), la.atty, l, N, Cl, C, true,
-                            amax_of(la, Param::attprojw));
+                            amax_of(la, Param::attprojw), att_dy_amax != nullptr);
         if (cp_)
             cp_->attention_backward(a.dqkv, a.datt, la.qkv, la.atty, la.lse, B, shape.scale, la.docs);
         else {
@@ -246,7 +257,9 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         else
             linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false,
                             amax_of(la, Param::qkvw));
-        block_norm_backward(la.g_dln1, la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w);
+        block_norm_backward(la.g_dln1, la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w,
+                            l > first && !cfg_.moe() ? norm_amax_at(layer_acts(l - 1, slot, N, Ns), Param::fcprojw, 2)
+                                                     : nullptr);
         if (!input_only) provider_->grads_done(u, last_micro_step);  // (split: after its W)
         release(u);
     }

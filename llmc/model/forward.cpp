@@ -47,16 +47,20 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
         if (bias) be_->add_bias(out, bias, Ns, C);
         return out;
     };
-    if (norm_input) norm(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, Param::ln1w, l, Ns);
+    // With --fp8 the norms measure QKV's and fc's inputs as they write them
+    // (ln1 by the previous block's residual + norm, or here at a chunk's start).
+    void* qkv_in_amax = norm_amax_at(la, Param::qkvw, 0);
+    if (norm_input) norm(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, Param::ln1w, l, Ns, qkv_in_amax);
     // attention: QKV column-parallel by heads, attproj row-parallel
     linear_forward(la.qkv, f_fwd(la.ln1), Param::qkvw, Pb(Param::qkvb, l), l, N, C, (int)qkv_width(), false,
-                   amax_of(la, Param::qkvw));
+                   amax_of(la, Param::qkvw), qkv_in_amax != nullptr);
     rotate(la.qkv, B, T, false);
     attention_core(la, B, T);
     linear_forward(a.proj, la.atty, Param::attprojw, bias_in_matmul ? Pb(Param::attprojb, l) : nullptr, l, N, Cl, C,
                    true, amax_of(la, Param::attprojw));
     void* attn_out = g_fwd(Pb(Param::attprojb, l));
-    residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns);
+    void* fc_in_amax = cfg_.moe() ? nullptr : norm_amax_at(la, Param::fcw, 0);  // (the experts measure their blocks)
+    residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns, fc_in_amax);
     // Mixtral: the MoE block (moe.cpp), its experts split like the MLP.
     if (cfg_.moe()) {
         moe_forward(l, la, f_fwd(la.ln2), N);
@@ -67,7 +71,7 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
     void* proj_amax = amax_of(la, Param::fcprojw);
     if (cfg_.llama() || fp8_) {  // the product, then its activation
         linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false,
-                       amax_of(la, Param::fcw));
+                       amax_of(la, Param::fcw), fc_in_amax != nullptr);
         activation(la.h, la.fch, N, proj_amax);
     } else {  // the product and its GELU (one op: a backend may fuse them)
         be_->matmul_gelu_forward(la.fch, la.h, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
@@ -94,19 +98,20 @@ void GPT::attention_core(const LayerActs& la, int B, int T) {
 }
 
 // LayerNorm with weight w and its bias (GPT-2), or RMSNorm with weight w.
-void GPT::norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N) {
-    const int C = cfg_.channels;
-    if (cfg_.llama()) be_->rmsnorm_forward(out, rstd, inp, P(w, layer), N, C, cfg_.norm_eps);
-    else be_->layernorm_forward(out, mean, rstd, inp, P(w, layer), P(bias_of(w), layer), N, C);
+void GPT::norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N, void* amax) {
+    residual_norm(nullptr, out, mean, rstd, inp, nullptr, w, layer, N, amax);
 }
 
 void GPT::residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
-                        int layer, int N) {
-    const int C = cfg_.channels;
-    if (cfg_.llama()) be_->residual_rmsnorm_forward(residual, out, rstd, a, b, P(w, layer), N, C, cfg_.norm_eps);
-    else
-        be_->residual_layernorm_forward(residual, out, mean, rstd, a, b, P(w, layer), P(bias_of(w), layer), N,
-                                        C);
+                        int layer, int N, void* amax) {
+    const bool rms = cfg_.llama();
+    be_->norm(rms, residual, out, mean, rstd, a, b, P(w, layer), rms ? nullptr : P(bias_of(w), layer), N,
+              cfg_.channels, cfg_.norm_eps, amax);
+}
+
+void* GPT::norm_amax_at(const LayerActs& la, Param w, int which) const {
+    if (!la.amax || (tp_ && tp_->sp())) return nullptr;
+    return elem_ptr(amax_of(la, w), DType::F64, (size_t)which);
 }
 
 // Llama: rotary embeddings on the Q and K heads of each QKV row, at the
@@ -202,7 +207,8 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
             if (next >= 0) acquire(next);
             if (l + 1 < end) {
                 const LayerActs nx = layer_acts(l + 1, slot, N, Ns);
-                residual_norm(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, Param::ln1w, l + 1, Ns);
+                residual_norm(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, Param::ln1w, l + 1, Ns,
+                              norm_amax_at(nx, Param::qkvw, 0));
             } else if (ch.head) {
                 residual_norm(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, Param::lnfw, 0, Ns);
             } else {

@@ -327,13 +327,20 @@ class GPT {
     size_t fch_width() const;
     const void* Pb(Param p, int layer = 0) const;
     void* Gb(Param p, int layer = 0);
-    void norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N);
+    // amax (one double, or null): with --fp8 the amax of what the norm
+    // writes (out forward; dinp, the residual gradient, backward), the next
+    // FP8 product's operand, measured in the same pass (norm_amax_at).
+    void norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N, void* amax = nullptr);
     void residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
-                       int layer, int N);
+                       int layer, int N, void* amax = nullptr);
     // discard: where the weights' (and bias') gradients go instead of the
     // unit's (a split backward's B under ZeRO 2 and 3, whose W computes them).
     void norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
-                       int layer, int N, void* discard = nullptr);
+                       int layer, int N, void* discard = nullptr, void* amax = nullptr);
+    // Where a norm measures linear layer w's operand `which` (0 its input,
+    // 2 its output gradient) in la's slot: with --fp8 and without sequence
+    // parallel (whose norms see a shard of the rows the product gathers); else null.
+    void* norm_amax_at(const LayerActs& la, Param w, int which) const;
     void rotate(void* qkv, int B, int T, bool inverse);
     // The MLP's GELU or SwiGLU, forward (h from fch) and backward (dfch from
     // dh); amax (one double, or null): with --fp8 the amax of what it writes,

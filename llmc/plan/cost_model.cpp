@@ -91,7 +91,16 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
         return backward ? gemm(rows, x.in, x.out, 1, rate) + gemm(x.in, x.out, rows, 1, rate)
                         : gemm(rows, x.out, x.in, 1, rate);
     };
-    // fused: the MLP's activation measures fcproj's input forward and fc's output gradient backward.
+    // fused: the op that writes the operand measures it as it writes it (a
+    // GPU's): forward the norms QKV's and fc's inputs and the activation
+    // fcproj's; backward the activation fc's output gradient and the norms'
+    // backward attention's projection's and fcproj's (a pipeline stage's
+    // last fcproj receives its gradient and measures it: not counted). Not
+    // the norms' under sp, whose rows the product gathers.
+    auto measured = [&](int i) {
+        if (backward) return i == 2 || (!l_.sp && (i == 1 || i == 3));
+        return i == 3 || (!l_.sp && (i == 0 || i == 2));
+    };
     auto fp8 = [&](const Linear& x, double rows, bool fused = false) {
         const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused);
         const int delayed = l_.fp8_history > 0 ? (backward ? 1 : 2) : 0;
@@ -100,7 +109,7 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
         if (layer < 0 || layer == i)
-            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, i == (backward ? 2 : 3)) : product(N, ls[i]);
+            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i)) : product(N, ls[i]);
     if (c_.moe()) {  // the experts' blocks, each on FP8 operands of its own under --fp8 1
         const double E = c_.experts, rows = N * c_.top_k / E;
         if (layer < 0) t += product(N, {C, E});

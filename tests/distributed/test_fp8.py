@@ -264,8 +264,10 @@ def test_plan_time(tmp):
             if device == "cpu":  # amax read, then each operand's rounded copy read and written
                 want += 3 * a * (x + w) + a * dy + 2 * a * (x + w + dy)
             else:  # quantised: read, a byte written (backward: dy as it is and transposed, in one pass)
-                # The GELU measures fcproj's input (k 3) forward and fc's dy (k 2) backward as it writes them.
-                want += a * ((x if k != 3 else 0) + w) + (a + 1) * (x + w) + (a * dy if k != 2 else 0)
+                # The ops that write an operand measure it as they write it: forward the norms
+                # QKV's (k 0) and fc's (k 2) inputs, the GELU fcproj's (k 3); backward the GELU
+                # fc's dy (k 2), the norms' backward attention's projection's (k 1) and fcproj's (k 3).
+                want += a * ((x if k == 1 else 0) + w) + (a + 1) * (x + w) + (a * dy if k == 0 else 0)
                 want += (a + 2) * dy + (a + 1) * (w + x)
         want = L * want / bw
         check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device}: planned {got}, formula {want}")

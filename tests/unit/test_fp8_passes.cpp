@@ -3,18 +3,22 @@
 // amax of each linear layer's input and weight (a Mixtral's: each expert
 // block's input and each expert's weight), the backward only the output
 // gradients', and reads the other two from the layer-slot where its forward
-// left them; and the MLP's activation (GELU, SwiGLU) measures what it
-// writes, the next product's operand (forward fcproj's input, backward fc's
-// output gradient), in its own op (Backend::activation_amax, one pass on a
-// GPU). A backend in front of the CPU's counts the amax passes and the
-// elements they read, and the activations that measure, in one
-// micro-batch's forward, backward (whole, or B then W: W measures nothing)
-// and, under full recompute, the recomputed forward, against the count
-// written out from the layers' shapes. Measuring the input and the weight
-// again in the backward, or an activation's output in a pass of its own, fails it;
-// that the amaxes read are the right ones is the reference tests' part
-// (test_gpt --fp8 1 against reference_gpt.py and transformers, and every
-// layout against one process in tests/distributed/test_fp8.py).
+// left them; and the ops that write an operand measure it as they write
+// it, in their own op (one pass on a GPU): the MLP's activation (GELU,
+// SwiGLU; Backend::activation_amax) fcproj's input forward and fc's output
+// gradient backward, the norms (Backend::norm_amax, norm_backward_amax)
+// QKV's and fc's inputs forward and, backward, the residual gradient they
+// leave, the output gradient of attention's projection (ln2) and of
+// fcproj (the next block's ln1, or lnf). A backend in front of the CPU's
+// counts the amax passes and the elements they read, and the ops that
+// measure, in one micro-batch's forward, backward (whole, or B then W: W
+// measures nothing) and, under full recompute, the recomputed forward,
+// against the count written out from the layers' shapes. Measuring the
+// input and the weight again in the backward, or an operand a measuring op
+// wrote in a pass of its own, fails it; that the amaxes read are the right
+// ones is the reference tests' part (test_gpt --fp8 1 against
+// reference_gpt.py and transformers, and every layout against one process
+// in tests/distributed/test_fp8.py).
 // Last line: "N passed, N failed".
 #include <memory>
 #include <string>
@@ -41,6 +45,16 @@ class CountingBackend : public BackendWrapper {
         fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);
         BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax);
     }
+    void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
+                   const void* w, const void* bias, int N, int C, double eps, void* amax) override {
+        fused++, fused_elems += (size_t)N * C;
+        BackendWrapper::norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax);
+    }
+    void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
+                            const void* mean, const void* rstd, int N, int C, void* amax) override {
+        fused++, fused_elems += (size_t)N * C;
+        BackendWrapper::norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax);
+    }
     void reset() { calls = elems = fused = fused_elems = 0; }
     size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
 };
@@ -48,7 +62,7 @@ class CountingBackend : public BackendWrapper {
 struct Count {
     size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
     Count& add(size_t n, size_t times = 1) { return calls += times, elems += n * times, *this; }
-    Count& measured_by_activation(size_t n) { return fused++, fused_elems += n, *this; }
+    Count& measured_by_op(size_t n) { return fused++, fused_elems += n, *this; }
 };
 
 // The passes of one layer: forward (the inputs and weights) and backward
@@ -57,9 +71,10 @@ struct Count {
 void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd) {
     const size_t N = (size_t)B * T, C = c.channels, HS = c.head_size();
     const size_t qkv = C + 2 * (size_t)c.kv_heads() * HS;
-    auto linear = [&](size_t IC, size_t OC) { fwd->add(N * IC).add(OC * IC), bwd->add(N * OC); };
-    linear(C, qkv);
-    linear(C, C);
+    // QKV: its input measured by ln1 as it writes it, its output gradient a pass.
+    fwd->measured_by_op(N * C).add(qkv * C), bwd->add(N * qkv);
+    // Attention's projection: its input a pass, its output gradient by ln2's backward.
+    fwd->add(N * C).add(C * C), bwd->measured_by_op(N * C);
     if (c.moe()) {
         const size_t E = c.experts, R = N * c.top_k, F = c.hidden();
         for (size_t IC : {C, F}) {
@@ -70,11 +85,12 @@ void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd) {
         }
         return;
     }
-    // The MLP's activation measures what it writes: fcproj's input forward,
-    // fc's output gradient backward.
+    // fc: its input by ln2, its output gradient by the activation's backward;
+    // fcproj: its input by the activation, its output gradient by the next
+    // block's ln1 backward (the last block's by lnf's).
     const size_t H = c.hidden(), F = c.llama() ? 2 * H : H;
-    fwd->add(N * C).add(F * C), bwd->measured_by_activation(N * F);  // fc
-    fwd->add(H * C).measured_by_activation(N * H), bwd->add(N * C);   // fcproj
+    fwd->measured_by_op(N * C).add(F * C), bwd->measured_by_op(N * F);  // fc
+    fwd->add(H * C).measured_by_op(N * H), bwd->measured_by_op(N * C);  // fcproj
 }
 
 struct Run {
@@ -142,7 +158,7 @@ int main() {
                       "%s -r %s: forward %zu amax passes over %zu elements, want %zu over %zu", spec,
                       recompute_name(rc), r.fwd.calls, r.fwd.elems, f.calls, f.elems);
                 CHECK(r.fwd.fused == f.fused && r.fwd.fused_elems == f.fused_elems,
-                      "%s -r %s: forward %zu activations measured %zu elements, want %zu over %zu", spec,
+                      "%s -r %s: forward %zu ops measured %zu elements, want %zu over %zu", spec,
                       recompute_name(rc), r.fwd.fused, r.fwd.fused_elems, f.fused, f.fused_elems);
                 const Count want{b.calls + rf * f.calls, b.elems + rf * f.elems, b.fused + rf * f.fused,
                                  b.fused_elems + rf * f.fused_elems};
@@ -152,12 +168,12 @@ int main() {
                       spec, recompute_name(rc), how, r.bwd.calls, r.bwd.elems, want.calls, want.elems,
                       rf ? ", after the recomputed forward's" : "");
                 CHECK(r.bwd.fused == want.fused && r.bwd.fused_elems == want.fused_elems,
-                      "%s -r %s %s: backward %zu activations measured %zu elements, want %zu over %zu", spec,
+                      "%s -r %s %s: backward %zu ops measured %zu elements, want %zu over %zu", spec,
                       recompute_name(rc), how, r.bwd.fused, r.bwd.fused_elems, want.fused, want.fused_elems);
                 if (split) CHECK(r.w_calls == 0, "%s -r %s: W measured %zu amaxes (B's are in the slot)", spec,
                                  recompute_name(rc), r.w_calls);
             }
-        std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in activations (%zu), backward %zu (%zu) + %zu "
+        std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in ops (%zu), backward %zu (%zu) + %zu "
                     "(%zu)\n",
                     spec, f.calls, f.elems, f.fused, f.fused_elems, b.calls, b.elems, b.fused, b.fused_elems);
     }

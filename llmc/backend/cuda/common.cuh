@@ -236,6 +236,18 @@ inline void allow_smem(Kernel k, size_t bytes) {
 // |x| as float bits that order like the magnitudes, NaN winning (the FP8
 // operands' amax by atomicMax, cuda/fp8.cuh): fp8.h's, shared with the CPU.
 using fp8::abs_bits;
+// abs_bits of v as an E stores it (rounded): what the next FP8 product reads.
+template <typename E>
+__device__ __forceinline__ unsigned written_bits(float v) {
+    return abs_bits(to_float(from_float<E>(v)));
+}
+// m, maxed with the written_bits of a pack of W values.
+template <typename E, int W>
+__device__ __forceinline__ unsigned written_max(unsigned m, const float* v) {
+#pragma unroll
+    for (int j = 0; j < W; j++) m = max(m, written_bits<E>(v[j]));
+    return m;
+}
 // The warp's largest m into *bits (one atomicMax); every lane of the warp calls it.
 __device__ __forceinline__ void warp_amax_commit(unsigned* bits, unsigned m) {
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));

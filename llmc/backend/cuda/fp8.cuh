@@ -263,15 +263,22 @@ class Fp8Ops {
             fp8k::forward(ex, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N, IC, OC, am);
         }
     }
-    // Backend::activation_amax: the GELU or SwiGLU kernel takes the max of
-    // what it writes into the amax bits as it goes (no pass of its own).
-    void activation(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+    // An op whose kernels take the max of what they write into the amax
+    // bits as they go, op(bits) (no pass of its own: Backend::activation_amax,
+    // norm_amax, norm_backward_amax), then the amax stored as a double.
+    template <typename Op>
+    void measured(void* amax, Op op) {
         unsigned* b = scratch(0).bits;
         CUDA_CHECK(cudaMemsetAsync(b, 0, sizeof(unsigned), stream_));
-        if (fp32) activation_amax<float>(swiglu, (float*)out, (const float*)a, (const float*)dout, N, H, b, stream_);
-        else activation_amax<bf16>(swiglu, (bf16*)out, (const bf16*)a, (const bf16*)dout, N, H, b, stream_);
+        op(b);
         amax_store_kernel<<<1, 1, 0, stream_>>>(static_cast<double*>(amax), b);
         CUDA_CHECK_LAUNCH();
+    }
+    void activation(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+        measured(amax, [&](unsigned* b) {
+            if (fp32) activation_amax<float>(swiglu, (float*)out, (const float*)a, (const float*)dout, N, H, b, stream_);
+            else activation_amax<bf16>(swiglu, (bf16*)out, (const bf16*)a, (const bf16*)dout, N, H, b, stream_);
+        });
     }
     void delayed(void* amax, void* step_max, const void* hist, int len, bool record) {
         fp8_delayed_kernel<<<1, 1, 0, stream_>>>((double*)amax, (double*)step_max, (const double*)hist, len, record);

@@ -35,7 +35,7 @@ constexpr int kLnMaxPacks = 8;  // packs per lane held in registers: C <= 2048 (
 // in every pass, so a lane only ever reads back what it wrote itself.
 template <typename E>
 __device__ __forceinline__ void layernorm_row(E* o, float* mean, float* rstd, const E* x, const E* w, const E* b,
-                                              int row, int C, int lane) {
+                                              int row, int C, int lane, unsigned* amax) {
     float s = 0.f;
     for (int c = lane; c < C; c += 32) s += to_float(x[c]);
     const float m = warp_sum(s) / C;
@@ -45,20 +45,25 @@ __device__ __forceinline__ void layernorm_row(E* o, float* mean, float* rstd, co
         v += d * d;
     }
     const float r = 1.f / sqrtf(warp_sum(v) / C + kLayerNormEps);
-    for (int c = lane; c < C; c += 32)
-        o[c] = from_float<E>((to_float(x[c]) - m) * r * to_float(w[c]) + to_float(b[c]));
+    unsigned am = 0;
+    for (int c = lane; c < C; c += 32) {
+        const float v = (to_float(x[c]) - m) * r * to_float(w[c]) + to_float(b[c]);
+        o[c] = from_float<E>(v);
+        if (amax) am = max(am, written_bits<E>(v));
+    }
     if (lane == 0) {
         if (mean) mean[row] = m;
         if (rstd) rstd[row] = r;
     }
+    if (amax) warp_amax_commit(amax, am);  // (the whole warp: one row per warp)
 }
 
 template <typename E>
 __global__ void layernorm_forward_kernel(E* out, float* mean, float* rstd, const E* inp, const E* w, const E* b, int N,
-                                         int C) {
+                                         int C, unsigned* amax) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
-    layernorm_row(out + (size_t)row * C, mean, rstd, inp + (size_t)row * C, w, b, row, C, threadIdx.x % 32);
+    layernorm_row(out + (size_t)row * C, mean, rstd, inp + (size_t)row * C, w, b, row, C, threadIdx.x % 32, amax);
 }
 
 // residual = a + b (rounded to E), then LayerNorm of the rounded residual, so
@@ -67,13 +72,14 @@ __global__ void layernorm_forward_kernel(E* out, float* mean, float* rstd, const
 // the same lane.
 template <typename E>
 __global__ void residual_layernorm_forward_kernel(E* residual, E* out, float* mean, float* rstd, const E* a,
-                                                  const E* bb, const E* w, const E* bias, int N, int C) {
+                                                  const E* bb, const E* w, const E* bias, int N, int C,
+                                                  unsigned* amax) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
     const int lane = threadIdx.x % 32;
     const size_t off = (size_t)row * C;
     for (int c = lane; c < C; c += 32) residual[off + c] = from_float<E>(to_float(a[off + c]) + to_float(bb[off + c]));
-    layernorm_row(out + off, mean, rstd, residual + off, w, bias, row, C, lane);
+    layernorm_row(out + off, mean, rstd, residual + off, w, bias, row, C, lane, amax);
 }
 
 // ---- vector path: one read of the row ---------------------------------------------
@@ -85,7 +91,8 @@ __global__ void residual_layernorm_forward_kernel(E* residual, E* out, float* me
 template <typename E, int K, bool RESIDUAL>
 __global__ void __launch_bounds__(256) layernorm_forward_vec_kernel(E* residual, E* out, float* mean, float* rstd,
                                                                     const E* a, const E* b, const E* w,
-                                                                    const E* bias, int N, int C, bool wb_vec) {
+                                                                    const E* bias, int N, int C, bool wb_vec,
+                                                                    unsigned* amax) {
     constexpr int W = kVec<E>;
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
@@ -125,6 +132,7 @@ __global__ void __launch_bounds__(256) layernorm_forward_vec_kernel(E* residual,
         }
     }
     const float r = 1.f / sqrtf(warp_sum(v) / C + kLayerNormEps);
+    unsigned am = 0;
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int c = llmc_idx::ln_pack_channel(k, lane, W);
@@ -135,12 +143,14 @@ __global__ void __launch_bounds__(256) layernorm_forward_vec_kernel(E* residual,
 #pragma unroll
             for (int j = 0; j < W; j++) o[j] = (x[k][j] - m) * r * wf[j] + bf[j];
             store_floats<E, W>(out + off + c, o);
+            if (amax) am = written_max<E, W>(am, o);
         }
     }
     if (lane == 0) {
         if (mean) mean[row] = m;
         if (rstd) rstd[row] = r;
     }
+    if (amax) warp_amax_commit(amax, am);
 }
 
 // Packs per lane for the vector path, or 0 when the shape or alignment needs
@@ -157,14 +167,14 @@ inline int layernorm_vec_packs(int C, std::initializer_list<const void*> rows) {
 
 template <typename E, bool RESIDUAL>
 void launch_layernorm_forward_vec(int K, E* residual, E* out, float* mean, float* rstd, const E* a, const E* b,
-                                  const E* w, const E* bias, int N, int C, cudaStream_t stream) {
+                                  const E* w, const E* bias, int N, int C, cudaStream_t stream, unsigned* amax) {
     const int block = 256, rows_per_block = block / 32;
     const unsigned grid = (unsigned)ceil_div(N, rows_per_block);
     const bool wb_vec = aligned16(w) && aligned16(bias);
 #define LLMC_LN_FWD_CASE(KK)                                                                                         \
     case KK:                                                                                                         \
         layernorm_forward_vec_kernel<E, KK, RESIDUAL><<<grid, block, 0, stream>>>(residual, out, mean, rstd, a, b, w, \
-                                                                                  bias, N, C, wb_vec);               \
+                                                                                  bias, N, C, wb_vec, amax);         \
         break;
     switch (K) {
         LLMC_LN_FWD_CASE(1)
@@ -181,31 +191,34 @@ void launch_layernorm_forward_vec(int K, E* residual, E* out, float* mean, float
     CUDA_CHECK_LAUNCH();
 }
 
+// amax (null: none): the largest |out| as written into *amax (common.cuh's
+// written_bits), the next FP8 product's input measured in this pass
+// (Backend::norm_amax); likewise dinp's, as it ends, in the backward.
 template <typename E>
 void layernorm_forward(E* out, float* mean, float* rstd, const E* inp, const E* w, const E* b, int N, int C,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, unsigned* amax = nullptr) {
     if (N <= 0) return;
     if (const int K = layernorm_vec_packs<E>(C, {out, inp})) {
-        launch_layernorm_forward_vec<E, false>(K, nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, stream);
+        launch_layernorm_forward_vec<E, false>(K, nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, stream, amax);
         return;
     }
     const int block = 256, rows_per_block = block / 32;
     layernorm_forward_kernel<E><<<(unsigned)ceil_div(N, rows_per_block), block, 0, stream>>>(out, mean, rstd, inp, w,
-                                                                                             b, N, C);
+                                                                                             b, N, C, amax);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename E>
 void residual_layernorm_forward(E* residual, E* out, float* mean, float* rstd, const E* a, const E* b, const E* w,
-                                const E* bias, int N, int C, cudaStream_t stream) {
+                                const E* bias, int N, int C, cudaStream_t stream, unsigned* amax = nullptr) {
     if (N <= 0) return;
     if (const int K = layernorm_vec_packs<E>(C, {residual, out, a, b})) {
-        launch_layernorm_forward_vec<E, true>(K, residual, out, mean, rstd, a, b, w, bias, N, C, stream);
+        launch_layernorm_forward_vec<E, true>(K, residual, out, mean, rstd, a, b, w, bias, N, C, stream, amax);
         return;
     }
     const int block = 256, rows_per_block = block / 32;
     residual_layernorm_forward_kernel<E><<<(unsigned)ceil_div(N, rows_per_block), block, 0, stream>>>(
-        residual, out, mean, rstd, a, b, w, bias, N, C);
+        residual, out, mean, rstd, a, b, w, bias, N, C, amax);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -233,10 +246,12 @@ template <typename E, int K>
 __global__ void __launch_bounds__(kLnBwdBlock) layernorm_backward_vec_kernel(E* dinp, float* partial, const E* dout,
                                                                              const E* inp, const E* w,
                                                                              const float* mean, const float* rstd,
-                                                                             int N, int C, bool w_vec) {
+                                                                             int N, int C, bool w_vec,
+                                                                             unsigned* amax) {
     constexpr int W = kVec<E>;
     extern __shared__ float sm[];  // [2C]: the block's dw | db
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    unsigned am = 0;
     float dwa[K][W], dba[K][W];
 #pragma unroll
     for (int k = 0; k < K; k++)
@@ -287,9 +302,11 @@ __global__ void __launch_bounds__(kLnBwdBlock) layernorm_backward_vec_kernel(E* 
                     dx[j] += (dn - mean_dn - xhat * mean_dn_xhat) * r;
                 }
                 store_floats<E, W>(dinp + off + c, dx);
+                if (amax) am = written_max<E, W>(am, dx);
             }
         }
     }
+    if (amax) warp_amax_commit(amax, am);  // (every lane: the row loop is the warp's)
     // Warp order: the lanes of one warp own disjoint channels, so within a
     // turn there is no conflict; barriers separate the turns.
     for (int turn = 0; turn < llmc_idx::kLnBwdWarps; turn++) {
@@ -319,9 +336,11 @@ template <typename E>
 __global__ void __launch_bounds__(kLnBwdBlock) layernorm_backward_scalar_kernel(E* dinp, float* partial,
                                                                                 const E* dout, const E* inp,
                                                                                 const E* w, const float* mean,
-                                                                                const float* rstd, int N, int C) {
+                                                                                const float* rstd, int N, int C,
+                                                                                unsigned* amax) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float* pw = partial + ((size_t)blockIdx.x * llmc_idx::kLnBwdWarps + warp) * 2 * C;
+    unsigned am = 0;
     for (int c = lane; c < 2 * C; c += 32) pw[c] = 0.f;
     __syncwarp();  // pw[C + c] below may have been zeroed by another lane of this warp (C % 32 != 0)
     for (int row = llmc_idx::ln_bwd_first_row(blockIdx.x, warp); row < N; row += llmc_idx::ln_bwd_row_stride(gridDim.x)) {
@@ -343,17 +362,21 @@ __global__ void __launch_bounds__(kLnBwdBlock) layernorm_backward_scalar_kernel(
             const float g = to_float(dy[c]);
             const float xhat = (to_float(x[c]) - m) * r;
             const float dn = to_float(w[c]) * g;
-            dx[c] = from_float<E>(to_float(dx[c]) + (dn - mean_dn - xhat * mean_dn_xhat) * r);
+            const float v = to_float(dx[c]) + (dn - mean_dn - xhat * mean_dn_xhat) * r;
+            dx[c] = from_float<E>(v);
+            if (amax) am = max(am, written_bits<E>(v));
             pw[c] += g * xhat;
             pw[C + c] += g;
         }
     }
+    if (amax) warp_amax_commit(amax, am);
 }
 
 // scratch: at least layernorm_backward_scratch_floats(N, C) floats.
 template <typename E>
 void layernorm_backward(E* dinp, E* dw, E* db, const E* dout, const E* inp, const E* w, const float* mean,
-                        const float* rstd, int N, int C, float* scratch, cudaStream_t stream) {
+                        const float* rstd, int N, int C, float* scratch, cudaStream_t stream,
+                        unsigned* amax = nullptr) {
     if (N <= 0 || C <= 0) return;
     const int nblocks = llmc_idx::ln_bwd_blocks(N);
     const int K = layernorm_vec_packs<E>(C, {dinp, dout, inp});
@@ -364,7 +387,8 @@ void layernorm_backward(E* dinp, E* dw, E* db, const E* dout, const E* inp, cons
     case KK:                                                                                                    \
         allow_smem(layernorm_backward_vec_kernel<E, KK>, smem);                                                 \
         layernorm_backward_vec_kernel<E, KK><<<nblocks, kLnBwdBlock, smem, stream>>>(dinp, scratch, dout, inp, w, \
-                                                                                     mean, rstd, N, C, w_vec);  \
+                                                                                     mean, rstd, N, C, w_vec,   \
+                                                                                     amax);                     \
         break;
         switch (K) {
             LLMC_LN_BWD_CASE(1)
@@ -382,7 +406,7 @@ void layernorm_backward(E* dinp, E* dw, E* db, const E* dout, const E* inp, cons
         column_sum_finish<E>(dw, db, scratch, nblocks, 2 * C, C, stream);
     } else {
         layernorm_backward_scalar_kernel<E><<<nblocks, kLnBwdBlock, 0, stream>>>(dinp, scratch, dout, inp, w, mean,
-                                                                                 rstd, N, C);
+                                                                                 rstd, N, C, amax);
         CUDA_CHECK_LAUNCH();
         column_sum_finish<E>(dw, db, scratch, nblocks * llmc_idx::kLnBwdWarps, 2 * C, C, stream);
     }

@@ -44,7 +44,7 @@ namespace llmc_cuda {
 template <typename E, int W, bool RESIDUAL>
 __global__ void __launch_bounds__(256) rmsnorm_forward_loop_kernel(E* residual, E* out, float* rstd, const E* a,
                                                                    const E* b, const E* w, int N, int C, float eps,
-                                                                   bool w_vec) {
+                                                                   bool w_vec, unsigned* amax) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
     const int lane = threadIdx.x % 32;
@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_loop_kernel(E* residual, 
     }
     const float r = 1.f / sqrtf(warp_sum(ss) / C + eps);
     const E* src = RESIDUAL ? residual : a;
+    unsigned am = 0;
     for (int c = lane * W; c < C; c += 32 * W) {
         float x[W], wf[W], o[W];
         load_floats<E, W>(x, src + off + c);
@@ -72,8 +73,10 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_loop_kernel(E* residual, 
 #pragma unroll
         for (int j = 0; j < W; j++) o[j] = x[j] * r * wf[j];
         store_floats<E, W>(out + off + c, o);
+        if (amax) am = written_max<E, W>(am, o);
     }
     if (lane == 0 && rstd) rstd[row] = r;
+    if (amax) warp_amax_commit(amax, am);  // (the whole warp: one row per warp)
 }
 
 // ---- vector path: one read of the row ---------------------------------------------
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_loop_kernel(E* residual, 
 template <typename E, int K, bool RESIDUAL>
 __global__ void __launch_bounds__(256) rmsnorm_forward_vec_kernel(E* residual, E* out, float* rstd, const E* a,
                                                                   const E* b, const E* w, int N, int C, float eps,
-                                                                  bool w_vec) {
+                                                                  bool w_vec, unsigned* amax) {
     constexpr int W = kVec<E>;
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
@@ -114,6 +117,7 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_vec_kernel(E* residual, E
         }
     }
     const float r = 1.f / sqrtf(warp_sum(ss) / C + eps);
+    unsigned am = 0;
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int c = llmc_idx::ln_pack_channel(k, lane, W);
@@ -123,21 +127,23 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_vec_kernel(E* residual, E
 #pragma unroll
             for (int j = 0; j < W; j++) o[j] = x[k][j] * r * wf[j];
             store_floats<E, W>(out + off + c, o);
+            if (amax) am = written_max<E, W>(am, o);
         }
     }
     if (lane == 0 && rstd) rstd[row] = r;
+    if (amax) warp_amax_commit(amax, am);
 }
 
 template <typename E, bool RESIDUAL>
 void launch_rmsnorm_forward_vec(int K, E* residual, E* out, float* rstd, const E* a, const E* b, const E* w, int N,
-                                int C, float eps, cudaStream_t stream) {
+                                int C, float eps, cudaStream_t stream, unsigned* amax) {
     const int block = 256, rows_per_block = block / 32;
     const unsigned grid = (unsigned)ceil_div(N, rows_per_block);
     const bool w_vec = aligned16(w);
 #define LLMC_RMS_FWD_CASE(KK)                                                                                   \
     case KK:                                                                                                    \
         rmsnorm_forward_vec_kernel<E, KK, RESIDUAL><<<grid, block, 0, stream>>>(residual, out, rstd, a, b, w, N, \
-                                                                                C, eps, w_vec);                 \
+                                                                                C, eps, w_vec, amax);           \
         break;
     switch (K) {
         LLMC_RMS_FWD_CASE(1)
@@ -172,9 +178,9 @@ inline RmsPlan rmsnorm_plan(int C, std::initializer_list<const void*> rows) {
 
 template <typename E, bool RESIDUAL>
 void launch_rmsnorm_forward(const RmsPlan& pl, E* residual, E* out, float* rstd, const E* a, const E* b, const E* w,
-                            int N, int C, float eps, cudaStream_t stream) {
+                            int N, int C, float eps, cudaStream_t stream, unsigned* amax) {
     if (pl.K) {
-        launch_rmsnorm_forward_vec<E, RESIDUAL>(pl.K, residual, out, rstd, a, b, w, N, C, eps, stream);
+        launch_rmsnorm_forward_vec<E, RESIDUAL>(pl.K, residual, out, rstd, a, b, w, N, C, eps, stream, amax);
         return;
     }
     const int block = 256, rows_per_block = block / 32;
@@ -182,26 +188,30 @@ void launch_rmsnorm_forward(const RmsPlan& pl, E* residual, E* out, float* rstd,
     const bool w_vec = aligned16(w);
     if (pl.W == kVec<E>)
         rmsnorm_forward_loop_kernel<E, kVec<E>, RESIDUAL>
-            <<<grid, block, 0, stream>>>(residual, out, rstd, a, b, w, N, C, eps, w_vec);
+            <<<grid, block, 0, stream>>>(residual, out, rstd, a, b, w, N, C, eps, w_vec, amax);
     else
         rmsnorm_forward_loop_kernel<E, 1, RESIDUAL>
-            <<<grid, block, 0, stream>>>(residual, out, rstd, a, b, w, N, C, eps, false);
+            <<<grid, block, 0, stream>>>(residual, out, rstd, a, b, w, N, C, eps, false, amax);
     CUDA_CHECK_LAUNCH();
 }
 
+// amax (null: none): the largest |out| as written into *amax (common.cuh's
+// written_bits), the next FP8 product's input measured in this pass
+// (Backend::norm_amax); likewise dinp's, as it ends, in the backward.
 template <typename E>
-void rmsnorm_forward(E* out, float* rstd, const E* inp, const E* w, int N, int C, double eps, cudaStream_t stream) {
+void rmsnorm_forward(E* out, float* rstd, const E* inp, const E* w, int N, int C, double eps, cudaStream_t stream,
+                     unsigned* amax = nullptr) {
     if (N <= 0 || C <= 0) return;
     launch_rmsnorm_forward<E, false>(rmsnorm_plan<E>(C, {out, inp}), nullptr, out, rstd, inp, nullptr, w, N, C,
-                                     (float)eps, stream);
+                                     (float)eps, stream, amax);
 }
 
 template <typename E>
 void residual_rmsnorm_forward(E* residual, E* out, float* rstd, const E* a, const E* b, const E* w, int N, int C,
-                              double eps, cudaStream_t stream) {
+                              double eps, cudaStream_t stream, unsigned* amax = nullptr) {
     if (N <= 0 || C <= 0) return;
     launch_rmsnorm_forward<E, true>(rmsnorm_plan<E>(C, {residual, out, a, b}), residual, out, rstd, a, b, w, N, C,
-                                    (float)eps, stream);
+                                    (float)eps, stream, amax);
 }
 
 // ---- backward ------------------------------------------------------------------
@@ -221,10 +231,11 @@ template <typename E, int K>
 __global__ void __launch_bounds__(kLnBwdBlock) rmsnorm_backward_vec_kernel(E* dinp, float* partial, const E* dout,
                                                                            const E* inp, const E* w,
                                                                            const float* rstd, int N, int C,
-                                                                           bool w_vec) {
+                                                                           bool w_vec, unsigned* amax) {
     constexpr int W = kVec<E>;
     extern __shared__ float sm[];  // [C]: the block's dw
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    unsigned am = 0;
     float dwa[K][W];
 #pragma unroll
     for (int k = 0; k < K; k++)
@@ -265,9 +276,11 @@ __global__ void __launch_bounds__(kLnBwdBlock) rmsnorm_backward_vec_kernel(E* di
 #pragma unroll
                 for (int j = 0; j < W; j++) dx[j] += r * wf[j] * to_float(gv.v[j]) - to_float(x.v[j]) * coef;
                 store_floats<E, W>(dinp + off + c, dx);
+                if (amax) am = written_max<E, W>(am, dx);
             }
         }
     }
+    if (amax) warp_amax_commit(amax, am);  // (every lane: the row loop is the warp's)
     // Warp order: a warp's lanes own disjoint channels; barriers separate the turns.
     for (int turn = 0; turn < llmc_idx::kLnBwdWarps; turn++) {
         if (warp == turn) {
@@ -296,9 +309,10 @@ template <typename E, int W>
 __global__ void __launch_bounds__(kLnBwdBlock) rmsnorm_backward_loop_kernel(E* dinp, float* partial, const E* dout,
                                                                             const E* inp, const E* w,
                                                                             const float* rstd, int N, int C,
-                                                                            bool w_vec) {
+                                                                            bool w_vec, unsigned* amax) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     float* pw = partial + ((size_t)blockIdx.x * llmc_idx::kLnBwdWarps + warp) * C;
+    unsigned am = 0;
     for (int c = lane * W; c < C; c += 32 * W) {
         float z[W];
 #pragma unroll
@@ -333,14 +347,16 @@ __global__ void __launch_bounds__(kLnBwdBlock) rmsnorm_backward_loop_kernel(E* d
             }
             store_floats<E, W>(dinp + off + c, dx);
             store_floats<float, W>(pw + c, acc);
+            if (amax) am = written_max<E, W>(am, dx);
         }
     }
+    if (amax) warp_amax_commit(amax, am);
 }
 
 // dinp (+=), dw (+=). scratch: at least rmsnorm_backward_scratch_floats(N, C) floats.
 template <typename E>
 void rmsnorm_backward(E* dinp, E* dw, const E* dout, const E* inp, const E* w, const float* rstd, int N, int C,
-                      float* scratch, cudaStream_t stream) {
+                      float* scratch, cudaStream_t stream, unsigned* amax = nullptr) {
     if (N <= 0 || C <= 0) return;
     const int nblocks = llmc_idx::ln_bwd_blocks(N);
     const RmsPlan pl = rmsnorm_plan<E>(C, {dinp, dout, inp});
@@ -351,7 +367,7 @@ void rmsnorm_backward(E* dinp, E* dw, const E* dout, const E* inp, const E* w, c
     case KK:                                                                                                    \
         allow_smem(rmsnorm_backward_vec_kernel<E, KK>, smem);                                                   \
         rmsnorm_backward_vec_kernel<E, KK><<<nblocks, kLnBwdBlock, smem, stream>>>(dinp, scratch, dout, inp, w, \
-                                                                                   rstd, N, C, w_vec);          \
+                                                                                   rstd, N, C, w_vec, amax);    \
         break;
         switch (pl.K) {
             LLMC_RMS_BWD_CASE(1)
@@ -371,10 +387,10 @@ void rmsnorm_backward(E* dinp, E* dw, const E* dout, const E* inp, const E* w, c
     }
     if (pl.W == kVec<E>)
         rmsnorm_backward_loop_kernel<E, kVec<E>>
-            <<<nblocks, kLnBwdBlock, 0, stream>>>(dinp, scratch, dout, inp, w, rstd, N, C, w_vec);
+            <<<nblocks, kLnBwdBlock, 0, stream>>>(dinp, scratch, dout, inp, w, rstd, N, C, w_vec, amax);
     else
         rmsnorm_backward_loop_kernel<E, 1>
-            <<<nblocks, kLnBwdBlock, 0, stream>>>(dinp, scratch, dout, inp, w, rstd, N, C, false);
+            <<<nblocks, kLnBwdBlock, 0, stream>>>(dinp, scratch, dout, inp, w, rstd, N, C, false, amax);
     CUDA_CHECK_LAUNCH();
     column_sum_finish<E>(dw, dw, scratch, nblocks * llmc_idx::kLnBwdWarps, C, C, stream);
 }

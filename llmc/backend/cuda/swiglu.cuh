@@ -24,13 +24,9 @@ namespace llmc_cuda {
 
 __device__ __forceinline__ float sigmoidf_(float g) { return 1.f / (1.f + expf(-g)); }
 
-// amax (null: none): the max of |what it writes| as written (abs_bits) into
-// *amax, the next FP8 product's operand measured in this pass
-// (Backend::activation_amax).
-template <typename E>
-__device__ __forceinline__ unsigned written_bits(float v) {
-    return abs_bits(to_float(from_float<E>(v)));
-}
+// amax (null: none): the max of |what it writes| as written (common.cuh's
+// written_bits) into *amax, the next FP8 product's operand measured in this
+// pass (Backend::activation_amax).
 
 template <typename E, int W>
 __global__ void swiglu_forward_kernel(E* out, const E* gu, int N, int H, unsigned* amax) {
