@@ -17,7 +17,7 @@ CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, co
 }
 
 CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC,
-                                           bool backward, bool fused) {
+                                           bool backward, bool fused, int part) {
     Fp8Passes p;
     const double x = N * IC, w = OC * IC, dy = N * OC;
     // The forward measures the input and the weight, the backward only the
@@ -35,10 +35,14 @@ CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double
     } else if (!backward) {  // x and W as they are
         p.quant_bytes = (a + 1) * x + (pb + 1) * w;
         p.quant_ops = 1 + 2;
-    } else {  // dy for dX and dy^T for dW in one pass, W^T for dX, x^T for dW
+    } else if (part == 0) {  // dy for dX and dy^T for dW in one pass, W^T for dX, x^T for dW
         p.quant_bytes = (a + 2) * dy + (pb + 1) * w + (a + 1) * x;
         p.quant_ops = 1 + 3;
+    } else {  // B: the scales, dy and W^T; W: the scales again, dy^T and x^T (dy read twice)
+        p.quant_bytes = part == 1 ? (a + 1) * dy + (pb + 1) * w : (a + 1) * dy + (a + 1) * x;
+        p.quant_ops = 1 + 2;
     }
+    if (part == 2) p.amax_bytes = 0, p.amax_ops = 0;  // W reads B's amaxes from the slot
     return p;
 }
 
@@ -101,10 +105,17 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
         if (backward) return i == 2 || (!l_.sp && (i == 1 || i == 3));
         return i == 3 || (!l_.sp && (i == 0 || i == 2));
     };
+    // A zero-bubble schedule splits each backward into B and W (each its
+    // own passes); weights_only: W's alone.
+    const bool split = backward && l_.pp > 1 && (l_.pp_order == PipeOrder::zb_h1 || l_.pp_order == PipeOrder::zbv);
     auto fp8 = [&](const Linear& x, double rows, bool fused = false) {
-        const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused);
-        const int delayed = l_.fp8_history > 0 ? (backward ? 1 : 2) : 0;
-        return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
+        auto part = [&](int k) {
+            const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k);
+            const int delayed = l_.fp8_history > 0 && k != 2 ? (backward ? 1 : 2) : 0;
+            return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
+        };
+        if (!split) return part(0);
+        return weights_only ? part(2) : part(1) + part(2);
     };
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)

@@ -77,9 +77,10 @@ class CostModel {
         int amax_ops = 0, quant_ops = 0;
     };
     // fused: the operand the pass measures (forward the input, backward the
-    // output gradient) was measured by the op that wrote it.
+    // output gradient) was measured by the op that wrote it. part (backward):
+    // 0 the whole, 1 a split backward's B (the input gradient), 2 its W.
     static Fp8Passes fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC, bool backward,
-                                bool fused = false);
+                                bool fused = false, int part = 0);
 
   private:
     struct Link {

@@ -272,6 +272,23 @@ def test_plan_time(tmp):
         want = L * want / bw
         check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device}: planned {got}, formula {want}")
         print(f"  planned FP8 operand passes ({device}, {dtype}): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
+    # A zero-bubble schedule splits each backward into B and W, each quantising the
+    # output gradient its own way: one more read of a·dy per layer on a GPU (pp 2, a
+    # block per stage, 2 micro-batches of 32 rows of 16; W also reads no amax).
+    prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": "cuda", "dtype": "bf16"}
+    pp = model[:2] + ["-t", str(T), "-b", "32", "-d", str(64 * T), "--world", "2", "--pp", "2", "--dtype", "bf16"]
+    ms = {}
+    for sched in ("1f1b", "zb-h1"):
+        for f in (0, 1):
+            row = plan_row(tmp, f"split_{sched}", prof, pp + ["--pp-schedule", sched], f)
+            ms[sched, f] = row["breakdown_ms"]["compute"] / 1e3 if row else None
+    if None not in ms.values():
+        got = (ms["zb-h1", 1] - ms["zb-h1", 0]) - (ms["1f1b", 1] - ms["1f1b", 0])
+        Nm = 32 * T
+        want = 2 * sum(2 * Nm * o for o in (3 * C, C, 4 * C, C)) / bw  # 2 micro-batches, one block per stage
+        check(abs(got / want - 1) < 1e-9, f"FP8 under zb-h1: the split backward's extra dy read planned {got}, "
+              f"formula {want}")
+        print(f"  planned FP8 split backward's extra (zb-h1, pp 2): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
     # The group max: 4 FP8 layers; tp: 6 maxes forward, 2 backward (the column-parallel
     # layers' output gradients); cp: 4 and 4 (the backward's own: the output gradients).
     lat = 1e-6
