@@ -248,10 +248,14 @@ __device__ __forceinline__ unsigned written_max(unsigned m, const float* v) {
     for (int j = 0; j < W; j++) m = max(m, written_bits<E>(v[j]));
     return m;
 }
-// The warp's largest m into *bits (one atomicMax); every lane of the warp calls it.
+// The warp's largest m into *bits (one atomicMax); every lane of the warp
+// calls it. Many warps commit to one word (a norm's: one per row), so the
+// first lane reads it first and leaves the atomic out when m is not above
+// it: the word only grows, so a stale read can only cost an atomic, never
+// skip one, and the result is the same max.
 __device__ __forceinline__ void warp_amax_commit(unsigned* bits, unsigned m) {
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) atomicMax(bits, m);
+    if ((threadIdx.x & 31) == 0 && m > *(volatile unsigned*)bits) atomicMax(bits, m);
 }
 
 }  // namespace llmc_cuda
