@@ -248,6 +248,23 @@ std::string why(const Planned& a, const Planned& b) {
     return s;
 }
 
+// --plan eval --fp8 1: the same plan without FP8, by the same time model,
+// so the plan says whether FP8 pays at these shapes: the step, and each of
+// the four linear layers with its operands' amax and quantisation passes
+// against its products in the compute type (where the passes cost more
+// than FP8's rate saves, a layer is slower in FP8).
+void print_fp8_gain(const GPTConfig& mc, const Planned& p, const PlanRequest& r, const Proto& proto) {
+    Layout l = p.l;
+    l.fp8 = false, l.fp8_history = 0;
+    const Planned q = plan_one(mc, l, r, proto, false);
+    const Cost::Classes &a = p.cost.classes, &b = q.cost.classes;
+    std::printf("plan fp8: %.3fx the tokens/s of the same plan without --fp8 (step %.2f ms against %.2f); the four "
+                "layers in FP8, their operands' passes included, against the compute type (ms per step): qkv %.2f "
+                "against %.2f, attproj %.2f against %.2f, fc %.2f against %.2f, fcproj %.2f against %.2f\n",
+                p.tokens_per_s / q.tokens_per_s, p.cost.step * 1e3, q.cost.step * 1e3, a.qkv * 1e3, b.qkv * 1e3,
+                a.attproj * 1e3, b.attproj * 1e3, a.fc * 1e3, b.fc * 1e3, a.fcproj * 1e3, b.fcproj * 1e3);
+}
+
 // The textbook figures (docs/design.md sections 4 and 6) beside the
 // exact count, for the chosen layout.
 void print_textbook(const GPTConfig& mc, const Planned& p, const Proto& proto) {
@@ -391,6 +408,7 @@ bool run_planner(const GPTConfig& mc, const PlanRequest& r, std::string* err) {
                     p.cost.compute * 1e3, p.cost.tp * 1e3, p.cost.cp * 1e3, p.cost.pp * 1e3, p.cost.dp * 1e3,
                     p.cost.bubble * 1e3, p.cost.optimizer * 1e3,
                     p.l.ep > 1 ? (", ep all-to-all " + fixed(p.cost.ep * 1e3, 2)).c_str() : "");
+        if (p.l.fp8) print_fp8_gain(mc, p, r, proto);
         print_textbook(mc, p, proto);
     } else {
         size_t fitting = 0;

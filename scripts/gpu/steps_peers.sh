@@ -213,8 +213,14 @@ fp8_pair() {
 
 step_fp8() {
     begin_step fp8 540
-    need core
+    need core lab
     local data=build/gpu/bench_tokens.bin ratio
+    # The FP8 lab's checks first, without its timings: amax, every byte of
+    # the quantised copies, the products against the CPU's emulation, the
+    # measuring activations and norms. A FAIL here says the figures below
+    # are not FP8's to quote.
+    FIGS="" FIGCMD="LAB_CHECK_ONLY=1 dev/cuda/fp8" SUMMARY_MATCH='FAIL|passed' \
+        run_prog fp8_lab 60 8 env LAB_CHECK_ONLY=1 dev/cuda/fp8
     bench_data
     fp8_pair d12 d12 100 35 40 30 5 "d12 -b 32 -t 1024 -r 1" -e d12 -i "$data" -j "" -b 32 -t 1024 -r 1 --device cuda
     qwen_tokens

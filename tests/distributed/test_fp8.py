@@ -17,7 +17,8 @@
 # (current scaling keeps no state); the bf16 backend trains with it; the
 # planner's memory line equals the run's (one process, tp 2) and it prices
 # the FP8 products, their operands' passes and group maxes by formula, and
-# refuses a profile without FP8 products; widths that a backend's FP8
+# refuses a profile without FP8 products, and its eval prints the same plan
+# without FP8 beside it (equal to a plan of --fp8 0); widths that a backend's FP8
 # products do not take are refused at setup (LLMC_TEST_FP8_ALIGN); delayed
 # scaling (--fp8-history) in the layouts and in checkpoints (a resume, also
 # in another layout); and a
@@ -306,6 +307,34 @@ def test_plan_time(tmp):
           f"--fp8 1 on a profile without FP8 products is refused: rc={rc} {err[-300:]!r}")
 
 
+def test_plan_gain(tmp):
+    """--plan eval --fp8 1 prints the same plan without FP8 beside it: its
+    tokens/s ratio and each linear layer's time with and without equal two
+    separate plans (--fp8 1 and --fp8 0, their JSON rows); --fp8 0 prints
+    no such line."""
+    prof = {"matmul_flops": 1e12, "fp8_matmul_flops": 2e12, "mem_bw": 2e10, "device": "cuda", "dtype": "bf16",
+            "sm_count": 64, "gemm_tile_m": 2, "gemm_tile_n": 4}
+    args = ["-e", "L=2,C=32,NH=4,V=97,Vp=97,T=64", "-t", "16", "-b", "64", "-d", "2048", "--world", "1",
+            "--dtype", "bf16"]
+    rows = [plan_row(tmp, "gain", prof, args, f) for f in (0, 1)]
+    outs = [train(0, ["--plan", "eval"] + args + ["--fp8", str(f), "--hardware", os.path.join(tmp, "gain.json")])[1]
+            for f in (0, 1)]
+    line = [x for x in outs[1].splitlines() if x.startswith("plan fp8:")]
+    check(not any(x.startswith("plan fp8:") for x in outs[0].splitlines()), "--fp8 0 prints no FP8 line")
+    if not (all(rows) and check(len(line) == 1, f"--fp8 1 prints one FP8 line: {outs[1][-400:]!r}")):
+        return
+    words = line[0].replace(",", " ").replace("(", " ").replace(")", " ").split()
+    ratio = float(words[2].rstrip("x"))
+    want = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    check(abs(ratio - want) < 6e-4, f"FP8's ratio printed {ratio}, the two plans' {want:.4f}")
+    for name in ("qkv", "attproj", "fc", "fcproj"):
+        i = words.index(name)
+        got = (float(words[i + 1]), float(words[i + 3]))
+        exp = (rows[1]["classes_ms"][name], rows[0]["classes_ms"][name])
+        check(all(abs(g - e) < 6e-3 for g, e in zip(got, exp)), f"{name}: printed {got}, the two plans' {exp}")
+    print(f"  plan fp8: {ratio}x, the two plans' {want:.4f}")
+
+
 def test_widths():
     """A backend whose FP8 products take only some widths (cuBLASLt's:
     multiples of 16; the CPU made to claim the same by LLMC_TEST_FP8_ALIGN)
@@ -336,6 +365,7 @@ def suite(tmp):
     test_effect_and_resume(tmp)
     test_plan_memory(tmp)
     test_plan_time(tmp)
+    test_plan_gain(tmp)
     test_widths()
     test_layouts(tmp)
     test_experts(tmp)
