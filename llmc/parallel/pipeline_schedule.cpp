@@ -38,33 +38,27 @@ int pipe_stage_of(PipeOrder o, int pp, int v) {
 
 int pipe_chunk_of(PipeOrder o, int pp, int v) { return o == PipeOrder::zbv ? (v < pp ? 0 : 1) : v / pp; }
 
-// ZB-H1's order (pipeline_schedule.h): the lock-step run of its rules, for
-// every stage at once (a stage's choice waits on the others' progress).
+// ZB-H1's order on each stage (pipeline_schedule.h): 1F1B's with every
+// backward split into B and W, stage s putting each W off by s
+// micro-batches: its warm-up forwards, then for each micro-batch j its B,
+// the W of micro-batch j - s and the next forward; then the W's left.
 static std::vector<std::vector<PipeAction>> zb_h1_orders(int pp, int m) {
     std::vector<std::vector<PipeAction>> out(pp);
-    // The tick each stage did its F and B of each micro-batch (-1: not yet).
-    std::vector<std::vector<int>> f_at(pp, std::vector<int>(m, -1)), b_at(pp, std::vector<int>(m, -1));
-    std::vector<int> next_f(pp, 0), next_b(pp, 0), next_w(pp, 0);
-    auto before = [](int at, int t) { return at >= 0 && at < t; };
-    for (int t = 0, left = 3 * m * pp; left > 0; t++) {
-        std::vector<std::pair<PipeAction::Kind, int>> picks(pp, {PipeAction::Exchange, -1});
-        for (int s = 0; s < pp; s++) {
-            const int b = next_b[s], f = next_f[s], waiting = next_b[s] - next_w[s];
-            if (b < f && before(s == pp - 1 ? f_at[s][b] : b_at[s + 1][b], t)) picks[s] = {PipeAction::Backward, b};
-            else if (waiting >= pp) picks[s] = {PipeAction::Weight, next_w[s]};
-            else if (f < m && f - b < pp - s && (s == 0 || before(f_at[s - 1][f], t))) picks[s] = {PipeAction::Forward, f};
-            else if (waiting > 0) picks[s] = {PipeAction::Weight, next_w[s]};
-        }
-        for (int s = 0; s < pp; s++) {
-            if (picks[s].second < 0) continue;
+    for (int s = 0; s < pp; s++) {
+        auto op = [&](PipeAction::Kind kind, int mb) {
             PipeAction a;
-            a.kind = picks[s].first, a.mb = picks[s].second, a.chunk = 0;
+            a.kind = kind, a.mb = mb, a.chunk = 0;
             out[s].push_back(a);
-            left--;
-            if (a.kind == PipeAction::Forward) f_at[s][next_f[s]++] = t;
-            else if (a.kind == PipeAction::Backward) b_at[s][next_b[s]++] = t;
-            else next_w[s]++;
+        };
+        const int warm = std::min(pp - s, m);
+        for (int f = 0; f < warm; f++) op(PipeAction::Forward, f);
+        int w = 0;  // the next W
+        for (int j = 0; j < m; j++) {
+            op(PipeAction::Backward, j);
+            if (j - s >= 0) op(PipeAction::Weight, w++);
+            if (j + warm < m) op(PipeAction::Forward, j + warm);
         }
+        while (w < m) op(PipeAction::Weight, w++);
     }
     return out;
 }

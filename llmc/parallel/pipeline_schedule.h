@@ -17,16 +17,15 @@
 //   ZB-H1 (V = 1, --pp-schedule zb-h1; Qi et al. 2024, zero-bubble
 //     pipelines): each backward split into B, the input's gradient (on the
 //     critical path: the previous stage waits for it), and W, the weights'
-//     (which can wait, GPT::BackwardPart). The order is what a lock-step run
-//     with F, B and W of one tick each gives when every stage, at every tick,
-//     takes the first of: B, if its gradient has arrived (the last stage: its
-//     own forward is done); W, if pp of them wait; F, if its input has
-//     arrived and fewer than pp - s micro-batches are between their F and B
-//     (1F1B's limit); a waiting W. The waiting W's fill the cool-down, so the
-//     bubble falls from 1F1B's (pp-1)·(F+B+W) to (pp-1)·(F+B-W) ticks,
-//     (pp-1)/(3m) of the step when the three take the same time; a stage
-//     holds the activations of up to pp - 1 more micro-batches than 1F1B
-//     (those whose W waits: their slot is free after W).
+//     (which can wait, GPT::BackwardPart). Stage s runs 1F1B's order
+//     with each W put off by s micro-batches: its pp - s warm-up forwards,
+//     then for each micro-batch j its B, the W of j - s and the next
+//     forward; then the W's left. The later stages' waiting W's fill the
+//     cool-down, so the bubble falls from 1F1B's (pp-1)·(F+B+W) to
+//     (pp-1)·(F+B-W) ticks, (pp-1)/(3m) of the step when the three take
+//     the same time, and every stage holds at most pp micro-batches'
+//     activations (pp - s between their F and B, s waiting for their W;
+//     the slot is free after W): 1F1B's most, stage 0's.
 //   ZBV (V = 2, --pp-schedule zbv; the V schedule of the same paper): two
 //     chunks per stage placed in a V, virtual stage v on stage v for v < pp
 //     and on stage 2pp-1-v after, so stage 0 holds the first and the last

@@ -133,9 +133,10 @@ static void test_schedule(int pp, int V, int m, PipeOrder po = PipeOrder::standa
             check(S.slots[s][0] + S.slots[s][1] <= 2 * pp, tag + "stage " + std::to_string(s) + " keeps " +
                                                                std::to_string(S.slots[s][0] + S.slots[s][1]) +
                                                                " chunk activations, at most 2pp");
-        else if (split)
-            check(S.slots[s][0] <= std::min(2 * pp - 1 - s, m),
-                  tag + "stage " + std::to_string(s) + " keeps " + std::to_string(S.slots[s][0]) + " micro-batches");
+        else if (split)  // ZB-H1: at most 1F1B's most (stage 0's), pp - s between F and B, s waiting for W
+            check(S.slots[s][0] == std::min(pp, m), tag + "stage " + std::to_string(s) + " keeps " +
+                                                        std::to_string(S.slots[s][0]) + " micro-batches, want " +
+                                                        std::to_string(std::min(pp, m)));
     }
     for (int mb = 0; mb < m; mb++)
         for (int v = 0; v < nv; v++)
