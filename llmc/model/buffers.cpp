@@ -128,7 +128,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     const bool sp = tp_ && tp_->sp();
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("sequence parallel needs T divisible by tp");
     // Where each chunk's slots live in the per-layer and per-chunk buffers.
-    int embed_slots = 0, head_slots = 0;
+    int embed_slots = 0, head_slots = 0, head_bufs = 0;
     size_t chunk_slots = 0;
     for (const ModelChunk& c : chunks_) {
         if (c.slots < 1 || c.layers < 0 || c.first_layer < 0 || c.first_layer + c.layers > cfg.num_layers)
@@ -138,14 +138,20 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         layer_slots_ += (size_t)c.layers * c.slots;
         chunk_slots += c.slots;
         if (c.embed) embed_slots = c.slots;
-        if (c.head) head_slots = c.slots;
+        if (c.head) {
+            head_slots = c.slots, head_bufs = c.slots, head_bufs_ = c.head_bufs;
+            if (!c.head_bufs.empty()) {
+                if ((int)c.head_bufs.size() != c.slots) throw std::invalid_argument("GPT: head_bufs not one per slot");
+                head_bufs = 1 + *std::max_element(c.head_bufs.begin(), c.head_bufs.end());
+            }
+        }
     }
     const size_t LS = layer_slots_, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
     const size_t NHl = table_.heads, Cl = NHl * cfg.head_size(), Wqkv = qkv_width(), Hl = table_.hidden;
     const size_t Fl = fch_width(), Vl = table_.vocab_rows;
     const bool ln = !cfg.llama();  // LayerNorm keeps a mean; RMSNorm does not
     const size_t full = table_.total, shard = table_.shard_total;
-    const size_t ES = embed_slots, HSl = head_slots;
+    const size_t ES = embed_slots, HSl = head_slots, HB = head_bufs;
     const DType act = prec_.act, st = prec_.stat;
     params_ = alloc_buffer("params", "params", sharding.params ? shard : full, prec_.param);
     // The master copy stays without training: the loaders write the weights through it.
@@ -258,7 +264,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         a.lnf_mean = ln ? alloc_buffer(A, "lnf_mean", HSl * Ns, st) : nullptr;
         a.lnf_rstd = alloc_buffer(A, "lnf_rstd", HSl * Ns, st);
         if (!head_chunk) {
-            a.logits = alloc_buffer(A, "logits", HSl * N * Vl, act);
+            a.logits = alloc_buffer(A, "logits", HB * N * Vl, act);  // (head_buf: F to B)
         } else {
             // Chunked head (head.cpp): one chunk of logits for every slot,
             // each slot's gradient of the head input (the backward's), and
@@ -268,7 +274,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             // product accumulates into it; the activations' type on every
             // backend).
             a.logits = alloc_buffer(S, "logits_chunk", std::min((size_t)head_chunk, N) * Vl, act);
-            a.dlnf = alloc_buffer(A, "dlnf", HSl * N * C, act);
+            a.dlnf = alloc_buffer(A, "dlnf", HB * N * C, act);
             a.head_dw = alloc_buffer(S, "head_dweight", Vl * C, prec_.grad);
             be_->zero(a.head_dw, Vl * C * dtype_size(prec_.grad));
         }

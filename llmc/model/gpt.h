@@ -52,6 +52,12 @@ struct ModelChunk {
     int first_layer = 0, layers = 0;
     bool embed = false, head = false;
     int slots = 1;
+    // The head chunk: the buffer of the head's logits (or, with
+    // --head-chunk, of its input's gradient) each slot uses (empty: its
+    // own). They live from the head's forward to its backward only, so
+    // slots never between the two at once may share one (a schedule whose
+    // micro-batches keep their slots from B until W).
+    std::vector<int> head_bufs;
 };
 
 // A named backend allocation, for the memory report.
@@ -462,6 +468,9 @@ class GPT {
     // The head's backward: G(head) += its weight gradient; returns the
     // gradient of lnf's input rows to the head (all N rows, partial under tp).
     void* head_backward(int slot, const void* lnf, int N);
+    // The head buffer (logits, or dlnf) of the micro-batch in `slot`
+    // (ModelChunk::head_bufs).
+    int head_buf(int slot) const { return head_bufs_.empty() ? slot : head_bufs_.at(slot); }
     // Runs ops, a forward or backward pass, as a recorded region (backend.h,
     // docs/design.md section 2.9) when the pass holds device work only: a
     // quiet unit provider (UnitProvider::quiet) and no tensor or context
@@ -500,6 +509,7 @@ class GPT {
     ContextParallelOps* cp_ = nullptr;  // null when cp = 1
     std::vector<int> pos_host_;  // global position of each local token
     std::vector<char> grad_ready_;  // per slot of the head chunk
+    std::vector<int> head_bufs_;    // the head chunk's ModelChunk::head_bufs
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
     void* loss_figure_ = nullptr;   // set_loss_figure
     void* aux_figure_ = nullptr;    // set_loss_figure: Mixtral's load-balancing loss, kept on the device

@@ -66,7 +66,7 @@ void GPT::head_forward(const ModelChunk& ch, int slot, void* lnf, const int* tgt
         head_forward_chunked(slot, in, W, tgt, has_targets, N, dloss);
         release(head_unit);
     } else {
-        void* logits = elem_ptr(a.logits, act, (size_t)slot * N * Vl);
+        void* logits = elem_ptr(a.logits, act, (size_t)head_buf(slot) * N * Vl);
         be_->matmul_forward(logits, in, W, nullptr, N, C, Vl);
         release(head_unit);
         if (has_targets) cross_entropy(logits, 0, N, tgt, dloss);
@@ -114,7 +114,7 @@ void GPT::head_forward_chunked(int slot, const void* in, const void* W, const in
         return;
     }
     const bool grad = dloss != 0.0;
-    void* dlnf = grad ? elem_ptr(a.dlnf, act, (size_t)slot * N * C) : nullptr;
+    void* dlnf = grad ? elem_ptr(a.dlnf, act, (size_t)head_buf(slot) * N * C) : nullptr;
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = std::min(R, N - r0);
         const void* x = rows(in, r0);
@@ -126,13 +126,14 @@ void GPT::head_forward_chunked(int slot, const void* in, const void* W, const in
 
 void* GPT::head_backward(int slot, const void* lnf, int N) {
     Acts& a = *a_;
+    const int b = head_buf(slot);
     const int C = cfg_.channels, Vl = table_.vocab_rows;
     const DType act = prec_.act;
     const Param head = cfg_.tied ? Param::wte : Param::lm_head;
     if (!head_chunk_) {  // the logits hold dlogits
         const void* in = tp_ ? tp_->f_forward(lnf, a.ln_full, C, N, act) : lnf;
-        be_->matmul_backward(a.dln, G(head), nullptr, elem_ptr(a.logits, act, (size_t)slot * N * Vl), in, P(head), N,
-                             C, Vl);
+        be_->matmul_backward(a.dln, G(head), nullptr, elem_ptr(a.logits, act, (size_t)b * N * Vl), in, P(head), N, C,
+                             Vl);
         return a.dln;
     }
     // The accumulator holds the weight gradient of every micro-batch whose
@@ -142,7 +143,7 @@ void* GPT::head_backward(int slot, const void* lnf, int N) {
     const size_t n = (size_t)Vl * C;
     be_->accumulate(G(head), a.head_dw, n);
     be_->zero(a.head_dw, n * dtype_size(prec_.grad));
-    return elem_ptr(a.dlnf, act, (size_t)slot * N * C);
+    return elem_ptr(a.dlnf, act, (size_t)b * N * C);
 }
 
 void GPT::want_logits(int b, int pos) {
@@ -157,10 +158,11 @@ void GPT::logits_row(int b, int pos, void* out, DType dt) {
         if (pos_host_[i] == pos) t = i;
     const size_t Vl = table_.vocab_rows, V = cfg_.vocab_size;
     if (!a_->logits) throw std::logic_error("logits_row: this pipeline stage has no LM head");
-    // Slot 0 of the head chunk: the forward-only passes (samples) use it.
-    // Chunked, the one chunk of rows the last forward kept.
+    // Slot 0's buffer (head_buf): the forward-only passes (samples) use
+    // slot 0. Chunked, the one chunk of rows the last forward kept.
     const void* src = nullptr;
-    if (t >= 0 && !head_chunk_) src = elem_ptr(a_->logits, prec_.act, ((size_t)b * last_T_ + t) * Vl);
+    if (t >= 0 && !head_chunk_)
+        src = elem_ptr(a_->logits, prec_.act, ((size_t)head_buf(0) * last_B_ * last_T_ + (size_t)b * last_T_ + t) * Vl);
     if (t >= 0 && head_chunk_) {
         const int row = b * last_T_ + t;
         if (row < logits_first_ || row >= logits_first_ + logits_rows_)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 
 #include "llmc/base/trace.h"
@@ -24,6 +25,36 @@ PipelineParallel::~PipelineParallel() {
     for (void* p : owned_) be_->release(p);
 }
 
+// The head chunk k's slots colored so that two slots never both between
+// the head's forward and backward share a color (a buffer): in the order of
+// the stage's actions, each slot takes the smallest color that no slot
+// holding a micro-batch between F and B at its forward has. Where B's wait
+// for nothing (1F1B) and W's keep the slots (ZB-H1's last stage: B right
+// after F) one buffer then does for every slot.
+std::vector<int> PipelineParallel::head_buffers(int k, int slots) const {
+    std::vector<int> color(slots, -1);
+    std::vector<std::set<int>> meets(slots);  // the slots between F and B at once with each
+    std::set<int> open;                      // slots between F and B
+    for (const PipeAction& a : sched_->stages[stage_]) {
+        if (a.chunk != k || a.slot < 0) continue;
+        if (a.kind == PipeAction::Forward) {
+            for (int o : open) meets[a.slot].insert(o), meets[o].insert(a.slot);
+            open.insert(a.slot);
+        } else if (a.kind == PipeAction::Backward) {
+            open.erase(a.slot);
+        }
+    }
+    for (int s = 0; s < slots; s++) {
+        std::set<int> taken;
+        for (int o : meets[s])
+            if (color[o] >= 0) taken.insert(color[o]);
+        int c = 0;
+        while (taken.count(c)) c++;
+        color[s] = c;
+    }
+    return color;
+}
+
 std::vector<ModelChunk> PipelineParallel::chunks() const {
     const int per = L_ / (pp_ * vpp_), last = pp_ * vpp_ - 1;
     std::vector<ModelChunk> out;
@@ -35,6 +66,7 @@ std::vector<ModelChunk> PipelineParallel::chunks() const {
         c.embed = v == 0;
         c.head = v == last;
         c.slots = std::max(1, sched_->slots[stage_][k]);
+        if (c.head) c.head_bufs = head_buffers(k, c.slots);
         out.push_back(c);
     }
     return out;

@@ -97,6 +97,7 @@ class PipelineParallel {
     double bubble_formula() const { return pipe_bubble_formula(pp_, vpp_, m_, sched_->order); }
 
   private:
+    std::vector<int> head_buffers(int k, int slots) const;  // ModelChunk::head_bufs of chunk k
     struct Handle {
         CommHandle h = 0;
         bool waited = true;

@@ -28,7 +28,8 @@
 #     and zbv (pp 2), and saved under zb-h1 and zbv, resumed in one
 #     process, with the uninterrupted run's losses;
 #   - the planner: --plan eval's memory line equals the run's (zb-h1 holds
-#     the W's waiting micro-batches and their output gradients), its bubble
+#     the W's waiting micro-batches and their output gradients; the last
+#     stage's head one micro-batch's logits, its F to B), its bubble
 #     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
 #     zb-h1 in its launch line where its cost model says it wins; zbv the
 #     same (memory; bubble below zb-h1's; a search with --pp 3 --vpp 2);
@@ -147,6 +148,22 @@ def test_planner(tmp):
         check(ok, f"{sched} pp 2: the plan's bytes {plan_b} equal the run's {run_b} {err}")
         if ok:
             print(f"  plan eval --pp 2 --pp-schedule {sched}: {plan_b} bytes on rank 0, as the run")
+    # The head's logits live from its forward to its B: the last stage, one
+    # micro-batch between them under zb-h1 (B right after F) though W's keep
+    # pp slots, holds one micro-batch of logits. Whole head less --head-chunk R:
+    # N·V logits against R·V logits, N·C input gradient and the V·C weight
+    # gradient's accumulator (fp32, activations and scratch).
+    acts = {}
+    for chunk in ("0", "8"):
+        rc, out, err = train(2, base("fp32", 1) + ["-b", "2", "--pp", "2", "--head-chunk", chunk] + ZB)
+        mo = re.search(r"memory\[1\] start: .* activations=(\d+)", out)
+        acts[chunk] = int(mo.group(1)) if rc == 0 and mo else None
+    if check(None not in acts.values(), f"zb-h1 pp 2 runs: {acts}"):
+        N, R, held = 2 * T, 8, 1
+        want = 4 * (held * N * V - R * V - held * N * C - V * C)
+        got = acts["0"] - acts["8"]
+        check(got == want, f"zb-h1's last stage holds {held} micro-batch of logits: whole head less chunked {got} "
+              f"bytes, formula {want}")
     # The bubble on an H100 profile: zb-h1's below 1F1B's (pp 4); ZBV's
     # (d12's 12 blocks in 6 chunks: pp 3) half of zb-h1's and under it.
     b4 = planned_bubbles(4, ("1f1b", "zb-h1"))
