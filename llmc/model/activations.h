@@ -23,6 +23,10 @@ struct GPT::Acts {
     // per layer-slot, [L·slots, ...], or one block's scratch when the
     // recompute mode does not keep them (keep_*)
     bool keep_block = true, keep_attn = true, keep_gelu = true;
+    // Kept per ModelChunk::fb_bufs (from F to B) instead of per slot: the
+    // norms' statistics and second residual, the MLP's pre-activation (qkv
+    // and lse always; the w_ buffers per bw_bufs).
+    bool fb_norms = false, fb_fch = false;
     void *ln1, *ln1_mean, *ln1_rstd;            // [Ns,C], [Ns], [Ns]
     void *qkv, *atty, *lse;                     // [N,3Cl], [N,Cl], [NHl,N]
     void *residual2, *ln2, *ln2_mean, *ln2_rstd;  // [Ns,C], ...

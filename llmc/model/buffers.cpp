@@ -129,22 +129,25 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     if (sp && T % tp_size_ != 0) throw std::invalid_argument("sequence parallel needs T divisible by tp");
     // Where each chunk's slots live in the per-layer and per-chunk buffers.
     int embed_slots = 0, head_slots = 0, head_bufs = 0;
-    size_t chunk_slots = 0;
+    size_t chunk_slots = 0, fb_slots = 0, bw_slots = 0;
+    auto count = [](const std::vector<int>& bufs, int slots) {  // buffers of an fb_bufs or bw_bufs
+        if (bufs.empty()) return slots;
+        if ((int)bufs.size() != slots) throw std::invalid_argument("GPT: a chunk's buffers not one per slot");
+        return 1 + *std::max_element(bufs.begin(), bufs.end());
+    };
     for (const ModelChunk& c : chunks_) {
         if (c.slots < 1 || c.layers < 0 || c.first_layer < 0 || c.first_layer + c.layers > cfg.num_layers)
             throw std::invalid_argument("GPT: bad model chunk");
         layer_base_.push_back(layer_slots_);
+        fb_base_.push_back(fb_slots);
+        bw_base_.push_back(bw_slots);
         slot_base_.push_back(chunk_slots);
         layer_slots_ += (size_t)c.layers * c.slots;
+        fb_slots += (size_t)c.layers * count(c.fb_bufs, c.slots);
+        bw_slots += (size_t)c.layers * count(c.bw_bufs, c.slots);
         chunk_slots += c.slots;
         if (c.embed) embed_slots = c.slots;
-        if (c.head) {
-            head_slots = c.slots, head_bufs = c.slots, head_bufs_ = c.head_bufs;
-            if (!c.head_bufs.empty()) {
-                if ((int)c.head_bufs.size() != c.slots) throw std::invalid_argument("GPT: head_bufs not one per slot");
-                head_bufs = 1 + *std::max_element(c.head_bufs.begin(), c.head_bufs.end());
-            }
-        }
+        if (c.head) head_slots = c.slots, head_bufs = count(c.fb_bufs, c.slots), head_bufs_ = c.fb_bufs;
     }
     const size_t LS = layer_slots_, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
     const size_t NHl = table_.heads, Cl = NHl * cfg.head_size(), Wqkv = qkv_width(), Hl = table_.hidden;
@@ -174,22 +177,28 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     a.keep_block = recompute != Recompute::full;
     a.keep_attn = recompute == Recompute::none || recompute == Recompute::gelu;
     a.keep_gelu = recompute == Recompute::none;
-    auto block_buf = [&](const char* name, size_t per_block, DType t, bool keep) {
-        return keep ? alloc_buffer(A, name, LS * per_block, t, true)
+    // fb: held from the forward to B only (ModelChunk::fb_bufs), where W
+    // reads none of it: the norms' statistics and second residual only
+    // when W leaves the norms alone (not ZeRO 2 and 3), a Mixtral's MLP's
+    // pre-activation never.
+    a.fb_norms = !sharding.grads;
+    a.fb_fch = !cfg.moe();
+    auto block_buf = [&](const char* name, size_t per_block, DType t, bool keep, bool fb = false) {
+        return keep ? alloc_buffer(A, name, (fb ? fb_slots : LS) * per_block, t, true)
                     : alloc_buffer(S, (std::string(name) + "_recomputed").c_str(), per_block, t);
     };
     a.ln1 = block_buf("ln1", Ns * C, act, a.keep_block);
-    a.ln1_mean = ln ? block_buf("ln1_mean", Ns, st, a.keep_block) : nullptr;
-    a.ln1_rstd = block_buf("ln1_rstd", Ns, st, a.keep_block);
-    a.qkv = block_buf("qkv", N * Wqkv, act, a.keep_block);
+    a.ln1_mean = ln ? block_buf("ln1_mean", Ns, st, a.keep_block, a.fb_norms) : nullptr;
+    a.ln1_rstd = block_buf("ln1_rstd", Ns, st, a.keep_block, a.fb_norms);
+    a.qkv = block_buf("qkv", N * Wqkv, act, a.keep_block, true);
     a.atty = block_buf("atty", N * Cl, act, a.keep_attn);
-    a.lse = block_buf("attn_lse", N * NHl, st, a.keep_attn);
-    a.residual2 = block_buf("residual2", Ns * C, act, a.keep_block);
+    a.lse = block_buf("attn_lse", N * NHl, st, a.keep_attn, true);
+    a.residual2 = block_buf("residual2", Ns * C, act, a.keep_block, a.fb_norms);
     a.ln2 = block_buf("ln2", Ns * C, act, a.keep_block);
-    a.ln2_mean = ln ? block_buf("ln2_mean", Ns, st, a.keep_block) : nullptr;
-    a.ln2_rstd = block_buf("ln2_rstd", Ns, st, a.keep_block);
+    a.ln2_mean = ln ? block_buf("ln2_mean", Ns, st, a.keep_block, a.fb_norms) : nullptr;
+    a.ln2_rstd = block_buf("ln2_rstd", Ns, st, a.keep_block, a.fb_norms);
     const size_t R = mlp_rows((int)N);  // rows of the MLP's hidden layer (Mixtral: N·K grouped rows)
-    a.fch = block_buf("fch", R * Fl, act, a.keep_block);
+    a.fch = block_buf("fch", R * Fl, act, a.keep_block, a.fb_fch);
     a.fch_gelu = block_buf("fch_gelu", R * Hl, act, a.keep_gelu);
     a.residual3 = block_buf("residual3", Ns * C, act, true);  // the next block's input: always kept
     if (o.split_backward) {
@@ -200,26 +209,26 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         // gradients, kept here. What the split does not keep yet is refused.
         // (A Mixtral's fully recomputed routing lives in the block's scratch:
         // B keeps the experts' input rows, and the row groups on the host.)
-        if (cfg.moe() && !a.keep_block) a.g_xg = alloc_buffer(A, "w_input_experts", LS * R * C, act, true);
-        a.g_qkv = alloc_buffer(A, "w_grad_qkv", LS * N * Wqkv, act, true);
-        a.g_attproj = alloc_buffer(A, "w_grad_attproj", LS * N * C, act, true);
-        a.g_fc = alloc_buffer(A, "w_grad_fc", LS * R * Fl, act, true);
-        a.g_fcproj = alloc_buffer(A, "w_grad_fcproj", LS * (cfg.moe() ? R : N) * C, act, true);
-        if (cfg.moe()) a.g_router = alloc_buffer(A, "w_grad_router", LS * N * cfg.experts, act, true);
-        if (sp || !a.keep_block) a.g_ln1 = alloc_buffer(A, "w_input_ln1", LS * N * C, act, true);
-        if (sp || !a.keep_block) a.g_ln2 = alloc_buffer(A, "w_input_ln2", LS * N * C, act, true);
-        if (!a.keep_attn) a.g_atty = alloc_buffer(A, "w_input_atty", LS * N * Cl, act, true);
-        if (!a.keep_gelu) a.g_h = alloc_buffer(A, "w_input_h", LS * R * Hl, act, true);
+        if (cfg.moe() && !a.keep_block) a.g_xg = alloc_buffer(A, "w_input_experts", bw_slots * R * C, act, true);
+        a.g_qkv = alloc_buffer(A, "w_grad_qkv", bw_slots * N * Wqkv, act, true);
+        a.g_attproj = alloc_buffer(A, "w_grad_attproj", bw_slots * N * C, act, true);
+        a.g_fc = alloc_buffer(A, "w_grad_fc", bw_slots * R * Fl, act, true);
+        a.g_fcproj = alloc_buffer(A, "w_grad_fcproj", bw_slots * (cfg.moe() ? R : N) * C, act, true);
+        if (cfg.moe()) a.g_router = alloc_buffer(A, "w_grad_router", bw_slots * N * cfg.experts, act, true);
+        if (sp || !a.keep_block) a.g_ln1 = alloc_buffer(A, "w_input_ln1", bw_slots * N * C, act, true);
+        if (sp || !a.keep_block) a.g_ln2 = alloc_buffer(A, "w_input_ln2", bw_slots * N * C, act, true);
+        if (!a.keep_attn) a.g_atty = alloc_buffer(A, "w_input_atty", bw_slots * N * Cl, act, true);
+        if (!a.keep_gelu) a.g_h = alloc_buffer(A, "w_input_h", bw_slots * R * Hl, act, true);
         // ZeRO 2 and 3 hand a block's gradient buffer out per backward: W
         // takes the norms' weight gradients too (from their inputs, which the
         // forward keeps, and the output gradients B keeps here), so B leaves
         // the block's gradients alone.
         if (sharding.grads) {
-            a.g_dln1 = alloc_buffer(A, "w_grad_ln1", LS * Ns * C, act, true);
-            a.g_dln2 = alloc_buffer(A, "w_grad_ln2", LS * Ns * C, act, true);
+            a.g_dln1 = alloc_buffer(A, "w_grad_ln1", bw_slots * Ns * C, act, true);
+            a.g_dln2 = alloc_buffer(A, "w_grad_ln2", bw_slots * Ns * C, act, true);
             a.norm_discard = alloc_buffer(S, "norm_grads_discarded", 2 * (size_t)C, prec_.grad);
-            if (!a.keep_block) a.g_x2 = alloc_buffer(A, "w_input_x2", LS * Ns * C, act, true);
-            if (!a.keep_block) a.g_stats = alloc_buffer(A, "w_norm_stats", LS * 4 * Ns, st, true);
+            if (!a.keep_block) a.g_x2 = alloc_buffer(A, "w_input_x2", bw_slots * Ns * C, act, true);
+            if (!a.keep_block) a.g_stats = alloc_buffer(A, "w_norm_stats", bw_slots * 4 * Ns, st, true);
         }
     }
     if (cfg.moe()) {
@@ -427,25 +436,29 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     const int c = chunk_of_layer(l);
     const ModelChunk& ch = chunks_[c];
     const int i = (int)(layer_base_[c] + (size_t)slot * ch.layers + (l - ch.first_layer));
-    // A kept buffer's slice for this layer-slot, or the scratch.
-    auto at = [&](void* base, bool keep, size_t per, DType t) {
-        return keep && base ? act_layer(base, i, per, t) : base;
+    // The same layer's slice in the buffers held from F to B, and from B to W.
+    const int fb = ch.fb_bufs.empty() ? slot : ch.fb_bufs[slot], bw = ch.bw_bufs.empty() ? slot : ch.bw_bufs[slot];
+    const int ifb = (int)(fb_base_[c] + (size_t)fb * ch.layers + (l - ch.first_layer));
+    const int ibw = (int)(bw_base_[c] + (size_t)bw * ch.layers + (l - ch.first_layer));
+    // A kept buffer's slice for this layer-slot (in_fb: ifb's), or the scratch.
+    auto at = [&](void* base, bool keep, size_t per, DType t, bool in_fb = false) {
+        return keep && base ? act_layer(base, in_fb ? ifb : i, per, t) : base;
     };
     const bool kb = a.keep_block, ka = a.keep_attn;
     LayerActs r;
     r.x = l == ch.first_layer ? chunk_in(c, slot) : act_layer(a.residual3, i - 1, Ns * C, act);
     r.ln1 = at(a.ln1, kb, Ns * C, act);
-    r.ln1_mean = at(a.ln1_mean, kb, Ns, st);
-    r.ln1_rstd = at(a.ln1_rstd, kb, Ns, st);
-    r.qkv = at(a.qkv, kb, N * qkv_width(), act);
+    r.ln1_mean = at(a.ln1_mean, kb, Ns, st, a.fb_norms);
+    r.ln1_rstd = at(a.ln1_rstd, kb, Ns, st, a.fb_norms);
+    r.qkv = at(a.qkv, kb, N * qkv_width(), act, true);
     r.atty = at(a.atty, ka, N * Cl, act);
-    r.lse = at(a.lse, ka, (size_t)N * table_.heads, st);
-    r.x2 = at(a.residual2, kb, Ns * C, act);
+    r.lse = at(a.lse, ka, (size_t)N * table_.heads, st, true);
+    r.x2 = at(a.residual2, kb, Ns * C, act, a.fb_norms);
     r.ln2 = at(a.ln2, kb, Ns * C, act);
-    r.ln2_mean = at(a.ln2_mean, kb, Ns, st);
-    r.ln2_rstd = at(a.ln2_rstd, kb, Ns, st);
+    r.ln2_mean = at(a.ln2_mean, kb, Ns, st, a.fb_norms);
+    r.ln2_rstd = at(a.ln2_rstd, kb, Ns, st, a.fb_norms);
     const size_t R = mlp_rows(N);
-    r.fch = at(a.fch, kb, R * fch_width(), act);
+    r.fch = at(a.fch, kb, R * fch_width(), act, a.fb_fch);
     r.h = at(a.fch_gelu, a.keep_gelu, R * Hl, act);
     r.x3 = act_layer(a.residual3, i, Ns * C, act);
     r.docs = a.docs ? a.docs + (slot_base_[c] + slot) * (size_t)B_ * T_ : nullptr;
@@ -459,23 +472,23 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.inv = ati(a.moe_inv, (size_t)N * K);
     r.xg = at(a.moe_xg, kb, R * C, act);
     r.yg = at(a.moe_yg, kb, (size_t)N * K * C, act);
-    r.g_qkv = a.g_qkv ? act_layer(a.g_qkv, i, N * qkv_width(), act) : nullptr;
-    r.g_attproj = a.g_attproj ? act_layer(a.g_attproj, i, N * C, act) : nullptr;
-    r.g_fc = a.g_fc ? act_layer(a.g_fc, i, R * fch_width(), act) : nullptr;
-    r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, i, (cfg_.moe() ? R : (size_t)N) * C, act) : nullptr;
-    r.g_router = a.g_router ? act_layer(a.g_router, i, (size_t)N * cfg_.experts, act) : nullptr;
+    r.g_qkv = a.g_qkv ? act_layer(a.g_qkv, ibw, N * qkv_width(), act) : nullptr;
+    r.g_attproj = a.g_attproj ? act_layer(a.g_attproj, ibw, N * C, act) : nullptr;
+    r.g_fc = a.g_fc ? act_layer(a.g_fc, ibw, R * fch_width(), act) : nullptr;
+    r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, ibw, (cfg_.moe() ? R : (size_t)N) * C, act) : nullptr;
+    r.g_router = a.g_router ? act_layer(a.g_router, ibw, (size_t)N * cfg_.experts, act) : nullptr;
     r.amax = a.fp8_amax ? elem_ptr(a.fp8_amax, DType::F64, (size_t)i * amax_per_slot()) : nullptr;
-    r.g_dln1 = a.g_dln1 ? act_layer(a.g_dln1, i, Ns * C, act) : nullptr;
-    r.g_dln2 = a.g_dln2 ? act_layer(a.g_dln2, i, Ns * C, act) : nullptr;
-    r.g_x2 = a.g_x2 ? act_layer(a.g_x2, i, Ns * C, act) : nullptr;
-    r.g_stats = a.g_stats ? act_layer(a.g_stats, i, 4 * (size_t)Ns, st) : nullptr;
-    r.g_ln1 = a.g_ln1 ? act_layer(a.g_ln1, i, N * C, act) : r.ln1;  // W's inputs of QKV and fc
-    r.g_ln2 = a.g_ln2 ? act_layer(a.g_ln2, i, N * C, act) : r.ln2;
-    r.g_atty = a.g_atty ? act_layer(a.g_atty, i, N * Cl, act) : r.atty;  // W's inputs of the projections
-    r.g_h = a.g_h ? act_layer(a.g_h, i, R * Hl, act) : r.h;
+    r.g_dln1 = a.g_dln1 ? act_layer(a.g_dln1, ibw, Ns * C, act) : nullptr;
+    r.g_dln2 = a.g_dln2 ? act_layer(a.g_dln2, ibw, Ns * C, act) : nullptr;
+    r.g_x2 = a.g_x2 ? act_layer(a.g_x2, ibw, Ns * C, act) : nullptr;
+    r.g_stats = a.g_stats ? act_layer(a.g_stats, ibw, 4 * (size_t)Ns, st) : nullptr;
+    r.g_ln1 = a.g_ln1 ? act_layer(a.g_ln1, ibw, N * C, act) : r.ln1;  // W's inputs of QKV and fc
+    r.g_ln2 = a.g_ln2 ? act_layer(a.g_ln2, ibw, N * C, act) : r.ln2;
+    r.g_atty = a.g_atty ? act_layer(a.g_atty, ibw, N * Cl, act) : r.atty;  // W's inputs of the projections
+    r.g_h = a.g_h ? act_layer(a.g_h, ibw, R * Hl, act) : r.h;
     r.index = kb ? (size_t)i : layer_slots_;
     r.slot_index = (size_t)i;
-    r.g_xg = a.g_xg ? act_layer(a.g_xg, i, R * C, act) : nullptr;
+    r.g_xg = a.g_xg ? act_layer(a.g_xg, ibw, R * C, act) : nullptr;
     return r;
 }
 

@@ -52,12 +52,16 @@ struct ModelChunk {
     int first_layer = 0, layers = 0;
     bool embed = false, head = false;
     int slots = 1;
-    // The head chunk: the buffer of the head's logits (or, with
-    // --head-chunk, of its input's gradient) each slot uses (empty: its
-    // own). They live from the head's forward to its backward only, so
-    // slots never between the two at once may share one (a schedule whose
-    // micro-batches keep their slots from B until W).
-    std::vector<int> head_bufs;
+    // Under a split backward (zero-bubble schedules) a micro-batch keeps its
+    // slot from its forward to its W, but some of what it holds lives less:
+    // fb_bufs, the buffer each slot uses for what only the forward and B
+    // read (the blocks' QKV, attention statistics, MLP pre-activation, norm
+    // statistics and second residual; the head's logits, or with
+    // --head-chunk its input's gradient); bw_bufs, for what B keeps for W
+    // (the linear layers' output gradients, inputs it recomputed or
+    // gathered). Slots never in the same span at once share a buffer
+    // (PipelineParallel::colour_slots). Empty: each slot its own.
+    std::vector<int> fb_bufs, bw_bufs;
 };
 
 // A named backend allocation, for the memory report.
@@ -469,7 +473,7 @@ class GPT {
     // gradient of lnf's input rows to the head (all N rows, partial under tp).
     void* head_backward(int slot, const void* lnf, int N);
     // The head buffer (logits, or dlnf) of the micro-batch in `slot`
-    // (ModelChunk::head_bufs).
+    // (the head chunk's ModelChunk::fb_bufs).
     int head_buf(int slot) const { return head_bufs_.empty() ? slot : head_bufs_.at(slot); }
     // Runs ops, a forward or backward pass, as a recorded region (backend.h,
     // docs/design.md section 2.9) when the pass holds device work only: a
@@ -501,6 +505,7 @@ class GPT {
     Recompute recompute_;
     std::vector<ModelChunk> chunks_;
     std::vector<size_t> layer_base_;  // per chunk: its first layer-slot (per-layer activations)
+    std::vector<size_t> fb_base_, bw_base_;  // the same for the buffers of ModelChunk::fb_bufs and bw_bufs
     std::vector<size_t> slot_base_;   // per chunk: its first chunk-slot (chunk inputs)
     size_t layer_slots_ = 0;          // layer-slots of per-layer activations held
     int last_B_ = 0, last_T_ = 0;
@@ -509,7 +514,7 @@ class GPT {
     ContextParallelOps* cp_ = nullptr;  // null when cp = 1
     std::vector<int> pos_host_;  // global position of each local token
     std::vector<char> grad_ready_;  // per slot of the head chunk
-    std::vector<int> head_bufs_;    // the head chunk's ModelChunk::head_bufs
+    std::vector<int> head_bufs_;    // the head chunk's ModelChunk::fb_bufs
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
     void* loss_figure_ = nullptr;   // set_loss_figure
     void* aux_figure_ = nullptr;    // set_loss_figure: Mixtral's load-balancing loss, kept on the device

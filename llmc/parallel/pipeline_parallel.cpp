@@ -25,34 +25,33 @@ PipelineParallel::~PipelineParallel() {
     for (void* p : owned_) be_->release(p);
 }
 
-// The head chunk k's slots colored so that two slots never both between
-// the head's forward and backward share a color (a buffer): in the order of
-// the stage's actions, each slot takes the smallest color that no slot
-// holding a micro-batch between F and B at its forward has. Where B's wait
-// for nothing (1F1B) and W's keep the slots (ZB-H1's last stage: B right
-// after F) one buffer then does for every slot.
-std::vector<int> PipelineParallel::head_buffers(int k, int slots) const {
-    std::vector<int> color(slots, -1);
-    std::vector<std::set<int>> meets(slots);  // the slots between F and B at once with each
-    std::set<int> open;                      // slots between F and B
+// The slots of chunk k coloured so that two slots never both between
+// their `open` and `close` actions share a colour (a buffer): in the order
+// of the stage's actions, each slot takes the smallest colour no slot it
+// meets there has. Under ZB-H1 the last stage's B follows its F and stage
+// 0's W its B, so one buffer does for what they hold between the two.
+std::vector<int> PipelineParallel::colour_slots(int k, int slots, PipeAction::Kind open, PipeAction::Kind close) const {
+    std::vector<int> colour(slots, -1);
+    std::vector<std::set<int>> meets(slots);  // the slots between open and close at once with each
+    std::set<int> between;
     for (const PipeAction& a : sched_->stages[stage_]) {
         if (a.chunk != k || a.slot < 0) continue;
-        if (a.kind == PipeAction::Forward) {
-            for (int o : open) meets[a.slot].insert(o), meets[o].insert(a.slot);
-            open.insert(a.slot);
-        } else if (a.kind == PipeAction::Backward) {
-            open.erase(a.slot);
+        if (a.kind == open) {
+            for (int o : between) meets[a.slot].insert(o), meets[o].insert(a.slot);
+            between.insert(a.slot);
+        } else if (a.kind == close) {
+            between.erase(a.slot);
         }
     }
     for (int s = 0; s < slots; s++) {
         std::set<int> taken;
         for (int o : meets[s])
-            if (color[o] >= 0) taken.insert(color[o]);
+            if (colour[o] >= 0) taken.insert(colour[o]);
         int c = 0;
         while (taken.count(c)) c++;
-        color[s] = c;
+        colour[s] = c;
     }
-    return color;
+    return colour;
 }
 
 std::vector<ModelChunk> PipelineParallel::chunks() const {
@@ -66,7 +65,10 @@ std::vector<ModelChunk> PipelineParallel::chunks() const {
         c.embed = v == 0;
         c.head = v == last;
         c.slots = std::max(1, sched_->slots[stage_][k]);
-        if (c.head) c.head_bufs = head_buffers(k, c.slots);
+        if (sched_->split()) {  // a slot is held until W: what lives less shares buffers (ModelChunk)
+            c.fb_bufs = colour_slots(k, c.slots, PipeAction::Forward, PipeAction::Backward);
+            c.bw_bufs = colour_slots(k, c.slots, PipeAction::Backward, PipeAction::Weight);
+        }
         out.push_back(c);
     }
     return out;

@@ -97,7 +97,8 @@ class PipelineParallel {
     double bubble_formula() const { return pipe_bubble_formula(pp_, vpp_, m_, sched_->order); }
 
   private:
-    std::vector<int> head_buffers(int k, int slots) const;  // ModelChunk::head_bufs of chunk k
+    // ModelChunk::fb_bufs (open Forward, close Backward) or bw_bufs (Backward, Weight) of chunk k.
+    std::vector<int> colour_slots(int k, int slots, PipeAction::Kind open, PipeAction::Kind close) const;
     struct Handle {
         CommHandle h = 0;
         bool waited = true;

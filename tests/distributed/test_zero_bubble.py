@@ -29,7 +29,8 @@
 #     process, with the uninterrupted run's losses;
 #   - the planner: --plan eval's memory line equals the run's (zb-h1 holds
 #     the W's waiting micro-batches and their output gradients; the last
-#     stage's head one micro-batch's logits, its F to B), its bubble
+#     stage's head one micro-batch's logits, its F to B; stage 0 one
+#     micro-batch's output gradients, its B to W), its bubble
 #     is below 1F1B's, and a search with --pp 4 fixed names --pp-schedule
 #     zb-h1 in its launch line where its cost model says it wins; zbv the
 #     same (memory; bubble below zb-h1's; a search with --pp 3 --vpp 2);
@@ -164,6 +165,20 @@ def test_planner(tmp):
         got = acts["0"] - acts["8"]
         check(got == want, f"zb-h1's last stage holds {held} micro-batch of logits: whole head less chunked {got} "
               f"bytes, formula {want}")
+    # Stage 0 of pp 2 holds two micro-batches under both schedules; under
+    # zb-h1 its W follows its B, so it keeps one micro-batch's output
+    # gradients for W (QKV 3C, the projection C, fc 4C, fcproj C per token,
+    # L/2 blocks), not one per slot.
+    stage0 = {}
+    for sched in ("1f1b", "zb-h1"):
+        rc, out, err = train(2, base("fp32", 1) + ["-b", "2", "--pp", "2", "--pp-schedule", sched])
+        mo = re.search(r"memory\[0\] start: .* activations=(\d+)", out)
+        stage0[sched] = int(mo.group(1)) if rc == 0 and mo else None
+    if check(None not in stage0.values(), f"pp 2 runs: {stage0}"):
+        want = 1 * (L // 2) * 9 * (2 * T) * C * 4
+        got = stage0["zb-h1"] - stage0["1f1b"]
+        check(got == want, f"zb-h1's stage 0 keeps one micro-batch of output gradients for W: {got} bytes more than "
+              f"1F1B, formula {want}")
     # The bubble on an H100 profile: zb-h1's below 1F1B's (pp 4); ZBV's
     # (d12's 12 blocks in 6 chunks: pp 3) half of zb-h1's and under it.
     b4 = planned_bubbles(4, ("1f1b", "zb-h1"))
