@@ -147,7 +147,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         bw_slots += (size_t)c.layers * count(c.bw_bufs, c.slots);
         chunk_slots += c.slots;
         if (c.embed) embed_slots = c.slots;
-        if (c.head) head_slots = c.slots, head_bufs = count(c.fb_bufs, c.slots), head_bufs_ = c.fb_bufs;
+        if (c.head) head_slots = c.slots, head_bufs = count(c.fb_bufs, c.slots);
     }
     const size_t LS = layer_slots_, C = cfg.channels, N = (size_t)B * T, Ns = sp ? N / tp_size_ : N;
     const size_t NHl = table_.heads, Cl = NHl * cfg.head_size(), Wqkv = qkv_width(), Hl = table_.hidden;
@@ -437,9 +437,8 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     const ModelChunk& ch = chunks_[c];
     const int i = (int)(layer_base_[c] + (size_t)slot * ch.layers + (l - ch.first_layer));
     // The same layer's slice in the buffers held from F to B, and from B to W.
-    const int fb = ch.fb_bufs.empty() ? slot : ch.fb_bufs[slot], bw = ch.bw_bufs.empty() ? slot : ch.bw_bufs[slot];
-    const int ifb = (int)(fb_base_[c] + (size_t)fb * ch.layers + (l - ch.first_layer));
-    const int ibw = (int)(bw_base_[c] + (size_t)bw * ch.layers + (l - ch.first_layer));
+    const int ifb = (int)(fb_base_[c] + (size_t)ch.fb(slot) * ch.layers + (l - ch.first_layer));
+    const int ibw = (int)(bw_base_[c] + (size_t)ch.bw(slot) * ch.layers + (l - ch.first_layer));
     // A kept buffer's slice for this layer-slot (in_fb: ifb's), or the scratch.
     auto at = [&](void* base, bool keep, size_t per, DType t, bool in_fb = false) {
         return keep && base ? act_layer(base, in_fb ? ifb : i, per, t) : base;

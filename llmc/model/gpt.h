@@ -62,6 +62,8 @@ struct ModelChunk {
     // gathered). Slots never in the same span at once share a buffer
     // (PipelineParallel::colour_slots). Empty: each slot its own.
     std::vector<int> fb_bufs, bw_bufs;
+    int fb(int slot) const { return fb_bufs.empty() ? slot : fb_bufs.at(slot); }
+    int bw(int slot) const { return bw_bufs.empty() ? slot : bw_bufs.at(slot); }
 };
 
 // A named backend allocation, for the memory report.
@@ -474,7 +476,7 @@ class GPT {
     void* head_backward(int slot, const void* lnf, int N);
     // The head buffer (logits, or dlnf) of the micro-batch in `slot`
     // (the head chunk's ModelChunk::fb_bufs).
-    int head_buf(int slot) const { return head_bufs_.empty() ? slot : head_bufs_.at(slot); }
+    int head_buf(int slot) const;
     // Runs ops, a forward or backward pass, as a recorded region (backend.h,
     // docs/design.md section 2.9) when the pass holds device work only: a
     // quiet unit provider (UnitProvider::quiet) and no tensor or context
@@ -514,7 +516,6 @@ class GPT {
     ContextParallelOps* cp_ = nullptr;  // null when cp = 1
     std::vector<int> pos_host_;  // global position of each local token
     std::vector<char> grad_ready_;  // per slot of the head chunk
-    std::vector<int> head_bufs_;    // the head chunk's ModelChunk::fb_bufs
     int head_chunk_ = 0;            // rows per LM-head chunk, 0: unchunked
     void* loss_figure_ = nullptr;   // set_loss_figure
     void* aux_figure_ = nullptr;    // set_loss_figure: Mixtral's load-balancing loss, kept on the device

@@ -124,6 +124,12 @@ void GPT::head_forward_chunked(int slot, const void* in, const void* W, const in
     }
 }
 
+int GPT::head_buf(int slot) const {
+    for (const ModelChunk& c : chunks_)
+        if (c.head) return c.fb(slot);
+    return slot;
+}
+
 void* GPT::head_backward(int slot, const void* lnf, int N) {
     Acts& a = *a_;
     const int b = head_buf(slot);
