@@ -14,6 +14,13 @@
 //   activation GELU and SwiGLU forward and backward measuring the amax of
 //              what they write (Backend::activation_amax): the same bytes
 //              as the plain kernels, the amax exact
+//   cast       delayed scaling's fused cast: the activation writing the next
+//              product's FP8 operand too (fp8k::cast_body), then that
+//              product (fcproj forward, fc's backward whole and B alone):
+//              the same output bits and the same product bits as the
+//              activation followed by the product quantising its operand,
+//              with a history holding an amax (the cast used) and empty
+//              (the first step: the product quantises); timed beside it
 // Timing (bf16 outputs, N=8192 tokens, 1024 -> 4096, and d12's 768 -> 3072):
 // TFLOP/s of the three products, and beside them the bf16 products
 // (matmul.cuh) of the same shapes.
@@ -169,6 +176,68 @@ static void check_activation_amax(int N, int H, bool timing) {
     for (void* p : {(void*)da, (void*)dd, (void*)o1, (void*)o2, (void*)am}) lab::dev_free(p);
 }
 
+// Delayed scaling's cast (Fp8Ops::activation with an Fp8Cast): for each
+// activation, the output and its amax as the plain kernel's, and the next
+// product (fcproj forward, fc's backward whole and B alone) bit for bit as
+// after the uncast activation, its history holding an amax or empty. The
+// products' other operands are random; C is the model width.
+template <typename E>
+static void check_activation_cast(int N, int H, int C, bool timing) {
+    const std::string t = std::is_same<E, float>::value ? "fp32" : "bf16";
+    const bool fp32 = std::is_same<E, float>::value;
+    const std::vector<float> a = lab::rand_normal((size_t)N * 2 * H, 2.f, 61), d = lab::rand_normal((size_t)N * 2 * H, 0.1f, 62);
+    const std::vector<float> x = lab::rand_normal((size_t)N * C, 1.f, 63), w = lab::rand_normal((size_t)2 * H * C, 0.05f, 64);
+    E *da = lab::to_device<E>(a), *dd = lab::to_device<E>(d), *dx = lab::to_device<E>(x), *dw = lab::to_device<E>(w);
+    E *o1 = lab::dev_alloc<E>(a.size()), *o2 = lab::dev_alloc<E>(a.size());
+    E *y1 = lab::dev_alloc<E>((size_t)N * 2 * H), *y2 = lab::dev_alloc<E>((size_t)N * 2 * H);
+    E *g1 = lab::dev_alloc<E>(w.size()), *g2 = lab::dev_alloc<E>(w.size());
+    double *am = lab::dev_alloc<double>(1), *hist = lab::dev_alloc<double>(2), *amax3 = lab::dev_alloc<double>(3);
+    Fp8Ops ops;
+    ops.reserve(fp8k::backward_elems(N, C, 2 * H) + fp8k::forward_elems(N, 2 * H, C), 0);
+    for (int k = 0; k < 4; k++)
+        for (int mode = 0; mode < (k % 2 ? 2 : 1); mode++)  // backward: whole, then B alone
+            for (int holds = 0; holds < 2; holds++) {
+                const bool swiglu = k >= 2, back = k % 2 == 1, whole = back && mode == 0;
+                const int cols = swiglu && back ? 2 * H : H;
+                const size_t n = (size_t)N * cols;
+                // The activation uncast first: its output's amax, then the history (half of it: saturating).
+                ops.activation(fp32, swiglu, o1, da, back ? dd : nullptr, N, H, am);
+                double own = 0;
+                CUDA_CHECK(cudaMemcpy(&own, am, sizeof own, cudaMemcpyDeviceToHost));
+                const double h[2] = {holds ? own / 2 : 0, 0}, sc = holds ? own / 2 : own;
+                CUDA_CHECK(cudaMemcpy(hist, h, sizeof h, cudaMemcpyHostToDevice));
+                double amx[3] = {5.0, 0.3, 1.0};  // x's and w's (any: the same in both runs)
+                amx[back ? 2 : 0] = sc;  // what fp8_delayed leaves: the history's amax, or the operand's own
+                CUDA_CHECK(cudaMemcpy(amax3, amx, sizeof amx, cudaMemcpyHostToDevice));
+                const Fp8Cast cast{hist, 2, whole};
+                auto product = [&](E* op, E* y, E* g) {  // fcproj forward, or fc's backward (g: dW, zeroed first)
+                    if (!back) return ops.forward(fp32, y, op, dw, nullptr, N, H, C, amax3);
+                    CUDA_CHECK(cudaMemset(g, 0, w.size() * sizeof(E)));
+                    ops.backward(fp32, y, whole ? g : nullptr, nullptr, op, dx, dw, N, C, cols, amax3, nullptr);
+                };
+                auto uncast = [&] { ops.activation(fp32, swiglu, o1, da, back ? dd : nullptr, N, H, am), product(o1, y1, g1); };
+                auto cast_run = [&] { ops.activation(fp32, swiglu, o2, da, back ? dd : nullptr, N, H, am, &cast), product(o2, y2, g2); };
+                uncast(), cast_run();
+                const size_t yn = (size_t)N * C;  // fcproj's output, or fc's input gradient
+                double got = 0;
+                CUDA_CHECK(cudaMemcpy(&got, am, sizeof got, cudaMemcpyDeviceToHost));
+                const std::vector<float> w1 = lab::from_device(o1, n), w2 = lab::from_device(o2, n);
+                const std::vector<float> p1 = lab::from_device(y1, yn), p2 = lab::from_device(y2, yn);
+                const std::vector<float> q1 = lab::from_device(g1, w.size()), q2 = lab::from_device(g2, w.size());
+                const bool same = w1 == w2 && got == own && p1 == p2 && (!whole || q1 == q2);
+                const std::string what = t + (swiglu ? " swiglu" : " gelu") + (!back ? " forward" : whole ? " backward" : " B");
+                count(same, "cast " + what + (holds ? " (history)" : " (no history)"),
+                      "output, amax and the product's bits as uncast");
+                if (!timing || !holds) continue;
+                const float ms_cast = lab::time_ms(cast_run), ms_uncast = lab::time_ms(uncast);
+                std::printf("figure fp8_cast_%s_over_uncast %g ratio (%.3f ms against %.3f)\n",
+                            lab::slug(what.c_str()).c_str(), ms_uncast / ms_cast, ms_cast, ms_uncast);
+            }
+    for (void* p : {(void*)da, (void*)dd, (void*)dx, (void*)dw, (void*)o1, (void*)o2, (void*)y1, (void*)y2, (void*)g1,
+                    (void*)g2, (void*)am, (void*)hist, (void*)amax3})
+        lab::dev_free(p);
+}
+
 // The norms measuring what they write (Backend::norm_amax /
 // norm_backward_amax, cuda/norms.cuh with amax bits): the bytes equal to
 // the plain kernels' and the amax to the host's max of what they wrote;
@@ -269,6 +338,8 @@ int main() {
     check_products<bf16>(5, 128, 96, 1e-2);
     check_activation_amax<float>(37, 96, false);
     check_activation_amax<bf16>(64, 200, false);
+    check_activation_cast<float>(37, 96, 64, false);
+    check_activation_cast<bf16>(64, 208, 128, false);
     check_norm_amax<float>(37, 768, false);
     check_norm_amax<float>(37, 100, false);
     check_norm_amax<bf16>(64, 768, false);
@@ -278,6 +349,8 @@ int main() {
     time_shape(8192, 768, 3072);
     time_shape(8192, 1024, 4096);
     check_activation_amax<bf16>(4096, 8960, true);  // Qwen2.5-1.5B's MLP width
+    check_activation_cast<bf16>(4096, 8960, 1536, true);
+    check_activation_cast<bf16>(8192, 3072, 768, true);  // d12's
     check_norm_amax<bf16>(65536, 768, true);         // d12's norms, B x T = 64 x 1024
     return lab::finish();
 }

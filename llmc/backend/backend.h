@@ -24,6 +24,7 @@
 
 #include "llmc/backend/attn_shape.h"
 #include "llmc/backend/matmul_tuning.h"
+#include "llmc/backend/step_figures.h"
 #include "llmc/base/dtype.h"
 
 struct Precision {
@@ -63,52 +64,6 @@ struct AdamArgs {
     const void* figures = nullptr;
 };
 
-// The step's figures as doubles in backend memory, at these indices, for a
-// step whose loss, gradient norm, clipping and skip decision never visit the
-// host before its end (--sync-free; docs/design.md section 2.10).
-namespace step_figure {
-enum : int {
-    loss = 0,       // the step's loss: this rank's sum of micro-batch means, reduced, then the global mean
-    aux,            // Mixtral's load-balancing loss: the sum of the micro-batches', reduced, then the mean
-    moe_maxvio,     // Mixtral: the step's loads' imbalance (moe_balance)
-    sumsq,          // the squared gradient norm (this rank's part, then reduced)
-    sumsq_experts,  // the expert segments' part before it is added (expert parallel)
-    norm,           // its square root
-    scale,          // the clip scale AdamW multiplies gradients by
-    skip,           // 1: the update is skipped (a bad step), else 0
-    loss_mean,      // the running mean of accepted losses (--skip-spikes)
-    loss_count,     // accepted steps counted in it
-    updates,        // updates applied so far (steps not skipped): the schedule's and Adam's count
-    lr,             // the step's learning rate, at `updates` before its update
-    bias_corr1,     // 1 - beta1^t and 1 - beta2^t, t = updates + 1
-    bias_corr2,
-    step,           // the step's number (0-based, skipped steps counted): stochastic rounding's key
-    count           // the block's size in doubles
-};
-}  // namespace step_figure
-
-// What step_verdict needs besides the figures: phase 0 (after the loss is
-// reduced) sets loss = loss / loss_divisor (aux likewise) and skip when the loss is not
-// finite or (skip_spikes > 0, five steps accepted) a spike over
-// skip_spikes x loss_mean; phase 1 (after the squared norm is reduced)
-// sets norm, skip also when the norm is not finite, and scale = grad_clip /
-// norm when grad_clip > 0 and norm > grad_clip (else 1); phase 2 (once the
-// ranks agreed on skip), for a step not skipped, counts its loss into the
-// running mean (plain over 20, then exponential), sets lr (the schedule of
-// lr, warmup, max_steps and final_lr_frac at `updates`: schedule_lr) and
-// the bias corrections of t = updates + 1, and counts the update: a skipped
-// step is one that never happened (docs/design.md section 2.8); phase 3
-// starts the next step (loss = aux = 0, step + 1), so that nothing the host
-// passes differs from step to step.
-struct StepVerdict {
-    int phase = 0;
-    double loss_divisor = 1;
-    double skip_spikes = 0;
-    double grad_clip = 0;
-    double lr = 0, final_lr_frac = 1, beta1 = 0.9, beta2 = 0.95;
-    int warmup = 0, max_steps = 1;
-};
-
 // One contiguous run for adamw_update_multi: pointers to its first element
 // in each buffer (master null without a master copy; types as for
 // adamw_update), its length, and whether weight decay applies to it.
@@ -144,6 +99,15 @@ struct Workspace {
     int runs = 0;          // most runs of one adamw_update_multi or sum_squares_multi
     size_t run_elems = 0;  // most elements of all the runs of one sum_squares_multi
     size_t fp8_elems = 0;  // --fp8: most elements of one FP8 product's operand (0: none)
+};
+
+// Delayed scaling's fused cast (--fp8-history, docs/fp8.md): the op that writes an FP8 product's operand writes
+// the operand's FP8 copies for that product too, at the scale of its history [len] doubles (fmax over their
+// max, once they hold one); transposed: both ways (a whole backward's output gradient), else as it is.
+struct Fp8Cast {
+    const void* history;
+    int len;
+    bool transposed;
 };
 
 class Backend {
@@ -276,8 +240,11 @@ class Backend {
     // The MLP's activation, GELU or SwiGLU (gelu_/swiglu_ ops; H the hidden
     // width): forward (dout null) or backward, and at amax (one double) the
     // largest magnitude of what it wrote, the next FP8 product's operand,
-    // measured in the pass that writes it (CUDA); by default the op, then amax_to.
-    virtual void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax);
+    // measured in the pass that writes it (CUDA); by default the op, then amax_to. cast (or null): the next
+    // product's operand cast as well, which that product, matmul_*_fp8 on `out` next, then leaves; a backend
+    // that does not fuse it (the CPU's) ignores it, with the same results.
+    virtual void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
+                                 const Fp8Cast* cast = nullptr);
     // The same op without the amax: the gelu_ or swiglu_ op, forward (dout null) or backward.
     void activation(bool swiglu, void* out, const void* a, const void* dout, int N, int H);
     // A block's norm: LayerNorm (rms false; mean, bias) or RMSNorm (eps), of a (b null) or of

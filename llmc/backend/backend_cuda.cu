@@ -287,8 +287,8 @@ class CudaBackend final : public Backend {
     void fp8_delayed(void* a, void* s, const void* h, int n, bool r) override { activate(), fp8_.delayed(a, s, h, n, r); }
     void fp8_history_push(void* h, void* s, int n, int len, const void* f, bool skip) override {
         activate(), fp8_.history_push(h, s, n, len, f, skip); }
-    void activation_amax(bool sw, void* o, const void* a, const void* d, int N, int H, void* am) override {
-        activate(), fp8_.activation(fp32_, sw, o, a, d, N, H, am); }
+    void activation_amax(bool sw, void* o, const void* a, const void* d, int N, int H, void* am, const Fp8Cast* c)
+        override { activate(), fp8_.activation(fp32_, sw, o, a, d, N, H, am, c); }
     void matmul_forward_fp8(void* y, const void* x, const void* w, const void* b, int N, int IC, int OC, const void* am)
         override { activate(), fp8_.forward(fp32_, y, x, w, b, N, IC, OC, am); }
     void matmul_backward_fp8(void* dx, void* dw, void* db, const void* dy, const void* x, const void* w, int N, int IC,

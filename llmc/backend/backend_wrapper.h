@@ -158,8 +158,11 @@ class BackendWrapper : public Backend {
     void amax_to(void* dst, const void* x, DType t, size_t n) override {
         device_op("amax_to", [=] { in_->amax_to(dst, x, t, n); });
     }
-    void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) override {
-        device_op("activation_amax", [=] { in_->activation_amax(swiglu, out, a, dout, N, H, amax); });
+    void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
+                         const Fp8Cast* cast) override {
+        const Fp8Cast c = cast ? *cast : Fp8Cast{};  // by value: a recorded op outlives the call
+        const bool has = cast != nullptr;
+        device_op("activation_amax", [=] { in_->activation_amax(swiglu, out, a, dout, N, H, amax, has ? &c : nullptr); });
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                    const void* w, const void* bias, int N, int C, double eps, void* amax) override {

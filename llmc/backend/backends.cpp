@@ -112,7 +112,8 @@ void Backend::activation(bool swiglu, void* out, const void* a, const void* dout
 }
 
 // The activation, then its output's amax: two passes (a backend may fuse them).
-void Backend::activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+void Backend::activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
+                              const Fp8Cast*) {
     activation(swiglu, out, a, dout, N, H);
     // (SwiGLU's backward writes [gate | up], 2H per row)
     amax_to(amax, out, precision().act, (size_t)N * H * (swiglu && dout ? 2 : 1));

@@ -149,12 +149,19 @@ FP8_HD float float_of_bits(unsigned u) {
 // Delayed scaling's bookkeeping (Backend::fp8_delayed, fp8_history_push),
 // one definition for the CPU and the GPU. NaN wins a max.
 FP8_HD double nan_max(double a, double b) { return (a != a || b != b) ? (a != a ? a : b) : (a > b ? a : b); }
+// The largest amax of an operand's history [len]; 0 while it holds none.
+// Delayed scaling scales by it when it is not 0, known before the operand
+// is written: the op that writes it may cast it (fp8_kernels.h's cast_body).
+FP8_HD double history_amax(const double* hist, int len) {
+    double m = 0;
+    for (int j = 0; j < len; j++) m = nan_max(m, hist[j]);
+    return m;
+}
 // With record, step_max = max(step_max, *amax); then *amax = the largest of
 // the operand's history [len] when it holds any amax (else it stays).
 FP8_HD void delayed(double* amax, double* step_max, const double* hist, int len, bool record) {
     if (record) *step_max = nan_max(*step_max, *amax);
-    double m = 0;
-    for (int j = 0; j < len; j++) m = nan_max(m, hist[j]);
+    const double m = history_amax(hist, len);
     if (m != 0) *amax = m;
 }
 // One operand at a step's end: with push, its step max becomes the newest

@@ -51,8 +51,10 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step, 
 }
 
 // activation's backward (forward.cpp), the same way.
-void GPT::activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax) {
-    if (amax) be_->activation_amax(cfg_.llama(), dfch, fch, dh, N, table_.hidden, amax);
+void GPT::activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax, int l, bool whole) {
+    Fp8Cast cast;
+    const bool cast_it = amax && fp8_cast(&cast, Param::fcw, l, 2, whole);
+    if (amax) be_->activation_amax(cfg_.llama(), dfch, fch, dh, N, table_.hidden, amax, cast_it ? &cast : nullptr);
     else be_->activation(cfg_.llama(), dfch, fch, dh, N, table_.hidden);
 }
 
@@ -199,7 +201,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
                 void* dh = cfg_.llama() ? a.dh : a.dfch;  // (GELU's backward in place)
                 linear_backward_input(dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_of(la, Param::fcprojw),
                                       proj_dy_measured);
-                activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax);
+                activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax, l, false);
             } else {
                 be_->matmul_backward_gelu(a.dfch, nullptr, nullptr, dout, la.h, P(Param::fcprojw, l), la.fch, N, Hl, C);
             }
@@ -212,7 +214,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             void* dh = cfg_.llama() ? a.dh : a.dfch;
             linear_backward(dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
                             amax_of(la, Param::fcprojw), proj_dy_measured);
-            activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax);
+            activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax, l, true);
         } else {  // fcproj's input gradient through the GELU (one op: a backend may fuse them)
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,
                                       P(Param::fcprojw, l), la.fch, N, Hl, C);

@@ -55,6 +55,17 @@ void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, 
 
 void* GPT::fp8_step_amax() { return a_->fp8_step; }
 
+// Delayed scaling knows an operand's scale before the op that writes it runs
+// (its history's amax, once it holds one), so that op may write the
+// operand's FP8 copies too: a GPU then does not read it again to quantise it
+// (docs/fp8.md). The values are the product's own either way.
+bool GPT::fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed) const {
+    if (fp8_len_ == 0) return false;
+    const size_t slot = ((size_t)l * 4 + linear_index(w)) * 3 + which;
+    *c = {elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, transposed};
+    return true;
+}
+
 void* GPT::amax_of(const LayerActs& la, Param w) const {
     return la.amax ? elem_ptr(la.amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
 }

@@ -356,9 +356,14 @@ class GPT {
     void rotate(void* qkv, int B, int T, bool inverse);
     // The MLP's GELU or SwiGLU, forward (h from fch) and backward (dfch from
     // dh); amax (one double, or null): with --fp8 the amax of what it writes,
-    // the next FP8 product's operand, measured in the same pass (fp8.cpp).
-    void activation(void* h, const void* fch, int N, void* amax = nullptr);
-    void activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax);
+    // the next FP8 product's operand, measured in the same pass, and with
+    // --fp8-history that operand cast for layer l's product too (fp8_cast;
+    // both ways when the whole backward runs) (fp8.cpp).
+    void activation(void* h, const void* fch, int N, void* amax = nullptr, int l = 0);
+    void activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax, int l, bool whole);
+    // Delayed scaling's cast of operand `which` of layer l's linear layer w by
+    // the op that writes it (Backend::Fp8Cast); false without a history.
+    bool fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed) const;
     // The four linear layers' products (fp8.cpp): the backend's matmul, or
     // with --fp8 1 the same on operands rounded to FP8 grids, each amax a
     // max over the ranks that hold pieces of its tensor. Row-parallel

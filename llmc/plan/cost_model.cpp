@@ -17,7 +17,7 @@ CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, co
 }
 
 CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC,
-                                           bool backward, bool fused, int part) {
+                                           bool backward, bool fused, int part, bool cast) {
     Fp8Passes p;
     const double x = N * IC, w = OC * IC, dy = N * OC;
     // The forward measures the input and the weight, the backward only the
@@ -30,16 +30,20 @@ CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double
     // wrote it (the GPU's activation_amax): no read, only the store (the
     // CPU's reads it after the op, a pass as before).
     if (fused && !cpu) p.amax_bytes -= backward ? a * dy : a * x, p.amax_ops -= 1;
+    // cast: the op that wrote the operand wrote its copies' bytes too, and
+    // the quantiser for it reads nothing (its launch returns at once); W's
+    // dy^T is always its own.
+    const double in = cast && !cpu ? 0 : a;
     if (cpu) {  // each operand rounded to a copy once, inside the product's op
         p.quant_bytes = 2 * (a * x + pb * w + (backward ? a * dy : 0));
     } else if (!backward) {  // x and W as they are
-        p.quant_bytes = (a + 1) * x + (pb + 1) * w;
+        p.quant_bytes = (in + 1) * x + (pb + 1) * w;
         p.quant_ops = 1 + 2;
     } else if (part == 0) {  // dy for dX and dy^T for dW in one pass, W^T for dX, x^T for dW
-        p.quant_bytes = (a + 2) * dy + (pb + 1) * w + (a + 1) * x;
+        p.quant_bytes = (in + 2) * dy + (pb + 1) * w + (a + 1) * x;
         p.quant_ops = 1 + 3;
     } else {  // B: the scales, dy and W^T; W: the scales again, dy^T and x^T (dy read twice)
-        p.quant_bytes = part == 1 ? (a + 1) * dy + (pb + 1) * w : (a + 1) * dy + (a + 1) * x;
+        p.quant_bytes = part == 1 ? (in + 1) * dy + (pb + 1) * w : (a + 1) * dy + (a + 1) * x;
         p.quant_ops = 1 + 2;
     }
     if (part == 2) p.amax_bytes = 0, p.amax_ops = 0;  // W reads B's amaxes from the slot
@@ -108,9 +112,13 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     // A zero-bubble schedule splits each backward into B and W (each its
     // own passes); weights_only: W's alone.
     const bool split = backward && l_.pp > 1 && (l_.pp_order == PipeOrder::zb_h1 || l_.pp_order == PipeOrder::zbv);
-    auto fp8 = [&](const Linear& x, double rows, bool fused = false) {
+    // Under delayed scaling the activation casts what it writes (fp8.cpp's
+    // fp8_cast): fcproj's input forward, fc's output gradient backward.
+    auto cast = [&](int i) { return l_.fp8_history > 0 && i == (backward ? 2 : 3); };
+    auto fp8 = [&](const Linear& x, double rows, bool fused = false, bool cast_in = false) {
         auto part = [&](int k) {
-            const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k);
+            const Fp8Passes p =
+                fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k, cast_in);
             const int delayed = l_.fp8_history > 0 && k != 2 ? (backward ? 1 : 2) : 0;
             return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
         };
@@ -120,7 +128,7 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
         if (layer < 0 || layer == i)
-            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i)) : product(N, ls[i]);
+            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i), cast(i)) : product(N, ls[i]);
     if (c_.moe()) {  // the experts' blocks, each on FP8 operands of its own under --fp8 1
         const double E = c_.experts, rows = N * c_.top_k / E;
         if (layer < 0) t += product(N, {C, E});

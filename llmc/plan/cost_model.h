@@ -77,10 +77,12 @@ class CostModel {
         int amax_ops = 0, quant_ops = 0;
     };
     // fused: the operand the pass measures (forward the input, backward the
-    // output gradient) was measured by the op that wrote it. part (backward):
-    // 0 the whole, 1 a split backward's B (the input gradient), 2 its W.
+    // output gradient) was measured by the op that wrote it; cast: that op
+    // wrote its FP8 copies too (delayed scaling, a GPU's: the MLP's
+    // activation). part (backward): 0 the whole, 1 a split backward's B (the
+    // input gradient), 2 its W.
     static Fp8Passes fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC, bool backward,
-                                bool fused = false, int part = 0);
+                                bool fused = false, int part = 0, bool cast = false);
 
   private:
     struct Link {

@@ -251,9 +251,11 @@ def test_plan_time(tmp):
     # The passes: products free, memory at 1 GB/s; the difference --fp8 makes.
     bw, C = 1e9, 32
     model = ["-e", f"L={L},C={C},NH=4,V={V},Vp={V},T={T}"] + flags
-    for device, dtype, a in (("cuda", "bf16", 2), ("cpu", "fp32", 4)):
+    for device, dtype, a, hist in (("cuda", "bf16", 2, 0), ("cuda", "bf16", 2, 2), ("cpu", "fp32", 4, 0)):
         prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": device, "dtype": dtype}
-        rows = [plan_row(tmp, "passes_" + device, prof, model + ["--dtype", dtype], f) for f in (0, 1)]
+        run = model + ["--dtype", dtype]
+        rows = [plan_row(tmp, f"passes_{device}_{hist}", prof, run + (["--fp8-history", str(hist)] if f and hist
+                                                                       else []), f) for f in (0, 1)]
         if not all(rows):
             continue
         got = (rows[1]["breakdown_ms"]["compute"] - rows[0]["breakdown_ms"]["compute"]) / 1e3
@@ -268,11 +270,15 @@ def test_plan_time(tmp):
                 # The ops that write an operand measure it as they write it: forward the norms
                 # QKV's (k 0) and fc's (k 2) inputs, the GELU fcproj's (k 3); backward the GELU
                 # fc's dy (k 2), the norms' backward attention's projection's (k 1) and fcproj's (k 3).
-                want += a * ((x if k == 1 else 0) + w) + (a + 1) * (x + w) + (a * dy if k == 0 else 0)
-                want += (a + 2) * dy + (a + 1) * (w + x)
+                # Delayed scaling: the GELU writes the bytes of fcproj's input (k 3) forward and of fc's
+                # dy (k 2) both ways backward, which their quantisers then do not read.
+                xin, dyin = (0 if hist and k == 3 else a), (0 if hist and k == 2 else a)
+                want += a * ((x if k == 1 else 0) + w) + (xin + 1) * x + (a + 1) * w + (a * dy if k == 0 else 0)
+                want += (dyin + 2) * dy + (a + 1) * (w + x)
         want = L * want / bw
-        check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device}: planned {got}, formula {want}")
-        print(f"  planned FP8 operand passes ({device}, {dtype}): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
+        check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}): planned {got}, formula {want}")
+        print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}): {got * 1e6:.3f} us, "
+              f"formula {want * 1e6:.3f} us")
     # A zero-bubble schedule splits each backward into B and W, each quantising the
     # output gradient its own way: one more read of a·dy per layer on a GPU (pp 2, a
     # block per stage, 2 micro-batches of 32 rows of 16; W also reads no amax).

@@ -25,6 +25,7 @@
 // What this cannot check: cuBLASLt itself (its descriptors in cuda/fp8.cuh)
 // and the conversion instruction; dev/cuda/fp8.cu does on a GPU.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -56,6 +57,7 @@ struct EmuBlock {
     }
 };
 std::mutex g_atomic;
+std::atomic<size_t> g_conversions{0};  // conversion instructions run: a skipped quantiser runs none
 
 struct EmuCtx {
     EmuBlock* b;
@@ -72,6 +74,7 @@ struct EmuCtx {
     float to_f(float e) const { return e; }
     float to_f(double e) const { return (float)e; }
     uint8_t fp8(float v, bool e5m2) const {
+        g_conversions++;
         return fp8::encode((double)v, e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
     }
     void warp_max_commit(unsigned* p, unsigned m) {
@@ -107,11 +110,12 @@ void run_grid(unsigned gx, unsigned gy, int bdx, int bdy, Body body) {
 
 template <class E>
 void emu_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
-                  uint8_t* plain) {
+                  uint8_t* plain, const fp8k::Precast* pre = nullptr) {
     if (rows <= 0 || cols <= 0) return;
     const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols, transpose);
     run_grid(g.gx, g.gy, fp8k::kTile, fp8k::kTileRows, [&](EmuCtx& c) {
-        fp8k::quantize_body(c, q, x, rows, cols, scale, e5m2, transpose, g.ld, transpose ? plain : nullptr);
+        fp8k::quantize_body(c, q, x, rows, cols, scale, e5m2, transpose, g.ld, transpose ? plain : nullptr,
+                            pre ? pre->hist : nullptr, pre ? pre->len : 0);
     });
 }
 
@@ -235,12 +239,12 @@ struct EmuExec {
         run_grid(1, 1, 32, 1, [&](EmuCtx& c) { fp8k::scales_one(sc, amax, c.tx()); });
     }
     void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
-                  uint8_t* plain) {
+                  uint8_t* plain, const fp8k::Precast* pre) {
         const size_t n = transpose ? (size_t)cols * fp8k::padded_k(rows) : (size_t)rows * cols;
         if (!inside(q, n)) fail("a quantised copy of " + std::to_string(n) + " bytes outside its scratch buffer");
         if (plain && !inside(plain, (size_t)rows * cols)) fail("the plain copy outside its scratch buffer");
         if (!err->empty()) return;
-        emu_quantize(q, x, rows, cols, scale, e5m2, transpose, plain);
+        emu_quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre);
     }
     void gemm(E* C, const uint8_t* A, bool a5, const uint8_t* B, bool b5, int M, int N, int K, const float* da,
               const float* db, bool accumulate, const E* bias) {
@@ -350,6 +354,141 @@ void test_products() {
     test_product<double>(*f64, 37, 48, 80, true, 1e-13);
 }
 
+// ---- delayed scaling's fused cast ------------------------------------------------------
+// An elementwise op as cast_body takes one: y = 1.5x - 0.25x² stored in E,
+// returned as stored; with 2 halves each call gives element c of both
+// halves of the row (as SwiGLU's backward gives dgate and dup).
+template <class E>
+struct EmuOp {
+    E* out;
+    const E* x;
+    int cols, halves_ = 1;
+    int halves() const { return halves_; }
+    void operator()(int r, int c, float* f) const {
+        for (int k = 0; k < halves_; k++) {
+            const size_t i = (size_t)r * cols + c + (size_t)k * (cols / halves_);
+            const float v = (float)x[i];
+            out[i] = (E)(1.5f * v - 0.25f * v * v);
+            f[k] = (float)out[i];
+        }
+    }
+};
+template <class E>
+unsigned emu_cast(EmuOp<E> op, int rows, int cols, const double* hist, int len, bool e5m2, uint8_t* q, bool tr,
+                  uint8_t* plain) {
+    unsigned bits = 0;
+    const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols / op.halves(), tr);
+    run_grid(g.gx, g.gy, fp8k::kTile, fp8k::kTileRows, [&](EmuCtx& c) {
+        fp8k::cast_body(c, op, rows, cols, hist, len, e5m2, q, tr, g.ld, plain, &bits);
+    });
+    return bits;
+}
+
+// The op's output, its amax, and the copies the quantiser would write from
+// that output at the history's scale, byte for byte (nothing outside), or,
+// while the history holds no amax, no copy at all.
+void test_cast_bytes() {
+    std::mt19937 rng(23);
+    const int shapes[][2] = {{5, 40}, {33, 31}, {17, 130}};
+    for (const auto& sh : shapes)
+        for (int mode = 0; mode < 3; mode++)  // forward (e4m3 as it is), B (e5m2 as it is), whole (e5m2 both ways)
+            for (int holds = 0; holds < 2; holds++)
+                for (int halves = 1; halves <= (sh[1] % 2 == 0 ? 2 : 1); halves++) {
+                    const int R = sh[0], C = sh[1], ld = fp8k::padded_k(R);
+                    const bool e5 = mode > 0, tr = mode == 2;
+                    std::normal_distribution<float> nd(0.f, 2.f);
+                    std::vector<float> x((size_t)R * C), y((size_t)R * C, -1.f);
+                    for (float& v : x) v = nd(rng);
+                    float want_max = 0;
+                    for (float v : x) want_max = std::max(want_max, std::fabs(1.5f * v - 0.25f * v * v));
+                    const double hist[3] = {0, holds ? want_max / 3.0 : 0, 0};  // a third: the tails saturate
+                    const size_t qn = tr ? (size_t)C * ld : (size_t)R * C;
+                    std::vector<uint8_t> q(qn + 2 * kGuard, kCanary), plain((size_t)R * C + 2 * kGuard, kCanary);
+                    std::vector<uint8_t> wq = q, wplain = plain;
+                    const unsigned bits = emu_cast(EmuOp<float>{y.data(), x.data(), C, halves}, R, C, hist, 3, e5,
+                                                   q.data() + kGuard, tr, tr ? plain.data() + kGuard : nullptr);
+                    bool out_ok = true;
+                    for (size_t i = 0; i < x.size(); i++) out_ok &= y[i] == 1.5f * x[i] - 0.25f * x[i] * x[i];
+                    const float scale = (float)fp8::scale_for(hist[1], e5 ? fp8::Format::e5m2 : fp8::Format::e4m3);
+                    if (holds)
+                        emu_quantize(wq.data() + kGuard, y.data(), R, C, &scale, e5, tr,
+                                     tr ? wplain.data() + kGuard : nullptr);
+                    const char* mn = mode == 0 ? "forward" : mode == 1 ? "B" : "whole backward";
+                    CHECK(out_ok, "cast %dx%d %s, %d halves: the op's output", R, C, mn, halves);
+                    CHECK(fp8::float_of_bits(bits) == want_max, "cast %dx%d %s, %d halves: amax %g, want %g", R, C,
+                          mn, halves, fp8::float_of_bits(bits), want_max);
+                    CHECK(q == wq && plain == wplain, "cast %dx%d %s, %d halves, history %s: the copies differ from "
+                          "the quantiser's of the output%s", R, C, mn, halves, holds ? "holding an amax" : "empty",
+                          holds ? "" : " (an empty history must write none)");
+                }
+}
+
+// A product after the cast: the same result as the product that quantises
+// its operand itself, with that operand's conversions left out while the
+// history holds an amax (and made when it holds none, or when the copy the
+// product needs was not cast: a whole backward after a cast as it is).
+void test_cast_products() {
+    std::string err;
+    const int N = 37, IC = 48, OC = 80;
+    std::mt19937 rng(29);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<double> src((size_t)N * std::max(IC, OC)), w((size_t)OC * IC);
+    for (double& v : src) v = nd(rng);
+    for (double& v : w) v = 0.3 * nd(rng);
+    for (int mode = 0; mode < 4; mode++)  // forward, B, whole backward, whole after a plain cast
+        for (int holds = 0; holds < 2; holds++)
+            for (int halves = 1; halves <= (mode ? 2 : 1); halves++) {  // the output gradient also as SwiGLU's
+                const bool bwd = mode > 0, tr = mode == 2, want_dw = mode >= 2;
+                const int R = N, C = bwd ? OC : IC;  // the cast operand: the input, or the output gradient
+                std::vector<double> x((size_t)N * IC), dy((size_t)N * OC);
+                for (size_t i = 0; i < x.size(); i++) x[i] = src[i] * 0.5;
+                for (size_t i = 0; i < dy.size(); i++) dy[i] = src[i] * 1e-3;
+                std::vector<double>& operand = bwd ? dy : x;
+                const double own = cpu::amax(operand.data(), operand.size()) * 2;  // the op's output is up to 2x
+                const double hist[2] = {holds ? own : 0, 0};
+                double amax[3] = {cpu::amax(x.data(), x.size()), cpu::amax(w.data(), w.size()), 0};
+                const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+                std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
+                EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};
+                EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
+                const fp8k::Scratch& s = ex.s;
+                std::vector<double> in = operand;  // the op's input; its output replaces the operand
+                uint8_t* q = !bwd ? s.x : tr ? s.dyt : s.dy;  // where the product's quantiser would write
+                emu_cast(EmuOp<double>{operand.data(), in.data(), C, halves}, R, C, hist, 2, bwd, q, tr,
+                         tr ? s.dy : nullptr);
+                // amax as fp8_delayed leaves it: the history's, or the operand's own
+                amax[bwd ? 2 : 0] = holds ? own : cpu::amax(operand.data(), operand.size());
+                const fp8k::Precast pre{hist, 2, tr};
+                std::vector<double> out((size_t)N * std::max(IC, OC), 7.0), out2 = out;
+                std::vector<double> dw((size_t)OC * IC, 0.5), dw2 = dw;
+                g_conversions = 0;
+                if (!bwd)
+                    fp8k::forward(ex, s, out.data(), x.data(), w.data(), (const double*)nullptr, N, IC, OC, amax, &pre);
+                else
+                    fp8k::backward(ex, s, out.data(), want_dw ? dw.data() : nullptr, dy.data(), x.data(), w.data(), N,
+                                   IC, OC, amax, &pre);
+                const size_t conv = g_conversions;
+                if (!bwd)
+                    fp8k::forward(plain_ex, plain_ex.s, out2.data(), x.data(), w.data(), (const double*)nullptr, N, IC,
+                                  OC, amax);
+                else
+                    fp8k::backward(plain_ex, plain_ex.s, out2.data(), want_dw ? dw2.data() : nullptr, dy.data(),
+                                   x.data(), w.data(), N, IC, OC, amax);
+                const size_t wconv = (size_t)OC * IC + (want_dw ? (size_t)N * IC : 0);  // W (or W^T), and x^T for dW
+                const size_t skipped = holds && mode != 3 ? 0 : (size_t)R * C;
+                const char* mn = mode == 0   ? "forward"
+                                 : mode == 1 ? "B"
+                                 : mode == 2 ? "whole backward"
+                                             : "whole after a plain cast";
+                CHECK(err.empty() && out == out2 && dw == dw2,
+                      "cast then %s (history %s, %d halves): differs from the "
+                      "product quantising its operand %s",
+                      mn, holds ? "holding an amax" : "empty", halves, err.c_str());
+                CHECK(conv == wconv + skipped, "cast then %s (history %s): %zu conversions, want %zu", mn,
+                      holds ? "holding an amax" : "empty", conv, wconv + skipped);
+            }
+}
+
 }  // namespace
 
 int main() {
@@ -357,5 +496,7 @@ int main() {
     test_scales();
     test_quantize();
     test_products();
+    test_cast_bytes();
+    test_cast_products();
     return check_summary();
 }

@@ -41,9 +41,11 @@ class CountingBackend : public BackendWrapper {
         calls++, elems += n;
         BackendWrapper::amax_to(dst, x, t, n);
     }
-    void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) override {
+    void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
+                         const Fp8Cast* cast) override {
         fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);
-        BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax);
+        if (cast) casts.push_back({dout != nullptr, cast->transposed, cast->history, cast->len});
+        BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax, cast);
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                    const void* w, const void* bias, int N, int C, double eps, void* amax) override {
@@ -55,8 +57,14 @@ class CountingBackend : public BackendWrapper {
         fused++, fused_elems += (size_t)N * C;
         BackendWrapper::norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax);
     }
-    void reset() { calls = elems = fused = fused_elems = 0; }
+    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(); }
     size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
+    struct Cast {
+        bool backward, transposed;
+        const void* history;
+        int len;
+    };
+    std::vector<Cast> casts;  // the activation's casts asked for (delayed scaling)
 };
 
 struct Count {
@@ -96,6 +104,7 @@ void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd) {
 struct Run {
     Count fwd, bwd;
     size_t w_calls;
+    std::vector<CountingBackend::Cast> fwd_casts, bwd_casts;
 };
 Count taken(CountingBackend* be) {
     Count c;
@@ -104,13 +113,16 @@ Count taken(CountingBackend* be) {
     return c;
 }
 
-Run passes(const GPTConfig& c, Recompute rc, bool split) {
+constexpr int kHist = 2;  // --fp8-history's length in the runs with one
+
+Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
     std::string err;
     CountingBackend* be = new CountingBackend(make_backend("cpu", "fp64", 0, &err));
     std::unique_ptr<Backend> own(be);
     ModelOptions o(B, T);
     o.recompute = rc;
     o.fp8 = true;
+    o.fp8_history = history;
     ModelChunk ch;
     ch.layers = c.num_layers, ch.embed = ch.head = true, ch.slots = 1;
     o.chunks = {ch};
@@ -118,23 +130,67 @@ Run passes(const GPTConfig& c, Recompute rc, bool split) {
     GPT model(be, c, o);
     model.init_random(5);
     model.zero_grad();
+    // Each history holds its slot's number: a cast names its operand by it.
+    std::vector<double> h((size_t)model.fp8_slots() * history);
+    for (size_t i = 0; i < h.size(); i++) h[i] = (double)(i / history + 1);
+    if (history) model.set_fp8_history(h);
     std::vector<int> in(B * T), tg(B * T);
     Rng r(11);
     for (int i = 0; i < B * T; i++) in[i] = (int)(r.next_u64() % V), tg[i] = (int)(r.next_u64() % V);
     Run run{};
     be->reset();
     model.forward_chunk(0, 0, in.data(), nullptr, tg.data(), B, T, 1.0 / (B * T));
+    run.fwd_casts = be->casts;
     run.fwd = taken(be);
     if (split) {
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::input);
+        run.bwd_casts = be->casts;
         run.bwd = taken(be);
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::weights);
         run.w_calls = taken(be).calls;
     } else {
         model.backward_chunk(0, 0, nullptr, true);
+        run.bwd_casts = be->casts;
         run.bwd = taken(be);
     }
     return run;
+}
+
+// Delayed scaling: the MLP's activation casts the operand it writes for the
+// next product (Backend::Fp8Cast): forward fcproj's input (slot 3, operand
+// 0), backward fc's output gradient (slot 2, operand 2) both ways when the
+// whole backward runs, as it is for B (W quantises its own); a full
+// recompute's forward again. A Mixtral's experts and current scaling cast
+// nothing. The history named must be the operand's own (its slot number).
+void check_casts(const GPTConfig& c, const char* spec) {
+    const int L = c.num_layers, dense = c.moe() ? 0 : 1;
+    for (Recompute rc : {Recompute::none, Recompute::full})
+        for (bool split : {false, true}) {
+            const Run cur = passes(c, rc, split);
+            CHECK(cur.fwd_casts.empty() && cur.bwd_casts.empty(), "%s: current scaling asks for casts", spec);
+            const Run r = passes(c, rc, split, kHist);
+            const size_t rf = rc == Recompute::full ? 1 : 0;
+            auto slot_of = [&](const CountingBackend::Cast& k) { return (int)*(const double*)k.history - 1; };
+            bool ok = r.fwd_casts.size() == (size_t)(dense * L) && r.bwd_casts.size() == (size_t)(dense * L * (1 + rf));
+            for (size_t i = 0; ok && i < r.fwd_casts.size(); i++) {
+                const auto& k = r.fwd_casts[i];
+                ok = !k.backward && !k.transposed && k.len == kHist && slot_of(k) == ((int)i * 4 + 3) * 3 + 0;
+            }
+            int bwd = 0;
+            for (size_t i = 0; ok && i < r.bwd_casts.size(); i++) {
+                const auto& k = r.bwd_casts[i];
+                if (!k.backward) {  // the recomputed forward's, before its block's backward
+                    ok = rf && !k.transposed && slot_of(k) % 12 == 3 * 3;
+                    continue;
+                }
+                const int l = L - 1 - bwd++;  // the blocks backward
+                ok = k.transposed == !split && k.len == kHist && slot_of(k) == (l * 4 + 2) * 3 + 2;
+            }
+            CHECK(ok && bwd == dense * L, "%s -r %s %s: the activation's casts (%zu forward, %zu backward) are not "
+                  "fcproj's input and fc's output gradient of each block, %s", spec, recompute_name(rc),
+                  split ? "B then W" : "whole", r.fwd_casts.size(), r.bwd_casts.size(),
+                  split ? "B's as they are" : "both ways");
+        }
 }
 
 }  // namespace
@@ -173,6 +229,7 @@ int main() {
                 if (split) CHECK(r.w_calls == 0, "%s -r %s: W measured %zu amaxes (B's are in the slot)", spec,
                                  recompute_name(rc), r.w_calls);
             }
+        check_casts(c, spec);
         std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in ops (%zu), backward %zu (%zu) + %zu "
                     "(%zu)\n",
                     spec, f.calls, f.elems, f.fused, f.fused_elems, b.calls, b.elems, b.fused, b.fused_elems);

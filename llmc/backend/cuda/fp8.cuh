@@ -20,6 +20,7 @@
 #include <string>
 #include <tuple>
 
+#include "llmc/backend/backend.h"
 #include "llmc/backend/cuda/common.cuh"
 #include "llmc/backend/cuda/elementwise.cuh"
 #include "llmc/backend/cuda/fp8_kernels.h"
@@ -82,22 +83,67 @@ __global__ void fp8_history_push_kernel(double* hist, double* step_max, int slot
 
 template <typename E>
 __global__ void fp8_quantize_kernel(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2,
-                                    bool transpose, int ld, uint8_t* plain) {
+                                    bool transpose, int ld, uint8_t* plain, const double* skip_hist, int skip_len) {
     __shared__ uint8_t tile[fp8k::kTile][fp8k::kTile + 1];
     Fp8Ctx c{tile};
-    fp8k::quantize_body(c, q, x, rows, cols, scale, e5m2, transpose, ld, plain);
+    fp8k::quantize_body(c, q, x, rows, cols, scale, e5m2, transpose, ld, plain, skip_hist, skip_len);
 }
 
 // The quantising copy (fp8k::quantize_body); plain (with transpose only):
-// the same bytes untransposed, in the same pass.
+// the same bytes untransposed, in the same pass; pre (or null): nothing to
+// do on the device when the op that wrote x cast it (fp8k::cast_body).
 template <typename E>
 void fp8_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
-                  cudaStream_t stream, uint8_t* plain = nullptr) {
+                  cudaStream_t stream, uint8_t* plain = nullptr, const fp8k::Precast* pre = nullptr) {
     if (rows <= 0 || cols <= 0) return;
     const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols, transpose);
     fp8_quantize_kernel<E><<<dim3(g.gx, g.gy), dim3(fp8k::kTile, fp8k::kTileRows), 0, stream>>>(
-        q, x, rows, cols, scale, e5m2, transpose, g.ld, transpose ? plain : nullptr);
+        q, x, rows, cols, scale, e5m2, transpose, g.ld, transpose ? plain : nullptr, pre ? pre->hist : nullptr,
+        pre ? pre->len : 0);
     CUDA_CHECK_LAUNCH();
+}
+
+// The MLP's activation as fp8k::cast_body's op: element (r, c) of its output
+// (GELU's or SwiGLU's, forward or backward), computed as gelu_* and
+// swiglu_* compute it, stored, and returned as stored; SwiGLU's backward
+// gives both its gradients, dgate at c and dup at H + c, from one read.
+template <typename E>
+struct ActivationCast {
+    E* out;
+    const E* a;     // GELU's input [N, H]; SwiGLU's [N, 2H] (gate | up)
+    const E* dout;  // the backward's [N, H] (null: the forward)
+    int H;
+    bool swiglu;
+    __device__ int halves() const { return swiglu && dout ? 2 : 1; }
+    __device__ static float store(E* p, float v) {  // the value as stored
+        const E e = from_float<E>(v);
+        *p = e;
+        return to_float(e);
+    }
+    __device__ void operator()(int r, int c, float* f) const {
+        const size_t i = (size_t)r * H + c;  // (GELU's backward may write over dout: read first)
+        if (!swiglu) {
+            f[0] = store(out + i, dout ? gelu_grad(to_float(a[i])) * to_float(dout[i]) : gelu_value(to_float(a[i])));
+            return;
+        }
+        const size_t gi = (size_t)r * 2 * H + c;
+        const float g = to_float(a[gi]), u = to_float(a[gi + H]);
+        if (!dout) {
+            f[0] = store(out + i, g * sigmoidf_(g) * u);
+            return;
+        }
+        const float dy = to_float(dout[i]), sg = sigmoidf_(g);
+        f[0] = store(out + gi, dy * u * sg * (1.f + g * (1.f - sg)));
+        f[1] = store(out + gi + H, dy * g * sg);
+    }
+};
+
+template <typename E>
+__global__ void fp8_cast_kernel(const ActivationCast<E> op, int rows, int cols, const double* hist, int len, bool e5m2,
+                                uint8_t* q, bool transpose, int ld, uint8_t* plain, unsigned* bits) {
+    __shared__ uint8_t tile[fp8k::kTile][fp8k::kTile + 1];
+    Fp8Ctx c{tile};
+    fp8k::cast_body(c, op, rows, cols, hist, len, e5m2, q, transpose, ld, plain, bits);
 }
 
 // Row-major C[M, N] (+)= (A[M, K] · B[N, K]^T) · descale_a · descale_b (+ bias[N]),
@@ -206,8 +252,8 @@ struct Fp8Exec {
         CUDA_CHECK_LAUNCH();
     }
     void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
-                  uint8_t* plain) {
-        fp8_quantize<E>(q, x, rows, cols, scale, e5m2, transpose, stream, plain);
+                  uint8_t* plain, const fp8k::Precast* pre) {
+        fp8_quantize<E>(q, x, rows, cols, scale, e5m2, transpose, stream, plain, pre);
     }
     void gemm(E* C, const uint8_t* A, bool a_e5m2, const uint8_t* B, bool b_e5m2, int M, int N, int K,
               const float* descale_a, const float* descale_b, bool accumulate, const E* bias) {
@@ -255,12 +301,14 @@ class Fp8Ops {
                  const void* amax) {
         const fp8k::Scratch s = scratch(fp8k::forward_elems(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
+        const fp8k::Precast* pre = take_precast(inp, false, (size_t)N * IC);
         if (fp32) {
             Fp8Exec<float> ex{gemm_, stream_};
-            fp8k::forward(ex, s, (float*)out, (const float*)inp, (const float*)w, (const float*)bias, N, IC, OC, am);
+            fp8k::forward(ex, s, (float*)out, (const float*)inp, (const float*)w, (const float*)bias, N, IC, OC, am,
+                          pre);
         } else {
             Fp8Exec<bf16> ex{gemm_, stream_};
-            fp8k::forward(ex, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N, IC, OC, am);
+            fp8k::forward(ex, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N, IC, OC, am, pre);
         }
     }
     // An op whose kernels take the max of what they write into the amax
@@ -274,11 +322,40 @@ class Fp8Ops {
         amax_store_kernel<<<1, 1, 0, stream_>>>(static_cast<double*>(amax), b);
         CUDA_CHECK_LAUNCH();
     }
-    void activation(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax) {
+    void activation(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
+                    const Fp8Cast* cast = nullptr) {
+        if (cast) return activation_cast(fp32, swiglu, out, a, dout, N, H, amax, *cast);
         measured(amax, [&](unsigned* b) {
             if (fp32) activation_amax<float>(swiglu, (float*)out, (const float*)a, (const float*)dout, N, H, b, stream_);
             else activation_amax<bf16>(swiglu, (bf16*)out, (const bf16*)a, (const bf16*)dout, N, H, b, stream_);
         });
+    }
+    // Delayed scaling's fused cast (fp8k::cast_body): the activation writes
+    // the next product's operand in FP8 too, into the scratch where that
+    // product's quantiser would (forward: fcproj's input in s.x; backward:
+    // fc's output gradient in s.dy, and s.dyt when transposed), and the next
+    // product on `out` skips those quantisers on the device.
+    void activation_cast(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
+                         const Fp8Cast& cast) {
+        const bool bwd = dout != nullptr, tr = bwd && cast.transposed;
+        const int cols = swiglu && bwd ? 2 * H : H;
+        const fp8k::QuantizeGrid g = fp8k::quantize_grid(N, H, tr);  // (SwiGLU's backward: H wide, 2 values each)
+        const fp8k::Scratch s = scratch(tr ? (size_t)g.ld * cols : (size_t)N * cols);
+        const double* hist = static_cast<const double*>(cast.history);
+        uint8_t* q = !bwd ? s.x : tr ? s.dyt : s.dy;
+        measured(amax, [&](unsigned* b) {
+            const dim3 grid(g.gx, g.gy), block(fp8k::kTile, fp8k::kTileRows);
+            if (fp32)
+                fp8_cast_kernel<float><<<grid, block, 0, stream_>>>(
+                    {(float*)out, (const float*)a, (const float*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q,
+                    tr, g.ld, tr ? s.dy : nullptr, b);
+            else
+                fp8_cast_kernel<bf16><<<grid, block, 0, stream_>>>(
+                    {(bf16*)out, (const bf16*)a, (const bf16*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q, tr,
+                    g.ld, tr ? s.dy : nullptr, b);
+            CUDA_CHECK_LAUNCH();
+        });
+        pending_ = {out, bwd, (size_t)N * cols, {hist, cast.len, tr}};
     }
     void delayed(void* amax, void* step_max, const void* hist, int len, bool record) {
         fp8_delayed_kernel<<<1, 1, 0, stream_>>>((double*)amax, (double*)step_max, (const double*)hist, len, record);
@@ -295,21 +372,38 @@ class Fp8Ops {
                   int N, int IC, int OC, const void* amax, float* bias_scratch) {
         const fp8k::Scratch s = scratch(fp8k::backward_elems(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
+        const fp8k::Precast* pre = take_precast(dout, true, (size_t)N * OC);
         if (fp32) {
             Fp8Exec<float> ex{gemm_, stream_};
             fp8k::backward(ex, s, (float*)dinp, (float*)dw, (const float*)dout, (const float*)inp, (const float*)w, N,
-                           IC, OC, am);
+                           IC, OC, am, pre);
             if (dbias) bias_backward<float>((float*)dbias, (const float*)dout, N, OC, bias_scratch, stream_);
         } else {
             Fp8Exec<bf16> ex{gemm_, stream_};
             fp8k::backward(ex, s, (bf16*)dinp, (bf16*)dw, (const bf16*)dout, (const bf16*)inp, (const bf16*)w, N, IC,
-                           OC, am);
+                           OC, am, pre);
             if (dbias) bias_backward<bf16>((bf16*)dbias, (const bf16*)dout, N, OC, bias_scratch, stream_);
         }
     }
 
   private:
     static constexpr size_t kWorkspace = (size_t)32 << 20;
+    // The operand the last activation cast (activation_cast), for the very
+    // next product only: any product call takes it, and only one whose
+    // operand is that tensor, the same way round and size, uses it.
+    struct Pending {
+        const void* ptr = nullptr;
+        bool backward = false;
+        size_t elems = 0;
+        fp8k::Precast pre{};
+    };
+    Pending pending_, taken_;
+    const fp8k::Precast* take_precast(const void* operand, bool backward, size_t elems) {
+        taken_ = pending_;
+        pending_ = Pending{};
+        const bool match = taken_.ptr && taken_.ptr == operand && taken_.backward == backward && taken_.elems == elems;
+        return match ? &taken_.pre : nullptr;
+    }
     fp8k::Scratch scratch(size_t need) {
         if (need > elems_)
             throw std::runtime_error("cuda fp8: an operand of " + std::to_string(need) + " elements, more than the " +

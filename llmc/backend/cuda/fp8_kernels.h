@@ -1,5 +1,6 @@
 // llmc/backend/cuda/fp8_kernels.h: the FP8 products' kernels (an operand's
-// amax, the scales, the quantising and transposing copy) and the order of
+// amax, the scales, the quantising and transposing copy, and delayed
+// scaling's cast of an operand by the op that writes it) and the order of
 // launches of a product's forward and backward, written once for two
 // executors. cuda/fp8.cuh runs them on the GPU: the bodies as __global__
 // kernels through a context of CUDA built-ins, the products through
@@ -29,8 +30,10 @@
 
 #if defined(__CUDACC__)
 #define FP8K_BODY __device__ __forceinline__
+#define FP8K_UNROLL _Pragma("unroll")
 #else
 #define FP8K_BODY inline
+#define FP8K_UNROLL
 #endif
 
 namespace fp8k {
@@ -83,27 +86,86 @@ inline QuantizeGrid quantize_grid(int rows, int cols, bool transpose) {
     return {(unsigned)((cols + kTile - 1) / kTile), (unsigned)((rows + kTile - 1) / kTile),
             transpose ? padded_k(rows) : rows};
 }
-template <class Ctx, class E>
-FP8K_BODY void quantize_body(Ctx& c, uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2,
+// The tile pass under both. The operand is `halves` (1 or 2) blocks of
+// columns side by side, cw = cols / halves wide; v(r, col, f) gives element
+// (r, col + k·cw) of each block k in f[k] (a load; or an op that writes its
+// output and returns the values as written, SwiGLU's backward both its
+// gradients from one read of its inputs). With q, each value's byte at
+// scale s goes where the layout says, the transposed one through the tile,
+// block after block. Returns the max of |v| over the thread's elements
+// (fp8.h's abs_bits). The grid: quantize_grid(rows, cw, transpose).
+constexpr int kTilePer = kTile / kTileRows;  // a thread's rows of the tile
+template <class Ctx, class V>
+FP8K_BODY unsigned tile_body(Ctx& c, uint8_t* q, V v, int rows, int cols, int halves, float s, bool e5m2,
                              bool transpose, int ld, uint8_t* plain) {
     uint8_t(*tile)[kTile + 1] = c.tile();
-    const float s = *scale;
-    const int c0 = c.bx() * kTile, r0 = c.by() * kTile;
-    for (int j = c.ty(); j < kTile; j += kTileRows) {
-        const int r = r0 + j, col = c0 + c.tx();
-        if (r < rows && col < cols) {
-            const uint8_t v = c.fp8(c.to_f(x[(size_t)r * cols + col]) * s, e5m2);
-            if (transpose) tile[j][c.tx()] = v;
-            else q[(size_t)r * cols + col] = v;
-            if (transpose && plain) plain[(size_t)r * cols + col] = v;
+    const int cw = cols / halves, c0 = c.bx() * kTile, r0 = c.by() * kTile;
+    uint8_t b8[kTilePer][2];
+    unsigned m = 0;
+    for (int i = 0; i < kTilePer; i++) {
+        const int r = r0 + c.ty() + i * kTileRows, col = c0 + c.tx();
+        if (r >= rows || col >= cw) continue;
+        float f[2];
+        v(r, col, f);
+        FP8K_UNROLL  // (constant indices: f and b8 stay in registers)
+        for (int k = 0; k < 2; k++) {
+            if (k >= halves) break;
+            const unsigned b = fp8::abs_bits(f[k]);
+            m = b > m ? b : m;
+            if (!q) continue;
+            b8[i][k] = c.fp8(f[k] * s, e5m2);
+            const size_t at = (size_t)r * cols + col + (size_t)k * cw;
+            if (!transpose) q[at] = b8[i][k];
+            else if (plain) plain[at] = b8[i][k];
         }
     }
-    if (!transpose) return;  // (the same for the whole block)
-    c.sync();
-    for (int j = c.ty(); j < kTile; j += kTileRows) {
-        const int col = c0 + j, r = r0 + c.tx();
-        if (col < cols && r < ld) q[(size_t)col * ld + r] = r < rows ? tile[c.tx()][j] : (uint8_t)0;
+    if (!q || !transpose) return m;  // (the same for the whole block)
+    FP8K_UNROLL
+    for (int k = 0; k < 2; k++) {
+        if (k >= halves) break;
+        if (k) c.sync();  // the tile's last reads of the block before
+        for (int i = 0; i < kTilePer; i++) {
+            const int j = c.ty() + i * kTileRows;
+            if (r0 + j < rows && c0 + c.tx() < cw) tile[j][c.tx()] = b8[i][k];
+        }
+        c.sync();
+        for (int i = 0; i < kTilePer; i++) {
+            const int j = c.ty() + i * kTileRows, col = c0 + j, r = r0 + c.tx();
+            if (col < cw && r < ld) q[(size_t)(col + k * cw) * ld + r] = r < rows ? tile[c.tx()][j] : (uint8_t)0;
+        }
     }
+    return m;
+}
+
+// skip_hist (null: none): the operand's history when the op that wrote it
+// cast it too (cast_body, below): while the history holds an amax, the
+// copies are already there, at this very scale, and the body does nothing.
+template <class Ctx, class E>
+FP8K_BODY void quantize_body(Ctx& c, uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2,
+                             bool transpose, int ld, uint8_t* plain, const double* skip_hist, int skip_len) {
+    if (skip_hist && fp8::history_amax(skip_hist, skip_len) != 0) return;
+    tile_body(c, q, [&](int r, int col, float* f) { f[0] = c.to_f(x[(size_t)r * cols + col]); }, rows, cols, 1,
+              *scale, e5m2, transpose, ld, plain);
+}
+
+// Delayed scaling's fused cast: an op whose output is the next product's
+// operand, the scale of which its history fixes before the op runs
+// (fp8::history_amax), writes that operand's FP8 copies as it writes the
+// output, where quantize_body would, so the product's quantiser need not
+// read it again. op(r, col, f), as tile_body's v, computes the elements,
+// stores them in the compute type and returns them as stored (Op::halves
+// blocks of columns); the max of |what it stored| goes to *bits (the op's
+// amax, as Backend::activation_amax measures it). While the history holds
+// no amax (the first step) the scale is that amax, not known yet: the op
+// writes no copy and the product quantises as without the cast.
+// The grid: quantize_grid(rows, cols / Op::halves, transpose).
+template <class Ctx, class Op>
+FP8K_BODY void cast_body(Ctx& c, const Op& op, int rows, int cols, const double* hist, int len, bool e5m2, uint8_t* q,
+                         bool transpose, int ld, uint8_t* plain, unsigned* bits) {
+    const double h = fp8::history_amax(hist, len);
+    const float s = (float)fp8::scale_for(h, e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3);  // as scales_one
+    c.warp_max_commit(bits,
+                      tile_body(c, h != 0 ? q : nullptr, op, rows, cols, op.halves(), s, e5m2, transpose, ld, plain));
 }
 
 // ---- a product's launches -----------------------------------------------------------
@@ -134,10 +196,21 @@ inline size_t backward_elems(int N, int IC, int OC) {
     return std::max({Np * IC, (size_t)OC * IC, Np * OC});
 }
 
+// An operand the op before the product cast (cast_body): its history, and
+// whether the transposed copy was written too (a whole backward's output
+// gradient, both ways) or the plain one alone.
+struct Precast {
+    const double* hist;
+    int len;
+    bool transposed;
+};
+
 // An executor X (the GPU's in fp8.cuh, the test's emulated one) provides:
 //   scales(sc, amax)                              the scales body, one block
-//   quantize(q, x, rows, cols, scale, e5m2, transpose, plain)
-//                                                 the quantise body on quantize_grid
+//   quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre)
+//                                                 the quantise body on quantize_grid,
+//                                                 skipped on the device where pre (or
+//                                                 null) says the copy is there
 //   gemm(C, A, a_e5m2, B, b_e5m2, M, N, K, descale_a, descale_b, accumulate, bias)
 //        row-major C[M, N] (+)= (A[M, K] · B[N, K]^T) · descale_a · descale_b
 //        (+ bias[N]), A and B FP8 bytes contiguous along K, accumulated in
@@ -147,13 +220,15 @@ inline size_t backward_elems(int N, int IC, int OC) {
 //   forward         out[N, OC]  = x[N, IC]      · W[OC, IC]^T      (as stored)
 //   input gradient  dx[N, IC]   = dy[N, OC]     · (W^T)[IC, OC]^T  (W transposed)
 //   weight gradient dW[OC, IC] += (dy^T)[OC, N] · (x^T)[IC, N]^T   (dy, x transposed)
-// amax [3] doubles: the model's (input, weight, output gradient).
+// amax [3] doubles: the model's (input, weight, output gradient); pre (or
+// null): the input (forward) or the output gradient (backward) was cast into
+// s.x, or s.dy (and s.dyt), by the op that wrote it.
 template <class X, class E>
 void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC,
-             const double* amax) {
+             const double* amax, const Precast* pre = nullptr) {
     ex.scales(s.scales, amax);
-    ex.quantize(s.x, inp, N, IC, s.scales + 0, false, false, nullptr);
-    ex.quantize(s.w, weight, OC, IC, s.scales + 1, false, false, nullptr);
+    ex.quantize(s.x, inp, N, IC, s.scales + 0, false, false, nullptr, pre);
+    ex.quantize(s.w, weight, OC, IC, s.scales + 1, false, false, nullptr, (const Precast*)nullptr);
     ex.gemm(out, s.x, false, s.w, false, N, OC, IC, s.scales + 3, s.scales + 4, false, bias);
 }
 
@@ -162,20 +237,21 @@ void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, con
 // unrounded gradient).
 template <class X, class E>
 void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const E* inp, const E* weight, int N,
-              int IC, int OC, const double* amax) {
+              int IC, int OC, const double* amax, const Precast* pre = nullptr) {
+    const Precast* none = nullptr, *both = pre && pre->transposed ? pre : nullptr;
     ex.scales(s.scales, amax);
     // The output gradient both ways in one pass when both products run.
-    if (dinp && dweight) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, s.dy);
+    if (dinp && dweight) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, s.dy, both);
     if (dinp) {  // dx[N, IC] = dy[N, OC] · (W^T)[IC, OC]^T
-        if (!dweight) ex.quantize(s.dy, dout, N, OC, s.scales + 2, true, false, nullptr);
-        ex.quantize(s.wt, weight, OC, IC, s.scales + 1, false, true, nullptr);
+        if (!dweight) ex.quantize(s.dy, dout, N, OC, s.scales + 2, true, false, nullptr, pre);
+        ex.quantize(s.wt, weight, OC, IC, s.scales + 1, false, true, nullptr, none);
         // W^T's rows are OC long: padded_k(OC) = OC, the model's widths being multiples of 16
         ex.gemm(dinp, s.dy, true, s.wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, (const E*)nullptr);
     }
     if (!dweight) return;
     // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
-    if (!dinp) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, nullptr);
-    ex.quantize(s.xt, inp, N, IC, s.scales + 0, false, true, nullptr);
+    if (!dinp) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, nullptr, both);
+    ex.quantize(s.xt, inp, N, IC, s.scales + 0, false, true, nullptr, none);
     ex.gemm(dweight, s.dyt, true, s.xt, false, OC, IC, padded_k(N), s.scales + 5, s.scales + 3, true,
             (const E*)nullptr);
 }
