@@ -103,11 +103,13 @@ struct Workspace {
 
 // Delayed scaling's fused cast (--fp8-history, docs/fp8.md): the op that writes an FP8 product's operand writes
 // the operand's FP8 copies for that product too, at the scale of its history [len] doubles (fmax over their
-// max, once they hold one); transposed: both ways (a whole backward's output gradient), else as it is.
+// max, once they hold one); transposed: both ways (a whole backward's output gradient), else as it is; keep
+// false: nothing but that product reads the op's output, which is then not stored while the history holds one.
 struct Fp8Cast {
     const void* history;
     int len;
     bool transposed;
+    bool keep = true;
 };
 
 class Backend {

@@ -52,8 +52,11 @@ void GPT::backward_chunk(int c, int slot, const void* dy, bool last_micro_step, 
 
 // activation's backward (forward.cpp), the same way.
 void GPT::activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax, int l, bool whole) {
+    // fc's output gradient, cast both ways for the whole backward, is read by
+    // nothing else there unless fc has a bias (GPT-2's) to take its gradient
+    // from it; a split backward keeps it for W.
     Fp8Cast cast;
-    const bool cast_it = amax && fp8_cast(&cast, Param::fcw, l, 2, whole);
+    const bool cast_it = amax && fp8_cast(&cast, Param::fcw, l, 2, whole, !whole || !cfg_.llama());
     if (amax) be_->activation_amax(cfg_.llama(), dfch, fch, dh, N, table_.hidden, amax, cast_it ? &cast : nullptr);
     else be_->activation(cfg_.llama(), dfch, fch, dh, N, table_.hidden);
 }

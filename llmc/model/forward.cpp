@@ -131,7 +131,7 @@ void GPT::rotate(void* qkv, int B, int T, bool inverse) {
 // backward), in the same op (Backend::activation_amax; fp8.cpp).
 void GPT::activation(void* h, const void* fch, int N, void* amax, int l) {
     Fp8Cast cast;
-    const bool cast_it = amax && fp8_cast(&cast, Param::fcprojw, l, 0, false);
+    const bool cast_it = amax && fp8_cast(&cast, Param::fcprojw, l, 0, false, true);  // (the backward's W^T reads h)
     if (amax) be_->activation_amax(cfg_.llama(), h, fch, nullptr, N, table_.hidden, amax, cast_it ? &cast : nullptr);
     else be_->activation(cfg_.llama(), h, fch, nullptr, N, table_.hidden);
 }

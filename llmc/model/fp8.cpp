@@ -59,10 +59,10 @@ void* GPT::fp8_step_amax() { return a_->fp8_step; }
 // (its history's amax, once it holds one), so that op may write the
 // operand's FP8 copies too: a GPU then does not read it again to quantise it
 // (docs/fp8.md). The values are the product's own either way.
-bool GPT::fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed) const {
+bool GPT::fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed, bool keep) const {
     if (fp8_len_ == 0) return false;
     const size_t slot = ((size_t)l * 4 + linear_index(w)) * 3 + which;
-    *c = {elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, transposed};
+    *c = {elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, transposed, keep};
     return true;
 }
 

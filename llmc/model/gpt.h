@@ -362,8 +362,9 @@ class GPT {
     void activation(void* h, const void* fch, int N, void* amax = nullptr, int l = 0);
     void activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax, int l, bool whole);
     // Delayed scaling's cast of operand `which` of layer l's linear layer w by
-    // the op that writes it (Backend::Fp8Cast); false without a history.
-    bool fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed) const;
+    // the op that writes it (Backend::Fp8Cast; keep: another op reads the
+    // operand in the compute type); false without a history.
+    bool fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed, bool keep) const;
     // The four linear layers' products (fp8.cpp): the backend's matmul, or
     // with --fp8 1 the same on operands rounded to FP8 grids, each amax a
     // max over the ranks that hold pieces of its tensor. Row-parallel

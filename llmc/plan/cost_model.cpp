@@ -189,6 +189,11 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     const double moe_mv = c_.moe() ? 2 * a_ * (Nm * C + N * C) : 0;
     double mem_f = a_ * (9 * Ns * C + Nm * (Wfc + H)) + moe_mv;
     double mem_b = a_ * (8 * Ns * C + Nm * (Wfc + 2 * H)) + moe_mv;
+    // Delayed scaling on a GPU: the activation's backward of a whole backward
+    // writes fc's output gradient only as FP8 bytes (fp8_passes) when fc
+    // has no bias (Llama's, Qwen2's) to take its gradient from it.
+    const bool split = l.pp > 1 && (l.pp_order == PipeOrder::zb_h1 || l.pp_order == PipeOrder::zbv);
+    if (l.fp8 && l.fp8_history > 0 && hw_.device != "cpu" && c_.llama() && !c_.moe() && !split) mem_b -= a_ * N * Wfc;
     int kern_f = 5, kern_b = 6;  // LN, residual, LN, activation, residual; their backward and the bias gradients
     if (c_.moe()) kern_f += 4, kern_b += 3;  // routing (and its grouping), dispatch, combine; their backward
     if (standard_) {

@@ -279,6 +279,19 @@ def test_plan_time(tmp):
         check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}): planned {got}, formula {want}")
         print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}): {got * 1e6:.3f} us, "
               f"formula {want * 1e6:.3f} us")
+    # Delayed scaling on a Llama: besides the two casts' reads (fcproj's input, fc's output gradient),
+    # the whole backward leaves fc's output gradient out in bf16 (no fc bias): a·N·2F less per block.
+    F = 48
+    prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": "cuda", "dtype": "bf16"}
+    llama = ["-e", f"arch=llama,L={L},C={C},NH=4,NKV=2,F={F},V={V},T={T}"] + flags + ["--dtype", "bf16"]
+    rows = [plan_row(tmp, f"cast_llama_{h}", prof, llama + ["--fp8-history", str(h)] if h else llama, 1)
+            for h in (0, 2)]
+    if all(rows):
+        got = (rows[0]["breakdown_ms"]["compute"] - rows[1]["breakdown_ms"]["compute"]) / 1e3
+        want = L * 2 * (N * F + N * 2 * F + N * 2 * F) / bw
+        check(abs(got / want - 1) < 1e-9, f"Llama, --fp8-history 2: the casts and the unstored output gradient "
+              f"save {got}, formula {want}")
+        print(f"  planned Llama delayed-scaling saving: {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
     # A zero-bubble schedule splits each backward into B and W, each quantising the
     # output gradient its own way: one more read of a·dy per layer on a GPU (pp 2, a
     # block per stage, 2 micro-batches of 32 rows of 16; W also reads no amax).

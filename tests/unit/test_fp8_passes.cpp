@@ -44,7 +44,7 @@ class CountingBackend : public BackendWrapper {
     void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
                          const Fp8Cast* cast) override {
         fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);
-        if (cast) casts.push_back({dout != nullptr, cast->transposed, cast->history, cast->len});
+        if (cast) casts.push_back({dout != nullptr, cast->transposed, cast->keep, cast->history, cast->len});
         BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax, cast);
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
@@ -60,7 +60,7 @@ class CountingBackend : public BackendWrapper {
     void reset() { calls = elems = fused = fused_elems = 0, casts.clear(); }
     size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
     struct Cast {
-        bool backward, transposed;
+        bool backward, transposed, keep;
         const void* history;
         int len;
     };
@@ -160,8 +160,10 @@ Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
 // next product (Backend::Fp8Cast): forward fcproj's input (slot 3, operand
 // 0), backward fc's output gradient (slot 2, operand 2) both ways when the
 // whole backward runs, as it is for B (W quantises its own); a full
-// recompute's forward again. A Mixtral's experts and current scaling cast
-// nothing. The history named must be the operand's own (its slot number).
+// recompute's forward again. The output is kept in the compute type
+// (keep) but for fc's output gradient in a whole backward without fc's
+// bias (Llama's). A Mixtral's experts and current scaling cast nothing. The
+// history named must be the operand's own (its slot number).
 void check_casts(const GPTConfig& c, const char* spec) {
     const int L = c.num_layers, dense = c.moe() ? 0 : 1;
     for (Recompute rc : {Recompute::none, Recompute::full})
@@ -174,17 +176,18 @@ void check_casts(const GPTConfig& c, const char* spec) {
             bool ok = r.fwd_casts.size() == (size_t)(dense * L) && r.bwd_casts.size() == (size_t)(dense * L * (1 + rf));
             for (size_t i = 0; ok && i < r.fwd_casts.size(); i++) {
                 const auto& k = r.fwd_casts[i];
-                ok = !k.backward && !k.transposed && k.len == kHist && slot_of(k) == ((int)i * 4 + 3) * 3 + 0;
+                ok = !k.backward && !k.transposed && k.keep && k.len == kHist && slot_of(k) == ((int)i * 4 + 3) * 3 + 0;
             }
             int bwd = 0;
             for (size_t i = 0; ok && i < r.bwd_casts.size(); i++) {
                 const auto& k = r.bwd_casts[i];
                 if (!k.backward) {  // the recomputed forward's, before its block's backward
-                    ok = rf && !k.transposed && slot_of(k) % 12 == 3 * 3;
+                    ok = rf && !k.transposed && k.keep && slot_of(k) % 12 == 3 * 3;
                     continue;
                 }
                 const int l = L - 1 - bwd++;  // the blocks backward
-                ok = k.transposed == !split && k.len == kHist && slot_of(k) == (l * 4 + 2) * 3 + 2;
+                ok = k.transposed == !split && k.keep == (split || !c.llama()) && k.len == kHist &&
+                     slot_of(k) == (l * 4 + 2) * 3 + 2;
             }
             CHECK(ok && bwd == dense * L, "%s -r %s %s: the activation's casts (%zu forward, %zu backward) are not "
                   "fcproj's input and fc's output gradient of each block, %s", spec, recompute_name(rc),

@@ -105,8 +105,9 @@ void fp8_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale
 
 // The MLP's activation as fp8k::cast_body's op: element (r, c) of its output
 // (GELU's or SwiGLU's, forward or backward), computed as gelu_* and
-// swiglu_* compute it, stored, and returned as stored; SwiGLU's backward
-// gives both its gradients, dgate at c and dup at H + c, from one read.
+// swiglu_* compute it, rounded to E, stored (st), and returned as rounded;
+// SwiGLU's backward gives both its gradients, dgate at c and dup at H + c,
+// from one read.
 template <typename E>
 struct ActivationCast {
     E* out;
@@ -115,35 +116,36 @@ struct ActivationCast {
     int H;
     bool swiglu;
     __device__ int halves() const { return swiglu && dout ? 2 : 1; }
-    __device__ static float store(E* p, float v) {  // the value as stored
+    __device__ static float store(E* p, float v, bool st) {  // the value as rounded
         const E e = from_float<E>(v);
-        *p = e;
+        if (st) *p = e;
         return to_float(e);
     }
-    __device__ void operator()(int r, int c, float* f) const {
+    __device__ void operator()(int r, int c, float* f, bool st) const {
         const size_t i = (size_t)r * H + c;  // (GELU's backward may write over dout: read first)
         if (!swiglu) {
-            f[0] = store(out + i, dout ? gelu_grad(to_float(a[i])) * to_float(dout[i]) : gelu_value(to_float(a[i])));
+            const float v = dout ? gelu_grad(to_float(a[i])) * to_float(dout[i]) : gelu_value(to_float(a[i]));
+            f[0] = store(out + i, v, st);
             return;
         }
         const size_t gi = (size_t)r * 2 * H + c;
         const float g = to_float(a[gi]), u = to_float(a[gi + H]);
         if (!dout) {
-            f[0] = store(out + i, g * sigmoidf_(g) * u);
+            f[0] = store(out + i, g * sigmoidf_(g) * u, st);
             return;
         }
         const float dy = to_float(dout[i]), sg = sigmoidf_(g);
-        f[0] = store(out + gi, dy * u * sg * (1.f + g * (1.f - sg)));
-        f[1] = store(out + gi + H, dy * g * sg);
+        f[0] = store(out + gi, dy * u * sg * (1.f + g * (1.f - sg)), st);
+        f[1] = store(out + gi + H, dy * g * sg, st);
     }
 };
 
 template <typename E>
 __global__ void fp8_cast_kernel(const ActivationCast<E> op, int rows, int cols, const double* hist, int len, bool e5m2,
-                                uint8_t* q, bool transpose, int ld, uint8_t* plain, unsigned* bits) {
+                                uint8_t* q, bool transpose, int ld, uint8_t* plain, bool keep, unsigned* bits) {
     __shared__ uint8_t tile[fp8k::kTile][fp8k::kTile + 1];
     Fp8Ctx c{tile};
-    fp8k::cast_body(c, op, rows, cols, hist, len, e5m2, q, transpose, ld, plain, bits);
+    fp8k::cast_body(c, op, rows, cols, hist, len, e5m2, q, transpose, ld, plain, keep, bits);
 }
 
 // Row-major C[M, N] (+)= (A[M, K] · B[N, K]^T) · descale_a · descale_b (+ bias[N]),
@@ -334,7 +336,8 @@ class Fp8Ops {
     // the next product's operand in FP8 too, into the scratch where that
     // product's quantiser would (forward: fcproj's input in s.x; backward:
     // fc's output gradient in s.dy, and s.dyt when transposed), and the next
-    // product on `out` skips those quantisers on the device.
+    // product on `out` skips those quantisers on the device; without
+    // cast.keep, `out` itself is then not written.
     void activation_cast(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
                          const Fp8Cast& cast) {
         const bool bwd = dout != nullptr, tr = bwd && cast.transposed;
@@ -348,11 +351,11 @@ class Fp8Ops {
             if (fp32)
                 fp8_cast_kernel<float><<<grid, block, 0, stream_>>>(
                     {(float*)out, (const float*)a, (const float*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q,
-                    tr, g.ld, tr ? s.dy : nullptr, b);
+                    tr, g.ld, tr ? s.dy : nullptr, cast.keep, b);
             else
                 fp8_cast_kernel<bf16><<<grid, block, 0, stream_>>>(
                     {(bf16*)out, (const bf16*)a, (const bf16*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q, tr,
-                    g.ld, tr ? s.dy : nullptr, b);
+                    g.ld, tr ? s.dy : nullptr, cast.keep, b);
             CUDA_CHECK_LAUNCH();
         });
         pending_ = {out, bwd, (size_t)N * cols, {hist, cast.len, tr}};

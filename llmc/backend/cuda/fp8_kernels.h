@@ -152,20 +152,24 @@ FP8K_BODY void quantize_body(Ctx& c, uint8_t* q, const E* x, int rows, int cols,
 // operand, the scale of which its history fixes before the op runs
 // (fp8::history_amax), writes that operand's FP8 copies as it writes the
 // output, where quantize_body would, so the product's quantiser need not
-// read it again. op(r, col, f), as tile_body's v, computes the elements,
-// stores them in the compute type and returns them as stored (Op::halves
-// blocks of columns); the max of |what it stored| goes to *bits (the op's
-// amax, as Backend::activation_amax measures it). While the history holds
-// no amax (the first step) the scale is that amax, not known yet: the op
-// writes no copy and the product quantises as without the cast.
+// read it again. op(r, col, f, store), as tile_body's v, computes the
+// elements, rounds them to the compute type, stores them there when
+// `store`, and returns them as rounded (Op::halves blocks of columns); the
+// max of their magnitudes goes to *bits (the op's amax, as
+// Backend::activation_amax measures it). While the history holds no amax
+// (the first step) the scale is that amax, not known yet: the op writes no
+// copy and the product quantises as without the cast, from the output,
+// which is then always stored; otherwise only when `keep` (something else
+// reads it).
 // The grid: quantize_grid(rows, cols / Op::halves, transpose).
 template <class Ctx, class Op>
 FP8K_BODY void cast_body(Ctx& c, const Op& op, int rows, int cols, const double* hist, int len, bool e5m2, uint8_t* q,
-                         bool transpose, int ld, uint8_t* plain, unsigned* bits) {
+                         bool transpose, int ld, uint8_t* plain, bool keep, unsigned* bits) {
     const double h = fp8::history_amax(hist, len);
     const float s = (float)fp8::scale_for(h, e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3);  // as scales_one
-    c.warp_max_commit(bits,
-                      tile_body(c, h != 0 ? q : nullptr, op, rows, cols, op.halves(), s, e5m2, transpose, ld, plain));
+    const bool store = keep || h == 0;
+    c.warp_max_commit(bits, tile_body(c, h != 0 ? q : nullptr, [&](int r, int col, float* f) { op(r, col, f, store); },
+                                      rows, cols, op.halves(), s, e5m2, transpose, ld, plain));
 }
 
 // ---- a product's launches -----------------------------------------------------------
