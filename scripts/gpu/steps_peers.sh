@@ -217,8 +217,8 @@ step_fp8() {
     local data=build/gpu/bench_tokens.bin ratio
     # The FP8 lab's checks first, without its timings: amax, every byte of
     # the quantised copies, the products against the CPU's emulation, the
-    # measuring activations and norms. A FAIL here says the figures below
-    # are not FP8's to quote.
+    # measuring activations and norms, the activation's cast under delayed
+    # scaling. A FAIL here says the figures below are not FP8's to quote.
     FIGS="" FIGCMD="LAB_CHECK_ONLY=1 dev/cuda/fp8" SUMMARY_MATCH='FAIL|passed' \
         run_prog fp8_lab 60 8 env LAB_CHECK_ONLY=1 dev/cuda/fp8
     bench_data
