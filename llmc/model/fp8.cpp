@@ -39,6 +39,9 @@ static int linear_index(Param w) {
     return w == Param::qkvw ? 0 : w == Param::attprojw ? 1 : w == Param::fcw ? 2 : 3;
 }
 
+// The history's slot of (layer, linear layer w, operand).
+static size_t layer_slot(int l, Param w, int which) { return ((size_t)l * 4 + linear_index(w)) * 3 + which; }
+
 void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,
                    void* amax) {
     void* am = elem_ptr(amax, DType::F64, (size_t)which);
@@ -47,7 +50,7 @@ void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, 
     if (tp_split && tp_ && !local) tp_->max(am, 1, DType::F64);
     if (cp_split && cp_ && !local) cp_->max(am, 1, DType::F64);
     if (fp8_len_ > 0) {  // delayed scaling: record the whole tensor's amax, scale by the history's
-        const size_t slot = ((size_t)l * 4 + linear_index(w)) * 3 + which;
+        const size_t slot = layer_slot(l, w, which);
         be_->fp8_delayed(am, elem_ptr(a_->fp8_step, DType::F64, slot),
                          elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, fp8_record_);
     }
@@ -61,7 +64,7 @@ void* GPT::fp8_step_amax() { return a_->fp8_step; }
 // (docs/fp8.md). The values are the product's own either way.
 bool GPT::fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed, bool keep) const {
     if (fp8_len_ == 0) return false;
-    const size_t slot = ((size_t)l * 4 + linear_index(w)) * 3 + which;
+    const size_t slot = layer_slot(l, w, which);
     *c = {elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, transposed, keep};
     return true;
 }

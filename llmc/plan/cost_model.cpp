@@ -111,7 +111,7 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     };
     // A zero-bubble schedule splits each backward into B and W (each its
     // own passes); weights_only: W's alone.
-    const bool split = backward && l_.pp > 1 && (l_.pp_order == PipeOrder::zb_h1 || l_.pp_order == PipeOrder::zbv);
+    const bool split = backward && this->split();
     // Under delayed scaling the activation casts what it writes (fp8.cpp's
     // fp8_cast): fcproj's input forward, fc's output gradient backward.
     auto cast = [&](int i) { return l_.fp8_history > 0 && i == (backward ? 2 : 3); };
@@ -192,8 +192,7 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     // Delayed scaling on a GPU: the activation's backward of a whole backward
     // writes fc's output gradient only as FP8 bytes (fp8_passes) when fc
     // has no bias (Llama's, Qwen2's) to take its gradient from it.
-    const bool split = l.pp > 1 && (l.pp_order == PipeOrder::zb_h1 || l.pp_order == PipeOrder::zbv);
-    if (l.fp8 && l.fp8_history > 0 && hw_.device != "cpu" && c_.llama() && !c_.moe() && !split) mem_b -= a_ * N * Wfc;
+    if (l.fp8 && l.fp8_history > 0 && hw_.device != "cpu" && c_.llama() && !c_.moe() && !split()) mem_b -= a_ * N * Wfc;
     int kern_f = 5, kern_b = 6;  // LN, residual, LN, activation, residual; their backward and the bias gradients
     if (c_.moe()) kern_f += 4, kern_b += 3;  // routing (and its grouping), dispatch, combine; their backward
     if (standard_) {

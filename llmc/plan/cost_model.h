@@ -85,6 +85,8 @@ class CostModel {
                                 bool fused = false, int part = 0, bool cast = false);
 
   private:
+    // A zero-bubble schedule: each backward is B, then W apart.
+    bool split() const { return l_.pp > 1 && l_.pp_order != PipeOrder::standard; }
     struct Link {
         double bw, lat;
     };

@@ -346,18 +346,14 @@ class Fp8Ops {
         const fp8k::Scratch s = scratch(tr ? (size_t)g.ld * cols : (size_t)N * cols);
         const double* hist = static_cast<const double*>(cast.history);
         uint8_t* q = !bwd ? s.x : tr ? s.dyt : s.dy;
-        measured(amax, [&](unsigned* b) {
-            const dim3 grid(g.gx, g.gy), block(fp8k::kTile, fp8k::kTileRows);
-            if (fp32)
-                fp8_cast_kernel<float><<<grid, block, 0, stream_>>>(
-                    {(float*)out, (const float*)a, (const float*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q,
-                    tr, g.ld, tr ? s.dy : nullptr, cast.keep, b);
-            else
-                fp8_cast_kernel<bf16><<<grid, block, 0, stream_>>>(
-                    {(bf16*)out, (const bf16*)a, (const bf16*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q, tr,
-                    g.ld, tr ? s.dy : nullptr, cast.keep, b);
+        auto launch = [&](auto tag, unsigned* b) {
+            using E = decltype(tag);
+            fp8_cast_kernel<E><<<dim3(g.gx, g.gy), dim3(fp8k::kTile, fp8k::kTileRows), 0, stream_>>>(
+                {(E*)out, (const E*)a, (const E*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q, tr, g.ld,
+                tr ? s.dy : nullptr, cast.keep, b);
             CUDA_CHECK_LAUNCH();
-        });
+        };
+        measured(amax, [&](unsigned* b) { fp32 ? launch(float{}, b) : launch(bf16{}, b); });
         pending_ = {out, bwd, (size_t)N * cols, {hist, cast.len, tr}};
     }
     void delayed(void* amax, void* step_max, const void* hist, int len, bool record) {
