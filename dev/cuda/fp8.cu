@@ -180,8 +180,11 @@ static void check_activation_amax(int N, int H, bool timing) {
 // Delayed scaling's cast (Fp8Ops::activation with an Fp8Cast): for each
 // activation, the output and its amax as the plain kernel's, and the next
 // product (fcproj forward, fc's backward whole and B alone) bit for bit as
-// after the uncast activation, its history holding an amax or empty. The
-// products' other operands are random; C is the model width.
+// after the uncast activation, its history holding an amax or empty; a
+// forward keeping fcproj's input transposed (Fp8Cast::kept), and a
+// recompute writing that copy alone, then fcproj's weight gradient reading
+// it (Fp8Kept) bit for bit as from the stored input. The products' other
+// operands are random; C is the model width.
 template <typename E>
 static void check_activation_cast(int N, int H, int C, bool timing) {
     const std::string t = std::is_same<E, float>::value ? "fp32" : "bf16";
@@ -193,12 +196,17 @@ static void check_activation_cast(int N, int H, int C, bool timing) {
     E *y1 = lab::dev_alloc<E>((size_t)N * 2 * H), *y2 = lab::dev_alloc<E>((size_t)N * 2 * H);
     E *g1 = lab::dev_alloc<E>(w.size()), *g2 = lab::dev_alloc<E>(w.size());
     double *am = lab::dev_alloc<double>(1), *hist = lab::dev_alloc<double>(2), *amax3 = lab::dev_alloc<double>(3);
+    uint8_t* xt = lab::dev_alloc<uint8_t>((size_t)fp8k::padded_k(N) * H);  // fcproj's input kept transposed
     Fp8Ops ops;
     ops.reserve(fp8k::backward_elems(N, C, 2 * H) + fp8k::forward_elems(N, 2 * H, C), 0);
+    // forward: cast as it is, keeping x^T too, a recompute's x^T alone;
+    // backward: whole, B alone, whole with nothing kept
     for (int k = 0; k < 4; k++)
-        for (int mode = 0; mode < (k % 2 ? 3 : 1); mode++)  // backward: whole, B alone, whole with nothing kept
+        for (int mode = 0; mode < 3; mode++)
             for (int holds = 0; holds < 2; holds++) {
-                const bool swiglu = k >= 2, back = k % 2 == 1, whole = back && mode != 1, keep = mode != 2;
+                const bool swiglu = k >= 2, back = k % 2 == 1, whole = back && mode != 1;
+                const bool kept = !back && mode > 0, recompute = !back && mode == 2;
+                const bool keep = back ? mode != 2 : !kept;
                 const int cols = swiglu && back ? 2 * H : H;
                 const size_t n = (size_t)N * cols;
                 // The activation uncast first: its output's amax, then the history (half of it: saturating).
@@ -210,14 +218,29 @@ static void check_activation_cast(int N, int H, int C, bool timing) {
                 double amx[3] = {5.0, 0.3, 1.0};  // x's and w's (any: the same in both runs)
                 amx[back ? 2 : 0] = sc;  // what fp8_delayed leaves: the history's amax, or the operand's own
                 CUDA_CHECK(cudaMemcpy(amax3, amx, sizeof amx, cudaMemcpyHostToDevice));
-                const Fp8Cast cast{hist, 2, whole, keep};  // (not kept: the output is not stored once the history holds)
-                auto product = [&](E* op, E* y, E* g) {  // fcproj forward, or fc's backward (g: dW, zeroed first)
-                    if (!back) return ops.forward(fp32, y, op, dw, nullptr, N, H, C, amax3);
+                Fp8Cast cast{hist, 2, whole, keep};  // (not kept: the output is not stored once the history holds)
+                if (kept) cast.kept = xt, cast.plain = !recompute;
+                const Fp8Kept kp{xt, hist, 2};
+                // fcproj forward (and with a kept x^T its weight gradient, dy
+                // from x), or fc's backward (g: dW, zeroed first)
+                auto product = [&](E* op, E* y, E* g, bool cast_run) {
+                    if (!back) {
+                        if (!recompute) ops.forward(fp32, y, op, dw, nullptr, N, H, C, amax3);
+                        if (!kept) return;
+                        CUDA_CHECK(cudaMemset(g, 0, w.size() * sizeof(E)));
+                        return ops.backward(fp32, nullptr, g, nullptr, dx, op, dw, N, H, C, amax3, nullptr,
+                                            cast_run ? &kp : nullptr);
+                    }
                     CUDA_CHECK(cudaMemset(g, 0, w.size() * sizeof(E)));
                     ops.backward(fp32, y, whole ? g : nullptr, nullptr, op, dx, dw, N, C, cols, amax3, nullptr);
                 };
-                auto uncast = [&] { ops.activation(fp32, swiglu, o1, da, back ? dd : nullptr, N, H, am), product(o1, y1, g1); };
-                auto cast_run = [&] { ops.activation(fp32, swiglu, o2, da, back ? dd : nullptr, N, H, am, &cast), product(o2, y2, g2); };
+                auto uncast = [&] {
+                    ops.activation(fp32, swiglu, o1, da, back ? dd : nullptr, N, H, am), product(o1, y1, g1, false);
+                };
+                auto cast_run = [&] {
+                    ops.activation(fp32, swiglu, o2, da, back ? dd : nullptr, N, H, recompute ? nullptr : am, &cast);
+                    product(o2, y2, g2, true);
+                };
                 uncast(), cast_run();
                 const size_t yn = (size_t)N * C;  // fcproj's output, or fc's input gradient
                 double got = 0;
@@ -225,9 +248,13 @@ static void check_activation_cast(int N, int H, int C, bool timing) {
                 const std::vector<float> w1 = lab::from_device(o1, n), w2 = lab::from_device(o2, n);
                 const std::vector<float> p1 = lab::from_device(y1, yn), p2 = lab::from_device(y2, yn);
                 const std::vector<float> q1 = lab::from_device(g1, w.size()), q2 = lab::from_device(g2, w.size());
-                const bool same = (keep || !holds ? w1 == w2 : true) && got == own && p1 == p2 && (!whole || q1 == q2);
+                const bool same = (keep || !holds ? w1 == w2 : true) && got == own && (recompute || p1 == p2) &&
+                                  (!(whole || kept) || q1 == q2);
                 const std::string what = t + (swiglu ? " swiglu" : " gelu") +
-                                         (!back ? " forward" : !whole ? " B" : keep ? " backward" : " backward unkept");
+                                         (!back       ? (recompute ? " recompute x^T" : kept ? " forward kept x^T" : " forward")
+                                          : !whole    ? " B"
+                                          : keep      ? " backward"
+                                                      : " backward unkept");
                 count(same, "cast " + what + (holds ? " (history)" : " (no history)"),
                       "output, amax and the product's bits as uncast");
                 if (!timing || !holds) continue;
@@ -236,7 +263,7 @@ static void check_activation_cast(int N, int H, int C, bool timing) {
                             lab::slug(what.c_str()).c_str(), ms_uncast / ms_cast, ms_cast, ms_uncast);
             }
     for (void* p : {(void*)da, (void*)dd, (void*)dx, (void*)dw, (void*)o1, (void*)o2, (void*)y1, (void*)y2, (void*)g1,
-                    (void*)g2, (void*)am, (void*)hist, (void*)amax3})
+                    (void*)g2, (void*)am, (void*)hist, (void*)amax3, (void*)xt})
         lab::dev_free(p);
 }
 

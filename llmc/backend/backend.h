@@ -105,11 +105,26 @@ struct Workspace {
 // the operand's FP8 copies for that product too, at the scale of its history [len] doubles (fmax over their
 // max, once they hold one); transposed: both ways (a whole backward's output gradient), else as it is; keep
 // false: nothing but that product reads the op's output, which is then not stored while the history holds one.
+// kept (a forward's, or null): the input's transposed copy for the same layer's weight gradient goes there
+// as well ([H, rows padded to 16] bytes, Fp8Kept), and with plain false only there (a recompute's, for the
+// backward after it: no product of the forward follows).
 struct Fp8Cast {
     const void* history;
     int len;
     bool transposed;
     bool keep = true;
+    void* kept = nullptr;
+    bool plain = true;
+};
+
+// A product's input kept from its forward as the transposed FP8 copy its weight gradient multiplies
+// (--fp8-history): `bytes` [IC, N padded to 16] e4m3 at the scale of the input's history [len] doubles, which
+// the op that wrote the input filled (Fp8Cast::kept) while the history holds an amax; while it holds none the
+// backward writes it there from the input. A backend that rounds inside its products (the CPU's) ignores it.
+struct Fp8Kept {
+    void* bytes;
+    const void* history;
+    int len;
 };
 
 class Backend {
@@ -237,12 +252,15 @@ class Backend {
     // its gradient from the unrounded output gradient, in the compute type.
     virtual void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                                     int OC, const void* amax);
+    // kept (or null): the weight gradient's x^T from there (Fp8Kept).
     virtual void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                                     const void* weight, int N, int IC, int OC, const void* amax);
+                                     const void* weight, int N, int IC, int OC, const void* amax,
+                                     const Fp8Kept* kept = nullptr);
     // The MLP's activation, GELU or SwiGLU (gelu_/swiglu_ ops; H the hidden
     // width): forward (dout null) or backward, and at amax (one double) the
     // largest magnitude of what it wrote, the next FP8 product's operand,
-    // measured in the pass that writes it (CUDA); by default the op, then amax_to. cast (or null): the next
+    // measured in the pass that writes it (CUDA); by default the op, then amax_to (amax null: not measured, a
+    // recompute's cast). cast (or null): the next
     // product's operand cast as well, which that product, matmul_*_fp8 on `out` next, then leaves; a backend
     // that does not fuse it (the CPU's) ignores it, with the same results.
     virtual void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,

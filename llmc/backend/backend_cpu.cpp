@@ -166,8 +166,9 @@ class CpuBackend : public Backend {
         F* wq = fp8_copy(1, f(weight), (size_t)OC * IC, am[1], fp8::Format::e4m3);
         cpu::matmul_forward(f(out), xq, wq, f(bias), N, IC, OC);
     }
+    // (kept: the GPU's FP8 bytes of x^T; the copies here are rounded from inp itself)
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                             const void* weight, int N, int IC, int OC, const void* amax) override {
+                             const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept*) override {
         const double* am = static_cast<const double*>(amax);
         F* dq = fp8_copy(2, f(dout), (size_t)N * OC, am[2], fp8::Format::e5m2);
         F* xq = fp8_copy(0, f(inp), (size_t)N * IC, am[0], fp8::Format::e4m3);

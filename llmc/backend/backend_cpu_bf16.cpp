@@ -268,7 +268,7 @@ class CpuBf16Backend final : public Backend {
             [&](float** x) { f_->matmul_forward_fp8(x[0], x[1], x[2], x[3], N, IC, OC, amax); });
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                             const void* weight, int N, int IC, int OC, const void* amax) override {
+                             const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept*) override {
         run({{dinp, dinp ? (size_t)N * IC : 0, true}, {dweight, dweight ? (size_t)OC * IC : 0, true},
              {dbias, dbias ? (size_t)OC : 0, true}, {dout, (size_t)N * OC, false}, {inp, (size_t)N * IC, false},
              {weight, (size_t)OC * IC, false}},

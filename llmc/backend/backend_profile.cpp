@@ -45,9 +45,10 @@ class ProfilingBackend final : public BackendWrapper {
         BackendWrapper::matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax);
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                             const void* weight, int N, int IC, int OC, const void* amax) override {
+                             const void* weight, int N, int IC, int OC, const void* amax,
+                             const Fp8Kept* kept) override {
         product_ = product_class(IC, OC);
-        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax);
+        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept);
     }
 
     void take(std::vector<double>* ms) {

@@ -184,9 +184,13 @@ class BackendWrapper : public Backend {
         device_op("matmul_forward_fp8", [=] { in_->matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax); });
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                             const void* weight, int N, int IC, int OC, const void* amax) override {
-        device_op("matmul_backward_fp8",
-                  [=] { in_->matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax); });
+                             const void* weight, int N, int IC, int OC, const void* amax,
+                             const Fp8Kept* kept) override {
+        const Fp8Kept k = kept ? *kept : Fp8Kept{};  // by value, as the cast
+        const bool has = kept != nullptr;
+        device_op("matmul_backward_fp8", [=] {
+            in_->matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, has ? &k : nullptr);
+        });
     }
     void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,
                                    int IC, int OC) override {

@@ -99,7 +99,7 @@ void Backend::matmul_forward_fp8(void*, const void*, const void*, const void*, i
     refuse("matmul_forward_fp8");
 }
 void Backend::matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int, int, int,
-                                  const void*) {
+                                  const void*, const Fp8Kept*) {
     refuse("matmul_backward_fp8");
 }
 
@@ -116,7 +116,7 @@ void Backend::activation_amax(bool swiglu, void* out, const void* a, const void*
                               const Fp8Cast*) {
     activation(swiglu, out, a, dout, N, H);
     // (SwiGLU's backward writes [gate | up], 2H per row)
-    amax_to(amax, out, precision().act, (size_t)N * H * (swiglu && dout ? 2 : 1));
+    if (amax) amax_to(amax, out, precision().act, (size_t)N * H * (swiglu && dout ? 2 : 1));
 }
 
 // The block's norms: the forward and backward ops by kind, then (amax

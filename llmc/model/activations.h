@@ -53,6 +53,11 @@ struct GPT::Acts {
     // --fp8-history: per (layer, linear, operand) the last N steps' amaxes
     // ([L, 4, 3, N] doubles, newest first) and this step's ([L, 4, 3]).
     void *fp8_hist = nullptr, *fp8_step = nullptr;
+    // --fp8-history, dense MLP: fcproj's input as the transposed FP8 copy
+    // its weight gradient multiplies ([Hl, N padded to 16] bytes, in 32-bit
+    // words), which the activation's cast writes (Backend::Fp8Kept); kept
+    // like fch_gelu (per layer-slot, or the block's scratch when recomputed).
+    void* fp8_h_t = nullptr;
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
     void* logits;                               // [N,Vl]; with --head-chunk ROWS one [ROWS,Vl] for all slots
@@ -99,6 +104,7 @@ struct GPT::LayerActs {
     void *g_ln1, *g_ln2, *g_atty, *g_h;  // split_backward: the four layers' inputs for W (kept copies, or ln1 ...)
     void* g_router;                      // split_backward, Mixtral: the router's output gradient
     void* amax;                          // --fp8: the slot's amaxes (Acts::fp8_amax; else null)
+    void* h_t;                           // --fp8-history: fcproj's input kept transposed in FP8 (Acts::fp8_h_t)
     void *g_dln1, *g_dln2;               // split_backward, ZeRO 2 and 3: the norms' output gradients from B
     void *g_x2, *g_stats;                // ... under full recompute: the norms' inputs B recomputed (else null)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)

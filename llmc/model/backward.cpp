@@ -73,13 +73,13 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
         acquire(u);
         unit_grads_[u] = nullptr;  // handed out afresh for each W (ZeRO 2 and 3)
         const LayerActs la = layer_acts(l, slot, N, Ns);
-        auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC) {
-            linear_backward_weights(w, Gb(b, l), dout, in, l, N, IC, OC, amax_of(la, w));
+        auto dw = [&](Param w, Param b, const void* dout, const void* in, int IC, int OC, void* in_t = nullptr) {
+            linear_backward_weights(w, Gb(b, l), dout, in, l, N, IC, OC, amax_of(la, w), in_t);
         };
         if (cfg_.moe()) {
             moe_backward(l, la, nullptr, nullptr, N, nullptr, BackwardPart::weights);
         } else {
-            dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.g_h, Hl, C);
+            dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.g_h, Hl, C, la.h_t);
             dw(Param::fcw, Param::fcb, la.g_fc, la.g_ln2, C, (int)fch_width());
         }
         dw(Param::attprojw, Param::attprojb, la.g_attproj, la.g_atty, Cl, C);
@@ -180,7 +180,11 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             }
         } else {
             if (!a.keep_attn) attention_core(la, B, T);
-            if (!a.keep_gelu) activation(la.h, la.fch, cfg_.moe() ? moe_expert_rows(la, N) : N);
+            // (with a kept copy of fcproj's input, the recompute writes that
+            // copy for the whole backward's weight gradient: activation)
+            if (!a.keep_gelu)
+                activation(la.h, la.fch, cfg_.moe() ? moe_expert_rows(la, N) : N, nullptr, l,
+                           input_only ? nullptr : la.h_t);
         }
         // dresidual holds d(x3); it flows unchanged into d(x2) plus the MLP path.
         // With --fp8 the activation's backward measures fc's output gradient,
@@ -216,7 +220,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         } else if (cfg_.llama() || fp8_) {  // the product, then the activation's backward (GELU's in place)
             void* dh = cfg_.llama() ? a.dh : a.dfch;
             linear_backward(dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
-                            amax_of(la, Param::fcprojw), proj_dy_measured);
+                            amax_of(la, Param::fcprojw), proj_dy_measured, la.h_t);
             activation_backward(a.dfch, la.fch, dh, N, fc_dy_amax, l, true);
         } else {  // fcproj's input gradient through the GELU (one op: a backend may fuse them)
             be_->matmul_backward_gelu(a.dfch, G(Param::fcprojw, l), Gb(Param::fcprojb, l), g_bwd(), la.h,

@@ -48,6 +48,11 @@ void* GPT::act_layer(void* base, int l, size_t per_layer_count, DType t) {
     return elem_ptr(base, t, (size_t)l * per_layer_count);
 }
 
+// 32-bit words of a layer-slot's transposed FP8 copy of a rows x cols input
+// (Acts::fp8_h_t): [cols, rows padded to 16] bytes, each slice 256-byte
+// aligned as the FP8 products' scratch (cuBLASLt's default alignment).
+static size_t kept_words(size_t rows, size_t cols) { return ((rows + 15) / 16 * 16 * cols + 255) / 256 * 64; }
+
 // The units a list of chunks needs (tensors.h StageUnits).
 static StageUnits stage_units(const GPTConfig& cfg, const std::vector<ModelChunk>& chunks) {
     StageUnits su;
@@ -266,6 +271,11 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             const size_t slots = (size_t)fp8_slots();
             a.fp8_hist = alloc_buffer(S, "fp8_amax_history", slots * fp8_len_, DType::F64);
             a.fp8_step = alloc_buffer(S, "fp8_amax_step", slots, DType::F64);
+            // fcproj's input kept transposed in FP8 for its weight gradient
+            // (activation's cast), where h is: not when a split backward
+            // recomputes h, whose B keeps h itself for W.
+            if (!cfg.moe() && (a.keep_gelu || !o.split_backward))
+                a.fp8_h_t = block_buf("fp8_h_transposed", kept_words(N, Hl), DType::I32, a.keep_gelu);
         }
     }
     if (HSl) {
@@ -477,6 +487,7 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, ibw, (cfg_.moe() ? R : (size_t)N) * C, act) : nullptr;
     r.g_router = a.g_router ? act_layer(a.g_router, ibw, (size_t)N * cfg_.experts, act) : nullptr;
     r.amax = a.fp8_amax ? elem_ptr(a.fp8_amax, DType::F64, (size_t)i * amax_per_slot()) : nullptr;
+    r.h_t = at(a.fp8_h_t, a.keep_gelu, kept_words(N, Hl), DType::I32);
     r.g_dln1 = a.g_dln1 ? act_layer(a.g_dln1, ibw, Ns * C, act) : nullptr;
     r.g_dln2 = a.g_dln2 ? act_layer(a.g_dln2, ibw, Ns * C, act) : nullptr;
     r.g_x2 = a.g_x2 ? act_layer(a.g_x2, ibw, Ns * C, act) : nullptr;

@@ -72,7 +72,7 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
     if (cfg_.llama() || fp8_) {  // the product, then its activation
         linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false,
                        amax_of(la, Param::fcw), fc_in_amax != nullptr);
-        activation(la.h, la.fch, N, proj_amax, l);
+        activation(la.h, la.fch, N, proj_amax, l, la.h_t);
     } else {  // the product and its GELU (one op: a backend may fuse them)
         be_->matmul_gelu_forward(la.fch, la.h, f_fwd(la.ln2), P(Param::fcw, l), Pb(Param::fcb, l), N, C, fch_width());
     }
@@ -128,11 +128,17 @@ void GPT::rotate(void* qkv, int B, int T, bool inverse) {
 // The MLP's activation: GELU of fch (GPT-2), or SwiGLU of its gate and up halves.
 // The MLP's GELU or SwiGLU; with --fp8 it measures what it writes, the next
 // FP8 product's operand (fcproj's input forward, fc's output gradient
-// backward), in the same op (Backend::activation_amax; fp8.cpp).
-void GPT::activation(void* h, const void* fch, int N, void* amax, int l) {
+// backward), in the same op (Backend::activation_amax; fp8.cpp). Casting
+// with a kept transposed copy, nothing reads h in the compute type (the
+// forward's product reads the plain copy, the weight gradient the kept
+// one), so h is stored only while the history is empty; without one the
+// backward's weight gradient quantises h.
+void GPT::activation(void* h, const void* fch, int N, void* amax, int l, void* kept) {
     Fp8Cast cast;
-    const bool cast_it = amax && fp8_cast(&cast, Param::fcprojw, l, 0, false, true);  // (the backward's W^T reads h)
-    if (amax) be_->activation_amax(cfg_.llama(), h, fch, nullptr, N, table_.hidden, amax, cast_it ? &cast : nullptr);
+    const bool cast_it = (amax || kept) && fp8_cast(&cast, Param::fcprojw, l, 0, false, kept == nullptr);
+    if (cast_it) cast.kept = kept, cast.plain = amax != nullptr;
+    if (cast_it || amax)
+        be_->activation_amax(cfg_.llama(), h, fch, nullptr, N, table_.hidden, amax, cast_it ? &cast : nullptr);
     else be_->activation(cfg_.llama(), h, fch, nullptr, N, table_.hidden);
 }
 

@@ -69,6 +69,15 @@ bool GPT::fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed, bool 
     return true;
 }
 
+// The forward's cast of fcproj's input may keep its transposed copy
+// (LayerActs::h_t): the weight gradient then multiplies that, and quantises
+// the input itself only while the history is empty (nothing was cast).
+bool GPT::fp8_kept(Fp8Kept* k, Param w, int l, void* bytes) const {
+    if (fp8_len_ == 0 || !bytes) return false;
+    *k = {bytes, elem_ptr(a_->fp8_hist, DType::F64, layer_slot(l, w, 0) * fp8_len_), fp8_len_};
+    return true;
+}
+
 void* GPT::amax_of(const LayerActs& la, Param w) const {
     return la.amax ? elem_ptr(la.amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
 }
@@ -107,13 +116,15 @@ void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, i
 }
 
 void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
-                          int OC, bool row, void* amax, bool dout_measured) {
+                          int OC, bool row, void* amax, bool dout_measured, void* in_t) {
     if (!fp8_) {
         be_->matmul_backward(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
     fp8_amax(2, w, l, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
-    be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax);
+    Fp8Kept k;
+    const bool kept = fp8_kept(&k, w, l, in_t);
+    be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr);
 }
 
 void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
@@ -130,12 +141,14 @@ void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const voi
 }
 
 void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
-                                  const void* amax) {
+                                  const void* amax, void* in_t) {
     if (!fp8_) {
         be_->matmul_backward(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
-    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax);
+    Fp8Kept k;
+    const bool kept = fp8_kept(&k, w, l, in_t);
+    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr);
 }
 
 void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst) {

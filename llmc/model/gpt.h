@@ -358,13 +358,19 @@ class GPT {
     // dh); amax (one double, or null): with --fp8 the amax of what it writes,
     // the next FP8 product's operand, measured in the same pass, and with
     // --fp8-history that operand cast for layer l's product too (fp8_cast;
-    // both ways when the whole backward runs) (fp8.cpp).
-    void activation(void* h, const void* fch, int N, void* amax = nullptr, int l = 0);
+    // both ways when the whole backward runs) (fp8.cpp). kept (or null):
+    // fcproj's input also as the transposed FP8 copy its weight gradient
+    // multiplies (LayerActs::h_t): with amax the forward's, beside the plain
+    // copy; without, a recompute's before the backward, that copy alone.
+    void activation(void* h, const void* fch, int N, void* amax = nullptr, int l = 0, void* kept = nullptr);
     void activation_backward(void* dfch, const void* fch, const void* dh, int N, void* amax, int l, bool whole);
     // Delayed scaling's cast of operand `which` of layer l's linear layer w by
     // the op that writes it (Backend::Fp8Cast; keep: another op reads the
     // operand in the compute type); false without a history.
     bool fp8_cast(Fp8Cast* c, Param w, int l, int which, bool transposed, bool keep) const;
+    // The backward's view of that kept copy of layer l's input of w (bytes;
+    // Backend::Fp8Kept); false without one.
+    bool fp8_kept(Fp8Kept* k, Param w, int l, void* bytes) const;
     // The four linear layers' products (fp8.cpp): the backend's matmul, or
     // with --fp8 1 the same on operands rounded to FP8 grids, each amax a
     // max over the ranks that hold pieces of its tensor. Row-parallel
@@ -379,8 +385,9 @@ class GPT {
     // its amax into the slot (activation's), so it is not read again here.
     void linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row,
                         void* amax, bool in_measured = false);
+    // in_t (or null): the input's transposed FP8 copy kept from the forward (fp8_kept).
     void linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
-                         int OC, bool row, void* amax, bool dout_measured = false);
+                         int OC, bool row, void* amax, bool dout_measured = false, void* in_t = nullptr);
     // A split backward's halves of linear_backward: B, the input's gradient
     // alone (with --fp8 the output gradient's amax joins the forward's in
     // the layer-slot), and W, the weight's and bias's gradients (with --fp8
@@ -388,7 +395,7 @@ class GPT {
     void linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
                                bool row, void* amax, bool dout_measured = false);
     void linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
-                                 const void* amax);
+                                 const void* amax, void* in_t = nullptr);
     // amax[which] (0 input, 1 weight, 2 output gradient) of x (null: already
     // there, measured by the op that wrote it), with the group max.
     void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,

@@ -17,7 +17,7 @@ CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, co
 }
 
 CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC,
-                                           bool backward, bool fused, int part, bool cast) {
+                                           bool backward, bool fused, int part, bool cast, bool kept) {
     Fp8Passes p;
     const double x = N * IC, w = OC * IC, dy = N * OC;
     // The forward measures the input and the weight, the backward only the
@@ -34,16 +34,18 @@ CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double
     // the quantiser for it reads nothing (its launch returns at once); W's
     // dy^T is always its own.
     const double in = cast && !cpu ? 0 : a;
+    // kept: the forward writes x^T beside x, and the weight gradient reads it (x^T's pass is gone).
+    const double xt = kept && !cpu ? 0 : (a + 1) * x;
     if (cpu) {  // each operand rounded to a copy once, inside the product's op
         p.quant_bytes = 2 * (a * x + pb * w + (backward ? a * dy : 0));
     } else if (!backward) {  // x and W as they are
-        p.quant_bytes = (in + 1) * x + (pb + 1) * w;
+        p.quant_bytes = (in + 1) * x + (pb + 1) * w + (kept && !cpu ? x : 0);
         p.quant_ops = 1 + 2;
     } else if (part == 0) {  // dy for dX and dy^T for dW in one pass, W^T for dX, x^T for dW
-        p.quant_bytes = (in + 2) * dy + (pb + 1) * w + (a + 1) * x;
+        p.quant_bytes = (in + 2) * dy + (pb + 1) * w + xt;
         p.quant_ops = 1 + 3;
     } else {  // B: the scales, dy and W^T; W: the scales again, dy^T and x^T (dy read twice)
-        p.quant_bytes = part == 1 ? (in + 1) * dy + (pb + 1) * w : (a + 1) * dy + (a + 1) * x;
+        p.quant_bytes = part == 1 ? (in + 1) * dy + (pb + 1) * w : (a + 1) * dy + xt;
         p.quant_ops = 1 + 2;
     }
     if (part == 2) p.amax_bytes = 0, p.amax_ops = 0;  // W reads B's amaxes from the slot
@@ -115,10 +117,10 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     // Under delayed scaling the activation casts what it writes (fp8.cpp's
     // fp8_cast): fcproj's input forward, fc's output gradient backward.
     auto cast = [&](int i) { return l_.fp8_history > 0 && i == (backward ? 2 : 3); };
-    auto fp8 = [&](const Linear& x, double rows, bool fused = false, bool cast_in = false) {
+    auto fp8 = [&](const Linear& x, double rows, bool fused = false, bool cast_in = false, bool kept = false) {
         auto part = [&](int k) {
             const Fp8Passes p =
-                fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k, cast_in);
+                fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k, cast_in, kept);
             const int delayed = l_.fp8_history > 0 && k != 2 ? (backward ? 1 : 2) : 0;
             return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
         };
@@ -128,7 +130,8 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
         if (layer < 0 || layer == i)
-            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i), cast(i)) : product(N, ls[i]);
+            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i), cast(i), i == 3 && kept_h())
+                            : product(N, ls[i]);
     if (c_.moe()) {  // the experts' blocks, each on FP8 operands of its own under --fp8 1
         const double E = c_.experts, rows = N * c_.top_k / E;
         if (layer < 0) t += product(N, {C, E});
@@ -137,6 +140,11 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
                 t += E * (rate8_ > 0 ? product(rows, ls[i], rate8_) + fp8(ls[i], rows) : product(rows, ls[i]));
     }
     return t;
+}
+
+bool CostModel::kept_h() const {
+    return l_.fp8 && l_.fp8_history > 0 && hw_.device != "cpu" && !c_.moe() &&
+           (l_.recompute == Recompute::none || !split());
 }
 
 Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
@@ -193,6 +201,9 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     // writes fc's output gradient only as FP8 bytes (fp8_passes) when fc
     // has no bias (Llama's, Qwen2's) to take its gradient from it.
     if (l.fp8 && l.fp8_history > 0 && hw_.device != "cpu" && c_.llama() && !c_.moe() && !split()) mem_b -= a_ * N * Wfc;
+    // ... and its forward writes fcproj's input only as FP8 bytes where it
+    // keeps the transposed copy (kept_h); a recompute then writes that copy.
+    if (kept_h()) mem_f -= a_ * N * H;
     int kern_f = 5, kern_b = 6;  // LN, residual, LN, activation, residual; their backward and the bias gradients
     if (c_.moe()) kern_f += 4, kern_b += 3;  // routing (and its grouping), dispatch, combine; their backward
     if (standard_) {
@@ -202,7 +213,7 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
         mem_b += 2 * a_ * N * C / tp + 2 * Ns * C * (1 + 2 * a_);
         kern_f += 4, kern_b += 3;  // softmax, dropout, transpose, bias; their backward
     }
-    const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : Nm * (Wfc + H) * a_;
+    const double mem_rec = full ? mem_f : rc == Recompute::none ? 0 : Nm * (Wfc * a_ + H * (kept_h() ? 1 : a_));
     const int kern_rec = full ? kern_f : rc == Recompute::none ? 0 : 1;
     const double gm_f = block_gemms(false), gm_b = block_gemms(true);
     const double blk_compute = gm_f + gm_b + (full ? gm_f : 0) + attn_f + attn_b + (attn_again ? attn_f : 0) +

@@ -80,9 +80,15 @@ class CostModel {
     // output gradient) was measured by the op that wrote it; cast: that op
     // wrote its FP8 copies too (delayed scaling, a GPU's: the MLP's
     // activation). part (backward): 0 the whole, 1 a split backward's B (the
-    // input gradient), 2 its W.
+    // input gradient), 2 its W. kept: the forward's cast also wrote the
+    // input's transposed copy, which the weight gradient multiplies
+    // (fcproj's: the forward writes it, the backward reads no input).
     static Fp8Passes fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC, bool backward,
-                                bool fused = false, int part = 0, bool cast = false);
+                                bool fused = false, int part = 0, bool cast = false, bool kept = false);
+    // The forward's cast keeps fcproj's input transposed in FP8 (a GPU's
+    // delayed scaling on a dense MLP, where h is kept or a whole backward
+    // recomputes it): h is then not stored in the compute type.
+    bool kept_h() const;
 
   private:
     // A zero-bubble schedule: each backward is B, then W apart.

@@ -193,9 +193,11 @@ def test_local_amax_differs(tmp):
 
 def test_plan_memory(tmp):
     """The planner builds the same model on its measuring backend: its memory
-    line equals the run's, FP8 operand copies included (a Mixtral's: its
-    experts' block amaxes and histories too)."""
-    for np_, model, extra in [(0, GPT, []), (2, GPT, ["--tp", "2"]), (0, MIX, ["--fp8-history", "3"]),
+    line equals the run's, FP8 operand copies included (delayed scaling's
+    kept transposed copy of fcproj's input, per layer-slot or recomputed; a
+    Mixtral's: its experts' block amaxes and histories too)."""
+    for np_, model, extra in [(0, GPT, []), (2, GPT, ["--tp", "2"]), (0, GPT, ["--fp8-history", "3"]),
+                              (0, GPT, ["--fp8-history", "3", "-r", "1"]), (0, MIX, ["--fp8-history", "3"]),
                               (2, MIX, ["--ep", "2"])]:
         run_b, plan_b, err = plan_memory(np_, base(model) + ["-b", "4", "-d", "256", "-x", "1"] + extra)
         ok = run_b is not None and run_b == plan_b
@@ -271,16 +273,22 @@ def test_plan_time(tmp):
                 # QKV's (k 0) and fc's (k 2) inputs, the GELU fcproj's (k 3); backward the GELU
                 # fc's dy (k 2), the norms' backward attention's projection's (k 1) and fcproj's (k 3).
                 # Delayed scaling: the GELU writes the bytes of fcproj's input (k 3) forward and of fc's
-                # dy (k 2) both ways backward, which their quantisers then do not read.
+                # dy (k 2) both ways backward, which their quantisers then do not read; fcproj's input
+                # also transposed for its weight gradient, which then reads no input, and the GELU
+                # does not store its output in bf16 (a·N·4C less of the block's own traffic).
                 xin, dyin = (0 if hist and k == 3 else a), (0 if hist and k == 2 else a)
+                kept = hist and k == 3
                 want += a * ((x if k == 1 else 0) + w) + (xin + 1) * x + (a + 1) * w + (a * dy if k == 0 else 0)
-                want += (dyin + 2) * dy + (a + 1) * (w + x)
+                want += (dyin + 2) * dy + (a + 1) * w + (0 if kept else (a + 1) * x)
+                want += x - a * x if kept else 0
         want = L * want / bw
         check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}): planned {got}, formula {want}")
         print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}): {got * 1e6:.3f} us, "
               f"formula {want * 1e6:.3f} us")
     # Delayed scaling on a Llama: besides the two casts' reads (fcproj's input, fc's output gradient),
-    # the whole backward leaves fc's output gradient out in bf16 (no fc bias): a·N·2F less per block.
+    # the whole backward leaves fc's output gradient out in bf16 (no fc bias): a·N·2F less per block;
+    # fcproj's input kept transposed in FP8: its weight gradient's pass (a + 1)·N·F gone, N·F more
+    # written forward, where SwiGLU's bf16 output is not stored (a·N·F).
     F = 48
     prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": "cuda", "dtype": "bf16"}
     llama = ["-e", f"arch=llama,L={L},C={C},NH=4,NKV=2,F={F},V={V},T={T}"] + flags + ["--dtype", "bf16"]
@@ -288,7 +296,7 @@ def test_plan_time(tmp):
             for h in (0, 2)]
     if all(rows):
         got = (rows[0]["breakdown_ms"]["compute"] - rows[1]["breakdown_ms"]["compute"]) / 1e3
-        want = L * 2 * (N * F + N * 2 * F + N * 2 * F) / bw
+        want = L * (2 * (N * F + N * 2 * F + N * 2 * F) + 3 * N * F - N * F + 2 * N * F) / bw
         check(abs(got / want - 1) < 1e-9, f"Llama, --fp8-history 2: the casts and the unstored output gradient "
               f"save {got}, formula {want}")
         print(f"  planned Llama delayed-scaling saving: {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")

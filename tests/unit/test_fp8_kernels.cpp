@@ -227,7 +227,10 @@ struct EmuExec {
     fp8k::Scratch s;
     size_t elems;  // what each buffer of s holds
     std::string* err;
+    const uint8_t* kept = nullptr;  // a kept copy's buffer (fp8k::Kept) and its bytes
+    size_t kept_bytes = 0;
     bool inside(const uint8_t* p, size_t n) const {
+        if (kept && p == kept) return n <= kept_bytes;
         for (const uint8_t* b : {s.x, s.w, s.dy, s.xt, s.wt, s.dyt})
             if (p == b) return n <= elems;
         return false;
@@ -394,12 +397,14 @@ void test_cast_bytes() {
     std::mt19937 rng(23);
     const int shapes[][2] = {{5, 40}, {33, 31}, {17, 130}};
     for (const auto& sh : shapes)
-        for (int mode = 0; mode < 3; mode++)  // forward (e4m3 as it is), B (e5m2 as it is), whole (e5m2 both ways)
+        // forward (e4m3 as it is), B (e5m2 as it is), whole (e5m2 both ways), a forward keeping the
+        // transposed copy (e4m3 both ways), a recompute's (e4m3 transposed alone)
+        for (int mode = 0; mode < 5; mode++)
             for (int holds = 0; holds < 2; holds++)
                 for (int halves = 1; halves <= (sh[1] % 2 == 0 ? 2 : 1); halves++) {
                     const int R = sh[0], C = sh[1], ld = fp8k::padded_k(R);
                     const bool keep = (R + halves + mode) % 2 == 0;  // both ways over the shapes and modes
-                    const bool e5 = mode > 0, tr = mode == 2;
+                    const bool e5 = mode == 1 || mode == 2, tr = mode >= 2, with_plain = tr && mode != 4;
                     std::normal_distribution<float> nd(0.f, 2.f);
                     std::vector<float> x((size_t)R * C), y((size_t)R * C, -1.f);
                     for (float& v : x) v = nd(rng);
@@ -410,7 +415,8 @@ void test_cast_bytes() {
                     std::vector<uint8_t> q(qn + 2 * kGuard, kCanary), plain((size_t)R * C + 2 * kGuard, kCanary);
                     std::vector<uint8_t> wq = q, wplain = plain;
                     const unsigned bits = emu_cast(EmuOp<float>{y.data(), x.data(), C, halves}, R, C, hist, 3, e5,
-                                                   q.data() + kGuard, tr, tr ? plain.data() + kGuard : nullptr, keep);
+                                                   q.data() + kGuard, tr, with_plain ? plain.data() + kGuard : nullptr,
+                                                   keep);
                     bool out_ok = true;
                     for (size_t i = 0; i < x.size(); i++)
                         out_ok &= y[i] == (keep || !holds ? 1.5f * x[i] - 0.25f * x[i] * x[i] : -1.f);
@@ -419,8 +425,12 @@ void test_cast_bytes() {
                     for (size_t i = 0; i < x.size(); i++) y_want[i] = 1.5f * x[i] - 0.25f * x[i] * x[i];
                     if (holds)
                         emu_quantize(wq.data() + kGuard, y_want.data(), R, C, &scale, e5, tr,
-                                     tr ? wplain.data() + kGuard : nullptr);
-                    const char* mn = mode == 0 ? "forward" : mode == 1 ? "B" : "whole backward";
+                                     with_plain ? wplain.data() + kGuard : nullptr);
+                    const char* mn = mode == 0   ? "forward"
+                                     : mode == 1 ? "B"
+                                     : mode == 2 ? "whole backward"
+                                     : mode == 3 ? "forward keeping x^T"
+                                                 : "recompute's x^T";
                     CHECK(out_ok, "cast %dx%d %s, %d halves, keep %d, history %s: the op's output (stored only "
                           "when kept or while the history is empty)", R, C, mn, halves, keep,
                           holds ? "holding" : "empty");
@@ -498,6 +508,78 @@ void test_cast_products() {
             }
 }
 
+// fcproj's input kept from the forward (fp8k::Kept): the activation's cast
+// writes the plain copy for the forward's product and the transposed one
+// into the kept buffer, without storing its output (keep false) while the
+// history holds an amax; the forward, then the weight gradient (whole
+// backward, or W alone) reading the kept copy, equal the products that
+// quantise the op's output themselves, bit for bit, with x^T's conversions
+// left out while the history holds an amax. While it is empty the output
+// is stored and the backward writes x^T into the kept buffer from it. The
+// unstored output is NaN: a product that read it would show it.
+void test_kept_input() {
+    std::string err;
+    const int N = 37, IC = 48, OC = 80, ld = fp8k::padded_k(N);
+    std::mt19937 rng(31);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<double> in((size_t)N * IC), w((size_t)OC * IC), dy((size_t)N * OC);
+    for (double& v : in) v = nd(rng);
+    for (double& v : w) v = 0.3 * nd(rng);
+    for (double& v : dy) v = 1e-3 * nd(rng);
+    std::vector<double> want((size_t)N * IC);  // the op's output (EmuOp's, in double)
+    for (size_t i = 0; i < in.size(); i++) want[i] = (double)(1.5f * (float)in[i] - 0.25f * (float)in[i] * (float)in[i]);
+    const double own = cpu::amax(want.data(), want.size());
+    for (int holds = 0; holds < 2; holds++)
+        for (int whole = 0; whole < 2; whole++) {
+            const double hist[2] = {holds ? own * 1.5 : 0, 0};
+            double amax[3] = {holds ? own * 1.5 : own, cpu::amax(w.data(), w.size()), cpu::amax(dy.data(), dy.size())};
+            const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+            std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
+            std::vector<uint8_t> kept((size_t)IC * ld + 2 * kGuard, kCanary);
+            EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err, kept.data() + kGuard,
+                               (size_t)IC * ld};
+            EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
+            std::vector<double> x((size_t)N * IC, NAN);  // the op's output where it is stored
+            emu_cast(EmuOp<double>{x.data(), in.data(), IC, 1}, N, IC, hist, 2, false, kept.data() + kGuard, true,
+                     ex.s.x, false);
+            bool stored = true, untouched = true;
+            for (size_t i = 0; i < x.size(); i++) stored &= holds ? std::isnan(x[i]) : x[i] == want[i];
+            for (size_t i = kGuard; i < kGuard + (size_t)IC * ld; i++) untouched &= kept[i] == kCanary;
+            CHECK(stored, "kept x^T, history %s: the op's output %s", holds ? "holding" : "empty",
+                  holds ? "stored though only the FP8 copies are read" : "not stored while the history is empty");
+            CHECK(untouched == !holds, "kept x^T, history %s: the cast %s the kept copy", holds ? "holding" : "empty",
+                  holds ? "did not write" : "wrote (its scale is not known yet)");
+            const fp8k::Precast pre{hist, 2, false};
+            const fp8k::Kept k{kept.data() + kGuard, hist, 2};
+            std::vector<double> out((size_t)N * OC), out2 = out, dx((size_t)N * IC, 7.0), dx2 = dx;
+            std::vector<double> dw((size_t)OC * IC, 0.5), dw2 = dw;
+            fp8k::forward(ex, ex.s, out.data(), x.data(), w.data(), (const double*)nullptr, N, IC, OC, amax, &pre);
+            fp8k::forward(plain_ex, plain_ex.s, out2.data(), want.data(), w.data(), (const double*)nullptr, N, IC, OC,
+                          amax);
+            g_conversions = 0;
+            fp8k::backward(ex, ex.s, whole ? dx.data() : nullptr, dw.data(), dy.data(), x.data(), w.data(), N, IC, OC,
+                           amax, nullptr, &k);
+            const size_t conv = g_conversions;
+            g_conversions = 0;
+            fp8k::backward(plain_ex, plain_ex.s, whole ? dx2.data() : nullptr, dw2.data(), dy.data(), want.data(),
+                           w.data(), N, IC, OC, amax);
+            const size_t wconv = g_conversions - (holds ? (size_t)N * IC : 0);
+            bool pad = true;  // the kept copy's padding rows: zero bytes, as the quantiser's
+            for (int c = 0; c < IC; c++)
+                for (int r = N; r < ld; r++) pad &= kept[kGuard + (size_t)c * ld + r] == 0;
+            bool guards = true;
+            for (size_t i = 0; i < kGuard; i++) guards &= kept[i] == kCanary && kept[kGuard + (size_t)IC * ld + i] == kCanary;
+            const char* mn = whole ? "whole backward" : "W";
+            CHECK(err.empty() && out == out2, "kept x^T, history %s: the forward after the cast differs %s",
+                  holds ? "holding" : "empty", err.c_str());
+            CHECK(err.empty() && dw == dw2 && dx == dx2 && pad && guards,
+                  "kept x^T then %s, history %s: differs from the product quantising x itself (pad %d, guards %d) %s",
+                  mn, holds ? "holding" : "empty", pad, guards, err.c_str());
+            CHECK(conv == wconv, "kept x^T then %s, history %s: %zu conversions, want %zu", mn,
+                  holds ? "holding" : "empty", conv, wconv);
+        }
+}
+
 }  // namespace
 
 int main() {
@@ -507,5 +589,6 @@ int main() {
     test_products();
     test_cast_bytes();
     test_cast_products();
+    test_kept_input();
     return check_summary();
 }

@@ -43,9 +43,17 @@ class CountingBackend : public BackendWrapper {
     }
     void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
                          const Fp8Cast* cast) override {
-        fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);
-        if (cast) casts.push_back({dout != nullptr, cast->transposed, cast->keep, cast->history, cast->len});
+        if (amax) fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);  // (null: a recompute's cast)
+        if (cast)
+            casts.push_back({dout != nullptr, cast->transposed, cast->keep, cast->history, cast->len, cast->kept,
+                             cast->plain, amax != nullptr});
         BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax, cast);
+    }
+    void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
+                             const void* weight, int N, int IC, int OC, const void* amax,
+                             const Fp8Kept* kept) override {
+        if (dweight) grads.push_back({IC, OC, kept ? kept->bytes : nullptr, kept ? kept->history : nullptr});
+        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept);
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                    const void* w, const void* bias, int N, int C, double eps, void* amax) override {
@@ -57,14 +65,21 @@ class CountingBackend : public BackendWrapper {
         fused++, fused_elems += (size_t)N * C;
         BackendWrapper::norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax);
     }
-    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(); }
+    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(), grads.clear(); }
     size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
     struct Cast {
         bool backward, transposed, keep;
         const void* history;
         int len;
+        void* kept;
+        bool plain, measured;
     };
     std::vector<Cast> casts;  // the activation's casts asked for (delayed scaling)
+    struct Grad {  // a weight gradient's product
+        int IC, OC;
+        const void *kept, *history;
+    };
+    std::vector<Grad> grads;
 };
 
 struct Count {
@@ -105,6 +120,7 @@ struct Run {
     Count fwd, bwd;
     size_t w_calls;
     std::vector<CountingBackend::Cast> fwd_casts, bwd_casts;
+    std::vector<CountingBackend::Grad> grads;  // the weight gradients' products, B's or W's
 };
 Count taken(CountingBackend* be) {
     Count c;
@@ -145,12 +161,15 @@ Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
     if (split) {
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::input);
         run.bwd_casts = be->casts;
+        run.grads = be->grads;
         run.bwd = taken(be);
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::weights);
+        run.grads.insert(run.grads.end(), be->grads.begin(), be->grads.end());
         run.w_calls = taken(be).calls;
     } else {
         model.backward_chunk(0, 0, nullptr, true);
         run.bwd_casts = be->casts;
+        run.grads = be->grads;
         run.bwd = taken(be);
     }
     return run;
@@ -162,37 +181,79 @@ Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
 // whole backward runs, as it is for B (W quantises its own); a full
 // recompute's forward again. The output is kept in the compute type
 // (keep) but for fc's output gradient in a whole backward without fc's
-// bias (Llama's). A Mixtral's experts and current scaling cast nothing. The
-// history named must be the operand's own (its slot number).
+// bias (Llama's), and for fcproj's input where the forward's cast also
+// keeps its transposed copy for fcproj's weight gradient (Fp8Cast::kept:
+// wherever h is, per layer-slot or the recompute's scratch, but not when a
+// split backward recomputes h): that weight gradient multiplies the same
+// copy (Fp8Kept), and a GELU recompute before a whole backward writes it
+// again, alone and unmeasured. A Mixtral's experts and current scaling cast
+// nothing. The history named must be the operand's own (its slot number).
 void check_casts(const GPTConfig& c, const char* spec) {
     const int L = c.num_layers, dense = c.moe() ? 0 : 1;
-    for (Recompute rc : {Recompute::none, Recompute::full})
+    const size_t H = c.hidden(), C = c.channels;
+    for (Recompute rc : {Recompute::none, Recompute::gelu, Recompute::selective, Recompute::full})
         for (bool split : {false, true}) {
             const Run cur = passes(c, rc, split);
             CHECK(cur.fwd_casts.empty() && cur.bwd_casts.empty(), "%s: current scaling asks for casts", spec);
+            bool none_kept = true;
+            for (const auto& g : cur.grads) none_kept &= g.kept == nullptr;
+            CHECK(none_kept, "%s: current scaling keeps an FP8 copy", spec);
             const Run r = passes(c, rc, split, kHist);
-            const size_t rf = rc == Recompute::full ? 1 : 0;
-            auto slot_of = [&](const CountingBackend::Cast& k) { return (int)*(const double*)k.history - 1; };
-            bool ok = r.fwd_casts.size() == (size_t)(dense * L) && r.bwd_casts.size() == (size_t)(dense * L * (1 + rf));
+            const bool full = rc == Recompute::full, again = rc == Recompute::gelu || rc == Recompute::selective;
+            const bool kept = dense && (rc == Recompute::none || !split);
+            auto slot_of = [&](const void* h) { return (int)*(const double*)h - 1; };
+            const char* how = split ? "B then W" : "whole";
+            // the forward's: fcproj's input, and its transposed copy where kept
+            bool ok = r.fwd_casts.size() == (size_t)(dense * L);
             for (size_t i = 0; ok && i < r.fwd_casts.size(); i++) {
                 const auto& k = r.fwd_casts[i];
-                ok = !k.backward && !k.transposed && k.keep && k.len == kHist && slot_of(k) == ((int)i * 4 + 3) * 3 + 0;
+                ok = !k.backward && !k.transposed && k.plain && k.measured && k.len == kHist &&
+                     slot_of(k.history) == ((int)i * 4 + 3) * 3 + 0 && (k.kept != nullptr) == kept && k.keep == !kept &&
+                     (!kept || i == 0 || (k.kept == r.fwd_casts[0].kept) == (rc != Recompute::none));
             }
-            int bwd = 0;
+            CHECK(ok, "%s -r %s %s: the forward's casts (%zu) are not fcproj's input of each block, its transposed "
+                  "copy %s", spec, recompute_name(rc), how, r.fwd_casts.size(),
+                  kept ? "kept where h is (per layer-slot, or the one scratch)" : "not kept");
+            // the backward's: fc's output gradient; before it a full
+            // recompute's forward cast, or a GELU recompute's kept copy
+            int bwd = 0, again_casts = 0;
+            ok = true;
             for (size_t i = 0; ok && i < r.bwd_casts.size(); i++) {
                 const auto& k = r.bwd_casts[i];
-                if (!k.backward) {  // the recomputed forward's, before its block's backward
-                    ok = rf && !k.transposed && k.keep && slot_of(k) % 12 == 3 * 3;
+                const int l = L - 1 - bwd;  // the block whose backward is next
+                if (!k.backward) {
+                    if (full)  // the recomputed forward's, as the forward's
+                        ok = k.plain && k.measured && (k.kept != nullptr) == kept && k.keep == !kept &&
+                             slot_of(k.history) == (l * 4 + 3) * 3;
+                    else  // the recomputed activation's: the kept copy alone
+                        ok = again && kept && !k.plain && !k.measured && !k.keep && k.kept == r.fwd_casts[0].kept &&
+                             slot_of(k.history) == (l * 4 + 3) * 3;
+                    again_casts++;
                     continue;
                 }
-                const int l = L - 1 - bwd++;  // the blocks backward
+                bwd++;
                 ok = k.transposed == !split && k.keep == (split || !c.llama()) && k.len == kHist &&
-                     slot_of(k) == (l * 4 + 2) * 3 + 2;
+                     slot_of(k.history) == (l * 4 + 2) * 3 + 2;
             }
-            CHECK(ok && bwd == dense * L, "%s -r %s %s: the activation's casts (%zu forward, %zu backward) are not "
-                  "fcproj's input and fc's output gradient of each block, %s", spec, recompute_name(rc),
-                  split ? "B then W" : "whole", r.fwd_casts.size(), r.bwd_casts.size(),
-                  split ? "B's as they are" : "both ways");
+            const int want_again = dense * L * (full || (again && kept) ? 1 : 0);
+            CHECK(ok && bwd == dense * L && again_casts == want_again,
+                  "%s -r %s %s: the backward's casts (%d of fc's output gradient, %d recomputed) are not fc's output "
+                  "gradient of each block, %s, after %d recomputed", spec, recompute_name(rc), how, bwd, again_casts,
+                  split ? "B's as they are" : "both ways", want_again);
+            // fcproj's weight gradient multiplies the kept copy of its block
+            int fcproj = 0;
+            ok = true;
+            for (const auto& g : r.grads) {
+                if (!dense || !((size_t)g.IC == H && (size_t)g.OC == C)) {  // (a Mixtral's experts: none kept)
+                    ok &= g.kept == nullptr;
+                    continue;
+                }
+                const int l = L - 1 - fcproj++;
+                ok &= kept ? g.kept == r.fwd_casts[l].kept && slot_of(g.history) == (l * 4 + 3) * 3 : !g.kept;
+            }
+            CHECK(ok && fcproj == dense * L, "%s -r %s %s: fcproj's weight gradients (%d) %s", spec,
+                  recompute_name(rc), how, fcproj,
+                  kept ? "do not multiply their block's kept copy" : "name a kept copy where none is kept");
         }
 }
 

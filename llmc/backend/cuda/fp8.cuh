@@ -315,12 +315,14 @@ class Fp8Ops {
     }
     // An op whose kernels take the max of what they write into the amax
     // bits as they go, op(bits) (no pass of its own: Backend::activation_amax,
-    // norm_amax, norm_backward_amax), then the amax stored as a double.
+    // norm_amax, norm_backward_amax), then the amax stored as a double
+    // (amax null: not wanted, a recompute's cast; the bits are scratch).
     template <typename Op>
     void measured(void* amax, Op op) {
         unsigned* b = scratch(0).bits;
-        CUDA_CHECK(cudaMemsetAsync(b, 0, sizeof(unsigned), stream_));
+        if (amax) CUDA_CHECK(cudaMemsetAsync(b, 0, sizeof(unsigned), stream_));
         op(b);
+        if (!amax) return;
         amax_store_kernel<<<1, 1, 0, stream_>>>(static_cast<double*>(amax), b);
         CUDA_CHECK_LAUNCH();
     }
@@ -337,24 +339,28 @@ class Fp8Ops {
     // product's quantiser would (forward: fcproj's input in s.x; backward:
     // fc's output gradient in s.dy, and s.dyt when transposed), and the next
     // product on `out` skips those quantisers on the device; without
-    // cast.keep, `out` itself is then not written.
+    // cast.keep, `out` itself is then not written. A forward's cast.kept
+    // takes the transposed copy for the layer's weight gradient, beside the
+    // plain one in s.x (none without cast.plain: a recompute's).
     void activation_cast(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
                          const Fp8Cast& cast) {
-        const bool bwd = dout != nullptr, tr = bwd && cast.transposed;
+        const bool bwd = dout != nullptr, tr = bwd ? cast.transposed : cast.kept != nullptr;
+        const bool plain = bwd || cast.plain;  // a copy in the scratch for the next product
         const int cols = swiglu && bwd ? 2 * H : H;
         const fp8k::QuantizeGrid g = fp8k::quantize_grid(N, H, tr);  // (SwiGLU's backward: H wide, 2 values each)
         const fp8k::Scratch s = scratch(tr ? (size_t)g.ld * cols : (size_t)N * cols);
         const double* hist = static_cast<const double*>(cast.history);
-        uint8_t* q = !bwd ? s.x : tr ? s.dyt : s.dy;
+        uint8_t* q = !bwd ? (tr ? static_cast<uint8_t*>(cast.kept) : s.x) : tr ? s.dyt : s.dy;
+        uint8_t* both = !tr || !plain ? nullptr : bwd ? s.dy : s.x;  // the plain copy beside the transposed one
         auto launch = [&](auto tag, unsigned* b) {
             using E = decltype(tag);
             fp8_cast_kernel<E><<<dim3(g.gx, g.gy), dim3(fp8k::kTile, fp8k::kTileRows), 0, stream_>>>(
-                {(E*)out, (const E*)a, (const E*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q, tr, g.ld,
-                tr ? s.dy : nullptr, cast.keep, b);
+                {(E*)out, (const E*)a, (const E*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q, tr, g.ld, both,
+                cast.keep, b);
             CUDA_CHECK_LAUNCH();
         };
         measured(amax, [&](unsigned* b) { fp32 ? launch(float{}, b) : launch(bf16{}, b); });
-        pending_ = {out, bwd, (size_t)N * cols, {hist, cast.len, tr}};
+        pending_ = plain ? Pending{out, bwd, (size_t)N * cols, {hist, cast.len, bwd && tr}} : Pending{};
     }
     void delayed(void* amax, void* step_max, const void* hist, int len, bool record) {
         fp8_delayed_kernel<<<1, 1, 0, stream_>>>((double*)amax, (double*)step_max, (const double*)hist, len, record);
@@ -367,20 +373,23 @@ class Fp8Ops {
     }
     // The bias gradient (from the unrounded dout) with matmul.cuh's kernel
     // and its scratch (matmul_backward_scratch_floats).
+    // kept (or null): the weight gradient's x^T from the forward's cast (fp8k::Kept).
     void backward(bool fp32, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
-                  int N, int IC, int OC, const void* amax, float* bias_scratch) {
+                  int N, int IC, int OC, const void* amax, float* bias_scratch, const Fp8Kept* kept = nullptr) {
         const fp8k::Scratch s = scratch(fp8k::backward_elems(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
         const fp8k::Precast* pre = take_precast(dout, true, (size_t)N * OC);
+        fp8k::Kept k{};
+        if (kept) k = {static_cast<uint8_t*>(kept->bytes), static_cast<const double*>(kept->history), kept->len};
         if (fp32) {
             Fp8Exec<float> ex{gemm_, stream_};
             fp8k::backward(ex, s, (float*)dinp, (float*)dw, (const float*)dout, (const float*)inp, (const float*)w, N,
-                           IC, OC, am, pre);
+                           IC, OC, am, pre, kept ? &k : nullptr);
             if (dbias) bias_backward<float>((float*)dbias, (const float*)dout, N, OC, bias_scratch, stream_);
         } else {
             Fp8Exec<bf16> ex{gemm_, stream_};
             fp8k::backward(ex, s, (bf16*)dinp, (bf16*)dw, (const bf16*)dout, (const bf16*)inp, (const bf16*)w, N, IC,
-                           OC, am, pre);
+                           OC, am, pre, kept ? &k : nullptr);
             if (dbias) bias_backward<bf16>((bf16*)dbias, (const bf16*)dout, N, OC, bias_scratch, stream_);
         }
     }

@@ -209,6 +209,17 @@ struct Precast {
     bool transposed;
 };
 
+// The input's transposed copy kept from the forward for the weight
+// gradient (Backend's Fp8Kept): xt [IC, padded_k(N)], which the op that
+// wrote the input filled at its history's scale while the history holds an
+// amax (cast_body with the transposed layout); otherwise the backward's
+// quantiser writes it there.
+struct Kept {
+    uint8_t* xt;
+    const double* hist;
+    int len;
+};
+
 // An executor X (the GPU's in fp8.cuh, the test's emulated one) provides:
 //   scales(sc, amax)                              the scales body, one block
 //   quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre)
@@ -226,7 +237,8 @@ struct Precast {
 //   weight gradient dW[OC, IC] += (dy^T)[OC, N] · (x^T)[IC, N]^T   (dy, x transposed)
 // amax [3] doubles: the model's (input, weight, output gradient); pre (or
 // null): the input (forward) or the output gradient (backward) was cast into
-// s.x, or s.dy (and s.dyt), by the op that wrote it.
+// s.x, or s.dy (and s.dyt), by the op that wrote it; kept (or null): the
+// weight gradient's x^T is kept->xt, not s.xt (Kept).
 template <class X, class E>
 void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC,
              const double* amax, const Precast* pre = nullptr) {
@@ -241,7 +253,7 @@ void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, con
 // unrounded gradient).
 template <class X, class E>
 void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const E* inp, const E* weight, int N,
-              int IC, int OC, const double* amax, const Precast* pre = nullptr) {
+              int IC, int OC, const double* amax, const Precast* pre = nullptr, const Kept* kept = nullptr) {
     const Precast* none = nullptr, *both = pre && pre->transposed ? pre : nullptr;
     ex.scales(s.scales, amax);
     // The output gradient both ways in one pass when both products run.
@@ -255,8 +267,10 @@ void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const
     if (!dweight) return;
     // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
     if (!dinp) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, nullptr, both);
-    ex.quantize(s.xt, inp, N, IC, s.scales + 0, false, true, nullptr, none);
-    ex.gemm(dweight, s.dyt, true, s.xt, false, OC, IC, padded_k(N), s.scales + 5, s.scales + 3, true,
+    const Precast in_kept{kept ? kept->hist : nullptr, kept ? kept->len : 0, true};
+    uint8_t* xt = kept ? kept->xt : s.xt;
+    ex.quantize(xt, inp, N, IC, s.scales + 0, false, true, nullptr, kept ? &in_kept : none);
+    ex.gemm(dweight, s.dyt, true, xt, false, OC, IC, padded_k(N), s.scales + 5, s.scales + 3, true,
             (const E*)nullptr);
 }
 
