@@ -117,6 +117,17 @@ struct Fp8Cast {
     bool plain = true;
 };
 
+// Delayed scaling of a product's three operands (--fp8-history; input, weight, output gradient, the layer's
+// consecutive slots): step_max [3] and history [3][len] doubles. The product scales each operand by its
+// history's amax once that holds one (by the amax given while it holds none), and operand i's amax joins
+// step_max[i] when bit i of record is set (the operands this pass measured), in the product's own launch.
+struct Fp8Delayed {
+    void* step_max;
+    const void* history;
+    int len;
+    unsigned record;
+};
+
 // A product's input kept from its forward as the transposed FP8 copy its weight gradient multiplies
 // (--fp8-history): `bytes` [IC, N padded to 16] e4m3 at the scale of the input's history [len] doubles, which
 // the op that wrote the input filled (Fp8Cast::kept) while the history holds an amax; while it holds none the
@@ -250,12 +261,13 @@ class Backend {
     // e4m3, the output gradient in e5m2, each at scale fmax / amax; the
     // products of the rounded values divided by both scales; the bias, and
     // its gradient from the unrounded output gradient, in the compute type.
+    // delayed (or null: current scaling, or amaxes already the history's): Fp8Delayed.
     virtual void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
-                                    int OC, const void* amax);
+                                    int OC, const void* amax, const Fp8Delayed* delayed = nullptr);
     // kept (or null): the weight gradient's x^T from there (Fp8Kept).
     virtual void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                      const void* weight, int N, int IC, int OC, const void* amax,
-                                     const Fp8Kept* kept = nullptr);
+                                     const Fp8Kept* kept = nullptr, const Fp8Delayed* delayed = nullptr);
     // The MLP's activation, GELU or SwiGLU (gelu_/swiglu_ ops; H the hidden
     // width): forward (dout null) or backward, and at amax (one double) the
     // largest magnitude of what it wrote, the next FP8 product's operand,

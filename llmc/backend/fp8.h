@@ -157,12 +157,18 @@ FP8_HD double history_amax(const double* hist, int len) {
     for (int j = 0; j < len; j++) m = nan_max(m, hist[j]);
     return m;
 }
-// With record, step_max = max(step_max, *amax); then *amax = the largest of
-// the operand's history [len] when it holds any amax (else it stays).
-FP8_HD void delayed(double* amax, double* step_max, const double* hist, int len, bool record) {
-    if (record) *step_max = nan_max(*step_max, *amax);
+// With record, step_max = max(step_max, amax); returns the amax the operand
+// scales by: the largest of its history [len] when that holds any, else
+// its own. (Idempotent for an amax the history replaced: a product's
+// backward applies it again to the forward's amaxes.)
+FP8_HD double delayed_amax(double amax, double* step_max, const double* hist, int len, bool record) {
+    if (record) *step_max = nan_max(*step_max, amax);
     const double m = history_amax(hist, len);
-    if (m != 0) *amax = m;
+    return m != 0 ? m : amax;
+}
+// The same in place: *amax becomes the amax the operand scales by.
+FP8_HD void delayed(double* amax, double* step_max, const double* hist, int len, bool record) {
+    *amax = delayed_amax(*amax, step_max, hist, len, record);
 }
 // One operand at a step's end: with push, its step max becomes the newest
 // of its history [len] (the oldest drops out); the step max restarts at 0.

@@ -42,18 +42,27 @@ static int linear_index(Param w) {
 // The history's slot of (layer, linear layer w, operand).
 static size_t layer_slot(int l, Param w, int which) { return ((size_t)l * 4 + linear_index(w)) * 3 + which; }
 
-void GPT::fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,
-                   void* amax) {
+// (Delayed scaling records the whole tensor's amax and scales by the
+// history's in the product's own launch: fp8_delayed_of.)
+void GPT::fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, bool cp_split, void* amax) {
     void* am = elem_ptr(amax, DType::F64, (size_t)which);
     if (x) be_->amax_to(am, x, t, n);  // (null: the op that wrote it measured it, activation_amax)
     static const bool local = test_hooks::fp8_local_amax();  // the tests' counter-example
     if (tp_split && tp_ && !local) tp_->max(am, 1, DType::F64);
     if (cp_split && cp_ && !local) cp_->max(am, 1, DType::F64);
-    if (fp8_len_ > 0) {  // delayed scaling: record the whole tensor's amax, scale by the history's
-        const size_t slot = layer_slot(l, w, which);
-        be_->fp8_delayed(am, elem_ptr(a_->fp8_step, DType::F64, slot),
-                         elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_, fp8_record_);
-    }
+}
+
+// Delayed scaling of layer l's product of w (Backend::Fp8Delayed): its
+// three operands' step maxima and histories, consecutive slots; record:
+// the operands this pass measured (forward the input and the weight,
+// backward the output gradient; a split backward's W none), when it is a
+// training pass. False without a history.
+bool GPT::fp8_delayed_of(Fp8Delayed* d, Param w, int l, unsigned record) const {
+    if (fp8_len_ == 0) return false;
+    const size_t slot = layer_slot(l, w, 0);
+    *d = {elem_ptr(a_->fp8_step, DType::F64, slot), elem_ptr(a_->fp8_hist, DType::F64, slot * fp8_len_), fp8_len_,
+          fp8_record_ ? record : 0u};
+    return true;
 }
 
 void* GPT::fp8_step_amax() { return a_->fp8_step; }
@@ -101,18 +110,20 @@ void GPT::set_fp8_history(const std::vector<double>& h) {
 // micro-batch multiplies the same two tensors (kept or recomputed bit for
 // bit, the weight unchanged until the step's update) and finds them in the
 // layer-slot, so it measures only the output gradient, and under tp and cp
-// issues only that one's group max. (Delayed scaling: the forward's amaxes
-// are already the history's, and recording the input's again would add
-// nothing to the step's max.)
+// issues only that one's group max. (Delayed scaling: the backward scales
+// the forward's two by the same history, and recording them again would
+// add nothing to the step's max.)
 void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row,
                          void* amax, bool in_measured) {
     if (!fp8_) {
         be_->matmul_forward(out, in, P(w, l), bias, N, IC, OC);
         return;
     }
-    fp8_amax(0, w, l, in_measured ? nullptr : in, prec_.act, (size_t)N * IC, row, true, amax);
-    fp8_amax(1, w, l, P(w, l), prec_.param, (size_t)OC * IC, true, false, amax);
-    be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, amax);
+    fp8_amax(0, in_measured ? nullptr : in, prec_.act, (size_t)N * IC, row, true, amax);
+    fp8_amax(1, P(w, l), prec_.param, (size_t)OC * IC, true, false, amax);
+    Fp8Delayed d;
+    const bool delayed = fp8_delayed_of(&d, w, l, 1u | 2u);
+    be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, amax, delayed ? &d : nullptr);
 }
 
 void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
@@ -121,10 +132,12 @@ void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, co
         be_->matmul_backward(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
-    fp8_amax(2, w, l, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
     Fp8Kept k;
-    const bool kept = fp8_kept(&k, w, l, in_t);
-    be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr);
+    Fp8Delayed d;
+    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 4u);
+    be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr,
+                             delayed ? &d : nullptr);
 }
 
 void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
@@ -136,8 +149,11 @@ void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const voi
     // The output gradient's amax (its group max, delayed scaling's record)
     // as the whole backward takes it, beside the forward's two: W reads all
     // three from the slot and issues no collective.
-    fp8_amax(2, w, l, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
-    be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, amax);
+    fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    Fp8Delayed d;
+    const bool delayed = fp8_delayed_of(&d, w, l, 4u);
+    be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, amax, nullptr,
+                             delayed ? &d : nullptr);
 }
 
 void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
@@ -147,8 +163,10 @@ void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const 
         return;
     }
     Fp8Kept k;
-    const bool kept = fp8_kept(&k, w, l, in_t);
-    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr);
+    Fp8Delayed d;  // (B recorded the output gradient's amax)
+    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 0u);
+    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr,
+                             delayed ? &d : nullptr);
 }
 
 void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst) {

@@ -398,8 +398,11 @@ class GPT {
                                  const void* amax, void* in_t = nullptr);
     // amax[which] (0 input, 1 weight, 2 output gradient) of x (null: already
     // there, measured by the op that wrote it), with the group max.
-    void fp8_amax(int which, Param w, int l, const void* x, DType t, size_t n, bool tp_split, bool cp_split,
-                  void* amax);
+    void fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, bool cp_split, void* amax);
+    // Delayed scaling of layer l's product of w, recording the operands in
+    // `record` (bits: 1 input, 2 weight, 4 output gradient) on a training
+    // pass (Backend::Fp8Delayed); false without a history.
+    bool fp8_delayed_of(Fp8Delayed* d, Param w, int l, unsigned record) const;
     // A Mixtral's experts take their rows in blocks, each one micro-batch's
     // rows for one of this rank's experts (first row, rows, local expert):
     // E blocks, one per expert, or under ep one per (peer, local expert).

@@ -85,7 +85,7 @@ struct Linear {
 
 // One block's four products forward (backward: dX and dW of each); with
 // --fp8 1 at the FP8 rate, their operands' amax and quantisation beside
-// them (fp8_passes), the delayed scaling's op after each amax. Mixtral
+// them (fp8_passes), and an expert block's delayed scaling op after each amax. Mixtral
 // (docs/moe.md): the MLP's two become the router's (C -> E, replicated
 // over tp) and, for each of the E experts, the two over its rows, N·K/E of
 // them under an even routing: E products of a launch each (with --fp8 1
@@ -117,11 +117,14 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     // Under delayed scaling the activation casts what it writes (fp8.cpp's
     // fp8_cast): fcproj's input forward, fc's output gradient backward.
     auto cast = [&](int i) { return l_.fp8_history > 0 && i == (backward ? 2 : 3); };
-    auto fp8 = [&](const Linear& x, double rows, bool fused = false, bool cast_in = false, bool kept = false) {
+    // Delayed scaling's bookkeeping is in a dense product's scales launch
+    // (Fp8Delayed); an expert block's is an op per operand measured.
+    auto fp8 = [&](const Linear& x, double rows, bool fused = false, bool cast_in = false, bool kept = false,
+                   bool expert = false) {
         auto part = [&](int k) {
             const Fp8Passes p =
                 fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k, cast_in, kept);
-            const int delayed = l_.fp8_history > 0 && k != 2 ? (backward ? 1 : 2) : 0;
+            const int delayed = expert && l_.fp8_history > 0 && k != 2 ? (backward ? 1 : 2) : 0;
             return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
         };
         if (!split) return part(0);
@@ -137,7 +140,8 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
         if (layer < 0) t += product(N, {C, E});
         for (int i = 2; i < 4; i++)
             if (layer < 0 || layer == i)
-                t += E * (rate8_ > 0 ? product(rows, ls[i], rate8_) + fp8(ls[i], rows) : product(rows, ls[i]));
+                t += E * (rate8_ > 0 ? product(rows, ls[i], rate8_) + fp8(ls[i], rows, false, false, false, true)
+                                     : product(rows, ls[i]));
     }
     return t;
 }

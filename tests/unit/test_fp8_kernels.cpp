@@ -1,10 +1,11 @@
 // tests/unit/test_fp8_kernels.cpp: the GPU's FP8 products run on the CPU.
 // llmc/backend/cuda/fp8_kernels.h holds the CUDA kernels' bodies (amax,
 // scales, the quantising and transposing copy) and the order of a
-// product's launches; here the same code runs on an emulated GPU: one host
-// thread per CUDA thread, __syncthreads a barrier, the shared tile filled
-// with garbage first, warp maxima and atomicMax under a mutex, the
-// conversion instruction as fp8.h's rounding. The products go to a
+// product's launches; here the same code runs on an emulated GPU
+// (tests/unit/fp8_emu.h): one host thread per CUDA thread, __syncthreads a
+// barrier, the shared tile filled with garbage first, warp maxima and
+// atomicMax under a mutex, the conversion instruction as fp8.h's
+// rounding. The products go to a
 // transcription of cuBLASLt's FP8 "TN" contract (C[M, N] = A[M, K] ·
 // B[N, K]^T, both K-contiguous, K and N multiples of 16, the descales
 // multiplied in), which also checks that every operand sits inside its
@@ -25,14 +26,10 @@
 // What this cannot check: cuBLASLt itself (its descriptors in cuda/fp8.cuh)
 // and the conversion instruction; dev/cuda/fp8.cu does on a GPU.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstring>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "llmc/backend/backend.h"
@@ -40,84 +37,10 @@
 #include "llmc/backend/cpu_fp8.h"
 #include "llmc/backend/cuda/fp8_kernels.h"
 #include "tests/lib/check.h"
-#include "tests/unit/emu_barrier.h"
+#include "tests/unit/fp8_emu.h"
 
 namespace {
-
-// ---- the emulated GPU ----------------------------------------------------------------
-struct EmuBlock {
-    int n;
-    Barrier block;
-    std::vector<std::unique_ptr<Barrier>> warps;
-    std::vector<unsigned> lane_value;
-    uint8_t tile[fp8k::kTile][fp8k::kTile + 1];
-    explicit EmuBlock(int threads) : n(threads), block(threads), lane_value(threads) {
-        for (int w = 0; w * 32 < n; w++) warps.push_back(std::make_unique<Barrier>(std::min(32, n - 32 * w)));
-        std::memset(tile, 0xA5, sizeof tile);  // what an unwritten shared byte reads as
-    }
-};
-std::mutex g_atomic;
-std::atomic<size_t> g_conversions{0};  // conversion instructions run: a skipped quantiser runs none
-
-struct EmuCtx {
-    EmuBlock* b;
-    int tx_, ty_, bx_, by_, bdx_, gdx_;
-    using Tile = uint8_t[fp8k::kTile + 1];
-    int tx() const { return tx_; }
-    int ty() const { return ty_; }
-    int bx() const { return bx_; }
-    int by() const { return by_; }
-    int bdx() const { return bdx_; }
-    int gdx() const { return gdx_; }
-    void sync() { b->block.wait(); }
-    Tile* tile() { return b->tile; }
-    float to_f(float e) const { return e; }
-    float to_f(double e) const { return (float)e; }
-    uint8_t fp8(float v, bool e5m2) const {
-        g_conversions++;
-        return fp8::encode((double)v, e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
-    }
-    void warp_max_commit(unsigned* p, unsigned m) {
-        const int lin = tx_ + ty_ * bdx_, w = lin / 32;
-        b->lane_value[lin] = m;
-        b->warps[w]->wait();
-        if (lin % 32 == 0) {
-            unsigned best = 0;
-            for (int i = 32 * w; i < std::min(32 * w + 32, b->n); i++) best = std::max(best, b->lane_value[i]);
-            std::lock_guard<std::mutex> lk(g_atomic);
-            *p = std::max(*p, best);
-        }
-        b->warps[w]->wait();
-    }
-};
-
-// body(ctx) for every thread of a gx x gy grid of bdx x bdy blocks.
-template <class Body>
-void run_grid(unsigned gx, unsigned gy, int bdx, int bdy, Body body) {
-    for (unsigned by = 0; by < gy; by++)
-        for (unsigned bx = 0; bx < gx; bx++) {
-            EmuBlock blk(bdx * bdy);
-            std::vector<std::thread> th;
-            for (int ty = 0; ty < bdy; ty++)
-                for (int tx = 0; tx < bdx; tx++)
-                    th.emplace_back([&, tx, ty] {
-                        EmuCtx c{&blk, tx, ty, (int)bx, (int)by, bdx, (int)gx};
-                        body(c);
-                    });
-            for (auto& t : th) t.join();
-        }
-}
-
-template <class E>
-void emu_quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
-                  uint8_t* plain, const fp8k::Precast* pre = nullptr) {
-    if (rows <= 0 || cols <= 0) return;
-    const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols, transpose);
-    run_grid(g.gx, g.gy, fp8k::kTile, fp8k::kTileRows, [&](EmuCtx& c) {
-        fp8k::quantize_body(c, q, x, rows, cols, scale, e5m2, transpose, g.ld, transpose ? plain : nullptr,
-                            pre ? pre->hist : nullptr, pre ? pre->len : 0);
-    });
-}
+using namespace fp8emu;
 
 // ---- amax ------------------------------------------------------------------------------
 unsigned emu_amax(const float* x, size_t n, unsigned blocks) {
@@ -159,12 +82,25 @@ void test_scales() {
     CHECK(sc[0] == 128.f && sc[3] == 1.f / 128, "scales: e4m3 448/3.5 = 128 and its inverse");
     CHECK(sc[1] == 1.f && sc[4] == 1.f, "scales: an amax of 0 leaves the values as they are");
     CHECK(sc[2] == (float)(57344.0 / 1e-3) && sc[5] == (float)(1e-3 / 57344.0), "scales: e5m2 from 57344");
+    // Delayed scaling in the same launch: operand 0's history holds 7 (its
+    // scale 64, its own amax 3.5 recorded), operand 1's is empty (its own
+    // amax, 0: scale 1; not recorded), operand 2's holds 2e-3 (not recorded:
+    // the step max stays); and a NaN in a history scales by 1.
+    const double hist[3][2] = {{7.0, 1.0}, {0.0, 0.0}, {2e-3, 0.0}};
+    double step[3] = {1.0, 5.0, 9.0};
+    for (int i = 0; i < 32; i++) fp8k::scales_one(sc, amax, i, fp8k::Delayed{step, &hist[0][0], 2, 1u});
+    CHECK(sc[0] == 64.f && sc[3] == 1.f / 64, "delayed scales: the history's amax (7: 448/7 = 64), got %g", sc[0]);
+    CHECK(sc[1] == 1.f && sc[2] == (float)(57344.0 / 2e-3), "delayed scales: an empty history's own amax, a "
+          "holding one's (got %g, %g)", sc[1], sc[2]);
+    CHECK(step[0] == 3.5 && step[1] == 5.0 && step[2] == 9.0, "delayed scales: only operand 0 recorded (step max "
+          "%g %g %g, want 3.5 5 9)", step[0], step[1], step[2]);
+    const double nan_hist[3][1] = {{NAN}, {0.0}, {0.0}};
+    for (int i = 0; i < 32; i++) fp8k::scales_one(sc, amax, i, fp8k::Delayed{step, &nan_hist[0][0], 1, 6u});
+    CHECK(sc[0] == 1.f && step[1] == 5.0 && step[2] == 9.0, "delayed scales: a NaN history scales by 1; operands 1 "
+          "and 2 recorded below their step max (got %g; %g %g)", sc[0], step[1], step[2]);
 }
 
 // ---- the quantising copy -------------------------------------------------------------
-constexpr uint8_t kCanary = 0xFF;  // NaN in both formats: never a byte of these data (checked below)
-constexpr size_t kGuard = 64;
-
 void test_quantize() {
     struct Shape {
         int rows, cols;
@@ -221,66 +157,6 @@ void test_quantize() {
 }
 
 // ---- the products ------------------------------------------------------------------------
-// fp8k's executor on the emulated GPU; gemm transcribes cuBLASLt's TN FP8 product.
-template <class E>
-struct EmuExec {
-    fp8k::Scratch s;
-    size_t elems;  // what each buffer of s holds
-    std::string* err;
-    const uint8_t* kept = nullptr;  // a kept copy's buffer (fp8k::Kept) and its bytes
-    size_t kept_bytes = 0;
-    bool inside(const uint8_t* p, size_t n) const {
-        if (kept && p == kept) return n <= kept_bytes;
-        for (const uint8_t* b : {s.x, s.w, s.dy, s.xt, s.wt, s.dyt})
-            if (p == b) return n <= elems;
-        return false;
-    }
-    void fail(const std::string& what) {
-        if (err->empty()) *err = what;
-    }
-    void scales(float* sc, const double* amax) {
-        run_grid(1, 1, 32, 1, [&](EmuCtx& c) { fp8k::scales_one(sc, amax, c.tx()); });
-    }
-    void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
-                  uint8_t* plain, const fp8k::Precast* pre) {
-        const size_t n = transpose ? (size_t)cols * fp8k::padded_k(rows) : (size_t)rows * cols;
-        if (!inside(q, n)) fail("a quantised copy of " + std::to_string(n) + " bytes outside its scratch buffer");
-        if (plain && !inside(plain, (size_t)rows * cols)) fail("the plain copy outside its scratch buffer");
-        if (!err->empty()) return;
-        emu_quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre);
-    }
-    void gemm(E* C, const uint8_t* A, bool a5, const uint8_t* B, bool b5, int M, int N, int K, const float* da,
-              const float* db, bool accumulate, const E* bias) {
-        if (K % 16 || N % 16 || M <= 0) fail("a product cuBLASLt refuses: M N K = " + std::to_string(M) + " " +
-                                             std::to_string(N) + " " + std::to_string(K));
-        if (!inside(A, (size_t)M * K) || !inside(B, (size_t)N * K)) fail("a product's operand outside its buffer");
-        if (!err->empty()) return;
-        const fp8::Format fa = a5 ? fp8::Format::e5m2 : fp8::Format::e4m3;
-        const fp8::Format fb = b5 ? fp8::Format::e5m2 : fp8::Format::e4m3;
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++) {
-                double acc = 0;
-                for (int k = 0; k < K; k++)
-                    acc += fp8::decode(A[(size_t)m * K + k], fa) * fp8::decode(B[(size_t)n * K + k], fb);
-                double v = acc * (double)*da * (double)*db;
-                if (bias) v += (double)bias[n];
-                if (accumulate) v += (double)C[(size_t)m * N + n];
-                C[(size_t)m * N + n] = (E)v;
-            }
-    }
-};
-
-// max |a - b| over the largest |b| (or 1e-30).
-template <class E>
-double rel_diff(const std::vector<E>& a, const std::vector<E>& b) {
-    double d = 0, m = 1e-30;
-    for (size_t i = 0; i < a.size(); i++) {
-        d = std::max(d, std::fabs((double)a[i] - (double)b[i]));
-        m = std::max(m, std::fabs((double)b[i]));
-    }
-    return d / m;
-}
-
 // One shape, forward and every backward mode, the emulated GPU path against
 // the CPU backend of the same precision.
 template <class E>
@@ -339,6 +215,57 @@ void test_product(Backend& cpu_be, int N, int IC, int OC, bool saturate, double 
     }
 }
 
+// Delayed scaling inside the product (fp8k::Delayed, Backend::Fp8Delayed):
+// the emulated GPU's scales launch and the CPU backend agree on the
+// products and on the step maxima they record (forward: input and weight;
+// backward: the output gradient), the histories holding powers of two
+// for x and dy and nothing for w.
+void test_delayed_products(Backend& cpu_be) {
+    const int N = 37, IC = 48, OC = 80;
+    const Operands ops(N, IC, OC, 41);
+    const std::vector<double>& x = ops.x, &w = ops.w, &dy = ops.dy;
+    const double amax[3] = {cpu::amax(x.data(), x.size()), 448.0 / 64, cpu::amax(dy.data(), dy.size())};
+    const double hist[3][2] = {{448.0 / 32, 1.0}, {0.0, 0.0}, {57344.0 / 65536, 0.0}};
+    for (int back = 0; back < 2; back++) {
+        double step_emu[3] = {0.5, 0.5, 0.5}, step_cpu[3] = {0.5, 0.5, 0.5};
+        const unsigned record = back ? 4u : 3u;
+        const fp8k::Delayed de{step_emu, &hist[0][0], 2, record};
+        const Fp8Delayed dc{step_cpu, &hist[0][0], 2, record};
+        const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+        std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary);
+        std::string err;
+        EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};
+        std::vector<double> o_emu((size_t)N * std::max(IC, OC), 7.0), o_cpu = o_emu;
+        std::vector<double> dw_emu((size_t)OC * IC, 0.5), dw_cpu = dw_emu;
+        if (!back) {
+            fp8k::forward(ex, ex.s, o_emu.data(), x.data(), w.data(), (const double*)nullptr, N, IC, OC, amax, nullptr,
+                          &de);
+            cpu_be.matmul_forward_fp8(o_cpu.data(), x.data(), w.data(), nullptr, N, IC, OC, amax, &dc);
+        } else {
+            fp8k::backward(ex, ex.s, o_emu.data(), dw_emu.data(), dy.data(), x.data(), w.data(), N, IC, OC, amax,
+                           nullptr, nullptr, &de);
+            cpu_be.matmul_backward_fp8(o_cpu.data(), dw_cpu.data(), nullptr, dy.data(), x.data(), w.data(), N, IC, OC,
+                                       amax, nullptr, &dc);
+        }
+        // what each records: its own amax where measured, over the 0.5 before
+        double want[3] = {0.5, 0.5, 0.5};
+        for (int i = 0; i < 3; i++)
+            if (record >> i & 1u) want[i] = std::max(0.5, amax[i]);
+        const double d = std::max(rel_diff(o_emu, o_cpu), rel_diff(dw_emu, dw_cpu));
+        bool steps = true;
+        for (int i = 0; i < 3; i++) steps &= step_emu[i] == want[i] && step_cpu[i] == want[i];
+        // and the history's scale is the one used: without it the product differs
+        std::vector<double> o_cur = o_cpu, dw_cur((size_t)OC * IC, 0.5);
+        if (!back) cpu_be.matmul_forward_fp8(o_cur.data(), x.data(), w.data(), nullptr, N, IC, OC, amax);
+        else cpu_be.matmul_backward_fp8(o_cur.data(), dw_cur.data(), nullptr, dy.data(), x.data(), w.data(), N, IC,
+                                        OC, amax);
+        CHECK(err.empty() && d <= 1e-13 && steps && o_cur != o_cpu,
+              "delayed %s: emulated GPU against the CPU rel diff %.3g, step maxima %g %g %g (want %g %g %g), "
+              "differs from current scaling %d %s", back ? "backward" : "forward", d, step_emu[0], step_emu[1],
+              step_emu[2], want[0], want[1], want[2], o_cur != o_cpu, err.c_str());
+    }
+}
+
 void test_products() {
     std::string err;
     std::unique_ptr<Backend> f64(make_backend("cpu", "fp64", 0, &err)), f32(make_backend("cpu", "fp32", 0, &err));
@@ -355,40 +282,10 @@ void test_products() {
         test_product<float>(*f32, s.N, s.IC, s.OC, false, 2e-6);
     }
     test_product<double>(*f64, 37, 48, 80, true, 1e-13);
+    test_delayed_products(*f64);
 }
 
 // ---- delayed scaling's fused cast ------------------------------------------------------
-// An elementwise op as cast_body takes one: y = 1.5x - 0.25x² rounded to E,
-// stored when asked, returned as rounded; with 2 halves each call gives
-// element c of both halves of the row (as SwiGLU's backward gives dgate
-// and dup).
-template <class E>
-struct EmuOp {
-    E* out;
-    const E* x;
-    int cols, halves_ = 1;
-    int halves() const { return halves_; }
-    void operator()(int r, int c, float* f, bool store) const {
-        for (int k = 0; k < halves_; k++) {
-            const size_t i = (size_t)r * cols + c + (size_t)k * (cols / halves_);
-            const float v = (float)x[i];
-            const E e = (E)(1.5f * v - 0.25f * v * v);
-            if (store) out[i] = e;
-            f[k] = (float)e;
-        }
-    }
-};
-template <class E>
-unsigned emu_cast(EmuOp<E> op, int rows, int cols, const double* hist, int len, bool e5m2, uint8_t* q, bool tr,
-                  uint8_t* plain, bool keep = true) {
-    unsigned bits = 0;
-    const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols / op.halves(), tr);
-    run_grid(g.gx, g.gy, fp8k::kTile, fp8k::kTileRows, [&](EmuCtx& c) {
-        fp8k::cast_body(c, op, rows, cols, hist, len, e5m2, q, tr, g.ld, plain, keep, &bits);
-    });
-    return bits;
-}
-
 // The op's output, its amax, and the copies the quantiser would write from
 // that output at the history's scale, byte for byte (nothing outside), or,
 // while the history holds no amax, no copy at all; an output nothing else
@@ -520,12 +417,8 @@ void test_cast_products() {
 void test_kept_input() {
     std::string err;
     const int N = 37, IC = 48, OC = 80, ld = fp8k::padded_k(N);
-    std::mt19937 rng(31);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<double> in((size_t)N * IC), w((size_t)OC * IC), dy((size_t)N * OC);
-    for (double& v : in) v = nd(rng);
-    for (double& v : w) v = 0.3 * nd(rng);
-    for (double& v : dy) v = 1e-3 * nd(rng);
+    const Operands ops(N, IC, OC, 31);
+    const std::vector<double>& in = ops.x, &w = ops.w, &dy = ops.dy;
     std::vector<double> want((size_t)N * IC);  // the op's output (EmuOp's, in double)
     for (size_t i = 0; i < in.size(); i++) want[i] = (double)(1.5f * (float)in[i] - 0.25f * (float)in[i] * (float)in[i]);
     const double own = cpu::amax(want.data(), want.size());

@@ -45,15 +45,21 @@ class CountingBackend : public BackendWrapper {
                          const Fp8Cast* cast) override {
         if (amax) fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);  // (null: a recompute's cast)
         if (cast)
-            casts.push_back({dout != nullptr, cast->transposed, cast->keep, cast->history, cast->len, cast->kept,
+            casts.push_back({dout != nullptr, cast->transposed, cast->keep, slot(cast->history), cast->len, cast->kept,
                              cast->plain, amax != nullptr});
         BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax, cast);
     }
+    void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
+                            const void* amax, const Fp8Delayed* d) override {
+        products.push_back({0, d ? slot(d->history) : -2, d ? d->record : 0u, d ? d->len : 0});
+        BackendWrapper::matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax, d);
+    }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
-                             const void* weight, int N, int IC, int OC, const void* amax,
-                             const Fp8Kept* kept) override {
-        if (dweight) grads.push_back({IC, OC, kept ? kept->bytes : nullptr, kept ? kept->history : nullptr});
-        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept);
+                             const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept* kept,
+                             const Fp8Delayed* d) override {
+        if (dweight) grads.push_back({IC, OC, kept ? kept->bytes : nullptr, kept ? slot(kept->history) : -2});
+        products.push_back({dinp ? 1 : 2, d ? slot(d->history) : -2, d ? d->record : 0u, d ? d->len : 0});
+        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept, d);
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                    const void* w, const void* bias, int N, int C, double eps, void* amax) override {
@@ -65,11 +71,14 @@ class CountingBackend : public BackendWrapper {
         fused++, fused_elems += (size_t)N * C;
         BackendWrapper::norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax);
     }
-    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(), grads.clear(); }
+    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(), grads.clear(), products.clear(); }
+    // The slot a history names: each holds its slot's number + 1 (passes),
+    // read when it is named (the model is gone when the runs are checked).
+    static int slot(const void* history) { return (int)*static_cast<const double*>(history) - 1; }
     size_t calls = 0, elems = 0, fused = 0, fused_elems = 0;
     struct Cast {
         bool backward, transposed, keep;
-        const void* history;
+        int history;  // its slot
         int len;
         void* kept;
         bool plain, measured;
@@ -77,9 +86,17 @@ class CountingBackend : public BackendWrapper {
     std::vector<Cast> casts;  // the activation's casts asked for (delayed scaling)
     struct Grad {  // a weight gradient's product
         int IC, OC;
-        const void *kept, *history;
+        const void* kept;
+        int history;  // the kept copy's slot (-2: none)
     };
     std::vector<Grad> grads;
+    struct Product {  // a product's delayed scaling (Fp8Delayed)
+        int kind;     // 0 forward, 1 backward with the input gradient (whole or B), 2 W alone
+        int history;  // the slot of its operand 0 (-2: none)
+        unsigned record;
+        int len;
+    };
+    std::vector<Product> products;
 };
 
 struct Count {
@@ -121,6 +138,7 @@ struct Run {
     size_t w_calls;
     std::vector<CountingBackend::Cast> fwd_casts, bwd_casts;
     std::vector<CountingBackend::Grad> grads;  // the weight gradients' products, B's or W's
+    std::vector<CountingBackend::Product> products;  // every product, in order
 };
 Count taken(CountingBackend* be) {
     Count c;
@@ -157,19 +175,23 @@ Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
     be->reset();
     model.forward_chunk(0, 0, in.data(), nullptr, tg.data(), B, T, 1.0 / (B * T));
     run.fwd_casts = be->casts;
+    run.products = be->products;
     run.fwd = taken(be);
     if (split) {
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::input);
         run.bwd_casts = be->casts;
         run.grads = be->grads;
+        run.products.insert(run.products.end(), be->products.begin(), be->products.end());
         run.bwd = taken(be);
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::weights);
         run.grads.insert(run.grads.end(), be->grads.begin(), be->grads.end());
+        run.products.insert(run.products.end(), be->products.begin(), be->products.end());
         run.w_calls = taken(be).calls;
     } else {
         model.backward_chunk(0, 0, nullptr, true);
         run.bwd_casts = be->casts;
         run.grads = be->grads;
+        run.products.insert(run.products.end(), be->products.begin(), be->products.end());
         run.bwd = taken(be);
     }
     return run;
@@ -201,7 +223,7 @@ void check_casts(const GPTConfig& c, const char* spec) {
             const Run r = passes(c, rc, split, kHist);
             const bool full = rc == Recompute::full, again = rc == Recompute::gelu || rc == Recompute::selective;
             const bool kept = dense && (rc == Recompute::none || !split);
-            auto slot_of = [&](const void* h) { return (int)*(const double*)h - 1; };
+            auto slot_of = [&](int h) { return h; };
             const char* how = split ? "B then W" : "whole";
             // the forward's: fcproj's input, and its transposed copy where kept
             bool ok = r.fwd_casts.size() == (size_t)(dense * L);
@@ -254,6 +276,24 @@ void check_casts(const GPTConfig& c, const char* spec) {
             CHECK(ok && fcproj == dense * L, "%s -r %s %s: fcproj's weight gradients (%d) %s", spec,
                   recompute_name(rc), how, fcproj,
                   kept ? "do not multiply their block's kept copy" : "name a kept copy where none is kept");
+            // Delayed scaling inside each dense product (Fp8Delayed): its
+            // layer's slots, recording the forward's input and weight, the
+            // backward's output gradient (whole or B), nothing in W; the
+            // experts' own blocks and current scaling none.
+            int counts[3] = {0, 0, 0};
+            ok = true;
+            for (const auto& p : cur.products) ok &= p.history == -2;
+            for (const auto& p : r.products) {
+                if (p.history == -2) continue;
+                counts[p.kind]++;
+                const unsigned want = p.kind == 0 ? 3u : p.kind == 1 ? 4u : 0u;
+                ok &= p.record == want && p.len == kHist && slot_of(p.history) % 3 == 0;
+            }
+            const int per = L * (dense ? 4 : 2);  // (a Mixtral's attention products)
+            ok &= counts[0] == per * (full ? 2 : 1) && counts[1] == per && counts[2] == (split ? per : 0);
+            CHECK(ok, "%s -r %s %s: the products' delayed scaling (%d forward, %d backward, %d W; want %d, %d, %d) "
+                  "records the wrong operands or none", spec, recompute_name(rc), how, counts[0], counts[1],
+                  counts[2], per * (full ? 2 : 1), per, split ? per : 0);
         }
 }
 

@@ -55,12 +55,26 @@ FP8K_BODY void amax_body(Ctx& c, unsigned* bits, const E* x, size_t n) {
     c.warp_max_commit(bits, m);
 }
 
+// Delayed scaling of a product's operands (Backend's Fp8Delayed), by value
+// into the scales' launch; hist null: none.
+struct Delayed {
+    double* step_max;    // [3]
+    const double* hist;  // [3][len]
+    int len;
+    unsigned record;  // bit i: operand i's amax joins step_max[i]
+};
+
 // sc[i] = the scale of operand i (0 input e4m3, 1 weight e4m3, 2 output
-// gradient e5m2) from amax[i]; sc[3 + i] = 1 / sc[i], the product's descale.
-// Thread i of one block (i < 3 do the work).
-FP8K_BODY void scales_one(float* sc, const double* amax, int i) {
+// gradient e5m2) from amax[i], or under delayed scaling from its history's
+// (fp8::delayed_amax, recording the operands d.record names);
+// sc[3 + i] = 1 / sc[i], the product's descale. Thread i of one block
+// (i < 3 do the work, each its own operand's step max).
+FP8K_BODY void scales_one(float* sc, const double* amax, int i, Delayed d = Delayed{}) {
     if (i >= 3) return;
-    const double s = fp8::scale_for(amax[i], i == 2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
+    const double a = !d.hist ? amax[i]
+                             : fp8::delayed_amax(amax[i], d.step_max + i, d.hist + (size_t)i * d.len, d.len,
+                                                 (d.record >> i) & 1u);
+    const double s = fp8::scale_for(a, i == 2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
     sc[i] = (float)s;
     sc[3 + i] = (float)(1.0 / s);
 }
@@ -221,7 +235,8 @@ struct Kept {
 };
 
 // An executor X (the GPU's in fp8.cuh, the test's emulated one) provides:
-//   scales(sc, amax)                              the scales body, one block
+//   scales(sc, amax, d)                           the scales body, one block (d: a
+//                                                 Delayed, or null)
 //   quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre)
 //                                                 the quantise body on quantize_grid,
 //                                                 skipped on the device where pre (or
@@ -238,11 +253,12 @@ struct Kept {
 // amax [3] doubles: the model's (input, weight, output gradient); pre (or
 // null): the input (forward) or the output gradient (backward) was cast into
 // s.x, or s.dy (and s.dyt), by the op that wrote it; kept (or null): the
-// weight gradient's x^T is kept->xt, not s.xt (Kept).
+// weight gradient's x^T is kept->xt, not s.xt (Kept); d (or null): delayed
+// scaling, in the scales' launch (Delayed).
 template <class X, class E>
 void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC,
-             const double* amax, const Precast* pre = nullptr) {
-    ex.scales(s.scales, amax);
+             const double* amax, const Precast* pre = nullptr, const Delayed* d = nullptr) {
+    ex.scales(s.scales, amax, d);
     ex.quantize(s.x, inp, N, IC, s.scales + 0, false, false, nullptr, pre);
     ex.quantize(s.w, weight, OC, IC, s.scales + 1, false, false, nullptr, (const Precast*)nullptr);
     ex.gemm(out, s.x, false, s.w, false, N, OC, IC, s.scales + 3, s.scales + 4, false, bias);
@@ -253,9 +269,10 @@ void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, con
 // unrounded gradient).
 template <class X, class E>
 void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const E* inp, const E* weight, int N,
-              int IC, int OC, const double* amax, const Precast* pre = nullptr, const Kept* kept = nullptr) {
+              int IC, int OC, const double* amax, const Precast* pre = nullptr, const Kept* kept = nullptr,
+              const Delayed* d = nullptr) {
     const Precast* none = nullptr, *both = pre && pre->transposed ? pre : nullptr;
-    ex.scales(s.scales, amax);
+    ex.scales(s.scales, amax, d);
     // The output gradient both ways in one pass when both products run.
     if (dinp && dweight) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, s.dy, both);
     if (dinp) {  // dx[N, IC] = dy[N, OC] · (W^T)[IC, OC]^T
