@@ -15,7 +15,7 @@
 # finish and fall, and the difference is within 1% (docs/fp8.md's goal).
 # Runs are skipped, not started, when --deadline would cut them. Ends with
 # "N passed, N failed". Run by scripts/gpu/check.sh's fp8 step; on its own:
-#   usage: scripts/gpu/fp8_loss.py --out DIR [--models d12,qwen2.5_1.5b]
+#   usage: scripts/gpu/fp8_loss.py --out DIR [--models d12,qwen2.5_1.5b] [--fp8-history N]
 #              [--steps 300] [-b 8] [--deadline SECONDS] [--device cuda]
 # (--device cpu with tiny --steps and --models small checks this script on
 # a machine without a GPU; the CPU emulates FP8 exactly.)
@@ -49,6 +49,7 @@ def main():
     ap.add_argument("-t", type=int, default=1024)
     ap.add_argument("--deadline", type=float, default=300, help="seconds from start for everything")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--fp8-history", type=int, default=0, help="the FP8 runs' --fp8-history (0: current scaling)")
     a = ap.parse_args()
     start = time.time()
     os.makedirs(a.out, exist_ok=True)
@@ -69,7 +70,8 @@ def main():
                 print(f"  {name} --fp8 {f8}: skipped, {left():.0f} s left of the deadline", flush=True)
                 break
             d = os.path.join(a.out, f"{name}_fp8_{f8}")
-            rc = finish(launch(common + ["--fp8", f8], d, d + ".log"), d, left())
+            f8_args = ["--fp8", f8] + (["--fp8-history", str(a.fp8_history)] if f8 == "1" and a.fp8_history else [])
+            rc = finish(launch(common + f8_args, d, d + ".log"), d, left())
             m = metrics(d)
             ok = rc == 0 and len(m) == a.steps
             check(ok, f"{name} --fp8 {f8}: {len(m)} of {a.steps} steps (rc={rc})")

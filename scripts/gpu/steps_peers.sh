@@ -187,27 +187,34 @@ step_qwen() {
 # same command: d12 (B=32, T=1024, -r 1, the bench step's run) and the
 # Qwen2.5-1.5B shape (the qwen step's run: B=16, 8 micro-batches), each
 # with and without --fp8 1 (tokens/s from the median step after the
-# warm-up); llm.q's FP8 mode (--matmul-dtype=e4m3) at the 1.5B shape with
-# the qwen step's recipe; then scripts/gpu/fp8_loss.py: 300 steps of the
-# embedded text with and without --fp8 1, d12's and the 1.5B model's bodies.
+# warm-up); FP8 with delayed scaling, --fp8-history 16 (FP8_ARGS), the
+# recipe whose casts leave out most of the operands' passes; llm.q's FP8
+# mode (--matmul-dtype=e4m3) at the 1.5B shape with the qwen step's
+# recipe; then scripts/gpu/fp8_loss.py: 300 steps of the embedded text
+# with and without FP8 (the same recipe), d12's and the 1.5B model's bodies.
 # Figures: fp8_d12_over_bf16, fp8_qwen2.5_1.5b_over_bf16,
 # fp8_qwen2.5_1.5b_over_llmq_fp8 (and the tokens/s behind each),
 # fp8_d12_loss_rel_diff_300, fp8_qwen2.5_1.5b_loss_rel_diff_300.
 # fp8_pair NAME FIG LIMIT ASSUMED MIN STEPS WARMUP WHAT ARGS...: scripts/benchmark.py
-# of ARGS with --fp8 0 and 1 (programs NAME_fp8_0 and _1, figures
-# FIG_fp8_0_... and FIG_fp8_1_...), then figure fp8_FIG_over_bf16 (WHAT
-# names the run) and a row; FP8_TPS: the --fp8 1 run's tokens/s.
+# of ARGS with --fp8 0 and with --fp8 1 and FP8_ARGS (programs NAME_fp8_0
+# and _1, figures FIG_fp8_0_... and FIG_fp8_1_...), then figure
+# fp8_FIG_over_bf16 (WHAT names the run) and a row; FP8_TPS: the FP8 run's
+# tokens/s.
+FP8_ARGS=(--fp8-history 16)
 fp8_pair() {
     local name=$1 fig=$2 limit=$3 assumed=$4 min=$5 steps=$6 warmup=$7 what=$8 f bf ratio
     shift 8
     for f in 0 1; do
-        FIGS=${fig}_fp8_${f}_ FIGCMD="scripts/benchmark.py --steps $steps --warmup $warmup -- $* --fp8 $f" MIN=$min \
-            run_prog "${name}_fp8_$f" "$limit" "$assumed" "$PY" scripts/benchmark.py --steps "$steps" \
-            --warmup "$warmup" -- "$@" --fp8 "$f"
+        local extra=()
+        ((f)) && extra=("${FP8_ARGS[@]}")
+        FIGS=${fig}_fp8_${f}_ FIGCMD="scripts/benchmark.py --steps $steps --warmup $warmup -- $* --fp8 $f ${extra[*]}" \
+            MIN=$min run_prog "${name}_fp8_$f" "$limit" "$assumed" "$PY" scripts/benchmark.py --steps "$steps" \
+            --warmup "$warmup" -- "$@" --fp8 "$f" "${extra[@]}"
     done
     bf=$(tokens_per_s "$W/${name}_fp8_0.log") FP8_TPS=$(tokens_per_s "$W/${name}_fp8_1.log")
     ratio=$(ratio "$FP8_TPS" "$bf")
-    [[ -n $ratio ]] && figure "fp8_${fig}_over_bf16" "$ratio" ratio "$what: tokens/s with --fp8 1 over without"
+    [[ -n $ratio ]] && figure "fp8_${fig}_over_bf16" "$ratio" ratio \
+        "$what: tokens/s with --fp8 1 ${FP8_ARGS[*]} over without"
     [[ $DRY == 1 ]] || say "$(printf '%-22s %14s %14s %10s' "$name" "${bf:--}" "${FP8_TPS:--}" "${ratio:--}")"
 }
 
@@ -232,15 +239,15 @@ step_fp8() {
         [[ -n $LLMQ_TPS ]] && figure qwen2.5_1.5b_llmq_fp8_tokens_per_s "$LLMQ_TPS" tok/s "${LLMQ_CMD[*]} ($LLMQ_DESC)"
         ratio=$(ratio "$FP8_TPS" "$LLMQ_TPS")
         [[ -n $ratio ]] && figure fp8_qwen2.5_1.5b_over_llmq_fp8 "$ratio" ratio \
-            "ours with --fp8 1 (above) over llm.q --matmul-dtype=e4m3 ($LLMQ_DESC)"
+            "ours with --fp8 1 ${FP8_ARGS[*]} (above) over llm.q --matmul-dtype=e4m3 ($LLMQ_DESC)"
         [[ $DRY == 1 ]] ||
             say "$(printf '%-22s %14s %14s %10s' "llm.q e4m3 1.5B" "${LLMQ_TPS:--}" "${FP8_TPS:--}" "${ratio:--}")"
     fi
     local lim
     lim=$(fit 240)
-    FIGS="" FIGCMD="scripts/gpu/fp8_loss.py (train_gpt, data/tiny, 300 steps, -b 8 -t 1024, --fp8 0 and 1)" MIN=60 \
-        SUMMARY_MATCH='^(PASS|FAIL|  [a-z])' run_prog fp8_loss 240 200 "$PY" scripts/gpu/fp8_loss.py --out "$W/runs" \
-        --deadline $((lim - 10))
+    FIGS="" FIGCMD="scripts/gpu/fp8_loss.py (train_gpt, data/tiny, 300 steps, -b 8 -t 1024, --fp8 0 and 1 ${FP8_ARGS[*]})" \
+        MIN=60 SUMMARY_MATCH='^(PASS|FAIL|  [a-z])' run_prog fp8_loss 240 200 "$PY" scripts/gpu/fp8_loss.py \
+        --out "$W/runs" --deadline $((lim - 10)) "${FP8_ARGS[@]}"
     end_step
 }
 
