@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "llmc/backend/attn_shape.h"
+#include "llmc/backend/fp8_args.h"
 #include "llmc/backend/matmul_tuning.h"
 #include "llmc/backend/step_figures.h"
 #include "llmc/base/dtype.h"
@@ -99,43 +100,6 @@ struct Workspace {
     int runs = 0;          // most runs of one adamw_update_multi or sum_squares_multi
     size_t run_elems = 0;  // most elements of all the runs of one sum_squares_multi
     size_t fp8_elems = 0;  // --fp8: most elements of one FP8 product's operand (0: none)
-};
-
-// Delayed scaling's fused cast (--fp8-history, docs/fp8.md): the op that writes an FP8 product's operand writes
-// the operand's FP8 copies for that product too, at the scale of its history [len] doubles (fmax over their
-// max, once they hold one); transposed: both ways (a whole backward's output gradient), else as it is; keep
-// false: nothing but that product reads the op's output, which is then not stored while the history holds one.
-// kept (a forward's, or null): the input's transposed copy for the same layer's weight gradient goes there
-// as well ([H, rows padded to 16] bytes, Fp8Kept), and with plain false only there (a recompute's, for the
-// backward after it: no product of the forward follows).
-struct Fp8Cast {
-    const void* history;
-    int len;
-    bool transposed;
-    bool keep = true;
-    void* kept = nullptr;
-    bool plain = true;
-};
-
-// Delayed scaling of a product's three operands (--fp8-history; input, weight, output gradient, the layer's
-// consecutive slots): step_max [3] and history [3][len] doubles. The product scales each operand by its
-// history's amax once that holds one (by the amax given while it holds none), and operand i's amax joins
-// step_max[i] when bit i of record is set (the operands this pass measured), in the product's own launch.
-struct Fp8Delayed {
-    void* step_max;
-    const void* history;
-    int len;
-    unsigned record;
-};
-
-// A product's input kept from its forward as the transposed FP8 copy its weight gradient multiplies
-// (--fp8-history): `bytes` [IC, N padded to 16] e4m3 at the scale of the input's history [len] doubles, which
-// the op that wrote the input filled (Fp8Cast::kept) while the history holds an amax; while it holds none the
-// backward writes it there from the input. A backend that rounds inside its products (the CPU's) ignores it.
-struct Fp8Kept {
-    void* bytes;
-    const void* history;
-    int len;
 };
 
 class Backend {
@@ -261,13 +225,16 @@ class Backend {
     // e4m3, the output gradient in e5m2, each at scale fmax / amax; the
     // products of the rounded values divided by both scales; the bias, and
     // its gradient from the unrounded output gradient, in the compute type.
-    // delayed (or null: current scaling, or amaxes already the history's): Fp8Delayed.
+    // delayed (or null: current scaling, or amaxes already the history's): Fp8Delayed; wq (or null): the
+    // weight's copies made once per step and its amax (Fp8Weight; the CPU's rounding reads the amax alone).
     virtual void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
-                                    int OC, const void* amax, const Fp8Delayed* delayed = nullptr);
+                                    int OC, const void* amax, const Fp8Delayed* delayed = nullptr,
+                                    const Fp8Weight* wq = nullptr);
     // kept (or null): the weight gradient's x^T from there (Fp8Kept).
     virtual void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                                      const void* weight, int N, int IC, int OC, const void* amax,
-                                     const Fp8Kept* kept = nullptr, const Fp8Delayed* delayed = nullptr);
+                                     const Fp8Kept* kept = nullptr, const Fp8Delayed* delayed = nullptr,
+                                     const Fp8Weight* wq = nullptr);
     // The MLP's activation, GELU or SwiGLU (gelu_/swiglu_ ops; H the hidden
     // width): forward (dout null) or backward, and at amax (one double) the
     // largest magnitude of what it wrote, the next FP8 product's operand,

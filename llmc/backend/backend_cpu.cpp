@@ -160,21 +160,22 @@ class CpuBackend : public Backend {
     }
     // The operands' rounded copies (cpu_fp8.h) in host scratch, then the
     // ordinary product of the copies.
-    // The amaxes the operands scale by: as given, or under delayed scaling
-    // their histories' (fp8::delayed_amax, recording the measured ones).
-    static std::array<double, 3> scaled_by(const void* amax, const Fp8Delayed* d, int n) {
+    // The amaxes the operands scale by: as given (the weight's where wq
+    // keeps it), or under delayed scaling their histories' (fp8::delayed_amax,
+    // recording the measured ones).
+    static std::array<double, 3> scaled_by(const void* amax, const Fp8Delayed* d, const Fp8Weight* wq, int n) {
         const double* a = static_cast<const double*>(amax);
-        std::array<double, 3> am{a[0], a[1], a[2]};
+        std::array<double, 3> am{a[0], wq ? *static_cast<const double*>(wq->amax) : a[1], n > 2 ? a[2] : 0.0};
         if (!d) return am;
         double* step = static_cast<double*>(d->step_max);
         const double* hist = static_cast<const double*>(d->history);
         for (int i = 0; i < n; i++)
-            am[i] = fp8::delayed_amax(a[i], step + i, hist + (size_t)i * d->len, d->len, (d->record >> i) & 1u);
+            am[i] = fp8::delayed_amax(am[i], step + i, hist + (size_t)i * d->len, d->len, (d->record >> i) & 1u);
         return am;
     }
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
-                            const void* amax, const Fp8Delayed* d) override {
-        const std::array<double, 3> am = scaled_by(amax, d, 2);
+                            const void* amax, const Fp8Delayed* d, const Fp8Weight* w8) override {
+        const std::array<double, 3> am = scaled_by(amax, d, w8, 2);
         F* xq = fp8_copy(0, f(inp), (size_t)N * IC, am[0], fp8::Format::e4m3);
         F* wq = fp8_copy(1, f(weight), (size_t)OC * IC, am[1], fp8::Format::e4m3);
         cpu::matmul_forward(f(out), xq, wq, f(bias), N, IC, OC);
@@ -182,8 +183,8 @@ class CpuBackend : public Backend {
     // (kept: the GPU's FP8 bytes of x^T; the copies here are rounded from inp itself)
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                              const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept*,
-                             const Fp8Delayed* d) override {
-        const std::array<double, 3> am = scaled_by(amax, d, 3);
+                             const Fp8Delayed* d, const Fp8Weight* w8) override {
+        const std::array<double, 3> am = scaled_by(amax, d, w8, 3);
         F* dq = fp8_copy(2, f(dout), (size_t)N * OC, am[2], fp8::Format::e5m2);
         F* xq = fp8_copy(0, f(inp), (size_t)N * IC, am[0], fp8::Format::e4m3);
         F* wq = fp8_copy(1, f(weight), (size_t)OC * IC, am[1], fp8::Format::e4m3);

@@ -262,19 +262,19 @@ class CpuBf16Backend final : public Backend {
         f_->fp8_history_push(history, step_max, slots, len, figures, skip);
     }
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
-                            const void* amax, const Fp8Delayed* d) override {
+                            const void* amax, const Fp8Delayed* d, const Fp8Weight* q) override {
         run({{out, (size_t)N * OC, true}, {inp, (size_t)N * IC, false}, {weight, (size_t)OC * IC, false},
              {bias, bias ? (size_t)OC : 0, false}},
-            [&](float** x) { f_->matmul_forward_fp8(x[0], x[1], x[2], x[3], N, IC, OC, amax, d); });
+            [&](float** x) { f_->matmul_forward_fp8(x[0], x[1], x[2], x[3], N, IC, OC, amax, d, q); });
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                              const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept*,
-                             const Fp8Delayed* d) override {
+                             const Fp8Delayed* d, const Fp8Weight* q) override {
         run({{dinp, dinp ? (size_t)N * IC : 0, true}, {dweight, dweight ? (size_t)OC * IC : 0, true},
              {dbias, dbias ? (size_t)OC : 0, true}, {dout, (size_t)N * OC, false}, {inp, (size_t)N * IC, false},
              {weight, (size_t)OC * IC, false}},
             [&](float** x) {
-                f_->matmul_backward_fp8(x[0], x[1], x[2], x[3], x[4], x[5], N, IC, OC, amax, nullptr, d);
+                f_->matmul_backward_fp8(x[0], x[1], x[2], x[3], x[4], x[5], N, IC, OC, amax, nullptr, d, q);
             });
     }
     // The experts' products: this backend's matmul over each group; the

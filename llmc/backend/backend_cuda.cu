@@ -290,11 +290,13 @@ class CudaBackend final : public Backend {
     void activation_amax(bool sw, void* o, const void* a, const void* d, int N, int H, void* am, const Fp8Cast* c)
         override { activate(), fp8_.activation(fp32_, sw, o, a, d, N, H, am, c); }
     void matmul_forward_fp8(void* y, const void* x, const void* w, const void* b, int N, int IC, int OC, const void* am,
-                            const Fp8Delayed* d) override { activate(), fp8_.forward(fp32_, y, x, w, b, N, IC, OC, am, d); }
+                            const Fp8Delayed* d, const Fp8Weight* q) override {
+        activate(), fp8_.forward(fp32_, y, x, w, b, N, IC, OC, am, d, q); }
     void matmul_backward_fp8(void* dx, void* dw, void* db, const void* dy, const void* x, const void* w, int N, int IC,
-                             int OC, const void* am, const Fp8Kept* k, const Fp8Delayed* d) override {
+                             int OC, const void* am, const Fp8Kept* k, const Fp8Delayed* d, const Fp8Weight* q) override {
         const size_t nsc = db ? llmc_cuda::matmul_backward_scratch_floats(N, OC) : 0;
-        activate(), fp8_.backward(fp32_, dx, dw, db, dy, x, w, N, IC, OC, am, scratch_floats(nsc, "fp8 dbias"), k, d); }
+        activate(), fp8_.backward(fp32_, dx, dw, db, dy, x, w, N, IC, OC, am, scratch_floats(nsc, "fp8 dbias"), k, d,
+                                  q); }
     void matmul_forward(void* out, const void* inp, const void* weight, const void* bias, int N, int IC,
                         int OC) override {
         dispatch([&](auto tag) {

@@ -62,9 +62,9 @@ class MeasureBackend : public Backend {
     void fp8_delayed(void*, void*, const void*, int, bool) override {}
     void fp8_history_push(void*, void*, int, int, const void*, bool) override {}
     void matmul_forward_fp8(void*, const void*, const void*, const void*, int, int, int, const void*,
-                            const Fp8Delayed*) override {}
+                            const Fp8Delayed*, const Fp8Weight*) override {}
     void matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int, int, int,
-                             const void*, const Fp8Kept*, const Fp8Delayed*) override {}
+                             const void*, const Fp8Kept*, const Fp8Delayed*, const Fp8Weight*) override {}
     void moe_expert_matmul_forward(void*, const void*, const void*, const int*, int, int, int, int) override {}
     void moe_expert_matmul_backward(void*, void*, const void*, const void*, const void*, const int*, int, int, int,
                                     int) override {}

@@ -40,15 +40,15 @@ class ProfilingBackend final : public BackendWrapper {
     // just before them (llmc/model/fp8.cpp) and count to the product that
     // follows.
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
-                            const void* amax, const Fp8Delayed* d) override {
+                            const void* amax, const Fp8Delayed* d, const Fp8Weight* q) override {
         product_ = product_class(IC, OC);
-        BackendWrapper::matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax, d);
+        BackendWrapper::matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax, d, q);
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                              const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept* kept,
-                             const Fp8Delayed* d) override {
+                             const Fp8Delayed* d, const Fp8Weight* q) override {
         product_ = product_class(IC, OC);
-        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept, d);
+        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept, d, q);
     }
 
     void take(std::vector<double>* ms) {

@@ -180,21 +180,24 @@ class BackendWrapper : public Backend {
         device_op("fp8_history_push", [=] { in_->fp8_history_push(history, step_max, slots, len, figures, skip); });
     }
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
-                            const void* amax, const Fp8Delayed* delayed) override {
+                            const void* amax, const Fp8Delayed* delayed, const Fp8Weight* wq) override {
         const Fp8Delayed d = delayed ? *delayed : Fp8Delayed{};  // by value, as the cast
-        const bool hd = delayed != nullptr;
-        device_op("matmul_forward_fp8",
-                  [=] { in_->matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax, hd ? &d : nullptr); });
+        const Fp8Weight q = wq ? *wq : Fp8Weight{};
+        const bool hd = delayed != nullptr, hq = wq != nullptr;
+        device_op("matmul_forward_fp8", [=] {
+            in_->matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax, hd ? &d : nullptr, hq ? &q : nullptr);
+        });
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                              const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept* kept,
-                             const Fp8Delayed* delayed) override {
+                             const Fp8Delayed* delayed, const Fp8Weight* wq) override {
         const Fp8Kept k = kept ? *kept : Fp8Kept{};
         const Fp8Delayed d = delayed ? *delayed : Fp8Delayed{};
-        const bool hk = kept != nullptr, hd = delayed != nullptr;
+        const Fp8Weight q = wq ? *wq : Fp8Weight{};
+        const bool hk = kept != nullptr, hd = delayed != nullptr, hq = wq != nullptr;
         device_op("matmul_backward_fp8", [=] {
             in_->matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, hk ? &k : nullptr,
-                                     hd ? &d : nullptr);
+                                     hd ? &d : nullptr, hq ? &q : nullptr);
         });
     }
     void moe_expert_matmul_forward(void* out, const void* inp, const void* weight, const int* offsets, int rows, int E,

@@ -96,11 +96,11 @@ void Backend::amax_to(void*, const void*, DType, size_t) { refuse("amax_to"); }
 void Backend::fp8_delayed(void*, void*, const void*, int, bool) { refuse("fp8_delayed"); }
 void Backend::fp8_history_push(void*, void*, int, int, const void*, bool) { refuse("fp8_history_push"); }
 void Backend::matmul_forward_fp8(void*, const void*, const void*, const void*, int, int, int, const void*,
-                                 const Fp8Delayed*) {
+                                 const Fp8Delayed*, const Fp8Weight*) {
     refuse("matmul_forward_fp8");
 }
 void Backend::matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int, int, int,
-                                  const void*, const Fp8Kept*, const Fp8Delayed*) {
+                                  const void*, const Fp8Kept*, const Fp8Delayed*, const Fp8Weight*) {
     refuse("matmul_backward_fp8");
 }
 

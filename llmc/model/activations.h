@@ -58,6 +58,11 @@ struct GPT::Acts {
     // words), which the activation's cast writes (Backend::Fp8Kept); kept
     // like fch_gelu (per layer-slot, or the block's scratch when recomputed).
     void* fp8_h_t = nullptr;
+    // --fp8, not ZeRO-3: the four linear layers' weights of this rank's
+    // blocks as FP8 bytes, as they are and transposed, each 256-aligned
+    // (GPT::fp8_woff_), and their amaxes [L, 4] doubles: made at a step's
+    // first use (fp8.cpp's fp8_weight), read by its other micro-batches.
+    void *fp8_wq = nullptr, *fp8_wamax = nullptr;
     // per slot of the head chunk
     void *lnf, *lnf_mean, *lnf_rstd;            // [Ns,C], [Ns], [Ns]
     void* logits;                               // [N,Vl]; with --head-chunk ROWS one [ROWS,Vl] for all slots

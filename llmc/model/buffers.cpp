@@ -267,6 +267,21 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
     if (fp8_) {  // the four layers' FP8 operands' amax (fp8.cpp): input, weight, output gradient
         if (!be_->fp8()) throw std::invalid_argument("GPT: the " + std::string(be_->name()) + " backend has no FP8 products");
         a.fp8_amax = alloc_buffer(A, "fp8_amax", LS * amax_per_slot(), DType::F64, true);
+        // The weights' FP8 copies once per step: not under ZeRO-3, whose
+        // ranks hold a weight whole only while they use it.
+        if (!sharding.params) {
+            const size_t L = cfg.num_layers, IC[4] = {C, Cl, C, Hl}, OC[4] = {Wqkv, C, Fl, C};
+            fp8_woff_.assign(L * 4, SIZE_MAX), fp8_wsize_.assign(L * 4, 0), fp8_wmade_.assign(L * 4, 0);
+            size_t off = 0;
+            for (const ModelChunk& c : chunks_)
+                for (int l = c.first_layer; l < c.first_layer + c.layers; l++)
+                    for (int k = 0; k < (cfg.moe() ? 2 : 4); k++) {  // (a Mixtral's experts: their own blocks)
+                        const size_t i = (size_t)l * 4 + k, bytes = (IC[k] * OC[k] + 255) / 256 * 256;
+                        fp8_woff_[i] = off, fp8_wsize_[i] = bytes, off += 2 * bytes;
+                    }
+            a.fp8_wq = alloc_buffer(S, "fp8_weights", off / 4, DType::I32);
+            a.fp8_wamax = alloc_buffer(S, "fp8_weight_amax", L * 4, DType::F64);
+        }
         if (fp8_len_ > 0) {
             const size_t slots = (size_t)fp8_slots();
             a.fp8_hist = alloc_buffer(S, "fp8_amax_history", slots * fp8_len_, DType::F64);
@@ -418,6 +433,7 @@ void GPT::zero_grad() {
     if (!training_) throw std::logic_error("GPT: built without gradients (training = false)");
     size_t n = sharding_.grads ? table_.shard_total : table_.total;
     be_->zero(grads_, n * dtype_size(prec_.grad));
+    std::fill(fp8_wmade_.begin(), fp8_wmade_.end(), 0);  // a step: the weights' FP8 copies are made again
     // --head-chunk's accumulator of the head weight's gradient, cleared after
     // each use and again here: nothing a step reads is then a matrix
     // product's output from before it (--matmul-tune times the products

@@ -52,6 +52,25 @@ void GPT::fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, b
     if (cp_split && cp_ && !local) cp_->max(am, 1, DType::F64);
 }
 
+// A step's micro-batches multiply the same weights (they change at the
+// update, after the last backward; zero_grad starts the next step), so
+// their FP8 copies and amax are made once: the forward's first call makes
+// the plain copy and measures the amax (and its group max), the first
+// backward the transposed one. A forward outside a training step
+// (validation) quantises its own: the weights may have changed since.
+bool GPT::fp8_weight(Fp8Weight* q, Param w, int l, bool backward) {
+    if (!a_->fp8_wq || (!backward && !fp8_record_)) return false;
+    const size_t k = (size_t)l * 4 + linear_index(w);
+    if (fp8_woff_[k] == SIZE_MAX) return false;
+    uint8_t& made = fp8_wmade_[k];
+    if (backward && !(made & 1)) return false;  // (its forward used no copy: the slot holds the amax)
+    uint8_t* bytes = static_cast<uint8_t*>(a_->fp8_wq) + fp8_woff_[k];
+    *q = {bytes, bytes + fp8_wsize_[k], elem_ptr(a_->fp8_wamax, DType::F64, k), !backward && !(made & 1),
+          backward && !(made & 2)};
+    made |= backward ? 2 : 1;
+    return true;
+}
+
 // Delayed scaling of layer l's product of w (Backend::Fp8Delayed): its
 // three operands' step maxima and histories, consecutive slots; record:
 // the operands this pass measured (forward the input and the weight,
@@ -120,10 +139,13 @@ void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, i
         return;
     }
     fp8_amax(0, in_measured ? nullptr : in, prec_.act, (size_t)N * IC, row, true, amax);
-    fp8_amax(1, P(w, l), prec_.param, (size_t)OC * IC, true, false, amax);
+    Fp8Weight q;  // the weight's amax: with its copies (once per step), else into the layer-slot
+    const bool copies = fp8_weight(&q, w, l, false);
+    if (!copies || q.quantize)
+        fp8_amax(copies ? 0 : 1, P(w, l), prec_.param, (size_t)OC * IC, true, false, copies ? (void*)q.amax : amax);
     Fp8Delayed d;
     const bool delayed = fp8_delayed_of(&d, w, l, 1u | 2u);
-    be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, amax, delayed ? &d : nullptr);
+    be_->matmul_forward_fp8(out, in, P(w, l), bias, N, IC, OC, amax, delayed ? &d : nullptr, copies ? &q : nullptr);
 }
 
 void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
@@ -135,9 +157,10 @@ void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, co
     fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
     Fp8Kept k;
     Fp8Delayed d;
-    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 4u);
+    Fp8Weight q;
+    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 4u), copies = fp8_weight(&q, w, l, true);
     be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr,
-                             delayed ? &d : nullptr);
+                             delayed ? &d : nullptr, copies ? &q : nullptr);
 }
 
 void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
@@ -151,9 +174,10 @@ void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const voi
     // three from the slot and issues no collective.
     fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
     Fp8Delayed d;
-    const bool delayed = fp8_delayed_of(&d, w, l, 4u);
+    Fp8Weight q;
+    const bool delayed = fp8_delayed_of(&d, w, l, 4u), copies = fp8_weight(&q, w, l, true);
     be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, amax, nullptr,
-                             delayed ? &d : nullptr);
+                             delayed ? &d : nullptr, copies ? &q : nullptr);
 }
 
 void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
@@ -164,9 +188,10 @@ void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const 
     }
     Fp8Kept k;
     Fp8Delayed d;  // (B recorded the output gradient's amax)
-    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 0u);
+    Fp8Weight q;   // (its amax; B made the transposed copy W does not use)
+    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 0u), copies = fp8_weight(&q, w, l, true);
     be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr,
-                             delayed ? &d : nullptr);
+                             delayed ? &d : nullptr, copies ? &q : nullptr);
 }
 
 void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, const void* x, const void* dy, void* dst) {

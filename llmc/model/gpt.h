@@ -399,6 +399,11 @@ class GPT {
     // amax[which] (0 input, 1 weight, 2 output gradient) of x (null: already
     // there, measured by the op that wrote it), with the group max.
     void fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, bool cp_split, void* amax);
+    // Layer l's weight of w as the FP8 copies a training step makes once
+    // (Backend::Fp8Weight; false: none, the product quantises its own):
+    // the forward's call makes the plain copy and measures the amax, the
+    // backward's the transposed copy, each the step's first.
+    bool fp8_weight(Fp8Weight* q, Param w, int l, bool backward);
     // Delayed scaling of layer l's product of w, recording the operands in
     // `record` (bits: 1 input, 2 weight, 4 output gradient) on a training
     // pass (Backend::Fp8Delayed); false without a history.
@@ -544,6 +549,13 @@ class GPT {
     bool fp8_ = false;      // ModelOptions::fp8: the four layers' products on FP8 operands
     int fp8_len_ = 0;       // ModelOptions::fp8_history
     bool fp8_record_ = false;  // the pass records its amaxes for the history (a training pass)
+    // --fp8: the linear layers' weights as FP8 copies made once per step
+    // (fp8_weight): per (layer, linear) their offset in Acts::fp8_wq and the
+    // plain copy's bytes (SIZE_MAX: not on this rank), and what this step
+    // made (1: the forward's copy and the weight's amax, 2: the transposed
+    // copy); zero_grad starts a step.
+    std::vector<size_t> fp8_woff_, fp8_wsize_;
+    std::vector<uint8_t> fp8_wmade_;
     UnitProvider* provider_ = nullptr;
     LocalUnits* local_ = nullptr;
     std::vector<const void*> unit_params_;  // acquired units' parameters, else null

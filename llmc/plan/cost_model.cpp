@@ -17,15 +17,15 @@ CostModel::CostModel(const GPTConfig& c, const Layout& l, const Hardware& hw, co
 }
 
 CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC,
-                                           bool backward, bool fused, int part, bool cast, bool kept) {
+                                           bool backward, bool fused, int part, bool cast, bool kept, double wshare) {
     Fp8Passes p;
-    const double x = N * IC, w = OC * IC, dy = N * OC;
+    const double x = N * IC, dy = N * OC, w = OC * IC * wshare;  // (w: the weight's bytes this micro-batch)
     // The forward measures the input and the weight, the backward only the
     // output gradient (the other two are the forward's, llmc/model/fp8.cpp).
     p.amax_bytes = backward ? a * dy : a * x + pb * w;
     // The GPU's amax is two kernels (the max as float bits, then stored as
     // a double); the scales one more kernel before the quantisers.
-    p.amax_ops = (backward ? 1 : 2) * (cpu ? 1 : 2);
+    p.amax_ops = (backward ? 1 : 1 + wshare) * (cpu ? 1 : 2);
     // fused: the activation before the product measured that operand as it
     // wrote it (the GPU's activation_amax): no read, only the store (the
     // CPU's reads it after the op, a pass as before).
@@ -36,17 +36,17 @@ CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double
     const double in = cast && !cpu ? 0 : a;
     // kept: the forward writes x^T beside x, and the weight gradient reads it (x^T's pass is gone).
     const double xt = kept && !cpu ? 0 : (a + 1) * x;
-    if (cpu) {  // each operand rounded to a copy once, inside the product's op
-        p.quant_bytes = 2 * (a * x + pb * w + (backward ? a * dy : 0));
+    if (cpu) {  // each operand rounded to a copy once, inside the product's op (the weight's every time)
+        p.quant_bytes = 2 * (a * x + pb * OC * IC + (backward ? a * dy : 0));
     } else if (!backward) {  // x and W as they are
         p.quant_bytes = (in + 1) * x + (pb + 1) * w + (kept && !cpu ? x : 0);
-        p.quant_ops = 1 + 2;
+        p.quant_ops = 1 + 1 + wshare;
     } else if (part == 0) {  // dy for dX and dy^T for dW in one pass, W^T for dX, x^T for dW
         p.quant_bytes = (in + 2) * dy + (pb + 1) * w + xt;
-        p.quant_ops = 1 + 3;
+        p.quant_ops = 1 + 2 + wshare;
     } else {  // B: the scales, dy and W^T; W: the scales again, dy^T and x^T (dy read twice)
         p.quant_bytes = part == 1 ? (in + 1) * dy + (pb + 1) * w : (a + 1) * dy + xt;
-        p.quant_ops = 1 + 2;
+        p.quant_ops = part == 1 ? 1 + 1 + wshare : 1 + 2;
     }
     if (part == 2) p.amax_bytes = 0, p.amax_ops = 0;  // W reads B's amaxes from the slot
     return p;
@@ -119,11 +119,14 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     auto cast = [&](int i) { return l_.fp8_history > 0 && i == (backward ? 2 : 3); };
     // Delayed scaling's bookkeeping is in a dense product's scales launch
     // (Fp8Delayed); an expert block's is an op per operand measured.
+    // A dense layer's weight is measured and quantised once per step (its
+    // copies kept: GPT::fp8_weight), not under ZeRO-3; an expert's per block.
+    const double wshare = l_.zero >= 3 ? 1.0 : 1.0 / std::max(1, l_.micro_batches());
     auto fp8 = [&](const Linear& x, double rows, bool fused = false, bool cast_in = false, bool kept = false,
                    bool expert = false) {
         auto part = [&](int k) {
-            const Fp8Passes p =
-                fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k, cast_in, kept);
+            const Fp8Passes p = fp8_passes(hw_.device == "cpu", a_, pb_, rows, x.in, x.out, backward, fused, k,
+                                           cast_in, kept, expert ? 1.0 : wshare);
             const int delayed = expert && l_.fp8_history > 0 && k != 2 ? (backward ? 1 : 2) : 0;
             return (p.amax_bytes + p.quant_bytes) / hw_.mem_bw + (p.amax_ops + p.quant_ops + delayed) * hw_.launch_s;
         };

@@ -74,7 +74,7 @@ class CostModel {
     // bytes of an activation and of a weight element.
     struct Fp8Passes {
         double amax_bytes = 0, quant_bytes = 0;
-        int amax_ops = 0, quant_ops = 0;
+        double amax_ops = 0, quant_ops = 0;  // (a share of a launch: the weight's, once per step)
     };
     // fused: the operand the pass measures (forward the input, backward the
     // output gradient) was measured by the op that wrote it; cast: that op
@@ -83,8 +83,11 @@ class CostModel {
     // input gradient), 2 its W. kept: the forward's cast also wrote the
     // input's transposed copy, which the weight gradient multiplies
     // (fcproj's: the forward writes it, the backward reads no input).
+    // wshare: the share of the micro-batches that measure the weight and
+    // make its FP8 copies (1 / micro-batches: once per step, GPT::fp8_weight).
     static Fp8Passes fp8_passes(bool cpu, double a, double pb, double N, double IC, double OC, bool backward,
-                                bool fused = false, int part = 0, bool cast = false, bool kept = false);
+                                bool fused = false, int part = 0, bool cast = false, bool kept = false,
+                                double wshare = 1);
     // The forward's cast keeps fcproj's input transposed in FP8 (a GPU's
     // delayed scaling on a dense MLP, where h is kept or a whole backward
     // recomputes it): h is then not stored in the compute type.

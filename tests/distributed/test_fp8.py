@@ -253,17 +253,19 @@ def test_plan_time(tmp):
     # The passes: products free, memory at 1 GB/s; the difference --fp8 makes.
     bw, C = 1e9, 32
     model = ["-e", f"L={L},C={C},NH=4,V={V},Vp={V},T={T}"] + flags
-    for device, dtype, a, hist in (("cuda", "bf16", 2, 0), ("cuda", "bf16", 2, 2), ("cpu", "fp32", 4, 0)):
+    # m micro-batches a step: a weight is measured and quantised (both ways) in the first alone.
+    for device, dtype, a, hist, m in (("cuda", "bf16", 2, 0, 1), ("cuda", "bf16", 2, 2, 1), ("cpu", "fp32", 4, 0, 1),
+                                      ("cuda", "bf16", 2, 0, 2)):
         prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": device, "dtype": dtype}
-        run = model + ["--dtype", dtype]
-        rows = [plan_row(tmp, f"passes_{device}_{hist}", prof, run + (["--fp8-history", str(hist)] if f and hist
-                                                                       else []), f) for f in (0, 1)]
+        run = model + ["--dtype", dtype] + (["-d", str(m * B * T)] if m > 1 else [])
+        rows = [plan_row(tmp, f"passes_{device}_{hist}_{m}", prof, run + (["--fp8-history", str(hist)] if f and hist
+                                                                            else []), f) for f in (0, 1)]
         if not all(rows):
             continue
-        got = (rows[1]["breakdown_ms"]["compute"] - rows[0]["breakdown_ms"]["compute"]) / 1e3
+        got = (rows[1]["breakdown_ms"]["compute"] - rows[0]["breakdown_ms"]["compute"]) / 1e3 / m
         want = 0
         for k, (i, o) in enumerate(((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C))):
-            x, w, dy = N * i, o * i, N * o
+            x, w, dy = N * i, o * i / (m if device == "cuda" else 1), N * o
             # The forward reads the input's and the weight's amax, the backward
             # only the output gradient's (the other two are the forward's).
             if device == "cpu":  # amax read, then each operand's rounded copy read and written
@@ -282,9 +284,10 @@ def test_plan_time(tmp):
                 want += (dyin + 2) * dy + (a + 1) * w + (0 if kept else (a + 1) * x)
                 want += x - a * x if kept else 0
         want = L * want / bw
-        check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}): planned {got}, formula {want}")
-        print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}): {got * 1e6:.3f} us, "
-              f"formula {want * 1e6:.3f} us")
+        check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}, {m} micro-batches): planned "
+              f"{got}, formula {want}")
+        print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}, {m} micro-batches a step): "
+              f"{got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
     # Delayed scaling on a Llama: besides the two casts' reads (fcproj's input, fc's output gradient),
     # the whole backward leaves fc's output gradient out in bf16 (no fc bias): a·N·2F less per block;
     # fcproj's input kept transposed in FP8: its weight gradient's pass (a + 1)·N·F gone, N·F more

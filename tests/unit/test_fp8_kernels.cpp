@@ -473,6 +473,53 @@ void test_kept_input() {
         }
 }
 
+// The weight's copies made once per step (fp8k::Weight): a forward that
+// makes the plain copy and one that reuses it, a backward that makes the
+// transposed copy and one that reuses it, each bit for bit as the product
+// quantising the weight itself, the reuses converting none of the weight,
+// and the weight's amax read from the copies' (the layer-slot's amax[1] is
+// NaN: a product that read it would show it).
+void test_weight_copies() {
+    std::string err;
+    const int N = 37, IC = 48, OC = 80;
+    const Operands ops(N, IC, OC, 43);
+    const double wamax = cpu::amax(ops.w.data(), ops.w.size());
+    const double amax[3] = {cpu::amax(ops.x.data(), ops.x.size()), wamax, cpu::amax(ops.dy.data(), ops.dy.size())};
+    const double slot[3] = {amax[0], NAN, amax[2]};
+    const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+    std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
+    std::vector<uint8_t> wq((size_t)OC * IC, kCanary), wqt = wq;
+    EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};
+    ex.wq = wq.data(), ex.wqt = wqt.data(), ex.wq_bytes = wq.size();
+    EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
+    for (int back = 0; back < 2; back++)
+        for (int makes = 1; makes >= 0; makes--) {
+            const fp8k::Weight q{wq.data(), wqt.data(), &wamax, !back && makes, back && makes};
+            std::vector<double> o((size_t)N * std::max(IC, OC), 7.0), o2 = o, dw((size_t)OC * IC, 0.5), dw2 = dw;
+            g_conversions = 0;
+            if (!back)
+                fp8k::forward(ex, ex.s, o.data(), ops.x.data(), ops.w.data(), (const double*)nullptr, N, IC, OC, slot,
+                              nullptr, nullptr, &q);
+            else
+                fp8k::backward(ex, ex.s, o.data(), dw.data(), ops.dy.data(), ops.x.data(), ops.w.data(), N, IC, OC,
+                               slot, nullptr, nullptr, nullptr, &q);
+            const size_t conv = g_conversions;
+            g_conversions = 0;
+            if (!back)
+                fp8k::forward(plain_ex, plain_ex.s, o2.data(), ops.x.data(), ops.w.data(), (const double*)nullptr, N,
+                              IC, OC, amax);
+            else
+                fp8k::backward(plain_ex, plain_ex.s, o2.data(), dw2.data(), ops.dy.data(), ops.x.data(), ops.w.data(),
+                               N, IC, OC, amax);
+            const size_t want = g_conversions - (makes ? 0 : (size_t)OC * IC);
+            const char* what = back ? "backward" : "forward";
+            CHECK(err.empty() && o == o2 && dw == dw2, "weight copies, %s %s them: differs from the product "
+                  "quantising the weight %s", what, makes ? "making" : "reusing", err.c_str());
+            CHECK(conv == want, "weight copies, %s %s them: %zu conversions, want %zu", what,
+                  makes ? "making" : "reusing", conv, want);
+        }
+}
+
 }  // namespace
 
 int main() {
@@ -483,5 +530,6 @@ int main() {
     test_cast_bytes();
     test_cast_products();
     test_kept_input();
+    test_weight_copies();
     return check_summary();
 }

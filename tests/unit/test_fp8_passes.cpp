@@ -50,16 +50,18 @@ class CountingBackend : public BackendWrapper {
         BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax, cast);
     }
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
-                            const void* amax, const Fp8Delayed* d) override {
+                            const void* amax, const Fp8Delayed* d, const Fp8Weight* q) override {
         products.push_back({0, d ? slot(d->history) : -2, d ? d->record : 0u, d ? d->len : 0});
-        BackendWrapper::matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax, d);
+        weights.push_back({0, IC, OC, q ? q->bytes : nullptr, q ? q->amax : nullptr, q && q->quantize});
+        BackendWrapper::matmul_forward_fp8(out, inp, weight, bias, N, IC, OC, amax, d, q);
     }
     void matmul_backward_fp8(void* dinp, void* dweight, void* dbias, const void* dout, const void* inp,
                              const void* weight, int N, int IC, int OC, const void* amax, const Fp8Kept* kept,
-                             const Fp8Delayed* d) override {
+                             const Fp8Delayed* d, const Fp8Weight* q) override {
         if (dweight) grads.push_back({IC, OC, kept ? kept->bytes : nullptr, kept ? slot(kept->history) : -2});
         products.push_back({dinp ? 1 : 2, d ? slot(d->history) : -2, d ? d->record : 0u, d ? d->len : 0});
-        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept, d);
+        weights.push_back({dinp ? 1 : 2, IC, OC, q ? q->bytes : nullptr, q ? q->amax : nullptr, q && q->quantize_t});
+        BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept, d, q);
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                    const void* w, const void* bias, int N, int C, double eps, void* amax) override {
@@ -71,7 +73,7 @@ class CountingBackend : public BackendWrapper {
         fused++, fused_elems += (size_t)N * C;
         BackendWrapper::norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax);
     }
-    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(), grads.clear(), products.clear(); }
+    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(), grads.clear(), products.clear(), weights.clear(); }
     // The slot a history names: each holds its slot's number + 1 (passes),
     // read when it is named (the model is gone when the runs are checked).
     static int slot(const void* history) { return (int)*static_cast<const double*>(history) - 1; }
@@ -97,6 +99,12 @@ class CountingBackend : public BackendWrapper {
         int len;
     };
     std::vector<Product> products;
+    struct Weight {  // a product's weight copies (Fp8Weight)
+        int kind, IC, OC;
+        const void *bytes, *amax;  // (null: none)
+        bool makes;                // this call makes its copy (plain forward, transposed backward)
+    };
+    std::vector<Weight> weights;
 };
 
 struct Count {
@@ -108,13 +116,15 @@ struct Count {
 // The passes of one layer: forward (the inputs and weights) and backward
 // (the output gradients) from the shapes. N rows; a Mixtral's experts get
 // N·K rows in E blocks (one per expert: one process, no ep).
-void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd) {
+// wts: the dense layers' weights' passes among the forward's (a step's
+// first forward measures them, a recomputed one does not: GPT::fp8_weight).
+void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd, Count* wts) {
     const size_t N = (size_t)B * T, C = c.channels, HS = c.head_size();
     const size_t qkv = C + 2 * (size_t)c.kv_heads() * HS;
     // QKV: its input measured by ln1 as it writes it, its output gradient a pass.
-    fwd->measured_by_op(N * C).add(qkv * C), bwd->add(N * qkv);
+    fwd->measured_by_op(N * C).add(qkv * C), bwd->add(N * qkv), wts->add(qkv * C);
     // Attention's projection: its input a pass, its output gradient by ln2's backward.
-    fwd->add(N * C).add(C * C), bwd->measured_by_op(N * C);
+    fwd->add(N * C).add(C * C), bwd->measured_by_op(N * C), wts->add(C * C);
     if (c.moe()) {
         const size_t E = c.experts, R = N * c.top_k, F = c.hidden();
         for (size_t IC : {C, F}) {
@@ -129,8 +139,8 @@ void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd) {
     // fcproj: its input by the activation, its output gradient by the next
     // block's ln1 backward (the last block's by lnf's).
     const size_t H = c.hidden(), F = c.llama() ? 2 * H : H;
-    fwd->measured_by_op(N * C).add(F * C), bwd->measured_by_op(N * F);  // fc
-    fwd->add(H * C).measured_by_op(N * H), bwd->measured_by_op(N * C);  // fcproj
+    fwd->measured_by_op(N * C).add(F * C), bwd->measured_by_op(N * F), wts->add(F * C);  // fc
+    fwd->add(H * C).measured_by_op(N * H), bwd->measured_by_op(N * C), wts->add(H * C);  // fcproj
 }
 
 struct Run {
@@ -297,6 +307,60 @@ void check_casts(const GPTConfig& c, const char* spec) {
         }
 }
 
+// The weights' FP8 copies, made once per step (GPT::fp8_weight): a
+// training step's first forward makes each dense layer's plain copy and
+// measures its weight, its first backward the transposed copy; the next
+// micro-batch makes and measures neither, on the same copies; zero_grad
+// starts a step that makes them again; a forward outside training
+// (validation) uses none and measures its weights itself. A Mixtral's
+// experts keep their own blocks.
+void check_weight_copies(const GPTConfig& c, const char* spec, size_t fwd_calls, size_t wt_calls) {
+    std::string err;
+    CountingBackend* be = new CountingBackend(make_backend("cpu", "fp64", 0, &err));
+    std::unique_ptr<Backend> own(be);
+    ModelOptions o(B, T);
+    o.fp8 = true;
+    ModelChunk ch;
+    ch.layers = c.num_layers, ch.embed = ch.head = true, ch.slots = 1;
+    o.chunks = {ch};
+    GPT model(be, c, o);
+    model.init_random(5);
+    model.zero_grad();
+    std::vector<int> in(B * T), tg(B * T);
+    Rng r(13);
+    for (int i = 0; i < B * T; i++) in[i] = (int)(r.next_u64() % V), tg[i] = (int)(r.next_u64() % V);
+    const size_t dense = (size_t)c.num_layers * (c.moe() ? 2 : 4);
+    // pass: 0 forward, 1 backward; want: the dense products use copies, and make them
+    auto run = [&](int pass, double dloss, bool copies, bool makes, size_t want_calls, const char* what,
+                   std::vector<const void*>* bytes) {
+        be->reset();
+        if (pass == 0) model.forward_chunk(0, 0, in.data(), nullptr, tg.data(), B, T, dloss);
+        else model.backward_chunk(0, 0, nullptr, true);
+        size_t n = 0, ok = 0;
+        std::vector<const void*> seen;
+        for (const auto& w : be->weights) {
+            if (w.kind != pass || !w.bytes) continue;
+            n++, seen.push_back(w.bytes);
+            ok += w.makes == makes;
+        }
+        const bool same = !bytes || bytes->empty() || *bytes == seen;
+        if (bytes && bytes->empty()) *bytes = seen;
+        CHECK(n == (copies ? dense : 0) && ok == n && same && (pass == 1 || be->calls == want_calls),
+              "%s, %s: %zu products on the weights' copies (want %zu), %zu %s them (the same copies: %d), %zu amax "
+              "passes (want %zu)", spec, what, n, copies ? dense : 0, ok, makes ? "making" : "reusing", same, be->calls,
+              want_calls);
+    };
+    std::vector<const void*> fwd_bytes, bwd_bytes;
+    const double dl = 1.0 / (B * T);
+    run(0, dl, true, true, fwd_calls, "a step's first forward", &fwd_bytes);
+    run(1, dl, true, true, 0, "its first backward", &bwd_bytes);
+    run(0, dl, true, false, fwd_calls - wt_calls, "the next micro-batch's forward", &fwd_bytes);
+    run(1, dl, true, false, 0, "its backward", &bwd_bytes);
+    model.zero_grad();
+    run(0, dl, true, true, fwd_calls, "the next step's first forward (after zero_grad)", &fwd_bytes);
+    run(0, 0.0, false, false, fwd_calls, "a forward outside training (validation)", nullptr);
+}
+
 }  // namespace
 
 int main() {
@@ -306,8 +370,8 @@ int main() {
         GPTConfig c;
         std::string err;
         CHECK(parse_model_spec(spec, &c, &err), "%s: %s", spec, err.c_str());
-        Count f, b;
-        for (int l = 0; l < c.num_layers; l++) layer_passes(c, &f, &b);
+        Count f, b, wt;
+        for (int l = 0; l < c.num_layers; l++) layer_passes(c, &f, &b, &wt);
         for (Recompute rc : {Recompute::none, Recompute::gelu, Recompute::selective, Recompute::full})
             for (bool split : {false, true}) {
                 const Run r = passes(c, rc, split);
@@ -320,13 +384,13 @@ int main() {
                 CHECK(r.fwd.fused == f.fused && r.fwd.fused_elems == f.fused_elems,
                       "%s -r %s: forward %zu ops measured %zu elements, want %zu over %zu", spec,
                       recompute_name(rc), r.fwd.fused, r.fwd.fused_elems, f.fused, f.fused_elems);
-                const Count want{b.calls + rf * f.calls, b.elems + rf * f.elems, b.fused + rf * f.fused,
-                                 b.fused_elems + rf * f.fused_elems};
+                const Count want{b.calls + rf * (f.calls - wt.calls), b.elems + rf * (f.elems - wt.elems),
+                                 b.fused + rf * f.fused, b.fused_elems + rf * f.fused_elems};
                 CHECK(r.bwd.calls == want.calls && r.bwd.elems == want.elems,
                       "%s -r %s %s: backward %zu amax passes over %zu elements, want %zu over %zu (only the output "
                       "gradients'%s)",
                       spec, recompute_name(rc), how, r.bwd.calls, r.bwd.elems, want.calls, want.elems,
-                      rf ? ", after the recomputed forward's" : "");
+                      rf ? ", after the recomputed forward's less its weights'" : "");
                 CHECK(r.bwd.fused == want.fused && r.bwd.fused_elems == want.fused_elems,
                       "%s -r %s %s: backward %zu ops measured %zu elements, want %zu over %zu", spec,
                       recompute_name(rc), how, r.bwd.fused, r.bwd.fused_elems, want.fused, want.fused_elems);
@@ -334,6 +398,7 @@ int main() {
                                  recompute_name(rc), r.w_calls);
             }
         check_casts(c, spec);
+        check_weight_copies(c, spec, f.calls, wt.calls);
         std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in ops (%zu), backward %zu (%zu) + %zu "
                     "(%zu)\n",
                     spec, f.calls, f.elems, f.fused, f.fused_elems, b.calls, b.elems, b.fused, b.fused_elems);

@@ -66,13 +66,15 @@ struct Delayed {
 
 // sc[i] = the scale of operand i (0 input e4m3, 1 weight e4m3, 2 output
 // gradient e5m2) from amax[i], or under delayed scaling from its history's
-// (fp8::delayed_amax, recording the operands d.record names);
+// (fp8::delayed_amax, recording the operands d.record names); the
+// weight's amax at wamax when given (Weight), else amax[1];
 // sc[3 + i] = 1 / sc[i], the product's descale. Thread i of one block
 // (i < 3 do the work, each its own operand's step max).
-FP8K_BODY void scales_one(float* sc, const double* amax, int i, Delayed d = Delayed{}) {
+FP8K_BODY void scales_one(float* sc, const double* amax, int i, Delayed d = Delayed{}, const double* wamax = nullptr) {
     if (i >= 3) return;
-    const double a = !d.hist ? amax[i]
-                             : fp8::delayed_amax(amax[i], d.step_max + i, d.hist + (size_t)i * d.len, d.len,
+    const double own = i == 1 && wamax ? *wamax : amax[i];
+    const double a = !d.hist ? own
+                             : fp8::delayed_amax(own, d.step_max + i, d.hist + (size_t)i * d.len, d.len,
                                                  (d.record >> i) & 1u);
     const double s = fp8::scale_for(a, i == 2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
     sc[i] = (float)s;
@@ -223,6 +225,17 @@ struct Precast {
     bool transposed;
 };
 
+// The weight's copies made once per optimizer step (Backend's Fp8Weight):
+// q [OC, IC] for the forward, qt [IC, OC] for the input gradient, at the
+// scale of the weight's amax at `amax`; quantize / quantize_t: this call
+// makes that copy, else it is there (the choice is the host's: the model
+// knows when the weights change).
+struct Weight {
+    uint8_t *q, *qt;
+    const double* amax;
+    bool quantize, quantize_t;
+};
+
 // The input's transposed copy kept from the forward for the weight
 // gradient (Backend's Fp8Kept): xt [IC, padded_k(N)], which the op that
 // wrote the input filled at its history's scale while the history holds an
@@ -235,8 +248,9 @@ struct Kept {
 };
 
 // An executor X (the GPU's in fp8.cuh, the test's emulated one) provides:
-//   scales(sc, amax, d)                           the scales body, one block (d: a
-//                                                 Delayed, or null)
+//   scales(sc, amax, d, wamax)                    the scales body, one block (d: a
+//                                                 Delayed, or null; wamax: the
+//                                                 weight's amax, or null: amax[1])
 //   quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre)
 //                                                 the quantise body on quantize_grid,
 //                                                 skipped on the device where pre (or
@@ -254,14 +268,16 @@ struct Kept {
 // null): the input (forward) or the output gradient (backward) was cast into
 // s.x, or s.dy (and s.dyt), by the op that wrote it; kept (or null): the
 // weight gradient's x^T is kept->xt, not s.xt (Kept); d (or null): delayed
-// scaling, in the scales' launch (Delayed).
+// scaling, in the scales' launch (Delayed); wq (or null): the weight's
+// copies, made by this call only where it says (Weight).
 template <class X, class E>
 void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC,
-             const double* amax, const Precast* pre = nullptr, const Delayed* d = nullptr) {
-    ex.scales(s.scales, amax, d);
+             const double* amax, const Precast* pre = nullptr, const Delayed* d = nullptr, const Weight* wq = nullptr) {
+    ex.scales(s.scales, amax, d, wq ? wq->amax : nullptr);
     ex.quantize(s.x, inp, N, IC, s.scales + 0, false, false, nullptr, pre);
-    ex.quantize(s.w, weight, OC, IC, s.scales + 1, false, false, nullptr, (const Precast*)nullptr);
-    ex.gemm(out, s.x, false, s.w, false, N, OC, IC, s.scales + 3, s.scales + 4, false, bias);
+    uint8_t* wb = wq ? wq->q : s.w;
+    if (!wq || wq->quantize) ex.quantize(wb, weight, OC, IC, s.scales + 1, false, false, nullptr, (const Precast*)nullptr);
+    ex.gemm(out, s.x, false, wb, false, N, OC, IC, s.scales + 3, s.scales + 4, false, bias);
 }
 
 // dinp (overwritten) and dweight (+=), either may be null (a split
@@ -270,16 +286,17 @@ void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, con
 template <class X, class E>
 void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const E* inp, const E* weight, int N,
               int IC, int OC, const double* amax, const Precast* pre = nullptr, const Kept* kept = nullptr,
-              const Delayed* d = nullptr) {
+              const Delayed* d = nullptr, const Weight* wq = nullptr) {
     const Precast* none = nullptr, *both = pre && pre->transposed ? pre : nullptr;
-    ex.scales(s.scales, amax, d);
+    ex.scales(s.scales, amax, d, wq ? wq->amax : nullptr);
     // The output gradient both ways in one pass when both products run.
     if (dinp && dweight) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, s.dy, both);
     if (dinp) {  // dx[N, IC] = dy[N, OC] · (W^T)[IC, OC]^T
         if (!dweight) ex.quantize(s.dy, dout, N, OC, s.scales + 2, true, false, nullptr, pre);
-        ex.quantize(s.wt, weight, OC, IC, s.scales + 1, false, true, nullptr, none);
+        uint8_t* wt = wq ? wq->qt : s.wt;
+        if (!wq || wq->quantize_t) ex.quantize(wt, weight, OC, IC, s.scales + 1, false, true, nullptr, none);
         // W^T's rows are OC long: padded_k(OC) = OC, the model's widths being multiples of 16
-        ex.gemm(dinp, s.dy, true, s.wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, (const E*)nullptr);
+        ex.gemm(dinp, s.dy, true, wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, (const E*)nullptr);
     }
     if (!dweight) return;
     // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
