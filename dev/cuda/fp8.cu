@@ -61,7 +61,7 @@ static void check_quantize(int rows, int cols) {
     float* sc = lab::dev_alloc<float>(6);
     CUDA_CHECK(cudaMemcpy(dam + 1, &am, sizeof am, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dam + 2, &am, sizeof am, cudaMemcpyHostToDevice));
-    fp8_scales_kernel<<<1, 32>>>(sc, dam);
+    fp8_scales_kernel<<<1, 32>>>(sc, dam, fp8k::Delayed{}, nullptr);
     float s[6];
     CUDA_CHECK(cudaMemcpy(s, sc, sizeof s, cudaMemcpyDeviceToHost));
     // Transposed: [cols, ld], ld the rows padded to 16 with zero bytes; t == 2
@@ -133,7 +133,27 @@ static void check_products(int N, int IC, int OC, double tol) {
     ops.backward(fp32, nullptr, d_dw, nullptr, d_dy, d_x, d_w, N, IC, OC, d_am, nullptr);
     lab::validate((l + " input grad, B alone").c_str(), lab::from_device(d_dx, dx.size()), dx, tol);
     lab::validate((l + " weight grad, W alone").c_str(), lab::from_device(d_dw, dw.size()), dw, tol);
-    for (void* p : {(void*)d_x, (void*)d_w, (void*)d_dy, (void*)d_b, (void*)d_y, (void*)d_dx, (void*)d_dw, (void*)d_am})
+    // The weight's copies made once per step (Fp8Weight): a forward and a
+    // backward making them, then a pair reusing them, each as above; the
+    // weight's amax is the copies' (the layer-slot's is NaN).
+    const size_t wbytes = ((size_t)OC * IC + 255) / 256 * 256;
+    uint8_t* d_wq = lab::dev_alloc<uint8_t>(2 * wbytes);
+    double *d_wam = lab::dev_alloc<double>(1), *d_am_nan = lab::dev_alloc<double>(3);
+    const double am_nan[3] = {am[0], NAN, am[2]};
+    CUDA_CHECK(cudaMemcpy(d_am_nan, am_nan, sizeof am_nan, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_wam, &am[1], sizeof(double), cudaMemcpyHostToDevice));
+    for (int makes = 1; makes >= 0; makes--) {
+        const Fp8Weight q{d_wq, d_wq + wbytes, d_wam, makes == 1, makes == 1};
+        const std::string how = makes ? ", making the weight's copies" : ", reusing the weight's copies";
+        lab::copy_to_device<E>(d_dw, dw0);
+        ops.forward(fp32, d_y, d_x, d_w, d_b, N, IC, OC, d_am_nan, nullptr, &q);
+        ops.backward(fp32, d_dx, d_dw, nullptr, d_dy, d_x, d_w, N, IC, OC, d_am_nan, nullptr, nullptr, nullptr, &q);
+        lab::validate((l + " forward" + how).c_str(), lab::from_device(d_y, y.size()), y, tol);
+        lab::validate((l + " input grad" + how).c_str(), lab::from_device(d_dx, dx.size()), dx, tol);
+        lab::validate((l + " weight grad" + how).c_str(), lab::from_device(d_dw, dw.size()), dw, tol);
+    }
+    for (void* p : {(void*)d_x, (void*)d_w, (void*)d_dy, (void*)d_b, (void*)d_y, (void*)d_dx, (void*)d_dw, (void*)d_am,
+                    (void*)d_wq, (void*)d_wam, (void*)d_am_nan})
         lab::dev_free(p);
 }
 
@@ -335,6 +355,15 @@ static void time_shape(int N, int IC, int OC) {
     const std::string shp = std::to_string(N) + "x" + std::to_string(IC) + "->" + std::to_string(OC);
     float f8f = lab::time_ms([&] { ops.forward(false, y, x, w, nullptr, N, IC, OC, am); });
     float f8b = lab::time_ms([&] { ops.backward(false, dx, dw, nullptr, dy, x, w, N, IC, OC, am, nullptr); });
+    // ... and a micro-batch after the step's first: the weight's copies reused (Fp8Weight)
+    const size_t wbytes = ((size_t)OC * IC + 255) / 256 * 256;
+    uint8_t* wq = lab::dev_alloc<uint8_t>(2 * wbytes);
+    const Fp8Weight make{wq, wq + wbytes, am + 1, true, true}, reuse{wq, wq + wbytes, am + 1, false, false};
+    ops.forward(false, y, x, w, nullptr, N, IC, OC, am, nullptr, &make);
+    ops.backward(false, dx, dw, nullptr, dy, x, w, N, IC, OC, am, nullptr, nullptr, nullptr, &make);
+    float f8f_r = lab::time_ms([&] { ops.forward(false, y, x, w, nullptr, N, IC, OC, am, nullptr, &reuse); });
+    float f8b_r = lab::time_ms(
+        [&] { ops.backward(false, dx, dw, nullptr, dy, x, w, N, IC, OC, am, nullptr, nullptr, nullptr, &reuse); });
     float bff = lab::time_ms([&] { matmul_forward<bf16>(mm, y, x, w, nullptr, N, IC, OC); });
     float bfb = lab::time_ms([&] { matmul_backward<bf16>(mm, dx, dw, nullptr, dy, x, w, N, IC, OC, scratch); });
     lab::report_tflops(("fp8 forward " + shp).c_str(), f8f, flop);
@@ -342,6 +371,9 @@ static void time_shape(int N, int IC, int OC) {
     lab::report_tflops(("bf16 forward " + shp).c_str(), bff, flop);
     lab::report_tflops(("bf16 backward " + shp).c_str(), bfb, 2 * flop);
     std::printf("figure fp8_products_over_bf16_%s %g ratio\n", lab::slug(shp.c_str()).c_str(), (bff + bfb) / (f8f + f8b));
+    std::printf("figure fp8_products_reused_weights_over_bf16_%s %g ratio\n", lab::slug(shp.c_str()).c_str(),
+                (bff + bfb) / (f8f_r + f8b_r));
+    lab::dev_free(wq);
     mm.destroy();
     for (void* p : {(void*)x, (void*)w, (void*)dy, (void*)y, (void*)dx, (void*)dw, (void*)am, (void*)scratch})
         lab::dev_free(p);
