@@ -61,7 +61,7 @@ static void check_quantize(int rows, int cols) {
     float* sc = lab::dev_alloc<float>(6);
     CUDA_CHECK(cudaMemcpy(dam + 1, &am, sizeof am, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dam + 2, &am, sizeof am, cudaMemcpyHostToDevice));
-    fp8_scales_kernel<<<1, 32>>>(sc, dam, fp8k::Delayed{}, nullptr);
+    fp8_scales_kernel<<<1, 32>>>(sc, dam, Fp8Delayed{}, nullptr);
     float s[6];
     CUDA_CHECK(cudaMemcpy(s, sc, sizeof s, cudaMemcpyDeviceToHost));
     // Transposed: [cols, ld], ld the rows padded to 16 with zero bytes; t == 2

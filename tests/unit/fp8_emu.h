@@ -107,9 +107,9 @@ struct EmuExec {
     fp8k::Scratch s;
     size_t elems;  // what each buffer of s holds
     std::string* err;
-    const uint8_t* kept = nullptr;  // a kept copy's buffer (fp8k::Kept) and its bytes
+    const uint8_t* kept = nullptr;  // a kept copy's buffer (Fp8Kept) and its bytes
     size_t kept_bytes = 0;
-    const uint8_t *wq = nullptr, *wqt = nullptr;  // the weight's copies (fp8k::Weight), of wq_bytes each
+    const uint8_t *wq = nullptr, *wqt = nullptr;  // the weight's copies (Fp8Weight), of wq_bytes each
     size_t wq_bytes = 0;
     bool inside(const uint8_t* p, size_t n) const {
         if (kept && p == kept) return n <= kept_bytes;
@@ -121,9 +121,9 @@ struct EmuExec {
     void fail(const std::string& what) {
         if (err->empty()) *err = what;
     }
-    void scales(float* sc, const double* amax, const fp8k::Delayed* d, const double* wamax) {
+    void scales(float* sc, const double* amax, const Fp8Delayed* d, const double* wamax) {
         run_grid(1, 1, 32, 1,
-                 [&](EmuCtx& c) { fp8k::scales_one(sc, amax, c.tx(), d ? *d : fp8k::Delayed{}, wamax); });
+                 [&](EmuCtx& c) { fp8k::scales_one(sc, amax, c.tx(), d ? *d : Fp8Delayed{}, wamax); });
     }
     void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
                   uint8_t* plain, const fp8k::Precast* pre) {

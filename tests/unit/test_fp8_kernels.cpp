@@ -88,14 +88,14 @@ void test_scales() {
     // the step max stays); and a NaN in a history scales by 1.
     const double hist[3][2] = {{7.0, 1.0}, {0.0, 0.0}, {2e-3, 0.0}};
     double step[3] = {1.0, 5.0, 9.0};
-    for (int i = 0; i < 32; i++) fp8k::scales_one(sc, amax, i, fp8k::Delayed{step, &hist[0][0], 2, 1u});
+    for (int i = 0; i < 32; i++) fp8k::scales_one(sc, amax, i, Fp8Delayed{step, &hist[0][0], 2, 1u});
     CHECK(sc[0] == 64.f && sc[3] == 1.f / 64, "delayed scales: the history's amax (7: 448/7 = 64), got %g", sc[0]);
     CHECK(sc[1] == 1.f && sc[2] == (float)(57344.0 / 2e-3), "delayed scales: an empty history's own amax, a "
           "holding one's (got %g, %g)", sc[1], sc[2]);
     CHECK(step[0] == 3.5 && step[1] == 5.0 && step[2] == 9.0, "delayed scales: only operand 0 recorded (step max "
           "%g %g %g, want 3.5 5 9)", step[0], step[1], step[2]);
     const double nan_hist[3][1] = {{NAN}, {0.0}, {0.0}};
-    for (int i = 0; i < 32; i++) fp8k::scales_one(sc, amax, i, fp8k::Delayed{step, &nan_hist[0][0], 1, 6u});
+    for (int i = 0; i < 32; i++) fp8k::scales_one(sc, amax, i, Fp8Delayed{step, &nan_hist[0][0], 1, 6u});
     CHECK(sc[0] == 1.f && step[1] == 5.0 && step[2] == 9.0, "delayed scales: a NaN history scales by 1; operands 1 "
           "and 2 recorded below their step max (got %g; %g %g)", sc[0], step[1], step[2]);
 }
@@ -215,7 +215,7 @@ void test_product(Backend& cpu_be, int N, int IC, int OC, bool saturate, double 
     }
 }
 
-// Delayed scaling inside the product (fp8k::Delayed, Backend::Fp8Delayed):
+// Delayed scaling inside the product (Backend::Fp8Delayed):
 // the emulated GPU's scales launch and the CPU backend agree on the
 // products and on the step maxima they record (forward: input and weight;
 // backward: the output gradient), the histories holding powers of two
@@ -229,7 +229,7 @@ void test_delayed_products(Backend& cpu_be) {
     for (int back = 0; back < 2; back++) {
         double step_emu[3] = {0.5, 0.5, 0.5}, step_cpu[3] = {0.5, 0.5, 0.5};
         const unsigned record = back ? 4u : 3u;
-        const fp8k::Delayed de{step_emu, &hist[0][0], 2, record};
+        const Fp8Delayed de{step_emu, &hist[0][0], 2, record};
         const Fp8Delayed dc{step_cpu, &hist[0][0], 2, record};
         const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
         std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary);
@@ -405,7 +405,7 @@ void test_cast_products() {
             }
 }
 
-// fcproj's input kept from the forward (fp8k::Kept): the activation's cast
+// fcproj's input kept from the forward (Fp8Kept): the activation's cast
 // writes the plain copy for the forward's product and the transposed one
 // into the kept buffer, without storing its output (keep false) while the
 // history holds an amax; the forward, then the weight gradient (whole
@@ -443,7 +443,7 @@ void test_kept_input() {
             CHECK(untouched == !holds, "kept x^T, history %s: the cast %s the kept copy", holds ? "holding" : "empty",
                   holds ? "did not write" : "wrote (its scale is not known yet)");
             const fp8k::Precast pre{hist, 2, false};
-            const fp8k::Kept k{kept.data() + kGuard, hist, 2};
+            const Fp8Kept k{kept.data() + kGuard, hist, 2};
             std::vector<double> out((size_t)N * OC), out2 = out, dx((size_t)N * IC, 7.0), dx2 = dx;
             std::vector<double> dw((size_t)OC * IC, 0.5), dw2 = dw;
             fp8k::forward(ex, ex.s, out.data(), x.data(), w.data(), (const double*)nullptr, N, IC, OC, amax, &pre);
@@ -473,7 +473,7 @@ void test_kept_input() {
         }
 }
 
-// The weight's copies made once per step (fp8k::Weight): a forward that
+// The weight's copies made once per step (Fp8Weight): a forward that
 // makes the plain copy and one that reuses it, a backward that makes the
 // transposed copy and one that reuses it, each bit for bit as the product
 // quantising the weight itself, the reuses converting none of the weight,
@@ -494,7 +494,7 @@ void test_weight_copies() {
     EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
     for (int back = 0; back < 2; back++)
         for (int makes = 1; makes >= 0; makes--) {
-            const fp8k::Weight q{wq.data(), wqt.data(), &wamax, !back && makes, back && makes};
+            const Fp8Weight q{wq.data(), wqt.data(), &wamax, !back && makes, back && makes};
             std::vector<double> o((size_t)N * std::max(IC, OC), 7.0), o2 = o, dw((size_t)OC * IC, 0.5), dw2 = dw;
             g_conversions = 0;
             if (!back)

@@ -67,7 +67,7 @@ void amax_to(double* dst, const E* x, size_t n, unsigned* bits, cudaStream_t str
     CUDA_CHECK_LAUNCH();
 }
 
-__global__ void fp8_scales_kernel(float* sc, const double* amax, fp8k::Delayed d, const double* wamax) {
+__global__ void fp8_scales_kernel(float* sc, const double* amax, Fp8Delayed d, const double* wamax) {
     fp8k::scales_one(sc, amax, threadIdx.x, d, wamax);
 }
 
@@ -251,8 +251,8 @@ template <typename E>
 struct Fp8Exec {
     Fp8Gemm& g;
     cudaStream_t stream;
-    void scales(float* sc, const double* amax, const fp8k::Delayed* d, const double* wamax) {
-        fp8_scales_kernel<<<1, 32, 0, stream>>>(sc, amax, d ? *d : fp8k::Delayed{}, wamax);
+    void scales(float* sc, const double* amax, const Fp8Delayed* d, const double* wamax) {
+        fp8_scales_kernel<<<1, 32, 0, stream>>>(sc, amax, d ? *d : Fp8Delayed{}, wamax);
         CUDA_CHECK_LAUNCH();
     }
     void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
@@ -306,16 +306,14 @@ class Fp8Ops {
         const fp8k::Scratch s = scratch(fp8k::forward_elems(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
         const fp8k::Precast* pre = take_precast(inp, false, (size_t)N * IC);
-        const fp8k::Delayed d = device_delayed(delayed);
-        const fp8k::Weight q = device_weight(wq);
         if (fp32) {
             Fp8Exec<float> ex{gemm_, stream_};
             fp8k::forward(ex, s, (float*)out, (const float*)inp, (const float*)w, (const float*)bias, N, IC, OC, am,
-                          pre, &d, wq ? &q : nullptr);
+                          pre, delayed, wq);
         } else {
             Fp8Exec<bf16> ex{gemm_, stream_};
             fp8k::forward(ex, s, (bf16*)out, (const bf16*)inp, (const bf16*)w, (const bf16*)bias, N, IC, OC, am, pre,
-                          &d, wq ? &q : nullptr);
+                          delayed, wq);
         }
     }
     // An op whose kernels take the max of what they write into the amax
@@ -378,26 +376,22 @@ class Fp8Ops {
     }
     // The bias gradient (from the unrounded dout) with matmul.cuh's kernel
     // and its scratch (matmul_backward_scratch_floats).
-    // kept (or null): the weight gradient's x^T from the forward's cast (fp8k::Kept).
+    // kept (or null): the weight gradient's x^T from the forward's cast (Fp8Kept).
     void backward(bool fp32, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
                   int N, int IC, int OC, const void* amax, float* bias_scratch, const Fp8Kept* kept = nullptr,
                   const Fp8Delayed* delayed = nullptr, const Fp8Weight* wq = nullptr) {
         const fp8k::Scratch s = scratch(fp8k::backward_elems(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
         const fp8k::Precast* pre = take_precast(dout, true, (size_t)N * OC);
-        fp8k::Kept k{};
-        if (kept) k = {static_cast<uint8_t*>(kept->bytes), static_cast<const double*>(kept->history), kept->len};
-        const fp8k::Delayed d = device_delayed(delayed);
-        const fp8k::Weight q = device_weight(wq);
         if (fp32) {
             Fp8Exec<float> ex{gemm_, stream_};
             fp8k::backward(ex, s, (float*)dinp, (float*)dw, (const float*)dout, (const float*)inp, (const float*)w, N,
-                           IC, OC, am, pre, kept ? &k : nullptr, &d, wq ? &q : nullptr);
+                           IC, OC, am, pre, kept, delayed, wq);
             if (dbias) bias_backward<float>((float*)dbias, (const float*)dout, N, OC, bias_scratch, stream_);
         } else {
             Fp8Exec<bf16> ex{gemm_, stream_};
             fp8k::backward(ex, s, (bf16*)dinp, (bf16*)dw, (const bf16*)dout, (const bf16*)inp, (const bf16*)w, N, IC,
-                           OC, am, pre, kept ? &k : nullptr, &d, wq ? &q : nullptr);
+                           OC, am, pre, kept, delayed, wq);
             if (dbias) bias_backward<bf16>((bf16*)dbias, (const bf16*)dout, N, OC, bias_scratch, stream_);
         }
     }
@@ -414,15 +408,6 @@ class Fp8Ops {
         fp8k::Precast pre{};
     };
     Pending pending_, taken_;
-    static fp8k::Weight device_weight(const Fp8Weight* w) {
-        if (!w) return fp8k::Weight{};
-        return {static_cast<uint8_t*>(w->bytes), static_cast<uint8_t*>(w->bytes_t), static_cast<const double*>(w->amax),
-                w->quantize, w->quantize_t};
-    }
-    static fp8k::Delayed device_delayed(const Fp8Delayed* d) {
-        if (!d) return fp8k::Delayed{};
-        return {static_cast<double*>(d->step_max), static_cast<const double*>(d->history), d->len, d->record};
-    }
     const fp8k::Precast* take_precast(const void* operand, bool backward, size_t elems) {
         taken_ = pending_;
         pending_ = Pending{};

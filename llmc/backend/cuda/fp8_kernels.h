@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "llmc/backend/fp8.h"
+#include "llmc/backend/fp8_args.h"
 
 #if defined(__CUDACC__)
 #define FP8K_BODY __device__ __forceinline__
@@ -55,27 +56,21 @@ FP8K_BODY void amax_body(Ctx& c, unsigned* bits, const E* x, size_t n) {
     c.warp_max_commit(bits, m);
 }
 
-// Delayed scaling of a product's operands (Backend's Fp8Delayed), by value
-// into the scales' launch; hist null: none.
-struct Delayed {
-    double* step_max;    // [3]
-    const double* hist;  // [3][len]
-    int len;
-    unsigned record;  // bit i: operand i's amax joins step_max[i]
-};
-
 // sc[i] = the scale of operand i (0 input e4m3, 1 weight e4m3, 2 output
 // gradient e5m2) from amax[i], or under delayed scaling from its history's
-// (fp8::delayed_amax, recording the operands d.record names); the
-// weight's amax at wamax when given (Weight), else amax[1];
+// (Fp8Delayed, by value into the launch; history null: none;
+// fp8::delayed_amax, recording the operands d.record names); the weight's
+// amax at wamax when given (Fp8Weight), else amax[1];
 // sc[3 + i] = 1 / sc[i], the product's descale. Thread i of one block
 // (i < 3 do the work, each its own operand's step max).
-FP8K_BODY void scales_one(float* sc, const double* amax, int i, Delayed d = Delayed{}, const double* wamax = nullptr) {
+FP8K_BODY void scales_one(float* sc, const double* amax, int i, Fp8Delayed d = Fp8Delayed{},
+                          const double* wamax = nullptr) {
     if (i >= 3) return;
     const double own = i == 1 && wamax ? *wamax : amax[i];
-    const double a = !d.hist ? own
-                             : fp8::delayed_amax(own, d.step_max + i, d.hist + (size_t)i * d.len, d.len,
-                                                 (d.record >> i) & 1u);
+    const double* hist = static_cast<const double*>(d.history);
+    const double a = !hist ? own
+                           : fp8::delayed_amax(own, static_cast<double*>(d.step_max) + i, hist + (size_t)i * d.len,
+                                               d.len, (d.record >> i) & 1u);
     const double s = fp8::scale_for(a, i == 2 ? fp8::Format::e5m2 : fp8::Format::e4m3);
     sc[i] = (float)s;
     sc[3 + i] = (float)(1.0 / s);
@@ -225,31 +220,9 @@ struct Precast {
     bool transposed;
 };
 
-// The weight's copies made once per optimizer step (Backend's Fp8Weight):
-// q [OC, IC] for the forward, qt [IC, OC] for the input gradient, at the
-// scale of the weight's amax at `amax`; quantize / quantize_t: this call
-// makes that copy, else it is there (the choice is the host's: the model
-// knows when the weights change).
-struct Weight {
-    uint8_t *q, *qt;
-    const double* amax;
-    bool quantize, quantize_t;
-};
-
-// The input's transposed copy kept from the forward for the weight
-// gradient (Backend's Fp8Kept): xt [IC, padded_k(N)], which the op that
-// wrote the input filled at its history's scale while the history holds an
-// amax (cast_body with the transposed layout); otherwise the backward's
-// quantiser writes it there.
-struct Kept {
-    uint8_t* xt;
-    const double* hist;
-    int len;
-};
-
 // An executor X (the GPU's in fp8.cuh, the test's emulated one) provides:
-//   scales(sc, amax, d, wamax)                    the scales body, one block (d: a
-//                                                 Delayed, or null; wamax: the
+//   scales(sc, amax, d, wamax)                    the scales body, one block (d: an
+//                                                 Fp8Delayed, or null; wamax: the
 //                                                 weight's amax, or null: amax[1])
 //   quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre)
 //                                                 the quantise body on quantize_grid,
@@ -266,16 +239,20 @@ struct Kept {
 //   weight gradient dW[OC, IC] += (dy^T)[OC, N] · (x^T)[IC, N]^T   (dy, x transposed)
 // amax [3] doubles: the model's (input, weight, output gradient); pre (or
 // null): the input (forward) or the output gradient (backward) was cast into
-// s.x, or s.dy (and s.dyt), by the op that wrote it; kept (or null): the
-// weight gradient's x^T is kept->xt, not s.xt (Kept); d (or null): delayed
-// scaling, in the scales' launch (Delayed); wq (or null): the weight's
-// copies, made by this call only where it says (Weight).
+// s.x, or s.dy (and s.dyt), by the op that wrote it. fp8_args.h's: kept
+// (or null): the weight gradient's x^T is kept->bytes [IC, padded_k(N)],
+// not s.xt, which the op that wrote the input filled while its history
+// holds an amax (else the quantiser writes it there); d (or null): delayed
+// scaling, in the scales' launch; wq (or null): the weight's copies, made
+// by this call only where it says (the choice is the host's: the model
+// knows when the weights change), and its amax.
 template <class X, class E>
 void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, const E* bias, int N, int IC, int OC,
-             const double* amax, const Precast* pre = nullptr, const Delayed* d = nullptr, const Weight* wq = nullptr) {
-    ex.scales(s.scales, amax, d, wq ? wq->amax : nullptr);
+             const double* amax, const Precast* pre = nullptr, const Fp8Delayed* d = nullptr,
+             const Fp8Weight* wq = nullptr) {
+    ex.scales(s.scales, amax, d, wq ? static_cast<const double*>(wq->amax) : nullptr);
     ex.quantize(s.x, inp, N, IC, s.scales + 0, false, false, nullptr, pre);
-    uint8_t* wb = wq ? wq->q : s.w;
+    uint8_t* wb = wq ? static_cast<uint8_t*>(wq->bytes) : s.w;
     if (!wq || wq->quantize) ex.quantize(wb, weight, OC, IC, s.scales + 1, false, false, nullptr, (const Precast*)nullptr);
     ex.gemm(out, s.x, false, wb, false, N, OC, IC, s.scales + 3, s.scales + 4, false, bias);
 }
@@ -285,15 +262,15 @@ void forward(X& ex, const Scratch& s, E* out, const E* inp, const E* weight, con
 // unrounded gradient).
 template <class X, class E>
 void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const E* inp, const E* weight, int N,
-              int IC, int OC, const double* amax, const Precast* pre = nullptr, const Kept* kept = nullptr,
-              const Delayed* d = nullptr, const Weight* wq = nullptr) {
+              int IC, int OC, const double* amax, const Precast* pre = nullptr, const Fp8Kept* kept = nullptr,
+              const Fp8Delayed* d = nullptr, const Fp8Weight* wq = nullptr) {
     const Precast* none = nullptr, *both = pre && pre->transposed ? pre : nullptr;
-    ex.scales(s.scales, amax, d, wq ? wq->amax : nullptr);
+    ex.scales(s.scales, amax, d, wq ? static_cast<const double*>(wq->amax) : nullptr);
     // The output gradient both ways in one pass when both products run.
     if (dinp && dweight) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, s.dy, both);
     if (dinp) {  // dx[N, IC] = dy[N, OC] · (W^T)[IC, OC]^T
         if (!dweight) ex.quantize(s.dy, dout, N, OC, s.scales + 2, true, false, nullptr, pre);
-        uint8_t* wt = wq ? wq->qt : s.wt;
+        uint8_t* wt = wq ? static_cast<uint8_t*>(wq->bytes_t) : s.wt;
         if (!wq || wq->quantize_t) ex.quantize(wt, weight, OC, IC, s.scales + 1, false, true, nullptr, none);
         // W^T's rows are OC long: padded_k(OC) = OC, the model's widths being multiples of 16
         ex.gemm(dinp, s.dy, true, wt, false, N, IC, OC, s.scales + 5, s.scales + 4, false, (const E*)nullptr);
@@ -301,8 +278,8 @@ void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const
     if (!dweight) return;
     // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
     if (!dinp) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, nullptr, both);
-    const Precast in_kept{kept ? kept->hist : nullptr, kept ? kept->len : 0, true};
-    uint8_t* xt = kept ? kept->xt : s.xt;
+    const Precast in_kept{kept ? static_cast<const double*>(kept->history) : nullptr, kept ? kept->len : 0, true};
+    uint8_t* xt = kept ? static_cast<uint8_t*>(kept->bytes) : s.xt;
     ex.quantize(xt, inp, N, IC, s.scales + 0, false, true, nullptr, kept ? &in_kept : none);
     ex.gemm(dweight, s.dyt, true, xt, false, OC, IC, padded_k(N), s.scales + 5, s.scales + 3, true,
             (const E*)nullptr);
