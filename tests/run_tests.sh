@@ -211,6 +211,13 @@ reference_tier() {
         --final-frac 0.1 --fp8 1 --write-model "$REF/fp8_round.model.bin" --write-state "$REF/fp8_round.state.bin"
     run test_gpt_fp8_round_fp64 build/test_gpt --model "$REF/fp8_round.model.bin" --state "$REF/fp8_round.state.bin" \
         --device cpu --dtype fp64 --fp8 1
+    # ... with delayed scaling there: on a GPU the activation and the norms
+    # then cast their outputs for the next product (docs/fp8.md).
+    run ref_fp8_round_delayed_fp64 "$PY" tests/reference/reference_gpt.py --spec "$ROUND" --dtype fp64 --B 4 --T 32 \
+        --warmup 3 --final-frac 0.1 --fp8 1 --fp8-history 3 --write-model "$REF/fp8_round_delayed.model.bin" \
+        --write-state "$REF/fp8_round_delayed.state.bin"
+    run test_gpt_fp8_round_delayed_fp64 build/test_gpt --model "$REF/fp8_round_delayed.model.bin" \
+        --state "$REF/fp8_round_delayed.state.bin" --device cpu --dtype fp64 --fp8 1 --fp8-history 3
     # heads of 64: on a GPU, bf16 runs the tensor-core kernels with the mask
     reference docmask64_fp32 fp32 "L=2,C=128,NH=2,V=97,T=80" 2 80 --warmup 2 --steps 6 --document-mask 7
     if hf_ready; then

@@ -22,6 +22,10 @@
 //              with a history holding an amax (the cast used) and empty
 //              (the first step: the product quantises), and the backward's
 //              output left unstored (the product's bits only); timed beside the uncast pair
+//   norm cast  the same for a norm (LayerNorm, RMSNorm, with and without the
+//              residual add) casting QKV's or fc's input and keeping its
+//              transposed copy: statistics, output, amax, and the forward's
+//              and weight gradient's bits as after the uncast norm
 // Timing (bf16 outputs, N=8192 tokens, 1024 -> 4096, and d12's 768 -> 3072):
 // TFLOP/s of the three products, and beside them the bf16 products
 // (matmul.cuh) of the same shapes.
@@ -337,6 +341,97 @@ static void check_norm_amax(int N, int C, bool timing) {
         lab::dev_free(p);
 }
 
+// Delayed scaling's cast by a norm (Fp8Ops::norm_cast, what the CUDA
+// backend's norm_amax runs with an Fp8Cast): LayerNorm and RMSNorm, of the
+// input and after the residual add, the norm's kernel leaving the residual
+// and the statistics, the cast the output (stored only while the history is
+// empty), its amax, the plain copy for QKV's (or fc's) forward and the kept
+// transposed one for its weight gradient: the residual, statistics, output
+// (where stored) and amax as the uncast norm's, and the forward and the
+// weight gradient bit for bit as after the uncast norm. OC: the product's
+// width (QKV's, fc's).
+template <typename E>
+static void check_norm_cast(int N, int C, int OC, bool timing) {
+    const std::string t = std::is_same<E, float>::value ? "fp32" : "bf16";
+    const bool fp32 = std::is_same<E, float>::value;
+    const size_t n = (size_t)N * C;
+    const std::vector<float> a = lab::rand_normal(n, 1.f, 71), b = lab::rand_normal(n, 1.f, 72),
+                             g = lab::rand_normal(C, 1.f, 73), w = lab::rand_normal((size_t)OC * C, 0.05f, 74),
+                             dy = lab::rand_normal((size_t)N * OC, 1e-3f, 75);
+    E *da = lab::to_device<E>(a), *db = lab::to_device<E>(b), *dg = lab::to_device<E>(g), *bias = lab::to_device<E>(b),
+      *dw = lab::to_device<E>(w), *ddy = lab::to_device<E>(dy);
+    E *o1 = lab::dev_alloc<E>(n), *o2 = lab::dev_alloc<E>(n), *r1 = lab::dev_alloc<E>(n), *r2 = lab::dev_alloc<E>(n);
+    E *y1 = lab::dev_alloc<E>((size_t)N * OC), *y2 = lab::dev_alloc<E>((size_t)N * OC);
+    E *g1 = lab::dev_alloc<E>(w.size()), *g2 = lab::dev_alloc<E>(w.size());
+    float *m1 = lab::dev_alloc<float>(N), *m2 = lab::dev_alloc<float>(N), *s1 = lab::dev_alloc<float>(N),
+          *s2 = lab::dev_alloc<float>(N);
+    double *am = lab::dev_alloc<double>(1), *hist = lab::dev_alloc<double>(2), *amax3 = lab::dev_alloc<double>(3);
+    uint8_t* xt = lab::dev_alloc<uint8_t>((size_t)fp8k::padded_k(N) * C);
+    Fp8Ops ops;
+    ops.reserve(fp8k::backward_elems(N, C, OC), 0);
+    for (int k = 0; k < 4; k++)  // LayerNorm, RMSNorm x (of the input, after the residual add)
+        for (int holds = 0; holds < 2; holds++) {
+            const bool rms = k >= 2, res = k % 2 == 1;
+            const E* src = res ? db : nullptr;
+            ops.measured(am, [&](unsigned* bits) {
+                norm_forward<E>(rms, r1, o1, m1, s1, da, src, dg, bias, N, C, 1e-5, 0, bits);
+            });
+            double own = 0;
+            CUDA_CHECK(cudaMemcpy(&own, am, sizeof own, cudaMemcpyDeviceToHost));
+            const double h[2] = {holds ? own * 1.5 : 0, 0};
+            CUDA_CHECK(cudaMemcpy(hist, h, sizeof h, cudaMemcpyHostToDevice));
+            const double amx[3] = {holds ? own * 1.5 : own, 0.3, 1e-3};  // what fp8_delayed leaves for the input
+            CUDA_CHECK(cudaMemcpy(amax3, amx, sizeof amx, cudaMemcpyHostToDevice));
+            Fp8Cast cast{hist, 2, false, false};
+            cast.kept = xt;
+            const Fp8Kept kp{xt, hist, 2};
+            auto product = [&](E* in, E* y, E* gw, bool kept) {  // the forward, then the weight gradient alone
+                ops.forward(fp32, y, in, dw, nullptr, N, C, OC, amax3);
+                CUDA_CHECK(cudaMemset(gw, 0, w.size() * sizeof(E)));
+                ops.backward(fp32, nullptr, gw, nullptr, ddy, in, dw, N, C, OC, amax3, nullptr, kept ? &kp : nullptr);
+            };
+            auto uncast = [&] {
+                norm_forward<E>(rms, r1, o1, m1, s1, da, src, dg, bias, N, C, 1e-5, 0, nullptr);
+                product(o1, y1, g1, false);
+            };
+            auto cast_run = [&] {
+                ops.norm_cast(fp32, o2, res ? r2 : da, rms ? nullptr : m2, s2, dg, rms ? nullptr : bias, N, C, am,
+                              cast, [&] {
+                                  norm_forward<E>(rms, r2, nullptr, m2, s2, da, src, dg, bias, N, C, 1e-5, 0, nullptr);
+                              });
+                product(o2, y2, g2, true);
+            };
+            CUDA_CHECK(cudaMemset(o2, 0xFF, n * sizeof(E)));  // (NaN: what an unstored output reads as)
+            uncast(), cast_run();
+            double got = 0;
+            CUDA_CHECK(cudaMemcpy(&got, am, sizeof got, cudaMemcpyDeviceToHost));
+            auto same = [&](const void* p, const void* q, size_t bytes) {
+                std::vector<uint8_t> u(bytes), v(bytes);
+                CUDA_CHECK(cudaMemcpy(u.data(), p, bytes, cudaMemcpyDeviceToHost));
+                CUDA_CHECK(cudaMemcpy(v.data(), q, bytes, cudaMemcpyDeviceToHost));
+                return u == v;
+            };
+            bool unstored = true;
+            for (float v : lab::from_device(o2, n)) unstored &= std::isnan(v);
+            const bool ok = (holds ? unstored : same(o1, o2, n * sizeof(E))) && got == own &&
+                            (!res || same(r1, r2, n * sizeof(E))) && same(s1, s2, N * sizeof(float)) &&
+                            (rms || same(m1, m2, N * sizeof(float))) &&
+                            same(y1, y2, (size_t)N * OC * sizeof(E)) && same(g1, g2, w.size() * sizeof(E));
+            const std::string what = t + (rms ? " rmsnorm" : " layernorm") + (res ? " residual" : "") + " C=" +
+                                     std::to_string(C);
+            count(ok, "norm cast " + what + (holds ? " (history)" : " (no history)"),
+                  "statistics, output, amax and the products' bits as uncast");
+            if (!timing || !holds) continue;
+            const float ms_cast = lab::time_ms(cast_run), ms_uncast = lab::time_ms(uncast);
+            std::printf("figure fp8_norm_cast_%s_over_uncast %g ratio (%.3f ms against %.3f)\n",
+                        lab::slug(what.c_str()).c_str(), ms_uncast / ms_cast, ms_cast, ms_uncast);
+        }
+    for (void* p : {(void*)da, (void*)db, (void*)dg, (void*)bias, (void*)dw, (void*)ddy, (void*)o1, (void*)o2,
+                    (void*)r1, (void*)r2, (void*)y1, (void*)y2, (void*)g1, (void*)g2, (void*)m1, (void*)m2, (void*)s1,
+                    (void*)s2, (void*)am, (void*)hist, (void*)amax3, (void*)xt})
+        lab::dev_free(p);
+}
+
 static void time_shape(int N, int IC, int OC) {
     bf16 *x = lab::to_device<bf16>(lab::rand_normal((size_t)N * IC, 1.f, 41)),
          *w = lab::to_device<bf16>(lab::rand_normal((size_t)OC * IC, 0.02f, 42)),
@@ -405,6 +500,11 @@ int main() {
     check_norm_amax<float>(37, 100, false);
     check_norm_amax<bf16>(64, 768, false);
     check_norm_amax<bf16>(64, 100, false);
+    check_norm_cast<float>(37, 768, 96, false);
+    check_norm_cast<float>(37, 112, 48, false);
+    check_norm_cast<bf16>(64, 4096, 64, false);  // (rows past the registers: the scalar and looped kernels)
+    check_norm_cast<bf16>(64, 768, 128, false);
+    check_norm_cast<bf16>(64, 96, 48, false);
     if (lab::check_only()) return lab::finish();
     std::printf("timing (bf16 outputs)\n");
     time_shape(8192, 768, 3072);
@@ -413,5 +513,7 @@ int main() {
     check_activation_cast<bf16>(4096, 8960, 1536, true);
     check_activation_cast<bf16>(8192, 3072, 768, true);  // d12's
     check_norm_amax<bf16>(65536, 768, true);         // d12's norms, B x T = 64 x 1024
+    check_norm_cast<bf16>(32768, 768, 2304, true);   // d12's ln1 before QKV, B x T = 32 x 1024
+    check_norm_cast<bf16>(16384, 1536, 2048, true);  // Qwen2.5-1.5B's, 16 x 1024
     return lab::finish();
 }

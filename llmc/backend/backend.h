@@ -249,10 +249,15 @@ class Backend {
     // A block's norm: LayerNorm (rms false; mean, bias) or RMSNorm (eps), of a (b null) or of
     // residual = a + b (the four forward ops); with amax (one double), the largest magnitude of out as
     // written, the next FP8 product's input, measured in the same pass on CUDA (by default: amax_to after).
+    // cast (or null; with amax): that input cast as well, plain for the product on `out` next and transposed
+    // into cast->kept for its weight gradient (Fp8Cast, as activation_amax's forward keeping x^T); a
+    // backend that does not fuse it (the CPU's) ignores it and always stores out.
     void norm(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
-              const void* w, const void* bias, int N, int C, double eps, void* amax = nullptr);
+              const void* w, const void* bias, int N, int C, double eps, void* amax = nullptr,
+              const Fp8Cast* cast = nullptr);
     virtual void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
-                           const void* w, const void* bias, int N, int C, double eps, void* amax);
+                           const void* w, const void* bias, int N, int C, double eps, void* amax,
+                           const Fp8Cast* cast = nullptr);
     // Its backward (layernorm_ or rmsnorm_backward; db null for RMSNorm); with amax, the largest magnitude
     // of dinp as it ends (after its +=): the residual gradient, the row-parallel products' output gradient.
     void norm_backward(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,

@@ -211,18 +211,15 @@ class CudaBackend final : public Backend {
     // norm_backward_amax) their kernels take the amax of what they write (fp8.cuh's measured).
     void layernorm_forward(void* out, void* mean, void* rstd, const void* inp, const void* w, const void* b, int N,
                            int C) override {
-        norm_k(false, nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, 0, nullptr);
-    }
+        norm_k(false, nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, 0, nullptr); }
     void residual_layernorm_forward(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                                     const void* w, const void* bias, int N, int C) override {
-        norm_k(false, residual, out, mean, rstd, a, b, w, bias, N, C, 0, nullptr);
-    }
+        norm_k(false, residual, out, mean, rstd, a, b, w, bias, N, C, 0, nullptr); }
     void rmsnorm_forward(void* out, void* rstd, const void* inp, const void* w, int N, int C, double eps) override {
         norm_k(true, nullptr, out, nullptr, rstd, inp, nullptr, w, nullptr, N, C, eps, nullptr); }
     void residual_rmsnorm_forward(void* residual, void* out, void* rstd, const void* a, const void* b, const void* w,
                                   int N, int C, double eps) override {
-        norm_k(true, residual, out, nullptr, rstd, a, b, w, nullptr, N, C, eps, nullptr);
-    }
+        norm_k(true, residual, out, nullptr, rstd, a, b, w, nullptr, N, C, eps, nullptr); }
     void layernorm_backward(void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                             const void* mean, const void* rstd, int N, int C) override {
         norm_bwd_k(false, dinp, dw, db, dout, inp, w, mean, rstd, N, C, nullptr); }
@@ -230,8 +227,11 @@ class CudaBackend final : public Backend {
                           int N, int C) override {
         norm_bwd_k(true, dinp, dw, nullptr, dout, inp, w, nullptr, rstd, N, C, nullptr); }
     void norm_amax(bool rms, void* res, void* out, void* mean, void* rstd, const void* a, const void* b, const void* w,
-                   const void* bias, int N, int C, double eps, void* amax) override {
-        activate(), fp8_.measured(amax, [&](unsigned* m) { norm_k(rms, res, out, mean, rstd, a, b, w, bias, N, C, eps, m); });
+                   const void* bias, int N, int C, double eps, void* amax, const Fp8Cast* cast) override {
+        auto k = [&](void* o, unsigned* m) { norm_k(rms, res, o, mean, rstd, a, b, w, bias, N, C, eps, m); };
+        if (!cast) return activate(), fp8_.measured(amax, [&](unsigned* m) { k(out, m); });
+        activate(), fp8_.norm_cast(fp32_, out, b ? res : a, rms ? nullptr : mean, rstd, w, bias, N, C, amax, *cast,
+                                   [&] { k(nullptr, nullptr); });  // (the kernel leaves the residual and statistics)
     }
     void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                             const void* mean, const void* rstd, int N, int C, void* amax) override {

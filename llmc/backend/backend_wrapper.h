@@ -165,8 +165,12 @@ class BackendWrapper : public Backend {
         device_op("activation_amax", [=] { in_->activation_amax(swiglu, out, a, dout, N, H, amax, has ? &c : nullptr); });
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
-                   const void* w, const void* bias, int N, int C, double eps, void* amax) override {
-        device_op("norm_amax", [=] { in_->norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax); });
+                   const void* w, const void* bias, int N, int C, double eps, void* amax, const Fp8Cast* cast) override {
+        const Fp8Cast c = cast ? *cast : Fp8Cast{};  // (by value, as activation_amax's)
+        const bool has = cast != nullptr;
+        device_op("norm_amax", [=] {
+            in_->norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax, has ? &c : nullptr);
+        });
     }
     void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                             const void* mean, const void* rstd, int N, int C, void* amax) override {

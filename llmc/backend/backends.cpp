@@ -123,15 +123,15 @@ void Backend::activation_amax(bool swiglu, void* out, const void* a, const void*
 // The block's norms: the forward and backward ops by kind, then (amax
 // given) the output's amax in a pass of its own (a backend may fuse it).
 void Backend::norm(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
-                   const void* w, const void* bias, int N, int C, double eps, void* amax) {
-    if (amax) return norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax);
+                   const void* w, const void* bias, int N, int C, double eps, void* amax, const Fp8Cast* cast) {
+    if (amax) return norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax, cast);
     if (rms && b) residual_rmsnorm_forward(residual, out, rstd, a, b, w, N, C, eps);
     else if (rms) rmsnorm_forward(out, rstd, a, w, N, C, eps);
     else if (b) residual_layernorm_forward(residual, out, mean, rstd, a, b, w, bias, N, C);
     else layernorm_forward(out, mean, rstd, a, w, bias, N, C);
 }
 void Backend::norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
-                        const void* w, const void* bias, int N, int C, double eps, void* amax) {
+                        const void* w, const void* bias, int N, int C, double eps, void* amax, const Fp8Cast*) {
     norm(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps);
     amax_to(amax, out, precision().act, (size_t)N * C);
 }

@@ -58,6 +58,10 @@ struct GPT::Acts {
     // words), which the activation's cast writes (Backend::Fp8Kept); kept
     // like fch_gelu (per layer-slot, or the block's scratch when recomputed).
     void* fp8_h_t = nullptr;
+    // ... and QKV's and fc's inputs, ln1 and ln2 ([C, N padded to 16]
+    // bytes), which the norms' casts write: per layer-slot where the block
+    // keeps ln1 and ln2, without sequence parallel; fc's not for a Mixtral.
+    void *fp8_ln1_t = nullptr, *fp8_ln2_t = nullptr;
     // --fp8, not ZeRO-3: the four linear layers' weights of this rank's
     // blocks as FP8 bytes, as they are and transposed, each 256-aligned
     // (GPT::fp8_woff_), and their amaxes [L, 4] doubles: made at a step's
@@ -110,6 +114,7 @@ struct GPT::LayerActs {
     void* g_router;                      // split_backward, Mixtral: the router's output gradient
     void* amax;                          // --fp8: the slot's amaxes (Acts::fp8_amax; else null)
     void* h_t;                           // --fp8-history: fcproj's input kept transposed in FP8 (Acts::fp8_h_t)
+    void *ln1_t, *ln2_t;                 // ... QKV's and fc's (Acts::fp8_ln1_t, fp8_ln2_t; null: none)
     void *g_dln1, *g_dln2;               // split_backward, ZeRO 2 and 3: the norms' output gradients from B
     void *g_x2, *g_stats;                // ... under full recompute: the norms' inputs B recomputed (else null)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)

@@ -80,10 +80,10 @@ void GPT::weights_ops(int c, int slot, bool last_micro_step) {
             moe_backward(l, la, nullptr, nullptr, N, nullptr, BackwardPart::weights);
         } else {
             dw(Param::fcprojw, Param::fcprojb, la.g_fcproj, la.g_h, Hl, C, la.h_t);
-            dw(Param::fcw, Param::fcb, la.g_fc, la.g_ln2, C, (int)fch_width());
+            dw(Param::fcw, Param::fcb, la.g_fc, la.g_ln2, C, (int)fch_width(), la.ln2_t);
         }
         dw(Param::attprojw, Param::attprojb, la.g_attproj, la.g_atty, Cl, C);
-        dw(Param::qkvw, Param::qkvb, la.g_qkv, la.g_ln1, C, (int)qkv_width());
+        dw(Param::qkvw, Param::qkvb, la.g_qkv, la.g_ln1, C, (int)qkv_width(), la.ln1_t);
         if (la.g_dln1) {  // ZeRO 2 and 3: the norms' weight gradients from B's output gradients (dx unused)
             // The norms' inputs: where the forward left them, or (full
             // recompute) where B kept them; la.x, the block's input, is kept.
@@ -228,7 +228,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         }
         if (!cfg_.moe() && !input_only)
             linear_backward(a.dln, Param::fcw, Gb(Param::fcb, l), a.dfch, f_input(la.ln2), l, N, C, (int)fch_width(),
-                            false, amax_of(la, Param::fcw), fc_dy_amax != nullptr);
+                            false, amax_of(la, Param::fcw), fc_dy_amax != nullptr, la.ln2_t);
         // (ZeRO 2 and 3 under a split backward: B keeps the norm's output
         // gradient and its W computes the norm's weight gradients, so a block's
         // gradient buffer is handed out once per micro-batch, in W.)
@@ -265,7 +265,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         }
         else
             linear_backward(a.dln, Param::qkvw, Gb(Param::qkvb, l), a.dqkv, f_input(la.ln1), l, N, C, (int)W, false,
-                            amax_of(la, Param::qkvw));
+                            amax_of(la, Param::qkvw), false, la.ln1_t);
         block_norm_backward(la.g_dln1, la.x, la.ln1_mean, la.ln1_rstd, Param::ln1w,
                             l > first && !cfg_.moe() ? norm_amax_at(layer_acts(l - 1, slot, N, Ns), Param::fcprojw, 2)
                                                      : nullptr);

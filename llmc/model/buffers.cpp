@@ -286,11 +286,14 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             const size_t slots = (size_t)fp8_slots();
             a.fp8_hist = alloc_buffer(S, "fp8_amax_history", slots * fp8_len_, DType::F64);
             a.fp8_step = alloc_buffer(S, "fp8_amax_step", slots, DType::F64);
-            // fcproj's input kept transposed in FP8 for its weight gradient
-            // (activation's cast), where h is: not when a split backward
-            // recomputes h, whose B keeps h itself for W.
+            // fcproj's input kept transposed in FP8 for its weight gradient (the activation's cast) where h is,
+            // not when a split backward recomputes h (B keeps h for W); QKV's and fc's (the norms' casts) where
+            // ln1 and ln2 are, not under sp (a norm writes a shard); fc's not a Mixtral's (its router reads ln2).
             if (!cfg.moe() && (a.keep_gelu || !o.split_backward))
                 a.fp8_h_t = block_buf("fp8_h_transposed", kept_words(N, Hl), DType::I32, a.keep_gelu);
+            if (a.keep_block && !sp) a.fp8_ln1_t = block_buf("fp8_ln1_transposed", kept_words(N, C), DType::I32, true);
+            if (a.keep_block && !sp && !cfg.moe())
+                a.fp8_ln2_t = block_buf("fp8_ln2_transposed", kept_words(N, C), DType::I32, true);
         }
     }
     if (HSl) {
@@ -504,6 +507,8 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_router = a.g_router ? act_layer(a.g_router, ibw, (size_t)N * cfg_.experts, act) : nullptr;
     r.amax = a.fp8_amax ? elem_ptr(a.fp8_amax, DType::F64, (size_t)i * amax_per_slot()) : nullptr;
     r.h_t = at(a.fp8_h_t, a.keep_gelu, kept_words(N, Hl), DType::I32);
+    r.ln1_t = at(a.fp8_ln1_t, kb, kept_words(N, C), DType::I32);
+    r.ln2_t = at(a.fp8_ln2_t, kb, kept_words(N, C), DType::I32);
     r.g_dln1 = a.g_dln1 ? act_layer(a.g_dln1, ibw, Ns * C, act) : nullptr;
     r.g_dln2 = a.g_dln2 ? act_layer(a.g_dln2, ibw, Ns * C, act) : nullptr;
     r.g_x2 = a.g_x2 ? act_layer(a.g_x2, ibw, Ns * C, act) : nullptr;

@@ -49,8 +49,14 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
     };
     // With --fp8 the norms measure QKV's and fc's inputs as they write them
     // (ln1 by the previous block's residual + norm, or here at a chunk's start).
+    // Under delayed scaling they also cast them (norm_cast): ln1 and ln2
+    // are then read as FP8 copies, plain by the products, kept transposed
+    // by their weight gradients.
     void* qkv_in_amax = norm_amax_at(la, Param::qkvw, 0);
-    if (norm_input) norm(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, Param::ln1w, l, Ns, qkv_in_amax);
+    Fp8Cast cast;
+    if (norm_input)
+        norm(la.ln1, la.ln1_mean, la.ln1_rstd, la.x, Param::ln1w, l, Ns, qkv_in_amax,
+             norm_cast(&cast, la, Param::qkvw, l));
     // attention: QKV column-parallel by heads, attproj row-parallel
     linear_forward(la.qkv, f_fwd(la.ln1), Param::qkvw, Pb(Param::qkvb, l), l, N, C, (int)qkv_width(), false,
                    amax_of(la, Param::qkvw), qkv_in_amax != nullptr);
@@ -60,7 +66,8 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
                    true, amax_of(la, Param::attprojw));
     void* attn_out = g_fwd(Pb(Param::attprojb, l));
     void* fc_in_amax = cfg_.moe() ? nullptr : norm_amax_at(la, Param::fcw, 0);  // (the experts measure their blocks)
-    residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns, fc_in_amax);
+    residual_norm(la.x2, la.ln2, la.ln2_mean, la.ln2_rstd, la.x, attn_out, Param::ln2w, l, Ns, fc_in_amax,
+                  fc_in_amax ? norm_cast(&cast, la, Param::fcw, l) : nullptr);
     // Mixtral: the MoE block (moe.cpp), its experts split like the MLP.
     if (cfg_.moe()) {
         moe_forward(l, la, f_fwd(la.ln2), N);
@@ -98,20 +105,30 @@ void GPT::attention_core(const LayerActs& la, int B, int T) {
 }
 
 // LayerNorm with weight w and its bias (GPT-2), or RMSNorm with weight w.
-void GPT::norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N, void* amax) {
-    residual_norm(nullptr, out, mean, rstd, inp, nullptr, w, layer, N, amax);
+void GPT::norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N, void* amax,
+               const Fp8Cast* cast) {
+    residual_norm(nullptr, out, mean, rstd, inp, nullptr, w, layer, N, amax, cast);
 }
 
 void GPT::residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
-                        int layer, int N, void* amax) {
+                        int layer, int N, void* amax, const Fp8Cast* cast) {
     const bool rms = cfg_.llama();
     be_->norm(rms, residual, out, mean, rstd, a, b, P(w, layer), rms ? nullptr : P(bias_of(w), layer), N,
-              cfg_.channels, cfg_.norm_eps, amax);
+              cfg_.channels, cfg_.norm_eps, amax, cast);
 }
 
 void* GPT::norm_amax_at(const LayerActs& la, Param w, int which) const {
     if (!la.amax || (tp_ && tp_->sp())) return nullptr;
     return elem_ptr(amax_of(la, w), DType::F64, (size_t)which);
+}
+
+// (The kept copies exist only where the norm measures the operand: no
+// sequence parallel, the block kept; buffers.cpp.)
+const Fp8Cast* GPT::norm_cast(Fp8Cast* c, const LayerActs& la, Param w, int l) const {
+    void* kept = w == Param::qkvw ? la.ln1_t : la.ln2_t;
+    if (!kept || !norm_amax_at(la, w, 0) || !fp8_cast(c, w, l, 0, false, false)) return nullptr;
+    c->kept = kept;  // (plain: the forward's product reads that copy)
+    return c;
 }
 
 // Llama: rotary embeddings on the Q and K heads of each QKV row, at the
@@ -215,8 +232,9 @@ double GPT::forward_chunk(int c, int slot, const int* inputs, const void* x_in, 
             if (next >= 0) acquire(next);
             if (l + 1 < end) {
                 const LayerActs nx = layer_acts(l + 1, slot, N, Ns);
+                Fp8Cast cast;
                 residual_norm(x3, nx.ln1, nx.ln1_mean, nx.ln1_rstd, x2, mlp_out, Param::ln1w, l + 1, Ns,
-                              norm_amax_at(nx, Param::qkvw, 0));
+                              norm_amax_at(nx, Param::qkvw, 0), norm_cast(&cast, nx, Param::qkvw, l + 1));
             } else if (ch.head) {
                 residual_norm(x3, lnf, lnf_mean, lnf_rstd, x2, mlp_out, Param::lnfw, 0, Ns);
             } else {

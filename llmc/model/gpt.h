@@ -342,9 +342,11 @@ class GPT {
     // amax (one double, or null): with --fp8 the amax of what the norm
     // writes (out forward; dinp, the residual gradient, backward), the next
     // FP8 product's operand, measured in the same pass (norm_amax_at).
-    void norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N, void* amax = nullptr);
+    // cast (or null): that operand cast as well (Backend::norm's; norm_cast).
+    void norm(void* out, void* mean, void* rstd, const void* inp, Param w, int layer, int N, void* amax = nullptr,
+              const Fp8Cast* cast = nullptr);
     void residual_norm(void* residual, void* out, void* mean, void* rstd, const void* a, const void* b, Param w,
-                       int layer, int N, void* amax = nullptr);
+                       int layer, int N, void* amax = nullptr, const Fp8Cast* cast = nullptr);
     // discard: where the weights' (and bias') gradients go instead of the
     // unit's (a split backward's B under ZeRO 2 and 3, whose W computes them).
     void norm_backward(void* dinp, const void* dout, const void* inp, const void* mean, const void* rstd, Param w,
@@ -353,6 +355,12 @@ class GPT {
     // 2 its output gradient) in la's slot: with --fp8 and without sequence
     // parallel (whose norms see a shard of the rows the product gathers); else null.
     void* norm_amax_at(const LayerActs& la, Param w, int which) const;
+    // Delayed scaling's cast of the input of la's block's QKV (w = qkvw) or
+    // fc (fcw) by the norm that writes it, plain for the product and
+    // transposed into the kept copy its weight gradient multiplies
+    // (LayerActs::ln1_t, ln2_t); ln1 and ln2 are then stored only while the
+    // history is empty. Null (nothing in c) where no copy is kept.
+    const Fp8Cast* norm_cast(Fp8Cast* c, const LayerActs& la, Param w, int l) const;
     void rotate(void* qkv, int B, int T, bool inverse);
     // The MLP's GELU or SwiGLU, forward (h from fch) and backward (dfch from
     // dh); amax (one double, or null): with --fp8 the amax of what it writes,

@@ -115,8 +115,13 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     // own passes); weights_only: W's alone.
     const bool split = backward && this->split();
     // Under delayed scaling the activation casts what it writes (fp8.cpp's
-    // fp8_cast): fcproj's input forward, fc's output gradient backward.
-    auto cast = [&](int i) { return l_.fp8_history > 0 && i == (backward ? 2 : 3); };
+    // fp8_cast): fcproj's input forward, fc's output gradient backward; and
+    // where ln1 and ln2 are kept (kept_ln) the norms QKV's and fc's inputs
+    // forward (GPT::norm_cast), keeping their transposed copies, which the
+    // weight gradients then read instead of x^T's pass.
+    auto norm_cast = [&](int i) { return !backward && kept_ln() && (i == 0 || i == 2); };
+    auto cast = [&](int i) { return l_.fp8_history > 0 && (i == (backward ? 2 : 3) || norm_cast(i)); };
+    auto kept = [&](int i) { return (i == 3 && kept_h()) || ((i == 0 || i == 2) && kept_ln()); };
     // Delayed scaling's bookkeeping is in a dense product's scales launch
     // (Fp8Delayed); an expert block's is an op per operand measured.
     // A dense layer's weight is measured and quantised once per step (its
@@ -136,7 +141,7 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
         if (layer < 0 || layer == i)
-            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i), cast(i), i == 3 && kept_h())
+            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i), cast(i), kept(i))
                             : product(N, ls[i]);
     if (c_.moe()) {  // the experts' blocks, each on FP8 operands of its own under --fp8 1
         const double E = c_.experts, rows = N * c_.top_k / E;
@@ -147,6 +152,13 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
                                      : product(rows, ls[i]));
     }
     return t;
+}
+
+// (The norm's kernel then writes the residual and the statistics, and the
+// cast reads the row again and writes the output's FP8 copies: one more
+// launch, the output's store traded for that read.)
+bool CostModel::kept_ln() const {
+    return l_.fp8 && l_.fp8_history > 0 && hw_.device != "cpu" && !l_.sp && l_.recompute != Recompute::full;
 }
 
 bool CostModel::kept_h() const {
@@ -213,6 +225,7 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     if (kept_h()) mem_f -= a_ * N * H;
     int kern_f = 5, kern_b = 6;  // LN, residual, LN, activation, residual; their backward and the bias gradients
     if (c_.moe()) kern_f += 4, kern_b += 3;  // routing (and its grouping), dispatch, combine; their backward
+    if (kept_ln()) kern_f += c_.moe() ? 1 : 2;  // the norms' casts (QKV's input; fc's but a Mixtral's)
     if (standard_) {
         // and QKV's bias, added by its own kernel after the product (a 3-D
         // F.linear in the PyTorch of 2021).

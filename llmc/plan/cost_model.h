@@ -92,6 +92,7 @@ class CostModel {
     // delayed scaling on a dense MLP, where h is kept or a whole backward
     // recomputes it): h is then not stored in the compute type.
     bool kept_h() const;
+    bool kept_ln() const;  // the norms cast QKV's and fc's inputs, their transposed copies kept
 
   private:
     // A zero-bubble schedule: each backward is B, then W apart.

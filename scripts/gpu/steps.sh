@@ -135,23 +135,23 @@ step_test() {
                 "build/test_gpt --model build/ref/$name.model.bin --state build/ref/$name.state.bin --device cuda --dtype $d$mask"
         done
     done
-    # FP8 (docs/fp8.md, cuda/fp8.cuh): test_gpt --fp8 1 on CUDA against the
-    # reference's own rounding (fp64): fp32 within 2e-2 (the device scales
-    # in fp32, so an operand near a grid midpoint may round the other way;
-    # the CPU's fp32 emulation passes at 2e-2), bf16 within 0.2 (bf16
-    # operands cross many midpoints: the CPU's bf16 emulation is at 0.11 on
-    # the gradients, 2e-4 on the step losses).
+    # FP8 (docs/fp8.md, cuda/fp8.cuh): test_gpt --fp8 1 on CUDA against the reference's own rounding (fp64), and
+    # with delayed scaling (fp8_round_delayed, --fp8-history 3: the activation's and the norms' casts): fp32 within
+    # 2e-2 (the device scales in fp32, so an operand near a grid midpoint may round the other way; the CPU's fp32
+    # emulation passes at 2e-2), bf16 within 0.2 (bf16 operands cross many midpoints: the CPU's bf16 emulation is at
+    # 0.11 on the gradients, 2e-4 on the step losses).
     MIN=20 SUMMARY_MATCH='^(ref_|test_gpt_)' run_prog ref_fp8_round 60 5 \
-        env LLMC_TEST_FILTER="^ref_fp8_round_fp64$" bash tests/run_tests.sh reference
-    local tol
-    for d in fp32 bf16; do
-        tol=2e-2
-        [[ $d == bf16 ]] && tol=0.2
-        FIGS="test_gpt_fp8_round_cuda_${d}_" \
-            FIGCMD="build/test_gpt --model build/ref/fp8_round.model.bin --state build/ref/fp8_round.state.bin --device cuda --dtype $d --fp8 1 --tol $tol" \
-            SUMMARY_MATCH='(passed|FAIL)' run_prog "test_gpt_fp8_cuda_$d" 60 5 build/test_gpt \
-            --model build/ref/fp8_round.model.bin --state build/ref/fp8_round.state.bin --device cuda --dtype "$d" --fp8 1 \
-            --tol "$tol"
+        env LLMC_TEST_FILTER="^ref_fp8_round(_delayed)?_fp64$" bash tests/run_tests.sh reference
+    local tol v h
+    for v in fp8_round fp8_round_delayed; do
+        h="" && [[ $v == *_delayed ]] && h=" --fp8-history 3"
+        for d in fp32 bf16; do
+            tol=2e-2 && [[ $d == bf16 ]] && tol=0.2
+            FIGS="test_gpt_${v}_cuda_${d}_" \
+                FIGCMD="build/test_gpt --model build/ref/$v.model.bin --state build/ref/$v.state.bin --device cuda --dtype $d --fp8 1 --tol $tol$h" \
+                SUMMARY_MATCH='(passed|FAIL)' run_prog "test_gpt_${v/fp8_round/fp8}_cuda_$d" 60 5 build/test_gpt \
+                --model "build/ref/$v.model.bin" --state "build/ref/$v.state.bin" --device cuda --dtype "$d" --fp8 1 --tol "$tol" $h
+        done
     done
     # The Hopper attention (LLMC_ATTN_WG=1: forward and backward; det: dq in
     # a fixed order; fwd: the forward alone, to tell a failure's kernel) in

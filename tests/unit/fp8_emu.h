@@ -198,8 +198,16 @@ struct EmuOp {
         }
     }
 };
+// The host's conversions for fp8k::NormCast (E float or double).
 template <class E>
-unsigned emu_cast(EmuOp<E> op, int rows, int cols, const double* hist, int len, bool e5m2, uint8_t* q, bool tr,
+struct HostCvt {
+    static float f(E e) { return (float)e; }
+    static E e(float v) { return (E)v; }
+};
+
+// cast_body of an op (EmuOp, fp8k::NormCast) on the emulated GPU; its amax bits.
+template <class Op>
+unsigned emu_cast(const Op& op, int rows, int cols, const double* hist, int len, bool e5m2, uint8_t* q, bool tr,
                   uint8_t* plain, bool keep = true) {
     unsigned bits = 0;
     const fp8k::QuantizeGrid g = fp8k::quantize_grid(rows, cols / op.halves(), tr);

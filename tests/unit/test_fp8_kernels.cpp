@@ -405,22 +405,24 @@ void test_cast_products() {
             }
 }
 
-// fcproj's input kept from the forward (Fp8Kept): the activation's cast
-// writes the plain copy for the forward's product and the transposed one
-// into the kept buffer, without storing its output (keep false) while the
-// history holds an amax; the forward, then the weight gradient (whole
-// backward, or W alone) reading the kept copy, equal the products that
-// quantise the op's output themselves, bit for bit, with x^T's conversions
-// left out while the history holds an amax. While it is empty the output
-// is stored and the backward writes x^T into the kept buffer from it. The
-// unstored output is NaN: a product that read it would show it.
-void test_kept_input() {
+// An input kept from the forward (Fp8Kept): the cast of the op that
+// writes it (the activation's, fcproj's input: EmuOp; a norm's, QKV's or
+// fc's input: fp8k::NormCast, LayerNorm and RMSNorm) writes the plain copy
+// for the forward's product and the transposed one into the kept buffer,
+// without storing its output (keep false) while the history holds an amax;
+// the forward, then the weight gradient (whole backward, or W alone)
+// reading the kept copy, equal the products that quantise the op's output
+// themselves, bit for bit, with x^T's conversions left out while the
+// history holds an amax. While it is empty the output is stored and the
+// backward writes x^T into the kept buffer from it. The unstored output is
+// NaN: a product that read it would show it. make(out) gives the op
+// writing into out; `want` is its output, every element.
+template <class Make>
+void kept_input_case(const char* name, int N, int IC, int OC, const Operands& ops, Make make,
+                     const std::vector<double>& want) {
     std::string err;
-    const int N = 37, IC = 48, OC = 80, ld = fp8k::padded_k(N);
-    const Operands ops(N, IC, OC, 31);
-    const std::vector<double>& in = ops.x, &w = ops.w, &dy = ops.dy;
-    std::vector<double> want((size_t)N * IC);  // the op's output (EmuOp's, in double)
-    for (size_t i = 0; i < in.size(); i++) want[i] = (double)(1.5f * (float)in[i] - 0.25f * (float)in[i] * (float)in[i]);
+    const int ld = fp8k::padded_k(N);
+    const std::vector<double>& w = ops.w, &dy = ops.dy;
     const double own = cpu::amax(want.data(), want.size());
     for (int holds = 0; holds < 2; holds++)
         for (int whole = 0; whole < 2; whole++) {
@@ -433,15 +435,17 @@ void test_kept_input() {
                                (size_t)IC * ld};
             EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
             std::vector<double> x((size_t)N * IC, NAN);  // the op's output where it is stored
-            emu_cast(EmuOp<double>{x.data(), in.data(), IC, 1}, N, IC, hist, 2, false, kept.data() + kGuard, true,
-                     ex.s.x, false);
+            const unsigned bits =
+                emu_cast(make(x.data()), N, IC, hist, 2, false, kept.data() + kGuard, true, ex.s.x, false);
             bool stored = true, untouched = true;
             for (size_t i = 0; i < x.size(); i++) stored &= holds ? std::isnan(x[i]) : x[i] == want[i];
             for (size_t i = kGuard; i < kGuard + (size_t)IC * ld; i++) untouched &= kept[i] == kCanary;
-            CHECK(stored, "kept x^T, history %s: the op's output %s", holds ? "holding" : "empty",
+            CHECK(stored, "%s kept x^T, history %s: the op's output %s", name, holds ? "holding" : "empty",
                   holds ? "stored though only the FP8 copies are read" : "not stored while the history is empty");
-            CHECK(untouched == !holds, "kept x^T, history %s: the cast %s the kept copy", holds ? "holding" : "empty",
-                  holds ? "did not write" : "wrote (its scale is not known yet)");
+            CHECK(untouched == !holds, "%s kept x^T, history %s: the cast %s the kept copy", name,
+                  holds ? "holding" : "empty", holds ? "did not write" : "wrote (its scale is not known yet)");
+            CHECK(fp8::float_of_bits(bits) == own, "%s kept x^T: the cast's amax %g, want %g", name,
+                  fp8::float_of_bits(bits), own);
             const fp8k::Precast pre{hist, 2, false};
             const Fp8Kept k{kept.data() + kGuard, hist, 2};
             std::vector<double> out((size_t)N * OC), out2 = out, dx((size_t)N * IC, 7.0), dx2 = dx;
@@ -463,14 +467,56 @@ void test_kept_input() {
             bool guards = true;
             for (size_t i = 0; i < kGuard; i++) guards &= kept[i] == kCanary && kept[kGuard + (size_t)IC * ld + i] == kCanary;
             const char* mn = whole ? "whole backward" : "W";
-            CHECK(err.empty() && out == out2, "kept x^T, history %s: the forward after the cast differs %s",
+            CHECK(err.empty() && out == out2, "%s kept x^T, history %s: the forward after the cast differs %s", name,
                   holds ? "holding" : "empty", err.c_str());
             CHECK(err.empty() && dw == dw2 && dx == dx2 && pad && guards,
-                  "kept x^T then %s, history %s: differs from the product quantising x itself (pad %d, guards %d) %s",
-                  mn, holds ? "holding" : "empty", pad, guards, err.c_str());
-            CHECK(conv == wconv, "kept x^T then %s, history %s: %zu conversions, want %zu", mn,
+                  "%s kept x^T then %s, history %s: differs from the product quantising x itself (pad %d, guards %d) "
+                  "%s", name, mn, holds ? "holding" : "empty", pad, guards, err.c_str());
+            CHECK(conv == wconv, "%s kept x^T then %s, history %s: %zu conversions, want %zu", name, mn,
                   holds ? "holding" : "empty", conv, wconv);
         }
+}
+
+void test_kept_input() {
+    const int N = 37, IC = 48, OC = 80;
+    const Operands ops(N, IC, OC, 31);
+    const std::vector<double>& in = ops.x;
+    std::vector<double> want((size_t)N * IC);  // the op's output (EmuOp's, in double)
+    for (size_t i = 0; i < in.size(); i++) want[i] = (double)(1.5f * (float)in[i] - 0.25f * (float)in[i] * (float)in[i]);
+    kept_input_case("activation", N, IC, OC, ops, [&](double* out) { return EmuOp<double>{out, in.data(), IC, 1}; },
+                    want);
+    // The norms (QKV's and fc's inputs): the row statistics as the norm's
+    // kernel leaves them, the op's output against the formula in double.
+    std::vector<double> g(IC), b(IC);
+    for (int c = 0; c < IC; c++) g[c] = 1.0 + 0.1 * in[c], b[c] = 0.2 * in[IC + c];
+    for (int rms = 0; rms < 2; rms++) {
+        std::vector<float> mean(N), rstd(N);
+        for (int r = 0; r < N; r++) {
+            double m = 0, v = 0;
+            for (int c = 0; c < IC; c++) m += in[(size_t)r * IC + c];
+            m = rms ? 0 : m / IC;
+            for (int c = 0; c < IC; c++) v += (in[(size_t)r * IC + c] - m) * (in[(size_t)r * IC + c] - m);
+            mean[r] = (float)m, rstd[r] = (float)(1.0 / std::sqrt(v / IC + 1e-5));
+        }
+        auto make = [&](double* out) {
+            return fp8k::NormCast<double, HostCvt<double>>{out, in.data(), rms ? nullptr : mean.data(), rstd.data(),
+                                                           g.data(), rms ? nullptr : b.data(), IC};
+        };
+        std::vector<double> nw((size_t)N * IC);
+        const auto op = make(nw.data());
+        float f[2];
+        double worst = 0;
+        for (int r = 0; r < N; r++)
+            for (int c = 0; c < IC; c++) {
+                op(r, c, f, true);
+                const double x = in[(size_t)r * IC + c];
+                const double exact = rms ? x * rstd[r] * g[c] : (x - mean[r]) * rstd[r] * g[c] + b[c];
+                worst = std::max(worst, std::fabs(nw[(size_t)r * IC + c] - exact) / (std::fabs(exact) + 1.0));
+            }
+        CHECK(worst < 1e-6, "%s's cast (fp8k::NormCast): its output off the formula by %g", rms ? "RMSNorm" : "LayerNorm",
+              worst);
+        kept_input_case(rms ? "rmsnorm" : "layernorm", N, IC, OC, ops, make, nw);
+    }
 }
 
 // The weight's copies made once per step (Fp8Weight): a forward that

@@ -64,16 +64,22 @@ class CountingBackend : public BackendWrapper {
         BackendWrapper::matmul_backward_fp8(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, amax, kept, d, q);
     }
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
-                   const void* w, const void* bias, int N, int C, double eps, void* amax) override {
+                   const void* w, const void* bias, int N, int C, double eps, void* amax, const Fp8Cast* cast) override {
         fused++, fused_elems += (size_t)N * C;
-        BackendWrapper::norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax);
+        if (cast)
+            norm_casts.push_back({false, cast->transposed, cast->keep, slot(cast->history), cast->len, cast->kept,
+                                  cast->plain, amax != nullptr});
+        BackendWrapper::norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax, cast);
     }
     void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
                             const void* mean, const void* rstd, int N, int C, void* amax) override {
         fused++, fused_elems += (size_t)N * C;
         BackendWrapper::norm_backward_amax(rms, dinp, dw, db, dout, inp, w, mean, rstd, N, C, amax);
     }
-    void reset() { calls = elems = fused = fused_elems = 0, casts.clear(), grads.clear(), products.clear(), weights.clear(); }
+    void reset() {
+        calls = elems = fused = fused_elems = 0;
+        casts.clear(), norm_casts.clear(), grads.clear(), products.clear(), weights.clear();
+    }
     // The slot a history names: each holds its slot's number + 1 (passes),
     // read when it is named (the model is gone when the runs are checked).
     static int slot(const void* history) { return (int)*static_cast<const double*>(history) - 1; }
@@ -85,7 +91,8 @@ class CountingBackend : public BackendWrapper {
         void* kept;
         bool plain, measured;
     };
-    std::vector<Cast> casts;  // the activation's casts asked for (delayed scaling)
+    std::vector<Cast> casts;       // the activation's casts asked for (delayed scaling)
+    std::vector<Cast> norm_casts;  // the norms' (QKV's and fc's inputs)
     struct Grad {  // a weight gradient's product
         int IC, OC;
         const void* kept;
@@ -146,7 +153,7 @@ void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd, Count* wts) {
 struct Run {
     Count fwd, bwd;
     size_t w_calls;
-    std::vector<CountingBackend::Cast> fwd_casts, bwd_casts;
+    std::vector<CountingBackend::Cast> fwd_casts, bwd_casts, fwd_norm_casts, bwd_norm_casts;
     std::vector<CountingBackend::Grad> grads;  // the weight gradients' products, B's or W's
     std::vector<CountingBackend::Product> products;  // every product, in order
 };
@@ -185,11 +192,13 @@ Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
     be->reset();
     model.forward_chunk(0, 0, in.data(), nullptr, tg.data(), B, T, 1.0 / (B * T));
     run.fwd_casts = be->casts;
+    run.fwd_norm_casts = be->norm_casts;
     run.products = be->products;
     run.fwd = taken(be);
     if (split) {
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::input);
         run.bwd_casts = be->casts;
+        run.bwd_norm_casts = be->norm_casts;
         run.grads = be->grads;
         run.products.insert(run.products.end(), be->products.begin(), be->products.end());
         run.bwd = taken(be);
@@ -200,6 +209,7 @@ Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
     } else {
         model.backward_chunk(0, 0, nullptr, true);
         run.bwd_casts = be->casts;
+        run.bwd_norm_casts = be->norm_casts;
         run.grads = be->grads;
         run.products.insert(run.products.end(), be->products.begin(), be->products.end());
         run.bwd = taken(be);
@@ -276,10 +286,7 @@ void check_casts(const GPTConfig& c, const char* spec) {
             int fcproj = 0;
             ok = true;
             for (const auto& g : r.grads) {
-                if (!dense || !((size_t)g.IC == H && (size_t)g.OC == C)) {  // (a Mixtral's experts: none kept)
-                    ok &= g.kept == nullptr;
-                    continue;
-                }
+                if (!dense || !((size_t)g.IC == H && (size_t)g.OC == C)) continue;  // (the others: check_norm_casts)
                 const int l = L - 1 - fcproj++;
                 ok &= kept ? g.kept == r.fwd_casts[l].kept && slot_of(g.history) == (l * 4 + 3) * 3 : !g.kept;
             }
@@ -304,6 +311,62 @@ void check_casts(const GPTConfig& c, const char* spec) {
             CHECK(ok, "%s -r %s %s: the products' delayed scaling (%d forward, %d backward, %d W; want %d, %d, %d) "
                   "records the wrong operands or none", spec, recompute_name(rc), how, counts[0], counts[1],
                   counts[2], per * (full ? 2 : 1), per, split ? per : 0);
+        }
+}
+
+// Delayed scaling: the norms cast QKV's input (ln1) and fc's (ln2) for the
+// forward's product and keep its transposed copy for the weight gradient
+// (GPT::norm_cast; Fp8Cast::kept, LayerActs::ln1_t, ln2_t), wherever the
+// block keeps ln1 and ln2 (not under full recompute; whole or split), and
+// store neither (keep false): block by block, ln1 (at the chunk's start
+// its own norm, then the previous block's residual + norm) and ln2 (not a
+// Mixtral's, whose router reads it). QKV's and fc's weight gradients
+// multiply those copies (Fp8Kept: the same bytes, the input's slot);
+// attention's projection's and a Mixtral's experts' none. The backward
+// casts nothing through a norm; current scaling nothing at all.
+void check_norm_casts(const GPTConfig& c, const char* spec) {
+    const int L = c.num_layers, dense = c.moe() ? 0 : 1;
+    const size_t C = c.channels, H = c.hidden(), F = c.llama() ? 2 * H : H;
+    const size_t Wqkv = C + 2 * (size_t)c.kv_heads() * c.head_size();
+    for (Recompute rc : {Recompute::none, Recompute::gelu, Recompute::selective, Recompute::full})
+        for (bool split : {false, true}) {
+            const char* how = split ? "B then W" : "whole";
+            const Run cur = passes(c, rc, split);
+            CHECK(cur.fwd_norm_casts.empty() && cur.bwd_norm_casts.empty(), "%s: current scaling asks the norms "
+                  "for casts", spec);
+            const Run r = passes(c, rc, split, kHist);
+            const bool kept = rc != Recompute::full;
+            const size_t per = kept ? (size_t)(1 + dense) : 0;
+            bool ok = r.fwd_norm_casts.size() == per * L && r.bwd_norm_casts.empty();
+            for (size_t i = 0; ok && i < r.fwd_norm_casts.size(); i++) {
+                const auto& k = r.fwd_norm_casts[i];
+                const int l = (int)(i / per), lin = i % per == 0 ? 0 : 2;  // QKV, then fc
+                ok = !k.transposed && !k.keep && k.plain && k.measured && k.len == kHist && k.kept &&
+                     k.history == (l * 4 + lin) * 3;
+                for (size_t j = 0; ok && j < i; j++) ok = r.fwd_norm_casts[j].kept != k.kept;
+            }
+            CHECK(ok, "%s -r %s %s: the norms' casts (%zu forward, %zu backward; want %zu, 0) are not QKV's%s input "
+                  "of each block, kept transposed in a copy of its own and not stored", spec, recompute_name(rc), how,
+                  r.fwd_norm_casts.size(), r.bwd_norm_casts.size(), per * L, dense ? " and fc's" : "");
+            // The weight gradients, last block first: which multiply a kept copy of a norm's.
+            int qkv = 0, fc = 0;
+            ok = true;
+            for (const auto& g : r.grads) {
+                const bool is_qkv = (size_t)g.IC == C && (size_t)g.OC == Wqkv;
+                const bool is_fc = dense && (size_t)g.IC == C && (size_t)g.OC == F;
+                if (!is_qkv && !is_fc) {  // attention's projection, a Mixtral's experts: none; fcproj: check_casts
+                    ok &= g.kept == nullptr || (dense && (size_t)g.IC == H && (size_t)g.OC == C);
+                    continue;
+                }
+                const int l = L - 1 - (is_qkv ? qkv++ : fc++);
+                const size_t i = (size_t)l * per + (is_qkv ? 0 : 1);
+                ok &= kept ? i < r.fwd_norm_casts.size() && g.kept == r.fwd_norm_casts[i].kept &&
+                                 g.history == (l * 4 + (is_qkv ? 0 : 2)) * 3
+                           : g.kept == nullptr;
+            }
+            CHECK(ok && qkv == L && fc == dense * L, "%s -r %s %s: QKV's (%d) and fc's (%d) weight gradients %s",
+                  spec, recompute_name(rc), how, qkv, fc,
+                  kept ? "do not multiply their norm's kept copy" : "name a kept copy where none is kept");
         }
 }
 
@@ -398,6 +461,7 @@ int main() {
                                  recompute_name(rc), r.w_calls);
             }
         check_casts(c, spec);
+        check_norm_casts(c, spec);
         check_weight_copies(c, spec, f.calls, wt.calls);
         std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in ops (%zu), backward %zu (%zu) + %zu "
                     "(%zu)\n",

@@ -142,8 +142,16 @@ struct ActivationCast {
     }
 };
 
+// fp8k::NormCast's conversions on the device.
 template <typename E>
-__global__ void fp8_cast_kernel(const ActivationCast<E> op, int rows, int cols, const double* hist, int len, bool e5m2,
+struct DeviceCvt {
+    __device__ static float f(E e) { return to_float(e); }
+    __device__ static E e(float v) { return from_float<E>(v); }
+};
+
+// The cast of an op's output (ActivationCast, fp8k::NormCast) by fp8k::cast_body.
+template <class Op>
+__global__ void fp8_cast_kernel(const Op op, int rows, int cols, const double* hist, int len, bool e5m2,
                                 uint8_t* q, bool transpose, int ld, uint8_t* plain, bool keep, unsigned* bits) {
     __shared__ uint8_t tile[fp8k::kTile][fp8k::kTile + 1];
     Fp8Ctx c{tile};
@@ -347,23 +355,28 @@ class Fp8Ops {
     // plain one in s.x (none without cast.plain: a recompute's).
     void activation_cast(bool fp32, bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
                          const Fp8Cast& cast) {
-        const bool bwd = dout != nullptr, tr = bwd ? cast.transposed : cast.kept != nullptr;
-        const bool plain = bwd || cast.plain;  // a copy in the scratch for the next product
-        const int cols = swiglu && bwd ? 2 * H : H;
-        const fp8k::QuantizeGrid g = fp8k::quantize_grid(N, H, tr);  // (SwiGLU's backward: H wide, 2 values each)
-        const fp8k::Scratch s = scratch(tr ? (size_t)g.ld * cols : (size_t)N * cols);
-        const double* hist = static_cast<const double*>(cast.history);
-        uint8_t* q = !bwd ? (tr ? static_cast<uint8_t*>(cast.kept) : s.x) : tr ? s.dyt : s.dy;
-        uint8_t* both = !tr || !plain ? nullptr : bwd ? s.dy : s.x;  // the plain copy beside the transposed one
-        auto launch = [&](auto tag, unsigned* b) {
+        const bool bwd = dout != nullptr;
+        const int halves = swiglu && bwd ? 2 : 1;  // (SwiGLU's backward: H wide, 2 values each)
+        cast_op(fp32, out, bwd, N, halves * H, halves, amax, cast, [&](auto tag) {
             using E = decltype(tag);
-            fp8_cast_kernel<E><<<dim3(g.gx, g.gy), dim3(fp8k::kTile, fp8k::kTileRows), 0, stream_>>>(
-                {(E*)out, (const E*)a, (const E*)dout, H, swiglu}, N, cols, hist, cast.len, bwd, q, tr, g.ld, both,
-                cast.keep, b);
-            CUDA_CHECK_LAUNCH();
-        };
-        measured(amax, [&](unsigned* b) { fp32 ? launch(float{}, b) : launch(bf16{}, b); });
-        pending_ = plain ? Pending{out, bwd, (size_t)N * cols, {hist, cast.len, bwd && tr}} : Pending{};
+            return ActivationCast<E>{(E*)out, (const E*)a, (const E*)dout, H, swiglu};
+        });
+    }
+    // The same for a block's norm, forward (QKV's and fc's input): `stats`
+    // launches the norm's kernel for the residual and the row statistics
+    // alone (out null), then the cast computes the output from them
+    // (fp8k::NormCast), its amax, and the plain and kept copies.
+    template <class Stats>
+    void norm_cast(bool fp32, void* out, const void* x, const void* mean, const void* rstd, const void* w,
+                   const void* bias, int N, int C, void* amax, const Fp8Cast& cast, Stats stats) {
+        if (!cast.kept || !cast.plain || !rstd || (mean && !bias))
+            throw std::logic_error("cuda fp8: a norm's cast writes the plain and the kept copies from the statistics");
+        stats();
+        cast_op(fp32, out, false, N, C, 1, amax, cast, [&](auto tag) {
+            using E = decltype(tag);
+            return fp8k::NormCast<E, DeviceCvt<E>>{(E*)out, (const E*)x, (const float*)mean, (const float*)rstd,
+                                                   (const E*)w, (const E*)bias, C};
+        });
     }
     void delayed(void* amax, void* step_max, const void* hist, int len, bool record) {
         fp8_delayed_kernel<<<1, 1, 0, stream_>>>((double*)amax, (double*)step_max, (const double*)hist, len, record);
@@ -398,7 +411,7 @@ class Fp8Ops {
 
   private:
     static constexpr size_t kWorkspace = (size_t)32 << 20;
-    // The operand the last activation cast (activation_cast), for the very
+    // The operand the last cast wrote (cast_op: an activation's, a norm's), for the very
     // next product only: any product call takes it, and only one whose
     // operand is that tensor, the same way round and size, uses it.
     struct Pending {
@@ -413,6 +426,28 @@ class Fp8Ops {
         pending_ = Pending{};
         const bool match = taken_.ptr && taken_.ptr == operand && taken_.backward == backward && taken_.elems == elems;
         return match ? &taken_.pre : nullptr;
+    }
+    // An op's output cast (cast_body) over N rows of `cols` (halves blocks
+    // side by side), the op from make(element tag): forward, the plain copy
+    // into s.x for the next product and with cast.kept the transposed one
+    // there; backward, s.dy, and s.dyt when transposed.
+    template <class Make>
+    void cast_op(bool fp32, void* out, bool bwd, int N, int cols, int halves, void* amax, const Fp8Cast& cast,
+                 Make make) {
+        const bool tr = bwd ? cast.transposed : cast.kept != nullptr;
+        const bool plain = bwd || cast.plain;  // a copy in the scratch for the next product
+        const fp8k::QuantizeGrid g = fp8k::quantize_grid(N, cols / halves, tr);
+        const fp8k::Scratch s = scratch(tr ? (size_t)g.ld * cols : (size_t)N * cols);
+        const double* hist = static_cast<const double*>(cast.history);
+        uint8_t* q = !bwd ? (tr ? static_cast<uint8_t*>(cast.kept) : s.x) : tr ? s.dyt : s.dy;
+        uint8_t* both = !tr || !plain ? nullptr : bwd ? s.dy : s.x;  // the plain copy beside the transposed one
+        auto launch = [&](auto tag, unsigned* b) {
+            fp8_cast_kernel<<<dim3(g.gx, g.gy), dim3(fp8k::kTile, fp8k::kTileRows), 0, stream_>>>(
+                make(tag), N, cols, hist, cast.len, bwd, q, tr, g.ld, both, cast.keep, b);
+            CUDA_CHECK_LAUNCH();
+        };
+        measured(amax, [&](unsigned* b) { fp32 ? launch(float{}, b) : launch(bf16{}, b); });
+        pending_ = plain ? Pending{out, bwd, (size_t)N * cols, {hist, cast.len, bwd && tr}} : Pending{};
     }
     fp8k::Scratch scratch(size_t need) {
         if (need > elems_)

@@ -183,6 +183,31 @@ FP8K_BODY void cast_body(Ctx& c, const Op& op, int rows, int cols, const double*
                                       rows, cols, op.halves(), s, e5m2, transpose, ld, plain));
 }
 
+// A block's norm as cast_body's op: element (r, col) of LayerNorm's output,
+// (x - mean) · rstd · w + b, or RMSNorm's, x · rstd · w, from the row
+// statistics and the (residual) input the norm's kernel left (it wrote
+// neither the output nor its amax: cuda/layernorm.cuh, rmsnorm.cuh with out
+// null), computed as those kernels compute it in fp32, rounded to the
+// compute type E by Cvt (Cvt::e(float) to E, Cvt::f(E) back), stored when
+// `store`. One block of columns.
+template <class E, class Cvt>
+struct NormCast {
+    E* out;
+    const E* x;                  // [rows, C]: the norm's input, or the residual sum it wrote
+    const float *mean, *rstd;    // [rows] (mean: LayerNorm's; null for RMSNorm)
+    const E *w, *b;              // [C] (b: LayerNorm's bias)
+    int C;
+    FP8K_BODY int halves() const { return 1; }
+    FP8K_BODY void operator()(int r, int col, float* f, bool store) const {
+        const size_t i = (size_t)r * C + col;
+        const float v = mean ? (Cvt::f(x[i]) - mean[r]) * rstd[r] * Cvt::f(w[col]) + Cvt::f(b[col])
+                             : Cvt::f(x[i]) * rstd[r] * Cvt::f(w[col]);
+        const E e = Cvt::e(v);
+        if (store) out[i] = e;
+        f[0] = Cvt::f(e);
+    }
+};
+
 // ---- a product's launches -----------------------------------------------------------
 
 // The operands' scratch: six byte buffers of `elems` each (the input,

@@ -12,6 +12,9 @@
 // memory cost of one pass), and the output is written once. Other shapes take
 // the scalar kernel, which reads the row three times (from L1/L2).
 //
+// out null: the residual and the statistics alone (delayed scaling's cast of
+// the norm's output writes it, fp8.cuh's NormCast, from what this leaves).
+//
 // Backward accumulates dinp (+=) per row and dw, db (+=) over all rows,
 // deterministically and without atomics: each warp sums dout*xhat and dout
 // of its rows in registers, the block adds its warps in warp order into one
@@ -46,7 +49,7 @@ __device__ __forceinline__ void layernorm_row(E* o, float* mean, float* rstd, co
     }
     const float r = 1.f / sqrtf(warp_sum(v) / C + kLayerNormEps);
     unsigned am = 0;
-    for (int c = lane; c < C; c += 32) {
+    for (int c = lane; o && c < C; c += 32) {
         const float v = (to_float(x[c]) - m) * r * to_float(w[c]) + to_float(b[c]);
         o[c] = from_float<E>(v);
         if (amax) am = max(am, written_bits<E>(v));
@@ -63,7 +66,8 @@ __global__ void layernorm_forward_kernel(E* out, float* mean, float* rstd, const
                                          int C, unsigned* amax) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= N) return;
-    layernorm_row(out + (size_t)row * C, mean, rstd, inp + (size_t)row * C, w, b, row, C, threadIdx.x % 32, amax);
+    layernorm_row(out ? out + (size_t)row * C : nullptr, mean, rstd, inp + (size_t)row * C, w, b, row, C,
+                  threadIdx.x % 32, amax);
 }
 
 // residual = a + b (rounded to E), then LayerNorm of the rounded residual, so
@@ -79,7 +83,7 @@ __global__ void residual_layernorm_forward_kernel(E* residual, E* out, float* me
     const int lane = threadIdx.x % 32;
     const size_t off = (size_t)row * C;
     for (int c = lane; c < C; c += 32) residual[off + c] = from_float<E>(to_float(a[off + c]) + to_float(bb[off + c]));
-    layernorm_row(out + off, mean, rstd, residual + off, w, bias, row, C, lane, amax);
+    layernorm_row(out ? out + off : nullptr, mean, rstd, residual + off, w, bias, row, C, lane, amax);
 }
 
 // ---- vector path: one read of the row ---------------------------------------------
@@ -136,7 +140,7 @@ __global__ void __launch_bounds__(256) layernorm_forward_vec_kernel(E* residual,
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int c = llmc_idx::ln_pack_channel(k, lane, W);
-        if (c < C) {
+        if (out && c < C) {
             float wf[W], bf[W], o[W];
             load_floats_any<E, W>(wf, w + c, wb_vec);
             load_floats_any<E, W>(bf, bias + c, wb_vec);

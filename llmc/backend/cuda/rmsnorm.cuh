@@ -22,6 +22,8 @@
 //    block goes to the scratch, and column_sum_finish (common.cuh) adds the
 //    slices in a fixed order into dw. The looped kernel (long rows, odd
 //    shapes) keeps one slice per warp in the scratch instead of registers. Same bits every run and every GPU.
+// out null: the residual and rstd alone (delayed scaling's cast writes the
+// output, fp8.cuh's NormCast).
 // eps arrives as a double (backend.h) and is used as fp32, the compute type.
 #pragma once
 #include <initializer_list>
@@ -66,7 +68,7 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_loop_kernel(E* residual, 
     const float r = 1.f / sqrtf(warp_sum(ss) / C + eps);
     const E* src = RESIDUAL ? residual : a;
     unsigned am = 0;
-    for (int c = lane * W; c < C; c += 32 * W) {
+    for (int c = lane * W; out && c < C; c += 32 * W) {
         float x[W], wf[W], o[W];
         load_floats<E, W>(x, src + off + c);
         load_floats_any<E, W>(wf, w + c, w_vec);
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(256) rmsnorm_forward_vec_kernel(E* residual, E
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int c = llmc_idx::ln_pack_channel(k, lane, W);
-        if (c < C) {
+        if (out && c < C) {
             float wf[W], o[W];
             load_floats_any<E, W>(wf, w + c, w_vec);
 #pragma unroll
