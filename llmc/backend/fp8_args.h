@@ -48,7 +48,8 @@ struct Fp8Weight {
 // A product's input kept from its forward as the transposed FP8 copy its weight gradient multiplies
 // (--fp8-history): `bytes` [IC, N padded to 16] e4m3 at the scale of the input's history [len] doubles, which
 // the op that wrote the input filled (Fp8Cast::kept) while the history holds an amax; while it holds none the
-// backward writes it there from the input. A backend that rounds inside its products (the CPU's) ignores it.
+// backward writes it there from the input, after reading the input whole: `bytes` may be the input's own
+// buffer, which the op then did not store. A backend that rounds inside its products (the CPU's) ignores it.
 struct Fp8Kept {
     void* bytes;
     const void* history;

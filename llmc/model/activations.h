@@ -54,14 +54,13 @@ struct GPT::Acts {
     // ([L, 4, 3, N] doubles, newest first) and this step's ([L, 4, 3]).
     void *fp8_hist = nullptr, *fp8_step = nullptr;
     // --fp8-history, dense MLP: fcproj's input as the transposed FP8 copy
-    // its weight gradient multiplies ([Hl, N padded to 16] bytes, in 32-bit
-    // words), which the activation's cast writes (Backend::Fp8Kept); kept
-    // like fch_gelu (per layer-slot, or the block's scratch when recomputed).
-    void* fp8_h_t = nullptr;
-    // ... and QKV's and fc's inputs, ln1 and ln2 ([C, N padded to 16]
-    // bytes), which the norms' casts write: per layer-slot where the block
-    // keeps ln1 and ln2, without sequence parallel; fc's not for a Mixtral.
-    void *fp8_ln1_t = nullptr, *fp8_ln2_t = nullptr;
+    // its weight gradient multiplies ([Hl, N padded to 16] bytes), which the
+    // activation's cast writes (Backend::Fp8Kept) in h's own buffer (per
+    // layer-slot, or the block's scratch when recomputed), where h is not
+    // stored once the history holds an amax; and QKV's and fc's inputs in
+    // ln1's and ln2's (the norms' casts; where the block keeps them, without
+    // sequence parallel; fc's not for a Mixtral).
+    bool fp8_kept_h = false, fp8_kept_ln1 = false, fp8_kept_ln2 = false;
     // --fp8, not ZeRO-3: the four linear layers' weights of this rank's
     // blocks as FP8 bytes, as they are and transposed, each 256-aligned
     // (GPT::fp8_woff_), and their amaxes [L, 4] doubles: made at a step's
@@ -113,8 +112,8 @@ struct GPT::LayerActs {
     void *g_ln1, *g_ln2, *g_atty, *g_h;  // split_backward: the four layers' inputs for W (kept copies, or ln1 ...)
     void* g_router;                      // split_backward, Mixtral: the router's output gradient
     void* amax;                          // --fp8: the slot's amaxes (Acts::fp8_amax; else null)
-    void* h_t;                           // --fp8-history: fcproj's input kept transposed in FP8 (Acts::fp8_h_t)
-    void *ln1_t, *ln2_t;                 // ... QKV's and fc's (Acts::fp8_ln1_t, fp8_ln2_t; null: none)
+    void* h_t;                           // --fp8-history: fcproj's input kept transposed in FP8 (in h's buffer)
+    void *ln1_t, *ln2_t;                 // ... QKV's and fc's (in ln1's and ln2's; null: none; Acts::fp8_kept_*)
     void *g_dln1, *g_dln2;               // split_backward, ZeRO 2 and 3: the norms' output gradients from B
     void *g_x2, *g_stats;                // ... under full recompute: the norms' inputs B recomputed (else null)
     size_t index;  // the layer-slot (layer_slots_: the recompute scratch)

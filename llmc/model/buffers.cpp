@@ -48,11 +48,6 @@ void* GPT::act_layer(void* base, int l, size_t per_layer_count, DType t) {
     return elem_ptr(base, t, (size_t)l * per_layer_count);
 }
 
-// 32-bit words of a layer-slot's transposed FP8 copy of a rows x cols input
-// (Acts::fp8_h_t): [cols, rows padded to 16] bytes, each slice 256-byte
-// aligned as the FP8 products' scratch (cuBLASLt's default alignment).
-static size_t kept_words(size_t rows, size_t cols) { return ((rows + 15) / 16 * 16 * cols + 255) / 256 * 64; }
-
 // The units a list of chunks needs (tensors.h StageUnits).
 static StageUnits stage_units(const GPTConfig& cfg, const std::vector<ModelChunk>& chunks) {
     StageUnits su;
@@ -289,11 +284,10 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             // fcproj's input kept transposed in FP8 for its weight gradient (the activation's cast) where h is,
             // not when a split backward recomputes h (B keeps h for W); QKV's and fc's (the norms' casts) where
             // ln1 and ln2 are, not under sp (a norm writes a shard); fc's not a Mixtral's (its router reads ln2).
-            if (!cfg.moe() && (a.keep_gelu || !o.split_backward))
-                a.fp8_h_t = block_buf("fp8_h_transposed", kept_words(N, Hl), DType::I32, a.keep_gelu);
-            if (a.keep_block && !sp) a.fp8_ln1_t = block_buf("fp8_ln1_transposed", kept_words(N, C), DType::I32, true);
-            if (a.keep_block && !sp && !cfg.moe())
-                a.fp8_ln2_t = block_buf("fp8_ln2_transposed", kept_words(N, C), DType::I32, true);
+            // Each in the buffer of the input it replaces: [C, N padded to 16] bytes in 2·N·C, each layer-slot's
+            // 256-byte aligned as cuBLASLt assumes (a GPU's FP8 takes N and C in multiples of 16).
+            a.fp8_kept_h = !cfg.moe() && (a.keep_gelu || !o.split_backward);
+            a.fp8_kept_ln1 = a.keep_block && !sp, a.fp8_kept_ln2 = a.fp8_kept_ln1 && !cfg.moe();
         }
     }
     if (HSl) {
@@ -506,9 +500,9 @@ GPT::LayerActs GPT::layer_acts(int l, int slot, int N, int Ns) {
     r.g_fcproj = a.g_fcproj ? act_layer(a.g_fcproj, ibw, (cfg_.moe() ? R : (size_t)N) * C, act) : nullptr;
     r.g_router = a.g_router ? act_layer(a.g_router, ibw, (size_t)N * cfg_.experts, act) : nullptr;
     r.amax = a.fp8_amax ? elem_ptr(a.fp8_amax, DType::F64, (size_t)i * amax_per_slot()) : nullptr;
-    r.h_t = at(a.fp8_h_t, a.keep_gelu, kept_words(N, Hl), DType::I32);
-    r.ln1_t = at(a.fp8_ln1_t, kb, kept_words(N, C), DType::I32);
-    r.ln2_t = at(a.fp8_ln2_t, kb, kept_words(N, C), DType::I32);
+    r.h_t = a.fp8_kept_h ? r.h : nullptr;
+    r.ln1_t = a.fp8_kept_ln1 ? r.ln1 : nullptr;
+    r.ln2_t = a.fp8_kept_ln2 ? r.ln2 : nullptr;
     r.g_dln1 = a.g_dln1 ? act_layer(a.g_dln1, ibw, Ns * C, act) : nullptr;
     r.g_dln2 = a.g_dln2 ? act_layer(a.g_dln2, ibw, Ns * C, act) : nullptr;
     r.g_x2 = a.g_x2 ? act_layer(a.g_x2, ibw, Ns * C, act) : nullptr;

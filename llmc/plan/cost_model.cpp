@@ -43,10 +43,10 @@ CostModel::Fp8Passes CostModel::fp8_passes(bool cpu, double a, double pb, double
         p.quant_ops = 1 + 1 + wshare;
     } else if (part == 0) {  // dy for dX and dy^T for dW in one pass, W^T for dX, x^T for dW
         p.quant_bytes = (in + 2) * dy + (pb + 1) * w + xt;
-        p.quant_ops = 1 + 2 + wshare;
+        p.quant_ops = 1 + 2 + wshare + (kept ? 1 : 0);  // (kept: and the first step's copy of x^T, a launch)
     } else {  // B: the scales, dy and W^T; W: the scales again, dy^T and x^T (dy read twice)
         p.quant_bytes = part == 1 ? (in + 1) * dy + (pb + 1) * w : (a + 1) * dy + xt;
-        p.quant_ops = part == 1 ? 1 + 1 + wshare : 1 + 2;
+        p.quant_ops = part == 1 ? 1 + 1 + wshare : 1 + 2 + (kept ? 1 : 0);
     }
     if (part == 2) p.amax_bytes = 0, p.amax_ops = 0;  // W reads B's amaxes from the slot
     return p;

@@ -133,6 +133,12 @@ struct EmuExec {
         if (!err->empty()) return;
         emu_quantize(q, x, rows, cols, scale, e5m2, transpose, plain, pre);
     }
+    void kept_copy(uint8_t* dst, const uint8_t* src, size_t n, const fp8k::Precast* pre) {
+        if (!inside(dst, n) || !inside(src, n)) fail("the kept copy's bytes outside their buffers");
+        if (!err->empty()) return;
+        run_grid(fp8k::amax_blocks(n), 1, fp8k::kAmaxThreads, 1,
+                 [&](EmuCtx& c) { fp8k::kept_copy_body(c, dst, src, n, pre->hist, pre->len); });
+    }
     void gemm(E* C, const uint8_t* A, bool a5, const uint8_t* B, bool b5, int M, int N, int K, const float* da,
               const float* db, bool accumulate, const E* bias) {
         if (K % 16 || N % 16 || M <= 0) fail("a product cuBLASLt refuses: M N K = " + std::to_string(M) + " " +

@@ -424,57 +424,65 @@ void kept_input_case(const char* name, int N, int IC, int OC, const Operands& op
     const int ld = fp8k::padded_k(N);
     const std::vector<double>& w = ops.w, &dy = ops.dy;
     const double own = cpu::amax(want.data(), want.size());
-    for (int holds = 0; holds < 2; holds++)
-        for (int whole = 0; whole < 2; whole++) {
-            const double hist[2] = {holds ? own * 1.5 : 0, 0};
-            double amax[3] = {holds ? own * 1.5 : own, cpu::amax(w.data(), w.size()), cpu::amax(dy.data(), dy.size())};
-            const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
-            std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
-            std::vector<uint8_t> kept((size_t)IC * ld + 2 * kGuard, kCanary);
-            EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err, kept.data() + kGuard,
-                               (size_t)IC * ld};
-            EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
-            std::vector<double> x((size_t)N * IC, NAN);  // the op's output where it is stored
-            const unsigned bits =
-                emu_cast(make(x.data()), N, IC, hist, 2, false, kept.data() + kGuard, true, ex.s.x, false);
-            bool stored = true, untouched = true;
-            for (size_t i = 0; i < x.size(); i++) stored &= holds ? std::isnan(x[i]) : x[i] == want[i];
-            for (size_t i = kGuard; i < kGuard + (size_t)IC * ld; i++) untouched &= kept[i] == kCanary;
-            CHECK(stored, "%s kept x^T, history %s: the op's output %s", name, holds ? "holding" : "empty",
-                  holds ? "stored though only the FP8 copies are read" : "not stored while the history is empty");
-            CHECK(untouched == !holds, "%s kept x^T, history %s: the cast %s the kept copy", name,
-                  holds ? "holding" : "empty", holds ? "did not write" : "wrote (its scale is not known yet)");
-            CHECK(fp8::float_of_bits(bits) == own, "%s kept x^T: the cast's amax %g, want %g", name,
-                  fp8::float_of_bits(bits), own);
-            const fp8k::Precast pre{hist, 2, false};
-            const Fp8Kept k{kept.data() + kGuard, hist, 2};
-            std::vector<double> out((size_t)N * OC), out2 = out, dx((size_t)N * IC, 7.0), dx2 = dx;
-            std::vector<double> dw((size_t)OC * IC, 0.5), dw2 = dw;
-            fp8k::forward(ex, ex.s, out.data(), x.data(), w.data(), (const double*)nullptr, N, IC, OC, amax, &pre);
-            fp8k::forward(plain_ex, plain_ex.s, out2.data(), want.data(), w.data(), (const double*)nullptr, N, IC, OC,
-                          amax);
-            g_conversions = 0;
-            fp8k::backward(ex, ex.s, whole ? dx.data() : nullptr, dw.data(), dy.data(), x.data(), w.data(), N, IC, OC,
-                           amax, nullptr, &k);
-            const size_t conv = g_conversions;
-            g_conversions = 0;
-            fp8k::backward(plain_ex, plain_ex.s, whole ? dx2.data() : nullptr, dw2.data(), dy.data(), want.data(),
-                           w.data(), N, IC, OC, amax);
-            const size_t wconv = g_conversions - (holds ? (size_t)N * IC : 0);
-            bool pad = true;  // the kept copy's padding rows: zero bytes, as the quantiser's
-            for (int c = 0; c < IC; c++)
-                for (int r = N; r < ld; r++) pad &= kept[kGuard + (size_t)c * ld + r] == 0;
-            bool guards = true;
-            for (size_t i = 0; i < kGuard; i++) guards &= kept[i] == kCanary && kept[kGuard + (size_t)IC * ld + i] == kCanary;
-            const char* mn = whole ? "whole backward" : "W";
-            CHECK(err.empty() && out == out2, "%s kept x^T, history %s: the forward after the cast differs %s", name,
-                  holds ? "holding" : "empty", err.c_str());
-            CHECK(err.empty() && dw == dw2 && dx == dx2 && pad && guards,
-                  "%s kept x^T then %s, history %s: differs from the product quantising x itself (pad %d, guards %d) "
-                  "%s", name, mn, holds ? "holding" : "empty", pad, guards, err.c_str());
-            CHECK(conv == wconv, "%s kept x^T then %s, history %s: %zu conversions, want %zu", name, mn,
-                  holds ? "holding" : "empty", conv, wconv);
-        }
+    // alias: the kept bytes are the op's output buffer itself, as the model keeps them (the
+    // output is not stored there once the history holds an amax; the backward reads it whole
+    // before it copies x^T there while the history is empty)
+    for (int alias = 0; alias < 2; alias++)
+        for (int holds = 0; holds < 2; holds++)
+            for (int whole = 0; whole < 2; whole++) {
+                const double hist[2] = {holds ? own * 1.5 : 0, 0};
+                double amax[3] = {holds ? own * 1.5 : own, cpu::amax(w.data(), w.size()),
+                                  cpu::amax(dy.data(), dy.size())};
+                const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+                std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
+                std::vector<uint8_t> kept((size_t)IC * ld + 2 * kGuard, kCanary);
+                std::vector<double> x((size_t)N * IC, NAN);  // the op's output where it is stored
+                uint8_t* kb = alias ? reinterpret_cast<uint8_t*>(x.data()) : kept.data() + kGuard;
+                EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err, kb,
+                                   alias ? x.size() * sizeof(double) : (size_t)IC * ld};
+                EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
+                const unsigned bits = emu_cast(make(x.data()), N, IC, hist, 2, false, kb, true, ex.s.x, false);
+                bool stored = true, untouched = true;
+                for (size_t i = alias && holds ? (size_t)IC * ld / sizeof(double) + 1 : 0; i < x.size(); i++)
+                    stored &= holds ? std::isnan(x[i]) : x[i] == want[i];
+                for (size_t i = kGuard; i < kGuard + (size_t)IC * ld; i++) untouched &= kept[i] == kCanary;
+                const std::string nm = std::string(name) + (alias ? " (in the output's buffer)" : "");
+                CHECK(stored, "%s kept x^T, history %s: the op's output %s", nm.c_str(), holds ? "holding" : "empty",
+                      holds ? "stored though only the FP8 copies are read" : "not stored while the history is empty");
+                CHECK(alias || untouched == !holds, "%s kept x^T, history %s: the cast %s the kept copy", nm.c_str(),
+                      holds ? "holding" : "empty", holds ? "did not write" : "wrote (its scale is not known yet)");
+                CHECK(fp8::float_of_bits(bits) == own, "%s kept x^T: the cast's amax %g, want %g", nm.c_str(),
+                      fp8::float_of_bits(bits), own);
+                const fp8k::Precast pre{hist, 2, false};
+                const Fp8Kept k{kb, hist, 2};
+                std::vector<double> out((size_t)N * OC), out2 = out, dx((size_t)N * IC, 7.0), dx2 = dx;
+                std::vector<double> dw((size_t)OC * IC, 0.5), dw2 = dw;
+                fp8k::forward(ex, ex.s, out.data(), x.data(), w.data(), (const double*)nullptr, N, IC, OC, amax, &pre);
+                fp8k::forward(plain_ex, plain_ex.s, out2.data(), want.data(), w.data(), (const double*)nullptr, N, IC,
+                              OC, amax);
+                g_conversions = 0;
+                fp8k::backward(ex, ex.s, whole ? dx.data() : nullptr, dw.data(), dy.data(), x.data(), w.data(), N, IC,
+                               OC, amax, nullptr, &k);
+                const size_t conv = g_conversions;
+                g_conversions = 0;
+                fp8k::backward(plain_ex, plain_ex.s, whole ? dx2.data() : nullptr, dw2.data(), dy.data(), want.data(),
+                               w.data(), N, IC, OC, amax);
+                const size_t wconv = g_conversions - (holds ? (size_t)N * IC : 0);
+                bool pad = true;  // the kept copy's padding rows: zero bytes, as the quantiser's
+                for (int c = 0; c < IC; c++)
+                    for (int r = N; r < ld; r++) pad &= kb[(size_t)c * ld + r] == 0;
+                bool guards = true;
+                for (size_t i = 0; i < kGuard; i++)
+                    guards &= kept[i] == kCanary && kept[kGuard + (size_t)IC * ld + i] == kCanary;
+                const char* mn = whole ? "whole backward" : "W";
+                CHECK(err.empty() && out == out2, "%s kept x^T, history %s: the forward after the cast differs %s",
+                      nm.c_str(), holds ? "holding" : "empty", err.c_str());
+                CHECK(err.empty() && dw == dw2 && dx == dx2 && pad && guards,
+                      "%s kept x^T then %s, history %s: differs from the product quantising x itself (pad %d, guards "
+                      "%d) %s", nm.c_str(), mn, holds ? "holding" : "empty", pad, guards, err.c_str());
+                CHECK(conv == wconv, "%s kept x^T then %s, history %s: %zu conversions, want %zu", nm.c_str(), mn,
+                      holds ? "holding" : "empty", conv, wconv);
+            }
 }
 
 void test_kept_input() {

@@ -158,6 +158,11 @@ __global__ void fp8_cast_kernel(const Op op, int rows, int cols, const double* h
     fp8k::cast_body(c, op, rows, cols, hist, len, e5m2, q, transpose, ld, plain, keep, bits);
 }
 
+__global__ void fp8_kept_copy_kernel(uint8_t* dst, const uint8_t* src, size_t n, const double* hist, int len) {
+    Fp8Ctx c;
+    fp8k::kept_copy_body(c, dst, src, n, hist, len);
+}
+
 // Row-major C[M, N] (+)= (A[M, K] · B[N, K]^T) · descale_a · descale_b (+ bias[N]),
 // A and B FP8 bytes contiguous along K; C of type ct (bf16 or fp32). In
 // cuBLASLt's column-major terms D[N, M] = op_T(B) · op_N(A): "TN", the FP8
@@ -266,6 +271,10 @@ struct Fp8Exec {
     void quantize(uint8_t* q, const E* x, int rows, int cols, const float* scale, bool e5m2, bool transpose,
                   uint8_t* plain, const fp8k::Precast* pre) {
         fp8_quantize<E>(q, x, rows, cols, scale, e5m2, transpose, stream, plain, pre);
+    }
+    void kept_copy(uint8_t* dst, const uint8_t* src, size_t n, const fp8k::Precast* pre) {
+        fp8_kept_copy_kernel<<<fp8k::amax_blocks(n), fp8k::kAmaxThreads, 0, stream>>>(dst, src, n, pre->hist, pre->len);
+        CUDA_CHECK_LAUNCH();
     }
     void gemm(E* C, const uint8_t* A, bool a_e5m2, const uint8_t* B, bool b_e5m2, int M, int N, int K,
               const float* descale_a, const float* descale_b, bool accumulate, const E* bias) {

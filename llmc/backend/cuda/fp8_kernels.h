@@ -208,6 +208,16 @@ struct NormCast {
     }
 };
 
+// The kept copy's bytes from the scratch, n of them, while the history
+// (hist, len) holds no amax (the first step: the op that wrote the input
+// could not cast it, so the backward quantised it); a grid-stride copy of
+// 1-D blocks, nothing at all once the history holds one.
+template <class Ctx>
+FP8K_BODY void kept_copy_body(Ctx& c, uint8_t* dst, const uint8_t* src, size_t n, const double* hist, int len) {
+    if (fp8::history_amax(hist, len) != 0) return;
+    for (size_t i = (size_t)c.bx() * c.bdx() + c.tx(); i < n; i += (size_t)c.gdx() * c.bdx()) dst[i] = src[i];
+}
+
 // ---- a product's launches -----------------------------------------------------------
 
 // The operands' scratch: six byte buffers of `elems` each (the input,
@@ -253,6 +263,8 @@ struct Precast {
 //                                                 the quantise body on quantize_grid,
 //                                                 skipped on the device where pre (or
 //                                                 null) says the copy is there
+//   kept_copy(dst, src, n, pre)                   kept_copy_body: n bytes, only while
+//                                                 pre's history is empty
 //   gemm(C, A, a_e5m2, B, b_e5m2, M, N, K, descale_a, descale_b, accumulate, bias)
 //        row-major C[M, N] (+)= (A[M, K] · B[N, K]^T) · descale_a · descale_b
 //        (+ bias[N]), A and B FP8 bytes contiguous along K, accumulated in
@@ -267,7 +279,8 @@ struct Precast {
 // s.x, or s.dy (and s.dyt), by the op that wrote it. fp8_args.h's: kept
 // (or null): the weight gradient's x^T is kept->bytes [IC, padded_k(N)],
 // not s.xt, which the op that wrote the input filled while its history
-// holds an amax (else the quantiser writes it there); d (or null): delayed
+// holds an amax (else the quantiser writes s.xt and kept_copy copies it
+// there); d (or null): delayed
 // scaling, in the scales' launch; wq (or null): the weight's copies, made
 // by this call only where it says (the choice is the host's: the model
 // knows when the weights change), and its amax.
@@ -303,9 +316,13 @@ void backward(X& ex, const Scratch& s, E* dinp, E* dweight, const E* dout, const
     if (!dweight) return;
     // dW[OC, IC] += (dy^T)[OC, Np] · (x^T)[IC, Np]^T, N padded to Np with zeros
     if (!dinp) ex.quantize(s.dyt, dout, N, OC, s.scales + 2, true, true, nullptr, both);
+    // x^T kept: there already while the history holds an amax; while it is
+    // empty, quantised into s.xt and copied there after (the kept bytes may
+    // be the input's own buffer: read whole before they are written).
     const Precast in_kept{kept ? static_cast<const double*>(kept->history) : nullptr, kept ? kept->len : 0, true};
     uint8_t* xt = kept ? static_cast<uint8_t*>(kept->bytes) : s.xt;
-    ex.quantize(xt, inp, N, IC, s.scales + 0, false, true, nullptr, kept ? &in_kept : none);
+    ex.quantize(s.xt, inp, N, IC, s.scales + 0, false, true, nullptr, kept ? &in_kept : none);
+    if (kept) ex.kept_copy(xt, s.xt, (size_t)IC * padded_k(N), &in_kept);
     ex.gemm(dweight, s.dyt, true, xt, false, OC, IC, padded_k(N), s.scales + 5, s.scales + 3, true,
             (const E*)nullptr);
 }
