@@ -264,7 +264,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
         a.fp8_amax = alloc_buffer(A, "fp8_amax", LS * amax_per_slot(), DType::F64, true);
         // The weights' FP8 copies once per step: not under ZeRO-3, whose
         // ranks hold a weight whole only while they use it.
-        if (!sharding.params) {
+        if (!sharding.params && o.fp8_weight_copies) {
             const size_t L = cfg.num_layers, IC[4] = {C, Cl, C, Hl}, OC[4] = {Wqkv, C, Fl, C};
             fp8_woff_.assign(L * 4, SIZE_MAX), fp8_wsize_.assign(L * 4, 0), fp8_wmade_.assign(L * 4, 0);
             size_t off = 0;

@@ -108,6 +108,10 @@ struct ModelOptions {
     // With fp8: delayed scaling, each operand scaled by the largest amax of
     // its last fp8_history steps (0: current scaling, its own amax).
     int fp8_history = 0;
+    // With fp8: the four layers' weights as FP8 copies a step's first
+    // micro-batch makes for the others (fp8.cpp's fp8_weight; not under
+    // ZeRO-3); false: each product quantises its weight.
+    bool fp8_weight_copies = true;
     // Zero-bubble pipelines: each block's backward may run as an input part
     // and, later, a weights part (backward_chunk's part), the linear layers'
     // output gradients kept per layer-slot in between.

@@ -126,7 +126,7 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     // (Fp8Delayed); an expert block's is an op per operand measured.
     // A dense layer's weight is measured and quantised once per step (its
     // copies kept: GPT::fp8_weight), not under ZeRO-3; an expert's per block.
-    const double wshare = l_.zero >= 3 ? 1.0 : 1.0 / std::max(1, l_.micro_batches());
+    const double wshare = l_.zero >= 3 || !l_.fp8_weight_copies ? 1.0 : 1.0 / std::max(1, l_.micro_batches());
     auto fp8 = [&](const Linear& x, double rows, bool fused = false, bool cast_in = false, bool kept = false,
                    bool expert = false) {
         auto part = [&](int k) {

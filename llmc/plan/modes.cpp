@@ -97,6 +97,7 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         b.bf16_optimizer = cfg.optimizer_dtype == "bf16";
         b.fp8 = cfg.fp8 != 0;
         b.fp8_history = cfg.fp8 ? cfg.fp8_history : 0;
+        b.fp8_weight_copies = cfg.fp8_weight_copies != 0;
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
         const long long degrees = (long long)b.pp * b.tp * b.cp;
         if (cfg.T == 0) note("-t " + std::to_string(b.T) + " (no -t: the model's context" +

@@ -205,6 +205,19 @@ def test_plan_memory(tmp):
         if ok:
             print(f"  plan eval --fp8 1 {model.split(',')[0]} {' '.join(extra) or '(one process)'}: {plan_b} bytes, "
                   "as the run")
+    # --fp8-weight-copies 0: the four layers' weights' copies (each 256-byte aligned, as they are and
+    # transposed) and their amaxes not held; the plan likewise.
+    sizes = []
+    for copies in ("1", "0"):
+        run_b, plan_b, err = plan_memory(0, base(GPT) + ["-b", "4", "-d", "256", "-x", "1", "--fp8-weight-copies",
+                                                         copies])
+        check(run_b is not None and run_b == plan_b, f"--fp8-weight-copies {copies}: the plan's bytes {plan_b} equal "
+              f"the run's {run_b} {err}")
+        sizes.append(int(run_b or 0))
+    L, C = 4, 32
+    want = L * sum(2 * ((o * i + 255) // 256 * 256) for i, o in ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C))) + L * 4 * 8
+    check(sizes[0] - sizes[1] == want, f"--fp8-weight-copies 0 holds {sizes[0] - sizes[1]} bytes less, want {want}")
+    print(f"  --fp8-weight-copies 0: {sizes[0] - sizes[1]} bytes less (the copies and their amaxes: {want})")
 
 
 def plan_row(tmp, name, prof, args, fp8):
@@ -254,18 +267,21 @@ def test_plan_time(tmp):
     bw, C = 1e9, 32
     model = ["-e", f"L={L},C={C},NH=4,V={V},Vp={V},T={T}"] + flags
     # m micro-batches a step: a weight is measured and quantised (both ways) in the first alone.
-    for device, dtype, a, hist, m in (("cuda", "bf16", 2, 0, 1), ("cuda", "bf16", 2, 2, 1), ("cpu", "fp32", 4, 0, 1),
-                                      ("cuda", "bf16", 2, 0, 2)):
+    # --fp8-weight-copies 0: every micro-batch's.
+    for device, dtype, a, hist, m, copies in (("cuda", "bf16", 2, 0, 1, 1), ("cuda", "bf16", 2, 2, 1, 1),
+                                              ("cpu", "fp32", 4, 0, 1, 1), ("cuda", "bf16", 2, 0, 2, 1),
+                                              ("cuda", "bf16", 2, 0, 2, 0)):
         prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": device, "dtype": dtype}
         run = model + ["--dtype", dtype] + (["-d", str(m * B * T)] if m > 1 else [])
-        rows = [plan_row(tmp, f"passes_{device}_{hist}_{m}", prof, run + (["--fp8-history", str(hist)] if f and hist
-                                                                            else []), f) for f in (0, 1)]
+        f8 = (["--fp8-history", str(hist)] if hist else []) + ([] if copies else ["--fp8-weight-copies", "0"])
+        rows = [plan_row(tmp, f"passes_{device}_{hist}_{m}_{copies}", prof, run + (f8 if f else []), f)
+                for f in (0, 1)]
         if not all(rows):
             continue
         got = (rows[1]["breakdown_ms"]["compute"] - rows[0]["breakdown_ms"]["compute"]) / 1e3 / m
         want = 0
         for k, (i, o) in enumerate(((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C))):
-            x, w, dy = N * i, o * i / (m if device == "cuda" else 1), N * o
+            x, w, dy = N * i, o * i / (m if device == "cuda" and copies else 1), N * o
             # The forward reads the input's and the weight's amax, the backward
             # only the output gradient's (the other two are the forward's).
             if device == "cpu":  # amax read, then each operand's rounded copy read and written
@@ -287,10 +303,10 @@ def test_plan_time(tmp):
                 want += x if kept else 0
                 want -= a * x if hist and k == 3 else 0
         want = L * want / bw
-        check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}, {m} micro-batches): planned "
-              f"{got}, formula {want}")
-        print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}, {m} micro-batches a step): "
-              f"{got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
+        check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}, {m} micro-batches, weight "
+              f"copies {copies}): planned {got}, formula {want}")
+        print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}, {m} micro-batches a step, weight "
+              f"copies {copies}): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
     # Delayed scaling on a Llama: besides the two casts' reads (fcproj's input, fc's output gradient),
     # the whole backward leaves fc's output gradient out in bf16 (no fc bias): a·N·2F less per block;
     # fcproj's input kept transposed in FP8: its weight gradient's pass (a + 1)·N·F gone, N·F more
@@ -394,6 +410,7 @@ def suite(tmp):
     write_shard(DATA, np.random.default_rng(9).integers(0, 97, 40000))
     refusals(check, [(0, GPT, ["--fp8", "2"], "--fp8"), (0, GPT, ["--fp8", "0", "--fp8-history", "3"],
                                                                   "--fp8-history"),
+                     (0, GPT, ["--fp8", "0", "--fp8-weight-copies", "0"], "--fp8-weight-copies"),
                      (0, MIX, ["--fp8", "1", "--sync-free", "1"], ("--sync-free", "--fp8"))],
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", "2", "-s", "0"])
     test_effect_and_resume(tmp)

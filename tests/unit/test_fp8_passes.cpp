@@ -166,21 +166,36 @@ Count taken(CountingBackend* be) {
 
 constexpr int kHist = 2;  // --fp8-history's length in the runs with one
 
-Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
+// One process's model of c on the counting backend (fp64 CPU), FP8 on, the
+// whole model one chunk of one slot, with o's other options.
+struct Counted {
+    CountingBackend* be;
+    std::unique_ptr<Backend> own;
+    std::unique_ptr<GPT> model;  // (destroyed before its backend)
+};
+Counted counted_model(const GPTConfig& c, ModelOptions o) {
     std::string err;
-    CountingBackend* be = new CountingBackend(make_backend("cpu", "fp64", 0, &err));
-    std::unique_ptr<Backend> own(be);
-    ModelOptions o(B, T);
-    o.recompute = rc;
+    Counted m;
+    m.be = new CountingBackend(make_backend("cpu", "fp64", 0, &err));
+    m.own.reset(m.be);
     o.fp8 = true;
-    o.fp8_history = history;
     ModelChunk ch;
     ch.layers = c.num_layers, ch.embed = ch.head = true, ch.slots = 1;
     o.chunks = {ch};
+    m.model = std::make_unique<GPT>(m.be, c, o);
+    m.model->init_random(5);
+    m.model->zero_grad();
+    return m;
+}
+
+Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
+    ModelOptions o(B, T);
+    o.recompute = rc;
+    o.fp8_history = history;
     o.split_backward = split;
-    GPT model(be, c, o);
-    model.init_random(5);
-    model.zero_grad();
+    Counted m = counted_model(c, o);
+    CountingBackend* be = m.be;
+    GPT& model = *m.model;
     // Each history holds its slot's number: a cast names its operand by it.
     std::vector<double> h((size_t)model.fp8_slots() * history);
     for (size_t i = 0; i < h.size(); i++) h[i] = (double)(i / history + 1);
@@ -378,17 +393,9 @@ void check_norm_casts(const GPTConfig& c, const char* spec) {
 // (validation) uses none and measures its weights itself. A Mixtral's
 // experts keep their own blocks.
 void check_weight_copies(const GPTConfig& c, const char* spec, size_t fwd_calls, size_t wt_calls) {
-    std::string err;
-    CountingBackend* be = new CountingBackend(make_backend("cpu", "fp64", 0, &err));
-    std::unique_ptr<Backend> own(be);
-    ModelOptions o(B, T);
-    o.fp8 = true;
-    ModelChunk ch;
-    ch.layers = c.num_layers, ch.embed = ch.head = true, ch.slots = 1;
-    o.chunks = {ch};
-    GPT model(be, c, o);
-    model.init_random(5);
-    model.zero_grad();
+    Counted m = counted_model(c, ModelOptions(B, T));
+    CountingBackend* be = m.be;
+    GPT& model = *m.model;
     std::vector<int> in(B * T), tg(B * T);
     Rng r(13);
     for (int i = 0; i < B * T; i++) in[i] = (int)(r.next_u64() % V), tg[i] = (int)(r.next_u64() % V);
@@ -422,6 +429,27 @@ void check_weight_copies(const GPTConfig& c, const char* spec, size_t fwd_calls,
     model.zero_grad();
     run(0, dl, true, true, fwd_calls, "the next step's first forward (after zero_grad)", &fwd_bytes);
     run(0, 0.0, false, false, fwd_calls, "a forward outside training (validation)", nullptr);
+}
+
+// --fp8-weight-copies 0 (ModelOptions::fp8_weight_copies false): no copies,
+// and every training forward measures its weights again.
+void check_no_weight_copies(const GPTConfig& c, const char* spec, size_t fwd_calls) {
+    ModelOptions o(B, T);
+    o.fp8_weight_copies = false;
+    Counted m = counted_model(c, o);
+    CountingBackend* be = m.be;
+    GPT& model = *m.model;
+    std::vector<int> in(B * T, 1), tg(B * T, 2);
+    for (int micro = 0; micro < 2; micro++) {
+        be->reset();
+        model.forward_chunk(0, 0, in.data(), nullptr, tg.data(), B, T, 1.0 / (B * T));
+        const size_t calls = be->calls;
+        model.backward_chunk(0, 0, nullptr, true);
+        size_t copies = 0;
+        for (const auto& w : be->weights) copies += w.bytes != nullptr;
+        CHECK(copies == 0 && calls == fwd_calls, "%s, --fp8-weight-copies 0, micro-batch %d: %zu products on weight "
+              "copies (want 0), %zu amax passes forward (want %zu)", spec, micro, copies, calls, fwd_calls);
+    }
 }
 
 }  // namespace
@@ -463,6 +491,7 @@ int main() {
         check_casts(c, spec);
         check_norm_casts(c, spec);
         check_weight_copies(c, spec, f.calls, wt.calls);
+        check_no_weight_copies(c, spec, f.calls);
         std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in ops (%zu), backward %zu (%zu) + %zu "
                     "(%zu)\n",
                     spec, f.calls, f.elems, f.fused, f.fused_elems, b.calls, b.elems, b.fused, b.fused_elems);
