@@ -395,7 +395,7 @@ static void check_norm_cast(int N, int C, int OC, bool timing) {
                 product(o1, y1, g1, false);
             };
             auto cast_norm = [&] {
-                ops.norm_cast(fp32, o2, res ? r2 : da, rms ? nullptr : m2, s2, dg, rms ? nullptr : bias, N, C, am,
+                ops.norm_cast(fp32, rms, o2, res ? r2 : da, m2, s2, dg, rms ? nullptr : bias, N, C, am,
                               cast, [&] {
                                   norm_forward<E>(rms, r2, nullptr, m2, s2, da, src, dg, bias, N, C, 1e-5, 0, nullptr);
                               });

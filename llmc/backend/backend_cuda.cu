@@ -230,7 +230,7 @@ class CudaBackend final : public Backend {
                    const void* bias, int N, int C, double eps, void* amax, const Fp8Cast* cast) override {
         auto k = [&](void* o, unsigned* m) { norm_k(rms, res, o, mean, rstd, a, b, w, bias, N, C, eps, m); };
         if (!cast) return activate(), fp8_.measured(amax, [&](unsigned* m) { k(out, m); });
-        activate(), fp8_.norm_cast(fp32_, out, b ? res : a, rms ? nullptr : mean, rstd, w, bias, N, C, amax, *cast,
+        activate(), fp8_.norm_cast(fp32_, rms, out, b ? res : a, mean, rstd, w, bias, N, C, amax, *cast,
                                    [&] { k(nullptr, nullptr); });  // (the kernel leaves the residual and statistics)
     }
     void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,

@@ -376,10 +376,11 @@ class Fp8Ops {
     // alone (out null), then the cast computes the output from them
     // (fp8k::NormCast), its amax, and the plain and kept copies.
     template <class Stats>
-    void norm_cast(bool fp32, void* out, const void* x, const void* mean, const void* rstd, const void* w,
+    void norm_cast(bool fp32, bool rms, void* out, const void* x, const void* mean, const void* rstd, const void* w,
                    const void* bias, int N, int C, void* amax, const Fp8Cast& cast, Stats stats) {
-        if (!cast.kept || !cast.plain || !rstd || (mean && !bias))
+        if (!cast.kept || !cast.plain || !rstd || (!rms && (!mean || !bias)))
             throw std::logic_error("cuda fp8: a norm's cast writes the plain and the kept copies from the statistics");
+        if (rms) mean = nullptr;  // (NormCast: RMSNorm's formula without one)
         stats();
         cast_op(fp32, out, false, N, C, 1, amax, cast, [&](auto tag) {
             using E = decltype(tag);
