@@ -165,15 +165,16 @@ reference_hf() {
 
 # reference_hf_fp8 NAME SPEC B T EXTRA...: the same with --fp8 1 on both
 # sides, fp64 only (an fp32 operand a rounding from a grid midpoint may
-# round the other way: one FP8 step, past fp32's tolerance).
+# round the other way: one FP8 step, past fp32's tolerance). FP8_LAYERS:
+# --fp8-layers on both sides (default all).
 reference_hf_fp8() {
-    local name=$1 spec=$2 B=$3 T=$4
+    local name=$1 spec=$2 B=$3 T=$4 layers=${FP8_LAYERS:-all}
     shift 4
     rm -rf "$REF/$name.hf"
     run "hf_ref_$name" "$HFPY" tests/reference/reference_hf.py --spec "$spec" --B "$B" --T "$T" --fp8 1 \
-        --save-dir "$REF/$name.hf" --write-state "$REF/$name.state.bin" "$@"
+        --fp8-layers "$layers" --save-dir "$REF/$name.hf" --write-state "$REF/$name.state.bin" "$@"
     run "hf_gpt_$name" build/test_gpt --model "$REF/$name.hf" --state "$REF/$name.state.bin" --device cpu --dtype fp64 \
-        --fp8 1
+        --fp8 1 --fp8-layers "$layers"
 }
 
 reference_tier() {
@@ -218,6 +219,19 @@ reference_tier() {
         --write-state "$REF/fp8_round_delayed.state.bin"
     run test_gpt_fp8_round_delayed_fp64 build/test_gpt --model "$REF/fp8_round_delayed.model.bin" \
         --state "$REF/fp8_round_delayed.state.bin" --device cpu --dtype fp64 --fp8 1 --fp8-history 3
+    # ... and with some of the four layers left in the compute type
+    # (--fp8-layers): delayed scaling on attproj and fcproj alone (GPT-2's
+    # GELU apart from fc, casting fcproj's input), current scaling on QKV and fc.
+    local layers
+    for layers in attproj,fcproj qkv,fc; do
+        local hist=() tag=${layers/,/_}
+        [[ $layers == attproj,fcproj ]] && hist=(--fp8-history 3)
+        run "ref_fp8_layers_${tag}_fp64" "$PY" tests/reference/reference_gpt.py --spec "$ROUND" --dtype fp64 --B 4 \
+            --T 32 --warmup 3 --final-frac 0.1 --fp8 1 "${hist[@]}" --fp8-layers "$layers" \
+            --write-model "$REF/fp8_$tag.model.bin" --write-state "$REF/fp8_$tag.state.bin"
+        run "test_gpt_fp8_layers_${tag}_fp64" build/test_gpt --model "$REF/fp8_$tag.model.bin" \
+            --state "$REF/fp8_$tag.state.bin" --device cpu --dtype fp64 --fp8 1 "${hist[@]}" --fp8-layers "$layers"
+    done
     # heads of 64: on a GPU, bf16 runs the tensor-core kernels with the mask
     reference docmask64_fp32 fp32 "L=2,C=128,NH=2,V=97,T=80" 2 80 --warmup 2 --steps 6 --document-mask 7
     if hf_ready; then
@@ -255,6 +269,9 @@ reference_tier() {
             --warmup 2 --final-frac 0.2 --wd 0.05 --clip 0.5
         reference_hf_fp8 mixtral_e3k1_fp8 "arch=mixtral,L=2,C=32,NH=4,NKV=1,F=48,E=3,K=1,V=97,T=16,tied=1,aux=0.1" \
             2 16 --save-dtype bf16 --warmup 3 --final-frac 0.1
+        # --fp8-layers: QKV and the experts' down products alone on FP8 operands.
+        FP8_LAYERS=qkv,fcproj reference_hf_fp8 mixtral_e4k2_fp8_layers \
+            "arch=mixtral,L=2,C=48,NH=4,NKV=2,F=64,E=4,K=2,V=101,T=24,theta=500" 3 19 --warmup 2 --final-frac 0.2
         # The document mask through transformers' attention masks: GPT-2, and Llama GQA 2:1.
         reference_hf gpt2_docmask "L=3,C=48,NH=3,V=97,T=24" 3 24 --steps 6 --warmup 2 --document-mask 7
         reference_hf llama_docmask "arch=llama,L=2,C=48,NH=4,NKV=2,F=72,V=101,T=24,theta=500" 3 24 --steps 6 \

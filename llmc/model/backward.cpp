@@ -192,7 +192,8 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         // row-parallel products' output gradient: fcproj's by the next
         // block's ln1 (or lnf) in this chunk (a chunk's last block receives
         // it), attproj's by this block's ln2.
-        void* fc_dy_amax = la.amax && !cfg_.moe() ? elem_ptr(amax_of(la, Param::fcw), DType::F64, 2) : nullptr;
+        void* fc_amax = cfg_.moe() ? nullptr : amax_of(la, Param::fcw);
+        void* fc_dy_amax = fc_amax ? elem_ptr(fc_amax, DType::F64, 2) : nullptr;
         const bool proj_dy_measured = !cfg_.moe() && (l + 1 < end || ch.head) && norm_amax_at(la, Param::fcprojw, 2);
         void* att_dy_amax = norm_amax_at(la, Param::attprojw, 2);
         // The row-parallel bias gradient sums the whole (gathered) output gradient.
@@ -204,7 +205,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
         } else if (input_only) {
             if (la.g_h != la.h) keep(la.g_h, la.h, (size_t)N * Hl);  // recomputed: kept for W
             const void* dout = keep(la.g_fcproj, g_bwd(), (size_t)N * C);
-            if (cfg_.llama() || fp8_) {  // fcproj's input gradient, then the activation's (measuring fc's dy)
+            if (cfg_.llama() || gelu_apart()) {  // fcproj's input gradient, then the activation's (measuring fc's dy)
                 void* dh = cfg_.llama() ? a.dh : a.dfch;  // (GELU's backward in place)
                 linear_backward_input(dh, Param::fcprojw, dout, la.h, l, N, Hl, C, true, amax_of(la, Param::fcprojw),
                                       proj_dy_measured);
@@ -217,7 +218,7 @@ void GPT::backward_ops(int c, int slot, bool last_micro_step, BackwardPart part)
             if (xin != la.g_ln2) keep(la.g_ln2, xin, (size_t)N * C);
             linear_backward_input(a.dln, Param::fcw, a.dfch, xin, l, N, C, (int)fch_width(), false,
                                   amax_of(la, Param::fcw), fc_dy_amax != nullptr);
-        } else if (cfg_.llama() || fp8_) {  // the product, then the activation's backward (GELU's in place)
+        } else if (cfg_.llama() || gelu_apart()) {  // the product, then the activation's backward (GELU's in place)
             void* dh = cfg_.llama() ? a.dh : a.dfch;
             linear_backward(dh, Param::fcprojw, Gb(Param::fcprojb, l), g_bwd(), la.h, l, N, Hl, C, true,
                             amax_of(la, Param::fcprojw), proj_dy_measured, la.h_t);

@@ -117,7 +117,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
       chunks_(o.chunks.empty() ? whole_model(cfg) : o.chunks), tp_(o.tp && o.tp->size() > 1 ? o.tp : nullptr),
       tp_size_(o.tp ? o.tp->size() : 1), cp_(o.cp && o.cp->size() > 1 ? o.cp : nullptr), head_chunk_(o.head_chunk),
       ep_(o.ep && o.ep->size() > 1 ? o.ep : nullptr), sharding_(o.sharding), training_(o.training), fp8_(o.fp8),
-      fp8_len_(o.fp8 ? o.fp8_history : 0) {
+      fp8_len_(o.fp8 ? o.fp8_history : 0), fp8_layers_(o.fp8_layers) {
     const int B = o.B, T = o.T, head_chunk = o.head_chunk;
     const Recompute recompute = o.recompute;
     const Sharding& sharding = o.sharding;
@@ -271,11 +271,14 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             for (const ModelChunk& c : chunks_)
                 for (int l = c.first_layer; l < c.first_layer + c.layers; l++)
                     for (int k = 0; k < (cfg.moe() ? 2 : 4); k++) {  // (a Mixtral's experts: their own blocks)
+                        if (!(o.fp8_layers >> k & 1u)) continue;     // (--fp8-layers: in the compute type)
                         const size_t i = (size_t)l * 4 + k, bytes = (IC[k] * OC[k] + 255) / 256 * 256;
                         fp8_woff_[i] = off, fp8_wsize_[i] = bytes, off += 2 * bytes;
                     }
-            a.fp8_wq = alloc_buffer(S, "fp8_weights", off / 4, DType::I32);
-            a.fp8_wamax = alloc_buffer(S, "fp8_weight_amax", L * 4, DType::F64);
+            if (off > 0) {
+                a.fp8_wq = alloc_buffer(S, "fp8_weights", off / 4, DType::I32);
+                a.fp8_wamax = alloc_buffer(S, "fp8_weight_amax", L * 4, DType::F64);
+            }
         }
         if (fp8_len_ > 0) {
             const size_t slots = (size_t)fp8_slots();
@@ -286,8 +289,10 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             // ln1 and ln2 are, not under sp (a norm writes a shard); fc's not a Mixtral's (its router reads ln2).
             // Each in the buffer of the input it replaces: [C, N padded to 16] bytes in 2·N·C, each layer-slot's
             // 256-byte aligned as cuBLASLt assumes (a GPU's FP8 takes N and C in multiples of 16).
-            a.fp8_kept_h = !cfg.moe() && (a.keep_gelu || !o.split_backward);
-            a.fp8_kept_ln1 = a.keep_block && !sp, a.fp8_kept_ln2 = a.fp8_kept_ln1 && !cfg.moe();
+            // Each only for a layer on FP8 operands (--fp8-layers).
+            auto on = [&](int k) { return (o.fp8_layers >> k & 1u) != 0; };
+            a.fp8_kept_h = on(3) && !cfg.moe() && (a.keep_gelu || !o.split_backward);
+            a.fp8_kept_ln1 = on(0) && a.keep_block && !sp, a.fp8_kept_ln2 = on(2) && a.keep_block && !sp && !cfg.moe();
         }
     }
     if (HSl) {

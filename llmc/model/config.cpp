@@ -29,6 +29,43 @@ bool arch_from_name(const std::string& name, Arch* a) {
     return false;
 }
 
+static const char* const kLinearNames[4] = {"qkv", "attproj", "fc", "fcproj"};
+
+const char* linear_layer_name(int i) { return i >= 0 && i < 4 ? kLinearNames[i] : "?"; }
+
+bool linear_layers_from_names(const std::string& list, unsigned* mask, std::string* err) {
+    if (list == "all") {
+        *mask = kLinearLayersAll;
+        return true;
+    }
+    unsigned m = 0;
+    std::stringstream ss(list);
+    std::string part;
+    while (std::getline(ss, part, ',')) {
+        int i = 0;
+        while (i < 4 && part != kLinearNames[i]) i++;
+        if (i == 4 || (m >> i & 1u)) {
+            *err = "'" + part + "'" + (i == 4 ? " is not a linear layer (qkv, attproj, fc, fcproj or all)"
+                                               : " is named twice");
+            return false;
+        }
+        m |= 1u << i;
+    }
+    if (m == 0 || list.back() == ',') {
+        *err = "'" + list + "' names no layer (qkv, attproj, fc, fcproj or all)";
+        return false;
+    }
+    *mask = m;
+    return true;
+}
+
+std::string linear_layers_names(unsigned mask) {
+    std::string s;
+    for (int i = 0; i < 4; i++)
+        if (mask >> i & 1u) s += (s.empty() ? "" : ",") + std::string(kLinearNames[i]);
+    return s;
+}
+
 // A file that exists is a file whatever its name; a missing one ending in
 // .bin is still meant as a file (and gets "cannot open", not a size error).
 bool spec_is_file(const std::string& spec) {

@@ -66,6 +66,17 @@ struct GPTConfig {
     bool operator!=(const GPTConfig& o) const { return !(*this == o); }
 };
 
+// A block's four linear layers as the FP8 code numbers them (docs/fp8.md):
+// 0 QKV, 1 attention output, 2 MLP up (a Mixtral's experts' gate and up),
+// 3 MLP down (the experts' down). --fp8-layers names a set of them, held as
+// a mask (bit i: layer i).
+constexpr unsigned kLinearLayersAll = 0xFu;
+const char* linear_layer_name(int i);  // "qkv", "attproj", "fc", "fcproj"
+// "qkv,fc" (any order, each once; "all": the four) to a mask; false with a
+// reason naming the part that is none of them.
+bool linear_layers_from_names(const std::string& list, unsigned* mask, std::string* err);
+std::string linear_layers_names(unsigned mask);  // the mask as a list, in the layers' order
+
 // An architecture's name in sizes (arch=...), checkpoint indexes and
 // config_string: "gpt2", "llama", "mixtral", "qwen2"; and back (false for
 // a name that is none of them).

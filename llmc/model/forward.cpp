@@ -76,7 +76,7 @@ void* GPT::block_forward(int l, const LayerActs& la, int B, int T, bool norm_inp
     // MLP: fc column-parallel, fcproj row-parallel. With --fp8 the
     // activation measures fcproj's input as it writes it.
     void* proj_amax = amax_of(la, Param::fcprojw);
-    if (cfg_.llama() || fp8_) {  // the product, then its activation
+    if (cfg_.llama() || gelu_apart()) {  // the product, then its activation
         linear_forward(la.fch, f_fwd(la.ln2), Param::fcw, Pb(Param::fcb, l), l, N, C, (int)fch_width(), false,
                        amax_of(la, Param::fcw), fc_in_amax != nullptr);
         activation(la.h, la.fch, N, proj_amax, l, la.h_t);
@@ -118,8 +118,8 @@ void GPT::residual_norm(void* residual, void* out, void* mean, void* rstd, const
 }
 
 void* GPT::norm_amax_at(const LayerActs& la, Param w, int which) const {
-    if (!la.amax || (tp_ && tp_->sp())) return nullptr;
-    return elem_ptr(amax_of(la, w), DType::F64, (size_t)which);
+    void* am = tp_ && tp_->sp() ? nullptr : amax_of(la, w);  // (null: not an FP8 layer)
+    return am ? elem_ptr(am, DType::F64, (size_t)which) : nullptr;
 }
 
 // (The kept copies exist only where the norm measures the operand: no

@@ -107,8 +107,10 @@ bool GPT::fp8_kept(Fp8Kept* k, Param w, int l, void* bytes) const {
 }
 
 void* GPT::amax_of(const LayerActs& la, Param w) const {
-    return la.amax ? elem_ptr(la.amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
+    return la.amax && fp8_on(w) ? elem_ptr(la.amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
 }
+
+bool GPT::fp8_on(Param w) const { return fp8_ && (fp8_layers_ >> linear_index(w) & 1u); }
 
 void GPT::fp8_push(const void* figures, bool skipped) {
     if (fp8_len_ > 0) be_->fp8_history_push(a_->fp8_hist, a_->fp8_step, fp8_slots(), fp8_len_, figures, skipped);
@@ -134,7 +136,7 @@ void GPT::set_fp8_history(const std::vector<double>& h) {
 // add nothing to the step's max.)
 void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, int l, int N, int IC, int OC, bool row,
                          void* amax, bool in_measured) {
-    if (!fp8_) {
+    if (!fp8_on(w)) {
         be_->matmul_forward(out, in, P(w, l), bias, N, IC, OC);
         return;
     }
@@ -150,7 +152,7 @@ void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, i
 
 void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
                           int OC, bool row, void* amax, bool dout_measured, void* in_t) {
-    if (!fp8_) {
+    if (!fp8_on(w)) {
         be_->matmul_backward(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
@@ -165,7 +167,7 @@ void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, co
 
 void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
                                 bool row, void* amax, bool dout_measured) {
-    if (!fp8_) {
+    if (!fp8_on(w)) {
         be_->matmul_backward(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC);
         return;
     }
@@ -182,7 +184,7 @@ void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const voi
 
 void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
                                   const void* amax, void* in_t) {
-    if (!fp8_) {
+    if (!fp8_on(w)) {
         be_->matmul_backward(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
@@ -245,7 +247,8 @@ void GPT::expert_amax(int l, int p, const std::vector<ExpertBlock>& blocks, cons
 }
 
 void* GPT::expert_amax_at(void* slot, int p, size_t b) const {
-    return slot ? elem_ptr(slot, DType::F64, 12 + ((size_t)p * cfg_.experts + b) * 3) : nullptr;
+    const bool on = fp8_on(p == 0 ? Param::fcw : Param::fcprojw);  // (--fp8-layers: fc names gate and up, fcproj down)
+    return slot && on ? elem_ptr(slot, DType::F64, 12 + ((size_t)p * cfg_.experts + b) * 3) : nullptr;
 }
 
 void GPT::expert_forward(void* out, const void* in, const void* w, int n, int IC, int OC, const void* amax) {

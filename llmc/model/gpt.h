@@ -112,6 +112,10 @@ struct ModelOptions {
     // micro-batch makes for the others (fp8.cpp's fp8_weight; not under
     // ZeRO-3); false: each product quantises its weight.
     bool fp8_weight_copies = true;
+    // With fp8: the linear layers on FP8 operands (config.h's mask, bit i
+    // layer i: QKV, attention output, MLP up, MLP down); the others multiply
+    // in the compute type and are neither measured nor cast.
+    unsigned fp8_layers = kLinearLayersAll;
     // Zero-bubble pipelines: each block's backward may run as an input part
     // and, later, a weights part (backward_chunk's part), the linear layers'
     // output gradients kept per layer-slot in between.
@@ -495,7 +499,13 @@ class GPT {
     // backward_chunk's device work (the recorded region), after its bookkeeping.
     void backward_ops(int c, int slot, bool last_micro_step, BackwardPart part);
     void weights_ops(int c, int slot, bool last_micro_step);  // the W part (backward.cpp)
-    void* amax_of(const LayerActs& la, Param w) const;  // linear layer w's three amaxes in la's slot
+    // Linear layer w's three amaxes in la's slot; null without --fp8 and for
+    // a layer --fp8-layers leaves in the compute type (fp8_on).
+    void* amax_of(const LayerActs& la, Param w) const;
+    bool fp8_on(Param w) const;  // --fp8 1 and w (qkvw, attprojw, fcw, fcprojw) among --fp8-layers
+    // GPT-2's fc and its GELU as two ops (the activation measuring or
+    // casting fcproj's input, or fc's output gradient) where either product is FP8.
+    bool gelu_apart() const { return fp8_on(Param::fcw) || fp8_on(Param::fcprojw); }
     // The mean of the losses the last head forward left (a download), or
     // (set_loss_figure, dloss != 0) 0 with the mean added on the device.
     double head_loss(int N, double dloss);
@@ -560,6 +570,7 @@ class GPT {
     bool training_ = true;  // gradients and Adam state allocated
     bool fp8_ = false;      // ModelOptions::fp8: the four layers' products on FP8 operands
     int fp8_len_ = 0;       // ModelOptions::fp8_history
+    unsigned fp8_layers_ = kLinearLayersAll;  // ModelOptions::fp8_layers
     bool fp8_record_ = false;  // the pass records its amaxes for the history (a training pass)
     // --fp8: the linear layers' weights as FP8 copies made once per step
     // (fp8_weight): per (layer, linear) their offset in Acts::fp8_wq and the

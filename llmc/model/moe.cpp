@@ -103,7 +103,7 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     const std::vector<ExpertBlock> blocks = expert_blocks(off, route, table_.experts);
     void* y = ep_ ? a.moe_ye : r.yg;  // the experts' outputs, in the experts' row order
     auto am = [&](int p, size_t b) { return expert_amax_at(r.amax, p, b); };  // --fp8 1 (null without, and decoding)
-    if (r.amax) expert_amax(l, 0, blocks, r.xg, nullptr, am(0, 0));
+    if (am(0, 0)) expert_amax(l, 0, blocks, r.xg, nullptr, am(0, 0));
     for (size_t i = 0; i < blocks.size(); i++) {  // expert rows: [gate | up] of its hidden layer
         const ExpertBlock& b = blocks[i];
         if (b.n > 0)
@@ -111,7 +111,7 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
                            elem_ptr(w13, pt, (size_t)b.expert * 2 * Hl * C), (int)b.n, C, 2 * Hl, am(0, i));
     }
     activation(r.h, r.fch, ep_ ? (int)moe_.routes_[r.route].expert_rows : N * K);
-    if (r.amax) expert_amax(l, 1, blocks, r.h, nullptr, am(1, 0));
+    if (am(1, 0)) expert_amax(l, 1, blocks, r.h, nullptr, am(1, 0));
     for (size_t i = 0; i < blocks.size(); i++) {
         const ExpertBlock& b = blocks[i];
         if (b.n > 0)
@@ -176,7 +176,7 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     void *dw13 = input_only ? nullptr : G(Param::moe_fc, l), *dw2 = input_only ? nullptr : G(Param::moe_proj, l);
     auto at = [&](void* base, size_t off) { return base ? elem_ptr(base, gt, off) : nullptr; };
     if (moe_.on_device_) be_->moe_expert_matmul_backward(a.dh, dw2, dg, la.h, w2, la.offsets, N * K, E, Hl, C);
-    if (fp8_) expert_amax(l, 1, blocks, la.h, dg, am(1, 0));
+    if (am(1, 0)) expert_amax(l, 1, blocks, la.h, dg, am(1, 0));
     for (size_t i = 0; i < blocks.size(); i++) {
         const ExpertBlock& b = blocks[i];
         if (b.n > 0)
@@ -187,7 +187,7 @@ void GPT::moe_backward(int l, const LayerActs& la, const void* dout, const void*
     be_->swiglu_backward(a.dfch, la.fch, a.dh, moe_expert_rows(la, N), Hl);
     if (input_only) keep(la.g_fc, a.dfch, rows * 2 * Hl);
     if (moe_.on_device_) be_->moe_expert_matmul_backward(dg, dw13, a.dfch, la.xg, w13, la.offsets, N * K, E, C, 2 * Hl);
-    if (fp8_) expert_amax(l, 0, blocks, la.xg, a.dfch, am(0, 0));
+    if (am(0, 0)) expert_amax(l, 0, blocks, la.xg, a.dfch, am(0, 0));
     for (size_t i = 0; i < blocks.size(); i++) {  // the experts' input rows' gradients (dg again: its rows are done)
         const ExpertBlock& b = blocks[i];
         if (b.n > 0)

@@ -19,6 +19,7 @@ std::string Layout::describe() const {
     if (bf16_optimizer) s += ", bf16 Adam state";
     if (fp8) s += fp8_history > 0 ? ", fp8 products (delayed scaling over " + std::to_string(fp8_history) + ")"
                                   : ", fp8 products";
+    if (fp8 && fp8_layers != kLinearLayersAll) s += " on " + linear_layers_names(fp8_layers);
     if (fp8 && !fp8_weight_copies) s += ", no weight copies";
     return s;
 }

@@ -27,6 +27,7 @@ struct Layout {
     bool fp8 = false;             // the blocks' four linear layers on FP8 operands (--fp8 1, docs/fp8.md)
     int fp8_history = 0;          // with fp8: delayed scaling over N steps (--fp8-history)
     bool fp8_weight_copies = true;  // with fp8: the weights' FP8 copies once per step (--fp8-weight-copies)
+    unsigned fp8_layers = kLinearLayersAll;  // with fp8: the linear layers on FP8 operands (--fp8-layers)
     // Context parallel's implementation: ranks per all-to-all group (1: the
     // ring alone; cp: all-to-all alone, --cp-impl a2a; between: --cp-impl
     // hybrid, all-to-all in groups of cp_a2a and a ring over cp/cp_a2a).

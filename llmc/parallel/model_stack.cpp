@@ -45,6 +45,7 @@ void build_stack(Backend& be, const GPTConfig& mc, const Layout& l, const RankGr
     o.fp8 = l.fp8;
     o.fp8_history = l.fp8_history;
     o.fp8_weight_copies = l.fp8_weight_copies;
+    o.fp8_layers = l.fp8_layers;
     o.split_backward = s->pipe->schedule().split();  // zero-bubble: B and W apart
     o.tp = s->tp.get();
     o.cp = s->cp.get();

@@ -119,9 +119,9 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     // where ln1 and ln2 are kept (kept_ln) the norms QKV's and fc's inputs
     // forward (GPT::norm_cast), keeping their transposed copies, which the
     // weight gradients then read instead of x^T's pass.
-    auto norm_cast = [&](int i) { return !backward && kept_ln() && (i == 0 || i == 2); };
+    auto norm_cast = [&](int i) { return !backward && kept_ln(i); };
     auto cast = [&](int i) { return l_.fp8_history > 0 && (i == (backward ? 2 : 3) || norm_cast(i)); };
-    auto kept = [&](int i) { return (i == 3 && kept_h()) || ((i == 0 || i == 2) && kept_ln()); };
+    auto kept = [&](int i) { return (i == 3 && kept_h()) || kept_ln(i); };
     // Delayed scaling's bookkeeping is in a dense product's scales launch
     // (Fp8Delayed); an expert block's is an op per operand measured.
     // A dense layer's weight is measured and quantised once per step (its
@@ -141,15 +141,15 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
     double t = 0;
     for (int i = 0; i < (c_.moe() ? 2 : 4); i++)
         if (layer < 0 || layer == i)
-            t += rate8_ > 0 ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i), cast(i), kept(i))
-                            : product(N, ls[i]);
+            t += fp8_on(i) ? product(N, ls[i], rate8_) + fp8(ls[i], N, measured(i), cast(i), kept(i))
+                           : product(N, ls[i]);
     if (c_.moe()) {  // the experts' blocks, each on FP8 operands of its own under --fp8 1
         const double E = c_.experts, rows = N * c_.top_k / E;
         if (layer < 0) t += product(N, {C, E});
         for (int i = 2; i < 4; i++)
             if (layer < 0 || layer == i)
-                t += E * (rate8_ > 0 ? product(rows, ls[i], rate8_) + fp8(ls[i], rows, false, false, false, true)
-                                     : product(rows, ls[i]));
+                t += E * (fp8_on(i) ? product(rows, ls[i], rate8_) + fp8(ls[i], rows, false, false, false, true)
+                                    : product(rows, ls[i]));
     }
     return t;
 }
@@ -157,12 +157,13 @@ double CostModel::block_gemms(bool backward, int layer, bool weights_only) const
 // (The norm's kernel then writes the residual and the statistics, and the
 // cast reads the row again and writes the output's FP8 copies: one more
 // launch, the output's store traded for that read.)
-bool CostModel::kept_ln() const {
-    return l_.fp8 && l_.fp8_history > 0 && hw_.device != "cpu" && !l_.sp && l_.recompute != Recompute::full;
+bool CostModel::kept_ln(int i) const {
+    return (i == 0 || (i == 2 && !c_.moe())) && fp8_on(i) && l_.fp8_history > 0 && hw_.device != "cpu" && !l_.sp &&
+           l_.recompute != Recompute::full;
 }
 
 bool CostModel::kept_h() const {
-    return l_.fp8 && l_.fp8_history > 0 && hw_.device != "cpu" && !c_.moe() &&
+    return fp8_on(3) && l_.fp8_history > 0 && hw_.device != "cpu" && !c_.moe() &&
            (l_.recompute == Recompute::none || !split());
 }
 
@@ -219,13 +220,13 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     // Delayed scaling on a GPU: the activation's backward of a whole backward
     // writes fc's output gradient only as FP8 bytes (fp8_passes) when fc
     // has no bias (Llama's, Qwen2's) to take its gradient from it.
-    if (l.fp8 && l.fp8_history > 0 && hw_.device != "cpu" && c_.llama() && !c_.moe() && !split()) mem_b -= a_ * N * Wfc;
+    if (fp8_on(2) && l.fp8_history > 0 && hw_.device != "cpu" && c_.llama() && !c_.moe() && !split()) mem_b -= a_ * N * Wfc;
     // ... and its forward writes fcproj's input only as FP8 bytes where it
     // keeps the transposed copy (kept_h); a recompute then writes that copy.
     if (kept_h()) mem_f -= a_ * N * H;
     int kern_f = 5, kern_b = 6;  // LN, residual, LN, activation, residual; their backward and the bias gradients
     if (c_.moe()) kern_f += 4, kern_b += 3;  // routing (and its grouping), dispatch, combine; their backward
-    if (kept_ln()) kern_f += c_.moe() ? 1 : 2;  // the norms' casts (QKV's input; fc's but a Mixtral's)
+    kern_f += kept_ln(0) + kept_ln(2);  // the norms' casts (QKV's input; fc's but a Mixtral's)
     if (standard_) {
         // and QKV's bias, added by its own kernel after the product (a 3-D
         // F.linear in the PyTorch of 2021).
@@ -256,10 +257,21 @@ Cost CostModel::predict(const std::vector<size_t>& stage_params, size_t unit0,
     // backward (the backward reads the forward's input and weight amaxes).
     // A Mixtral's experts: each of their two products' block amaxes in one
     // max of 3E numbers, forward and backward (fp8.cpp's expert_amax).
-    const double f8 = !l.fp8 ? 0 : c_.moe() ? 2 : 4, passes = full ? 2 : 1;
-    const double f8e = l.fp8 && c_.moe() ? 2 * passes + 2 : 0, f8e_bytes = 24.0 * c_.experts;
+    // Only --fp8-layers' layers.
+    double f8 = 0, f8row = 0, f8col = 0, f8e = 0;
+    const double passes = full ? 2 : 1;
+    for (int i = 0; i < 4; i++) {
+        if (!fp8_on(i)) continue;
+        if (c_.moe() && i >= 2) {
+            f8e += passes + 1;
+            continue;
+        }
+        f8 += 1;
+        (i % 2 ? f8row : f8col) += 1;
+    }
+    const double f8e_bytes = 24.0 * c_.experts;
     if (l.tp > 1)
-        blk_tp += (passes * 1.5 * f8 + 0.5 * f8) * all_reduce(8, l.tp, ltp) + f8e * all_reduce(f8e_bytes, l.tp, ltp);
+        blk_tp += (passes * (f8 + f8row) + f8col) * all_reduce(8, l.tp, ltp) + f8e * all_reduce(f8e_bytes, l.tp, ltp);
     // cp, hybrid (--cp-impl hybrid): the all-to-all over a group of n =
     // cp_a2a consecutive ranks and the ring over the cp/n groups; a2a alone
     // is n = cp (no ring), the ring alone n = 1 (no all-to-all).

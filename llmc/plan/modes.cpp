@@ -98,6 +98,10 @@ int plan_main(const ArgParser& parser, const TrainConfig& cfg) {
         b.fp8 = cfg.fp8 != 0;
         b.fp8_history = cfg.fp8 ? cfg.fp8_history : 0;
         b.fp8_weight_copies = cfg.fp8_weight_copies != 0;
+        if (!linear_layers_from_names(cfg.fp8_layers, &b.fp8_layers, &err)) {
+            err = "flag --fp8-layers: " + err;
+            ok = false;
+        }
         // The degrees' product in 64 bits: --tp 65536 --cp 65536 wraps an int to 0.
         const long long degrees = (long long)b.pp * b.tp * b.cp;
         if (cfg.T == 0) note("-t " + std::to_string(b.T) + " (no -t: the model's context" +

@@ -252,17 +252,36 @@ std::string why(const Planned& a, const Planned& b) {
 // so the plan says whether FP8 pays at these shapes: the step, and each of
 // the four linear layers with its operands' amax and quantisation passes
 // against its products in the compute type (where the passes cost more
-// than FP8's rate saves, a layer is slower in FP8).
+// than FP8's rate saves, a layer is slower in FP8). The layers' figures are
+// all four's in FP8 whatever --fp8-layers says; where FP8 pays on another
+// set of them than the plan's, the plan with that set too (--fp8-layers).
 void print_fp8_gain(const GPTConfig& mc, const Planned& p, const PlanRequest& r, const Proto& proto) {
     Layout l = p.l;
     l.fp8 = false, l.fp8_history = 0;
     const Planned q = plan_one(mc, l, r, proto, false);
-    const Cost::Classes &a = p.cost.classes, &b = q.cost.classes;
+    l = p.l;
+    l.fp8_layers = kLinearLayersAll;
+    const Planned all = l.fp8_layers == p.l.fp8_layers ? p : plan_one(mc, l, r, proto, false);
+    const Cost::Classes &a = all.cost.classes, &b = q.cost.classes;
     std::printf("plan fp8: %.3fx the tokens/s of the same plan without --fp8 (step %.2f ms against %.2f); the four "
                 "layers in FP8, their operands' passes included, against the compute type (ms per step): qkv %.2f "
                 "against %.2f, attproj %.2f against %.2f, fc %.2f against %.2f, fcproj %.2f against %.2f\n",
                 p.tokens_per_s / q.tokens_per_s, p.cost.step * 1e3, q.cost.step * 1e3, a.qkv * 1e3, b.qkv * 1e3,
                 a.attproj * 1e3, b.attproj * 1e3, a.fc * 1e3, b.fc * 1e3, a.fcproj * 1e3, b.fcproj * 1e3);
+    const double fa[4] = {a.qkv, a.attproj, a.fc, a.fcproj}, fb[4] = {b.qkv, b.attproj, b.fc, b.fcproj};
+    unsigned pays = 0;
+    for (int i = 0; i < 4; i++)
+        if (fa[i] < fb[i]) pays |= 1u << i;
+    if (pays == p.l.fp8_layers) return;
+    if (pays == 0) {
+        std::printf("plan fp8: FP8 pays on none of the four layers at this plan (leave out --fp8 1)\n");
+        return;
+    }
+    l.fp8_layers = pays;
+    const Planned s = plan_one(mc, l, r, proto, false);
+    std::printf("plan fp8: FP8 pays on %s at this plan: --fp8-layers %s gives %.3fx (step %.2f ms)\n",
+                linear_layers_names(pays).c_str(), linear_layers_names(pays).c_str(), s.tokens_per_s / q.tokens_per_s,
+                s.cost.step * 1e3);
 }
 
 // The textbook figures (docs/design.md sections 4 and 6) beside the

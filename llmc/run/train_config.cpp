@@ -35,6 +35,10 @@ void add_train_options(ArgParser& p, TrainConfig& c) {
     p.add({0, "fp8-weight-copies", O::Int, &c.fp8_weight_copies,
            "with --fp8 1: 1 keeps the four layers' weights as FP8 copies made by a step's first micro-batch for its "
            "others (2 bytes per weight; not under ZeRO-3); 0 quantises each weight in every product", 0, 1});
+    p.add({0, "fp8-layers", O::String, &c.fp8_layers,
+           "with --fp8 1: which of each block's linear layers multiply FP8 operands, a list of qkv, attproj, fc "
+           "and fcproj (a Mixtral's experts: fc and fcproj), or all; the others stay in the compute type "
+           "(--plan eval says which pay)"});
     p.add({0, "matmul-tune", O::Int, &c.matmul_tune,
            "1: after the first step, time several algorithms for each matrix product and keep the fastest, the "
            "same on every rank (kept in -o's matmul_tuning.txt for the next run)", 0, 1, {}, "1"});
@@ -211,6 +215,10 @@ bool layout_from_flags(const TrainConfig& cfg, int world, Layout* lp, std::strin
     l.fp8 = cfg.fp8 != 0;
     l.fp8_history = cfg.fp8_history;
     l.fp8_weight_copies = cfg.fp8_weight_copies != 0;
+    if (!linear_layers_from_names(cfg.fp8_layers, &l.fp8_layers, err)) {
+        *err = "flag --fp8-layers: " + *err;
+        return false;
+    }
     if (!pipe_order_of(cfg.pp_schedule, cfg.vpp, &l.pp_order, err)) return false;
     l.vpp = pipe_chunks_per_stage(l.pp_order, cfg.vpp);  // (zbv: two, in a V)
     if (cfg.fp8_history > 0 && !cfg.fp8) {
@@ -219,6 +227,10 @@ bool layout_from_flags(const TrainConfig& cfg, int world, Layout* lp, std::strin
     }
     if (cfg.fp8_weight_copies == 0 && !cfg.fp8) {
         *err = "flag --fp8-weight-copies: the weights' FP8 copies are for FP8 products (add --fp8 1)";
+        return false;
+    }
+    if (l.fp8_layers != kLinearLayersAll && !cfg.fp8) {
+        *err = "flag --fp8-layers: it picks the layers of the FP8 products (add --fp8 1)";
         return false;
     }
     if (cfg.optimizer_rounding == "stochastic" && !l.bf16_optimizer) {

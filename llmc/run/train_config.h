@@ -36,6 +36,7 @@ struct TrainConfig {
     int fp8 = 0;               // 1: the blocks' four linear layers on FP8 operands (docs/fp8.md)
     int fp8_history = 0;       // with fp8: delayed scaling over this many steps' amaxes (0: current scaling)
     int fp8_weight_copies = 1;  // with fp8: the weights' FP8 copies made once per step (0: in every product)
+    std::string fp8_layers = "all";  // with fp8: which of the four linear layers (qkv, attproj, fc, fcproj)
     int matmul_tune = 0;       // 1: time the matmul algorithms after the first step, keep the fastest
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     std::string optimizer_dtype = "auto";        // Adam's m and v: auto (fp32; fp64 runs fp64) or bf16

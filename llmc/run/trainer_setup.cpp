@@ -200,15 +200,17 @@ void Trainer::setup(const ArgParser& parser) {
         // K and N multiples of 16): every FP8 layer's widths on this rank,
         // and the micro-batch's rows (the weight gradient's K). A Mixtral's
         // experts take any row count (the backend pads K), and their widths
-        // are checked with the MLP's.
+        // are checked with the MLP's. Only --fp8-layers' layers' widths count.
         const int q = cfg.fp8 ? be->fp8() : 1;
+        auto on = [&](int k) { return (lay.fp8_layers >> k & 1u) != 0; };
         std::vector<std::pair<std::string, long long>> dims = {
-            {"C", ps.C}, {"the attention's width on this rank", ps.attn_in}, {"QKV's width on this rank", ps.qkv_out},
-            {"B x T per rank (-b " + std::to_string(lay.B) + ", -t " + std::to_string(lay.T) + ")",
-             (long long)lay.B * lay.T_local()}};
+            {"C", ps.C}, {"B x T per rank (-b " + std::to_string(lay.B) + ", -t " + std::to_string(lay.T) + ")",
+                          (long long)lay.B * lay.T_local()}};
+        if (on(1)) dims.push_back({"the attention's width on this rank", ps.attn_in});
+        if (on(0)) dims.push_back({"QKV's width on this rank", ps.qkv_out});
         const std::string mlp = mc.moe() ? "an expert's" : "the MLP's";
-        dims.push_back({mlp + " hidden width on this rank", ps.fcproj_in});
-        dims.push_back({mlp + " up width on this rank", ps.fc_out});
+        if (on(3)) dims.push_back({mlp + " hidden width on this rank", ps.fcproj_in});
+        if (on(2)) dims.push_back({mlp + " up width on this rank", ps.fc_out});
         for (const auto& d : dims)
             setup_check(q <= 1 || d.second % q == 0,
                         std::string("flag --fp8: the ") + be->name() + " backend's FP8 products need widths that " +

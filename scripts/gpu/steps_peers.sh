@@ -192,7 +192,9 @@ step_qwen() {
 # mode (--matmul-dtype=e4m3) at the 1.5B shape with the qwen step's
 # recipe; then scripts/gpu/fp8_loss.py: 300 steps of the embedded text
 # with and without FP8 (the same recipe), d12's and the 1.5B model's bodies.
-# Figures: fp8_d12_over_bf16, fp8_qwen2.5_1.5b_over_bf16,
+# d12 again with FP8 on fc and fcproj alone (--fp8-layers fc,fcproj: the
+# layers the planner says pay at its width).
+# Figures: fp8_d12_over_bf16, fp8_d12_layers_fc_fcproj_over_bf16, fp8_qwen2.5_1.5b_over_bf16,
 # fp8_qwen2.5_1.5b_over_llmq_fp8 (and the tokens/s behind each),
 # fp8_d12_loss_rel_diff_300, fp8_qwen2.5_1.5b_loss_rel_diff_300.
 # fp8_pair NAME FIG LIMIT ASSUMED MIN STEPS WARMUP WHAT ARGS...: scripts/benchmark.py
@@ -230,6 +232,15 @@ step_fp8() {
         run_prog fp8_lab 60 8 env LAB_CHECK_ONLY=1 dev/cuda/fp8
     bench_data
     fp8_pair d12 d12 100 35 40 30 5 "d12 -b 32 -t 1024 -r 1" -e d12 -i "$data" -j "" -b 32 -t 1024 -r 1 --device cuda
+    # ... and with FP8 on the layers the planner says pay at d12's width
+    # (docs/fp8.md, --fp8-layers), against the same bf16 run (fewer steps:
+    # the loss runs below need the time).
+    local d12=(-e d12 -i "$data" -j "" -b 32 -t 1024 -r 1 --device cuda --fp8 1 "${FP8_ARGS[@]}" --fp8-layers "fc,fcproj")
+    FIGS=d12_fp8_layers_ FIGCMD="scripts/benchmark.py --steps 20 --warmup 5 -- ${d12[*]}" MIN=30 \
+        run_prog d12_fp8_layers 80 25 "$PY" scripts/benchmark.py --steps 20 --warmup 5 -- "${d12[@]}"
+    ratio=$(ratio "$(tokens_per_s "$W/d12_fp8_layers.log")" "$(tokens_per_s "$W/d12_fp8_0.log")")
+    [[ -n $ratio ]] && figure fp8_d12_layers_fc_fcproj_over_bf16 "$ratio" ratio \
+        "d12 -b 32 -t 1024 -r 1: tokens/s with --fp8 1 ${FP8_ARGS[*]} --fp8-layers fc,fcproj over without"
     qwen_tokens
     fp8_pair qwen_1.5b qwen2.5_1.5b 150 70 60 12 2 "Qwen2.5-1.5B shape -b 16 -d 131072" -e "$QWEN_15B" \
         -i "$QWEN_TOKENS" -j "" -b 16 -t 1024 -d 131072 -r 0 --device cuda

@@ -21,7 +21,8 @@
 # without FP8 beside it (equal to a plan of --fp8 0); widths that a backend's FP8
 # products do not take are refused at setup (LLMC_TEST_FP8_ALIGN); delayed
 # scaling (--fp8-history) in the layouts and in checkpoints (a resume, also
-# in another layout); and a
+# in another layout); --fp8-layers (a set of the four layers in FP8) in the
+# layouts, the planner and the memory line; and a
 # run that quantised without the group max (LLMC_TEST_FP8_LOCAL_AMAX=1,
 # each rank's own pieces) differs under tp, so the check can fail. Last
 # line: "N passed, N failed".
@@ -176,6 +177,28 @@ def test_delayed(tmp):
         print(f"  delayed scaling resumed at step 3 ({' '.join(extra)}): losses rel {rel(got, full_l):.2e}")
 
 
+def test_layers(tmp):
+    """--fp8-layers: the layers it leaves out multiply in the compute type,
+    neither measured nor cast (the reference tier checks one process against
+    reference_gpt.py and transformers with the same sets). With a set, every
+    layout still trains as one process (GPT-2 under delayed scaling, whose
+    casts and kept copies are those of the set's layers; a Mixtral's experts'
+    down products alone), and the plan's memory equals the run's (fewer
+    weights' copies)."""
+    hist = ["--fp8-history", "3"]
+    equivalence(check, os.path.join(tmp, "layers"), "fp64",
+                base() + hist + ["--fp8-layers", "attproj,fcproj", "-d", "256"], ["-b", "4", "-d", "256"],
+                [(2, ["-b", "4", "--tp", "2", "--sp", "1"]), (2, ["-b", "4", "--cp", "2"]),
+                 (2, ["-b", "4", "--pp", "2", "--pp-schedule", "zb-h1"]), (4, ["-b", "4", "-z", "3"])], steps=STEPS)
+    equivalence(check, os.path.join(tmp, "layers_mix"), "fp64", base(MIX) + ["--fp8-layers", "qkv,fcproj", "-d", "256"],
+                ["-b", "4", "-d", "256"], [(2, ["-b", "4", "--ep", "2"]), (2, ["-b", "4", "--tp", "2"])], steps=STEPS)
+    for np_, model, extra in [(0, GPT, ["--fp8-layers", "fc"]), (0, GPT, hist + ["-r", "1", "--fp8-layers", "qkv,fcproj"]),
+                              (2, MIX, ["--ep", "2", "--fp8-layers", "attproj,fc"])]:
+        run_b, plan_b, err = plan_memory(np_, base(model) + ["-b", "4", "-d", "256", "-x", "1"] + extra)
+        check(run_b is not None and run_b == plan_b,
+              f"--fp8 1 {' '.join(extra)}: the plan's bytes {plan_b} equal the run's {run_b} {err}")
+
+
 def test_local_amax_differs(tmp):
     """Without the group max (each rank scaling by its own piece) tp differs:
     the layouts' agreement above comes from the max, not by chance."""
@@ -263,24 +286,37 @@ def test_plan_time(tmp):
                  + E * (both(R, C, 2 * F, rate8) + both(R, F, C, rate8)))
         want, got = L * block + both(N, C, V, rate), row["breakdown_ms"]["compute"] / 1e3
         check(abs(got / want - 1) < 1e-9, f"Mixtral FP8: planned {got}, formula {want} (experts in FP8)")
+    # --fp8-layers qkv,fc: attention's projection and the experts' down products at the compute type's rate.
+    row = plan_row(tmp, "w8m_layers", waves, ["-e", f"arch=mixtral,L={L},C={C},NH=2,NKV=1,F={F},E={E},K={K},V={V},"
+                                              f"T={T}"] + flags + ["--fp8-layers", "qkv,fc"], 1)
+    if row:
+        block = (both(N, C, C + 2 * Ckv, rate8) + both(N, C, C, rate) + both(N, C, E, rate)
+                 + E * (both(R, C, 2 * F, rate8) + both(R, F, C, rate)))
+        want, got = L * block + both(N, C, V, rate), row["breakdown_ms"]["compute"] / 1e3
+        check(abs(got / want - 1) < 1e-9, f"Mixtral --fp8-layers qkv,fc: planned {got}, formula {want}")
     # The passes: products free, memory at 1 GB/s; the difference --fp8 makes.
     bw, C = 1e9, 32
     model = ["-e", f"L={L},C={C},NH=4,V={V},Vp={V},T={T}"] + flags
     # m micro-batches a step: a weight is measured and quantised (both ways) in the first alone.
-    # --fp8-weight-copies 0: every micro-batch's.
-    for device, dtype, a, hist, m, copies in (("cuda", "bf16", 2, 0, 1, 1), ("cuda", "bf16", 2, 2, 1, 1),
-                                              ("cpu", "fp32", 4, 0, 1, 1), ("cuda", "bf16", 2, 0, 2, 1),
-                                              ("cuda", "bf16", 2, 0, 2, 0)):
+    # --fp8-weight-copies 0: every micro-batch's. --fp8-layers: those layers' passes alone.
+    names = ("qkv", "attproj", "fc", "fcproj")
+    for device, dtype, a, hist, m, copies, layers in (
+            ("cuda", "bf16", 2, 0, 1, 1, "all"), ("cuda", "bf16", 2, 2, 1, 1, "all"), ("cpu", "fp32", 4, 0, 1, 1, "all"),
+            ("cuda", "bf16", 2, 0, 2, 1, "all"), ("cuda", "bf16", 2, 0, 2, 0, "all"),
+            ("cuda", "bf16", 2, 2, 1, 1, "qkv,fcproj"), ("cuda", "bf16", 2, 2, 2, 1, "attproj,fc")):
         prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": bw, "device": device, "dtype": dtype}
         run = model + ["--dtype", dtype] + (["-d", str(m * B * T)] if m > 1 else [])
         f8 = (["--fp8-history", str(hist)] if hist else []) + ([] if copies else ["--fp8-weight-copies", "0"])
-        rows = [plan_row(tmp, f"passes_{device}_{hist}_{m}_{copies}", prof, run + (f8 if f else []), f)
+        f8 += ["--fp8-layers", layers]
+        rows = [plan_row(tmp, f"passes_{device}_{hist}_{m}_{copies}_{layers}", prof, run + (f8 if f else []), f)
                 for f in (0, 1)]
         if not all(rows):
             continue
         got = (rows[1]["breakdown_ms"]["compute"] - rows[0]["breakdown_ms"]["compute"]) / 1e3 / m
         want = 0
         for k, (i, o) in enumerate(((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C))):
+            if layers != "all" and names[k] not in layers.split(","):
+                continue  # (in the compute type: the same as without --fp8)
             x, w, dy = N * i, o * i / (m if device == "cuda" and copies else 1), N * o
             # The forward reads the input's and the weight's amax, the backward
             # only the output gradient's (the other two are the forward's).
@@ -304,9 +340,9 @@ def test_plan_time(tmp):
                 want -= a * x if hist and k == 3 else 0
         want = L * want / bw
         check(abs(got / want - 1) < 1e-9, f"FP8 passes on {device} (history {hist}, {m} micro-batches, weight "
-              f"copies {copies}): planned {got}, formula {want}")
+              f"copies {copies}, layers {layers}): planned {got}, formula {want}")
         print(f"  planned FP8 operand passes ({device}, {dtype}, history {hist}, {m} micro-batches a step, weight "
-              f"copies {copies}): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
+              f"copies {copies}, layers {layers}): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
     # Delayed scaling on a Llama: besides the two casts' reads (fcproj's input, fc's output gradient),
     # the whole backward leaves fc's output gradient out in bf16 (no fc bias): a·N·2F less per block;
     # fcproj's input kept transposed in FP8: its weight gradient's pass (a + 1)·N·F gone, N·F more
@@ -342,15 +378,21 @@ def test_plan_time(tmp):
         print(f"  planned FP8 split backward's extra (zb-h1, pp 2): {got * 1e6:.3f} us, formula {want * 1e6:.3f} us")
     # The group max: 4 FP8 layers; tp: 6 maxes forward, 2 backward (the column-parallel
     # layers' output gradients); cp: 4 and 4 (the backward's own: the output gradients).
+    # --fp8-layers: tp, each layer's weight and a row-parallel one's input (attproj,
+    # fcproj) forward, a column-parallel one's (qkv, fc) output gradient backward;
+    # cp, each layer's input and output gradient.
     lat = 1e-6
     prof = {"matmul_flops": 1e30, "fp8_matmul_flops": 1e30, "mem_bw": 1e30, "intra_lat": lat, "gpus_per_node": 8}
-    for kind, n_max in (("tp", 8), ("cp", 8)):
+    for kind, layers, n_max in (("tp", "all", 8), ("cp", "all", 8), ("tp", "qkv,attproj", 4), ("tp", "attproj", 2),
+                                ("tp", "fc", 2), ("cp", "fcproj", 2)):
         args = model[:-2] + ["--world", "2", f"--{kind}", "2"]
-        rows = [plan_row(tmp, "max_" + kind, prof, args, f) for f in (0, 1)]
+        rows = [plan_row(tmp, f"max_{kind}_{layers}", prof, args + (["--fp8-layers", layers] if f else []), f)
+                for f in (0, 1)]
         if all(rows):
             got = (rows[1]["breakdown_ms"][kind] - rows[0]["breakdown_ms"][kind]) / 1e3
             want = L * n_max * 2 * lat  # an all-reduce of one number over 2 ranks: 2 latencies
-            check(abs(got / want - 1) < 1e-9, f"FP8 group max under {kind} 2: planned {got}, formula {want}")
+            check(abs(got / want - 1) < 1e-9, f"FP8 group max under {kind} 2 ({layers}): planned {got}, "
+                  f"formula {want}")
     rc, out, err = train(0, ["--plan", "eval", "-e", GPT, "--hardware", "a100", "--fp8", "1"])
     lines = [x for x in err.splitlines() if x.startswith("train_gpt")]
     check(rc != 0 and len(lines) == 1 and "--fp8" in lines[0] and "a100" in lines[0],
@@ -361,7 +403,10 @@ def test_plan_gain(tmp):
     """--plan eval --fp8 1 prints the same plan without FP8 beside it: its
     tokens/s ratio and each linear layer's time with and without equal two
     separate plans (--fp8 1 and --fp8 0, their JSON rows); --fp8 0 prints
-    no such line."""
+    no such line. Where FP8 pays on another set of the layers than the
+    plan's (each layer's time against the compute type's, from the rows), a
+    second line names that set and its ratio, that of a plan with
+    --fp8-layers set (which then prints no such line); on none: "leave out"."""
     prof = {"matmul_flops": 1e12, "fp8_matmul_flops": 2e12, "mem_bw": 2e10, "device": "cuda", "dtype": "bf16",
             "sm_count": 64, "gemm_tile_m": 2, "gemm_tile_n": 4}
     args = ["-e", "L=2,C=32,NH=4,V=97,Vp=97,T=64", "-t", "16", "-b", "64", "-d", "2048", "--world", "1",
@@ -369,10 +414,14 @@ def test_plan_gain(tmp):
     rows = [plan_row(tmp, "gain", prof, args, f) for f in (0, 1)]
     outs = [train(0, ["--plan", "eval"] + args + ["--fp8", str(f), "--hardware", os.path.join(tmp, "gain.json")])[1]
             for f in (0, 1)]
-    line = [x for x in outs[1].splitlines() if x.startswith("plan fp8:")]
+    lines = [x for x in outs[1].splitlines() if x.startswith("plan fp8:")]
+    line = lines[:1]
     check(not any(x.startswith("plan fp8:") for x in outs[0].splitlines()), "--fp8 0 prints no FP8 line")
-    if not (all(rows) and check(len(line) == 1, f"--fp8 1 prints one FP8 line: {outs[1][-400:]!r}")):
+    if not (all(rows) and check(len(lines) == 2, f"--fp8 1 prints the FP8 lines: {outs[1][-400:]!r}")):
         return
+    slower = all(rows[1]["classes_ms"][n] >= rows[0]["classes_ms"][n] for n in ("qkv", "attproj", "fc", "fcproj"))
+    check(slower and "pays on none" in lines[1] and "leave out --fp8 1" in lines[1],
+          f"FP8 slower on every layer: the plan says it pays on none: {lines[1]!r}")
     words = line[0].replace(",", " ").replace("(", " ").replace(")", " ").split()
     ratio = float(words[2].rstrip("x"))
     want = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
@@ -383,6 +432,28 @@ def test_plan_gain(tmp):
         exp = (rows[1]["classes_ms"][name], rows[0]["classes_ms"][name])
         check(all(abs(g - e) < 6e-3 for g, e in zip(got, exp)), f"{name}: printed {got}, the two plans' {exp}")
     print(f"  plan fp8: {ratio}x, the two plans' {want:.4f}")
+    # A faster memory: FP8 pays on some layers (the rows say which), not all.
+    prof["mem_bw"] = 1e11
+    rows = [plan_row(tmp, "gain_bw", prof, args, f) for f in (0, 1)]
+    if not all(rows):
+        return
+    names = ("qkv", "attproj", "fc", "fcproj")
+    pays = ",".join(n for n in names if rows[1]["classes_ms"][n] < rows[0]["classes_ms"][n])
+    out = train(0, ["--plan", "eval"] + args + ["--fp8", "1", "--hardware", os.path.join(tmp, "gain_bw.json")])[1]
+    lines = [x for x in out.splitlines() if x.startswith("plan fp8: FP8 pays on")]
+    if not check(pays and pays.count(",") < 3 and len(lines) == 1 and f"--fp8-layers {pays} gives" in lines[0],
+                 f"FP8 pays on {pays!r} alone: the plan says so: {lines!r}"):
+        return
+    got = float(lines[0].split(" gives ")[1].split("x")[0])
+    row = plan_row(tmp, "gain_bw", prof, args + ["--fp8-layers", pays], 1)
+    out = train(0, ["--plan", "eval"] + args + ["--fp8", "1", "--fp8-layers", pays, "--hardware",
+                                                os.path.join(tmp, "gain_bw.json")])[1]
+    if row:
+        want = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+        check(abs(got - want) < 6e-4, f"--fp8-layers {pays}: printed {got}x, its plan's {want:.4f}")
+        check("FP8 pays on" not in out and f"fp8 products on {pays}" in out,
+              f"the plan of --fp8-layers {pays} says so and suggests nothing more: {out[-400:]!r}")
+        print(f"  plan fp8: FP8 pays on {pays}: {got}x, that plan's {want:.4f}")
 
 
 def test_widths():
@@ -411,6 +482,9 @@ def suite(tmp):
     refusals(check, [(0, GPT, ["--fp8", "2"], "--fp8"), (0, GPT, ["--fp8", "0", "--fp8-history", "3"],
                                                                   "--fp8-history"),
                      (0, GPT, ["--fp8", "0", "--fp8-weight-copies", "0"], "--fp8-weight-copies"),
+                     (0, GPT, ["--fp8", "0", "--fp8-layers", "fc"], "--fp8-layers"),
+                     (0, GPT, ["--fp8", "1", "--fp8-layers", "fc,mlp"], ("--fp8-layers", "'mlp'")),
+                     (0, GPT, ["--fp8", "1", "--fp8-layers", "qkv,qkv"], ("--fp8-layers", "twice")),
                      (0, MIX, ["--fp8", "1", "--sync-free", "1"], ("--sync-free", "--fp8"))],
              lambda model: ["-e", model, "-i", DATA, "-j", "", "-t", "16", "-x", "2", "-s", "0"])
     test_effect_and_resume(tmp)
@@ -421,6 +495,7 @@ def suite(tmp):
     test_layouts(tmp)
     test_experts(tmp)
     test_delayed(tmp)
+    test_layers(tmp)
     test_local_amax_differs(tmp)
 
 

@@ -10,7 +10,7 @@
 # operand, told apart by (layer, linear layer, which), takes the largest
 # amax of its last N steps (its own while none is recorded), records its
 # own into the step's max, and end_step() moves the step's maxes into the
-# histories.
+# histories. --fp8-layers (LAYERS) leaves the other linear layers plain.
 import numpy as np
 import torch
 
@@ -71,3 +71,18 @@ class Fp8Linear(torch.autograd.Function):
         C_in, C_out = xq.shape[-1], gq.shape[-1]
         dw = gq.reshape(-1, C_out).t() @ xq.reshape(-1, C_in)
         return gq @ wq, dw, g.reshape(-1, C_out).sum(0), None
+
+
+NAMES = ("qkv", "attproj", "fc", "fcproj")  # the linear layers' names, key[1] 0-3
+LAYERS = set(range(4))                      # --fp8-layers: those on FP8 operands
+
+
+def set_layers(names):
+    """--fp8-layers: "all" or a list such as "qkv,fc"."""
+    LAYERS.clear()
+    LAYERS.update(range(4) if names == "all" else (NAMES.index(n) for n in names.split(",")))
+
+
+def fp8_linear(x, w, b, key):
+    """x @ w.t() + b, through Fp8Linear where key's linear layer is among LAYERS."""
+    return Fp8Linear.apply(x, w, b, key) if key[1] in LAYERS else x @ w.t() + b

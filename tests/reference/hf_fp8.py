@@ -13,16 +13,17 @@
 #                in the forward call (one micro-batch), then its w2.
 # The router, the embeddings and the head stay in fp64. Instance forwards
 # are replaced, so the parameters keep their names (and file order).
+# --fp8-layers (fp8_reference.LAYERS): the layers it leaves out stay plain.
 import torch
 
-from fp8_reference import Fp8Linear
+from fp8_reference import fp8_linear
 
 
 def fused(x, weights, biases, key):
     """x @ cat(weights).t() + cat(biases) on FP8 operands (one tensor each)."""
     w = torch.cat(weights) if len(weights) > 1 else weights[0]
     b = torch.cat(biases) if biases[0] is not None else torch.zeros(w.shape[0], dtype=w.dtype)
-    return Fp8Linear.apply(x, w, b, key)
+    return fp8_linear(x, w, b, key)
 
 
 def _attention(i, attn):

@@ -26,7 +26,7 @@ import sys
 import numpy as np
 import torch
 
-from fp8_reference import DELAYED, Fp8Linear
+from fp8_reference import DELAYED, fp8_linear, set_layers
 
 MODEL_MAGIC = 20240326
 STATE_MAGIC = 20240327
@@ -309,7 +309,7 @@ USE_FP8 = False
 
 
 def linear(x, w, b, key):
-    return Fp8Linear.apply(x, w, b, key) if USE_FP8 else x @ w.t() + b
+    return fp8_linear(x, w, b, key) if USE_FP8 else x @ w.t() + b
 
 
 def forward(params, cfg, inputs, targets=None, eot=None):
@@ -508,6 +508,8 @@ def build_argparser():
                     help="1: the four linear layers of each block on FP8 operands (docs/fp8.md)")
     ap.add_argument("--fp8-history", type=int, default=0, metavar="N",
                     help="with --fp8 1: delayed scaling by the largest amax of each operand's last N steps")
+    ap.add_argument("--fp8-layers", default="all",
+                    help="with --fp8 1: the linear layers on FP8 operands (qkv, attproj, fc, fcproj, or all)")
     ap.add_argument("--model-version", type=int, choices=(3, 5), default=3)
     ap.add_argument("--write-state", help="write the debug state here")
     ap.add_argument("--document-mask", type=int, default=None, metavar="EOT",
@@ -520,6 +522,7 @@ def main(argv=None):
     global USE_FP8
     USE_FP8 = args.fp8 == 1
     DELAYED.length = args.fp8_history if USE_FP8 else 0
+    set_layers(args.fp8_layers)
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     try:

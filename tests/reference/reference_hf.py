@@ -471,6 +471,8 @@ def main(argv=None):
     ap.add_argument("--document-mask", type=int, metavar="EOT", help="documents end with EOT (1 token in 4)")
     ap.add_argument("--fp8", type=int, choices=(0, 1), default=0,
                     help="1: Llama's, Qwen2's and Mixtral's linear layers on FP8 operands (hf_fp8.py)")
+    ap.add_argument("--fp8-layers", default="all",
+                    help="with --fp8 1: the linear layers on FP8 operands (qkv, attproj, fc, fcproj, or all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     try:
@@ -492,6 +494,8 @@ def main(argv=None):
             if s["arch"] == "gpt2":
                 raise RefError("--fp8 1: GPT-2's FP8 reference is reference_gpt.py --fp8 1")
             import hf_fp8
+            import fp8_reference
+            fp8_reference.set_layers(args.fp8_layers)
             hf_fp8.patch(model)
         T = args.T or s["T"]
         if not 0 < T <= s["T"]:

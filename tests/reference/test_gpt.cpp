@@ -205,6 +205,9 @@ int main(int argc, char** argv) {
     p.add({0, "fp8-history", Option::Int, &fp8_history,
            "with --fp8 1: delayed scaling over N steps, pushed after each step (the reference's --fp8-history)", 0,
            1 << 20});
+    std::string fp8_layers = "all";
+    p.add({0, "fp8-layers", Option::String, &fp8_layers,
+           "with --fp8 1: the linear layers on FP8 operands (the reference's --fp8-layers)"});
     p.add({0, "B", Option::Int, &lB, "rows for --write-logits", 1, 1 << 16});
     p.add({0, "T", Option::Int, &lT, "sequence length for --write-logits", 1, 1 << 20});
     p.add({0, "data-seed", Option::Long, &data_seed, "seed of the --write-logits inputs", 0, 9e18});
@@ -272,6 +275,10 @@ int main(int argc, char** argv) {
     ModelOptions mo(s.B, s.T);
     mo.fp8 = fp8 != 0;
     mo.fp8_history = fp8 ? fp8_history : 0;
+    if (!linear_layers_from_names(fp8_layers, &mo.fp8_layers, &err)) {
+        std::fprintf(stderr, "test_gpt: error: flag --fp8-layers: %s\n", err.c_str());
+        return 1;
+    }
     GPT model(be.get(), c, mo);
     if (!load_weights(model_path, src, model, &err)) {
         std::fprintf(stderr, "test_gpt: error: %s\n", err.c_str());

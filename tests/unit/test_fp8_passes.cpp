@@ -16,7 +16,8 @@
 // against the count written out from the layers' shapes. Measuring the
 // input and the weight again in the backward, or an operand a measuring op
 // wrote in a pass of its own, fails it; that the amaxes read are the right
-// ones is the reference tests' part (test_gpt --fp8 1 against
+// ones is the reference tests' part; --fp8-layers: a layer left out has no
+// FP8 product, and its operands are measured and cast by nothing (test_gpt --fp8 1 against
 // reference_gpt.py and transformers, and every layout against one process
 // in tests/distributed/test_fp8.py).
 // Last line: "N passed, N failed".
@@ -125,17 +126,20 @@ struct Count {
 // N·K rows in E blocks (one per expert: one process, no ep).
 // wts: the dense layers' weights' passes among the forward's (a step's
 // first forward measures them, a recomputed one does not: GPT::fp8_weight).
-void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd, Count* wts) {
+// on: the layers on FP8 operands (--fp8-layers; bit i layer i): the others'
+// operands are measured by nothing.
+void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd, Count* wts, unsigned on = kLinearLayersAll) {
     const size_t N = (size_t)B * T, C = c.channels, HS = c.head_size();
     const size_t qkv = C + 2 * (size_t)c.kv_heads() * HS;
     // QKV: its input measured by ln1 as it writes it, its output gradient a pass.
-    fwd->measured_by_op(N * C).add(qkv * C), bwd->add(N * qkv), wts->add(qkv * C);
+    if (on & 1u) fwd->measured_by_op(N * C).add(qkv * C), bwd->add(N * qkv), wts->add(qkv * C);
     // Attention's projection: its input a pass, its output gradient by ln2's backward.
-    fwd->add(N * C).add(C * C), bwd->measured_by_op(N * C), wts->add(C * C);
+    if (on & 2u) fwd->add(N * C).add(C * C), bwd->measured_by_op(N * C), wts->add(C * C);
     if (c.moe()) {
         const size_t E = c.experts, R = N * c.top_k, F = c.hidden();
         for (size_t IC : {C, F}) {
             const size_t OC = IC == C ? 2 * F : C;
+            if (!(on & (IC == C ? 4u : 8u))) continue;  // (fc names the experts' gate and up, fcproj their down)
             fwd->add(0, E).elems += R * IC;  // the blocks' inputs, E passes over R rows in all
             fwd->add(OC * IC, E);            // each expert's weight
             bwd->add(0, E).elems += R * OC;  // the blocks' output gradients
@@ -146,8 +150,8 @@ void layer_passes(const GPTConfig& c, Count* fwd, Count* bwd, Count* wts) {
     // fcproj: its input by the activation, its output gradient by the next
     // block's ln1 backward (the last block's by lnf's).
     const size_t H = c.hidden(), F = c.llama() ? 2 * H : H;
-    fwd->measured_by_op(N * C).add(F * C), bwd->measured_by_op(N * F), wts->add(F * C);  // fc
-    fwd->add(H * C).measured_by_op(N * H), bwd->measured_by_op(N * C), wts->add(H * C);  // fcproj
+    if (on & 4u) fwd->measured_by_op(N * C).add(F * C), bwd->measured_by_op(N * F), wts->add(F * C);  // fc
+    if (on & 8u) fwd->add(H * C).measured_by_op(N * H), bwd->measured_by_op(N * C), wts->add(H * C);  // fcproj
 }
 
 struct Run {
@@ -156,6 +160,7 @@ struct Run {
     std::vector<CountingBackend::Cast> fwd_casts, bwd_casts, fwd_norm_casts, bwd_norm_casts;
     std::vector<CountingBackend::Grad> grads;  // the weight gradients' products, B's or W's
     std::vector<CountingBackend::Product> products;  // every product, in order
+    std::vector<std::pair<int, int>> fwd_shapes;     // the forward's FP8 products' (IC, OC)
 };
 Count taken(CountingBackend* be) {
     Count c;
@@ -188,8 +193,9 @@ Counted counted_model(const GPTConfig& c, ModelOptions o) {
     return m;
 }
 
-Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
+Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0, unsigned layers = kLinearLayersAll) {
     ModelOptions o(B, T);
+    o.fp8_layers = layers;
     o.recompute = rc;
     o.fp8_history = history;
     o.split_backward = split;
@@ -209,6 +215,8 @@ Run passes(const GPTConfig& c, Recompute rc, bool split, int history = 0) {
     run.fwd_casts = be->casts;
     run.fwd_norm_casts = be->norm_casts;
     run.products = be->products;
+    for (const auto& w : be->weights)
+        if (w.kind == 0) run.fwd_shapes.push_back({w.IC, w.OC});
     run.fwd = taken(be);
     if (split) {
         model.backward_chunk(0, 0, nullptr, true, GPT::BackwardPart::input);
@@ -452,6 +460,51 @@ void check_no_weight_copies(const GPTConfig& c, const char* spec, size_t fwd_cal
     }
 }
 
+// --fp8-layers (ModelOptions::fp8_layers): a layer left out multiplies in
+// the compute type: no FP8 product has its shape, and none of its operands
+// is measured (by a pass or by the op that writes it) or cast; the others'
+// are as with all four (layer_passes). Each layer alone and two pairs,
+// under delayed scaling, whole and split.
+void check_layers(const GPTConfig& c, const char* spec) {
+    const int C = c.channels, H = c.hidden(), F = c.llama() ? 2 * H : H, L = c.num_layers, dense = c.moe() ? 0 : 1;
+    const int Wqkv = C + 2 * c.kv_heads() * c.head_size();
+    const std::pair<int, int> shape[4] = {{C, Wqkv}, {C, C}, {C, F}, {H, C}};
+    for (unsigned m : {1u, 2u, 4u, 8u, 5u, 10u})
+        for (bool split : {false, true}) {
+            Count f, b, wt;
+            for (int l = 0; l < L; l++) layer_passes(c, &f, &b, &wt, m);
+            const Run r = passes(c, Recompute::none, split, kHist, m);
+            const std::string set = linear_layers_names(m);
+            const char* how = split ? "B then W" : "whole";
+            CHECK(r.fwd.calls == f.calls && r.fwd.elems == f.elems && r.fwd.fused == f.fused &&
+                      r.fwd.fused_elems == f.fused_elems && r.bwd.calls == b.calls && r.bwd.elems == b.elems &&
+                      r.bwd.fused == b.fused && r.bwd.fused_elems == b.fused_elems,
+                  "%s --fp8-layers %s %s: amax passes %zu/%zu forward, %zu/%zu backward, in ops %zu/%zu and "
+                  "%zu/%zu (run/want)", spec, set.c_str(), how, r.fwd.calls, f.calls, r.bwd.calls, b.calls,
+                  r.fwd.fused, f.fused, r.bwd.fused, b.fused);
+            int n[4] = {0, 0, 0, 0}, other = 0;
+            for (const auto& s : r.fwd_shapes) {
+                int i = 0;
+                while (i < 4 && s != shape[i]) i++;
+                if (i < 4 && (m >> i & 1u)) n[i]++;
+                else other++;
+            }
+            bool ok = other == 0;
+            for (int i = 0; i < 4; i++) {
+                const bool expert = !dense && i >= 2, on = (m >> i & 1u) != 0;
+                ok &= expert ? (n[i] > 0) == on : n[i] == (on ? L : 0);
+            }
+            const size_t casts_f = (size_t)(dense * L * (m >> 3 & 1u)), casts_b = (size_t)(dense * L * (m >> 2 & 1u));
+            const size_t norm_casts = (size_t)(L * (m & 1u) + dense * L * (m >> 2 & 1u));
+            CHECK(ok && r.fwd_casts.size() == casts_f && r.bwd_casts.size() == casts_b &&
+                      r.fwd_norm_casts.size() == norm_casts,
+                  "%s --fp8-layers %s %s: FP8 products of the layers %d %d %d %d (%d of no layer of the set), the "
+                  "activation's casts %zu forward and %zu backward (want %zu, %zu), the norms' %zu (want %zu)", spec,
+                  set.c_str(), how, n[0], n[1], n[2], n[3], other, r.fwd_casts.size(), r.bwd_casts.size(), casts_f,
+                  casts_b, r.fwd_norm_casts.size(), norm_casts);
+        }
+}
+
 }  // namespace
 
 int main() {
@@ -492,6 +545,7 @@ int main() {
         check_norm_casts(c, spec);
         check_weight_copies(c, spec, f.calls, wt.calls);
         check_no_weight_copies(c, spec, f.calls);
+        check_layers(c, spec);
         std::printf("%-52s forward %zu amax passes (%zu elements) + %zu in ops (%zu), backward %zu (%zu) + %zu "
                     "(%zu)\n",
                     spec, f.calls, f.elems, f.fused, f.fused_elems, b.calls, b.elems, b.fused, b.fused_elems);
