@@ -38,7 +38,7 @@ inline void fp8_delayed(double* amax, double* step_max, const double* hist, int 
     fp8::delayed(amax, step_max, hist, len, record);
 }
 inline void fp8_history_push(double* hist, double* step_max, int slots, int len, const double* figures, bool skip) {
-    const bool push = !skip && !(figures && figures[step_figure::skip] != 0.0);
+    const bool push = fp8::history_pushes(figures, step_figure::skip, skip);
     for (int i = 0; i < slots; i++) fp8::history_push_one(hist + (size_t)i * len, step_max + i, len, push);
 }
 

@@ -170,6 +170,12 @@ FP8_HD double delayed_amax(double amax, double* step_max, const double* hist, in
 FP8_HD void delayed(double* amax, double* step_max, const double* hist, int len, bool record) {
     *amax = delayed_amax(*amax, step_max, hist, len, record);
 }
+// Whether a step's end pushes its maxes: not for a step whose update was
+// skipped, told by the host (skip) or, in a sync-free step, by the step's
+// figures on the device (figures[skip_at] != 0; figures null: none).
+FP8_HD bool history_pushes(const double* figures, int skip_at, bool skip) {
+    return !skip && !(figures && figures[skip_at] != 0.0);
+}
 // One operand at a step's end: with push, its step max becomes the newest
 // of its history [len] (the oldest drops out); the step max restarts at 0.
 FP8_HD void history_push_one(double* hist, double* step_max, int len, bool push) {

@@ -378,17 +378,5 @@ void BpeEncoder::word(const std::string& w, std::vector<int>* ids) const {
 // The tiktoken rule (from_token_bytes): merge the adjacent pair whose
 // concatenation is the token of lowest id, leftmost first, until none is.
 void BpeEncoder::word_by_id_rank(const std::string& w, std::vector<int>* ids) const {
-    std::vector<std::string> parts;
-    for (char c : w) parts.emplace_back(1, c);
-    for (;;) {
-        int best = INT_MAX, at = -1;
-        for (size_t k = 0; k + 1 < parts.size(); k++) {
-            auto it = vocab_.find(parts[k] + parts[k + 1]);
-            if (it != vocab_.end() && it->second < best) best = it->second, at = (int)k;
-        }
-        if (at < 0) break;
-        parts[(size_t)at] += parts[(size_t)at + 1];
-        parts.erase(parts.begin() + at + 1);
-    }
-    for (const std::string& p : parts) ids->push_back(vocab_.at(p));
+    for (const std::string& p : merge_by_id_rank(w, vocab_)) ids->push_back(vocab_.at(p));
 }

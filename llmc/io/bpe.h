@@ -18,6 +18,7 @@
 // pattern) is refused by from_json with the reason, rather than encoded
 // approximately.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -84,3 +85,25 @@ private:
     std::vector<std::pair<std::string, int>> raw_added_, norm_added_;
     std::vector<int> prefix_, suffix_;
 };
+
+// The tiktoken rule, which an llm.c tokenizer's ids follow (a merge's rank
+// is the id of the token it makes): w's bytes merged, each time the
+// adjacent pair whose concatenation is the token of lowest id in ids (a
+// map from a token's bytes to its id; only ids below `below` count), until
+// no pair is one; the parts left. The encoder (BpeEncoder, an llm.c file)
+// and the export of such a tokenizer's merges (tokenizer_export.cpp) both.
+template <class Map>
+std::vector<std::string> merge_by_id_rank(const std::string& w, const Map& ids, int below = INT_MAX) {
+    std::vector<std::string> parts;
+    for (char c : w) parts.emplace_back(1, c);
+    for (;;) {
+        int best = INT_MAX, at = -1;
+        for (size_t k = 0; k + 1 < parts.size(); k++) {
+            auto it = ids.find(parts[k] + parts[k + 1]);
+            if (it != ids.end() && it->second < below && it->second < best) best = it->second, at = (int)k;
+        }
+        if (at < 0) return parts;
+        parts[(size_t)at] += parts[(size_t)at + 1];
+        parts.erase(parts.begin() + at + 1);
+    }
+}

@@ -3,11 +3,11 @@
 #include "llmc/io/tokenizer_export.h"
 
 #include <algorithm>
-#include <climits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "llmc/io/bpe.h"
 #include "llmc/io/pretokenize.h"
 #include "llmc/io/tokenizer.h"
 
@@ -36,18 +36,7 @@ bool tokenizer_json_of(const Tokenizer& tok, std::string* text, std::string* why
         const std::string& t = kv.first;
         const int id = kv.second;
         if (t.size() < 2) continue;
-        std::vector<std::string> parts;
-        for (char c : t) parts.emplace_back(1, c);
-        for (;;) {
-            int best = INT_MAX, at = -1;
-            for (size_t k = 0; k + 1 < parts.size(); k++) {
-                auto it = id_of.find(parts[k] + parts[k + 1]);
-                if (it != id_of.end() && it->second < id && it->second < best) best = it->second, at = (int)k;
-            }
-            if (at < 0) break;
-            parts[(size_t)at] += parts[(size_t)at + 1];
-            parts.erase(parts.begin() + at + 1);
-        }
+        const std::vector<std::string> parts = merge_by_id_rank(t, id_of, id);
         if (parts.size() != 2) {
             *why = "token " + std::to_string(id) + " is not made by one merge of lower tokens (the tiktoken rule leaves " +
                    std::to_string(parts.size()) + " parts)";

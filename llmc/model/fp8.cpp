@@ -152,47 +152,38 @@ void GPT::linear_forward(void* out, const void* in, Param w, const void* bias, i
 
 void GPT::linear_backward(void* dinp, Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC,
                           int OC, bool row, void* amax, bool dout_measured, void* in_t) {
-    if (!fp8_on(w)) {
-        be_->matmul_backward(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
-        return;
-    }
-    fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
-    Fp8Kept k;
-    Fp8Delayed d;
-    Fp8Weight q;
-    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 4u), copies = fp8_weight(&q, w, l, true);
-    be_->matmul_backward_fp8(dinp, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr,
-                             delayed ? &d : nullptr, copies ? &q : nullptr);
+    if (fp8_on(w)) fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    linear_backward_product(dinp, G(w, l), dbias, w, dout, in, l, N, IC, OC, amax, in_t, 4u);
 }
 
+// The output gradient's amax (its group max, delayed scaling's record) as
+// the whole backward takes it, beside the forward's two: W reads all three
+// from the slot and issues no collective.
 void GPT::linear_backward_input(void* dinp, Param w, const void* dout, const void* in, int l, int N, int IC, int OC,
                                 bool row, void* amax, bool dout_measured) {
-    if (!fp8_on(w)) {
-        be_->matmul_backward(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC);
-        return;
-    }
-    // The output gradient's amax (its group max, delayed scaling's record)
-    // as the whole backward takes it, beside the forward's two: W reads all
-    // three from the slot and issues no collective.
-    fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
-    Fp8Delayed d;
-    Fp8Weight q;
-    const bool delayed = fp8_delayed_of(&d, w, l, 4u), copies = fp8_weight(&q, w, l, true);
-    be_->matmul_backward_fp8(dinp, nullptr, nullptr, dout, in, P(w, l), N, IC, OC, amax, nullptr,
-                             delayed ? &d : nullptr, copies ? &q : nullptr);
+    if (fp8_on(w)) fp8_amax(2, dout_measured ? nullptr : dout, prec_.act, (size_t)N * OC, !row, true, amax);
+    linear_backward_product(dinp, nullptr, nullptr, w, dout, in, l, N, IC, OC, amax, nullptr, 4u);
 }
 
+// (B recorded the output gradient's amax, and made the weight's transposed
+// copy, which W does not use.)
 void GPT::linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
                                   const void* amax, void* in_t) {
+    linear_backward_product(nullptr, G(w, l), dbias, w, dout, in, l, N, IC, OC, amax, in_t, 0u);
+}
+
+void GPT::linear_backward_product(void* dinp, void* dw, void* dbias, Param w, const void* dout, const void* in, int l,
+                                  int N, int IC, int OC, const void* amax, void* in_t, unsigned record) {
     if (!fp8_on(w)) {
-        be_->matmul_backward(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC);
+        be_->matmul_backward(dinp, dw, dbias, dout, in, P(w, l), N, IC, OC);
         return;
     }
     Fp8Kept k;
-    Fp8Delayed d;  // (B recorded the output gradient's amax)
-    Fp8Weight q;   // (its amax; B made the transposed copy W does not use)
-    const bool kept = fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, 0u), copies = fp8_weight(&q, w, l, true);
-    be_->matmul_backward_fp8(nullptr, G(w, l), dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr,
+    Fp8Delayed d;
+    Fp8Weight q;
+    const bool kept = dw && fp8_kept(&k, w, l, in_t), delayed = fp8_delayed_of(&d, w, l, record);
+    const bool copies = fp8_weight(&q, w, l, true);
+    be_->matmul_backward_fp8(dinp, dw, dbias, dout, in, P(w, l), N, IC, OC, amax, kept ? &k : nullptr,
                              delayed ? &d : nullptr, copies ? &q : nullptr);
 }
 

@@ -412,6 +412,12 @@ class GPT {
                                bool row, void* amax, bool dout_measured = false);
     void linear_backward_weights(Param w, void* dbias, const void* dout, const void* in, int l, int N, int IC, int OC,
                                  const void* amax, void* in_t = nullptr);
+    // The three's product, once their amaxes are in the slot: dinp and dw
+    // (either null), plain or on FP8 operands with layer l's delayed scaling
+    // (recording `record`), the kept input copy (in_t, for dw) and the
+    // weight's copies.
+    void linear_backward_product(void* dinp, void* dw, void* dbias, Param w, const void* dout, const void* in, int l,
+                                 int N, int IC, int OC, const void* amax, void* in_t, unsigned record);
     // amax[which] (0 input, 1 weight, 2 output gradient) of x (null: already
     // there, measured by the op that wrote it), with the group max.
     void fp8_amax(int which, const void* x, DType t, size_t n, bool tp_split, bool cp_split, void* amax);

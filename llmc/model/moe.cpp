@@ -85,7 +85,7 @@ void GPT::moe_rows_forward(int l, const MoeRows& r, const void* xin, void* out, 
     // The grouped rows are the experts' input here; under ep they leave first.
     be_->moe_dispatch(ep_ ? a.moe_send : r.xg, nullptr, xin, nullptr, nullptr, r.inv, N, K, C);
     const void *w13 = P(Param::moe_fc, l), *w2 = P(Param::moe_proj, l);
-    if (moe_.on_device_) {  // the groups' sizes stay on the device (keep_moe_on_device; not with --fp8)
+    if (moe_.on_device_) {  // the groups' sizes stay on the device (keep_moe_on_device; not with FP8 experts)
         be_->moe_expert_matmul_forward(r.fch, r.xg, w13, r.offsets, N * K, E, C, 2 * Hl);
         activation(r.h, r.fch, N * K);
         be_->moe_expert_matmul_forward(r.yg, r.h, w2, r.offsets, N * K, E, Hl, C);
@@ -297,7 +297,9 @@ void GPT::keep_moe_on_device() {
     if (ep_ || chunks_.size() != 1 || !chunks_[0].embed || !chunks_[0].head)
         throw std::logic_error("keep_moe_on_device: not with expert parallelism or pipeline chunks");
     if (moe_.bias_on_) throw std::logic_error("keep_moe_on_device: before set_moe_bias");
-    if (fp8_) throw std::logic_error("keep_moe_on_device: not with --fp8 (its blocks are sized on the host)");
+    if (fp8_on(Param::fcw) || fp8_on(Param::fcprojw))
+        throw std::logic_error("keep_moe_on_device: not with the experts on FP8 operands (their blocks are sized on "
+                               "the host)");
     const size_t E = cfg_.experts, L = cfg_.num_layers;
     moe_.stats_dev_ = alloc_buffer("scratch", "moe_stats", moe_.count_.size() * 2 * E, DType::F64);
     moe_.loads_dev_ = alloc_buffer("scratch", "moe_loads", L * E, DType::F64);

@@ -110,9 +110,11 @@ void Trainer::setup(const ArgParser& parser) {
                 "flag --sync-free: expert parallelism sizes each block's all-to-all from its row counts on the "
                 "host, which the sync-free step does not read (drop --ep " + std::to_string(lay.ep) +
                     " or --sync-free)");
-    setup_check(!(cfg.sync_free && mc.moe() && cfg.fp8),
+    const bool fp8_experts = cfg.fp8 && (lay.fp8_layers & 0xCu);  // (--fp8-layers: fc and fcproj name the experts')
+    setup_check(!(cfg.sync_free && mc.moe() && fp8_experts),
                 "flag --sync-free: --fp8 1 scales a mixture of experts' products block by block, sized from their row "
-                "counts on the host, which the sync-free step does not read (drop --fp8 1 or --sync-free)");
+                "counts on the host, which the sync-free step does not read (drop --fp8 1, leave fc and fcproj out "
+                "of --fp8-layers, or drop --sync-free)");
     setup_check(!(cfg.sync_free && mc.moe() && lay.pp > 1),
                 "flag --sync-free: a mixture of experts split into pipeline stages sums its routing statistics over "
                 "the stages on the host, which the sync-free step does not read (drop --pp " + std::to_string(lay.pp) +

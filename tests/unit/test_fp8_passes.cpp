@@ -45,9 +45,7 @@ class CountingBackend : public BackendWrapper {
     void activation_amax(bool swiglu, void* out, const void* a, const void* dout, int N, int H, void* amax,
                          const Fp8Cast* cast) override {
         if (amax) fused++, fused_elems += (size_t)N * H * (swiglu && dout ? 2 : 1);  // (null: a recompute's cast)
-        if (cast)
-            casts.push_back({dout != nullptr, cast->transposed, cast->keep, slot(cast->history), cast->len, cast->kept,
-                             cast->plain, amax != nullptr});
+        if (cast) casts.push_back(record(*cast, dout != nullptr, amax != nullptr));
         BackendWrapper::activation_amax(swiglu, out, a, dout, N, H, amax, cast);
     }
     void matmul_forward_fp8(void* out, const void* inp, const void* weight, const void* bias, int N, int IC, int OC,
@@ -67,9 +65,7 @@ class CountingBackend : public BackendWrapper {
     void norm_amax(bool rms, void* residual, void* out, void* mean, void* rstd, const void* a, const void* b,
                    const void* w, const void* bias, int N, int C, double eps, void* amax, const Fp8Cast* cast) override {
         fused++, fused_elems += (size_t)N * C;
-        if (cast)
-            norm_casts.push_back({false, cast->transposed, cast->keep, slot(cast->history), cast->len, cast->kept,
-                                  cast->plain, amax != nullptr});
+        if (cast) norm_casts.push_back(record(*cast, false, amax != nullptr));
         BackendWrapper::norm_amax(rms, residual, out, mean, rstd, a, b, w, bias, N, C, eps, amax, cast);
     }
     void norm_backward_amax(bool rms, void* dinp, void* dw, void* db, const void* dout, const void* inp, const void* w,
@@ -92,6 +88,9 @@ class CountingBackend : public BackendWrapper {
         void* kept;
         bool plain, measured;
     };
+    static Cast record(const Fp8Cast& c, bool backward, bool measured) {
+        return {backward, c.transposed, c.keep, slot(c.history), c.len, c.kept, c.plain, measured};
+    }
     std::vector<Cast> casts;       // the activation's casts asked for (delayed scaling)
     std::vector<Cast> norm_casts;  // the norms' (QKV's and fc's inputs)
     struct Grad {  // a weight gradient's product

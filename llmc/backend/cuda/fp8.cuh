@@ -79,7 +79,7 @@ __global__ void fp8_history_push_kernel(double* hist, double* step_max, int slot
                                         bool skip) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= slots) return;
-    const bool push = !skip && !(figures && figures[step_figure::skip] != 0.0);
+    const bool push = fp8::history_pushes(figures, step_figure::skip, skip);
     fp8::history_push_one(hist + (size_t)i * len, step_max + i, len, push);
 }
 
