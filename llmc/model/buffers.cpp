@@ -586,14 +586,16 @@ Workspace GPT::workspace() const {
     w.head_size = cfg_.head_size();
     w.runs = (int)table_.entries.size();
     w.run_elems = table_.total;
-    if (fp8_) {  // the four layers' inputs, output gradients and weights (fp8.cpp)
+    if (fp8_) {  // the FP8 layers' inputs, output gradients and weights (fp8.cpp; --fp8-layers' alone)
         const size_t N = (size_t)B_ * T_, C = cfg_.channels, Cl = table_.heads * cfg_.head_size(), Hl = table_.hidden;
-        const size_t Wq = qkv_width(), Fl = fch_width();
+        const size_t in[4] = {C, Cl, C, Hl}, out[4] = {qkv_width(), C, fch_width(), C};
         // Rows padded to a multiple of 16 (the weight gradient's K, cuda/fp8.cuh);
         // a Mixtral's expert blocks: up to all R rows in one.
         const size_t Np = (N + 15) / 16 * 16, Rp = ((size_t)mlp_rows((int)N) + 15) / 16 * 16;
-        w.fp8_elems = std::max({Np * std::max({C, Cl, Hl, Wq, Fl}), Wq * C, C * Cl, Fl * C, C * Hl});
-        if (cfg_.moe()) w.fp8_elems = std::max(w.fp8_elems, Rp * std::max(C, Fl));
+        for (int k = 0; k < 4; k++) {
+            const size_t rows = cfg_.moe() && k >= 2 ? Rp : Np;
+            if (fp8_layers_ >> k & 1u) w.fp8_elems = std::max({w.fp8_elems, rows * in[k], rows * out[k], in[k] * out[k]});
+        }
     }
     return w;
 }

@@ -9,13 +9,18 @@
 // the optimizer step), a validation forward and a sampled row; the probe
 // computes, for every call, what the CUDA backend would ask of each buffer
 // (the formulas of llmc/backend/cuda/workspace.h and kernel_index.h, the ones
-// backend_cuda.cu uses) and checks it against what the reservation holds.
+// backend_cuda.cu uses) and checks it against what the reservation holds;
+// with --fp8 1, each FP8 product's and cast's operand buffers (fp8k's
+// forward_elems, backward_elems, the casts' copies) against fp8_elems, for
+// all four layers and for a set of them (--fp8-layers), a Mixtral's expert
+// blocks too.
 // Last line: "N passed, N failed".
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "llmc/backend/backend_measure.h"
+#include "llmc/backend/cuda/fp8_kernels.h"
 #include "llmc/backend/cuda/kernel_index.h"
 #include "llmc/backend/cuda/workspace.h"
 #include "llmc/model/config.h"
@@ -61,6 +66,24 @@ class Probe : public MeasureBackend {
                                   const void*, const AttnShape& s) override {
         scratch("attention_block_backward", attn_bwd_scratch_bytes((size_t)s.B * s.NH * s.Tq));
     }
+    void matmul_forward_fp8(void*, const void*, const void*, const void*, int N, int IC, int OC, const void*,
+                            const Fp8Delayed*, const Fp8Weight*) override {
+        fp8_check("matmul_forward_fp8", fp8k::forward_elems(N, IC, OC));
+    }
+    void matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int N, int IC, int OC,
+                             const void*, const Fp8Kept*, const Fp8Delayed*, const Fp8Weight*) override {
+        fp8_check("matmul_backward_fp8", fp8k::backward_elems(N, IC, OC));
+    }
+    // A cast's copies (cuda/fp8.cuh cast_op): N rows of the op's columns, transposed ld x cols.
+    void activation_amax(bool swiglu, void*, const void*, const void* dout, int N, int H, void*,
+                         const Fp8Cast* cast) override {
+        const int halves = swiglu && dout ? 2 : 1;
+        if (cast) fp8_cast("activation_amax", N, halves * H, halves, dout ? cast->transposed : cast->kept != nullptr);
+    }
+    void norm_amax(bool, void*, void*, void*, void*, const void*, const void*, const void*, const void*, int N, int C,
+                   double, void*, const Fp8Cast* cast) override {
+        if (cast) fp8_cast("norm_amax", N, C, 1, cast->kept != nullptr);
+    }
     double sum_squares(const void*, DType, size_t n) override {
         scratch("sum_squares", sum_squares_scratch_bytes(n));
         return 0;
@@ -85,6 +108,11 @@ class Probe : public MeasureBackend {
     }
 
   private:
+    void fp8_check(const char* what, size_t elems) { check(what, elems <= w.fp8_elems); }
+    void fp8_cast(const char* what, int N, int cols, int halves, bool transposed) {
+        const fp8k::QuantizeGrid g = fp8k::quantize_grid(N, cols / halves, transposed);
+        fp8_check(what, transposed ? (size_t)g.ld * cols : (size_t)N * cols);
+    }
     void scratch(const char* what, size_t bytes) {
         check(what, bytes <= scratch_bytes(w));
     }
@@ -99,6 +127,8 @@ struct Case {
     const char* model;
     int world, pp, vpp, tp, cp, sp, zero, B, T;
     Recompute rc;
+    int fp8_history = -1;                  // >= 0: --fp8 1 with this history
+    unsigned fp8_layers = kLinearLayersAll;  // --fp8-layers
 };
 
 // Every rank of the layout, its groups as the grid would make them (llmc/parallel/process_grid.h).
@@ -112,6 +142,7 @@ void run_case(const Case& c) {
     Layout l;
     l.world = c.world, l.pp = c.pp, l.vpp = c.vpp, l.tp = c.tp, l.cp = c.cp, l.sp = c.sp, l.zero = c.zero;
     l.B = c.B, l.T = c.T, l.recompute = c.rc;
+    l.fp8 = c.fp8_history >= 0, l.fp8_history = std::max(0, c.fp8_history), l.fp8_layers = c.fp8_layers;
     l.total_batch = (long long)c.B * c.T * l.dp() * c.pp * 2;  // 2·pp micro-batches
     if (!check_layout(&l, mc, &err)) {
         CHECK(false, "layout %s: %s", l.describe().c_str(), err.c_str());
@@ -154,6 +185,7 @@ void run_case(const Case& c) {
 int main() {
     const char* gpt = "L=4,C=64,NH=4,V=257,T=64";
     const char* llama = "arch=llama,L=4,C=64,NH=4,NKV=2,F=96,V=257,T=64";
+    const char* mixtral = "arch=mixtral,L=2,C=64,NH=4,NKV=2,F=96,E=4,K=2,V=257,T=64";
     const Recompute none = Recompute::none;
     const Case cases[] = {
         {gpt, 1, 1, 1, 1, 1, 0, 0, 4, 64, none},
@@ -172,6 +204,18 @@ int main() {
         {llama, 4, 1, 1, 2, 1, 0, 1, 4, 64, none},
         {llama, 4, 1, 1, 1, 2, 0, 3, 2, 64, none},
         {llama, 4, 2, 1, 2, 1, 1, 0, 2, 64, Recompute::full},
+        // --fp8 1: every FP8 operand within fp8_elems, the four layers or a
+        // set (whose reservation is the set's widths alone).
+        {gpt, 1, 1, 1, 1, 1, 0, 0, 4, 64, none, 0},
+        {gpt, 1, 1, 1, 1, 1, 0, 0, 4, 64, Recompute::gelu, 2},
+        {gpt, 1, 1, 1, 1, 1, 0, 0, 4, 64, none, 2, 0x3u},
+        {gpt, 1, 1, 1, 1, 1, 0, 0, 4, 64, none, 2, 0x8u},
+        {gpt, 2, 1, 1, 2, 1, 0, 0, 4, 64, none, 2, 0x4u},
+        {llama, 2, 2, 1, 1, 1, 0, 0, 2, 64, none, 2},
+        {llama, 1, 1, 1, 1, 1, 0, 0, 4, 64, none, 0, 0x9u},
+        {mixtral, 1, 1, 1, 1, 1, 0, 0, 4, 64, none, 0},
+        {mixtral, 1, 1, 1, 1, 1, 0, 0, 4, 64, none, 2, 0x3u},
+        {mixtral, 1, 1, 1, 1, 1, 0, 0, 4, 64, none, 0, 0x8u},
     };
     for (const Case& c : cases) run_case(c);
     // The probe sees a reservation that is too small: one of half the rows.
