@@ -275,10 +275,8 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
                         const size_t i = (size_t)l * 4 + k, bytes = (IC[k] * OC[k] + 255) / 256 * 256;
                         fp8_woff_[i] = off, fp8_wsize_[i] = bytes, off += 2 * bytes;
                     }
-            if (off > 0) {
-                a.fp8_wq = alloc_buffer(S, "fp8_weights", off / 4, DType::I32);
-                a.fp8_wamax = alloc_buffer(S, "fp8_weight_amax", L * 4, DType::F64);
-            }
+            if (off > 0) a.fp8_wq = alloc_buffer(S, "fp8_weights", off / 4, DType::I32);  // (none: no FP8 layer here)
+            if (off > 0) a.fp8_wamax = alloc_buffer(S, "fp8_weight_amax", L * 4, DType::F64);
         }
         if (fp8_len_ > 0) {
             const size_t slots = (size_t)fp8_slots();
