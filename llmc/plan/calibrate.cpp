@@ -83,6 +83,15 @@ bool calibrate(Backend& be, ProcessGrid& grid, const GPTConfig& mc, int B, int T
     Rng rng(7);
     Buffers buf(be);
     const double ab = (double)dtype_size(a);
+    // These ops run outside a model stack: their scratch (CUDA's partial
+    // sums and FP8 operands, which a stack reserves when it is built, and
+    // without which an FP8 product refuses to run) reserved here at their
+    // largest shapes, as GPT::workspace would.
+    Workspace ws;
+    ws.rows = N, ws.seq = T, ws.channels = C, ws.bias_width = H;
+    ws.attn_rows = (size_t)B * NH * T, ws.head_size = HS;
+    ws.fp8_elems = std::max(((size_t)N + 15) / 16 * 16 * H, (size_t)H * C);  // (rows padded to 16: cuda/fp8.cuh)
+    be.reserve_workspace(ws);
 
     // The block's four matrix products, forward and backward (3 x 24·N·C² FLOPs).
     void* x = buf.make((size_t)N * H, a, rng);

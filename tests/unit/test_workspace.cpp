@@ -13,7 +13,8 @@
 // with --fp8 1, each FP8 product's and cast's operand buffers (fp8k's
 // forward_elems, backward_elems, the casts' copies) against fp8_elems, for
 // all four layers and for a set of them (--fp8-layers), a Mixtral's expert
-// blocks too.
+// blocks too. --calibrate, whose ops run outside a stack, reserves what
+// they need before the first (its FP8 products refuse to run without).
 // Last line: "N passed, N failed".
 #include <cstdio>
 #include <string>
@@ -23,8 +24,10 @@
 #include "llmc/backend/cuda/fp8_kernels.h"
 #include "llmc/backend/cuda/kernel_index.h"
 #include "llmc/backend/cuda/workspace.h"
+#include "llmc/comm/comm_local.h"
 #include "llmc/model/config.h"
 #include "llmc/parallel/model_stack.h"
+#include "llmc/plan/calibrate.h"
 #include "tests/lib/check.h"
 
 using namespace llmc_idx;
@@ -248,6 +251,21 @@ int main() {
             },
             4, 64, 1.0 / 256);
         CHECK(!be.over.empty(), "a reservation of half the rows is found too small (%zu calls past it)", be.over.size());
+    }
+    // --calibrate's ops (llmc/plan/calibrate.cpp), FP8 products included, within the reservation it makes.
+    {
+        Probe be;
+        GPTConfig mc;
+        std::string err;
+        parse_model_spec(gpt, &mc, &err);
+        ProcessGrid grid;
+        grid.world = std::make_unique<LocalComm>("world", be);
+        Hardware hw;
+        calibrate(be, grid, mc, 4, 64, "probe", &hw, &err);
+        std::string what;
+        for (const std::string& x : be.over) what += (what.empty() ? "" : ", ") + x;
+        CHECK(be.reserved && be.over.empty() && be.calls > 0, "--calibrate: %d calls; past its reservation: %s",
+              be.calls, what.empty() ? "none" : what.c_str());
     }
     // scratch_bytes covers each op at the workspace's shapes, and a larger
     // call of the op that sizes it does not fit.
