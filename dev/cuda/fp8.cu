@@ -122,8 +122,7 @@ static void check_products(int N, int IC, int OC, double tol) {
     double* d_am = lab::dev_alloc<double>(3);
     CUDA_CHECK(cudaMemcpy(d_am, am, sizeof am, cudaMemcpyHostToDevice));
     Fp8Ops ops;
-    const size_t Np = (size_t)fp8k::padded_k(N);  // the weight gradient's K, padded with zeros
-    ops.reserve(std::max({Np * IC, (size_t)OC * IC, Np * OC}), 0);
+    ops.reserve(fp8k::product_sizes(N, IC, OC), 0);
     const bool fp32 = std::is_same<E, float>::value;
     ops.forward(fp32, d_y, d_x, d_w, d_b, N, IC, OC, d_am);
     ops.backward(fp32, d_dx, d_dw, nullptr, d_dy, d_x, d_w, N, IC, OC, d_am, nullptr);
@@ -172,7 +171,7 @@ static void check_activation_amax(int N, int H, bool timing) {
     E *da = lab::to_device<E>(a), *dd = lab::to_device<E>(d), *o1 = lab::dev_alloc<E>(a.size()), *o2 = lab::dev_alloc<E>(a.size());
     double* am = lab::dev_alloc<double>(1);
     Fp8Ops ops;
-    ops.reserve(1, 0);
+    ops.reserve(fp8k::forward_sizes(1, 1, 1), 0);  // (the amax bits alone)
     const bool fp32 = std::is_same<E, float>::value;
     for (int k = 0; k < 4; k++) {
         const bool swiglu = k >= 2, back = k % 2 == 1;
@@ -222,7 +221,7 @@ static void check_activation_cast(int N, int H, int C, bool timing) {
     double *am = lab::dev_alloc<double>(1), *hist = lab::dev_alloc<double>(2), *amax3 = lab::dev_alloc<double>(3);
     uint8_t* xt = lab::dev_alloc<uint8_t>((size_t)fp8k::padded_k(N) * H);  // fcproj's input kept transposed
     Fp8Ops ops;
-    ops.reserve(fp8k::backward_elems(N, C, 2 * H) + fp8k::forward_elems(N, 2 * H, C), 0);
+    ops.reserve(fp8k::product_sizes(N, C, 2 * H).cover(fp8k::product_sizes(N, 2 * H, C)), 0);
     // forward: cast as it is, keeping x^T too, a recompute's x^T alone;
     // backward: whole, B alone, whole with nothing kept
     for (int k = 0; k < 4; k++)
@@ -309,7 +308,7 @@ static void check_norm_amax(int N, int C, bool timing) {
                                                     norm_backward_scratch_floats(false, N, C)));
     double* am = lab::dev_alloc<double>(1);
     Fp8Ops ops;
-    ops.reserve(1, 0);
+    ops.reserve(fp8k::forward_sizes(1, 1, 1), 0);  // (the amax bits alone)
     for (int k = 0; k < 6; k++) {  // LayerNorm, RMSNorm x (plain, after the residual add, backward)
         const bool rms = k >= 3, res = k % 3 == 1, back = k % 3 == 2;
         auto run = [&](E* out, E* resid, unsigned* bits) {
@@ -368,7 +367,7 @@ static void check_norm_cast(int N, int C, int OC, bool timing) {
           *s2 = lab::dev_alloc<float>(N);
     double *am = lab::dev_alloc<double>(1), *hist = lab::dev_alloc<double>(2), *amax3 = lab::dev_alloc<double>(3);
     Fp8Ops ops;
-    ops.reserve(fp8k::backward_elems(N, C, OC), 0);
+    ops.reserve(fp8k::product_sizes(N, C, OC), 0);
     for (int k = 0; k < 4; k++)  // LayerNorm, RMSNorm x (of the input, after the residual add)
         for (int holds = 0; holds < 2; holds++) {
             const bool rms = k >= 2, res = k % 2 == 1;
@@ -447,7 +446,7 @@ static void time_shape(int N, int IC, int OC) {
     const double h[3] = {4.0, 0.1, 5e-3};
     CUDA_CHECK(cudaMemcpy(am, h, sizeof h, cudaMemcpyHostToDevice));
     Fp8Ops ops;
-    ops.reserve(std::max({(size_t)N * IC, (size_t)OC * IC, (size_t)N * OC}), 0);
+    ops.reserve(fp8k::product_sizes(N, IC, OC), 0);
     MatmulContext mm;
     mm.init(0);
     float* scratch = lab::dev_alloc<float>(matmul_backward_scratch_floats(N, OC));

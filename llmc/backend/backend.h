@@ -99,7 +99,9 @@ struct Workspace {
     int head_size = 0;     // head size of those attentions (C / NH)
     int runs = 0;          // most runs of one adamw_update_multi or sum_squares_multi
     size_t run_elems = 0;  // most elements of all the runs of one sum_squares_multi
-    size_t fp8_elems = 0;  // --fp8: most elements of one FP8 product's operand (0: none)
+    // --fp8: the most bytes each FP8 operand buffer takes (the input, weight and output gradient, then
+    // their transposes: cuda/fp8_kernels.h Scratch::Sizes; 0: none)
+    size_t fp8_elems[6] = {};
 };
 
 class Backend {

@@ -587,12 +587,13 @@ Workspace GPT::workspace() const {
     if (fp8_) {  // the FP8 layers' inputs, output gradients and weights (fp8.cpp; --fp8-layers' alone)
         const size_t N = (size_t)B_ * T_, C = cfg_.channels, Cl = table_.heads * cfg_.head_size(), Hl = table_.hidden;
         const size_t in[4] = {C, Cl, C, Hl}, out[4] = {qkv_width(), C, fch_width(), C};
-        // Rows padded to a multiple of 16 (the weight gradient's K, cuda/fp8.cuh);
-        // a Mixtral's expert blocks: up to all R rows in one.
-        const size_t Np = (N + 15) / 16 * 16, Rp = ((size_t)mlp_rows((int)N) + 15) / 16 * 16;
+        // x, W, dy, then x^T, W^T, dy^T, their K padded to a multiple of 16 (cuda/fp8_kernels.h);
+        // a Mixtral's expert blocks: up to all its N·K rows in one.
         for (int k = 0; k < 4; k++) {
-            const size_t rows = cfg_.moe() && k >= 2 ? Rp : Np;
-            if (fp8_layers_ >> k & 1u) w.fp8_elems = std::max({w.fp8_elems, rows * in[k], rows * out[k], in[k] * out[k]});
+            const size_t r = cfg_.moe() && k >= 2 ? mlp_rows((int)N) : N, rp = (r + 15) / 16 * 16;
+            const size_t op = (out[k] + 15) / 16 * 16;
+            const size_t z[6] = {r * in[k], in[k] * out[k], r * out[k], rp * in[k], in[k] * op, rp * out[k]};
+            for (int i = 0; i < 6 && (fp8_layers_ >> k & 1u); i++) w.fp8_elems[i] = std::max(w.fp8_elems[i], z[i]);
         }
     }
     return w;

@@ -90,7 +90,7 @@ bool calibrate(Backend& be, ProcessGrid& grid, const GPTConfig& mc, int B, int T
     Workspace ws;
     ws.rows = N, ws.seq = T, ws.channels = C, ws.bias_width = H;
     ws.attn_rows = (size_t)B * NH * T, ws.head_size = HS;
-    ws.fp8_elems = std::max(((size_t)N + 15) / 16 * 16 * H, (size_t)H * C);  // (rows padded to 16: cuda/fp8.cuh)
+    for (size_t& e : ws.fp8_elems) e = std::max(((size_t)N + 15) / 16 * 16 * H, (size_t)H * C);  // (K padded to 16)
     be.reserve_workspace(ws);
 
     // The block's four matrix products, forward and backward (3 x 24·N·C² FLOPs).

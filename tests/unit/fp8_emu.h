@@ -105,7 +105,7 @@ constexpr size_t kGuard = 64;
 template <class E>
 struct EmuExec {
     fp8k::Scratch s;
-    size_t elems;  // what each buffer of s holds
+    fp8k::Scratch::Sizes z;  // what each buffer of s holds
     std::string* err;
     const uint8_t* kept = nullptr;  // a kept copy's buffer (Fp8Kept) and its bytes
     size_t kept_bytes = 0;
@@ -114,8 +114,10 @@ struct EmuExec {
     bool inside(const uint8_t* p, size_t n) const {
         if (kept && p == kept) return n <= kept_bytes;
         if (wq && (p == wq || p == wqt)) return n <= wq_bytes;
-        for (const uint8_t* b : {s.x, s.w, s.dy, s.xt, s.wt, s.dyt})
-            if (p == b) return n <= elems;
+        const std::pair<const uint8_t*, size_t> bufs[6] = {{s.x, z.x},   {s.w, z.w},   {s.dy, z.dy},
+                                                           {s.xt, z.xt}, {s.wt, z.wt}, {s.dyt, z.dyt}};
+        for (const auto& b : bufs)
+            if (p == b.first) return n <= b.second;
         return false;
     }
     void fail(const std::string& what) {

@@ -9,7 +9,7 @@
 // transcription of cuBLASLt's FP8 "TN" contract (C[M, N] = A[M, K] ·
 // B[N, K]^T, both K-contiguous, K and N multiples of 16, the descales
 // multiplied in), which also checks that every operand sits inside its
-// scratch buffer as sized by fp8k::forward_elems / backward_elems.
+// scratch buffer as sized by fp8k::forward_sizes / backward_sizes.
 //
 // Checked against independent truths:
 //   - amax: the max of |x| over the data (NaN wins), on the kernel's own
@@ -174,9 +174,9 @@ void test_product(Backend& cpu_be, int N, int IC, int OC, bool saturate, double 
     const double amax[3] = {448.0 / (saturate ? 256 : 16), 448.0 / 64, 57344.0 / 65536};
     const char* tn = sizeof(E) == 8 ? "fp64" : "fp32";
 
-    auto run_emu = [&](const char* what, size_t elems, auto op, std::string& err) {
-        std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary);
-        EmuExec<E> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};
+    auto run_emu = [&](const char* what, const fp8k::Scratch::Sizes& z, auto op, std::string& err) {
+        std::vector<uint8_t> buf(fp8k::Scratch::bytes(z), kCanary);
+        EmuExec<E> ex{fp8k::Scratch::carve(buf.data(), z), z, &err};
         op(ex);
         if (!err.empty()) std::printf("  (%s %dx%dx%d: %s)\n", what, N, IC, OC, err.c_str());
     };
@@ -185,7 +185,7 @@ void test_product(Backend& cpu_be, int N, int IC, int OC, bool saturate, double 
         std::vector<E> out_emu((size_t)N * OC), out_cpu((size_t)N * OC);
         const E* b = with_bias ? bias.data() : nullptr;
         std::string err;
-        run_emu("forward", fp8k::forward_elems(N, IC, OC), [&](EmuExec<E>& ex) {
+        run_emu("forward", fp8k::forward_sizes(N, IC, OC), [&](EmuExec<E>& ex) {
             fp8k::forward(ex, ex.s, out_emu.data(), x.data(), w.data(), b, N, IC, OC, amax);
         }, err);
         cpu_be.matmul_forward_fp8(out_cpu.data(), x.data(), w.data(), b, N, IC, OC, amax);
@@ -199,7 +199,7 @@ void test_product(Backend& cpu_be, int N, int IC, int OC, bool saturate, double 
         std::vector<E> dx_emu((size_t)N * IC, (E)7), dx_cpu((size_t)N * IC, (E)7);
         std::vector<E> dw_emu = dw0, dw_cpu = dw0;
         std::string err;
-        run_emu("backward", fp8k::backward_elems(N, IC, OC), [&](EmuExec<E>& ex) {
+        run_emu("backward", fp8k::backward_sizes(N, IC, OC), [&](EmuExec<E>& ex) {
             fp8k::backward(ex, ex.s, want_dx ? dx_emu.data() : nullptr, want_dw ? dw_emu.data() : nullptr, dy.data(),
                            x.data(), w.data(), N, IC, OC, amax);
         }, err);
@@ -231,7 +231,7 @@ void test_delayed_products(Backend& cpu_be) {
         const unsigned record = back ? 4u : 3u;
         const Fp8Delayed de{step_emu, &hist[0][0], 2, record};
         const Fp8Delayed dc{step_cpu, &hist[0][0], 2, record};
-        const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+        const fp8k::Scratch::Sizes elems = fp8k::product_sizes(N, IC, OC);
         std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary);
         std::string err;
         EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};
@@ -363,7 +363,7 @@ void test_cast_products() {
                 const double own = cpu::amax(operand.data(), operand.size()) * 2;  // the op's output is up to 2x
                 const double hist[2] = {holds ? own : 0, 0};
                 double amax[3] = {cpu::amax(x.data(), x.size()), cpu::amax(w.data(), w.size()), 0};
-                const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+                const fp8k::Scratch::Sizes elems = fp8k::product_sizes(N, IC, OC);
                 std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
                 EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};
                 EmuExec<double> plain_ex{fp8k::Scratch::carve(buf2.data(), elems), elems, &err};
@@ -433,7 +433,7 @@ void kept_input_case(const char* name, int N, int IC, int OC, const Operands& op
                 const double hist[2] = {holds ? own * 1.5 : 0, 0};
                 double amax[3] = {holds ? own * 1.5 : own, cpu::amax(w.data(), w.size()),
                                   cpu::amax(dy.data(), dy.size())};
-                const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+                const fp8k::Scratch::Sizes elems = fp8k::product_sizes(N, IC, OC);
                 std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
                 std::vector<uint8_t> kept((size_t)IC * ld + 2 * kGuard, kCanary);
                 std::vector<double> x((size_t)N * IC, NAN);  // the op's output where it is stored
@@ -540,7 +540,7 @@ void test_weight_copies() {
     const double wamax = cpu::amax(ops.w.data(), ops.w.size());
     const double amax[3] = {cpu::amax(ops.x.data(), ops.x.size()), wamax, cpu::amax(ops.dy.data(), ops.dy.size())};
     const double slot[3] = {amax[0], NAN, amax[2]};
-    const size_t elems = std::max(fp8k::forward_elems(N, IC, OC), fp8k::backward_elems(N, IC, OC));
+    const fp8k::Scratch::Sizes elems = fp8k::product_sizes(N, IC, OC);
     std::vector<uint8_t> buf(fp8k::Scratch::bytes(elems), kCanary), buf2 = buf;
     std::vector<uint8_t> wq((size_t)OC * IC, kCanary), wqt = wq;
     EmuExec<double> ex{fp8k::Scratch::carve(buf.data(), elems), elems, &err};

@@ -11,7 +11,7 @@
 // (the formulas of llmc/backend/cuda/workspace.h and kernel_index.h, the ones
 // backend_cuda.cu uses) and checks it against what the reservation holds;
 // with --fp8 1, each FP8 product's and cast's operand buffers (fp8k's
-// forward_elems, backward_elems, the casts' copies) against fp8_elems, for
+// forward_sizes, backward_sizes, the casts' copies) against fp8_elems, for
 // all four layers and for a set of them (--fp8-layers), a Mixtral's expert
 // blocks too. --calibrate, whose ops run outside a stack, reserves what
 // they need before the first (its FP8 products refuse to run without).
@@ -71,21 +71,23 @@ class Probe : public MeasureBackend {
     }
     void matmul_forward_fp8(void*, const void*, const void*, const void*, int N, int IC, int OC, const void*,
                             const Fp8Delayed*, const Fp8Weight*) override {
-        fp8_check("matmul_forward_fp8", fp8k::forward_elems(N, IC, OC));
+        fp8_check("matmul_forward_fp8", fp8k::forward_sizes(N, IC, OC));
     }
     void matmul_backward_fp8(void*, void*, void*, const void*, const void*, const void*, int N, int IC, int OC,
                              const void*, const Fp8Kept*, const Fp8Delayed*, const Fp8Weight*) override {
-        fp8_check("matmul_backward_fp8", fp8k::backward_elems(N, IC, OC));
+        fp8_check("matmul_backward_fp8", fp8k::backward_sizes(N, IC, OC));
     }
     // A cast's copies (cuda/fp8.cuh cast_op): N rows of the op's columns, transposed ld x cols.
     void activation_amax(bool swiglu, void*, const void*, const void* dout, int N, int H, void*,
                          const Fp8Cast* cast) override {
         const int halves = swiglu && dout ? 2 : 1;
-        if (cast) fp8_cast("activation_amax", N, halves * H, halves, dout ? cast->transposed : cast->kept != nullptr);
+        if (cast)
+            fp8_cast("activation_amax", dout != nullptr, N, halves * H, halves,
+                     dout ? cast->transposed : cast->kept != nullptr, dout || cast->plain);
     }
     void norm_amax(bool, void*, void*, void*, void*, const void*, const void*, const void*, const void*, int N, int C,
                    double, void*, const Fp8Cast* cast) override {
-        if (cast) fp8_cast("norm_amax", N, C, 1, cast->kept != nullptr);
+        if (cast) fp8_cast("norm_amax", false, N, C, 1, cast->kept != nullptr, cast->plain);
     }
     double sum_squares(const void*, DType, size_t n) override {
         scratch("sum_squares", sum_squares_scratch_bytes(n));
@@ -111,10 +113,17 @@ class Probe : public MeasureBackend {
     }
 
   private:
-    void fp8_check(const char* what, size_t elems) { check(what, elems <= w.fp8_elems); }
-    void fp8_cast(const char* what, int N, int cols, int halves, bool transposed) {
+    void fp8_check(const char* what, const fp8k::Scratch::Sizes& need) {
+        const size_t* e = w.fp8_elems;
+        check(what, fp8k::Scratch::Sizes{e[0], e[1], e[2], e[3], e[4], e[5]}.holds(need));
+    }
+    // cuda/fp8.cuh cast_op: forward the plain copy (or the copy) in x; backward dy, and dy^T when transposed.
+    void fp8_cast(const char* what, bool backward, int N, int cols, int halves, bool transposed, bool plain) {
         const fp8k::QuantizeGrid g = fp8k::quantize_grid(N, cols / halves, transposed);
-        fp8_check(what, transposed ? (size_t)g.ld * cols : (size_t)N * cols);
+        fp8k::Scratch::Sizes need;
+        if (!backward) need.x = transposed && !plain ? 0 : (size_t)N * cols;
+        else need.dy = (size_t)N * cols, need.dyt = transposed ? (size_t)g.ld * cols : 0;
+        fp8_check(what, need);
     }
     void scratch(const char* what, size_t bytes) {
         check(what, bytes <= scratch_bytes(w));

@@ -301,26 +301,30 @@ class Fp8Ops {
         gemm_.destroy();
         if (handle_) cublasLtDestroy(handle_);
     }
-    void reserve(size_t elems, cudaStream_t stream) {
-        if (elems == 0) return;
+    // e: Workspace::fp8_elems, each operand buffer's bytes in Scratch::Sizes' order (x, w, dy, xt, wt, dyt).
+    void reserve(const size_t* e, cudaStream_t stream) {
+        reserve(fp8k::Scratch::Sizes{e[0], e[1], e[2], e[3], e[4], e[5]}, stream);
+    }
+    void reserve(const fp8k::Scratch::Sizes& z, cudaStream_t stream) {
+        if (!z.any()) return;
         if (!handle_) {
             CUBLAS_CHECK(cublasLtCreate(&handle_));
             ws_.reserve(kWorkspace, stream);
             gemm_.init(handle_, ws_.get(kWorkspace, stream, "fp8 workspace"), kWorkspace, stream);
         }
-        buf_.reserve(fp8k::Scratch::bytes(elems), stream);
-        elems_ = std::max(elems_, elems);
+        sizes_.cover(z);
+        buf_.reserve(fp8k::Scratch::bytes(sizes_), stream);
         stream_ = stream;
     }
     // The backend's ops, the element type from fp32 (bf16 otherwise).
     void amax(bool fp32, void* dst, const void* x, size_t n) {
-        unsigned* b = scratch(0).bits;
+        unsigned* b = scratch({}).bits;
         if (fp32) amax_to<float>(static_cast<double*>(dst), static_cast<const float*>(x), n, b, stream_);
         else amax_to<bf16>(static_cast<double*>(dst), static_cast<const bf16*>(x), n, b, stream_);
     }
     void forward(bool fp32, void* out, const void* inp, const void* w, const void* bias, int N, int IC, int OC,
                  const void* amax, const Fp8Delayed* delayed = nullptr, const Fp8Weight* wq = nullptr) {
-        const fp8k::Scratch s = scratch(fp8k::forward_elems(N, IC, OC));
+        const fp8k::Scratch s = scratch(fp8k::forward_sizes(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
         const fp8k::Precast* pre = take_precast(inp, false, (size_t)N * IC);
         if (fp32) {
@@ -339,7 +343,7 @@ class Fp8Ops {
     // (amax null: not wanted, a recompute's cast; the bits are scratch).
     template <typename Op>
     void measured(void* amax, Op op) {
-        unsigned* b = scratch(0).bits;
+        unsigned* b = scratch({}).bits;
         if (amax) CUDA_CHECK(cudaMemsetAsync(b, 0, sizeof(unsigned), stream_));
         op(b);
         if (!amax) return;
@@ -403,7 +407,7 @@ class Fp8Ops {
     void backward(bool fp32, void* dinp, void* dw, void* dbias, const void* dout, const void* inp, const void* w,
                   int N, int IC, int OC, const void* amax, float* bias_scratch, const Fp8Kept* kept = nullptr,
                   const Fp8Delayed* delayed = nullptr, const Fp8Weight* wq = nullptr) {
-        const fp8k::Scratch s = scratch(fp8k::backward_elems(N, IC, OC));
+        const fp8k::Scratch s = scratch(fp8k::backward_sizes(N, IC, OC));
         const double* am = static_cast<const double*>(amax);
         const fp8k::Precast* pre = take_precast(dout, true, (size_t)N * OC);
         if (fp32) {
@@ -447,7 +451,10 @@ class Fp8Ops {
         const bool tr = bwd ? cast.transposed : cast.kept != nullptr;
         const bool plain = bwd || cast.plain;  // a copy in the scratch for the next product
         const fp8k::QuantizeGrid g = fp8k::quantize_grid(N, cols / halves, tr);
-        const fp8k::Scratch s = scratch(tr ? (size_t)g.ld * cols : (size_t)N * cols);
+        fp8k::Scratch::Sizes need;  // (forward: the plain copy, or the copy; backward: dy, and dy^T)
+        if (!bwd) need.x = tr && !plain ? 0 : (size_t)N * cols;
+        else need.dy = (size_t)N * cols, need.dyt = tr ? (size_t)g.ld * cols : 0;
+        const fp8k::Scratch s = scratch(need);
         const double* hist = static_cast<const double*>(cast.history);
         uint8_t* q = !bwd ? (tr ? static_cast<uint8_t*>(cast.kept) : s.x) : tr ? s.dyt : s.dy;
         uint8_t* both = !tr || !plain ? nullptr : bwd ? s.dy : s.x;  // the plain copy beside the transposed one
@@ -459,16 +466,20 @@ class Fp8Ops {
         measured(amax, [&](unsigned* b) { fp32 ? launch(float{}, b) : launch(bf16{}, b); });
         pending_ = plain ? Pending{out, bwd, (size_t)N * cols, {hist, cast.len, bwd && tr}} : Pending{};
     }
-    fp8k::Scratch scratch(size_t need) {
-        if (need > elems_)
-            throw std::runtime_error("cuda fp8: an operand of " + std::to_string(need) + " elements, more than the " +
-                                     std::to_string(elems_) + " reserved (Workspace::fp8_elems)");
-        return fp8k::Scratch::carve(buf_.get(fp8k::Scratch::bytes(elems_), stream_, "fp8 operands"), elems_);
+    fp8k::Scratch scratch(const fp8k::Scratch::Sizes& need) {
+        auto str = [](const fp8k::Scratch::Sizes& z) {
+            return std::to_string(z.x) + "/" + std::to_string(z.w) + "/" + std::to_string(z.dy) + "/" +
+                   std::to_string(z.xt) + "/" + std::to_string(z.wt) + "/" + std::to_string(z.dyt);
+        };
+        if (!sizes_.holds(need))
+            throw std::runtime_error("cuda fp8: operands of " + str(need) + " bytes (x/w/dy/xt/wt/dyt), more than the " +
+                                     str(sizes_) + " reserved (Workspace::fp8_elems)");
+        return fp8k::Scratch::carve(buf_.get(fp8k::Scratch::bytes(sizes_), stream_, "fp8 operands"), sizes_);
     }
     cublasLtHandle_t handle_ = nullptr;
     GrowBuffer ws_, buf_;
     Fp8Gemm gemm_;
-    size_t elems_ = 0;
+    fp8k::Scratch::Sizes sizes_;
     cudaStream_t stream_ = nullptr;
 };
 

@@ -220,30 +220,60 @@ FP8K_BODY void kept_copy_body(Ctx& c, uint8_t* dst, const uint8_t* src, size_t n
 
 // ---- a product's launches -----------------------------------------------------------
 
-// The operands' scratch: six byte buffers of `elems` each (the input,
-// weight and output gradient, and their transposes), the amax bits and
-// the six scales, carved from one block of memory.
+// The operands' scratch: six byte buffers, each of its own size (Sizes:
+// the input, weight and output gradient, and their transposes), the amax
+// bits and the six scales, carved from one block of memory, each buffer
+// 256-byte aligned and at least 256 bytes (so no two share an address).
 struct Scratch {
+    struct Sizes {  // bytes (FP8 elements) of each buffer
+        size_t x = 0, w = 0, dy = 0, xt = 0, wt = 0, dyt = 0;
+        Sizes& cover(const Sizes& o) {  // each the larger of the two
+            x = std::max(x, o.x), w = std::max(w, o.w), dy = std::max(dy, o.dy);
+            xt = std::max(xt, o.xt), wt = std::max(wt, o.wt), dyt = std::max(dyt, o.dyt);
+            return *this;
+        }
+        bool holds(const Sizes& o) const {
+            return o.x <= x && o.w <= w && o.dy <= dy && o.xt <= xt && o.wt <= wt && o.dyt <= dyt;
+        }
+        bool any() const { return x || w || dy || xt || wt || dyt; }
+    };
     uint8_t *x, *w, *dy, *xt, *wt, *dyt;
     unsigned* bits;
     float* scales;  // [scale x, w, dy, descale x, w, dy]
-    static size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
-    static size_t bytes(size_t elems) { return 6 * round_up(elems) + 256; }
-    static Scratch carve(void* base, size_t elems) {
+    static size_t round_up(size_t n) { return std::max<size_t>(256, (n + 255) / 256 * 256); }
+    static size_t bytes(const Sizes& z) {
+        return round_up(z.x) + round_up(z.w) + round_up(z.dy) + round_up(z.xt) + round_up(z.wt) + round_up(z.dyt) + 256;
+    }
+    static Scratch carve(void* base, const Sizes& z) {
         uint8_t* p = static_cast<uint8_t*>(base);
-        const size_t e = round_up(elems);
         Scratch s;
-        s.x = p, s.w = p + e, s.dy = p + 2 * e, s.xt = p + 3 * e, s.wt = p + 4 * e, s.dyt = p + 5 * e;
-        s.bits = reinterpret_cast<unsigned*>(p + 6 * e);
-        s.scales = reinterpret_cast<float*>(p + 6 * e + 16);
+        s.x = p, p += round_up(z.x);
+        s.w = p, p += round_up(z.w);
+        s.dy = p, p += round_up(z.dy);
+        s.xt = p, p += round_up(z.xt);
+        s.wt = p, p += round_up(z.wt);
+        s.dyt = p, p += round_up(z.dyt);
+        s.bits = reinterpret_cast<unsigned*>(p);
+        s.scales = reinterpret_cast<float*>(p + 16);
         return s;
     }
 };
-// The elements each operand buffer must hold for a product's forward and backward.
-inline size_t forward_elems(int N, int IC, int OC) { return std::max((size_t)N * IC, (size_t)OC * IC); }
-inline size_t backward_elems(int N, int IC, int OC) {
-    const size_t Np = (size_t)padded_k(N);  // the transposed copies' rows
-    return std::max({Np * IC, (size_t)OC * IC, Np * OC});
+// What each operand buffer must hold for a product's forward (x and W as
+// they are) and backward (dy as it is and transposed, W^T, x^T; the
+// transposed copies' K padded to 16, below).
+inline Scratch::Sizes forward_sizes(int N, int IC, int OC) {
+    Scratch::Sizes z;
+    z.x = (size_t)N * IC, z.w = (size_t)OC * IC;
+    return z;
+}
+inline Scratch::Sizes backward_sizes(int N, int IC, int OC) {
+    Scratch::Sizes z;
+    z.dy = (size_t)N * OC, z.dyt = (size_t)padded_k(N) * OC;
+    z.xt = (size_t)padded_k(N) * IC, z.wt = (size_t)IC * padded_k(OC);
+    return z;
+}
+inline Scratch::Sizes product_sizes(int N, int IC, int OC) {  // both
+    return forward_sizes(N, IC, OC).cover(backward_sizes(N, IC, OC));
 }
 
 // An operand the op before the product cast (cast_body): its history, and
