@@ -271,7 +271,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             for (const ModelChunk& c : chunks_)
                 for (int l = c.first_layer; l < c.first_layer + c.layers; l++)
                     for (int k = 0; k < (cfg.moe() ? 2 : 4); k++) {  // (a Mixtral's experts: their own blocks)
-                        if (!(o.fp8_layers >> k & 1u)) continue;     // (--fp8-layers: in the compute type)
+                        if (!linear_layer_in(o.fp8_layers, k)) continue;  // (--fp8-layers: in the compute type)
                         const size_t i = (size_t)l * 4 + k, bytes = (IC[k] * OC[k] + 255) / 256 * 256;
                         fp8_woff_[i] = off, fp8_wsize_[i] = bytes, off += 2 * bytes;
                     }
@@ -288,7 +288,7 @@ GPT::GPT(Backend* be, const GPTConfig& cfg, const ModelOptions& o)
             // Each in the buffer of the input it replaces: [C, N padded to 16] bytes in 2·N·C, each layer-slot's
             // 256-byte aligned as cuBLASLt assumes (a GPU's FP8 takes N and C in multiples of 16).
             // Each only for a layer on FP8 operands (--fp8-layers).
-            auto on = [&](int k) { return (o.fp8_layers >> k & 1u) != 0; };
+            auto on = [&](int k) { return linear_layer_in(o.fp8_layers, k); };
             a.fp8_kept_h = on(3) && !cfg.moe() && (a.keep_gelu || !o.split_backward);
             a.fp8_kept_ln1 = on(0) && a.keep_block && !sp, a.fp8_kept_ln2 = on(2) && a.keep_block && !sp && !cfg.moe();
         }
@@ -593,7 +593,7 @@ Workspace GPT::workspace() const {
             const size_t r = cfg_.moe() && k >= 2 ? mlp_rows((int)N) : N, rp = (r + 15) / 16 * 16;
             const size_t op = (out[k] + 15) / 16 * 16;
             const size_t z[6] = {r * in[k], in[k] * out[k], r * out[k], rp * in[k], in[k] * op, rp * out[k]};
-            for (int i = 0; i < 6 && (fp8_layers_ >> k & 1u); i++) w.fp8_elems[i] = std::max(w.fp8_elems[i], z[i]);
+            for (int i = 0; i < 6 && linear_layer_in(fp8_layers_, k); i++) w.fp8_elems[i] = std::max(w.fp8_elems[i], z[i]);
         }
     }
     return w;

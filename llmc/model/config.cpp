@@ -44,7 +44,7 @@ bool linear_layers_from_names(const std::string& list, unsigned* mask, std::stri
     while (std::getline(ss, part, ',')) {
         int i = 0;
         while (i < 4 && part != kLinearNames[i]) i++;
-        if (i == 4 || (m >> i & 1u)) {
+        if (i == 4 || linear_layer_in(m, i)) {
             *err = "'" + part + "'" + (i == 4 ? " is not a linear layer (qkv, attproj, fc, fcproj or all)"
                                                : " is named twice");
             return false;
@@ -62,7 +62,7 @@ bool linear_layers_from_names(const std::string& list, unsigned* mask, std::stri
 std::string linear_layers_names(unsigned mask) {
     std::string s;
     for (int i = 0; i < 4; i++)
-        if (mask >> i & 1u) s += (s.empty() ? "" : ",") + std::string(kLinearNames[i]);
+        if (linear_layer_in(mask, i)) s += (s.empty() ? "" : ",") + std::string(kLinearNames[i]);
     return s;
 }
 

@@ -71,6 +71,7 @@ struct GPTConfig {
 // 3 MLP down (the experts' down). --fp8-layers names a set of them, held as
 // a mask (bit i: layer i).
 constexpr unsigned kLinearLayersAll = 0xFu;
+inline bool linear_layer_in(unsigned mask, int i) { return (mask >> i & 1u) != 0; }
 const char* linear_layer_name(int i);  // "qkv", "attproj", "fc", "fcproj"
 // "qkv,fc" (any order, each once; "all": the four) to a mask; false with a
 // reason naming the part that is none of them.

@@ -110,7 +110,7 @@ void* GPT::amax_of(const LayerActs& la, Param w) const {
     return la.amax && fp8_on(w) ? elem_ptr(la.amax, DType::F64, (size_t)linear_index(w) * 3) : nullptr;
 }
 
-bool GPT::fp8_on(Param w) const { return fp8_ && (fp8_layers_ >> linear_index(w) & 1u); }
+bool GPT::fp8_on(Param w) const { return fp8_ && linear_layer_in(fp8_layers_, linear_index(w)); }
 
 void GPT::fp8_push(const void* figures, bool skipped) {
     if (fp8_len_ > 0) be_->fp8_history_push(a_->fp8_hist, a_->fp8_step, fp8_slots(), fp8_len_, figures, skipped);

@@ -94,7 +94,7 @@ class CostModel {
     bool kept_h() const;
     bool kept_ln(int i) const;  // the norm casts linear layer i's input (0 QKV, 2 fc), its transposed copy kept
     // Linear layer i (0 QKV, 1 attention output, 2 MLP up, 3 MLP down) on FP8 operands (--fp8, --fp8-layers).
-    bool fp8_on(int i) const { return rate8_ > 0 && (l_.fp8_layers >> i & 1u) != 0; }
+    bool fp8_on(int i) const { return rate8_ > 0 && linear_layer_in(l_.fp8_layers, i); }
 
   private:
     // A zero-bubble schedule: each backward is B, then W apart.

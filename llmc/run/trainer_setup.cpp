@@ -110,7 +110,8 @@ void Trainer::setup(const ArgParser& parser) {
                 "flag --sync-free: expert parallelism sizes each block's all-to-all from its row counts on the "
                 "host, which the sync-free step does not read (drop --ep " + std::to_string(lay.ep) +
                     " or --sync-free)");
-    const bool fp8_experts = cfg.fp8 && (lay.fp8_layers & 0xCu);  // (--fp8-layers: fc and fcproj name the experts')
+    // (--fp8-layers: fc and fcproj name the experts')
+    const bool fp8_experts = cfg.fp8 && (linear_layer_in(lay.fp8_layers, 2) || linear_layer_in(lay.fp8_layers, 3));
     setup_check(!(cfg.sync_free && mc.moe() && fp8_experts),
                 "flag --sync-free: --fp8 1 scales a mixture of experts' products block by block, sized from their row "
                 "counts on the host, which the sync-free step does not read (drop --fp8 1, leave fc and fcproj out "
@@ -204,7 +205,7 @@ void Trainer::setup(const ArgParser& parser) {
         // experts take any row count (the backend pads K), and their widths
         // are checked with the MLP's. Only --fp8-layers' layers' widths count.
         const int q = cfg.fp8 ? be->fp8() : 1;
-        auto on = [&](int k) { return (lay.fp8_layers >> k & 1u) != 0; };
+        auto on = [&](int k) { return linear_layer_in(lay.fp8_layers, k); };
         std::vector<std::pair<std::string, long long>> dims = {
             {"C", ps.C}, {"B x T per rank (-b " + std::to_string(lay.B) + ", -t " + std::to_string(lay.T) + ")",
                           (long long)lay.B * lay.T_local()}};

@@ -114,8 +114,7 @@ class Probe : public MeasureBackend {
 
   private:
     void fp8_check(const char* what, const fp8k::Scratch::Sizes& need) {
-        const size_t* e = w.fp8_elems;
-        check(what, fp8k::Scratch::Sizes{e[0], e[1], e[2], e[3], e[4], e[5]}.holds(need));
+        check(what, fp8k::Scratch::Sizes::of(w.fp8_elems).holds(need));
     }
     // cuda/fp8.cuh cast_op: forward the plain copy (or the copy) in x; backward dy, and dy^T when transposed.
     void fp8_cast(const char* what, bool backward, int N, int cols, int halves, bool transposed, bool plain) {

@@ -302,9 +302,7 @@ class Fp8Ops {
         if (handle_) cublasLtDestroy(handle_);
     }
     // e: Workspace::fp8_elems, each operand buffer's bytes in Scratch::Sizes' order (x, w, dy, xt, wt, dyt).
-    void reserve(const size_t* e, cudaStream_t stream) {
-        reserve(fp8k::Scratch::Sizes{e[0], e[1], e[2], e[3], e[4], e[5]}, stream);
-    }
+    void reserve(const size_t* e, cudaStream_t stream) { reserve(fp8k::Scratch::Sizes::of(e), stream); }
     void reserve(const fp8k::Scratch::Sizes& z, cudaStream_t stream) {
         if (!z.any()) return;
         if (!handle_) {

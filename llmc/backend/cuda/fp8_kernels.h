@@ -236,6 +236,7 @@ struct Scratch {
             return o.x <= x && o.w <= w && o.dy <= dy && o.xt <= xt && o.wt <= wt && o.dyt <= dyt;
         }
         bool any() const { return x || w || dy || xt || wt || dyt; }
+        static Sizes of(const size_t* e) { return {e[0], e[1], e[2], e[3], e[4], e[5]}; }  // (Workspace::fp8_elems)
     };
     uint8_t *x, *w, *dy, *xt, *wt, *dyt;
     unsigned* bits;
